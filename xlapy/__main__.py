@@ -1,0 +1,5 @@
+import sys
+
+from xlapy.tools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""HloComputation: an ordered list of instructions with numbered parameters and a root.
+
+The list order is the text order. For a scheduled module (`is_scheduled=true`) it is also
+the schedule; otherwise `post_order()` gives an order in which every operand and control
+predecessor comes before its users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import ProgramShape
+
+if TYPE_CHECKING:
+    from xlapy.ir.module import HloModule
+
+
+class HloComputation:
+    """A function in HLO: parameters, instructions and a root whose value is the result."""
+
+    __slots__ = ("execution_thread", "instructions", "is_entry", "name", "parent", "root")
+
+    def __init__(self, name: str, instructions=(), root: HloInstruction | None = None):
+        self.name = name
+        self.instructions: list[HloInstruction] = []
+        self.root: HloInstruction | None = None
+        self.parent: HloModule | None = None
+        self.is_entry = False
+        self.execution_thread = "main"
+        for instr in instructions:
+            self.add_instruction(instr)
+        if root is not None:
+            self.root = root
+        elif self.instructions:
+            self.root = self.instructions[-1]
+
+    # -- building --------------------------------------------------------------------------
+    def add_instruction(self, instr: HloInstruction) -> HloInstruction:
+        instr.parent = self
+        self.instructions.append(instr)
+        return instr
+
+    def remove_instruction(self, instr: HloInstruction) -> None:
+        self.instructions.remove(instr)
+        instr.parent = None
+
+    def replace_all_uses(self, old: HloInstruction, new: HloInstruction) -> None:
+        """Make every user of `old` (and the root, if it is `old`) use `new` instead."""
+        for instr in self.instructions:
+            if old in instr.operands:
+                instr.replace_operand(old, new)
+            if old in instr.control_predecessors:
+                instr.control_predecessors = [
+                    new if p is old else p for p in instr.control_predecessors
+                ]
+        if self.root is old:
+            self.root = new
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def parameters(self) -> list[HloInstruction]:
+        """Parameter instructions ordered by parameter number."""
+        params = [i for i in self.instructions if i.opcode is Opcode.PARAMETER]
+        return sorted(params, key=lambda p: p.parameter_number)
+
+    def parameter(self, number: int) -> HloInstruction:
+        for instr in self.instructions:
+            if instr.opcode is Opcode.PARAMETER and instr.parameter_number == number:
+                return instr
+        raise IndexError(f"computation {self.name} has no parameter {number}")
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(1 for i in self.instructions if i.opcode is Opcode.PARAMETER)
+
+    @property
+    def program_shape(self) -> ProgramShape:
+        return ProgramShape(tuple(p.shape for p in self.parameters), self.root.shape)
+
+    def get_instruction(self, name: str) -> HloInstruction:
+        for instr in self.instructions:
+            if instr.name == name:
+                return instr
+        raise KeyError(f"computation {self.name} has no instruction named {name}")
+
+    def users(self) -> dict[HloInstruction, list[HloInstruction]]:
+        """Map from each instruction to the instructions using it as an operand (in order)."""
+        result: dict[HloInstruction, list[HloInstruction]] = {i: [] for i in self.instructions}
+        for instr in self.instructions:
+            for op in dict.fromkeys(instr.operands):
+                result.setdefault(op, []).append(instr)
+        return result
+
+    def post_order(self) -> list[HloInstruction]:
+        """Instructions with operands and control predecessors before users.
+
+        Keeps the text order where it already satisfies that, and includes instructions not
+        reachable from the root (side effects, dead code) in text order.
+        """
+        order: list[HloInstruction] = []
+        state: dict[int, int] = {}  # id -> 1 visiting, 2 done
+        for start in self.instructions:
+            if state.get(id(start)) == 2:
+                continue
+            stack: list[tuple[HloInstruction, Iterator[HloInstruction]]] = [
+                (start, iter([*start.operands, *start.control_predecessors]))
+            ]
+            state[id(start)] = 1
+            while stack:
+                node, deps = stack[-1]
+                dep = next(deps, None)
+                if dep is None:
+                    stack.pop()
+                    state[id(node)] = 2
+                    order.append(node)
+                    continue
+                s = state.get(id(dep))
+                if s == 2:
+                    continue
+                if s == 1:
+                    raise ValueError(f"cycle in computation {self.name} through {dep.name}")
+                state[id(dep)] = 1
+                stack.append((dep, iter([*dep.operands, *dep.control_predecessors])))
+        return order
+
+    def called_computations(self) -> Iterator[HloComputation]:
+        for instr in self.instructions:
+            yield from instr.called_computations()
+
+    def to_text(self, **options) -> str:
+        from xlapy.ir.printer import print_computation
+
+        return print_computation(self, **options)
+
+    def __repr__(self) -> str:
+        return f"<HloComputation {self.name}: {len(self.instructions)} instructions>"

@@ -1,0 +1,134 @@
+"""HloModule: a set of computations, one of them the entry, plus the module's config.
+
+The config holds what the header line of HLO text says: input/output aliases, buffer
+donors, the entry computation layout, whether the text order is a schedule, replica and
+partition counts, frontend attributes; header attributes xlapy does not interpret are kept
+as text and printed back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Literal as TypingLiteral
+
+from xlapy.ir.attributes import FrontendAttributes
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.shapes import ProgramShape, ShapeIndex
+
+AliasKind = TypingLiteral["may-alias", "must-alias"]
+
+
+@dataclass(frozen=True, slots=True)
+class AliasEntry:
+    """Output `output_index` shares its buffer with parameter `param_number` at `param_index`."""
+
+    output_index: ShapeIndex
+    param_number: int
+    param_index: ShapeIndex
+    kind: AliasKind = "may-alias"
+
+
+@dataclass(frozen=True, slots=True)
+class BufferDonor:
+    """Parameter `param_number` at `param_index` may be reused for any output of its size."""
+
+    param_number: int
+    param_index: ShapeIndex
+
+
+@dataclass(slots=True)
+class ModuleConfig:
+    input_output_alias: tuple[AliasEntry, ...] = ()
+    buffer_donors: tuple[BufferDonor, ...] = ()
+    entry_computation_layout: ProgramShape | None = None
+    is_scheduled: bool = False
+    replica_count: int = 1
+    num_partitions: int = 1
+    frontend_attributes: FrontendAttributes | None = None
+    extra_attributes: tuple[tuple[str, str], ...] = ()  # uninterpreted header attrs, as text
+
+    def alias_for_output(self, output_index: ShapeIndex) -> AliasEntry | None:
+        for entry in self.input_output_alias:
+            if entry.output_index == output_index:
+                return entry
+        return None
+
+    def aliases_of_parameter(self, param_number: int) -> list[AliasEntry]:
+        return [e for e in self.input_output_alias if e.param_number == param_number]
+
+
+@dataclass(frozen=True, slots=True)
+class StackFrameTables:
+    """The FileNames / FunctionNames / FileLocations / StackFrames tables of optimized dumps,
+    kept as (id, text) rows so they print back unchanged."""
+
+    file_names: tuple[tuple[int, str], ...] = ()
+    function_names: tuple[tuple[int, str], ...] = ()
+    file_locations: tuple[tuple[int, str], ...] = ()
+    stack_frames: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.file_names or self.function_names or self.file_locations or self.stack_frames
+        )
+
+
+class HloModule:
+    """A whole HLO program. `module.entry` is the entry computation."""
+
+    __slots__ = ("_name_counter", "computations", "config", "entry", "name", "stack_frames")
+
+    def __init__(self, name: str, config: ModuleConfig | None = None):
+        self.name = name
+        self.computations: list[HloComputation] = []
+        self.entry: HloComputation | None = None
+        self.config = config or ModuleConfig()
+        self.stack_frames = StackFrameTables()
+        self._name_counter = itertools.count()
+
+    def add_computation(self, comp: HloComputation, *, entry: bool = False) -> HloComputation:
+        comp.parent = self
+        self.computations.append(comp)
+        if entry:
+            if self.entry is not None:
+                self.entry.is_entry = False
+            self.entry = comp
+            comp.is_entry = True
+        return comp
+
+    def get_computation(self, name: str) -> HloComputation:
+        for comp in self.computations:
+            if comp.name == name:
+                return comp
+        raise KeyError(f"module {self.name} has no computation named {name}")
+
+    @property
+    def program_shape(self) -> ProgramShape:
+        return self.entry.program_shape
+
+    def instructions(self):
+        """Every instruction of every computation."""
+        for comp in self.computations:
+            yield from comp.instructions
+
+    def unique_name(self, prefix: str) -> str:
+        """A fresh instruction name `prefix.N` not used anywhere in the module."""
+        taken = {i.name for i in self.instructions()} | {c.name for c in self.computations}
+        while True:
+            name = f"{prefix}.{next(self._name_counter)}"
+            if name not in taken:
+                return name
+
+    def to_text(self, **options) -> str:
+        """The module as HLO text (see xlapy.ir.printer.print_module for options)."""
+        from xlapy.ir.printer import print_module
+
+        return print_module(self, **options)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def __repr__(self) -> str:
+        return f"<HloModule {self.name}: {len(self.computations)} computations>"

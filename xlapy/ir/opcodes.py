@@ -1,0 +1,240 @@
+"""The HLO opcode table: the one list of operations that every stage reads.
+
+Each row gives the text name, the operand count (VARIADIC when it varies), a category, and
+whether the op has side effects (and so must never be removed, merged or reordered across
+other side-effecting ops). The parser, printer, verifier, shape inference, builder and
+interpreter look opcodes up here; none keeps a list of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+VARIADIC = -1
+
+
+class Category(enum.Enum):
+    UNARY = "elementwise unary"
+    BINARY = "elementwise binary"
+    TERNARY = "elementwise ternary"
+    SHAPE = "shape and data movement"
+    REDUCTION = "reduction"
+    CONTRACTION = "dot and convolution"
+    INDEXING = "gather, scatter and dynamic slicing"
+    SORTING = "sorting"
+    CONTROL = "control flow and calls"
+    RNG = "random numbers"
+    COLLECTIVE = "collectives"
+    IO = "infeed, outfeed, send and recv"
+    ASYNC = "async wrappers"
+    LINALG = "linear algebra"
+    CONSTANT = "constants and parameters"
+    TUPLE = "tuples"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    text: str
+    arity: int
+    category: Category
+    side_effect: bool = False
+
+
+def _op(text, arity, category, side_effect=False) -> OpInfo:
+    return OpInfo(text, arity, category, side_effect)
+
+
+U, B, T = Category.UNARY, Category.BINARY, Category.TERNARY
+SH, RED, CON, IDX = Category.SHAPE, Category.REDUCTION, Category.CONTRACTION, Category.INDEXING
+CTL, COL, IO = Category.CONTROL, Category.COLLECTIVE, Category.IO
+ASY, LIN, CST, TUP, OTH = (
+    Category.ASYNC,
+    Category.LINALG,
+    Category.CONSTANT,
+    Category.TUPLE,
+    Category.OTHER,
+)
+V = VARIADIC
+
+
+class Opcode(enum.Enum):
+    """Every HLO opcode. `Opcode.from_text("add")`; `op.arity`, `op.category`, `op.text`."""
+
+    # elementwise unary
+    ABS = _op("abs", 1, U)
+    CBRT = _op("cbrt", 1, U)
+    CEIL = _op("ceil", 1, U)
+    CLZ = _op("count-leading-zeros", 1, U)
+    CONVERT = _op("convert", 1, U)
+    BITCAST_CONVERT = _op("bitcast-convert", 1, U)
+    COPY = _op("copy", 1, U)
+    COS = _op("cosine", 1, U)
+    ERF = _op("erf", 1, U)
+    EXP = _op("exponential", 1, U)
+    EXPM1 = _op("exponential-minus-one", 1, U)
+    FLOOR = _op("floor", 1, U)
+    IMAG = _op("imag", 1, U)
+    IS_FINITE = _op("is-finite", 1, U)
+    LOG = _op("log", 1, U)
+    LOG1P = _op("log-plus-one", 1, U)
+    LOGISTIC = _op("logistic", 1, U)
+    NEGATE = _op("negate", 1, U)
+    NOT = _op("not", 1, U)
+    POPCNT = _op("popcnt", 1, U)
+    REAL = _op("real", 1, U)
+    REDUCE_PRECISION = _op("reduce-precision", 1, U)
+    ROUND_AFZ = _op("round-nearest-afz", 1, U)
+    ROUND_EVEN = _op("round-nearest-even", 1, U)
+    RSQRT = _op("rsqrt", 1, U)
+    SIGN = _op("sign", 1, U)
+    SIN = _op("sine", 1, U)
+    SQRT = _op("sqrt", 1, U)
+    TAN = _op("tan", 1, U)
+    TANH = _op("tanh", 1, U)
+    # elementwise binary
+    ADD = _op("add", 2, B)
+    AND = _op("and", 2, B)
+    ATAN2 = _op("atan2", 2, B)
+    COMPARE = _op("compare", 2, B)
+    COMPLEX = _op("complex", 2, B)
+    DIVIDE = _op("divide", 2, B)
+    MAXIMUM = _op("maximum", 2, B)
+    MINIMUM = _op("minimum", 2, B)
+    MULTIPLY = _op("multiply", 2, B)
+    OR = _op("or", 2, B)
+    POWER = _op("power", 2, B)
+    REMAINDER = _op("remainder", 2, B)
+    SHIFT_LEFT = _op("shift-left", 2, B)
+    SHIFT_RIGHT_ARITHMETIC = _op("shift-right-arithmetic", 2, B)
+    SHIFT_RIGHT_LOGICAL = _op("shift-right-logical", 2, B)
+    STOCHASTIC_CONVERT = _op("stochastic-convert", 2, B)
+    SUBTRACT = _op("subtract", 2, B)
+    XOR = _op("xor", 2, B)
+    # elementwise ternary
+    CLAMP = _op("clamp", 3, T)
+    SELECT = _op("select", 3, T)
+    # shape and data movement
+    BITCAST = _op("bitcast", 1, SH)
+    BROADCAST = _op("broadcast", 1, SH)
+    CONCATENATE = _op("concatenate", V, SH)
+    DYNAMIC_RESHAPE = _op("dynamic-reshape", V, SH)
+    GET_DIMENSION_SIZE = _op("get-dimension-size", 1, SH)
+    IOTA = _op("iota", 0, SH)
+    PAD = _op("pad", 2, SH)
+    RESHAPE = _op("reshape", 1, SH)
+    REVERSE = _op("reverse", 1, SH)
+    SET_DIMENSION_SIZE = _op("set-dimension-size", 2, SH)
+    SLICE = _op("slice", 1, SH)
+    TRANSPOSE = _op("transpose", 1, SH)
+    # reductions
+    REDUCE = _op("reduce", V, RED)
+    REDUCE_WINDOW = _op("reduce-window", V, RED)
+    SELECT_AND_SCATTER = _op("select-and-scatter", 3, RED)
+    # contractions
+    CONVOLUTION = _op("convolution", 2, CON)
+    DOT = _op("dot", 2, CON)
+    RAGGED_DOT = _op("ragged-dot", 3, CON)
+    SCALED_DOT = _op("scaled-dot", 4, CON)
+    FFT = _op("fft", 1, CON)
+    # indexing
+    DYNAMIC_SLICE = _op("dynamic-slice", V, IDX)
+    DYNAMIC_UPDATE_SLICE = _op("dynamic-update-slice", V, IDX)
+    GATHER = _op("gather", 2, IDX)
+    SCATTER = _op("scatter", V, IDX)
+    # sorting
+    SORT = _op("sort", V, Category.SORTING)
+    TOPK = _op("topk", 1, Category.SORTING)
+    # control flow and calls
+    CALL = _op("call", V, CTL)
+    CONDITIONAL = _op("conditional", V, CTL)
+    CUSTOM_CALL = _op("custom-call", V, CTL)
+    FUSION = _op("fusion", V, CTL)
+    MAP = _op("map", V, CTL)
+    WHILE = _op("while", 1, CTL)
+    # random numbers
+    RNG = _op("rng", V, Category.RNG, side_effect=True)
+    RNG_BIT_GENERATOR = _op("rng-bit-generator", 1, Category.RNG)
+    RNG_GET_AND_UPDATE_STATE = _op("rng-get-and-update-state", 0, Category.RNG, side_effect=True)
+    # collectives
+    ALL_GATHER = _op("all-gather", V, COL)
+    ALL_GATHER_START = _op("all-gather-start", V, COL)
+    ALL_GATHER_DONE = _op("all-gather-done", 1, COL)
+    ALL_REDUCE = _op("all-reduce", V, COL)
+    ALL_REDUCE_START = _op("all-reduce-start", V, COL)
+    ALL_REDUCE_DONE = _op("all-reduce-done", 1, COL)
+    ALL_TO_ALL = _op("all-to-all", V, COL)
+    RAGGED_ALL_TO_ALL = _op("ragged-all-to-all", 6, COL)
+    COLLECTIVE_BROADCAST = _op("collective-broadcast", V, COL)
+    COLLECTIVE_PERMUTE = _op("collective-permute", V, COL)
+    COLLECTIVE_PERMUTE_START = _op("collective-permute-start", V, COL)
+    COLLECTIVE_PERMUTE_DONE = _op("collective-permute-done", 1, COL)
+    PARTITION_ID = _op("partition-id", 0, COL)
+    REDUCE_SCATTER = _op("reduce-scatter", V, COL)
+    REPLICA_ID = _op("replica-id", 0, COL)
+    # infeed, outfeed, send, recv
+    INFEED = _op("infeed", 1, IO, side_effect=True)
+    OUTFEED = _op("outfeed", 2, IO, side_effect=True)
+    RECV = _op("recv", 1, IO, side_effect=True)
+    RECV_DONE = _op("recv-done", 1, IO, side_effect=True)
+    SEND = _op("send", 2, IO, side_effect=True)
+    SEND_DONE = _op("send-done", 1, IO, side_effect=True)
+    # async wrappers
+    ASYNC_START = _op("async-start", V, ASY)
+    ASYNC_UPDATE = _op("async-update", 1, ASY)
+    ASYNC_DONE = _op("async-done", 1, ASY)
+    COPY_START = _op("copy-start", 1, ASY)
+    COPY_DONE = _op("copy-done", 1, ASY)
+    # linear algebra
+    CHOLESKY = _op("cholesky", 1, LIN)
+    TRIANGULAR_SOLVE = _op("triangular-solve", 2, LIN)
+    BATCH_NORM_GRAD = _op("batch-norm-grad", 5, LIN)
+    BATCH_NORM_INFERENCE = _op("batch-norm-inference", 5, LIN)
+    BATCH_NORM_TRAINING = _op("batch-norm-training", 3, LIN)
+    # constants, parameters, tuples
+    CONSTANT = _op("constant", 0, CST)
+    PARAMETER = _op("parameter", 0, CST)
+    TUPLE = _op("tuple", V, TUP)
+    GET_TUPLE_ELEMENT = _op("get-tuple-element", 1, TUP)
+    # other
+    ADD_DEPENDENCY = _op("add-dependency", 2, OTH)
+    AFTER_ALL = _op("after-all", V, OTH)
+    DOMAIN = _op("domain", 1, OTH)
+    OPTIMIZATION_BARRIER = _op("opt-barrier", 1, OTH)
+
+    @staticmethod
+    def from_text(text: str) -> Opcode:
+        """The opcode spelled `text`; KeyError if there is none."""
+        return _BY_TEXT[text]
+
+    @property
+    def text(self) -> str:
+        return self.value.text
+
+    @property
+    def arity(self) -> int:
+        return self.value.arity
+
+    @property
+    def category(self) -> Category:
+        return self.value.category
+
+    @property
+    def has_side_effect(self) -> bool:
+        return self.value.side_effect
+
+    @property
+    def is_elementwise(self) -> bool:
+        return self.value.category in (Category.UNARY, Category.BINARY, Category.TERNARY)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Opcode.{self.name}"
+
+
+_BY_TEXT = {op.text: op for op in Opcode}
+
+del U, B, T, SH, RED, CON, IDX, CTL, COL, IO, ASY, LIN, CST, TUP, OTH, V
