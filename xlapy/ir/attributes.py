@@ -86,6 +86,7 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "unique_indices": AttrKind.BOOL,
     # elementwise options
     "comparison_direction": AttrKind.ENUM,  # EQ NE LT LE GT GE
+    "direction": AttrKind.ENUM,  # compare's direction as XLA prints it: direction=LT
     "type": AttrKind.ENUM,  # compare type: FLOAT TOTALORDER SIGNED UNSIGNED
     "exponent_bits": AttrKind.INT,
     "mantissa_bits": AttrKind.INT,
@@ -124,6 +125,7 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "api_version": AttrKind.ENUM,  # API_VERSION_ORIGINAL ... API_VERSION_TYPED_FFI
     "custom_call_has_side_effect": AttrKind.BOOL,
     "custom_call_schedule": AttrKind.ENUM,
+    "schedule": AttrKind.ENUM,  # custom-call schedule as XLA prints it
     "operand_layout_constraints": AttrKind.SHAPE_LIST,
     "output_to_operand_aliasing": AttrKind.OUTPUT_OPERAND_ALIASING,
     "padding_type": AttrKind.ENUM,
@@ -152,6 +154,7 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "original_value": AttrKind.RAW,
     "origin": AttrKind.RAW,
     "domain": AttrKind.RAW,
+    "parameter_replication": AttrKind.RAW,
 }
 
 COMPUTATION_ATTRIBUTES = tuple(

@@ -229,7 +229,7 @@ class Shape:
             inner = ", ".join(s.to_text(with_layout) for s in self.tuple_shapes)
             return f"({inner})"
         if not self.is_array:
-            return self.element_type.text
+            return f"{self.element_type.text}[]"
         dims = []
         for size, dyn in zip(self.dims, self.dynamic, strict=True):
             if size == UNBOUNDED:
