@@ -1,0 +1,44 @@
+# xlapy — quick start: `make demo` (the main job) and `make test` (the tests).
+# Each target creates .venv and installs what it needs by itself.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+RUNTIME_STAMP := $(VENV)/.runtime-installed
+TEST_STAMP := $(VENV)/.test-installed
+LINT_PATHS := xlapy tests examples benchmarks
+
+.PHONY: demo test lint format coverage-ops clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "xlapy needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(RUNTIME_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@ $(RUNTIME_STAMP)
+
+demo: $(RUNTIME_STAMP)
+	$(PY) examples/train_mlp.py
+
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+test: lint
+	$(PY) -m pytest -n 2 --dist loadfile
+
+format: $(TEST_STAMP)
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
+
+coverage-ops: $(TEST_STAMP)
+	$(PY) -m xlapy.tools.coverage_ops
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

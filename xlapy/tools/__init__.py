@@ -1,0 +1,1 @@
+"""Command-line tools (nothing imports this package)."""

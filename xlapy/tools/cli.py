@@ -1,0 +1,153 @@
+"""The `xlapy` command line: run, check and format HLO modules.
+
+Every command reads a module from HLO text. Errors in the user's input (malformed text, an
+invalid program, inputs that do not match) print the message and exit with status 1; they
+never print a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from xlapy.errors import HloParseError, XlapyError
+from xlapy.tools import npz_io
+
+
+def load_module(path: str, verify: bool = True):
+    """Parse (and verify) the module in `path`."""
+    from xlapy.ir.parser import parse_module
+    from xlapy.ir.verifier import verify as verify_module
+
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise click.FileError(path, hint=e.strerror) from e
+    except UnicodeDecodeError as e:
+        raise XlapyError(f"{path}: not a text file ({e.reason})") from e
+    module = parse_module(text, filename=path)
+    if verify:
+        verify_module(module)
+    return module
+
+
+def summarize(name: str, value) -> str:
+    """One line describing an output array: shape, a few statistics, the first values."""
+    arr = np.asarray(value)
+    from xlapy.ir.types import PrimitiveType
+
+    type_name = PrimitiveType.from_dtype(arr.dtype).text
+    head = f"{name}: {type_name}[{','.join(map(str, arr.shape))}]"
+    if arr.size == 0:
+        return head + " (empty)"
+    flat = arr.reshape(-1)
+    if arr.dtype.kind in "biu" or arr.dtype == np.bool_:
+        stats = f" min={flat.min()} max={flat.max()}"
+    else:
+        wide = flat.astype(np.complex128 if arr.dtype.kind == "c" else np.float64)
+        if arr.dtype.kind == "c":
+            stats = f" mean={wide.mean():.6g}"
+        else:
+            stats = f" min={wide.min():.6g} max={wide.max():.6g} mean={wide.mean():.6g}"
+    shown = np.array2string(flat[:6], precision=6, separator=", ", threshold=6)
+    more = " ..." if flat.size > 6 else ""
+    return f"{head}{stats} values={shown}{more}"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="xlapy")
+def cli():
+    """xlapy: XLA, the machine-learning compiler, written in Python."""
+
+
+@cli.command()
+@click.argument("module_path", metavar="MODULE.hlo", type=click.Path(dir_okay=False))
+@click.option("--inputs", type=click.Path(dir_okay=False), help="param_0, param_1, ... arrays")
+@click.option("--random-inputs", is_flag=True, help="run on fresh random inputs")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of --random-inputs")
+@click.option("--output", type=click.Path(dir_okay=False), help="write output_0, ... here")
+@click.option("--backend", default="interpreter", show_default=True)
+def run(module_path, inputs, random_inputs, seed, output, backend):
+    """Run MODULE.hlo and print a summary of each output."""
+    from xlapy.backends import execute
+
+    module = load_module(module_path)
+    params = [p.shape for p in module.entry.parameters]
+    if inputs and random_inputs:
+        raise click.UsageError("give either --inputs or --random-inputs, not both")
+    if inputs:
+        args = npz_io.load_inputs(inputs, params)
+    elif random_inputs or not npz_io.leaf_shapes(params):
+        args = npz_io.random_inputs(params, seed)
+    else:
+        raise click.UsageError(
+            f"{module.name} takes {len(params)} parameters: give --inputs FILE.npz "
+            f"or --random-inputs"
+        )
+    start = time.perf_counter()
+    result = execute(module, args, backend)
+    elapsed = time.perf_counter() - start
+    leaves = npz_io.flatten(result)
+    for i, leaf in enumerate(leaves):
+        click.echo(summarize(f"output_{i}", leaf))
+    click.echo(f"ran {module.name} on {backend} in {elapsed * 1e3:.2f} ms", err=True)
+    if output:
+        np.savez(output, **npz_io.output_arrays(result))
+
+
+@cli.command()
+@click.argument("module_path", metavar="MODULE.hlo", type=click.Path(dir_okay=False))
+def check(module_path):
+    """Parse and verify MODULE.hlo."""
+    module = load_module(module_path)
+    count = sum(len(c.instructions) for c in module.computations)
+    click.echo(
+        f"{module_path}: ok ({module.name}: {len(module.computations)} computations, "
+        f"{count} instructions)"
+    )
+
+
+@cli.command()
+@click.argument("module_path", metavar="MODULE.hlo", type=click.Path(dir_okay=False))
+@click.option("--long", "long_form", is_flag=True, help="XLA's long form: %names, signatures")
+@click.option("--no-metadata", is_flag=True, help="drop metadata={...}")
+def fmt(module_path, long_form, no_metadata):
+    """Print MODULE.hlo back in canonical form."""
+    from xlapy.ir.printer import PrintOptions, print_module
+
+    module = load_module(module_path, verify=False)
+    options = PrintOptions.long() if long_form else PrintOptions.short()
+    if no_metadata:
+        options = dataclasses.replace(options, print_metadata=False)
+    click.echo(print_module(module, options), nl=False)
+
+
+def main(argv=None) -> int:
+    """Entry point: run the CLI, turning xlapy errors into a message and exit status 1."""
+    try:
+        cli.main(args=argv, prog_name="xlapy", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except HloParseError as e:
+        click.echo(str(e), err=True)  # already `file:line:col: error: ...` with a caret
+        return 1
+    except XlapyError as e:
+        click.echo(f"xlapy: error: {e}", err=True)
+        return 1
+    except RecursionError:
+        click.echo("xlapy: error: the program is nested too deeply to process", err=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
