@@ -377,3 +377,16 @@ def test_print_options_toggle_metadata_and_elision():
     elided = print_module(module, elide_constants_over=3)
     assert "constant({...})" in elided and "constant(0)" in elided
     assert "add(f32[] a, f32[] b)" in print_module(module, operand_shapes=True)
+
+
+def test_frontend_attribute_with_unquoted_structured_value():
+    # Shardy's mesh table, as jax's shard_map lowering writes it in the module header.
+    text = (
+        'HloModule m, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["i"=1]>},k="v"}\n\n'
+        "ENTRY main {\n  ROOT a = f32[2] parameter(0)\n}\n"
+    )
+    module = parse_module(text)
+    attrs = module.config.frontend_attributes
+    assert attrs.get("xla.sdy.meshes").text == '{mesh = #sdy.mesh<["i"=1]>}'
+    assert attrs.get("k") == "v"
+    assert print_module(parse_module(print_module(module))) == print_module(module)

@@ -249,7 +249,9 @@ class Metadata:
 
 @dataclass(frozen=True, slots=True)
 class FrontendAttributes:
-    items: tuple[tuple[str, str], ...]
+    """Key/value pairs; a value is a string, or Raw text for an unquoted `{...}` value."""
+
+    items: tuple[tuple[str, str | Raw], ...]
 
     def get(self, key: str, default=None):
         for k, v in self.items:

@@ -1055,12 +1055,15 @@ class _Parser:
 
     def frontend_attributes(self) -> A.FrontendAttributes:
         self.expect("{")
-        items: list[tuple[str, str]] = []
+        items: list[tuple[str, str | A.Raw]] = []
         if not self.accept("}"):
             while True:
                 key = self.string() if self.peek('"') else self.ident("an attribute key")
                 self.expect("=", f"'=' after '{key}'")
-                items.append((key, self.string()))
+                if self.peek("{"):  # an unquoted structured value, e.g. xla.sdy.meshes={...}
+                    items.append((key, A.Raw(self.balanced())))
+                else:
+                    items.append((key, self.string()))
                 if self.accept("}"):
                     break
                 self.expect(",", "',' or '}' in frontend_attributes")

@@ -439,7 +439,10 @@ _BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(?:-(?!>)[A-Za-z0-9_.]*)*\Z")
 
 
 def _frontend(attrs: A.FrontendAttributes, opts: PrintOptions | None = None) -> str:
-    items = [f"{k if _BARE_KEY.match(k) else _quote(k)}={_quote(v)}" for k, v in attrs.items]
+    items = [
+        f"{k if _BARE_KEY.match(k) else _quote(k)}={v.text if isinstance(v, A.Raw) else _quote(v)}"
+        for k, v in attrs.items
+    ]
     return "{" + ",".join(items) + "}"
 
 
