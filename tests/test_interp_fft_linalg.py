@@ -13,7 +13,7 @@ from xlapy.backends.interpreter import evaluate
 from xlapy.errors import EvaluationError
 from xlapy.ir.parser import parse_module
 
-jax.config.update("jax_enable_x64", True)
+pytestmark = pytest.mark.usefixtures("x64_mode")
 
 TEXT = {
     np.dtype(t): n

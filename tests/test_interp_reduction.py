@@ -12,7 +12,7 @@ from jax import lax
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
 
-jax.config.update("jax_enable_x64", True)
+pytestmark = pytest.mark.usefixtures("x64_mode")
 
 BINARY = {"add": lax.add, "multiply": lax.mul, "maximum": lax.max, "minimum": lax.min}
 IDENTITY = {"add": 0, "multiply": 1, "maximum": -np.inf, "minimum": np.inf}
