@@ -191,3 +191,27 @@ def test_bad_reshape_and_transpose_are_evaluation_errors():
     )
     with pytest.raises(EvaluationError, match=r"perm: dimensions=\[1, 1\] is not a permutation"):
         rule_for(Opcode.TRANSPOSE)(perm, [np.ones((2, 3), np.float32)], None)
+
+
+@pytest.mark.parametrize(
+    "in_shape, out_shape, expected",
+    [
+        # Same layout: a plain reshape in row-major order.
+        ("f32[2,3]{1,0}", "f32[3,2]{1,0}", lambda x: x.reshape(3, 2)),
+        # A layout-changing bitcast is a physical transpose (what XLA's optimized HLO uses).
+        ("f32[2,3]{1,0}", "f32[3,2]{0,1}", lambda x: x.T),
+        ("f32[2,3]{0,1}", "f32[2,3]{1,0}", lambda x: x.T.reshape(2, 3)),
+        ("f32[2,3,4]{2,1,0}", "f32[4,2,3]{0,2,1}", lambda x: x.transpose(2, 0, 1)),
+    ],
+)
+def test_bitcast_follows_layouts(in_shape, out_shape, expected):
+    from xlapy.backends.interpreter import evaluate
+    from xlapy.ir.parser import parse_module
+
+    text = (
+        f"HloModule m\n\nENTRY main {{\n  p = {in_shape} parameter(0)\n"
+        f"  ROOT b = {out_shape} bitcast(p)\n}}\n"
+    )
+    dims = tuple(int(d) for d in in_shape[4 : in_shape.index("]")].split(","))
+    x = np.random.default_rng(0).standard_normal(dims).astype(np.float32)
+    np.testing.assert_array_equal(evaluate(parse_module(text), [x]), expected(x))

@@ -177,6 +177,9 @@ BUILTIN_IDENTITY_TARGETS = (
     "annotate_device_placement",
     "MoveToHost",
     "MoveToDevice",
+    "xla.sdy.FuncResultSharding",
+    "xla.sdy.GlobalToLocalShape",
+    "xla.sdy.LocalToGlobalShape",
 )
 
 for _name in BUILTIN_IDENTITY_TARGETS:

@@ -22,6 +22,7 @@ from xlapy.backends.custom_calls import (
 )
 from xlapy.backends.interpreter.registry import evaluates
 from xlapy.backends.interpreter.rules.misc import copy_value
+from xlapy.backends.interpreter.rules.sorting import merge_sort_permutation
 from xlapy.errors import CustomCallError
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
@@ -115,11 +116,39 @@ def _check_leaves(instr, target, leaves, outs):
     return checked
 
 
+def _xla_topk(instr, operands, ctx):
+    """XLA's "TopK" custom call (what its optimizer turns `topk` into): the k first elements
+    of each row of the last dimension in the comparator's order, ties by lower index."""
+    (x,) = operands
+    called = instr.attrs.get("called_computations") or ()
+    comparator = instr.attrs.get("to_apply") or (called[0] if len(called) == 1 else None)
+    if comparator is None or not instr.shape.is_tuple or x.ndim == 0:
+        raise CustomCallError(
+            f"{instr.name}: TopK needs one comparator computation and a (values, indices) result"
+        )
+    values_shape, indices_shape = instr.shape.tuple_shapes
+    k, n = values_shape.dims[-1], x.shape[-1]
+    rows = x.reshape(-1, n)
+    keys = [rows]
+    if comparator.num_parameters == 4:  # a sort comparator over (values, indices)
+        keys.append(np.broadcast_to(np.arange(n, dtype=indices_shape.dtype), rows.shape))
+    perm = merge_sort_permutation(ctx, comparator, keys)[:, :k]
+    values = np.take_along_axis(rows, perm, axis=1).reshape(values_shape.dims)
+    return values, perm.astype(indices_shape.dtype).reshape(indices_shape.dims)
+
+
+# Custom calls that XLA itself emits for operations with HLO semantics (they carry called
+# computations, so they are evaluated here rather than through the target registry).
+XLA_INTERNAL_TARGETS = {"TopK": _xla_topk}
+
+
 @evaluates(Opcode.CUSTOM_CALL)
 def _custom_call(instr, operands, ctx):
     name = instr.attrs.get("custom_call_target")
     if not name:
         raise CustomCallError(f"{instr.name}: custom-call needs custom_call_target=")
+    if name in XLA_INTERNAL_TARGETS:
+        return XLA_INTERNAL_TARGETS[name](instr, operands, ctx)
     platform = ctx.state.get("platform", "Host")
     target = find_target(ctx, name, platform)
     if target.api_version is not ApiVersion.PYTHON:

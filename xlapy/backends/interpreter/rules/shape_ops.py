@@ -60,18 +60,39 @@ def _dynamic_reshape(instr, operands, ctx):
 
 @evaluates(Opcode.BITCAST)
 def _bitcast(instr, operands, ctx):
+    """Reinterpret the operand's bytes in its physical order (its layout) as the result's
+    physical order (the result's layout). XLA's optimized HLO uses this to express
+    transposes that only change the layout, so layouts matter here and nowhere else."""
     x = operands[0]
     out = instr.shape
     if not out.is_array:
         raise EvaluationError(f"{instr.name}: bitcast of non-array shape {out}")
-    if x.dtype == out.dtype:
-        return _reshape_to(instr, x, out.dims)
-    raw = np.ascontiguousarray(x).view(np.uint8).reshape(-1)
-    if raw.size != out.byte_size:
+    flat = _to_physical(x, instr.operands[0].shape.layout_or_default)
+    if x.dtype != out.dtype:
+        raw = np.ascontiguousarray(flat).view(np.uint8).reshape(-1)
+        if raw.size != out.byte_size:
+            raise EvaluationError(
+                f"{instr.name}: bitcast from {x.nbytes} bytes to {out} ({out.byte_size} bytes)"
+            )
+        flat = raw.view(out.dtype)
+    if flat.size != out.num_elements:
         raise EvaluationError(
-            f"{instr.name}: bitcast from {x.nbytes} bytes to {out} ({out.byte_size} bytes)"
+            f"{instr.name}: bitcast from {x.size} elements to {out} ({out.num_elements})"
         )
-    return raw.view(out.dtype).reshape(out.dims).copy()
+    return _from_physical(flat, out.dims, out.layout_or_default)
+
+
+def _to_physical(x: np.ndarray, layout) -> np.ndarray:
+    """The elements of `x` in memory order: most-major dimension first."""
+    major_to_minor = tuple(reversed(layout.minor_to_major))
+    return np.ascontiguousarray(x.transpose(major_to_minor)).reshape(-1)
+
+
+def _from_physical(flat: np.ndarray, dims, layout) -> np.ndarray:
+    major_to_minor = tuple(reversed(layout.minor_to_major))
+    physical = flat.reshape(tuple(dims[d] for d in major_to_minor))
+    inverse = tuple(int(i) for i in np.argsort(major_to_minor))
+    return physical.transpose(inverse).copy()  # (ascontiguousarray would make a 0-d array 1-d)
 
 
 @evaluates(Opcode.TRANSPOSE)

@@ -24,7 +24,7 @@ from xlapy.errors import EvaluationError
 from xlapy.ir.opcodes import Opcode
 
 
-def _merge_sort_permutation(ctx, comparator, rows: list[np.ndarray]) -> np.ndarray:
+def merge_sort_permutation(ctx, comparator, rows: list[np.ndarray]) -> np.ndarray:
     """The stable permutation that sorts `rows` (each shaped (batch, n)) by `comparator`."""
     batch, n = rows[0].shape
     perm = np.broadcast_to(np.arange(n), (batch, n)).copy()
@@ -85,7 +85,7 @@ def _sort(instr, operands, ctx):
     else:
         moved = [np.moveaxis(o, axis, -1) for o in operands]
         rows = [m.reshape(-1, shape[axis]) for m in moved]
-        perm = _merge_sort_permutation(ctx, comparator, rows)
+        perm = merge_sort_permutation(ctx, comparator, rows)
         result = tuple(
             np.moveaxis(np.take_along_axis(r, perm, axis=1).reshape(m.shape), -1, axis)
             for r, m in zip(rows, moved, strict=True)
