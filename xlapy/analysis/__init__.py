@@ -1,0 +1,1 @@
+"""Read-only analyses of HLO modules; each returns a result object."""
