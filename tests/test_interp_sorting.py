@@ -10,6 +10,7 @@ from jax import lax
 
 from xlapy.backends.interpreter import evaluate
 from xlapy.errors import EvaluationError
+from xlapy.ir.attributes import Enum
 from xlapy.ir.parser import parse_module
 
 
@@ -132,3 +133,25 @@ ENTRY e {
     x = rng.normal(size=4).astype(np.float32)
     with pytest.raises(EvaluationError, match="comparator takes 2 parameters"):
         evaluate(parse_module(text), [x, x])
+
+
+def test_editing_a_comparator_in_place_is_seen_by_the_next_sort():
+    module = parse_module(
+        """HloModule m
+
+less {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=LT
+}
+
+ENTRY main {
+  x = f32[6] parameter(0)
+  ROOT s = f32[6] sort(x), dimensions={0}, to_apply=less
+}
+"""
+    )
+    x = np.random.default_rng(7).standard_normal(6).astype(np.float32)
+    np.testing.assert_array_equal(evaluate(module, [x]), np.sort(x))
+    module.get_computation("less").root.attrs["direction"] = Enum("GT")  # as a pass might
+    np.testing.assert_array_equal(evaluate(module, [x]), np.sort(x)[::-1])

@@ -34,7 +34,7 @@ def _lift_shape(shape: Shape, dims: tuple[int, ...]) -> Shape | None:
 def lifted(computation: HloComputation, dims: tuple[int, ...]) -> HloComputation | None:
     """`computation` with its scalar values widened to arrays of `dims`; None if it has
     instructions that are not scalar (they cannot be widened)."""
-    key = (id(computation), len(computation.instructions), id(computation.root), dims)
+    key = (_snapshot(computation), dims)
     cached = _LIFTED.get(key)
     if cached is not None and cached[0] is computation:
         return cached[1]
@@ -43,6 +43,27 @@ def lifted(computation: HloComputation, dims: tuple[int, ...]) -> HloComputation
     result = _widen(computation, dims)
     _LIFTED[key] = (computation, result)
     return result
+
+
+def _snapshot(computation: HloComputation) -> tuple:
+    """A key that changes whenever a pass edits the computation in place (instructions,
+    operands, shapes, attributes, literals, root), so a stale lifted copy is never reused."""
+    return (
+        id(computation),
+        id(computation.root),
+        tuple(
+            (
+                id(i),
+                i.opcode,
+                i.shape,
+                tuple(id(o) for o in i.operands),
+                tuple(i.attrs.items()),
+                i.literal,
+                i.parameter_number,
+            )
+            for i in computation.instructions
+        ),
+    )
 
 
 def _widen(computation: HloComputation, dims: tuple[int, ...]) -> HloComputation | None:
