@@ -151,8 +151,8 @@ def test_parse_error_prints_position_and_caret(capsys, write):
     path = write("bad.hlo", ADD.replace("add(a, b)", "add(a, b"))
     code, _, err = run_cli(capsys, "check", path)
     assert code == 1
-    assert f"{path}:7:3: error: expected ',' or ')' after operand" in err
-    assert "\n  ^" in err
+    assert f"{path}:6:26: error: expected ',' or ')' after operand, found 'ROOT'" in err
+    assert "  sum = f32[2,3] add(a, b\n" + " " * 25 + "^" in err
     assert "Traceback" not in err
 
 

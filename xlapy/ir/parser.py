@@ -105,7 +105,18 @@ class _Parser:
         return f"'{token}'"
 
     def expected(self, what: str) -> HloParseError:
-        return self.error(f"expected {what}, found {self.describe_here()}")
+        """An error for a missing `what`. When the unexpected token starts a later line and
+        the previous line stopped inside a construct (not after a closing '}'), the missing
+        piece belongs at the end of that line, so point there."""
+        message = f"expected {what}, found {self.describe_here()}"
+        end_of_previous = len(self.text[: self.pos].rstrip())
+        if (
+            end_of_previous
+            and self.text[end_of_previous - 1] != "}"
+            and "\n" in self.text[end_of_previous : self.pos]
+        ):
+            return self.error(message, end_of_previous)
+        return self.error(message)
 
     def enter(self) -> None:
         self.depth += 1
