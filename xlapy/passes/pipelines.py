@@ -1,0 +1,77 @@
+"""The default compilation pipelines, as plain lists of pass names.
+
+Reading order is running order. A FixedPoint group repeats until no pass in it changes the
+module. Passes are built by name from the registry (pass_base.PASSES), so this file only
+imports the modules that register them. The late stages (fusion, copy insertion) live in
+modules written separately; they join the pipeline when their module exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+from xlapy.passes import (  # noqa: F401  (importing registers the passes)
+    constant_folding,
+    cse,
+    dce,
+    donors,
+    expanders,
+    inline,
+    simplify,
+    tuple_simplify,
+)
+from xlapy.passes.pass_base import PASSES, FixedPoint, PassPipeline, make_pass
+
+SIMPLIFY = ["algsimp", "constant-folding", "tuple-simplifier", "cse", "dce"]
+
+CPU_PIPELINE: list[str | list[str]] = [
+    "call-inliner",
+    "batchnorm-expander",
+    "logistic-expander",
+    SIMPLIFY,  # a list is a FixedPoint group
+    "buffer-donor-to-alias",
+    # -- late stages: fusion, then copy insertion (added when their modules exist) ----------
+    "fusion",
+    "dce",
+    "flatten-call-graph",  # copy insertion wants one call site per while body / branch
+    "copy-insertion",
+]
+
+LATE_MODULES = (
+    "xlapy.passes.fusion",
+    "xlapy.passes.flatten_call_graph",
+    "xlapy.passes.copy_insertion",
+)
+OPTIONAL_PASSES = frozenset({"fusion", "flatten-call-graph", "copy-insertion"})
+
+
+def _register_late_passes() -> None:
+    for name in LATE_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+
+
+def build(
+    name: str,
+    plan: list[str | list[str]],
+    dump_dir: str | Path | None = None,
+    verify: bool = True,
+) -> PassPipeline:
+    """A PassPipeline from a list of pass names (a nested list is a FixedPoint group).
+    Optional late passes that are not registered are left out."""
+    _register_late_passes()
+    items = []
+    for entry in plan:
+        if isinstance(entry, list):
+            items.append(FixedPoint([make_pass(n) for n in entry], name=f"{name}-simplify"))
+        elif entry in PASSES or entry not in OPTIONAL_PASSES:
+            items.append(make_pass(entry))
+    return PassPipeline(name, items, verify_between=verify, dump_dir=dump_dir)
+
+
+def default_cpu_pipeline(dump_dir: str | Path | None = None, verify: bool = True) -> PassPipeline:
+    """The CPU compiler's pipeline (CPU_PIPELINE): inline, expand, simplify to a fixed point,
+    turn donors into aliases, then fuse and insert copies."""
+    return build("cpu", CPU_PIPELINE, dump_dir, verify)

@@ -1,0 +1,534 @@
+"""The algebraic simplifier's rewrite rules, as data: one rule per line, identity in the text.
+
+A rule is (identity, pattern, rewrite). A pattern is a small tree: `op(ADD, X, ZERO)` matches
+an `add` whose second operand is a splat of zero (a constant, or a broadcast of one, whose
+elements are all equal); `X` binds any instruction to the name "x", and a name bound twice
+must bind the same instruction (`op(MAXIMUM, X, X)`). Patterns of commutative ops also match
+with their operands swapped. A rewrite gets the Match and returns the instruction that
+replaces the matched one (an existing one, or one it builds with `m.new`), or None to decline.
+The simplifier (simplify.py) drops any replacement whose shape differs from the original, so
+"reshape(x) -> x" needs no shape test of its own.
+
+Floating point stays exact: no rule may change a result for NaN, infinities or -0.0. So
+`x + 0 -> x` fires for floats only when the zero is -0.0 (x + -0.0 == x for every x, while
+-0.0 + +0.0 == +0.0), `x - 0 -> x` only for +0.0, `x * 0 -> 0` and `x - x -> 0` only for
+integers, and a multiplicative identity never fires for complex numbers (x * (1+0j) turns
+inf into NaN). XLA's simplifier applies `x + 0.0 -> x` regardless of the sign of zero;
+`SimplifierOptions(ieee_exact=False)` does the same here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from xlapy.ir.attributes import SliceSpec
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.literal import Literal
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import Shape
+from xlapy.ir.types import PrimitiveType
+
+Op = Opcode
+
+COMMUTATIVE = frozenset(
+    {Op.ADD, Op.MULTIPLY, Op.MAXIMUM, Op.MINIMUM, Op.AND, Op.OR, Op.XOR}
+)  # compare is not: its direction depends on the order
+
+
+@dataclass(frozen=True)
+class SimplifierOptions:
+    """`ieee_exact`: never change a float result, -0.0 included (see the module docstring)."""
+
+    ieee_exact: bool = True
+
+
+# -- the pattern language -------------------------------------------------------------------
+
+ValuePred = Callable[[np.ndarray, PrimitiveType, SimplifierOptions], bool]
+
+
+@dataclass(frozen=True)
+class Pat:
+    """Matches an instruction: its opcode (None: any), its operands (None: any), a predicate
+    on the instruction or on its splat value; binds it to `name`."""
+
+    opcode: Opcode | None = None
+    operands: tuple[Pat, ...] | None = None
+    name: str | None = None
+    where: Callable[[HloInstruction], bool] | None = None
+    value: ValuePred | None = None
+
+
+def op(opcode: Opcode, *operands: Pat, name: str | None = None, where=None) -> Pat:
+    return Pat(opcode, tuple(operands), name, where)
+
+
+def var(name: str, where=None) -> Pat:
+    return Pat(name=name, where=where)
+
+
+def splat(value: ValuePred, name: str | None = None) -> Pat:
+    """A constant, or a broadcast of one, whose elements are all one value satisfying `value`."""
+    return Pat(name=name, value=value)
+
+
+@dataclass
+class Match:
+    """The bindings of a matched pattern, plus what a rewrite needs to build instructions."""
+
+    root: HloInstruction
+    bindings: dict[str, HloInstruction]
+    options: SimplifierOptions
+    editor: object = None  # hlo_edit.Editor; set by the simplifier
+    created: list[HloInstruction] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> HloInstruction:
+        return self.bindings[name]
+
+    def new(self, opcode: Opcode, operands, attrs=None, shape: Shape | None = None, literal=None):
+        """A new instruction just before the matched one (shape: the matched one's)."""
+        instr = self.editor.add(
+            opcode,
+            shape or self.root.shape,
+            operands,
+            attrs,
+            before=self.root,
+            literal=literal,
+            name=self.root.name,
+        )
+        self.created.append(instr)
+        return instr
+
+    def full(self, value, shape: Shape | None = None) -> HloInstruction:
+        """`value` in every element: a scalar constant, broadcast when the shape is not 0-d."""
+        shape = shape or self.root.shape
+        scalar = Shape.scalar(shape.element_type)
+        const = self.new(
+            Op.CONSTANT, (), shape=scalar, literal=Literal.scalar(value, scalar.element_type)
+        )
+        if shape.rank == 0:
+            return const
+        return self.new(Op.BROADCAST, [const], {"dimensions": ()}, shape=shape)
+
+
+def splat_value(instr: HloInstruction, memo: dict[int, np.ndarray | None] | None = None):
+    """The one value every element of `instr` has (a 0-d array), if it is a constant or a
+    broadcast of one and all its elements agree bit for bit; else None."""
+    if memo is not None and id(instr) in memo:
+        return memo[id(instr)]
+    result = None
+    if instr.opcode is Op.BROADCAST:
+        result = splat_value(instr.operands[0], memo)
+    elif instr.opcode is Op.CONSTANT and instr.literal is not None and instr.shape.is_array:
+        flat = instr.literal.array.reshape(-1)
+        if flat.size and _all_same_bits(flat):
+            result = flat[:1].reshape(())
+    if memo is not None:
+        memo[id(instr)] = result
+    return result
+
+
+def _all_same_bits(flat: np.ndarray) -> bool:
+    if flat.size == 1:
+        return True
+    raw = np.frombuffer(flat.tobytes(), dtype=np.uint8).reshape(flat.size, -1)
+    return bool((raw == raw[0]).all())
+
+
+def match(pat: Pat, instr: HloInstruction, bindings: dict, options, memo) -> bool:
+    """Match `pat` against `instr`, extending `bindings`; bindings are undone on failure."""
+    if pat.opcode is not None and instr.opcode is not pat.opcode:
+        return False
+    if pat.where is not None and not pat.where(instr):
+        return False
+    if pat.value is not None:
+        value = splat_value(instr, memo)
+        if value is None or not pat.value(value, instr.shape.element_type, options):
+            return False
+    if pat.name is not None:
+        bound = bindings.get(pat.name)
+        if bound is not None and bound is not instr:
+            return False
+    saved = dict(bindings)
+    if pat.name is not None:
+        bindings[pat.name] = instr
+    if pat.operands is None:
+        return True
+    for order in _operand_orders(pat, instr):
+        if all(match(p, o, bindings, options, memo) for p, o in zip(pat.operands, order)):
+            return True
+        bindings.clear()
+        bindings.update(saved)
+        if pat.name is not None:
+            bindings[pat.name] = instr
+    bindings.clear()
+    bindings.update(saved)
+    return False
+
+
+def _operand_orders(pat: Pat, instr: HloInstruction):
+    if len(pat.operands) != len(instr.operands):
+        return
+    yield instr.operands
+    if instr.opcode in COMMUTATIVE and len(instr.operands) == 2:
+        yield instr.operands[::-1]
+
+
+# -- value predicates -----------------------------------------------------------------------
+
+
+def _float(v: np.ndarray) -> float:
+    return float(np.asarray(v, dtype=np.float64))
+
+
+def _is_zero(v, t, o) -> bool:
+    if t.is_complex:
+        return complex(v) == 0
+    if t.is_float:
+        return _float(v) == 0
+    return not bool(v) if t.is_pred else int(v) == 0
+
+
+def _neg_sign(x: float) -> bool:
+    return math.copysign(1.0, x) < 0
+
+
+def additive_identity(v, t, o) -> bool:
+    """0 for integers; -0.0 for floats (either zero when not ieee_exact)."""
+    if not _is_zero(v, t, o):
+        return False
+    if not o.ieee_exact or not t.is_floating_or_complex:
+        return True
+    c = complex(v)
+    return _neg_sign(c.real) and (not t.is_complex or _neg_sign(c.imag))
+
+
+def subtractive_identity(v, t, o) -> bool:
+    """0 for integers; +0.0 for floats (x - +0.0 == x, -0.0 included)."""
+    if not _is_zero(v, t, o):
+        return False
+    if not o.ieee_exact or not t.is_floating_or_complex:
+        return True
+    c = complex(v)
+    return not _neg_sign(c.real) and (not t.is_complex or not _neg_sign(c.imag))
+
+
+def is_zero(v, t, o) -> bool:
+    return _is_zero(v, t, o)
+
+
+def is_one(v, t, o) -> bool:
+    """1, but never for complex numbers when exact (x * (1+0j) is not x for infinite x)."""
+    if t.is_complex:
+        return not o.ieee_exact and complex(v) == 1
+    if t.is_pred:
+        return bool(v)
+    return _float(v) == 1
+
+
+def all_bits_set(v, t, o) -> bool:
+    """true for pred, -1 / max for integers: the identity of `and`."""
+    if t.is_pred:
+        return bool(v)
+    if not t.is_integral:
+        return False
+    return int(v) == (-1 if t.is_signed_integral else (1 << t.bits) - 1)
+
+
+def is_false(v, t, o) -> bool:
+    return t.is_pred and not bool(v)
+
+
+def is_true(v, t, o) -> bool:
+    return t.is_pred and bool(v)
+
+
+def int_zero(v, t, o) -> bool:
+    return (t.is_integral or t.is_pred) and _is_zero(v, t, o)
+
+
+# -- instruction predicates -----------------------------------------------------------------
+
+
+def integral(instr: HloInstruction) -> bool:
+    """Integers and pred: every value equals itself and x - x is 0."""
+    t = instr.shape.element_type
+    return t.is_integral or t.is_pred
+
+
+def scalar(instr: HloInstruction) -> bool:
+    return instr.shape.is_array and instr.shape.rank == 0
+
+
+# -- rewrites -------------------------------------------------------------------------------
+
+
+def keep(name: str):
+    """Replace the matched instruction with the one bound to `name`."""
+    return lambda m: m[name]
+
+
+def _operand(i: int):
+    """Replace the matched instruction with its operand `i`."""
+    return lambda m: m.root.operands[i]
+
+
+def _zeros(m: Match):
+    return m.full(0)
+
+
+def _same_compare(m: Match):
+    direction = m.root.attrs.get("direction", m.root.attrs.get("comparison_direction"))
+    if direction is None:
+        return None
+    return m.full(direction.text in ("EQ", "LE", "GE"))
+
+
+def _full_precision(m: Match):
+    t = m.root.shape.element_type
+    finfo = _float_info(t)
+    if finfo is None:
+        return None
+    exponent, mantissa = finfo
+    a = m.root.attrs
+    if a.get("exponent_bits") == exponent and a.get("mantissa_bits") == mantissa:
+        return m["x"]
+    return None
+
+
+def _float_info(t: PrimitiveType):
+    try:
+        info = np.finfo(t.dtype)
+    except (TypeError, ValueError):
+        return None
+    return int(info.nexp), int(info.nmant)
+
+
+def _merge_reshapes(m: Match):
+    return m.new(Op.RESHAPE, [m["x"]])
+
+
+def _reshape_of_scalar_broadcast(m: Match):
+    return m.new(Op.BROADCAST, [m["x"]], {"dimensions": ()})
+
+
+def _identity_broadcast(m: Match):
+    dims = tuple(m.root.attrs.get("dimensions", ()))
+    return m["x"] if dims == tuple(range(m.root.shape.rank)) else None
+
+
+def _merge_broadcasts(m: Match):
+    inner = m["inner"]
+    inner_dims = inner.attrs.get("dimensions", ())
+    outer_dims = m.root.attrs.get("dimensions", ())
+    return m.new(Op.BROADCAST, [m["x"]], {"dimensions": tuple(outer_dims[d] for d in inner_dims)})
+
+
+def _identity_transpose(m: Match):
+    perm = tuple(m.root.attrs.get("dimensions", ()))
+    return m["x"] if perm == tuple(range(len(perm))) else None
+
+
+def _merge_transposes(m: Match):
+    inner = m["inner"].attrs.get("dimensions", ())
+    outer = m.root.attrs.get("dimensions", ())
+    return m.new(Op.TRANSPOSE, [m["x"]], {"dimensions": tuple(inner[j] for j in outer)})
+
+
+def _no_padding(m: Match):
+    padding = m.root.attrs.get("padding")
+    if padding is None or any(d != (0, 0, 0) for d in padding.dims):
+        return None
+    return m["x"]
+
+
+def _reverse_of_unit_dims(m: Match):
+    dims = m.root.attrs.get("dimensions", ())
+    return m["x"] if all(m["x"].shape.dims[d] == 1 for d in dims) else None
+
+
+def _reverse_of_reverse(m: Match):
+    same = sorted(m.root.attrs.get("dimensions", ())) == sorted(
+        m["inner"].attrs.get("dimensions", ())
+    )
+    return m["x"] if same else None
+
+
+def _copy_of_copy(m: Match):
+    return m["inner"]
+
+
+def _constant_dynamic_slice(m: Match):
+    x, starts = m.root.operands[0], m.root.operands[1:]
+    sizes = m.root.attrs.get("dynamic_slice_sizes")
+    if sizes is None or len(starts) != x.shape.rank:
+        return None
+    values = [splat_value(s) for s in starts]
+    if any(v is None for v in values):
+        return None
+    spec = []
+    for v, size, dim in zip(values, sizes, x.shape.dims, strict=True):
+        start = min(max(int(v), 0), dim - size)
+        spec.append((start, start + size, 1))
+    return m.new(Op.SLICE, [x], {"slice": SliceSpec(tuple(spec))})
+
+
+def _is_lowest(v, t, o) -> bool:
+    if t.is_pred:
+        return not bool(v)
+    if t.is_integral:
+        return int(v) == int(np.iinfo(t.dtype).min)
+    return t.is_float and _float(v) == -math.inf
+
+
+def _is_highest(v, t, o) -> bool:
+    if t.is_pred:
+        return bool(v)
+    if t.is_integral:
+        return int(v) == int(np.iinfo(t.dtype).max)
+    return t.is_float and _float(v) == math.inf
+
+
+_REDUCER_IDENTITY: dict[Opcode, ValuePred] = {
+    Op.ADD: additive_identity,
+    Op.MULTIPLY: is_one,
+    Op.AND: all_bits_set,
+    Op.OR: int_zero,
+    Op.MAXIMUM: _is_lowest,
+    Op.MINIMUM: _is_highest,
+}
+
+
+def reducer_opcode(comp) -> Opcode | None:
+    """`add` if `comp` is (a, b) -> add(a, b) (or b, a); likewise for the other binary ops."""
+    if comp is None or comp.num_parameters != 2 or comp.root is None:
+        return None
+    root = comp.root
+    if root.opcode not in _REDUCER_IDENTITY or len(root.operands) != 2:
+        return None
+    if {id(o) for o in root.operands} != {id(p) for p in comp.parameters}:
+        return None
+    return root.opcode
+
+
+def _trivial_reduce(m: Match):
+    """reduce over dimensions of size 1 with the reducer's identity as init is a reshape."""
+    x, init = m.root.operands
+    dims = m.root.attrs.get("dimensions", ())
+    if any(x.shape.dims[d] != 1 for d in dims):
+        return None
+    kind = reducer_opcode(m.root.attrs.get("to_apply"))
+    value = splat_value(init)
+    if kind is None or value is None:
+        return None
+    if not _REDUCER_IDENTITY[kind](value, init.shape.element_type, m.options):
+        return None
+    if x.shape.dims == m.root.shape.dims:
+        return x
+    return m.new(Op.RESHAPE, [x])
+
+
+# -- the rules ------------------------------------------------------------------------------
+
+X, Y, C = var("x"), var("y"), var("c")
+XI = var("x", integral)
+
+Rule = tuple[str, Pat, Callable[[Match], HloInstruction | None]]
+
+RULES: list[Rule] = [
+    # arithmetic
+    ("x + 0 -> x", op(Op.ADD, X, splat(additive_identity)), keep("x")),
+    ("x - 0 -> x", op(Op.SUBTRACT, X, splat(subtractive_identity)), keep("x")),
+    ("x * 1 -> x", op(Op.MULTIPLY, X, splat(is_one)), keep("x")),
+    ("x / 1 -> x", op(Op.DIVIDE, X, splat(is_one)), keep("x")),
+    ("x ** 1 -> x", op(Op.POWER, X, splat(is_one)), keep("x")),
+    ("x * 0 -> 0   (integers only)", op(Op.MULTIPLY, XI, splat(is_zero, "z")), keep("z")),
+    ("x - x -> 0   (integers only)", op(Op.SUBTRACT, XI, XI), _zeros),
+    ("-(-x) -> x", op(Op.NEGATE, op(Op.NEGATE, X)), keep("x")),
+    ("abs(abs(x)) -> abs(x)", op(Op.ABS, op(Op.ABS, X, name="inner")), keep("inner")),
+    ("max(x, x) -> x", op(Op.MAXIMUM, X, X), keep("x")),
+    ("min(x, x) -> x", op(Op.MINIMUM, X, X), keep("x")),
+    # logic and bits
+    ("not(not(x)) -> x", op(Op.NOT, op(Op.NOT, X)), keep("x")),
+    ("x & x -> x", op(Op.AND, X, X), keep("x")),
+    ("x | x -> x", op(Op.OR, X, X), keep("x")),
+    ("x & ~0 -> x", op(Op.AND, X, splat(all_bits_set)), keep("x")),
+    ("x & 0 -> 0", op(Op.AND, X, splat(int_zero, "z")), keep("z")),
+    ("x | 0 -> x", op(Op.OR, X, splat(int_zero)), keep("x")),
+    ("x | ~0 -> ~0", op(Op.OR, X, splat(all_bits_set, "z")), keep("z")),
+    ("x ^ 0 -> x", op(Op.XOR, X, splat(int_zero)), keep("x")),
+    ("x << 0 -> x", op(Op.SHIFT_LEFT, X, splat(int_zero)), keep("x")),
+    ("x >> 0 -> x   (arithmetic)", op(Op.SHIFT_RIGHT_ARITHMETIC, X, splat(int_zero)), keep("x")),
+    ("x >> 0 -> x   (logical)", op(Op.SHIFT_RIGHT_LOGICAL, X, splat(int_zero)), keep("x")),
+    ("x cmp x -> const   (integers only)", op(Op.COMPARE, XI, XI), _same_compare),
+    # select
+    ("select(c, x, x) -> x", op(Op.SELECT, C, X, X), keep("x")),
+    ("select(true, x, y) -> x", op(Op.SELECT, splat(is_true), X, Y), keep("x")),
+    ("select(false, x, y) -> y", op(Op.SELECT, splat(is_false), X, Y), keep("y")),
+    # conversions (the shape check keeps only those that change nothing)
+    ("convert(x) -> x   (same type)", op(Op.CONVERT, X), keep("x")),
+    ("bitcast-convert(x) -> x   (same type)", op(Op.BITCAST_CONVERT, X), keep("x")),
+    ("real(x) -> x   (real x)", op(Op.REAL, X), keep("x")),
+    (
+        "reduce-precision(x) -> x   (all bits kept)",
+        op(Op.REDUCE_PRECISION, X),
+        _full_precision,
+    ),
+    ("copy(copy(x)) -> copy(x)", op(Op.COPY, op(Op.COPY, X, name="inner")), _copy_of_copy),
+    ("copy(x) -> x   (same layout)", op(Op.COPY, X), keep("x")),
+    # shapes
+    ("reshape(x) -> x   (same shape)", op(Op.RESHAPE, X), keep("x")),
+    ("reshape(reshape(x)) -> reshape(x)", op(Op.RESHAPE, op(Op.RESHAPE, X)), _merge_reshapes),
+    (
+        "reshape(broadcast(s)) -> broadcast(s)   (scalar s)",
+        op(Op.RESHAPE, op(Op.BROADCAST, var("x", scalar))),
+        _reshape_of_scalar_broadcast,
+    ),
+    ("broadcast(x) -> x   (identity)", op(Op.BROADCAST, X), _identity_broadcast),
+    (
+        "broadcast(broadcast(x)) -> broadcast(x)",
+        op(Op.BROADCAST, op(Op.BROADCAST, X, name="inner")),
+        _merge_broadcasts,
+    ),
+    ("transpose(x) -> x   (identity)", op(Op.TRANSPOSE, X), _identity_transpose),
+    (
+        "transpose(transpose(x)) -> transpose(x)",
+        op(Op.TRANSPOSE, op(Op.TRANSPOSE, X, name="inner")),
+        _merge_transposes,
+    ),
+    ("slice(x) -> x   (full range)", op(Op.SLICE, X), keep("x")),
+    ("concatenate(x) -> x", op(Op.CONCATENATE, X), keep("x")),
+    ("pad(x, v) -> x   (no padding)", op(Op.PAD, X, Y), _no_padding),
+    ("reverse(x) -> x   (dims of size 1)", op(Op.REVERSE, X), _reverse_of_unit_dims),
+    (
+        "reverse(reverse(x)) -> x   (same dims)",
+        op(Op.REVERSE, op(Op.REVERSE, X, name="inner")),
+        _reverse_of_reverse,
+    ),
+    # indexing
+    (
+        "dynamic-slice(x, i...) -> x   (slice is all of x)",
+        Pat(Op.DYNAMIC_SLICE, name="r"),
+        lambda m: m["r"].operands[0],
+    ),
+    ("dynamic-slice(x, consts) -> slice(x)", Pat(Op.DYNAMIC_SLICE), _constant_dynamic_slice),
+    (
+        "dynamic-update-slice(x, u, i...) -> u   (u covers x)",
+        Pat(Op.DYNAMIC_UPDATE_SLICE),
+        _operand(1),
+    ),
+    # reductions
+    ("reduce(x, id) -> reshape(x)   (dims of size 1)", op(Op.REDUCE, X, Y), _trivial_reduce),
+]
+
+
+def rules_by_opcode(rules: list[Rule] = RULES) -> dict[Opcode, list[Rule]]:
+    """The rules keyed by the opcode of their pattern's root, in table order."""
+    table: dict[Opcode, list[Rule]] = {}
+    for rule in rules:
+        table.setdefault(rule[1].opcode, []).append(rule)
+    return table

@@ -1,0 +1,68 @@
+"""The algebraic simplifier: applies the rewrite rules of rules.py until none fires.
+
+Each sweep visits every instruction of every reachable computation in post order and tries
+the rules registered for its opcode, in table order; the first rule whose pattern matches
+and whose rewrite returns a replacement of the same shape (layouts included) wins. The
+replaced instruction and whatever only it kept alive are removed at once. Sweeps repeat
+until one changes nothing (a fixed point), so rules compose: reshape(reshape(reshape(x)))
+merges in two sweeps.
+"""
+
+from __future__ import annotations
+
+from xlapy.ir.module import HloModule
+from xlapy.passes.hlo_edit import Editor, Namer, reachable_computations, same_shape
+from xlapy.passes.pass_base import HloPass, register_pass
+from xlapy.passes.rules import RULES, Match, Rule, SimplifierOptions, match, rules_by_opcode
+
+
+@register_pass
+class AlgebraicSimplifier(HloPass):
+    """Rewrites by the identities of rules.RULES (or `rules`) to a fixed point."""
+
+    name = "algsimp"
+
+    def __init__(
+        self,
+        options: SimplifierOptions | None = None,
+        rules: list[Rule] | None = None,
+        max_sweeps: int = 50,
+    ):
+        self.options = options or SimplifierOptions()
+        self.table = rules_by_opcode(RULES if rules is None else rules)
+        self.max_sweeps = max_sweeps
+        self.fired: dict[str, int] = {}  # identity text -> times applied (last run)
+
+    def run(self, module: HloModule) -> bool:
+        self.fired = {}
+        namer = Namer(module)
+        changed = False
+        for comp in reachable_computations(module):
+            editor = Editor(comp, namer)
+            for _ in range(self.max_sweeps):
+                if not self._sweep(editor):
+                    break
+                changed = True
+        return changed
+
+    def _sweep(self, editor: Editor) -> bool:
+        changed = False
+        memo: dict = {}
+        for instr in editor.comp.post_order():
+            if instr.parent is not editor.comp:
+                continue
+            for identity, pattern, rewrite in self.table.get(instr.opcode, ()):
+                bindings: dict = {}
+                if not match(pattern, instr, bindings, self.options, memo):
+                    continue
+                m = Match(instr, bindings, self.options, editor)
+                new = rewrite(m)
+                if new is None or new is instr or not same_shape(new.shape, instr.shape):
+                    editor.remove_dead(m.created)
+                    continue
+                editor.replace(instr, new)
+                editor.remove_dead([instr])
+                self.fired[identity] = self.fired.get(identity, 0) + 1
+                changed = True
+                break
+        return changed
