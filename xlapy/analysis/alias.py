@@ -1,0 +1,170 @@
+"""Alias analysis: group HLO values into HloBuffers, the sets that must share one buffer.
+
+Values are merged with a union-find when the program's meaning requires one address:
+  while        init{i}, body parameter{i}, condition parameter{i}, body root{i} and the
+               while's result{i} are one loop-carried buffer per index i;
+  conditional  every branch root{i} and the conditional's result{i}; each branch parameter
+               and the operand passed to that branch;
+  call         each callee parameter and the operand passed to it (the callee's root is
+               forwarded to the call's result by the dataflow already);
+  module       each input_output_alias entry: the parameter value and the output value.
+
+In-place updates (dynamic-update-slice, scatter, in-place fusions and custom calls) are NOT
+merged here: whether an output may reuse its operand's bytes depends on whether the
+operand is still needed afterwards, which is a liveness question. Buffer assignment makes
+that decision (see xlapy.memory.buffer_assignment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xlapy.analysis.dataflow import Dataflow, DataflowError, HloValue
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import index_text
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HloBuffer:
+    """Values that must share one buffer; `id` is its identity, `values` sorted by id."""
+
+    id: int
+    values: tuple[HloValue, ...]
+
+    def __hash__(self) -> int:
+        return self.id
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    @property
+    def size(self) -> int:
+        """Bytes the buffer needs: its largest member."""
+        return max(value_bytes(v) for v in self.values)
+
+    def __repr__(self) -> str:
+        return f"<HloBuffer {self.id}: {', '.join(v.name for v in self.values)}>"
+
+
+def value_bytes(value: HloValue) -> int:
+    """Bytes of a value: an array's dense size, a tuple's table of 8-byte pointers, 0 for a
+    token."""
+    return value.shape.byte_size
+
+
+class UnionFind:
+    """Disjoint sets over hashable items, with path halving."""
+
+    def __init__(self):
+        self.parent: dict = {}
+
+    def find(self, item):
+        parent = self.parent
+        parent.setdefault(item, item)
+        while parent[item] is not item:
+            parent[item] = parent[parent[item]]
+            item = parent[item]
+        return item
+
+    def union(self, a, b) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            if rb.id < ra.id:
+                ra, rb = rb, ra
+            self.parent[rb] = ra
+
+
+@dataclass
+class Aliases:
+    """The result of AliasAnalysis.run: the buffers and each value's buffer."""
+
+    dataflow: Dataflow
+    buffers: list[HloBuffer]
+    _of: dict[HloValue, HloBuffer] = field(repr=False)
+
+    def buffer_of(self, value: HloValue) -> HloBuffer:
+        return self._of[value]
+
+    def buffer_at(self, instr, index=()) -> HloBuffer:
+        return self._of[self.dataflow.value_at(instr, index)]
+
+
+def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloValue, HloValue]]:
+    """Every pair of values the program requires to share a buffer (module comment)."""
+    at = dataflow.value_at
+    pairs: list[tuple[HloValue, HloValue]] = []
+    for comp in dataflow.computations:
+        for instr in comp.instructions:
+            op = instr.opcode
+            if op is Opcode.WHILE:
+                body, cond = instr.attrs["body"], instr.attrs["condition"]
+                init = instr.operands[0]
+                for index, _ in instr.shape.subshapes():
+                    result = at(instr, index)
+                    for position in (
+                        (init, index),
+                        (body.parameter(0), index),
+                        (cond.parameter(0), index),
+                        (body.root, index),
+                    ):
+                        pairs.append((result, at(*position)))
+            elif op is Opcode.CONDITIONAL:
+                branches = instr.attrs.get("branch_computations") or (
+                    instr.attrs["true_computation"],
+                    instr.attrs["false_computation"],
+                )
+                for index, _ in instr.shape.subshapes():
+                    for branch in branches:
+                        pairs.append((at(instr, index), at(branch.root, index)))
+                for branch, operand in zip(branches, instr.operands[1:], strict=True):
+                    for index, _ in operand.shape.subshapes():
+                        pairs.append((at(branch.parameter(0), index), at(operand, index)))
+            elif op is Opcode.CALL:
+                callee = instr.attrs["to_apply"]
+                for number, operand in enumerate(instr.operands):
+                    for index, _ in operand.shape.subshapes():
+                        pairs.append((at(callee.parameter(number), index), at(operand, index)))
+    entry = module.entry
+    for alias in module.config.input_output_alias:
+        try:
+            param = entry.parameter(alias.param_number)
+        except IndexError:
+            raise DataflowError(
+                f"input_output_alias names parameter {alias.param_number}, which "
+                f"{entry.name} does not have"
+            ) from None
+        if not param.shape.has_index(alias.param_index) or not entry.root.shape.has_index(
+            alias.output_index
+        ):
+            raise DataflowError(
+                f"input_output_alias {index_text(alias.output_index)}: ({alias.param_number}, "
+                f"{index_text(alias.param_index)}) names a position the program does not have"
+            )
+        pairs.append((at(param, alias.param_index), at(entry.root, alias.output_index)))
+    return pairs
+
+
+class AliasAnalysis:
+    """Runs the alias analysis (see the module comment)."""
+
+    @staticmethod
+    def run(module: HloModule, dataflow: Dataflow, extra_pairs=()) -> Aliases:
+        """Buffers of `module`; `extra_pairs` adds more (value, value) merges (buffer
+        assignment passes the in-place pairs it accepted)."""
+        sets = UnionFind()
+        for value in dataflow.values:
+            sets.find(value)
+        for a, b in [*must_alias_pairs(module, dataflow), *extra_pairs]:
+            sets.union(a, b)
+        groups: dict[HloValue, list[HloValue]] = {}
+        for value in dataflow.values:
+            groups.setdefault(sets.find(value), []).append(value)
+        buffers = []
+        of: dict[HloValue, HloBuffer] = {}
+        for members in sorted(groups.values(), key=lambda m: m[0].id):
+            buffer = HloBuffer(len(buffers), tuple(members))
+            buffers.append(buffer)
+            for value in members:
+                of[value] = buffer
+        return Aliases(dataflow, buffers, of)

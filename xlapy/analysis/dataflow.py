@@ -1,0 +1,391 @@
+"""Dataflow analysis: which HLO values exist and which value each position holds.
+
+A position is (instruction, shape index). A value is defined at exactly one position and
+may appear at many: a tuple defines only its table of element pointers and forwards its
+operands' values as its elements; get-tuple-element, bitcast, opt-barrier, domain and
+add-dependency forward their operand; a call forwards the root of the computation it
+calls. Everything else defines a new value at every position of its shape.
+
+Control flow uses definitions, not value sets with several members: the parameter of a
+while body or condition, of a conditional branch and of a called computation defines its
+own values, and a while or a conditional defines the values it returns. Which of these must
+share a buffer with the values flowing in (the while's init and body root, the
+conditional's operands and branch roots, the call's operands) is the alias analysis'
+business. So every position holds exactly one value; `value_set` returns it as a 1-tuple.
+
+Only the computations that run sequentially are analysed: the entry and whatever a while,
+conditional or call reaches from it. Computations called by other instructions (fusion
+bodies, reducers, comparators, scatter combiners, ...) run inside their caller: a fusion is
+one operation that defines its outputs. Such computations are "thread-local".
+
+In-place pairs record outputs that may be computed in their operand's buffer:
+dynamic-update-slice and scatter (operand 0 / the scattered operands), a fusion whose root
+is one of those applied to a fusion parameter, and custom calls with
+output_to_operand_aliasing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xlapy.errors import XlapyError
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import Shape, ShapeIndex, index_text
+
+CONTROL_FLOW_OPCODES = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
+"""Opcodes whose called computations run sequentially, in the caller's schedule."""
+
+FORWARDING_OPCODES = frozenset(
+    {
+        Opcode.GET_TUPLE_ELEMENT,
+        Opcode.BITCAST,
+        Opcode.OPTIMIZATION_BARRIER,
+        Opcode.DOMAIN,
+        Opcode.ADD_DEPENDENCY,
+    }
+)
+"""Opcodes whose every position holds the operand-0 value at the matching position."""
+
+
+class DataflowError(XlapyError):
+    """The module cannot be analysed (e.g. a control-flow computation with two callers)."""
+
+
+Position = tuple[HloInstruction, ShapeIndex]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HloValue:
+    """A value: defined once, at `instruction` / `index`, with `shape`. Identity is `id`."""
+
+    id: int
+    instruction: HloInstruction
+    index: ShapeIndex
+    shape: Shape
+
+    @property
+    def is_phi(self) -> bool:
+        """Defined by a while or conditional: the value the control flow leaves behind."""
+        return self.instruction.opcode in (Opcode.WHILE, Opcode.CONDITIONAL)
+
+    @property
+    def defined_by_parameter(self) -> bool:
+        return self.instruction.opcode is Opcode.PARAMETER
+
+    @property
+    def is_write(self) -> bool:
+        """True when defining the value writes new bytes (not a parameter or a phi, which only
+        name bytes some other value wrote)."""
+        return not (self.defined_by_parameter or self.is_phi)
+
+    def __hash__(self) -> int:
+        return self.id
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __lt__(self, other: HloValue) -> bool:
+        return self.id < other.id
+
+    def __repr__(self) -> str:
+        index = index_text(self.index) if self.index else ""
+        return f"<HloValue {self.id} {self.instruction.name}{index}>"
+
+    @property
+    def name(self) -> str:
+        index = index_text(self.index) if self.index else ""
+        return f"{self.instruction.name}{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """`instruction` reads the value as (part of) operand `operand_number` at
+    `operand_index` of that operand."""
+
+    instruction: HloInstruction
+    operand_number: int
+    operand_index: ShapeIndex
+
+
+@dataclass(frozen=True, slots=True)
+class InPlacePair:
+    """`output` (a value defined by an instruction) may be computed in the buffer of
+    `operand` (the value read at operand `operand_number`/`operand_index`)."""
+
+    output: HloValue
+    operand: HloValue
+    operand_number: int
+
+
+@dataclass
+class Dataflow:
+    """The result of DataflowAnalysis.run: values, per-position values, uses, callers."""
+
+    module: HloModule
+    values: list[HloValue]
+    computations: list[HloComputation]  # the sequential ones, callers before callees
+    thread_local: set[HloComputation]
+    callers: dict[HloComputation, HloInstruction]  # control-flow computation -> call site
+    in_place_pairs: list[InPlacePair]
+    _at: dict[tuple[int, ShapeIndex], HloValue] = field(repr=False)
+    _positions: dict[HloValue, list[Position]] = field(repr=False)
+    _uses: dict[HloValue, list[Use]] = field(repr=False)
+
+    def value_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> HloValue:
+        """The value at a position; DataflowError naming it if it is not analysed."""
+        value = self._at.get((id(instr), tuple(index)))
+        if value is None:
+            raise DataflowError(
+                f"no value at {instr.name}{index_text(tuple(index))}: the position does not "
+                "exist or its computation was not analysed (fusion bodies, reducers and "
+                "other thread-local computations are not)"
+            )
+        return value
+
+    def value_set(self, instr: HloInstruction, index: ShapeIndex = ()) -> tuple[HloValue, ...]:
+        """The values that may be at a position (always one in this analysis)."""
+        return (self.value_at(instr, index),)
+
+    def defining_value(self, instr: HloInstruction, index: ShapeIndex = ()) -> HloValue:
+        """The value `instr` defines at `index`; DataflowError if it forwards one instead."""
+        value = self.value_at(instr, index)
+        if value.instruction is not instr or value.index != tuple(index):
+            raise DataflowError(
+                f"{instr.name}{index_text(tuple(index))} does not define a value; it holds "
+                f"{value.name}"
+            )
+        return value
+
+    def defines(self, instr: HloInstruction, index: ShapeIndex = ()) -> bool:
+        value = self._at.get((id(instr), tuple(index)))
+        return value is not None and value.instruction is instr and value.index == index
+
+    def positions(self, value: HloValue) -> list[Position]:
+        """Every position holding `value`, the defining one first."""
+        return self._positions[value]
+
+    def uses(self, value: HloValue) -> list[Use]:
+        """Every instruction operand that reads `value` (forwarding instructions excluded:
+        a read through a get-tuple-element is a use by the get-tuple-element's user)."""
+        return self._uses[value]
+
+    def values_of(self, instr: HloInstruction) -> list[tuple[ShapeIndex, HloValue]]:
+        """(index, value) for every position of `instr`, in pre-order."""
+        return [(index, self._at[(id(instr), index)]) for index, _ in instr.shape.subshapes()]
+
+    def leaf_values(self, instr: HloInstruction) -> list[tuple[ShapeIndex, HloValue]]:
+        """(index, value) for the array and token leaves of `instr`, in pre-order."""
+        return [
+            (index, self._at[(id(instr), index)])
+            for index, shape in instr.shape.subshapes()
+            if not shape.is_tuple
+        ]
+
+    def is_analysed(self, comp: HloComputation) -> bool:
+        return comp in self.callers or comp is self.module.entry
+
+
+class DataflowAnalysis:
+    """Runs the dataflow analysis (see the module comment)."""
+
+    @staticmethod
+    def run(module: HloModule) -> Dataflow:
+        if module.entry is None:
+            raise DataflowError(f"module {module.name} has no entry computation")
+        computations, callers = _sequential_computations(module)
+        thread_local = _thread_local_computations(module, set(computations))
+        builder = _Builder()
+        for comp in reversed(computations):  # a call forwards its callee's root
+            for instr in comp.post_order():
+                builder.visit(instr)
+        pairs = [
+            pair
+            for comp in computations
+            for i in comp.instructions
+            for pair in _in_place_pairs(i, builder.at)
+        ]
+        uses: dict[HloValue, list[Use]] = {v: [] for v in builder.values}
+        for comp in computations:
+            for instr in comp.instructions:
+                if instr.opcode in FORWARDING_OPCODES or instr.opcode is Opcode.TUPLE:
+                    continue
+                for number, operand in enumerate(instr.operands):
+                    for index, _ in operand.shape.subshapes():
+                        value = builder.at[(id(operand), index)]
+                        use = Use(instr, number, index)
+                        if use not in uses[value]:
+                            uses[value].append(use)
+        return Dataflow(
+            module,
+            builder.values,
+            computations,
+            thread_local,
+            callers,
+            pairs,
+            builder.at,
+            builder.positions,
+            uses,
+        )
+
+
+class _Builder:
+    def __init__(self):
+        self.values: list[HloValue] = []
+        self.at: dict[tuple[int, ShapeIndex], HloValue] = {}
+        self.positions: dict[HloValue, list[Position]] = {}
+
+    def define(self, instr: HloInstruction, index: ShapeIndex, shape: Shape) -> None:
+        value = HloValue(len(self.values), instr, index, shape)
+        self.values.append(value)
+        self.positions[value] = []
+        self.hold(instr, index, value)
+
+    def hold(self, instr: HloInstruction, index: ShapeIndex, value: HloValue) -> None:
+        self.at[(id(instr), index)] = value
+        self.positions[value].append((instr, index))
+
+    def forward(self, instr: HloInstruction, source: HloInstruction, prefix: ShapeIndex) -> None:
+        for index, _ in instr.shape.subshapes():
+            value = self.at.get((id(source), (*prefix, *index)))
+            if value is None:
+                raise DataflowError(
+                    f"{instr.name}: shape {instr.shape} does not match the operand "
+                    f"{source.name} it forwards"
+                )
+            self.hold(instr, index, value)
+
+    def visit(self, instr: HloInstruction) -> None:
+        op = instr.opcode
+        if op is Opcode.TUPLE:
+            self.define(instr, (), instr.shape)
+            for i, operand in enumerate(instr.operands):
+                for index, _ in operand.shape.subshapes():
+                    self.hold(instr, (i, *index), self.at[(id(operand), index)])
+            return
+        if op is Opcode.GET_TUPLE_ELEMENT:
+            self.forward(instr, instr.operands[0], (instr.attrs["index"],))
+            return
+        if op in FORWARDING_OPCODES:
+            if op is Opcode.BITCAST and not instr.shape.is_array:
+                raise DataflowError(f"{instr.name}: expected an array-shaped bitcast")
+            self.forward(instr, instr.operands[0], ())
+            return
+        if op is Opcode.CALL:
+            self.forward(instr, instr.attrs["to_apply"].root, ())
+            return
+        for index, shape in instr.shape.subshapes():
+            self.define(instr, index, shape)
+
+
+def _sequential_computations(
+    module: HloModule,
+) -> tuple[list[HloComputation], dict[HloComputation, HloInstruction]]:
+    """The entry and every computation reached through control flow, callers first, and the
+    one call site of each; DataflowError if one has two call sites."""
+    order = [module.entry]
+    callers: dict[HloComputation, HloInstruction] = {}
+    pending = [module.entry]
+    while pending:
+        comp = pending.pop(0)
+        for instr in comp.instructions:
+            if instr.opcode not in CONTROL_FLOW_OPCODES:
+                continue
+            for called in instr.called_computations():
+                if called in callers or called is module.entry:
+                    other = callers.get(called)
+                    raise DataflowError(
+                        f"computation {called.name} is called by both "
+                        f"{other.name if other else 'the entry'} and {instr.name}; expected "
+                        "one call site per control-flow computation (run the "
+                        "flatten-call-graph pass first)"
+                    )
+                callers[called] = instr
+                order.append(called)
+                pending.append(called)
+    return order, callers
+
+
+def _thread_local_computations(
+    module: HloModule, sequential: set[HloComputation]
+) -> set[HloComputation]:
+    result: set[HloComputation] = set()
+    pending = [
+        called
+        for comp in sequential
+        for instr in comp.instructions
+        if instr.opcode not in CONTROL_FLOW_OPCODES
+        for called in instr.called_computations()
+    ]
+    while pending:
+        comp = pending.pop()
+        if comp in result:
+            continue
+        if comp in sequential:
+            raise DataflowError(
+                f"computation {comp.name} is called both as control flow and from inside an "
+                "operation; expected separate computations (run flatten-call-graph first)"
+            )
+        result.add(comp)
+        pending.extend(comp.called_computations())
+    return result
+
+
+# -- in-place operations ------------------------------------------------------------------------
+def in_place_operands(instr: HloInstruction) -> list[tuple[ShapeIndex, int, ShapeIndex]]:
+    """(output index, operand number, operand index) for each output `instr` may compute in
+    its operand's buffer."""
+    op = instr.opcode
+    if op is Opcode.DYNAMIC_UPDATE_SLICE:
+        return [((), 0, ())]
+    if op is Opcode.SCATTER:
+        n = len(instr.operands) // 2
+        if instr.shape.is_tuple:
+            return [((i,), i, ()) for i in range(n)]
+        return [((), 0, ())]
+    if op is Opcode.CUSTOM_CALL:
+        return [
+            (a.output_index, a.operand_number, a.operand_index)
+            for a in instr.attrs.get("output_to_operand_aliasing") or ()
+        ]
+    if op is Opcode.FUSION:
+        return _fusion_in_place(instr)
+    return []
+
+
+def _fusion_in_place(fusion: HloInstruction) -> list[tuple[ShapeIndex, int, ShapeIndex]]:
+    comp = fusion.attrs.get("calls")
+    if comp is None or comp.root is None:
+        return []
+    root = comp.root
+    outputs = (
+        [((i,), r) for i, r in enumerate(root.operands)]
+        if root.opcode is Opcode.TUPLE
+        else [((), root)]
+    )
+    result = []
+    for out_index, inner in outputs:
+        if inner.opcode not in (Opcode.DYNAMIC_UPDATE_SLICE, Opcode.SCATTER):
+            continue
+        target = inner.operands[0]
+        while target.opcode is Opcode.BITCAST:
+            target = target.operands[0]
+        if target.opcode is not Opcode.PARAMETER:
+            continue
+        operand = fusion.operands[target.parameter_number]
+        if operand.shape.is_array and operand.shape.byte_size == inner.shape.byte_size:
+            result.append((out_index, target.parameter_number, ()))
+    return result
+
+
+def _in_place_pairs(instr: HloInstruction, at) -> list[InPlacePair]:
+    pairs = []
+    for out_index, number, operand_index in in_place_operands(instr):
+        output = at.get((id(instr), out_index))
+        operand = at.get((id(instr.operands[number]), operand_index))
+        if output is None or operand is None or output.instruction is not instr:
+            continue
+        pairs.append(InPlacePair(output, operand, number))
+    return pairs

@@ -1,0 +1,216 @@
+"""Live ranges of HLO values over one flattened sequential schedule.
+
+The schedule gives each sequential computation an instruction order. Flattening walks the
+entry's order and, at a while, conditional or call, steps into the called computations:
+such an instruction gets a start time (when it reads its operands), then the condition's
+and the body's instructions (a while), each branch in turn (a conditional) or the callee
+(a call), then an end time (when its results exist). Every other instruction takes one
+time, its start and end alike.
+
+A value is live from its definition to its last use, both inclusive:
+  start  the defining instruction's end time; 0 for entry parameters (the caller's bytes
+         exist before the program runs);
+  end    the latest start time of an instruction that reads it (a use by a while,
+         conditional or call happens when it starts: the callee's parameter, a separate
+         value in the same buffer, carries it on); the end of its computation if it is
+         (part of) that computation's root; the last time of the program for the entry's
+         outputs.
+A loop body's times are visited once, but they stand for every iteration: a value defined
+before a loop and read after it spans the whole loop, so nothing in the loop can reuse its
+bytes, while a temporary of the body is live only inside the body's own range.
+
+`conflicts` checks one would-be buffer: its values may share bytes only if no value is
+written while another value of the buffer, holding different bytes, is still live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from xlapy.analysis.dataflow import CONTROL_FLOW_OPCODES, Dataflow, HloValue, in_place_operands
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+
+Sequences = Mapping[HloComputation, Sequence[HloInstruction]]
+
+
+@dataclass
+class Liveness:
+    """Times of instructions and live ranges of values (see the module comment)."""
+
+    module: HloModule
+    dataflow: Dataflow
+    order: list[tuple[int, HloInstruction, str]]  # (time, instruction, "start"|"end")
+    spans: dict[HloInstruction, tuple[int, int]]
+    computation_spans: dict[HloComputation, tuple[int, int]]
+    ranges: dict[HloValue, tuple[int, int]]
+    end_time: int
+
+    def live_range(self, value: HloValue) -> tuple[int, int]:
+        return self.ranges[value]
+
+    def span(self, instr: HloInstruction) -> tuple[int, int]:
+        return self.spans[instr]
+
+    def live_at(self, time: int) -> list[HloValue]:
+        """The values live at `time`."""
+        return [v for v, (s, e) in self.ranges.items() if s <= time <= e]
+
+    def executes_before(self, a: HloInstruction, b: HloInstruction) -> bool:
+        """True if `a` finishes before `b` starts in the flattened schedule."""
+        return self.spans[a][1] < self.spans[b][0]
+
+    def conflicts(self, values: Iterable[HloValue], writable=frozenset()) -> str | None:
+        """Why `values` cannot share one buffer, or None if they can. `writable` holds entry
+        parameter values the program may overwrite (donated, aliased to an output)."""
+        values = sorted(values, key=lambda v: self.ranges[v][0])
+        writes = [v for v in values if v.is_write]
+        if not writes:
+            return None
+        for v in values:
+            other = next((w for w in writes if w is not v), None)
+            if other is None:
+                continue
+            if v.instruction.opcode is Opcode.CONSTANT:
+                return f"{other.name} would overwrite the constant {v.name}"
+            entry_parameter = v.defined_by_parameter and v.instruction.parent is self.module.entry
+            if entry_parameter and v not in writable:
+                return f"{other.name} would overwrite the entry parameter {v.name}"
+        for w in writes:
+            at = self.ranges[w][0]
+            for u in values:
+                if u is w:
+                    continue
+                start, end = self.ranges[u]
+                if start > at or end < at:
+                    continue
+                if end == at and start < at and may_update_in_place(w, u, self.dataflow):
+                    continue
+                return (
+                    f"{w.name} is written at time {at} while {u.name} (live {start}..{end}) is live"
+                )
+        return None
+
+
+def may_update_in_place(output: HloValue, operand: HloValue, dataflow: Dataflow) -> bool:
+    """True if the instruction defining `output` may write it over `operand`, one of its
+    inputs, that dies at that instruction: an in-place op's updated operand, or an operand of
+    an elementwise op of the same dimensions and element size."""
+    instr = output.instruction
+    for out_index, number, operand_index in in_place_operands(instr):
+        if (
+            out_index == output.index
+            and dataflow.value_at(instr.operands[number], operand_index) is operand
+        ):
+            return True
+    if instr.opcode is Opcode.FUSION:
+        return _fusion_elementwise_in(instr, operand, dataflow, output)
+    if not instr.opcode.is_elementwise or not output.shape.is_array:
+        return False
+    if not operand.shape.is_array or operand.shape.dims != output.shape.dims:
+        return False
+    if operand.shape.element_type.byte_size != output.shape.element_type.byte_size:
+        return False
+    return any(dataflow.value_at(op, ()) is operand for op in instr.operands if op.shape.is_array)
+
+
+def _fusion_elementwise_in(
+    fusion: HloInstruction, operand: HloValue, dataflow: Dataflow, output: HloValue
+) -> bool:
+    """True if every path from the fused parameters reading `operand` to the fusion's root
+    (an array of `operand`'s dims and element size) goes through elementwise operations."""
+    comp = fusion.attrs.get("calls")
+    if comp is None or output.index != () or not output.shape.is_array:
+        return False
+    if not operand.shape.is_array or operand.shape.dims != output.shape.dims:
+        return False
+    if operand.shape.element_type.byte_size != output.shape.element_type.byte_size:
+        return False
+    numbers = [
+        n
+        for n, op in enumerate(fusion.operands)
+        if op.shape.is_array and dataflow.value_at(op, ()) is operand
+    ]
+    if not numbers:
+        return False
+    users = comp.users()
+    pending = [comp.parameter(n) for n in numbers]
+    seen = set()
+    while pending:
+        instr = pending.pop()
+        if instr in seen:
+            continue
+        seen.add(instr)
+        if instr is not comp.root and not users.get(instr):
+            continue
+        for user in users.get(instr, ()):
+            if not user.opcode.is_elementwise or user.shape.dims != operand.shape.dims:
+                return False
+            pending.append(user)
+    return True
+
+
+class LivenessAnalysis:
+    """Computes live ranges over a flattened schedule."""
+
+    @staticmethod
+    def run(module: HloModule, dataflow: Dataflow, sequences: Sequences | None = None) -> Liveness:
+        """`sequences` maps each sequential computation to its order (default: post order)."""
+        order: list[tuple[int, HloInstruction, str]] = []
+        spans: dict[HloInstruction, tuple[int, int]] = {}
+        comp_spans: dict[HloComputation, tuple[int, int]] = {}
+        clock = [0]
+
+        def tick(instr: HloInstruction, kind: str) -> int:
+            t = clock[0]
+            order.append((t, instr, kind))
+            clock[0] += 1
+            return t
+
+        def visit(comp: HloComputation) -> None:
+            sequence = sequences.get(comp) if sequences is not None else None
+            if sequence is None:
+                sequence = comp.post_order()
+            first = clock[0]
+            for instr in sequence:
+                if instr.opcode not in CONTROL_FLOW_OPCODES:
+                    t = tick(instr, "end")
+                    spans[instr] = (t, t)
+                    continue
+                start = tick(instr, "start")
+                for called in _called_in_order(instr):
+                    visit(called)
+                spans[instr] = (start, tick(instr, "end"))
+            comp_spans[comp] = (first, clock[0] - 1)
+
+        visit(module.entry)
+        end_time = clock[0] - 1
+        ranges: dict[HloValue, tuple[int, int]] = {}
+        for value in dataflow.values:
+            instr = value.instruction
+            start = spans[instr][1]
+            if instr.opcode is Opcode.PARAMETER and instr.parent is module.entry:
+                start = 0
+            end = start
+            for use in dataflow.uses(value):
+                end = max(end, spans[use.instruction][0])
+            for holder, _ in dataflow.positions(value):
+                if holder.parent is not None and holder.parent.root is holder:
+                    comp = holder.parent
+                    end = max(end, end_time if comp is module.entry else comp_spans[comp][1])
+            ranges[value] = (start, end)
+        return Liveness(module, dataflow, order, spans, comp_spans, ranges, end_time)
+
+
+def _called_in_order(instr: HloInstruction) -> list[HloComputation]:
+    if instr.opcode is Opcode.WHILE:
+        return [instr.attrs["condition"], instr.attrs["body"]]
+    if instr.opcode is Opcode.CONDITIONAL:
+        branches = instr.attrs.get("branch_computations")
+        if branches is None:
+            return [instr.attrs["true_computation"], instr.attrs["false_computation"]]
+        return list(branches)
+    return [instr.attrs["to_apply"]]

@@ -1,0 +1,437 @@
+"""Buffer assignment: give every HLO value a slice of a real allocation.
+
+The steps follow XLA's BufferAssigner:
+ 1. fix a sequential schedule (the one with the lowest peak of post-order, DFS and list
+    scheduling, unless the caller gives one);
+ 2. run the dataflow, alias and liveness analyses (xlapy.analysis) over it;
+ 3. check that the values of every must-share buffer do not interfere: a while loop whose
+    body swaps two state elements, or an output that is also a non-donated parameter that
+    the program writes to, needs copies first (the copy-insertion pass adds them);
+ 4. accept in-place updates: an output of dynamic-update-slice, scatter, an in-place fusion
+    or an aliasing custom call joins its operand's buffer when that does not interfere
+    (the operand dies there and is neither a constant nor a caller's parameter);
+ 5. make allocations: one per entry parameter leaf (the outputs aliased to it live there:
+    donation updates in place), one per constant, one per live-out buffer, and one temp
+    arena per memory space holding every other buffer, packed by the heap simulator
+    (best of size- and lifetime-ordered best fit) over the buffers' live ranges. Values
+    inside thread-local computations (fusion bodies, reducers, comparators) never reach
+    the arena: each such computation gets a thread-local allocation, outside every total.
+
+Figures as XLA's memory_analysis() defines them: argument bytes (entry parameter
+allocations), output bytes (live-out allocations, aliased parameters included), alias bytes
+(allocations that are both), temp bytes (the arenas), peak = argument + output - alias +
+temp, and the no-fragmentation lower bound of the temps under the chosen schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind, value_bytes
+from xlapy.analysis.dataflow import Dataflow, DataflowAnalysis, DataflowError, HloValue, Use
+from xlapy.analysis.liveness import Liveness, LivenessAnalysis
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import ShapeIndex, index_text
+from xlapy.memory.heap_simulator import (
+    DEFAULT_ALIGNMENT,
+    HeapBuffer,
+    HeapResult,
+    MemoryPlanningError,
+    simulate_heap,
+)
+from xlapy.memory.scheduler import (
+    ComputationSchedule,
+    Schedule,
+    pick_best_schedule,
+    schedule_computation,
+)
+from xlapy.passes.copy_insertion import CopyInsertion
+from xlapy.passes.flatten_call_graph import FlattenCallGraph
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """`size` bytes at `offset` in allocation number `allocation`."""
+
+    allocation: int
+    offset: int
+    size: int
+
+
+@dataclass
+class Allocation:
+    """One contiguous block of memory the executable needs.
+
+    `kind` is "parameter", "constant", "output", "temp" or "thread-local". Flags as XLA
+    names them: an entry parameter records its number and shape index, and
+    `is_aliased_output` when an output is computed in its bytes; `maybe_live_out` marks
+    every allocation holding (part of) the result."""
+
+    index: int
+    kind: str
+    size: int
+    memory_space: int = 0
+    parameter_number: int | None = None
+    parameter_index: ShapeIndex | None = None
+    maybe_live_out: bool = False
+    is_aliased_output: bool = False
+    is_tuple_table: bool = False
+    buffers: list[tuple[HloBuffer, int]] = field(default_factory=list)  # (buffer, offset)
+    computation: HloComputation | None = None  # thread-local allocations
+
+    @property
+    def is_entry_parameter(self) -> bool:
+        return self.kind == "parameter"
+
+    @property
+    def is_constant(self) -> bool:
+        return self.kind == "constant"
+
+    @property
+    def is_thread_local(self) -> bool:
+        return self.kind == "thread-local"
+
+    @property
+    def is_temp(self) -> bool:
+        return self.kind == "temp"
+
+    def describe(self) -> str:
+        flags = [self.kind]
+        if self.parameter_number is not None:
+            flags.append(f"parameter {self.parameter_number}{index_text(self.parameter_index)}")
+        if self.maybe_live_out:
+            flags.append("maybe-live-out")
+        if self.is_aliased_output:
+            flags.append("aliased-output")
+        if self.memory_space:
+            flags.append(f"memory space {self.memory_space}")
+        return f"allocation {self.index}: {self.size} bytes, {', '.join(flags)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueInfo:
+    """What a report needs about one value."""
+
+    value: HloValue
+    slice: Slice
+    start: int
+    end: int
+    instruction: HloInstruction
+    uses: tuple[Use, ...]
+
+    @property
+    def size(self) -> int:
+        return self.slice.size
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """The figures of XLA's CompiledMemoryStats."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    generated_code_bytes: int
+    constant_bytes: int
+    peak_bytes: int
+    lower_bound_bytes: int
+
+
+@dataclass
+class BufferAssignment:
+    """The result of assign_buffers (see the module comment)."""
+
+    module: HloModule
+    schedule: Schedule
+    scheduler: str
+    dataflow: Dataflow
+    aliases: Aliases
+    liveness: Liveness
+    allocations: list[Allocation]
+    slices: dict[HloValue, Slice]
+    heap_results: dict[int, HeapResult]  # memory space -> packing of its temp arena
+    in_place: list[tuple[HloValue, HloValue]]  # accepted (output, operand) pairs
+
+    # -- queries ---------------------------------------------------------------------------
+    def slice_of(self, instr: HloInstruction, index: ShapeIndex = ()) -> Slice:
+        """The slice of the value at a position (instruction, shape index)."""
+        return self.slices[self.dataflow.value_at(instr, index)]
+
+    def allocation_of(self, instr: HloInstruction, index: ShapeIndex = ()) -> Allocation:
+        return self.allocations[self.slice_of(instr, index).allocation]
+
+    def value_infos(self) -> list[ValueInfo]:
+        """One record per value, in definition order."""
+        return [
+            ValueInfo(
+                v,
+                self.slices[v],
+                *self.liveness.live_range(v),
+                v.instruction,
+                tuple(self.dataflow.uses(v)),
+            )
+            for v in self.dataflow.values
+        ]
+
+    def _total(self, predicate) -> int:
+        return sum(a.size for a in self.allocations if predicate(a))
+
+    @property
+    def argument_bytes(self) -> int:
+        return self._total(lambda a: a.is_entry_parameter)
+
+    @property
+    def output_bytes(self) -> int:
+        return self._total(lambda a: a.maybe_live_out and not a.is_constant)
+
+    @property
+    def alias_bytes(self) -> int:
+        return self._total(lambda a: a.is_entry_parameter and a.maybe_live_out)
+
+    @property
+    def temp_bytes(self) -> int:
+        return self._total(lambda a: a.is_temp)
+
+    @property
+    def constant_bytes(self) -> int:
+        return self._total(lambda a: a.is_constant)
+
+    @property
+    def generated_code_bytes(self) -> int:
+        return 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    @property
+    def lower_bound_bytes(self) -> int:
+        return sum(r.lower_bound for r in self.heap_results.values())
+
+    def memory_analysis(self) -> MemoryStats:
+        return MemoryStats(
+            self.argument_bytes,
+            self.output_bytes,
+            self.alias_bytes,
+            self.temp_bytes,
+            self.generated_code_bytes,
+            self.constant_bytes,
+            self.peak_bytes,
+            self.lower_bound_bytes,
+        )
+
+    def to_text(self) -> str:
+        """A short listing: allocations and their values, then the figures."""
+        lines = [f"BufferAssignment for {self.module.name} (scheduler: {self.scheduler})"]
+        for alloc in self.allocations:
+            lines.append(alloc.describe())
+            for buffer, offset in alloc.buffers:
+                for v in buffer.values:
+                    s, e = self.liveness.live_range(v)
+                    lines.append(
+                        f"  {v.name}: offset {offset}, {value_bytes(v)} bytes, live {s}..{e}"
+                    )
+        stats = self.memory_analysis()
+        for name in MemoryStats.__dataclass_fields__:
+            lines.append(f"{name}: {getattr(stats, name)}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentOptions:
+    """`heap_algorithm`: a heap simulator algorithm or "best"; `alignment` of temps;
+    `scheduler`: a scheduler name or "best" (used when no schedule is given);
+    `in_place`: let in-place updates reuse their operand's buffer; `use_module_schedule`:
+    for a module marked `is_scheduled`, keep its instruction order as the schedule."""
+
+    heap_algorithm: str = "best"
+    use_module_schedule: bool = True
+    alignment: int = DEFAULT_ALIGNMENT
+    scheduler: str = "best"
+    in_place: bool = True
+
+
+def assign_buffers(
+    module: HloModule,
+    schedule: Schedule | None = None,
+    options: AssignmentOptions | None = None,
+) -> BufferAssignment:
+    """Assign every value of `module` a slice (see the module comment). The module must have
+    one call site per control-flow computation and no interfering must-share buffers (run
+    flatten-call-graph and copy-insertion first); MemoryPlanningError otherwise."""
+    options = options or AssignmentOptions()
+    try:
+        dataflow = DataflowAnalysis.run(module)
+        if schedule is None and options.use_module_schedule and module.config.is_scheduled:
+            schedule = _module_schedule(dataflow)
+        if schedule is None:
+            schedule = Schedule(
+                tuple(schedule_computation(c, options.scheduler) for c in dataflow.computations)
+            )
+        sequences = {c: schedule.sequence(c) for c in dataflow.computations}
+        liveness = LivenessAnalysis.run(module, dataflow, sequences)
+        aliases = AliasAnalysis.run(module, dataflow)
+    except DataflowError as e:
+        raise MemoryPlanningError(f"buffer assignment of {module.name}: {e}") from e
+    writable = _writable_parameters(module, dataflow)
+    for buffer in aliases.buffers:
+        problem = liveness.conflicts(buffer.values, writable)
+        if problem is not None:
+            raise MemoryPlanningError(
+                f"buffer assignment of {module.name}: values that must share a buffer "
+                f"interfere: {problem}; run the copy-insertion pass first"
+            )
+    accepted: list[tuple[HloValue, HloValue]] = []
+    if options.in_place:
+        accepted = _accept_in_place(dataflow, aliases, liveness, writable)
+        if accepted:
+            aliases = AliasAnalysis.run(module, dataflow, accepted)
+    allocations, heap_results = _allocate(module, dataflow, aliases, liveness, options)
+    slices: dict[HloValue, Slice] = {}
+    for alloc in allocations:
+        for buffer, offset in alloc.buffers:
+            for v in buffer.values:
+                slices[v] = Slice(alloc.index, offset, value_bytes(v))
+    entry_schedule = schedule[module.entry]
+    return BufferAssignment(
+        module,
+        schedule,
+        entry_schedule.algorithm,
+        dataflow,
+        aliases,
+        liveness,
+        allocations,
+        slices,
+        heap_results,
+        accepted,
+    )
+
+
+def _module_schedule(dataflow: Dataflow) -> Schedule:
+    return Schedule(
+        tuple(
+            ComputationSchedule(c, tuple(c.instructions), "module", 0, ())
+            for c in dataflow.computations
+        )
+    )
+
+
+def prepare_for_buffer_assignment(module: HloModule) -> dict[str, str]:
+    """Make `module` ready for assign_buffers: flatten its call graph, then insert copies
+    judged under the best sequential schedule of each computation, which becomes the
+    module's order. Returns the scheduler chosen per computation name."""
+    FlattenCallGraph().run(module)
+    chosen: dict[str, str] = {}
+
+    def best(comp):
+        result = pick_best_schedule(comp)
+        chosen[comp.name] = result.algorithm
+        return result.sequence
+
+    CopyInsertion(best).run(module)
+    return chosen
+
+
+def _writable_parameters(module: HloModule, dataflow: Dataflow) -> frozenset[HloValue]:
+    entry = module.entry
+    return frozenset(
+        dataflow.value_at(entry.parameter(a.param_number), a.param_index)
+        for a in module.config.input_output_alias
+    )
+
+
+def _accept_in_place(
+    dataflow: Dataflow, aliases: Aliases, liveness: Liveness, writable
+) -> list[tuple[HloValue, HloValue]]:
+    groups = UnionFind()
+    members: dict[HloBuffer, list[HloValue]] = {b: list(b.values) for b in aliases.buffers}
+    accepted = []
+    for pair in sorted(dataflow.in_place_pairs, key=lambda p: liveness.live_range(p.output)[0]):
+        a = groups.find(aliases.buffer_of(pair.output))
+        b = groups.find(aliases.buffer_of(pair.operand))
+        if a is b or value_bytes(pair.output) != value_bytes(pair.operand):
+            continue
+        merged = members[a] + members[b]
+        if liveness.conflicts(merged, writable) is not None:
+            continue
+        groups.union(a, b)
+        members[groups.find(a)] = merged
+        accepted.append((pair.output, pair.operand))
+    return accepted
+
+
+def _allocate(
+    module: HloModule,
+    dataflow: Dataflow,
+    aliases: Aliases,
+    liveness: Liveness,
+    options: AssignmentOptions,
+) -> tuple[list[Allocation], dict[int, HeapResult]]:
+    entry = module.entry
+    live_out = {v for _, v in dataflow.values_of(entry.root)}
+    allocations: list[Allocation] = []
+    temps: dict[int, list[HloBuffer]] = {}
+
+    def new(kind: str, buffer: HloBuffer | None, **flags) -> Allocation:
+        size = buffer.size if buffer is not None else flags.pop("size")
+        alloc = Allocation(len(allocations), kind, size, **flags)
+        if buffer is not None:
+            alloc.buffers.append((buffer, 0))
+            alloc.maybe_live_out = any(v in live_out for v in buffer.values)
+            alloc.is_tuple_table = all(v.shape.is_tuple for v in buffer.values)
+        allocations.append(alloc)
+        return alloc
+
+    aliased_params = {(a.param_number, a.param_index) for a in module.config.input_output_alias}
+    for param in entry.parameters:
+        for index, _ in param.shape.subshapes():
+            buffer = aliases.buffer_at(param, index)
+            alloc = new(
+                "parameter",
+                buffer,
+                parameter_number=param.parameter_number,
+                parameter_index=index,
+            )
+            alloc.is_aliased_output = (param.parameter_number, index) in aliased_params
+    placed = {a.buffers[0][0] for a in allocations}
+    for buffer in aliases.buffers:
+        if buffer in placed:
+            continue
+        if any(v.instruction.opcode is Opcode.CONSTANT for v in buffer.values):
+            new("constant", buffer)
+        elif any(v in live_out for v in buffer.values):
+            new("output", buffer)
+        else:
+            space = max((_memory_space(v) for v in buffer.values), default=0)
+            temps.setdefault(space, []).append(buffer)
+    heap_results: dict[int, HeapResult] = {}
+    for space, buffers in sorted(temps.items()):
+        heap = [
+            HeapBuffer(
+                b.id,
+                b.size,
+                min(liveness.live_range(v)[0] for v in b.values),
+                max(liveness.live_range(v)[1] for v in b.values),
+                options.alignment,
+            )
+            for b in buffers
+        ]
+        result = simulate_heap(heap, options.heap_algorithm)
+        heap_results[space] = result
+        arena = new("temp", None, size=result.heap_size, memory_space=space)
+        arena.buffers.extend((b, result.offsets[b.id]) for b in buffers)
+    for comp in sorted(dataflow.thread_local, key=lambda c: c.name):
+        size = sum(i.shape.byte_size for i in comp.instructions if not i.shape.is_tuple)
+        new("thread-local", None, size=size, computation=comp)
+    return allocations, heap_results
+
+
+def _memory_space(value: HloValue) -> int:
+    shape = value.shape
+    if not shape.is_array or shape.layout is None:
+        return 0
+    return shape.layout.memory_space

@@ -1,0 +1,98 @@
+"""Flatten the call graph: one call site per control-flow computation.
+
+Buffer assignment gives each value of a while body, conditional branch or called
+computation one place in the flattened schedule, so each such computation may be called
+from one while, conditional or call only. This pass clones a computation for every further
+call site (and where a computation serves both as control flow and inside an operation,
+e.g. as a reducer), recursively, as XLA's FlattenCallGraph does. Thread-local computations
+(fusion bodies, reducers, comparators) may stay shared.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from xlapy.analysis.dataflow import CONTROL_FLOW_OPCODES
+from xlapy.ir.attributes import COMPUTATION_ATTRIBUTES
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.passes.pass_base import HloPass, register_pass
+
+
+class _Names:
+    def __init__(self, module: HloModule):
+        self.taken = {i.name for i in module.instructions()} | {c.name for c in module.computations}
+        self.counter = itertools.count(1)
+
+    def fresh(self, base: str) -> str:
+        while True:
+            name = f"{base}.clone.{next(self.counter)}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+
+def clone_computation(comp: HloComputation, names: _Names) -> HloComputation:
+    """A copy of `comp` with fresh names; called computations stay shared."""
+    mapping: dict[HloInstruction, HloInstruction] = {}
+    clone = HloComputation(names.fresh(comp.name))
+    for instr in comp.instructions:
+        copy = HloInstruction(
+            names.fresh(instr.name),
+            instr.opcode,
+            instr.shape,
+            [mapping[o] for o in instr.operands],
+            dict(instr.attrs),
+            literal=instr.literal,
+            parameter_number=instr.parameter_number,
+            control_predecessors=[mapping[p] for p in instr.control_predecessors],
+        )
+        mapping[instr] = copy
+        clone.add_instruction(copy)
+    clone.root = mapping[comp.root]
+    clone.execution_thread = comp.execution_thread
+    return clone
+
+
+@register_pass
+class FlattenCallGraph(HloPass):
+    """Clone control-flow computations so that each has exactly one call site."""
+
+    name = "flatten-call-graph"
+
+    def run(self, module: HloModule) -> bool:
+        if module.entry is None:
+            return False
+        names = _Names(module)
+        inside_ops = {
+            called
+            for instr in module.instructions()
+            if instr.opcode not in CONTROL_FLOW_OPCODES
+            for called in instr.called_computations()
+        }
+        claimed: set[HloComputation] = {module.entry}
+        pending = [module.entry]
+        changed = False
+        while pending:
+            comp = pending.pop(0)
+            for instr in comp.instructions:
+                if instr.opcode not in CONTROL_FLOW_OPCODES:
+                    continue
+                for key in COMPUTATION_ATTRIBUTES:
+                    value = instr.attrs.get(key)
+                    if value is None:
+                        continue
+                    called = list(value) if isinstance(value, tuple) else [value]
+                    for i, callee in enumerate(called):
+                        if callee in claimed or callee in inside_ops:
+                            clone = clone_computation(callee, names)
+                            position = module.computations.index(callee)
+                            module.computations.insert(position, clone)
+                            clone.parent = module
+                            called[i] = clone
+                            changed = True
+                        claimed.add(called[i])
+                        pending.append(called[i])
+                    instr.attrs[key] = tuple(called) if isinstance(value, tuple) else called[0]
+        return changed
