@@ -1,3 +1,15 @@
-"""xlapy: XLA, the machine-learning compiler, written in Python."""
+"""xlapy: XLA, the machine-learning compiler, written in Python.
+
+`xlapy.Client` (the PJRT-style runtime's entry point) is imported on first use, so that
+`import xlapy.ir` stays light.
+"""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "Client":
+        from xlapy.runtime import Client
+
+        return Client
+    raise AttributeError(f"module 'xlapy' has no attribute {name!r}")

@@ -1,0 +1,102 @@
+"""The backend interface: what a runtime needs from something that runs HLO.
+
+A Backend turns a verified module into a CompiledProgram; a CompiledProgram runs on host
+values (NumPy arrays, tuples of them for tuple parameters) and returns the output value.
+
+Donation contract of `CompiledProgram.run(args, donated)`: `donated` holds the numbers of
+parameters whose arrays the program may overwrite. For every alias of the module
+(`module.config.input_output_alias`, expanded to array leaves by `alias_leaves`) whose
+parameter is donated, the program writes that output into the argument's own array and
+returns that very array object as the output leaf (in place, no copy). Every other output
+leaf is a fresh array that shares memory with no argument, constant or other output, so a
+runtime may hand each leaf to a different buffer. Arguments that are not donated are never
+written.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xlapy.ir.module import HloModule
+from xlapy.ir.shapes import Shape, ShapeIndex
+
+
+@dataclass(frozen=True, slots=True)
+class LeafAlias:
+    """Array leaf `output_index` of the output lives in parameter `param_number`'s array leaf
+    `param_index`."""
+
+    output_index: ShapeIndex
+    param_number: int
+    param_index: ShapeIndex
+    must_alias: bool = False
+
+
+def alias_leaves(module: HloModule) -> tuple[LeafAlias, ...]:
+    """The module's input/output aliases, with aliased tuples expanded to their array leaves."""
+    out_shape = module.entry.root.shape
+    leaves = []
+    for entry in module.config.input_output_alias:
+        out_sub = out_shape.subshape(entry.output_index)
+        for rel, leaf in out_sub.leaves():
+            if not leaf.is_array:
+                continue
+            leaves.append(
+                LeafAlias(
+                    (*entry.output_index, *rel),
+                    entry.param_number,
+                    (*entry.param_index, *rel),
+                    entry.kind == "must-alias",
+                )
+            )
+    return tuple(leaves)
+
+
+class CompiledProgram(ABC):
+    """A module compiled for one backend, ready to run on host values."""
+
+    module: HloModule
+
+    @abstractmethod
+    def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
+        """Run on `args` (one value per parameter) and return the output value; see the
+        module docstring for what `donated` allows."""
+
+
+class Backend(ABC):
+    """Something that compiles modules: `name` is how it is found, `platform` the kind of
+    device it runs on ("interpreter", "cpu", ...)."""
+
+    name: str
+    platform: str
+
+    @abstractmethod
+    def compile(
+        self, module: HloModule, options: Mapping[str, Any] | None = None
+    ) -> CompiledProgram:
+        """Compile a verified `module`; `options` are backend-specific settings."""
+
+
+def leaf_at(value: Any, index: ShapeIndex) -> Any:
+    """The sub-value of a (nested tuple) value at `index`."""
+    for i in index:
+        value = value[i]
+    return value
+
+
+def replace_leaf(value: Any, index: ShapeIndex, leaf: Any) -> Any:
+    """`value` with the sub-value at `index` replaced by `leaf` (tuples are rebuilt)."""
+    if not index:
+        return leaf
+    head, rest = index[0], index[1:]
+    items = list(value)
+    items[head] = replace_leaf(items[head], rest, leaf)
+    return tuple(items)
+
+
+def shape_leaves(shape: Shape) -> list[tuple[ShapeIndex, Shape]]:
+    """The array leaves of `shape` in pre-order."""
+    return [(i, s) for i, s in shape.leaves() if s.is_array]

@@ -1,0 +1,213 @@
+"""The client: owns a platform's devices, memory spaces, compile cache and transfers
+(PJRT's PjRtClient).
+
+Platforms: "interpreter" runs programs with the NumPy reference interpreter; "cpu" is the
+platform name of the CPU backend. Until that backend exists, "cpu" runs on the interpreter
+backend too, but stays a distinct platform: its executables, fingerprints and serialized
+bytes say "cpu" and do not load on an "interpreter" client (nor the reverse).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from xlapy.backends import BACKENDS, get_backend
+from xlapy.backends.base import Backend
+from xlapy.ir.module import HloModule
+from xlapy.ir.shapes import Shape
+from xlapy.ir.types import PrimitiveType
+from xlapy.runtime import serialize
+from xlapy.runtime.buffer import Buffer, HostBufferSemantics, host_storage
+from xlapy.runtime.compiler import Compiler, canonical_text
+from xlapy.runtime.device import Device, MemorySpace
+from xlapy.runtime.errors import RuntimeApiError, SerializationError
+from xlapy.runtime.executable import Executable, LoadedExecutable, fingerprint_of
+from xlapy.runtime.futures import Future
+from xlapy.runtime.options import CompileOptions
+
+PLATFORM_VERSION = "xlapy-pjrt 1"
+# platform -> (backend name, device kind); "cpu" falls back to the interpreter until a
+# backend named "cpu" is registered.
+PLATFORMS = {"interpreter": ("interpreter", "interpreter"), "cpu": ("cpu", "cpu")}
+
+
+class Client:
+    """Devices of one platform and everything that runs on them."""
+
+    def __init__(self, platform: str = "cpu", device_count: int = 1, cache_size: int = 256):
+        if platform not in PLATFORMS:
+            raise RuntimeApiError(
+                f"unknown platform '{platform}'; available: {', '.join(sorted(PLATFORMS))}"
+            )
+        if device_count < 1:
+            raise RuntimeApiError(f"device_count must be >= 1, got {device_count}")
+        backend_name, kind = PLATFORMS[platform]
+        self.platform = platform
+        self.backend: Backend = get_backend(
+            backend_name if backend_name in BACKENDS else "interpreter"
+        )
+        self.platform_version = f"{PLATFORM_VERSION} ({self.backend.name} backend)"
+        self.process_index = 0
+        self._devices = tuple(Device(self, i, kind) for i in range(device_count))
+        self.compiler = Compiler(platform)
+        self._cache: OrderedDict[str, LoadedExecutable] = OrderedDict()
+        self._cache_size = cache_size
+        self._cache_lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+
+    # -- devices and memory ----------------------------------------------------------------
+    @property
+    def platform_name(self) -> str:
+        return self.platform
+
+    def devices(self) -> list[Device]:
+        return list(self._devices)
+
+    def addressable_devices(self) -> list[Device]:
+        return [d for d in self._devices if d.process_index == self.process_index]
+
+    @property
+    def device_count(self) -> int:
+        return len(self._devices)
+
+    def memory_spaces(self) -> list[MemorySpace]:
+        return [s for d in self._devices for s in d.memory_spaces]
+
+    def lookup_device(self, device_id: int) -> Device:
+        """The device with id `device_id`."""
+        if not 0 <= device_id < len(self._devices):
+            raise RuntimeApiError(
+                f"no device {device_id} on this {self.platform} client "
+                f"(it has devices 0..{len(self._devices) - 1})"
+            )
+        return self._devices[device_id]
+
+    def default_device_assignment(
+        self, num_replicas: int, num_partitions: int = 1
+    ) -> tuple[tuple[int, ...], ...]:
+        """Replica r, partition p runs on device r * num_partitions + p."""
+        needed = num_replicas * num_partitions
+        if needed > len(self._devices):
+            raise RuntimeApiError(
+                f"{num_replicas} replicas x {num_partitions} partitions need {needed} devices; "
+                f"this client has {len(self._devices)}"
+            )
+        return tuple(
+            tuple(r * num_partitions + p for p in range(num_partitions))
+            for r in range(num_replicas)
+        )
+
+    def _device_assignment(self, options: CompileOptions) -> tuple[tuple[int, ...], ...]:
+        if options.device_assignment is None:
+            return self.default_device_assignment(options.num_replicas, options.num_partitions)
+        for row in options.device_assignment:
+            for d in row:
+                self.lookup_device(d)
+        return options.device_assignment
+
+    def memory_stats(self, device: Device | int = 0):
+        """The allocator counters of a device."""
+        if isinstance(device, int):
+            device = self.lookup_device(device)
+        return device.memory_stats()
+
+    # -- transfers -------------------------------------------------------------------------
+    def buffer_from_pyval(
+        self,
+        array,
+        device: Device | MemorySpace | None = None,
+        semantics: HostBufferSemantics = HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL,
+    ) -> Buffer:
+        """A buffer holding `array` (NumPy or anything with the buffer protocol) on `device`
+        (or in a memory space; default: device 0's default memory space)."""
+        if device is None:
+            space = self._devices[0].default_memory_space
+        elif isinstance(device, MemorySpace):
+            space = device
+        else:
+            space = device.default_memory_space
+        if space.client is not self:
+            raise RuntimeApiError(f"{space} belongs to another client")
+        arr = np.asarray(array)
+        try:
+            etype = PrimitiveType.from_dtype(arr.dtype)
+        except KeyError:
+            raise RuntimeApiError(f"no xlapy element type holds NumPy dtype {arr.dtype}") from None
+        shape = Shape.array(etype, arr.shape)
+        return Buffer(shape, host_storage(arr, space, semantics), Future.completed())
+
+    # -- compilation -----------------------------------------------------------------------
+    def compile(
+        self, program: HloModule | str, options: CompileOptions | None = None
+    ) -> LoadedExecutable:
+        """A LoadedExecutable for `program`, from the compile cache when the same program
+        text, platform and options were compiled before."""
+        options = options or CompileOptions()
+        text = canonical_text(program)
+        key = fingerprint_of(self.platform, text, options)
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._hits += 1
+                self._cache.move_to_end(key)
+                return hit
+            self._misses += 1
+        from xlapy.ir.parser import parse_module
+
+        loaded = self.load(self.compiler.compile_canonical(parse_module(text), options))
+        with self._cache_lock:
+            self._cache[key] = loaded
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return loaded
+
+    def load(self, executable: Executable) -> LoadedExecutable:
+        """Bind a compiled executable to this client's devices."""
+        if executable.platform != self.platform:
+            raise RuntimeApiError(
+                f"executable {executable.name} was compiled for platform "
+                f"'{executable.platform}', this client is '{self.platform}'"
+            )
+        return LoadedExecutable(executable, self, self.backend)
+
+    def compile_cache_stats(self) -> dict[str, int]:
+        with self._cache_lock:
+            return {"hits": self._hits, "misses": self._misses, "entries": len(self._cache)}
+
+    def clear_compile_cache(self) -> None:
+        with self._cache_lock:
+            self._cache.clear()
+
+    def deserialize_executable(self, data: bytes) -> LoadedExecutable:
+        """Load bytes made by Executable.serialize(); SerializationError when they are
+        truncated, corrupted, of another format version or another platform."""
+        decoded = serialize.decode(data)
+        meta = decoded.metadata
+        platform = meta.get("platform")
+        if platform != self.platform:
+            raise SerializationError(
+                f"serialized executable is for platform '{platform}', this client is "
+                f"'{self.platform}'"
+            )
+        try:
+            options = CompileOptions.from_json(meta["options"])
+        except (KeyError, TypeError) as e:
+            raise SerializationError(f"serialized executable has bad options: {e}") from e
+        executable = self.compiler.load_text(decoded.hlo_text, options)
+        if executable.fingerprint != meta.get("fingerprint"):
+            raise SerializationError(
+                "serialized executable's fingerprint does not match its contents"
+            )
+        return self.load(executable)
+
+    def close(self) -> None:
+        """Stop the device worker threads (queued work finishes first)."""
+        for d in self._devices:
+            d._stop()
+
+    def __repr__(self) -> str:
+        return f"Client(platform={self.platform!r}, device_count={len(self._devices)})"

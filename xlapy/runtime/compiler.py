@@ -1,0 +1,51 @@
+"""The compiler: HLO in, Executable out.
+
+Compiling parses the input (a module or HLO text) into the runtime's own copy, turns buffer
+donors into aliases (the buffer-donor-to-alias pass), verifies, and prints the result: that
+text is what the executable keeps, fingerprints and serializes. Backends compile it further
+when the executable is loaded onto a client's devices.
+"""
+
+from __future__ import annotations
+
+from xlapy.ir.module import HloModule
+from xlapy.ir.parser import parse_module
+from xlapy.ir.verifier import verify
+from xlapy.passes.donors import BufferDonorToAlias
+from xlapy.runtime.executable import Executable
+from xlapy.runtime.options import CompileOptions
+
+
+def canonical_text(program: HloModule | str) -> str:
+    """The HLO text of `program` as the printer writes it (the cache's notion of "same")."""
+    module = parse_module(program) if isinstance(program, str) else program
+    return module.to_text()
+
+
+class Compiler:
+    """Compiles modules for one platform (PJRT's PjRtCompiler)."""
+
+    def __init__(self, platform: str):
+        self.platform = platform
+
+    def compile(
+        self, program: HloModule | str, options: CompileOptions | None = None
+    ) -> Executable:
+        """An Executable for `program` (an HloModule or HLO text); VerifierError or
+        HloParseError when the program is invalid."""
+        options = options or CompileOptions()
+        module = parse_module(canonical_text(program))
+        return self.compile_canonical(module, options)
+
+    def compile_canonical(self, module: HloModule, options: CompileOptions) -> Executable:
+        """Compile a module the runtime owns (it is modified)."""
+        verify(module)
+        BufferDonorToAlias().run(module)
+        verify(module)
+        return Executable(module, options, self.platform, module.to_text())
+
+    def load_text(self, hlo_text: str, options: CompileOptions) -> Executable:
+        """An Executable from already-compiled HLO text (deserialization)."""
+        module = parse_module(hlo_text)
+        verify(module)
+        return Executable(module, options, self.platform, hlo_text)

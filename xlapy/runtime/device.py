@@ -1,0 +1,182 @@
+"""Devices, their memory spaces, allocators and execution workers.
+
+Every device owns one Allocator that counts the bytes of the buffers living in its memory
+spaces ("device" and "pinned_host"; on the CPU-like platforms both are host memory, kept
+apart so that transfers between them are explicit and counted). Each device also owns one
+worker thread that runs its executions in FIFO order, so that work enqueued on one device
+completes in the order it was enqueued.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xlapy.runtime.client import Client
+
+MEMORY_KINDS = ("device", "pinned_host")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """An allocator's counters (bytes are those of live buffers)."""
+
+    bytes_in_use: int
+    peak_bytes_in_use: int
+    num_allocs: int
+    largest_alloc_size: int
+    live_allocations: int
+    bytes_in_use_by_kind: tuple[tuple[str, int], ...]
+
+
+class Allocator:
+    """Counts the memory of one device: every buffer's storage is allocated and freed here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_use = 0
+        self._peak = 0
+        self._num_allocs = 0
+        self._largest = 0
+        self._live = 0
+        self._by_kind = dict.fromkeys(MEMORY_KINDS, 0)
+
+    def allocate(self, nbytes: int, kind: str) -> None:
+        with self._lock:
+            self._in_use += nbytes
+            self._by_kind[kind] += nbytes
+            self._peak = max(self._peak, self._in_use)
+            self._num_allocs += 1
+            self._largest = max(self._largest, nbytes)
+            self._live += 1
+
+    def free(self, nbytes: int, kind: str) -> None:
+        with self._lock:
+            self._in_use -= nbytes
+            self._by_kind[kind] -= nbytes
+            self._live -= 1
+
+    def stats(self) -> MemoryStats:
+        with self._lock:
+            return MemoryStats(
+                self._in_use,
+                self._peak,
+                self._num_allocs,
+                self._largest,
+                self._live,
+                tuple(self._by_kind.items()),
+            )
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = self._in_use
+
+
+class MemorySpace:
+    """A place buffers live: a `kind` ("device" or "pinned_host") attached to one device."""
+
+    def __init__(self, id: int, kind: str, device: Device):
+        self.id = id
+        self.kind = kind
+        self.device = device
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return (self.device,)
+
+    @property
+    def client(self) -> Client:
+        return self.device.client
+
+    def __repr__(self) -> str:
+        return f"MemorySpace(id={self.id}, kind={self.kind!r}, device={self.device.id})"
+
+
+class _Worker:
+    """One daemon thread running tasks of one device in FIFO order."""
+
+    def __init__(self, name: str):
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self._queue.put(task)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            task()
+            del task  # drop the finished task before blocking on the next one
+
+
+class Device:
+    """One device of a client: id, kind, description, memory spaces, allocator, worker."""
+
+    def __init__(self, client: Client, id: int, kind: str):
+        self.client = client
+        self.id = id
+        self.kind = kind
+        self.process_index = 0
+        self.local_hardware_id = id
+        self.allocator = Allocator()
+        self.memory_spaces = tuple(
+            MemorySpace(id * len(MEMORY_KINDS) + i, k, self) for i, k in enumerate(MEMORY_KINDS)
+        )
+        self._worker: _Worker | None = None
+        self._worker_lock = threading.Lock()
+
+    @property
+    def platform(self) -> str:
+        return self.client.platform
+
+    @property
+    def description(self) -> str:
+        return f"{self.client.platform}:{self.id} ({self.kind}, process {self.process_index})"
+
+    @property
+    def default_memory_space(self) -> MemorySpace:
+        return self.memory_spaces[0]
+
+    def memory_space(self, kind: str) -> MemorySpace:
+        """This device's memory space of `kind`."""
+        from xlapy.runtime.errors import RuntimeApiError
+
+        for space in self.memory_spaces:
+            if space.kind == kind:
+                return space
+        raise RuntimeApiError(
+            f"device {self.id} has no memory space '{kind}'; it has {', '.join(MEMORY_KINDS)}"
+        )
+
+    def memory_stats(self) -> MemoryStats:
+        """The allocator's counters for this device (all its memory spaces)."""
+        return self.allocator.stats()
+
+    def is_addressable(self) -> bool:
+        return True
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Queue `task` on this device's worker thread (started on first use)."""
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = _Worker(f"xlapy-{self.client.platform}-{self.id}")
+        self._worker.submit(task)
+
+    def _stop(self) -> None:
+        with self._worker_lock:
+            if self._worker is not None:
+                self._worker.stop()
+                self._worker = None
+
+    def __repr__(self) -> str:
+        return f"Device(id={self.id}, platform={self.client.platform!r}, kind={self.kind!r})"

@@ -1,0 +1,264 @@
+"""Executables: a compiled program (Executable, serializable) and the same program bound to
+a client's devices (LoadedExecutable, runnable).
+
+An Executable keeps the compiled module (its own copy, buffer donors already turned into
+aliases), the compile options, the platform and a fingerprint. A LoadedExecutable adds the
+backend program for each of its devices and the `execute*` methods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from xlapy.backends.base import Backend, CompiledProgram, alias_leaves
+from xlapy.ir.module import HloModule
+from xlapy.ir.shapes import Shape
+from xlapy.runtime import serialize
+from xlapy.runtime.buffer import Buffer
+from xlapy.runtime.errors import RuntimeApiError
+from xlapy.runtime.execution import commit, plan_call
+from xlapy.runtime.options import CompileOptions
+
+if TYPE_CHECKING:
+    from xlapy.runtime.client import Client
+    from xlapy.runtime.device import Device
+
+
+def fingerprint_of(platform: str, hlo_text: str, options: CompileOptions) -> str:
+    """SHA-256 (hex) of what determines a compiled program: platform, text, options."""
+    blob = json.dumps(
+        {"platform": platform, "hlo": hlo_text, "options": options.to_json()}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledMemoryStats:
+    """Bytes a program needs. An aliased parameter is counted once:
+    peak = argument + output - alias + temp. `temp_source` says where temp_bytes comes
+    from ("buffer-assignment", or "unavailable" when buffer assignment could not run on
+    this module, in which case temp_bytes is 0 and peak a lower bound)."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    peak_bytes: int
+    temp_source: str
+
+
+def memory_stats_of(module: HloModule) -> CompiledMemoryStats:
+    """The figures of buffer assignment (run on a flattened, copy-inserted clone); when it
+    cannot run on this module, argument/output/alias bytes from the shapes and temp 0."""
+    planned = _buffer_assignment_stats(module)
+    if planned is not None:
+        return planned
+    entry = module.entry
+    arg = sum(s.byte_size for p in entry.parameters for _, s in p.shape.leaves() if s.is_array)
+    out = sum(s.byte_size for _, s in entry.root.shape.leaves() if s.is_array)
+    alias = sum(entry.root.shape.subshape(a.output_index).byte_size for a in alias_leaves(module))
+    return CompiledMemoryStats(arg, out, alias, 0, arg + out - alias, "unavailable")
+
+
+def _buffer_assignment_stats(module: HloModule) -> CompiledMemoryStats | None:
+    from xlapy.errors import XlapyError
+    from xlapy.ir.parser import parse_module
+    from xlapy.memory.buffer_assignment import assign_buffers
+    from xlapy.passes.pass_base import PASSES
+
+    clone = parse_module(module.to_text())
+    try:
+        for name in ("flatten-call-graph", "copy-insertion"):
+            importlib.import_module(f"xlapy.passes.{name.replace('-', '_')}")  # registers it
+            if name in PASSES:
+                PASSES[name]().run(clone)
+        stats = assign_buffers(clone).memory_analysis()
+    except (XlapyError, ImportError):
+        return None
+    return CompiledMemoryStats(
+        stats.argument_bytes,
+        stats.output_bytes,
+        stats.alias_bytes,
+        stats.temp_bytes,
+        stats.peak_bytes,
+        "buffer-assignment",
+    )
+
+
+class Executable:
+    """A compiled program, not bound to devices (PJRT's PjRtExecutable)."""
+
+    def __init__(self, module: HloModule, options: CompileOptions, platform: str, hlo_text: str):
+        self.module = module
+        self.options = options
+        self.platform = platform
+        self._hlo_text = hlo_text
+        self.fingerprint = fingerprint_of(platform, hlo_text, options)
+        self._param_shapes = tuple(p.shape for p in module.entry.parameters)
+        self._memory: CompiledMemoryStats | None = None
+        self._cost: dict[str, float] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.module.name
+
+    @property
+    def num_replicas(self) -> int:
+        return self.options.num_replicas
+
+    @property
+    def num_partitions(self) -> int:
+        return self.options.num_partitions
+
+    @property
+    def parameter_shapes(self) -> list[Shape]:
+        return list(self._param_shapes)
+
+    @property
+    def output_shape(self) -> Shape:
+        return self.module.entry.root.shape
+
+    def hlo_text(self) -> str:
+        """The compiled module as HLO text (aliases from buffer donors included)."""
+        return self._hlo_text
+
+    def memory_stats(self) -> CompiledMemoryStats:
+        if self._memory is None:
+            self._memory = memory_stats_of(self.module)
+        return self._memory
+
+    def cost_analysis(self) -> dict[str, float]:
+        """Estimated "flops", "transcendentals" and "bytes accessed" of one run."""
+        if self._cost is None:
+            from xlapy.analysis.cost import analyze_cost
+
+            self._cost = analyze_cost(self.module).as_dict()
+        return dict(self._cost)
+
+    def serialize(self) -> bytes:
+        """The executable as bytes in the format of xlapy.runtime.serialize."""
+        from xlapy import __version__
+
+        metadata = {
+            "platform": self.platform,
+            "fingerprint": self.fingerprint,
+            "module_name": self.name,
+            "options": self.options.to_json(),
+            "xlapy_version": __version__,
+        }
+        return serialize.encode(metadata, self._hlo_text)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} on {self.platform} {self.fingerprint[:12]}>"
+
+
+class LoadedExecutable(Executable):
+    """An executable bound to a client's devices, ready to run (PJRT's PjRtLoadedExecutable).
+
+    Every execute method returns the output buffers at once (one per array leaf of the
+    output, pre-order); the run happens on each device's worker thread, in the order calls
+    were made. `donate` lists parameter numbers whose buffers the caller gives up;
+    `non_donatable` vetoes donation of parameters; `strict_donation` overrides the compile
+    option (see xlapy.runtime.execution for the rules)."""
+
+    def __init__(self, executable: Executable, client: Client, backend: Backend):
+        super().__init__(
+            executable.module, executable.options, executable.platform, executable.hlo_text()
+        )
+        self.client = client
+        self.backend = backend
+        self._aliases = alias_leaves(self.module)
+        self._assignment = client._device_assignment(self.options)
+        self._programs: dict[int, CompiledProgram] = {}
+        for r, row in enumerate(self._assignment):
+            for p, device_id in enumerate(row):
+                self._programs[device_id] = backend.compile(
+                    self.module,
+                    {**dict(self.options.backend_options), "replica_id": r, "partition_id": p},
+                )
+        self._portable: CompiledProgram | None = None
+
+    @property
+    def addressable_devices(self) -> list[Device]:
+        """The devices this executable runs on, replica-major."""
+        return [self.client.lookup_device(d) for row in self._assignment for d in row]
+
+    @property
+    def device_assignment(self) -> tuple[tuple[int, ...], ...]:
+        return self._assignment
+
+    def execute(
+        self,
+        argument_lists: Sequence[Sequence[Any]],
+        *,
+        donate: Iterable[int] = (),
+        non_donatable: Iterable[int] = (),
+        strict_donation: bool | None = None,
+    ) -> list[list[Buffer]]:
+        """Run on every addressable device: `argument_lists[i]` are the arguments for
+        `addressable_devices[i]`; returns one list of output buffers per device."""
+        devices = self.addressable_devices
+        if len(argument_lists) != len(devices):
+            raise RuntimeApiError(
+                f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
+                "lists were given (one per device)"
+            )
+        donate, non_donatable = tuple(donate), tuple(non_donatable)
+        plans = [
+            self._plan(self._programs[d.id], args, d, donate, non_donatable, strict_donation)
+            for d, args in zip(devices, argument_lists, strict=True)
+        ]
+        return commit(plans)
+
+    def execute_sharded(self, arguments: Sequence[Any], device: Device, **donation) -> list[Buffer]:
+        """Run only the replica/partition assigned to `device`."""
+        program = self._programs.get(device.id)
+        if program is None or device.client is not self.client:
+            raise RuntimeApiError(
+                f"{self.name} is not assigned to device {device.id}; its devices are "
+                f"{[d.id for d in self.addressable_devices]}"
+            )
+        return self._run_one(program, arguments, device, **donation)
+
+    def execute_portable(
+        self, arguments: Sequence[Any], device: Device, **donation
+    ) -> list[Buffer]:
+        """Run a single-replica, single-partition program on any device of the client."""
+        if self.num_replicas * self.num_partitions != 1:
+            raise RuntimeApiError(
+                f"{self.name} has {self.num_replicas} replicas x {self.num_partitions} "
+                "partitions; execute_portable needs exactly one"
+            )
+        if device.client is not self.client:
+            raise RuntimeApiError(f"device {device.id} belongs to another client")
+        if self._portable is None:
+            self._portable = self.backend.compile(self.module, dict(self.options.backend_options))
+        return self._run_one(self._portable, arguments, device, **donation)
+
+    def _run_one(
+        self, program, arguments, device, *, donate=(), non_donatable=(), strict_donation=None
+    ) -> list[Buffer]:
+        plan = self._plan(
+            program, arguments, device, tuple(donate), tuple(non_donatable), strict_donation
+        )
+        return commit([plan])[0]
+
+    def _plan(self, program, args, device, donate, non_donatable, strict):
+        strict = self.options.strict_donation if strict is None else strict
+        return plan_call(
+            self.name,
+            program,
+            self._param_shapes,
+            self.output_shape,
+            self._aliases,
+            args,
+            device,
+            donate,
+            non_donatable,
+            strict,
+        )

@@ -1,0 +1,124 @@
+"""Futures: values that an asynchronous execution or transfer will produce.
+
+A Future is completed once, with a result or an exception; waiting re-raises the exception.
+Callbacks added before completion run on the completing thread, those added after run at
+once on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+_PENDING, _DONE = 0, 1
+
+
+class Future:
+    """The eventual result of asynchronous work (PJRT's PjRtFuture)."""
+
+    __slots__ = ("_callbacks", "_cond", "_error", "_result", "_state")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._state = _PENDING
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Future], None]] = []
+
+    @classmethod
+    def completed(cls, value: Any = None) -> Future:
+        """A future that already holds `value`."""
+        fut = cls()
+        fut.set_result(value)
+        return fut
+
+    @classmethod
+    def failed(cls, error: BaseException) -> Future:
+        """A future that already holds `error`."""
+        fut = cls()
+        fut.set_exception(error)
+        return fut
+
+    def done(self) -> bool:
+        """True once a result or an error is set."""
+        return self._state == _DONE
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait (at most `timeout` seconds) and return the result, or raise its error.
+        TimeoutError if it is not done in time."""
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait and return the error, or None if it succeeded."""
+        self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[Future], None]) -> None:
+        """Call `fn(self)` when done (at once if already done)."""
+        with self._cond:
+            if self._state == _PENDING:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def set_result(self, value: Any) -> None:
+        self._complete(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._complete(None, error)
+
+    def _complete(self, value: Any, error: BaseException | None) -> None:
+        with self._cond:
+            if self._state == _DONE:
+                raise RuntimeError("future completed twice")
+            self._result, self._error, self._state = value, error, _DONE
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for fn in callbacks:
+            fn(self)
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._state == _DONE:
+            return
+        with self._cond:
+            if not self._cond.wait_for(self.done, timeout):
+                raise TimeoutError(f"future not done after {timeout} s")
+
+    def __repr__(self) -> str:
+        if not self.done():
+            return "<Future pending>"
+        return f"<Future {'failed' if self._error else 'done'}>"
+
+
+def wait_all(futures: Iterable[Future], timeout: float | None = None) -> list[Any]:
+    """Wait for every future and return their results in order; raises the first error
+    (in the given order) after all have completed."""
+    futures = list(futures)
+    for fut in futures:
+        fut.exception(timeout)
+    return [fut.result() for fut in futures]
+
+
+def as_completed(futures: Iterable[Future], timeout: float | None = None) -> Iterator[Future]:
+    """Yield the futures as they complete (first done, first out)."""
+    futures = list(futures)
+    done_order: list[Future] = []
+    cond = threading.Condition()
+
+    def on_done(fut: Future) -> None:
+        with cond:
+            done_order.append(fut)
+            cond.notify_all()
+
+    for fut in futures:
+        fut.add_done_callback(on_done)
+    for i in range(len(futures)):
+        with cond:
+            if not cond.wait_for(lambda i=i: len(done_order) > i, timeout):
+                raise TimeoutError(f"{len(futures) - i} futures not done after {timeout} s")
+            fut = done_order[i]
+        yield fut
