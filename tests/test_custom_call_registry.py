@@ -166,16 +166,17 @@ def test_wrong_result_shape_and_failing_target_are_custom_call_errors():
         run_hlo(SEED_EXAMPLE, *args, custom_calls=registry)
 
 
-def test_non_python_api_versions_are_reported_by_the_interpreter():
+def test_api_versions_are_checked_at_registration():
     registry = CustomCallRegistry()
-    registry.register("do_custom_call", object(), api_version="API_VERSION_TYPED_FFI")
-    assert registry.lookup("do_custom_call").api_version is ApiVersion.TYPED_FFI
-    with pytest.raises(CustomCallError, match="API_VERSION_TYPED_FFI"):
-        run_hlo(
-            SEED_EXAMPLE, np.ones(128, np.float32), np.ones(2048, np.float32), custom_calls=registry
-        )
+    with pytest.raises(CustomCallError, match="API_VERSION_TYPED_FFI needs a handler"):
+        registry.register("t", do_custom_call, api_version="API_VERSION_TYPED_FFI")
+    with pytest.raises(CustomCallError, match="not a C function pointer"):
+        registry.register("t", do_custom_call, api_version=ApiVersion.ORIGINAL)
     with pytest.raises(CustomCallError, match="unknown custom-call api_version"):
         registry.register("x", do_custom_call, api_version="API_VERSION_NINE")
+    assert ApiVersion.parse(3) is ApiVersion.STATUS_RETURNING_UNIFIED
+    assert ApiVersion.parse("typed_ffi") is ApiVersion.TYPED_FFI
+    assert registry.register("p", do_custom_call).api_version is ApiVersion.PYTHON
 
 
 @pytest.mark.parametrize("target", custom_calls.BUILTIN_IDENTITY_TARGETS)
@@ -198,3 +199,15 @@ def test_cuda_platform_is_chosen_by_state():
         run_hlo(SEED_EXAMPLE, *args, custom_calls=registry)
     ours = run_hlo(SEED_EXAMPLE, *args, custom_calls=registry, platform="CUDA")
     np.testing.assert_array_equal(ours, np.ones(2048, np.float32))
+
+
+def test_compile_time_check_accepts_known_targets_and_names_unknown_ones():
+    module = parse_module(SEED_EXAMPLE)
+    with pytest.raises(CustomCallError, match="c: no custom-call target 'do_custom_call'"):
+        custom_calls.check_custom_calls(module)
+    custom_calls.check_custom_calls(module, registry={"do_custom_call": do_custom_call})
+    registry = CustomCallRegistry()
+    registry.register("do_custom_call", do_custom_call, platform="CUDA")
+    custom_calls.check_custom_calls(module, "CUDA", registry)
+    with pytest.raises(CustomCallError, match="platform Host"):
+        custom_calls.check_custom_calls(module, "Host", registry)

@@ -2,49 +2,89 @@
 
 A target is registered under (name, platform), platform "Host" (the CPU) or "CUDA" (the
 GPU), with an API version saying how it is called. Registering the same (name, platform)
-twice is an error, as is looking up a name that is not there (the message lists similar
-names).
+twice is an error. A name that is not registered is reported at compile time by
+`check_custom_calls(module, platform)`, which names every unknown target (and lists similar
+registered names), and again at run time if a module reaches a backend unchecked.
 
-Python targets (api_version "python", the default for callables)
-------------------------------------------------------------------
-The operands are flattened to their leaf arrays in pre-order (a tuple operand contributes
-each of its leaves, depth first), as XLA's CPU convention does. The target is called as
+Operands and results are flattened to their leaf arrays in pre-order (a tuple contributes
+each of its leaves, depth first). Every convention below sees them that way.
 
+Python targets (ApiVersion.PYTHON, the default for plain callables)
+--------------------------------------------------------------------
     fn(ins, opaque)            -> result
     fn(ins, opaque, outs)      -> result or None
 
 `ins` is a tuple of read-only NumPy arrays, `opaque` the instruction's backend_config text
-(a str, "" when absent). A target whose signature has a third parameter named `outs`
-receives the result leaves preallocated (pre-order, writable): zeros, or a copy of the
-operand leaf an `output_to_operand_aliasing` entry names. It may fill them in place and
-return None; this is how a tuple output serves as scratch memory. Otherwise the target
-returns the result: an array for an array-shaped result, and for a tuple-shaped one either
-the nested tuple or a flat sequence of its leaves in pre-order; a leaf given as None keeps
-its preallocated value (so an aliased leaf returns the operand's copy unchanged). Each leaf
-must have the shape and dtype the instruction declares.
+(a str, "" when absent). A target whose signature has a parameter named `outs` receives the
+result leaves preallocated (pre-order, writable): zeros, or a copy of the operand leaf an
+`output_to_operand_aliasing` entry names. It may fill them in place and return None; this
+is how a tuple output serves as scratch memory. Otherwise the target returns the result: an
+array for an array-shaped result, and for a tuple-shaped one either the nested tuple or a
+flat sequence of its leaves in pre-order; a leaf given as None keeps its preallocated value.
 
-Later API versions (the CPU C conventions "original", "status_returning",
-"status_returning_unified", "typed_ffi" and the GPU convention) are named in ApiVersion so
-that registrations can say which one a C function pointer follows; the interpreter runs
-Python targets only and reports any other kind as a CustomCallError.
+Typed FFI targets (ApiVersion.TYPED_FFI)
+----------------------------------------
+Handlers made with `xlapy.backends.ffi.handler`, which declares typed arguments, results and
+attributes (decoded from backend_config); see that module.
+
+C targets on the CPU ("Host")
+-----------------------------
+A C function given as a ctypes function pointer, a cffi function pointer, or an integer
+address, registered with the API version whose signature it has:
+
+    API_VERSION_ORIGINAL                  void f(void* out, const void** ins)
+    API_VERSION_STATUS_RETURNING          void f(void* out, const void** ins,
+                                                 XlaCustomCallStatus* status)
+    API_VERSION_STATUS_RETURNING_UNIFIED  void f(void* out, const void** ins,
+                                                 const char* opaque, size_t opaque_len,
+                                                 XlaCustomCallStatus* status)
+
+`ins[i]` points at operand leaf i (contiguous, row-major; a token is NULL). `out` points
+at the result array itself when the result is one array, and at a table of result-leaf
+pointers when it is a tuple. An output that `output_to_operand_aliasing` ties to an operand
+shares its memory: the operand's pointer in `ins` and the output pointer are the same
+buffer, a copy of the operand that the target may update in place. A target reports failure
+with `xlapy_custom_call_status_set_failure(status, message, length)` (also spelled
+`XlaCustomCallStatusSetFailure`), declared in C_HEADER (`write_c_header(folder)`).
+
+C targets on the GPU ("CUDA")
+-----------------------------
+    void f(CUstream stream, void** buffers, const char* opaque, size_t opaque_len)
+    (+ XlaCustomCallStatus* status for the STATUS_RETURNING versions)
+
+`buffers` holds every operand leaf and then every result leaf, in pre-order, NULL for
+tokens: `gpu_buffer_layout(instr)` computes that list and `GpuTarget` describes the call. It
+runs when a GPU backend exists; the interpreter does not call GPU C targets.
 """
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import enum
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
+
+from xlapy.backends import ffi
 from xlapy.errors import CustomCallError
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import Shape
 
 PLATFORMS = ("Host", "CUDA")
 
+# Custom calls XLA itself emits for operations with HLO semantics; backends evaluate them
+# directly rather than through the registry.
+XLA_INTERNAL_TARGET_NAMES = frozenset({"TopK"})
+
 
 class ApiVersion(enum.Enum):
-    """How a target is called. PYTHON is the Python-callable convention above; the others
-    are XLA's C conventions (API_VERSION_* in HLO text)."""
+    """How a target is called. PYTHON is the Python-callable convention; the others are
+    XLA's conventions (API_VERSION_* in HLO text)."""
 
     PYTHON = "python"
     ORIGINAL = "API_VERSION_ORIGINAL"
@@ -53,22 +93,42 @@ class ApiVersion(enum.Enum):
     TYPED_FFI = "API_VERSION_TYPED_FFI"
 
     @staticmethod
-    def parse(value: ApiVersion | str) -> ApiVersion:
-        """An ApiVersion from itself, its value, or its name in any case."""
+    def parse(value: ApiVersion | str | int) -> ApiVersion:
+        """An ApiVersion from itself, its value, its name in any case, or XLA's number."""
         if isinstance(value, ApiVersion):
             return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            numbered = dict(enumerate(C_API_VERSIONS, start=1)) | {4: ApiVersion.TYPED_FFI}
+            if value in numbered:
+                return numbered[value]
         for version in ApiVersion:
-            if value in (version.value, version.name, version.name.lower()):
+            if isinstance(value, str) and value in (
+                version.value,
+                version.name,
+                version.name.lower(),
+            ):
                 return version
         names = ", ".join(v.value for v in ApiVersion)
         raise CustomCallError(
             f"unknown custom-call api_version {value!r} (expected one of {names})"
         )
 
+    @property
+    def is_c(self) -> bool:
+        return self in C_API_VERSIONS
+
+
+C_API_VERSIONS = (
+    ApiVersion.ORIGINAL,
+    ApiVersion.STATUS_RETURNING,
+    ApiVersion.STATUS_RETURNING_UNIFIED,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class CustomCallTarget:
-    """One registered target."""
+    """One registered target. `fn` is the Python callable, the ffi.FfiHandler, or (for the
+    C versions) a ctypes function of the convention's signature."""
 
     name: str
     platform: str
@@ -86,6 +146,243 @@ def takes_outs_parameter(fn: Callable) -> bool:
     return "outs" in params
 
 
+# -- C signatures and the status object ----------------------------------------------------
+
+C_HEADER = """\
+/* xlapy_custom_call.h: what a C custom-call target for xlapy needs. */
+#ifndef XLAPY_CUSTOM_CALL_H_
+#define XLAPY_CUSTOM_CALL_H_
+#include <stddef.h>
+
+typedef struct XlaCustomCallStatus_ XlaCustomCallStatus;
+struct XlaCustomCallStatus_ {
+  void (*set_failure)(XlaCustomCallStatus* status, const char* message, size_t message_len);
+  void* reserved;
+};
+
+/* Fail the call; xlapy raises CustomCallError with `message`. */
+static inline void xlapy_custom_call_status_set_failure(
+    XlaCustomCallStatus* status, const char* message, size_t message_len) {
+  status->set_failure(status, message, message_len);
+}
+static inline void XlaCustomCallStatusSetFailure(
+    XlaCustomCallStatus* status, const char* message, size_t message_len) {
+  status->set_failure(status, message, message_len);
+}
+static inline void XlaCustomCallStatusSetSuccess(XlaCustomCallStatus* status) {
+  (void)status;
+}
+#endif
+"""
+
+
+def write_c_header(folder: str | Path) -> Path:
+    """Write C_HEADER as `xlapy_custom_call.h` into `folder`; return its path."""
+    path = Path(folder) / "xlapy_custom_call.h"
+    path.write_text(C_HEADER)
+    return path
+
+
+_SET_FAILURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+
+
+class _Status(ctypes.Structure):
+    _fields_ = [("set_failure", _SET_FAILURE), ("reserved", ctypes.c_void_p)]
+
+
+_failures: dict[int, str] = {}
+_failures_lock = threading.Lock()
+
+
+def _record_failure(status, message, length):
+    text = ctypes.string_at(message, length).decode("utf-8", "replace") if message else ""
+    with _failures_lock:
+        _failures[status] = text
+
+
+_SET_FAILURE_FN = _SET_FAILURE(_record_failure)
+
+_PTR = ctypes.c_void_p
+_PTRS = ctypes.POINTER(ctypes.c_void_p)
+CPU_SIGNATURES = {
+    ApiVersion.ORIGINAL: ctypes.CFUNCTYPE(None, _PTR, _PTRS),
+    ApiVersion.STATUS_RETURNING: ctypes.CFUNCTYPE(None, _PTR, _PTRS, _PTR),
+    ApiVersion.STATUS_RETURNING_UNIFIED: ctypes.CFUNCTYPE(
+        None, _PTR, _PTRS, ctypes.c_char_p, ctypes.c_size_t, _PTR
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTarget:
+    """The GPU calling convention of one API version: its C signature and how to call a
+    function pointer with it (a stream, the `buffers` table, the opaque string)."""
+
+    api_version: ApiVersion
+    signature: str
+    cfunctype: type
+
+    def call(self, fn, stream: int | None, buffers: Sequence[int | None], opaque: str) -> None:
+        """Call GPU target `fn` (an address or function pointer); CustomCallError with the
+        target's message when it reports failure through the status."""
+        function = self.cfunctype(function_address(fn, "GPU target"))
+        table = (ctypes.c_void_p * max(1, len(buffers)))(*buffers)
+        data = opaque.encode()
+        if self.api_version is ApiVersion.ORIGINAL:
+            function(stream, table, data, len(data))
+            return
+        with _status() as status:
+            function(stream, table, data, len(data), status)
+
+
+_GPU_ARGS = (_PTR, _PTRS, ctypes.c_char_p, ctypes.c_size_t)
+GPU_TARGETS = {
+    ApiVersion.ORIGINAL: GpuTarget(
+        ApiVersion.ORIGINAL,
+        "void f(CUstream stream, void** buffers, const char* opaque, size_t opaque_len)",
+        ctypes.CFUNCTYPE(None, *_GPU_ARGS),
+    ),
+    **{
+        version: GpuTarget(
+            version,
+            "void f(CUstream stream, void** buffers, const char* opaque, size_t opaque_len,"
+            " XlaCustomCallStatus* status)",
+            ctypes.CFUNCTYPE(None, *_GPU_ARGS, _PTR),
+        )
+        for version in (ApiVersion.STATUS_RETURNING, ApiVersion.STATUS_RETURNING_UNIFIED)
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSlot:
+    """One entry of the GPU `buffers` table: an operand leaf or a result leaf."""
+
+    role: str  # "operand" or "result"
+    number: int  # the operand number (0 for the result)
+    index: tuple[int, ...]  # the shape index within that operand or result
+    shape: Shape
+
+    @property
+    def is_null(self) -> bool:
+        return self.shape.is_token
+
+
+def gpu_buffer_layout(instr) -> list[BufferSlot]:
+    """The `buffers` table of a GPU custom call: every operand leaf, then every result leaf,
+    each in pre-order (tokens included, as NULL entries)."""
+    slots = [
+        BufferSlot("operand", n, index, leaf)
+        for n, op in enumerate(instr.operands)
+        for index, leaf in op.shape.leaves()
+    ]
+    slots += [BufferSlot("result", 0, index, leaf) for index, leaf in instr.shape.leaves()]
+    return slots
+
+
+class _status:
+    """A fresh XlaCustomCallStatus for one call; raises the recorded failure on exit."""
+
+    def __enter__(self):
+        self.struct = _Status(_SET_FAILURE_FN, None)
+        self.address = ctypes.addressof(self.struct)
+        return ctypes.c_void_p(self.address)
+
+    def __exit__(self, *exc):
+        with _failures_lock:
+            message = _failures.pop(self.address, None)
+        if message is not None and exc[0] is None:
+            raise CustomCallError(message)
+        return False
+
+
+def function_address(fn, what: str) -> int:
+    """The address of a C function given as an int, a ctypes or a cffi function pointer."""
+    if isinstance(fn, int) and not isinstance(fn, bool):
+        return fn
+    if isinstance(fn, ctypes._CFuncPtr):
+        return ctypes.cast(fn, ctypes.c_void_p).value
+    if type(fn).__module__ == "_cffi_backend":
+        import cffi
+
+        return int(cffi.FFI().cast("uintptr_t", fn))
+    raise CustomCallError(
+        f"{what}: {fn!r} is not a C function pointer (give a ctypes or cffi function "
+        f"pointer or an integer address)"
+    )
+
+
+def call_cpu_c_target(
+    target: CustomCallTarget,
+    ins: Sequence[np.ndarray | None],
+    outs: Sequence[np.ndarray | None],
+    result_is_tuple: bool,
+    opaque: str,
+) -> None:
+    """Call C target `target` with pointers to the contiguous operand leaves `ins` and the
+    result leaves `outs` (filled in place). A failure it reports raises CustomCallError."""
+    for leaf in (*ins, *outs):
+        if leaf is not None and not leaf.flags.c_contiguous:
+            raise CustomCallError(f"custom-call target {target.name!r}: non-contiguous buffer")
+    in_table = (ctypes.c_void_p * max(1, len(ins)))(*[_address(a) for a in ins])
+    out_addresses = [_address(a) for a in outs]
+    if result_is_tuple:
+        out_table = (ctypes.c_void_p * max(1, len(outs)))(*out_addresses)
+        out = ctypes.addressof(out_table)
+    else:
+        out = out_addresses[0]
+    version = target.api_version
+    if version is ApiVersion.ORIGINAL:
+        target.fn(out, in_table)
+        return
+    with _status() as status:
+        if version is ApiVersion.STATUS_RETURNING:
+            target.fn(out, in_table, status)
+        else:
+            data = opaque.encode()
+            target.fn(out, in_table, data, len(data), status)
+
+
+def _address(array) -> int | None:
+    return None if array is None else array.ctypes.data
+
+
+# -- the registry -------------------------------------------------------------------------
+
+
+def _infer_version(fn) -> ApiVersion:
+    if isinstance(fn, ffi.FfiHandler):
+        return ApiVersion.TYPED_FFI
+    if isinstance(fn, int | ctypes._CFuncPtr) or type(fn).__module__ == "_cffi_backend":
+        return ApiVersion.ORIGINAL
+    return ApiVersion.PYTHON
+
+
+def make_target(
+    name: str, fn, platform: str = "Host", api_version: ApiVersion | str | None = None
+) -> CustomCallTarget:
+    """A CustomCallTarget for `fn`, checked against its API version (C functions are bound
+    to the version's signature). The API version is inferred when None: an ffi handler is
+    TYPED_FFI, a C function pointer ORIGINAL, any other callable PYTHON."""
+    if platform not in PLATFORMS:
+        raise CustomCallError(f"custom-call platform must be one of {PLATFORMS}, got {platform!r}")
+    version = _infer_version(fn) if api_version is None else ApiVersion.parse(api_version)
+    what = f"custom-call target {name!r}"
+    if version is ApiVersion.PYTHON and not callable(fn):
+        raise CustomCallError(f"{what}: {fn!r} is not callable")
+    if version is ApiVersion.TYPED_FFI and not isinstance(fn, ffi.FfiHandler):
+        raise CustomCallError(
+            f"{what}: API_VERSION_TYPED_FFI needs a handler made with xlapy.backends.ffi.handler"
+        )
+    if version.is_c:
+        address = function_address(fn, what)
+        signature = (
+            CPU_SIGNATURES[version] if platform == "Host" else GPU_TARGETS[version].cfunctype
+        )
+        fn = signature(address)
+    return CustomCallTarget(name, platform, fn, version, takes_outs_parameter(fn))
+
+
 class CustomCallRegistry:
     """Targets keyed by (name, platform)."""
 
@@ -95,24 +392,18 @@ class CustomCallRegistry:
     def register(
         self,
         name: str,
-        fn: Callable,
+        fn,
         platform: str = "Host",
-        api_version: ApiVersion | str = ApiVersion.PYTHON,
+        api_version: ApiVersion | str | None = None,
     ) -> CustomCallTarget:
-        """Register `fn` as target `name` on `platform`; CustomCallError if taken."""
-        if platform not in PLATFORMS:
-            raise CustomCallError(
-                f"custom-call platform must be one of {PLATFORMS}, got {platform!r}"
-            )
-        version = ApiVersion.parse(api_version)
-        if version is ApiVersion.PYTHON and not callable(fn):
-            raise CustomCallError(f"custom-call target {name!r}: {fn!r} is not callable")
+        """Register `fn` as target `name` on `platform` (see make_target for `api_version`);
+        CustomCallError if (name, platform) is taken."""
         key = (name, platform)
         if key in self._targets:
             raise CustomCallError(
                 f"custom-call target {name!r} is already registered for platform {platform}"
             )
-        target = CustomCallTarget(name, platform, fn, version, takes_outs_parameter(fn))
+        target = make_target(name, fn, platform, api_version)
         self._targets[key] = target
         return target
 
@@ -149,12 +440,82 @@ def unknown_target_message(name: str, platform: str, known: list[str]) -> str:
 
 GLOBAL_REGISTRY = CustomCallRegistry()
 
+RegistryLike = CustomCallRegistry | Mapping | None
+
+
+def resolve(name: str, platform: str = "Host", registry: RegistryLike = None):
+    """The target `name` for `platform`, from `registry` (a CustomCallRegistry, or a dict
+    from name to callable / handler / CustomCallTarget) first, then the global registry;
+    None when neither has it."""
+    if isinstance(registry, CustomCallRegistry):
+        target = registry.get(name, platform)
+        if target is not None:
+            return target
+    elif isinstance(registry, Mapping) and name in registry:
+        fn = registry[name]
+        return fn if isinstance(fn, CustomCallTarget) else make_target(name, fn, platform)
+    return GLOBAL_REGISTRY.get(name, platform)
+
+
+def known_names(platform: str, registry: RegistryLike = None) -> list[str]:
+    """Every name `resolve` can find for `platform`."""
+    known = set(GLOBAL_REGISTRY.names(platform))
+    if isinstance(registry, CustomCallRegistry):
+        known |= set(registry.names(platform))
+    elif isinstance(registry, Mapping):
+        known |= set(registry)
+    return sorted(known)
+
+
+def find(name: str, platform: str = "Host", registry: RegistryLike = None) -> CustomCallTarget:
+    """Like resolve, but CustomCallError naming the target when it is unknown."""
+    target = resolve(name, platform, registry)
+    if target is None:
+        raise CustomCallError(
+            unknown_target_message(name, platform, known_names(platform, registry))
+        )
+    return target
+
+
+def check_custom_calls(module, platform: str = "Host", registry: RegistryLike = None) -> None:
+    """The compile-time check of every custom-call in `module` for `platform`: each target
+    must be registered, a typed FFI handler must accept the instruction's operand and
+    result types and attributes, and a C target's API version must be the one the
+    instruction asks for. Raises one CustomCallError listing every problem."""
+    problems = []
+    for instr in module.instructions():
+        if instr.opcode is not Opcode.CUSTOM_CALL:
+            continue
+        name = instr.attrs.get("custom_call_target")
+        if not name:
+            problems.append(f"{instr.name}: custom-call needs custom_call_target=")
+            continue
+        if name in XLA_INTERNAL_TARGET_NAMES:
+            continue
+        target = resolve(name, platform, registry)
+        if target is None:
+            message = unknown_target_message(name, platform, known_names(platform, registry))
+            problems.append(f"{instr.name}: {message}")
+            continue
+        if target.api_version is ApiVersion.TYPED_FFI:
+            problems += ffi.check_signature(target.fn, instr)
+        declared = instr.attrs.get("api_version")
+        if declared is not None and target.api_version.is_c:
+            wanted = ApiVersion.parse(declared.text)
+            if wanted.is_c and wanted is not target.api_version:
+                problems.append(
+                    f"{instr.name}: target {name!r} is registered as "
+                    f"{target.api_version.value}, the instruction calls it as {wanted.value}"
+                )
+    if problems:
+        raise CustomCallError("\n".join(problems))
+
 
 def register(
     name: str,
-    fn: Callable,
+    fn,
     platform: str = "Host",
-    api_version: ApiVersion | str = ApiVersion.PYTHON,
+    api_version: ApiVersion | str | None = None,
 ) -> CustomCallTarget:
     """Register a target in the global registry (see CustomCallRegistry.register)."""
     return GLOBAL_REGISTRY.register(name, fn, platform, api_version)
@@ -185,3 +546,13 @@ BUILTIN_IDENTITY_TARGETS = (
 for _name in BUILTIN_IDENTITY_TARGETS:
     for _platform in PLATFORMS:
         GLOBAL_REGISTRY.register(_name, _identity, _platform)
+
+
+def _register_lapack() -> None:
+    from xlapy.backends.lapack import LAPACK_HANDLERS
+
+    for name, handler in LAPACK_HANDLERS.items():
+        GLOBAL_REGISTRY.register(name, handler, "Host", ApiVersion.TYPED_FFI)
+
+
+_register_lapack()

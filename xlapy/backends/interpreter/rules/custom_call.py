@@ -1,24 +1,23 @@
-"""Evaluation rule of custom-call: look the target up and call it (see
-xlapy.backends.custom_calls for the calling convention of Python targets).
+"""Evaluation rule of custom-call: look the target up and call it with the convention its
+API version names (see xlapy.backends.custom_calls): Python targets on NumPy views, typed
+FFI handlers on typed arrays and decoded attributes, C targets on pointers to contiguous
+NumPy buffers.
 
 Targets are found in `ctx.state["custom_calls"]` first (a CustomCallRegistry, or a dict from
 target name to callable), then in the global registry, for the platform
-`ctx.state.get("platform", "Host")`.
+`ctx.state.get("platform", "Host")`. XLA's own "TopK" custom call is evaluated here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
+from xlapy.backends import ffi
 from xlapy.backends.custom_calls import (
-    GLOBAL_REGISTRY,
+    XLA_INTERNAL_TARGET_NAMES,
     ApiVersion,
-    CustomCallRegistry,
-    CustomCallTarget,
-    takes_outs_parameter,
-    unknown_target_message,
+    call_cpu_c_target,
+    find,
 )
 from xlapy.backends.interpreter.registry import evaluates
 from xlapy.backends.interpreter.rules.misc import copy_value
@@ -26,29 +25,6 @@ from xlapy.backends.interpreter.rules.sorting import merge_sort_permutation
 from xlapy.errors import CustomCallError
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
-
-
-def find_target(ctx, name: str, platform: str) -> CustomCallTarget:
-    """The target `name` for `platform`, from the run's registry or the global one."""
-    local = ctx.state.get("custom_calls")
-    if isinstance(local, CustomCallRegistry):
-        target = local.get(name, platform)
-        if target is not None:
-            return target
-    elif isinstance(local, Mapping) and name in local:
-        fn = local[name]
-        if isinstance(fn, CustomCallTarget):
-            return fn
-        return CustomCallTarget(name, platform, fn, ApiVersion.PYTHON, takes_outs_parameter(fn))
-    target = GLOBAL_REGISTRY.get(name, platform)
-    if target is not None:
-        return target
-    known = set(GLOBAL_REGISTRY.names(platform))
-    if isinstance(local, CustomCallRegistry):
-        known |= set(local.names(platform))
-    elif isinstance(local, Mapping):
-        known |= set(local)
-    raise CustomCallError(unknown_target_message(name, platform, sorted(known)))
 
 
 def flatten(value) -> list:
@@ -142,25 +118,61 @@ def _xla_topk(instr, operands, ctx):
 XLA_INTERNAL_TARGETS = {"TopK": _xla_topk}
 
 
+def _aliased_inputs(instr, operands, ins, outs) -> list:
+    """The operand leaves a C target sees: an operand leaf that an output aliases is the
+    output's buffer (the copy the target updates in place)."""
+    ins = list(ins)
+    starts, n = [], 0
+    for op in operands:
+        starts.append(n)
+        n += len(flatten(op))
+    leaf_numbers = {index: i for i, (index, _) in enumerate(instr.shape.leaves())}
+    for alias in instr.attrs.get("output_to_operand_aliasing", ()):
+        op_shape = instr.operands[alias.operand_number].shape
+        position = [index for index, _ in op_shape.leaves()].index(alias.operand_index)
+        ins[starts[alias.operand_number] + position] = outs[leaf_numbers[alias.output_index]]
+    return ins
+
+
+def _call_c(instr, target, operands, outs, opaque):
+    if target.platform != "Host":
+        raise CustomCallError(
+            f"{instr.name}: custom-call target {target.name!r} is a {target.platform} C "
+            f"function; the interpreter calls C targets for the Host platform only"
+        )
+    leaves = [
+        np.ascontiguousarray(leaf) if isinstance(leaf, np.ndarray) else None
+        for leaf in flatten(tuple(operands))
+    ]
+    ins = _aliased_inputs(instr, operands, leaves, outs)
+    try:
+        call_cpu_c_target(target, ins, outs, instr.shape.is_tuple, opaque)
+    except CustomCallError as e:
+        raise CustomCallError(
+            f"{instr.name}: custom-call target {target.name!r} failed: {e}"
+        ) from e
+
+
 @evaluates(Opcode.CUSTOM_CALL)
 def _custom_call(instr, operands, ctx):
     name = instr.attrs.get("custom_call_target")
     if not name:
         raise CustomCallError(f"{instr.name}: custom-call needs custom_call_target=")
-    if name in XLA_INTERNAL_TARGETS:
+    if name in XLA_INTERNAL_TARGET_NAMES:
         return XLA_INTERNAL_TARGETS[name](instr, operands, ctx)
     platform = ctx.state.get("platform", "Host")
-    target = find_target(ctx, name, platform)
-    if target.api_version is not ApiVersion.PYTHON:
-        raise CustomCallError(
-            f"{instr.name}: custom-call target {name!r} uses "
-            f"{target.api_version.value}, which the interpreter cannot call "
-            f"(it runs Python targets)"
-        )
+    target = find(name, platform, ctx.state.get("custom_calls"))
     config = instr.attrs.get("backend_config")
     opaque = config.text if config is not None else ""
-    ins = tuple(_readonly(leaf) for leaf in flatten(tuple(operands)))
     outs = _preallocated_outs(instr, operands)
+    if target.api_version is ApiVersion.TYPED_FFI:
+        ins = tuple(_readonly(leaf) for leaf in flatten(tuple(operands)))
+        ffi.call_handler(target.fn, instr, ins, outs)
+        return _unflatten(instr.shape, outs)
+    if target.api_version.is_c:
+        _call_c(instr, target, operands, outs, opaque)
+        return _unflatten(instr.shape, outs)
+    ins = tuple(_readonly(leaf) for leaf in flatten(tuple(operands)))
     try:
         if target.takes_outs:
             result = target.fn(ins, opaque, outs=outs)
