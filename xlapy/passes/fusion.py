@@ -1,0 +1,173 @@
+"""Loop fusion: producer-consumer fusion into `fusion` instructions, XLA's instruction fusion.
+
+The pass walks each computation that runs as a sequence of kernels (the entry, while bodies
+and conditions, conditional branches, called computations; never reducers, comparators or
+fused computations) from the root towards the parameters, in reverse post-order. Each
+consumer greedily pulls in its operands while `should_fuse` allows: a consumer that is not
+yet a fusion becomes a one-instruction fusion first, and a producer that is itself a loop
+fusion is inlined whole (fusion merging). A reduce joins only as the root, which makes an
+input fusion (`kind=kInput`); everything else makes a loop fusion (`kind=kLoop`).
+
+A producer with other users stays in place and its work is duplicated into the consumer; that
+is allowed only when the producer is cheap and either reads no more bytes than it writes or
+every one of its users can fuse it (so it disappears). Sweeps repeat until nothing changes.
+"""
+
+from __future__ import annotations
+
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+from xlapy.passes.fusion_edit import FusionEditor, Names
+from xlapy.passes.fusion_rules import (
+    can_be_consumer,
+    can_be_producer,
+    fused_computation,
+    is_expensive,
+    operand_bytes,
+    reuses_operand,
+)
+from xlapy.passes.pass_base import HloPass, register_pass
+
+SEQUENTIAL_CALLERS = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
+
+
+def fusible_computations(module: HloModule) -> list[HloComputation]:
+    """Computations fusion may rewrite: the entry and those called only as control flow."""
+    callers: dict[int, set[Opcode]] = {}
+    for instr in module.instructions():
+        for called in instr.called_computations():
+            callers.setdefault(id(called), set()).add(instr.opcode)
+    result = []
+    for comp in module.computations:
+        ops = callers.get(id(comp))
+        if comp is module.entry or (ops and ops <= SEQUENTIAL_CALLERS):
+            result.append(comp)
+    return result
+
+
+def shared_fused_computations(module: HloModule) -> set[int]:
+    """ids of fused computations called by more than one fusion (left alone: editing one
+    caller's body would change the others)."""
+    count: dict[int, int] = {}
+    for instr in module.instructions():
+        comp = fused_computation(instr)
+        if comp is not None:
+            count[id(comp)] = count.get(id(comp), 0) + 1
+    return {k for k, n in count.items() if n > 1}
+
+
+@register_pass
+class LoopFusion(HloPass):
+    """Producer-consumer fusion (see the module comment). Limits: `max_parameters` operands
+    per fusion, `max_instructions` fused instructions, constants up to
+    `small_constant_bytes` are copied into fusions. After `run`, `fusions_made` counts the
+    new fusion instructions and `producers_fused` every producer taken into one."""
+
+    name = "fusion"
+
+    def __init__(
+        self,
+        max_parameters: int = 64,
+        max_instructions: int = 256,
+        small_constant_bytes: int = 64,
+        max_sweeps: int = 8,
+    ):
+        self.max_parameters = max_parameters
+        self.max_instructions = max_instructions
+        self.small_constant_bytes = small_constant_bytes
+        self.max_sweeps = max_sweeps
+        self.fusions_made = 0
+        self.producers_fused = 0
+
+    def run(self, module: HloModule) -> bool:
+        names = Names(module)
+        self.fusions_made = 0
+        self.producers_fused = 0
+        self._shared = shared_fused_computations(module)
+        changed = False
+        for comp in fusible_computations(module):
+            changed |= self._run_on(module, comp, names)
+        return changed
+
+    def _run_on(self, module: HloModule, comp: HloComputation, names: Names) -> bool:
+        editor = FusionEditor(module, comp, names)
+        changed_any = False
+        for _ in range(self.max_sweeps):
+            changed = False
+            for consumer in reversed(comp.post_order()):
+                if consumer.parent is not comp:
+                    continue
+                while (found := self._pick_producer(editor, consumer)) is not None:
+                    consumer = editor.fuse(found, consumer)
+                    self.producers_fused += 1
+                    changed = True
+            if not changed:
+                break
+            changed_any = True
+        editor.finish()
+        self.fusions_made += sum(1 for f in editor.created if f.parent is comp)
+        return changed_any
+
+    def _pick_producer(self, editor: FusionEditor, consumer: HloInstruction):
+        if not self._consumer_ok(consumer):
+            return None
+        for i, producer in enumerate(consumer.operands):
+            if self.should_fuse(editor, producer, consumer, i):
+                return producer
+        return None
+
+    def _consumer_ok(self, instr: HloInstruction) -> bool:
+        comp = fused_computation(instr)
+        return can_be_consumer(instr) and (comp is None or id(comp) not in self._shared)
+
+    def _producer_ok(self, instr: HloInstruction) -> bool:
+        comp = fused_computation(instr)
+        return can_be_producer(instr) and (comp is None or id(comp) not in self._shared)
+
+    def should_fuse(
+        self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
+    ) -> bool:
+        """May operand `i` (`producer`) of `consumer` be computed inside it?"""
+        if not self._producer_ok(producer) or producer.control_predecessors:
+            return False
+        if any(producer in u.control_predecessors for u in editor.users_of(producer)):
+            return False
+        if producer.opcode is Opcode.CONSTANT:
+            small = producer.shape.byte_size <= self.small_constant_bytes
+            return small and consumer.opcode is Opcode.FUSION
+        if is_expensive(producer) and reuses_operand(consumer, i):
+            return False
+        if not self._within_limits(producer, consumer):
+            return False
+        others = [u for u in editor.users_of(producer) if u is not consumer]
+        if not others and not editor.is_root(producer):
+            return True
+        return self._may_duplicate(editor, producer, others)
+
+    def _may_duplicate(self, editor: FusionEditor, producer, others) -> bool:
+        """Duplicate a multi-user producer only when it is cheap and either reads no more
+        than it writes or every user can take it in (so it disappears)."""
+        if is_expensive(producer):
+            return False
+        if operand_bytes(producer) <= producer.shape.byte_size:
+            return True
+        if editor.is_root(producer):
+            return False
+        return all(
+            self._consumer_ok(u) and not any(u is c for c in producer.control_predecessors)
+            for u in others
+        )
+
+    def _within_limits(self, producer: HloInstruction, consumer: HloInstruction) -> bool:
+        operands = {id(op) for op in consumer.operands if op is not producer}
+        operands.update(id(op) for op in producer.operands)
+        if len(operands) > self.max_parameters:
+            return False
+        return _size(producer) + _size(consumer) <= self.max_instructions
+
+
+def _size(instr: HloInstruction) -> int:
+    comp = fused_computation(instr)
+    return 1 if comp is None else len(comp.instructions)

@@ -1,0 +1,371 @@
+"""The graph surgery behind the fusion passes, apart from the decisions about what to fuse.
+
+A fusion instruction calls a fused computation whose parameters `param_0..param_{n-1}` stand
+for the fusion's operands, in order. `FusionEditor` works on one computation of a module:
+
+  as_fusion(c)            wrap a single op into a one-instruction fusion (the op keeps its
+                          name inside, the fusion gets a new `<op>_fusion` name)
+  fuse(p, c)              clone producer `p` (an op or a whole fusion body) into consumer `c`
+                          in place of the parameter that read it; `p` is removed when no other
+                          user is left, otherwise it stays (the work is duplicated)
+  fuse_keeping_output(p, c)   the same, but `p`'s value also becomes an output of the fusion
+                          and `p`'s other users read it through get-tuple-element
+  merge_siblings(a, b)    one fusion computing the outputs of both, operands shared
+
+A fusion with several outputs has a tuple root; its users read get-tuple-element. The
+editor keeps a users index current across edits, hands out module-unique names, and puts a
+new fused computation just before the computation that calls it (callees print first).
+"""
+
+from __future__ import annotations
+
+import re
+
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import Shape
+from xlapy.passes.fusion_rules import fused_computation, fusion_kind
+
+_SUFFIX = re.compile(r"\.\d+$")
+
+
+class Names:
+    """Module-unique instruction and computation names."""
+
+    def __init__(self, module: HloModule):
+        self.taken = {i.name for i in module.instructions()}
+        self.taken.update(c.name for c in module.computations)
+        self._next: dict[str, int] = {}
+
+    def fresh(self, base: str, plain_first: bool = False) -> str:
+        """`base` itself when `plain_first` and free, else the first free `stem.N`."""
+        stem = _SUFFIX.sub("", base) or "instr"
+        if plain_first and stem not in self.taken:
+            self.taken.add(stem)
+            return stem
+        n = self._next.get(stem, 1)
+        while f"{stem}.{n}" in self.taken:
+            n += 1
+        self._next[stem] = n + 1
+        name = f"{stem}.{n}"
+        self.taken.add(name)
+        return name
+
+
+def root_outputs(comp: HloComputation) -> list[HloInstruction]:
+    """The instructions whose values a fused computation returns (the tuple's elements)."""
+    root = comp.root
+    return list(root.operands) if root.opcode is Opcode.TUPLE else [root]
+
+
+def fusion_name(comp: HloComputation) -> str:
+    """`first_last_fusion` from the opcodes of the fused work, the way XLA names fusions."""
+    ops: list[str] = []
+    for instr in comp.post_order():
+        if instr.opcode in (Opcode.PARAMETER, Opcode.CONSTANT, Opcode.TUPLE):
+            continue
+        text = instr.opcode.text.replace("-", "_")
+        if text not in ops:
+            ops.append(text)
+    if not ops:
+        return "fusion"
+    if len(ops) == 1:
+        return f"{ops[0]}_fusion"
+    return f"{ops[0]}_{ops[-1]}_fusion"
+
+
+class FusionEditor:
+    """Builds and grows fusions inside `comp`, keeping `users` current."""
+
+    def __init__(self, module: HloModule, comp: HloComputation, names: Names):
+        self.module = module
+        self.comp = comp
+        self.names = names
+        self.users: dict[int, list[HloInstruction]] = {id(i): [] for i in comp.instructions}
+        for instr in comp.instructions:
+            for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
+                self.users.setdefault(id(dep), []).append(instr)
+        self.created: list[HloInstruction] = []
+        # per fusion: id(original) -> (original, its clone inside), so that a producer
+        # reached again through another operand is not cloned a second time
+        self._inside: dict[int, dict[int, tuple[HloInstruction, HloInstruction]]] = {}
+
+    # -- queries ---------------------------------------------------------------------------
+    def users_of(self, instr: HloInstruction) -> list[HloInstruction]:
+        return self.users.get(id(instr), [])
+
+    def is_root(self, instr: HloInstruction) -> bool:
+        return self.comp.root is instr
+
+    # -- low-level edits -------------------------------------------------------------------
+    def _set_operands(self, instr: HloInstruction, operands: list[HloInstruction]) -> None:
+        for dep in dict.fromkeys(instr.operands):
+            if dep not in operands:
+                self.users[id(dep)].remove(instr)
+        for dep in dict.fromkeys(operands):
+            if dep not in instr.operands:
+                self.users.setdefault(id(dep), []).append(instr)
+        instr.operands = list(operands)
+
+    def _insert_at(self, instr: HloInstruction, index: int) -> None:
+        instr.parent = self.comp
+        self.comp.instructions.insert(index, instr)
+        self.users[id(instr)] = []
+        for dep in dict.fromkeys(instr.operands):
+            self.users.setdefault(id(dep), []).append(instr)
+
+    def _replace_uses(self, old: HloInstruction, new: HloInstruction, keep=()) -> None:
+        """Every user of `old` except `new` and those in `keep` uses `new` instead."""
+        for user in list(self.users_of(old)):
+            if user is new or user in keep:
+                continue
+            self._set_operands(user, [new if op is old else op for op in user.operands])
+        if self.comp.root is old:
+            self.comp.root = new
+
+    def _remove(self, instr: HloInstruction) -> None:
+        for dep in dict.fromkeys(instr.operands):
+            users = self.users.get(id(dep))
+            if users is not None and instr in users:
+                users.remove(instr)
+        self.users.pop(id(instr), None)
+        self.comp.remove_instruction(instr)
+        called = fused_computation(instr)
+        if called is not None and called in self.module.computations:
+            self.module.computations.remove(called)
+
+    def _gte(self, fusion: HloInstruction, index: int) -> HloInstruction:
+        """A get-tuple-element of `fusion`, placed right after it."""
+        gte = HloInstruction(
+            self.names.fresh("get-tuple-element"),
+            Opcode.GET_TUPLE_ELEMENT,
+            fusion.shape.tuple_shapes[index],
+            [fusion],
+            {"index": index},
+        )
+        self._insert_at(gte, self.comp.instructions.index(fusion) + 1)
+        return gte
+
+    # -- fused computations ----------------------------------------------------------------
+    def _new_param(self, comp: HloComputation, number: int, shape: Shape) -> HloInstruction:
+        param = HloInstruction(
+            self.names.fresh(f"param_{number}"), Opcode.PARAMETER, shape, parameter_number=number
+        )
+        comp.add_instruction(param)
+        return param
+
+    def _clone(self, instr: HloInstruction, operands, reuse_name: bool) -> HloInstruction:
+        name = instr.name if reuse_name else self.names.fresh(instr.name)
+        return HloInstruction(
+            name, instr.opcode, instr.shape, operands, dict(instr.attrs), literal=instr.literal
+        )
+
+    def _clone_body(
+        self, comp: HloComputation, source: HloInstruction, param_for, reuse_names: bool
+    ) -> dict[int, HloInstruction]:
+        """Clone the work of `source` (an op or a fusion's body) into `comp`; operand i of
+        `source` is read through `param_for(operand)`. Returns id(original) -> clone."""
+        mapping: dict[int, HloInstruction] = {}
+        body = fused_computation(source)
+        if body is None:
+            ops = [param_for(op) for op in source.operands]
+            mapping[id(source)] = comp.add_instruction(self._clone(source, ops, reuse_names))
+            return mapping
+        for instr in body.post_order():
+            if instr.opcode is Opcode.PARAMETER:
+                mapping[id(instr)] = param_for(source.operands[instr.parameter_number])
+                continue
+            if instr is body.root and instr.opcode is Opcode.TUPLE:
+                continue
+            ops = [mapping[id(op)] for op in instr.operands]
+            mapping[id(instr)] = comp.add_instruction(self._clone(instr, ops, reuse_names))
+        return mapping
+
+    def _param_finder(self, fusion: HloInstruction):
+        """param_for(operand): the fused parameter reading `operand`, made if missing."""
+        comp = fused_computation(fusion)
+        by_operand: dict[int, HloInstruction] = {}
+        for param in comp.parameters:
+            by_operand.setdefault(id(fusion.operands[param.parameter_number]), param)
+        inside = self._inside.get(id(fusion), {})
+
+        def param_for(operand: HloInstruction) -> HloInstruction:
+            copy = inside.get(id(operand))
+            if copy is not None and copy[0] is operand and copy[1].parent is comp:
+                return copy[1]
+            found = by_operand.get(id(operand))
+            if found is None:
+                found = self._new_param(comp, len(fusion.operands), operand.shape)
+                by_operand[id(operand)] = found
+                self._set_operands(fusion, [*fusion.operands, operand])
+            return found
+
+        return param_for
+
+    def _drop_params(self, fusion: HloInstruction, numbers: list[int]) -> None:
+        """Remove parameters `numbers` (now unused) and renumber the rest 0..n-1."""
+        comp = fused_computation(fusion)
+        drop = set(numbers)
+        for param in list(comp.parameters):
+            if param.parameter_number in drop:
+                comp.remove_instruction(param)
+        operands = []
+        for i, param in enumerate(comp.parameters):
+            operands.append(fusion.operands[param.parameter_number])
+            if param.parameter_number != i:
+                param.parameter_number = i
+                param.name = self.names.fresh(f"param_{i}")
+        self._set_operands(fusion, operands)
+
+    def _set_outputs(self, fusion: HloInstruction, outputs: list[HloInstruction]) -> None:
+        """Make `outputs` the fused computation's results (a tuple when several); users of a
+        fusion that had a single output read element 0 afterwards."""
+        comp = fused_computation(fusion)
+        old_root = comp.root
+        was_tuple = fusion.shape.is_tuple
+        if len(outputs) == 1:
+            root = outputs[0]
+        else:
+            shape = Shape.tuple(o.shape for o in outputs)
+            root = HloInstruction(self.names.fresh("tuple"), Opcode.TUPLE, shape, outputs)
+            comp.add_instruction(root)
+        comp.root = root
+        if old_root.opcode is Opcode.TUPLE and old_root is not root:
+            comp.remove_instruction(old_root)
+        fusion.shape = root.shape
+        fusion.attrs["kind"] = fusion_kind(comp)
+        if not was_tuple and fusion.shape.is_tuple:
+            first = self._gte(fusion, 0)
+            self._replace_uses(fusion, first)
+        _tidy(comp)
+
+    # -- fusion-level edits ----------------------------------------------------------------
+    def as_fusion(self, instr: HloInstruction) -> HloInstruction:
+        """`instr` itself if it is a fusion, else a new fusion holding just `instr`."""
+        if instr.opcode is Opcode.FUSION:
+            return instr
+        comp = HloComputation(self.names.fresh("fused_computation", plain_first=True))
+        comp.execution_thread = self.comp.execution_thread
+        operands = list(dict.fromkeys(instr.operands))
+        params = [self._new_param(comp, i, op.shape) for i, op in enumerate(operands)]
+        by_operand = {id(op): p for op, p in zip(operands, params, strict=True)}
+        inner = self._clone(instr, [by_operand[id(op)] for op in instr.operands], True)
+        comp.add_instruction(inner)
+        comp.root = inner
+        comp.parent = self.module
+        self.module.computations.insert(self.module.computations.index(self.comp), comp)
+        attrs: dict = {"kind": fusion_kind(comp), "calls": comp}
+        if "metadata" in instr.attrs:
+            attrs["metadata"] = instr.attrs["metadata"]
+        name = self.names.fresh(f"{instr.opcode.text.replace('-', '_')}_fusion", True)
+        fusion = HloInstruction(name, Opcode.FUSION, instr.shape, [], attrs)
+        self._insert_at(fusion, self.comp.instructions.index(instr))
+        self._set_operands(fusion, operands)
+        self._replace_uses(instr, fusion)
+        self._remove(instr)
+        self.created.append(fusion)
+        return fusion
+
+    def _absorb(self, fusion: HloInstruction, producer: HloInstruction, reuse_names: bool):
+        """Compute `producer` inside `fusion` instead of reading it; returns the clone of its
+        value in the fused computation."""
+        comp = fused_computation(fusion)
+        numbers = [i for i, op in enumerate(fusion.operands) if op is producer]
+        param_for = self._param_finder(fusion)
+        mapping = self._clone_body(comp, producer, param_for, reuse_names)
+        body = fused_computation(producer)
+        value = mapping[id(body.root if body is not None else producer)]
+        for number in numbers:
+            param = comp.parameter(number)
+            for user in comp.instructions:
+                if param in user.operands:
+                    user.operands = [value if op is param else op for op in user.operands]
+            if comp.root is param:
+                comp.root = value
+        self._drop_params(fusion, numbers)
+        fusion.attrs["kind"] = fusion_kind(comp)
+        self._inside.setdefault(id(fusion), {})[id(producer)] = (producer, value)
+        _tidy(comp)
+        return value
+
+    def fuse(self, producer: HloInstruction, consumer: HloInstruction) -> HloInstruction:
+        """Fuse `producer` into `consumer`; returns the fusion that replaced `consumer`."""
+        fusion = self.as_fusion(consumer)
+        others = [u for u in self.users_of(producer) if u is not fusion]
+        dies = not others and not self.is_root(producer)
+        self._absorb(fusion, producer, reuse_names=dies)
+        if dies:
+            self._remove(producer)
+        return fusion
+
+    def fuse_keeping_output(
+        self, producer: HloInstruction, consumer: HloInstruction
+    ) -> HloInstruction:
+        """Fuse `producer` into `consumer` and also output its value; the producer's other
+        users read that output. Returns the multi-output fusion."""
+        fusion = self.as_fusion(consumer)
+        value = self._absorb(fusion, producer, reuse_names=True)
+        outputs = [*root_outputs(fused_computation(fusion)), value]
+        self._set_outputs(fusion, outputs)
+        gte = self._gte(fusion, len(outputs) - 1)
+        self._replace_uses(producer, gte)
+        self._remove(producer)
+        return fusion
+
+    def merge_siblings(self, a: HloInstruction, b: HloInstruction) -> HloInstruction:
+        """One fusion computing what `a` and `b` compute; both must be independent. Users of
+        a tuple-shaped `a` or `b` must all be get-tuple-elements."""
+        a, b = self.as_fusion(a), self.as_fusion(b)
+        order = self.comp.instructions
+        base, other = (a, b) if order.index(a) > order.index(b) else (b, a)
+        comp = fused_computation(base)
+        first_outputs = root_outputs(comp)
+        other_body = fused_computation(other)
+        mapping = self._clone_body(comp, other, self._param_finder(base), reuse_names=True)
+        added = [mapping[id(o)] for o in root_outputs(other_body)]
+        self._set_outputs(base, [*first_outputs, *added])
+        offset = len(first_outputs)
+        if other.shape.is_tuple:
+            for user in list(self.users_of(other)):
+                user.attrs["index"] = user.attrs["index"] + offset
+                self._set_operands(user, [base])
+        else:
+            self._replace_uses(other, self._gte(base, offset))
+        self._remove(other)
+        return base
+
+    def absorb_constants(self, fusion: HloInstruction, max_bytes: int) -> None:
+        """Copy every constant operand of at most `max_bytes` into `fusion`."""
+        for operand in list(dict.fromkeys(fusion.operands)):
+            if operand.opcode is not Opcode.CONSTANT or operand.shape.byte_size > max_bytes:
+                continue
+            if operand.control_predecessors:
+                continue
+            self.fuse(operand, fusion)
+
+    def finish(self) -> None:
+        """Name the fusions made here after their contents and restore a valid text order."""
+        for fusion in self.created:
+            if fusion.parent is not self.comp:
+                continue
+            comp = fused_computation(fusion)
+            fusion.name = self.names.fresh(fusion_name(comp), plain_first=True)
+        self.comp.instructions = self.comp.post_order()
+
+
+def _tidy(comp: HloComputation) -> None:
+    """Drop instructions the root no longer reaches and order the rest operands-first."""
+    live: set[int] = set()
+    work = [comp.root]
+    while work:
+        instr = work.pop()
+        if id(instr) in live:
+            continue
+        live.add(id(instr))
+        work.extend(instr.operands)
+    for instr in list(comp.instructions):
+        if id(instr) not in live and instr.opcode is not Opcode.PARAMETER:
+            comp.remove_instruction(instr)
+    comp.instructions = comp.post_order()

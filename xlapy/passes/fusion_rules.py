@@ -1,0 +1,240 @@
+"""What fusion may put together, and what it costs: the tables both fusion passes read.
+
+An instruction is *loop-fusible* when a fused kernel can compute any one element of its
+result from elements of its operands: every elementwise op but copy, the data-movement ops
+(broadcast, reshape, bitcast, transpose, slice, concatenate, pad, reverse, dynamic-slice),
+iota and constants. A reduce may join a fusion only as its root (XLA's input fusion,
+`kInput`). Dots, convolutions, custom calls, sorts, gathers, scatters, control flow, random
+numbers and anything with a side effect stay out. An existing fusion takes part when its kind is
+kLoop or kInput and everything inside it obeys the same rules.
+
+Cost follows XLA's instruction fusion: an *expensive* producer (transcendental functions,
+divide, power, remainder; a fusion containing one) is never duplicated and never fused into a
+consumer that reads each of its elements many times (an expanding broadcast, a dynamic-slice
+index). A cheap producer may be duplicated into several consumers.
+"""
+
+from __future__ import annotations
+
+from xlapy.ir.attributes import Enum
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+
+O = Opcode  # noqa: E741  (short name for the tables below)
+
+LOOP_FUSIBLE_NON_ELEMENTWISE = frozenset(
+    {
+        O.BITCAST,
+        O.BROADCAST,
+        O.CONCATENATE,
+        O.CONSTANT,
+        O.DYNAMIC_SLICE,
+        O.IOTA,
+        O.PAD,
+        O.RESHAPE,
+        O.REVERSE,
+        O.SLICE,
+        O.TRANSPOSE,
+    }
+)
+
+# Elementwise by category, but kept out: a copy in a module is there for aliasing or
+# layout (copy insertion's copies must survive re-fusion of an optimized module).
+NEVER_FUSED = frozenset({O.COPY})
+
+# Only as the root of a fusion.
+ROOT_ONLY = frozenset({O.REDUCE})
+
+EXPENSIVE = frozenset(
+    {
+        O.ATAN2,
+        O.CBRT,
+        O.COS,
+        O.DIVIDE,
+        O.ERF,
+        O.EXP,
+        O.EXPM1,
+        O.LOG,
+        O.LOG1P,
+        O.LOGISTIC,
+        O.POWER,
+        O.REMAINDER,
+        O.RSQRT,
+        O.SIN,
+        O.SQRT,
+        O.TAN,
+        O.TANH,
+    }
+)
+
+LOOP = Enum("kLoop")
+INPUT = Enum("kInput")
+FUSIBLE_KINDS = frozenset({"kLoop", "kInput"})
+
+
+def fused_computation(instr: HloInstruction) -> HloComputation | None:
+    """The computation a fusion instruction calls (None for anything else)."""
+    if instr.opcode is not O.FUSION:
+        return None
+    return instr.attrs.get("calls")
+
+
+def _plain_array(instr: HloInstruction) -> bool:
+    shape = instr.shape
+    return shape.is_array and not shape.is_dynamic
+
+
+def is_loop_fusible_op(instr: HloInstruction) -> bool:
+    """An op (not a fusion) that may sit anywhere inside a loop fusion."""
+    if instr.has_side_effect or not _plain_array(instr):
+        return False
+    if instr.control_predecessors or instr.opcode in NEVER_FUSED:
+        return False
+    return instr.opcode.is_elementwise or instr.opcode in LOOP_FUSIBLE_NON_ELEMENTWISE
+
+
+def _root_outputs(comp: HloComputation) -> list[HloInstruction]:
+    root = comp.root
+    return list(root.operands) if root.opcode is O.TUPLE else [root]
+
+
+def fusion_body_is_fusible(comp: HloComputation) -> bool:
+    """Everything in `comp` is loop-fusible, reduces appear only as outputs, and the root is
+    one such instruction or a tuple of them."""
+    outputs = {id(i) for i in _root_outputs(comp)}
+    for instr in comp.instructions:
+        if instr.opcode is O.PARAMETER:
+            continue
+        if instr.opcode is O.TUPLE and instr is comp.root:
+            continue
+        if instr.opcode in ROOT_ONLY and id(instr) in outputs and not instr.shape.is_tuple:
+            continue
+        if not is_loop_fusible_op(instr):
+            return False
+    return True
+
+
+def is_fusible_fusion(instr: HloInstruction) -> bool:
+    """A fusion the passes may grow or merge: kLoop/kInput with a fusible body."""
+    comp = fused_computation(instr)
+    if comp is None or instr.control_predecessors:
+        return False
+    kind = instr.attrs.get("kind")
+    if kind is None or str(kind) not in FUSIBLE_KINDS:
+        return False
+    return fusion_body_is_fusible(comp)
+
+
+def has_reduce_output(comp: HloComputation) -> bool:
+    return any(i.opcode in ROOT_ONLY for i in _root_outputs(comp))
+
+
+def can_be_producer(instr: HloInstruction) -> bool:
+    """May `instr` be fused into a consumer (its value computed inside the consumer)?"""
+    if instr.opcode is O.FUSION:
+        comp = fused_computation(instr)
+        return (
+            is_fusible_fusion(instr)
+            and _plain_array(instr)
+            and comp.root.opcode is not O.TUPLE
+            and not has_reduce_output(comp)
+        )
+    return is_loop_fusible_op(instr)
+
+
+def can_be_consumer(instr: HloInstruction) -> bool:
+    """May producers be fused into `instr` (which becomes, or is, the fusion)?"""
+    if instr.opcode is O.FUSION:
+        return is_fusible_fusion(instr)
+    if not instr.operands:
+        return False
+    if instr.opcode in ROOT_ONLY:
+        return (
+            not instr.has_side_effect
+            and not instr.control_predecessors
+            and not instr.shape.is_tuple
+            and _plain_array(instr)
+        )
+    return is_loop_fusible_op(instr)
+
+
+def is_expensive(instr: HloInstruction) -> bool:
+    """Work that must not be duplicated or recomputed per reuse."""
+    comp = fused_computation(instr)
+    if comp is not None:
+        return any(is_expensive(i) for i in comp.instructions)
+    if instr.opcode in EXPENSIVE:
+        return True
+    if instr.opcode.is_elementwise or instr.opcode in LOOP_FUSIBLE_NON_ELEMENTWISE:
+        return False
+    return instr.opcode not in (O.PARAMETER, O.TUPLE, O.GET_TUPLE_ELEMENT)
+
+
+def _op_reuses(instr: HloInstruction, operand_index: int) -> bool:
+    """Does the op read some element of operand `operand_index` more than once?"""
+    op = instr.opcode
+    operand = instr.operands[operand_index]
+    if op is O.BROADCAST:
+        return instr.shape.num_elements > operand.shape.num_elements
+    if op is O.DYNAMIC_SLICE:
+        return operand_index > 0
+    if op is O.PAD:
+        return operand_index == 1
+    if op is O.REDUCE:
+        return operand_index >= len(instr.operands) // 2
+    if op is O.CLAMP or op is O.SELECT:
+        return operand.shape.is_scalar and not instr.shape.is_scalar
+    return False
+
+
+def reuses_operand(consumer: HloInstruction, operand_index: int) -> bool:
+    """Would a fused kernel for `consumer` read an element of operand `operand_index` more
+    than once? For a fusion, any path from the parameter through a reusing op counts."""
+    comp = fused_computation(consumer)
+    if comp is None:
+        return _op_reuses(consumer, operand_index)
+    users = comp.users()
+    start = comp.parameter(operand_index)
+    work, seen = [start], {id(start)}
+    while work:
+        node = work.pop()
+        for user in users.get(node, []):
+            if user.opcode is O.TUPLE:
+                continue
+            if any(_op_reuses(user, j) for j, op in enumerate(user.operands) if op is node):
+                return True
+            if id(user) not in seen:
+                seen.add(id(user))
+                work.append(user)
+    return False
+
+
+def iteration_space(instr: HloInstruction) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """(dims, reduced dims) of the loop a fused kernel for `instr` runs: the output dims of
+    a loop fusion, or the input dims and reduced dims of a reduction."""
+    comp = fused_computation(instr)
+    outputs = _root_outputs(comp) if comp is not None else [instr]
+    hero = next((o for o in outputs if o.opcode in ROOT_ONLY), outputs[0])
+    if hero.opcode in ROOT_ONLY:
+        return hero.operands[0].shape.dims, tuple(hero.attrs.get("dimensions", ()))
+    return hero.shape.dims, None
+
+
+def spaces_compatible(a: HloInstruction, b: HloInstruction) -> bool:
+    """Can one kernel run both `a` and `b`: the same loop, and the same reduced dims where
+    both reduce."""
+    dims_a, red_a = iteration_space(a)
+    dims_b, red_b = iteration_space(b)
+    if dims_a != dims_b:
+        return False
+    return red_a is None or red_b is None or red_a == red_b
+
+
+def fusion_kind(comp: HloComputation) -> Enum:
+    """kInput when an output of the fused computation is a reduction, else kLoop."""
+    return INPUT if has_reduce_output(comp) else LOOP
+
+
+def operand_bytes(instr: HloInstruction) -> int:
+    return sum(op.shape.byte_size for op in dict.fromkeys(instr.operands) if op.shape.is_array)
