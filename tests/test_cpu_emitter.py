@@ -1,0 +1,623 @@
+"""The CPU kernel emitter against the interpreter: every supported op as a table, fused
+chains (hypothesis), reductions over every axis set with non-default layouts, shape ops with
+layouts, the fused computations of the JAX programs, vectorization and parallel chunks."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from xlapy.backends.cpu import (
+    UnsupportedForCodegen,
+    compile_computation,
+    compile_instruction,
+    run_parallel,
+    supported,
+)
+from xlapy.backends.interpreter import evaluate
+from xlapy.backends.interpreter.evaluator import Interpreter
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.parser import parse_module
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kernels"))
+
+
+RNG = np.random.default_rng(1234)
+
+FLOAT_EDGES = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 1.0, -1.0, 0.5, 3.0]
+INT_EDGE = {
+    "s8": [0, 1, -1, -128, 127, 7, 8],
+    "s16": [0, 1, -1, -32768, 32767, 15, 16],
+    "s32": [0, 1, -1, -(2**31), 2**31 - 1, 31, 32],
+    "s64": [0, 1, -1, -(2**63), 2**63 - 1, 63, 64],
+    "u8": [0, 1, 255, 7, 8, 128],
+    "u16": [0, 1, 65535, 15, 16],
+    "u32": [0, 1, 2**32 - 1, 31, 32],
+    "u64": [0, 1, 2**64 - 1, 63, 64],
+}
+DTYPES = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "f16": np.float16,
+    "bf16": ml_dtypes.bfloat16,
+    "pred": np.bool_,
+    **{t: np.dtype(t.replace("s", "int").replace("u", "uint")) for t in INT_EDGE},
+}
+TOL = {"f32": 2e-6, "f64": 1e-12, "f16": 2e-3, "bf16": 1e-2}
+
+
+def random_array(ty: str, shape, positive: bool = False) -> np.ndarray:
+    """Fresh random values of `ty` with its edge values mixed in."""
+    dtype = DTYPES[ty]
+    n = int(np.prod(shape))
+    if ty == "pred":
+        return RNG.random(shape) < 0.5
+    if ty in INT_EDGE:
+        info = np.iinfo(dtype)
+        lo = max(info.min, -100) if not positive else 0
+        vals = RNG.integers(lo, min(info.max, 100), n, endpoint=True).astype(dtype)
+        edges = np.array(INT_EDGE[ty], dtype=dtype)
+        k = min(len(edges), n // 2)
+        vals[RNG.choice(n, k, replace=False)] = edges[RNG.choice(len(edges), k, replace=False)]
+        return vals.reshape(shape)
+    vals = RNG.standard_normal(n) * 3
+    if positive:
+        vals = np.abs(vals)
+    vals = vals.astype(np.float64)
+    k = min(len(FLOAT_EDGES), n // 3)
+    vals[RNG.choice(n, k, replace=False)] = RNG.choice(FLOAT_EDGES, k, replace=False)
+    return vals.astype(dtype).reshape(shape)
+
+
+def check(text: str, args, ty: str | None = None, exact: bool = False):
+    """Compile the entry of `text`, run it on `args`, compare with the interpreter."""
+    module = parse_module(text)
+    kernel = compile_computation(module.entry)
+    got = kernel(*args)
+    want = Interpreter().run(module, list(args))
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if exact or (not np.issubdtype(w.dtype, np.inexact) and w.dtype != ml_dtypes.bfloat16):
+            np.testing.assert_array_equal(g, w)
+            continue
+        tol = TOL.get(ty or "f32", 2e-6)
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        np.testing.assert_array_equal(np.isnan(g64), np.isnan(w64))
+        fin = np.isfinite(w64)
+        np.testing.assert_array_equal(g64[~fin & ~np.isnan(w64)], w64[~fin & ~np.isnan(w64)])
+        np.testing.assert_allclose(g64[fin], w64[fin], rtol=tol, atol=tol)
+    return kernel
+
+
+def unary_text(op: str, ty: str, out: str | None = None, dims="4,33"):
+    out = out or ty
+    return f"""HloModule m
+ENTRY e {{
+  x = {ty}[{dims}] parameter(0)
+  ROOT r = {out}[{dims}] {op}(x)
+}}"""
+
+
+def binary_text(op: str, ty: str, out: str | None = None, extra: str = ""):
+    out = out or ty
+    return f"""HloModule m
+ENTRY e {{
+  x = {ty}[5,37] parameter(0)
+  y = {ty}[5,37] parameter(1)
+  ROOT r = {out}[5,37] {op}(x, y){extra}
+}}"""
+
+
+# -- elementwise tables ------------------------------------------------------------------------
+
+FLOAT_TYPES = ["f32", "f64", "f16", "bf16"]
+INT_TYPES = list(INT_EDGE)
+FLOAT_UNARY = [
+    "abs", "negate", "sign", "floor", "ceil", "round-nearest-even", "round-nearest-afz",
+    "sqrt", "rsqrt", "cbrt", "exponential", "exponential-minus-one", "log", "log-plus-one",
+    "tanh", "logistic", "sine", "cosine", "tan", "erf", "copy",
+]  # fmt: skip
+TRANSCENDENTAL = {"cbrt", "exponential", "exponential-minus-one", "log", "log-plus-one",
+                  "tanh", "logistic", "sine", "cosine", "tan", "erf", "rsqrt"}  # fmt: skip
+
+
+@pytest.mark.parametrize("ty", FLOAT_TYPES)
+@pytest.mark.parametrize("op", FLOAT_UNARY)
+def test_float_unary(op, ty):
+    x = random_array(ty, (4, 33))
+    tol_ty = ty if op not in TRANSCENDENTAL or ty != "f32" else "f32"
+    module = parse_module(unary_text(op, ty))
+    got = compile_computation(module.entry)(x)
+    want = evaluate(module, [x])
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+    ok = ~np.isnan(w)
+    rtol = {"f32": 1e-6 if op in TRANSCENDENTAL else 0, "f64": 1e-14}.get(tol_ty, TOL[tol_ty])
+    np.testing.assert_allclose(g[ok], w[ok], rtol=rtol, atol=rtol * 1e-30)
+
+
+@pytest.mark.parametrize("ty", INT_TYPES)
+@pytest.mark.parametrize("op", ["abs", "negate", "sign", "not", "popcnt", "count-leading-zeros"])
+def test_int_unary(op, ty):
+    check(unary_text(op, ty), [random_array(ty, (4, 33))], exact=True)
+
+
+@pytest.mark.parametrize("ty", FLOAT_TYPES)
+@pytest.mark.parametrize(
+    "op",
+    [
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "remainder",
+        "maximum",
+        "minimum",
+        "power",
+        "atan2",
+    ],
+)
+def test_float_binary(op, ty):
+    x, y = random_array(ty, (5, 37)), random_array(ty, (5, 37))
+    tol = {"f32": 2e-6, "f64": 1e-14}.get(ty, TOL[ty])
+    module = parse_module(binary_text(op, ty))
+    got = compile_computation(module.entry)(x, y).astype(np.float64)
+    want = evaluate(module, [x, y]).astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=tol, atol=1e-30)
+
+
+INT_BINARY = [
+    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "and", "or",
+    "xor", "power", "shift-left", "shift-right-logical", "shift-right-arithmetic",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ty", INT_TYPES)
+@pytest.mark.parametrize("op", INT_BINARY)
+def test_int_binary(op, ty):
+    x = random_array(ty, (5, 37))
+    y = random_array(ty, (5, 37), positive=op == "power")
+    if op == "power":
+        y = (y % 9).astype(y.dtype)
+    check(binary_text(op, ty), [x, y], exact=True)
+
+
+@pytest.mark.parametrize("op", ["and", "or", "xor", "add", "multiply", "maximum", "minimum"])
+def test_pred_binary(op):
+    check(binary_text(op, "pred"), [random_array("pred", (5, 37)) for _ in range(2)])
+
+
+@pytest.mark.parametrize("ty", [*FLOAT_TYPES, *INT_TYPES, "pred"])
+@pytest.mark.parametrize("direction", ["EQ", "NE", "LT", "LE", "GT", "GE"])
+def test_compare(direction, ty):
+    x = random_array(ty, (5, 37))
+    y = x.copy()
+    y[::2] = random_array(ty, (5, 37))[::2]
+    check(binary_text("compare", ty, "pred", f", direction={direction}"), [x, y])
+
+
+@pytest.mark.parametrize("ty", ["f32", "f64", "bf16"])
+@pytest.mark.parametrize("direction", ["EQ", "LT", "GE"])
+def test_compare_totalorder(direction, ty):
+    x = random_array(ty, (5, 37))
+    y = np.array(-x)
+    check(binary_text("compare", ty, "pred", f", direction={direction}, type=TOTALORDER"), [x, y])
+
+
+CONVERT_TYPES = ["f32", "f64", "f16", "bf16", "s8", "s32", "s64", "u8", "u32", "u64", "pred"]
+
+
+@pytest.mark.parametrize(("frm", "to"), list(itertools.permutations(CONVERT_TYPES, 2)))
+def test_convert(frm, to):
+    x = random_array(frm, (4, 33))
+    if frm in FLOAT_TYPES:
+        with np.errstate(over="ignore"):
+            scale = np.float64(1e9) ** RNG.integers(0, 2, x.shape)
+            x = (x.astype(np.float64) * scale).astype(x.dtype)
+    check(unary_text("convert", frm, to), [x], ty=to if to in TOL else None)
+
+
+BITCASTS = [("f32", "s32"), ("s32", "f32"), ("f64", "u64"), ("bf16", "s16"), ("f16", "u16"),
+            ("u32", "s32")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("frm", "to"), BITCASTS)
+def test_bitcast_convert(frm, to):
+    x = random_array(frm, (4, 33))
+    check(unary_text("bitcast-convert", frm, to), [x], exact=True)
+
+
+@pytest.mark.parametrize("ty", ["f32", "s32", "bf16"])
+def test_select_clamp_is_finite(ty):
+    x, y = random_array(ty, (5, 37)), random_array(ty, (5, 37))
+    p = random_array("pred", (5, 37))
+    text = f"""HloModule m
+ENTRY e {{
+  p = pred[5,37] parameter(0)
+  x = {ty}[5,37] parameter(1)
+  y = {ty}[5,37] parameter(2)
+  lo = {ty}[] constant(-1)
+  hi = {ty}[] constant(2)
+  s = {ty}[5,37] select(p, x, y)
+  ROOT c = {ty}[5,37] clamp(lo, s, hi)
+}}"""
+    check(text, [p, x, y], ty=ty if ty in TOL else None)
+    if ty != "s32":
+        check(unary_text("is-finite", ty, "pred", dims="5,37"), [x])
+
+
+# -- shape ops -----------------------------------------------------------------------------------
+
+SHAPE_CASES = {
+    "broadcast": (
+        "x = f32[3]{0} parameter(0)\n ROOT r = f32[2,3,4]{0,2,1} broadcast(x), dimensions={1}",
+        [(3,)],
+    ),
+    "transpose_layout": (
+        "x = f32[6,5,4]{0,1,2} parameter(0)\n"
+        " ROOT r = f32[4,6,5]{2,1,0} transpose(x), dimensions={2,0,1}",
+        [(6, 5, 4)],
+    ),
+    "copy_layout": (
+        "x = f32[7,9]{1,0} parameter(0)\n ROOT r = f32[7,9]{0,1} copy(x)",
+        [(7, 9)],
+    ),
+    "reshape": (
+        "x = f32[6,10]{0,1} parameter(0)\n ROOT r = f32[3,4,5]{1,2,0} reshape(x)",
+        [(6, 10)],
+    ),
+    "bitcast": (
+        "x = f32[6,10]{0,1} parameter(0)\n ROOT r = f32[10,2,3]{0,2,1} bitcast(x)",
+        [(6, 10)],
+    ),
+    "slice": (
+        "x = f32[10,12]{1,0} parameter(0)\n ROOT r = f32[4,3]{1,0} slice(x), "
+        "slice={[1:9:2], [2:11:3]}",
+        [(10, 12)],
+    ),
+    "concatenate": (
+        "x = f32[3,4]{1,0} parameter(0)\n y = f32[3,2]{0,1} parameter(1)\n"
+        " z = f32[3,5] parameter(2)\n ROOT r = f32[3,11] concatenate(x, y, z), dimensions={1}",
+        [(3, 4), (3, 2), (3, 5)],
+    ),
+    "pad": (
+        "x = f32[4,5] parameter(0)\n v = f32[] constant(-7)\n"
+        " ROOT r = f32[10,10]{0,1} pad(x, v), padding=1_2_1x-1_2_1",
+        [(4, 5)],
+    ),
+    "iota": ("x = f32[3] parameter(0)\n ROOT r = s32[3,4]{0,1} iota(), iota_dimension=1", [(3,)]),
+    "reverse": (
+        "x = f32[5,6,7]{1,2,0} parameter(0)\n ROOT r = f32[5,6,7] reverse(x), dimensions={0,2}",
+        [(5, 6, 7)],
+    ),
+    "constant_array": (
+        "x = f32[2,3] parameter(0)\n c = f32[2,3] constant({{1,2,3},{4,5,6}})\n"
+        " ROOT r = f32[2,3]{0,1} multiply(x, c)",
+        [(2, 3)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_CASES))
+def test_shape_ops(case):
+    body, shapes = SHAPE_CASES[case]
+    text = f"HloModule m\nENTRY e {{\n {body}\n}}"
+    check(text, [random_array("f32", s) for s in shapes], exact=True)
+
+
+@pytest.mark.parametrize("starts", [(0, 0), (2, 3), (-5, 100), (7, -1)])
+def test_dynamic_slice_and_update_clamped(starts):
+    text = """HloModule m
+ENTRY e {
+  x = f32[8,9]{0,1} parameter(0)
+  i = s32[] parameter(1)
+  j = s32[] parameter(2)
+  u = f32[3,4] parameter(3)
+  d = f32[3,4] dynamic-slice(x, i, j), dynamic_slice_sizes={3,4}
+  n = f32[3,4] negate(d)
+  ROOT r = f32[8,9] dynamic-update-slice(x, n, j, i)
+}"""
+    args = [random_array("f32", (8, 9)), np.array(starts[0], np.int32)]
+    args += [np.array(starts[1], np.int32), random_array("f32", (3, 4))]
+    check(text, args, exact=True)
+
+
+# -- fused chains (hypothesis) -------------------------------------------------------------------
+
+UNARY_CHAIN = ["negate", "abs", "exponential", "tanh", "logistic", "sine", "log-plus-one"]
+BINARY_CHAIN = ["add", "subtract", "multiply", "maximum", "minimum", "divide"]
+
+
+@st.composite
+def chains(draw):
+    rank = draw(st.integers(1, 3))
+    dims = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
+    perm = draw(st.permutations(range(rank)))
+    dims_text = ",".join(map(str, dims))
+    layouts = [draw(st.permutations(range(rank))) for _ in range(3)]
+    lines = [
+        f"p{i} = f32[{dims_text}]{{{','.join(map(str, layouts[i]))}}} parameter({i})"
+        for i in range(2)
+    ]
+    values = ["p0", "p1"]
+    for k in range(draw(st.integers(1, 8))):
+        if draw(st.booleans()):
+            op = draw(st.sampled_from(UNARY_CHAIN))
+            a = draw(st.sampled_from(values))
+            lines.append(f"v{k} = f32[{dims_text}] {op}({a})")
+        else:
+            op = draw(st.sampled_from(BINARY_CHAIN))
+            a, b = draw(st.sampled_from(values)), draw(st.sampled_from(values))
+            lines.append(f"v{k} = f32[{dims_text}] {op}({a}, {b})")
+        values.append(f"v{k}")
+    out_layout = ",".join(map(str, perm))
+    lines.append(f"ROOT r = f32[{dims_text}]{{{out_layout}}} copy({values[-1]})")
+    return "HloModule m\nENTRY e {\n  " + "\n  ".join(lines) + "\n}", dims
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_random_fused_chains(case):
+    text, dims = case
+    args = [RNG.standard_normal(dims).astype(np.float32) for _ in range(2)]
+    module = parse_module(text)
+    got = compile_computation(module.entry)(*args)
+    want = evaluate(module, args)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = np.isfinite(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=3e-5, atol=1e-6)
+
+
+# -- reductions ---------------------------------------------------------------------------------
+
+AXES = [c for r in range(4) for c in itertools.combinations(range(3), r)]
+
+
+@pytest.mark.parametrize("layout", [(2, 1, 0), (0, 1, 2), (1, 0, 2)])
+@pytest.mark.parametrize("axes", AXES)
+def test_reduce_every_axis_set(axes, layout):
+    dims = (6, 7, 300)
+    kept = [d for d in range(3) if d not in axes]
+    out = ",".join(str(dims[d]) for d in kept)
+    text = f"""HloModule m
+add {{ a = f32[] parameter(0) b = f32[] parameter(1) ROOT c = f32[] add(a, b) }}
+ENTRY e {{
+  x = f32[6,7,300]{{{",".join(map(str, layout))}}} parameter(0)
+  z = f32[] constant(0.5)
+  ROOT r = f32[{out}] reduce(x, z), dimensions={{{",".join(map(str, axes))}}}, to_apply=add
+}}"""
+    x = RNG.standard_normal(dims).astype(np.float32)
+    module = parse_module(text)
+    got = compile_computation(module.entry)(x)
+    exact = np.asarray(x.astype(np.float64).sum(axis=axes) + 0.5)
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("reducer", "ty", "init"),
+    [
+        ("multiply", "f32", "1"),
+        ("maximum", "f32", "-inf"),
+        ("minimum", "f64", "inf"),
+        ("add", "s32", "3"),
+        ("maximum", "u8", "0"),
+        ("and", "pred", "true"),
+        ("or", "pred", "false"),
+        ("add", "bf16", "0"),
+        ("minimum", "s64", "0"),
+    ],
+)
+def test_reduce_reducers(reducer, ty, init):
+    text = f"""HloModule m
+red {{ a = {ty}[] parameter(0) b = {ty}[] parameter(1) ROOT c = {ty}[] {reducer}(a, b) }}
+ENTRY e {{
+  x = {ty}[9,40]{{0,1}} parameter(0)
+  z = {ty}[] constant({init})
+  ROOT r = {ty}[9] reduce(x, z), dimensions={{1}}, to_apply=red
+}}"""
+    x = random_array(ty, (9, 40))
+    if reducer == "multiply":
+        x = (1 + 0.01 * RNG.standard_normal((9, 40))).astype(np.float32)
+    if ty == "bf16":
+        # xlapy accumulates bf16 sums in f32 and rounds once; the interpreter rounds each step
+        got = compile_computation(parse_module(text).entry)(x).astype(np.float64)
+        exact = x.astype(np.float64).sum(axis=1)
+        ok = np.isfinite(exact)
+        np.testing.assert_array_equal(got[~ok], exact[~ok])
+        np.testing.assert_allclose(
+            got[ok], exact[ok], rtol=1e-2, atol=1e-2 * np.abs(exact[ok]).max()
+        )
+        return
+    check(text, [x], ty=ty if ty in TOL else None)
+
+
+def test_float32_sum_accuracy_long_rows():
+    text = """HloModule m
+add { a = f32[] parameter(0) b = f32[] parameter(1) ROOT c = f32[] add(a, b) }
+ENTRY e {
+  x = f32[4,262144] parameter(0)
+  z = f32[] constant(0)
+  ROOT r = f32[4] reduce(x, z), dimensions={1}, to_apply=add
+}"""
+    x = (RNG.random((4, 262144)) + 1.0).astype(np.float32)
+    got = compile_computation(parse_module(text).entry)(x)
+    exact = x.astype(np.float64).sum(axis=1)
+    rel = np.max(np.abs(got - exact) / exact)
+    print(f"f32 row sum of 262144 elements: max relative error {rel:.2e}")
+    assert rel < 1e-6
+
+
+def test_variadic_argmax_reduce():
+    text = """HloModule m
+argmax {
+  a = f32[] parameter(0)
+  ai = s32[] parameter(1)
+  b = f32[] parameter(2)
+  bi = s32[] parameter(3)
+  gt = pred[] compare(a, b), direction=GT
+  eq = pred[] compare(a, b), direction=EQ
+  lt = pred[] compare(ai, bi), direction=LT
+  tie = pred[] and(eq, lt)
+  keep = pred[] or(gt, tie)
+  v = f32[] select(keep, a, b)
+  i = s32[] select(keep, ai, bi)
+  ROOT t = (f32[], s32[]) tuple(v, i)
+}
+ENTRY e {
+  x = f32[7,50] parameter(0)
+  io = s32[7,50] iota(), iota_dimension=1
+  ninf = f32[] constant(-inf)
+  zero = s32[] constant(0)
+  ROOT r = (f32[7], s32[7]) reduce(x, io, ninf, zero), dimensions={1}, to_apply=argmax
+}"""
+    check(text, [RNG.standard_normal((7, 50)).astype(np.float32)], exact=True)
+
+
+def test_multi_output_fusion_root():
+    text = """HloModule m
+add { a = f32[] parameter(0) b = f32[] parameter(1) ROOT c = f32[] add(a, b) }
+ENTRY e {
+  x = f32[16,33] parameter(0)
+  z = f32[] constant(0)
+  sq = f32[16,33] multiply(x, x)
+  s1 = f32[16] reduce(x, z), dimensions={1}, to_apply=add
+  s2 = f32[16] reduce(sq, z), dimensions={1}, to_apply=add
+  ROOT t = (f32[16], f32[16]) tuple(s1, s2)
+}"""
+    check(text, [RNG.standard_normal((16, 33)).astype(np.float32)], ty="f32")
+
+
+# -- single instructions, errors, vectorization, parallel --------------------------------------
+
+
+def test_compile_single_instruction_from_a_module():
+    module = parse_module(binary_text("multiply", "f32"))
+    kernel = compile_instruction(module.entry.root)
+    x, y = random_array("f32", (5, 37)), random_array("f32", (5, 37))
+    np.testing.assert_array_equal(kernel(x, y), evaluate(module, [x, y]))
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (
+            "x = f32[4,4] parameter(0)\n ROOT r = f32[4,4] dot(x, x), lhs_contracting_dims={1}, "
+            "rhs_contracting_dims={0}",
+            "no rule for 'dot'",
+        ),
+        ("x = c64[4] parameter(0)\n ROOT r = c64[4] negate(x)", "element type c64"),
+    ],
+)
+def test_unsupported_raises(body, fragment):
+    module = parse_module(f"HloModule m\nENTRY e {{\n {body}\n}}")
+    assert fragment in supported(module.entry)
+    with pytest.raises(UnsupportedForCodegen, match=fragment):
+        compile_computation(module.entry)
+
+
+def test_inner_loops_vectorize():
+    text = """HloModule m
+ENTRY e {
+  x = f32[64,1024] parameter(0)
+  y = f32[64,1024] parameter(1)
+  e = f32[64,1024] exponential(x)
+  t = f32[64,1024] tanh(y)
+  ROOT r = f32[64,1024] add(e, t)
+}"""
+    kernel = compile_computation(parse_module(text).entry)
+    vectors = kernel.vector_types()
+    assert any(v.endswith("x float>") for v in vectors), vectors
+    calls = re.findall(r"call [^@]*@([\w.]+)", kernel.optimized_ir)
+    assert all(c.startswith("llvm.") for c in calls), calls
+    assert "ymm" in kernel.asm or "xmm" in kernel.asm
+
+
+def test_run_parallel_chunks_match_serial():
+    text = """HloModule m
+ENTRY e {
+  x = f32[97,130]{0,1} parameter(0)
+  ROOT r = f32[97,130] sine(x)
+}"""
+    kernel = compile_computation(parse_module(text).entry)
+    x = random_array("f32", (97, 130))
+    serial = kernel(x)
+    np.testing.assert_array_equal(run_parallel(kernel, [x], chunks=7), serial)
+
+
+# -- fused computations of the JAX programs -----------------------------------------------------
+
+
+def _fusion_computations(module):
+    for instr in module.instructions():
+        if instr.opcode is Opcode.FUSION:
+            yield instr, instr.attrs["calls"]
+
+
+def _random_input(shape):
+    ty = shape.element_type.text
+    if ty in DTYPES and shape.is_array:
+        if ty in INT_EDGE:
+            return RNG.integers(0, 4, shape.dims).astype(DTYPES[ty])
+        return random_array(ty, shape.dims) if ty != "pred" else RNG.random(shape.dims) < 0.5
+    return None
+
+
+def test_jax_program_fusions():
+    from tests.jax_programs import PROGRAMS, hlo_texts
+
+    total = compiled = 0
+    reasons: dict[str, int] = {}
+    for prog in list(PROGRAMS.values()):
+        try:
+            module = parse_module(hlo_texts(prog).optimized)
+        except Exception:
+            continue
+        for instr, comp in _fusion_computations(module):
+            total += 1
+            reason = supported(comp)
+            if reason is not None:
+                key = reason.split(": ", 1)[-1][:60]
+                reasons[key] = reasons.get(key, 0) + 1
+                continue
+            args = [_random_input(p.shape) for p in comp.parameters]
+            if any(a is None for a in args):
+                reasons["tuple or unusual parameter"] = reasons.get("tuple parameter", 0) + 1
+                continue
+            kernel = compile_computation(comp, instr.name)
+            got = kernel(*args)
+            want = Interpreter().call(comp, args)
+            got = got if isinstance(got, tuple) else (got,)
+            want = want if isinstance(want, tuple) else (want,)
+            for g, w in zip(got, want, strict=True):
+                if np.issubdtype(w.dtype, np.integer) or w.dtype == np.bool_:
+                    np.testing.assert_array_equal(g, w, err_msg=f"{prog.name}/{instr.name}")
+                    continue
+                g64, w64 = g.astype(np.float64), w.astype(np.float64)
+                ok = np.isfinite(w64)
+                tol = 2e-2 if w.dtype in (np.float16, ml_dtypes.bfloat16) else 2e-4
+                scale = np.max(np.abs(w64[ok]), initial=1.0)
+                np.testing.assert_allclose(
+                    g64[ok],
+                    w64[ok],
+                    rtol=tol,
+                    atol=tol * scale,
+                    err_msg=f"{prog.name}/{instr.name}",
+                )
+            compiled += 1
+    print(f"\nJAX program fusions: {compiled} of {total} compiled and checked")
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {n:4d} unsupported: {reason}")
+    assert total > 50 and compiled > total // 2

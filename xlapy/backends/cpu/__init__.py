@@ -1,0 +1,30 @@
+"""The CPU backend: fused computations compiled to native kernels through llvmlite.
+
+`compile_computation(comp)` emits LLVM IR for a fused (or wrapped single-instruction)
+computation, optimizes it for the host CPU, loads it and returns a `Kernel` callable on NumPy
+arrays. Anything the emitter cannot lower raises `UnsupportedForCodegen`, so callers can fall
+back to the interpreter.
+"""
+
+from xlapy.backends.cpu.emitter import KernelSpec, UnsupportedForCodegen, emit_kernel, supported
+from xlapy.backends.cpu.kernel import (
+    Kernel,
+    compile_computation,
+    compile_instruction,
+    default_pool,
+    run_parallel,
+    wrap_instruction,
+)
+
+__all__ = [
+    "Kernel",
+    "KernelSpec",
+    "UnsupportedForCodegen",
+    "compile_computation",
+    "compile_instruction",
+    "default_pool",
+    "emit_kernel",
+    "run_parallel",
+    "supported",
+    "wrap_instruction",
+]

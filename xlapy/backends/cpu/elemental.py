@@ -1,0 +1,763 @@
+# Elemental emission rules, one per opcode: rule(emitter, instr, index) -> LLVM value of
+# `instr` at logical `index`. Integer semantics follow XLA (and the interpreter): x / 0 is -1
+# (all ones unsigned), INT_MIN / -1 is INT_MIN, x % 0 is x, shifts by >= the bit width give 0
+# (sign fill for arithmetic right shifts); float -> int converts saturate and map NaN to 0
+# (llvm.fptosi.sat). Divisors are made safe before the division so no lane can trap.
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from xlapy.backends.cpu.emitter import (
+    F32,
+    F64,
+    I1,
+    I32,
+    I64,
+    REDUCE_BLOCK,
+    KernelEmitter,
+    UnsupportedForCodegen,
+    emits,
+    reg_type,
+)
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.types import PrimitiveType
+
+P = PrimitiveType
+Op = Opcode
+
+
+def _et(instr: HloInstruction) -> PrimitiveType:
+    return instr.shape.element_type
+
+
+def _ot(instr: HloInstruction, i: int = 0) -> PrimitiveType:
+    return instr.operands[i].shape.element_type
+
+
+def _const(ty, v):
+    return ir.Constant(ty, v)
+
+
+def _all_ones(ty):
+    return ir.Constant(ty, (1 << ty.width) - 1)
+
+
+# -- floats ------------------------------------------------------------------------------------
+
+
+def _fsign(em, x):
+    b = em.b
+    one = em.math.copysign(_const(x.type, 1.0), x)
+    keep = b.fcmp_unordered("ueq", x, _const(x.type, 0.0))
+    return b.select(keep, x, one)
+
+
+def _round_afz(em, x):
+    return em.math.call("round", x)
+
+
+_FLOAT_UNARY = {
+    Op.ABS: lambda em, x: em.math.fabs(x),
+    Op.NEGATE: lambda em, x: em.b.fneg(x),
+    Op.SIGN: _fsign,
+    Op.FLOOR: lambda em, x: em.math.call("floor", x),
+    Op.CEIL: lambda em, x: em.math.call("ceil", x),
+    Op.ROUND_EVEN: lambda em, x: em.math.call("rint", x),
+    Op.ROUND_AFZ: _round_afz,
+    Op.SQRT: lambda em, x: em.math.sqrt(x),
+    Op.RSQRT: lambda em, x: em.math.rsqrt(x),
+    Op.CBRT: lambda em, x: em.math.cbrt(x),
+    Op.EXP: lambda em, x: em.math.exp(x),
+    Op.EXPM1: lambda em, x: em.math.expm1(x),
+    Op.LOG: lambda em, x: em.math.log(x),
+    Op.LOG1P: lambda em, x: em.math.log1p(x),
+    Op.TANH: lambda em, x: em.math.tanh(x),
+    Op.LOGISTIC: lambda em, x: em.math.logistic(x),
+    Op.SIN: lambda em, x: em.math.sin(x),
+    Op.COS: lambda em, x: em.math.cos(x),
+    Op.TAN: lambda em, x: em.math.tan(x),
+    Op.ERF: lambda em, x: em.math.erf(x),
+    Op.COPY: lambda em, x: x,
+}
+
+_FLOAT_BINARY = {
+    Op.ADD: lambda em, a, c: em.b.fadd(a, c),
+    Op.SUBTRACT: lambda em, a, c: em.b.fsub(a, c),
+    Op.MULTIPLY: lambda em, a, c: em.b.fmul(a, c),
+    Op.DIVIDE: lambda em, a, c: em.b.fdiv(a, c),
+    Op.REMAINDER: lambda em, a, c: em.b.frem(a, c),
+    Op.MAXIMUM: lambda em, a, c: em.math.call("maximum", a, c),
+    Op.MINIMUM: lambda em, a, c: em.math.call("minimum", a, c),
+    Op.POWER: lambda em, a, c: em.math.pow(a, c),
+    Op.ATAN2: lambda em, a, c: em.math.atan2(a, c),
+}
+
+
+# -- integers ----------------------------------------------------------------------------------
+
+
+def _idiv(em, a, c, signed):
+    b, ty = em.b, a.type
+    zero = b.icmp_unsigned("==", c, _const(ty, 0))
+    if not signed:
+        q = b.udiv(a, b.select(zero, _const(ty, 1), c))
+        return b.select(zero, _all_ones(ty), q)
+    minus1 = b.icmp_signed("==", c, _all_ones(ty))
+    safe = b.select(b.or_(zero, minus1), _const(ty, 1), c)
+    q = b.select(minus1, b.neg(a), b.sdiv(a, safe))
+    return b.select(zero, _all_ones(ty), q)
+
+
+def _irem(em, a, c, signed):
+    b, ty = em.b, a.type
+    zero = b.icmp_unsigned("==", c, _const(ty, 0))
+    if not signed:
+        return b.select(zero, a, b.urem(a, b.select(zero, _const(ty, 1), c)))
+    minus1 = b.icmp_signed("==", c, _all_ones(ty))
+    r = b.srem(a, b.select(b.or_(zero, minus1), _const(ty, 1), c))
+    return b.select(zero, a, b.select(minus1, _const(ty, 0), r))
+
+
+def _shift(em, a, c, kind):
+    b, ty = em.b, a.type
+    big = b.icmp_unsigned(">=", c, _const(ty, ty.width))
+    if kind == "ashr":
+        return b.ashr(a, b.select(big, _const(ty, ty.width - 1), c))
+    shifted = (b.shl if kind == "shl" else b.lshr)(a, b.select(big, _const(ty, 0), c))
+    return b.select(big, _const(ty, 0), shifted)
+
+
+def _ipow(em, a, c, signed):
+    b, ty = em.b, a.type
+    result = _const(ty, 1)
+    base = a
+    for k in range(ty.width):
+        bit = b.icmp_unsigned("!=", b.and_(c, _const(ty, 1 << k)), _const(ty, 0))
+        result = b.select(bit, b.mul(result, base), result)
+        base = b.mul(base, base)
+    if not signed:
+        return result
+    neg = b.icmp_signed("<", c, _const(ty, 0))
+    even = b.icmp_unsigned("==", b.and_(c, _const(ty, 1)), _const(ty, 0))
+    minus_one_pow = b.select(even, _const(ty, 1), _all_ones(ty))
+    small = b.select(
+        b.icmp_signed("==", a, _const(ty, 1)),
+        _const(ty, 1),
+        b.select(b.icmp_signed("==", a, _all_ones(ty)), minus_one_pow, _const(ty, 0)),
+    )
+    return b.select(neg, small, result)
+
+
+def _imax(em, a, c, signed):
+    cmp = em.b.icmp_signed if signed else em.b.icmp_unsigned
+    return em.b.select(cmp(">", a, c), a, c)
+
+
+def _imin(em, a, c, signed):
+    cmp = em.b.icmp_signed if signed else em.b.icmp_unsigned
+    return em.b.select(cmp("<", a, c), a, c)
+
+
+_INT_BINARY = {
+    Op.ADD: lambda em, a, c, s: em.b.add(a, c),
+    Op.SUBTRACT: lambda em, a, c, s: em.b.sub(a, c),
+    Op.MULTIPLY: lambda em, a, c, s: em.b.mul(a, c),
+    Op.DIVIDE: _idiv,
+    Op.REMAINDER: _irem,
+    Op.MAXIMUM: _imax,
+    Op.MINIMUM: _imin,
+    Op.AND: lambda em, a, c, s: em.b.and_(a, c),
+    Op.OR: lambda em, a, c, s: em.b.or_(a, c),
+    Op.XOR: lambda em, a, c, s: em.b.xor(a, c),
+    Op.POWER: _ipow,
+    Op.SHIFT_LEFT: lambda em, a, c, s: _shift(em, a, c, "shl"),
+    Op.SHIFT_RIGHT_LOGICAL: lambda em, a, c, s: _shift(em, a, c, "lshr"),
+    Op.SHIFT_RIGHT_ARITHMETIC: lambda em, a, c, s: _shift(em, a, c, "ashr"),
+}
+
+_PRED_BINARY = {
+    Op.AND: "and_",
+    Op.OR: "or_",
+    Op.XOR: "xor",
+    Op.ADD: "or_",
+    Op.MAXIMUM: "or_",
+    Op.MULTIPLY: "and_",
+    Op.MINIMUM: "and_",
+}
+
+
+def _iabs(em, x, signed):
+    if not signed:
+        return x
+    return em.b.select(em.b.icmp_signed("<", x, _const(x.type, 0)), em.b.neg(x), x)
+
+
+def _isign(em, x, signed):
+    b, ty = em.b, x.type
+    pos = b.zext(b.icmp_unsigned("!=", x, _const(ty, 0)), ty)
+    if not signed:
+        return pos
+    return b.select(b.icmp_signed("<", x, _const(ty, 0)), _all_ones(ty), pos)
+
+
+def _intrinsic_int(em, name, x, extra=()):
+    ty = x.type
+    fnty = ir.FunctionType(ty, [ty] + [e.type for e in extra])
+    full = f"llvm.{name}.i{ty.width}"
+    fn = em.module.globals.get(full) or ir.Function(em.module, fnty, full)
+    return em.b.call(fn, [x, *extra])
+
+
+_INT_UNARY = {
+    Op.ABS: _iabs,
+    Op.NEGATE: lambda em, x, s: em.b.neg(x),
+    Op.SIGN: _isign,
+    Op.NOT: lambda em, x, s: em.b.not_(x),
+    Op.POPCNT: lambda em, x, s: _intrinsic_int(em, "ctpop", x),
+    Op.CLZ: lambda em, x, s: _intrinsic_int(em, "ctlz", x, (ir.Constant(I1, 0),)),
+    Op.COPY: lambda em, x, s: x,
+}
+
+
+# -- rules ---------------------------------------------------------------------------------------
+
+
+def _unsupported(instr, what):
+    return UnsupportedForCodegen(f"{instr.name}: {instr.opcode.text} {what}")
+
+
+@emits(*(set(_FLOAT_UNARY) | set(_INT_UNARY)), Op.IS_FINITE)
+def _unary(em: KernelEmitter, instr, index):
+    x = em.operand_at(instr, 0, index)
+    t = _ot(instr)
+    if instr.opcode is Op.IS_FINITE:
+        return em.b.fcmp_ordered("<", em.math.fabs(x), _const(x.type, math.inf))
+    if t is P.PRED:
+        if instr.opcode is Op.NOT:
+            return em.b.not_(x)
+        if instr.opcode in (Op.COPY, Op.ABS):
+            return x
+        raise _unsupported(instr, "is not defined on pred")
+    if t.is_integral:
+        fn = _INT_UNARY.get(instr.opcode)
+        if fn is None:
+            raise _unsupported(instr, f"needs a float operand, got {t}")
+        return fn(em, x, t.is_signed_integral)
+    fn = _FLOAT_UNARY.get(instr.opcode)
+    if fn is None:
+        raise _unsupported(instr, f"needs an integer operand, got {t}")
+    return em.round_to(fn(em, x), _et(instr))
+
+
+@emits(*(set(_FLOAT_BINARY) | set(_INT_BINARY)))
+def _binary(em: KernelEmitter, instr, index):
+    a = em.operand_at(instr, 0, index)
+    c = em.operand_at(instr, 1, index)
+    t = _ot(instr)
+    if t is P.PRED:
+        name = _PRED_BINARY.get(instr.opcode)
+        if name is None:
+            raise _unsupported(instr, "is not defined on pred")
+        return getattr(em.b, name)(a, c)
+    if t.is_integral:
+        fn = _INT_BINARY.get(instr.opcode)
+        if fn is None:
+            raise _unsupported(instr, f"needs float operands, got {t}")
+        return fn(em, a, c, t.is_signed_integral)
+    fn = _FLOAT_BINARY.get(instr.opcode)
+    if fn is None:
+        raise _unsupported(instr, f"needs integer operands, got {t}")
+    return em.round_to(fn(em, a, c), _et(instr))
+
+
+_FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
+
+
+def _total_order_key(em, x):
+    b = em.b
+    ity = I32 if x.type == F32 else I64
+    s = b.bitcast(x, ity)
+    mask = b.and_(b.ashr(s, _const(ity, ity.width - 1)), _const(ity, (1 << (ity.width - 1)) - 1))
+    return b.xor(s, mask)
+
+
+@emits(Op.COMPARE)
+def _compare(em: KernelEmitter, instr, index):
+    a = em.operand_at(instr, 0, index)
+    c = em.operand_at(instr, 1, index)
+    t = _ot(instr)
+    direction = instr.attrs.get("direction", instr.attrs.get("comparison_direction"))
+    op = _FCMP.get(str(direction)) if direction is not None else None
+    if op is None:
+        raise _unsupported(instr, f"needs direction=EQ|NE|LT|LE|GT|GE, got {direction}")
+    kind = str(instr.attrs.get("type") or "")
+    b = em.b
+    if t.is_float:
+        if kind == "TOTALORDER":
+            return b.icmp_signed(op, _total_order_key(em, a), _total_order_key(em, c))
+        if op == "!=":
+            return b.fcmp_unordered(op, a, c)
+        return b.fcmp_ordered(op, a, c)
+    signed = t.is_signed_integral
+    if kind == "SIGNED":
+        signed = True
+    elif kind == "UNSIGNED":
+        signed = False
+    return (b.icmp_signed if signed else b.icmp_unsigned)(op, a, c)
+
+
+@emits(Op.SELECT)
+def _select(em: KernelEmitter, instr, index):
+    p = em.operand_at(instr, 0, index)
+    return em.b.select(p, em.operand_at(instr, 1, index), em.operand_at(instr, 2, index))
+
+
+@emits(Op.CLAMP)
+def _clamp(em: KernelEmitter, instr, index):
+    lo = em.operand_at(instr, 0, index)
+    x = em.operand_at(instr, 1, index)
+    hi = em.operand_at(instr, 2, index)
+    t = _et(instr)
+    if t.is_float:
+        return em.math.call("minimum", em.math.call("maximum", x, lo), hi)
+    signed = t.is_signed_integral
+    return _imin(em, _imax(em, x, lo, signed), hi, signed)
+
+
+# -- conversions ---------------------------------------------------------------------------------
+
+
+def _round_to_odd_f32(em, x):
+    """f64 -> f32 rounding to odd, so a following round to f16/bf16 rounds only once."""
+    b = em.b
+    y = b.fptrunc(x, F32)
+    bits = b.bitcast(y, I32)
+    away = b.fcmp_ordered(">", em.math.fabs(b.fpext(y, F64)), em.math.fabs(x))
+    bits = b.select(away, b.sub(bits, _const(I32, 1)), bits)
+    inexact = b.fcmp_ordered("!=", b.fpext(b.bitcast(bits, F32), F64), x)
+    bits = b.select(inexact, b.or_(bits, _const(I32, 1)), bits)
+    return b.select(em.math.isnan(x), b.fptrunc(x, F32), b.bitcast(bits, F32))
+
+
+def convert_value(em: KernelEmitter, x, frm: PrimitiveType, to: PrimitiveType):
+    """XLA's convert of register value `x` from `frm` to `to`."""
+    b = em.b
+    if frm is to:
+        return x
+    if to is P.PRED:
+        if frm.is_float:
+            return b.fcmp_unordered("!=", x, _const(x.type, 0.0))
+        return b.icmp_unsigned("!=", x, _const(x.type, 0))
+    if frm is P.PRED:
+        if to.is_float:
+            return b.uitofp(x, reg_type(to))
+        return b.zext(x, reg_type(to))
+    if to.is_integral:
+        ty = reg_type(to)
+        if frm.is_integral:
+            if to.bits < frm.bits:
+                return b.trunc(x, ty)
+            if to.bits == frm.bits:
+                return x
+            return (b.sext if frm.is_signed_integral else b.zext)(x, ty)
+        name = "fptosi.sat" if to.is_signed_integral else "fptoui.sat"
+        fname = f"llvm.{name}.i{to.bits}.{'f32' if x.type == F32 else 'f64'}"
+        fn = em.module.globals.get(fname) or ir.Function(
+            em.module, ir.FunctionType(ty, [x.type]), fname
+        )
+        return b.call(fn, [x])
+    # to a float type
+    if frm.is_integral:
+        conv = b.sitofp if frm.is_signed_integral else b.uitofp
+        if to is P.F64 or to is P.F32:
+            return conv(x, reg_type(to))
+        wide = conv(x, F64)
+        return em.round_to(_round_to_odd_f32(em, wide), to)
+    if to is P.F64:
+        return b.fpext(x, F64)
+    if frm is P.F64:
+        if to is P.F32:
+            return b.fptrunc(x, F32)
+        return em.round_to(_round_to_odd_f32(em, x), to)
+    return em.round_to(x, to)
+
+
+@emits(Op.CONVERT)
+def _convert(em: KernelEmitter, instr, index):
+    return convert_value(em, em.operand_at(instr, 0, index), _ot(instr), _et(instr))
+
+
+@emits(Op.BITCAST_CONVERT)
+def _bitcast_convert(em: KernelEmitter, instr, index):
+    frm, to = _ot(instr), _et(instr)
+    if frm.bits != to.bits or P.PRED in (frm, to):
+        raise _unsupported(instr, f"from {frm} to {to} changes the width; not supported")
+    x = em.operand_at(instr, 0, index)
+    bits = em.b.bitcast(em.to_mem(x, frm), ir.IntType(frm.bits))
+    if to.is_integral:
+        return bits
+    from xlapy.backends.cpu.emitter import mem_type
+
+    return em.from_mem(em.b.bitcast(bits, mem_type(to)), to)
+
+
+# -- shape ops -----------------------------------------------------------------------------------
+
+
+def _c64(v: int):
+    return ir.Constant(I64, v)
+
+
+@emits(Op.BROADCAST)
+def _broadcast(em: KernelEmitter, instr, index):
+    dims = instr.attrs.get("dimensions") or ()
+    return em.gen(instr.operands[0], tuple(index[d] for d in dims))
+
+
+@emits(Op.TRANSPOSE)
+def _transpose(em: KernelEmitter, instr, index):
+    dims = instr.attrs["dimensions"]
+    op_index = [None] * len(dims)
+    for i, d in enumerate(dims):
+        op_index[d] = index[i]
+    return em.gen(instr.operands[0], tuple(op_index))
+
+
+def _linearize(em, index, dims, order):
+    """Linear position of `index` when dimensions are laid out in `order` (major first)."""
+    b = em.b
+    total = _c64(0)
+    for d in order:
+        total = b.add(b.mul(total, _c64(dims[d]), flags=["nsw"]), index[d], flags=["nsw"])
+    return total
+
+
+def _delinearize(em, linear, dims, order):
+    b = em.b
+    index = [None] * len(dims)
+    for d in reversed(order):
+        if dims[d] == 1:
+            index[d] = _c64(0)
+            continue
+        index[d] = b.urem(linear, _c64(dims[d]))
+        linear = b.udiv(linear, _c64(dims[d]))
+    return tuple(index)
+
+
+@emits(Op.RESHAPE, Op.BITCAST)
+def _reshape(em: KernelEmitter, instr, index):
+    op = instr.operands[0]
+    if op.shape.element_type is not _et(instr):
+        raise _unsupported(instr, "changes the element type; not supported")
+    out, src = instr.shape, op.shape
+    if instr.opcode is Op.BITCAST:
+        out_order = list(reversed(out.layout_or_default.minor_to_major))
+        src_order = list(reversed(src.layout_or_default.minor_to_major))
+    else:
+        out_order, src_order = list(range(out.rank)), list(range(src.rank))
+    if src.rank == 0:
+        return em.gen(op, ())
+    linear = _linearize(em, index, out.dims, out_order)
+    return em.gen(op, _delinearize(em, linear, src.dims, src_order))
+
+
+@emits(Op.SLICE)
+def _slice(em: KernelEmitter, instr, index):
+    spec = instr.attrs["slice"].dims
+    b = em.b
+    op_index = []
+    for i, (start, _limit, stride) in zip(index, spec, strict=True):
+        v = i if stride == 1 else b.mul(i, _c64(stride), flags=["nsw"])
+        op_index.append(v if start == 0 else b.add(v, _c64(start), flags=["nsw"]))
+    return em.gen(instr.operands[0], tuple(op_index))
+
+
+def _clamp_index(em, i, lo: int, hi: int):
+    b = em.b
+    i = b.select(b.icmp_signed("<", i, _c64(lo)), _c64(lo), i)
+    return b.select(b.icmp_signed(">", i, _c64(hi)), _c64(hi), i)
+
+
+@emits(Op.CONCATENATE)
+def _concatenate(em: KernelEmitter, instr, index):
+    (dim,) = instr.attrs["dimensions"]
+    b = em.b
+    offsets, off = [], 0
+    for op in instr.operands:
+        offsets.append(off)
+        off += op.shape.dims[dim]
+    result = None
+    for op, start in reversed(list(zip(instr.operands, offsets, strict=True))):
+        size = op.shape.dims[dim]
+        if size == 0:
+            continue
+        local = _clamp_index(em, b.sub(index[dim], _c64(start)), 0, size - 1)
+        value = em.gen(op, (*index[:dim], local, *index[dim + 1 :]))
+        if result is None:
+            result = value
+            continue
+        inside = b.icmp_signed("<", index[dim], _c64(start + size))
+        result = b.select(inside, value, result)
+    return result
+
+
+@emits(Op.PAD)
+def _pad(em: KernelEmitter, instr, index):
+    op, pad_value = instr.operands
+    b = em.b
+    in_bounds = ir.Constant(I1, 1)
+    op_index = []
+    for i, (lo, _hi, interior), size in zip(
+        index, instr.attrs["padding"].dims, op.shape.dims, strict=True
+    ):
+        shifted = b.sub(i, _c64(lo))
+        step = interior + 1
+        pos = shifted if step == 1 else b.sdiv(shifted, _c64(step))
+        ok = b.and_(b.icmp_signed(">=", shifted, _c64(0)), b.icmp_signed("<", pos, _c64(size)))
+        if step != 1:
+            ok = b.and_(ok, b.icmp_signed("==", b.srem(shifted, _c64(step)), _c64(0)))
+        in_bounds = b.and_(in_bounds, ok)
+        op_index.append(_clamp_index(em, pos, 0, max(size - 1, 0)))
+    fill = em.gen(pad_value, ())
+    if 0 in op.shape.dims:
+        return fill
+    return b.select(in_bounds, em.gen(op, tuple(op_index)), fill)
+
+
+@emits(Op.IOTA)
+def _iota(em: KernelEmitter, instr, index):
+    i = index[instr.attrs["iota_dimension"]]
+    return convert_value(em, i, P.S64, _et(instr))
+
+
+@emits(Op.REVERSE)
+def _reverse(em: KernelEmitter, instr, index):
+    dims = set(instr.attrs["dimensions"])
+    sizes = instr.shape.dims
+    op_index = tuple(
+        em.b.sub(_c64(sizes[d] - 1), i) if d in dims else i for d, i in enumerate(index)
+    )
+    return em.gen(instr.operands[0], op_index)
+
+
+def _start_indices(em, instr, operand_dims, sizes, first: int):
+    """Clamped start indices of a dynamic-(update-)slice, as i64 values."""
+    starts = []
+    for k, (dim, size) in enumerate(zip(operand_dims, sizes, strict=True)):
+        op = instr.operands[first + k]
+        v = em.gen(op, ())
+        t = op.shape.element_type
+        v = convert_value(em, v, t, P.S64) if t is not P.S64 else v
+        starts.append(_clamp_index(em, v, 0, dim - size))
+    return starts
+
+
+@emits(Op.DYNAMIC_SLICE)
+def _dynamic_slice(em: KernelEmitter, instr, index):
+    op = instr.operands[0]
+    if len(instr.operands) != 1 + op.shape.rank:
+        raise _unsupported(instr, "with a single index-vector operand is not supported")
+    starts = _start_indices(em, instr, op.shape.dims, instr.shape.dims, 1)
+    op_index = tuple(em.b.add(i, s) for i, s in zip(index, starts, strict=True))
+    return em.gen(op, op_index)
+
+
+@emits(Op.DYNAMIC_UPDATE_SLICE)
+def _dynamic_update_slice(em: KernelEmitter, instr, index):
+    op, update = instr.operands[:2]
+    if len(instr.operands) != 2 + op.shape.rank:
+        raise _unsupported(instr, "with a single index-vector operand is not supported")
+    b = em.b
+    starts = _start_indices(em, instr, op.shape.dims, update.shape.dims, 2)
+    inside = ir.Constant(I1, 1)
+    up_index = []
+    for i, s, size in zip(index, starts, update.shape.dims, strict=True):
+        local = b.sub(i, s)
+        inside = b.and_(inside, b.icmp_signed(">=", local, _c64(0)))
+        inside = b.and_(inside, b.icmp_signed("<", local, _c64(size)))
+        up_index.append(_clamp_index(em, local, 0, max(size - 1, 0)))
+    base = em.gen(op, index)
+    if 0 in update.shape.dims:
+        return base
+    return b.select(inside, em.gen(update, tuple(up_index)), base)
+
+
+@emits(Op.CONSTANT)
+def _constant(em: KernelEmitter, instr, index):
+    lit = instr.literal
+    if lit is None:
+        raise _unsupported(instr, "is an elided constant (its value is not in the text)")
+    t = _et(instr)
+    arr = lit.array
+    if arr.size == 1:
+        value = arr.reshape(()).item() if t is not P.BF16 else float(arr.reshape(()))
+        return em.scalar_constant(value, t)
+    key = ("const", id(instr))
+    ptr = em.scopes[0].get(key)
+    if ptr is None:
+        ptr = em.global_array(arr, t)
+        em.scopes[0][key] = ptr
+    linear = _linearize(em, index, instr.shape.dims, list(range(instr.shape.rank)))
+    return em.from_mem(em.b.load(em.b.gep(ptr, [linear], True)), t)
+
+
+@emits(Op.GET_TUPLE_ELEMENT)
+def _gte(em: KernelEmitter, instr, index):
+    value = em.gen(instr.operands[0], index)
+    if not isinstance(value, tuple):
+        raise _unsupported(instr, "of a non-tuple value")
+    return value[instr.attrs["index"]]
+
+
+@emits(Op.TUPLE)
+def _tuple(em: KernelEmitter, instr, index):
+    return tuple(em.gen(op, index) for op in instr.operands)
+
+
+# -- reduce --------------------------------------------------------------------------------------
+
+_SIMPLE_REDUCERS = {Op.ADD, Op.MULTIPLY, Op.MAXIMUM, Op.MINIMUM, Op.AND, Op.OR}
+
+
+def simple_reducer(comp) -> Opcode | None:
+    """The opcode of a reducer computation `(a, b) -> op(a, b)`, if it is one of the simple
+    associative ones; None otherwise."""
+    root = comp.root
+    if root.opcode not in _SIMPLE_REDUCERS or len(root.operands) != 2:
+        return None
+    if {op.opcode for op in root.operands} != {Op.PARAMETER}:
+        return None
+    if {op.parameter_number for op in root.operands} != {0, 1}:
+        return None
+    return root.opcode
+
+
+def _identity(op: Opcode, t: PrimitiveType):
+    ty = reg_type(t)
+    if t.is_float:
+        value = {
+            Op.ADD: 0.0,
+            Op.MULTIPLY: 1.0,
+            Op.MAXIMUM: -math.inf,
+            Op.MINIMUM: math.inf,
+        }.get(op)
+        return None if value is None else ir.Constant(ty, value)
+    bits = ty.width
+    if t is P.PRED:
+        return ir.Constant(I1, 1 if op in (Op.AND, Op.MULTIPLY, Op.MINIMUM) else 0)
+    signed = t.is_signed_integral
+    table = {
+        Op.ADD: 0,
+        Op.MULTIPLY: 1,
+        Op.OR: 0,
+        Op.AND: (1 << bits) - 1,
+        Op.MAXIMUM: (1 << (bits - 1)) if signed else 0,
+        Op.MINIMUM: ((1 << (bits - 1)) - 1) if signed else (1 << bits) - 1,
+    }
+    return ir.Constant(ty, table[op])
+
+
+def _combine(em: KernelEmitter, op: Opcode, t: PrimitiveType, a, c, reassoc: bool):
+    b = em.b
+    if t.is_float:
+        flags = ("reassoc",) if reassoc else ()
+        if op is Op.ADD:
+            return b.fadd(a, c, flags=flags)
+        if op is Op.MULTIPLY:
+            return b.fmul(a, c, flags=flags)
+        if op is Op.MAXIMUM:
+            return em.math.call("maximum", a, c)
+        if op is Op.MINIMUM:
+            return em.math.call("minimum", a, c)
+        raise UnsupportedForCodegen(f"reducer {op.text} is not defined on {t}")
+    if t is P.PRED:
+        return getattr(b, _PRED_BINARY[op])(a, c)
+    return _INT_BINARY[op](em, a, c, t.is_signed_integral)
+
+
+@emits(Op.REDUCE)
+def _reduce(em: KernelEmitter, instr, index):
+    n = len(instr.operands) // 2
+    inputs, inits = instr.operands[:n], instr.operands[n:]
+    comp = instr.attrs["to_apply"]
+    reduced = tuple(instr.attrs.get("dimensions") or ())
+    src = inputs[0].shape
+    kept = [d for d in range(src.rank) if d not in reduced]
+    order = [d for d in reversed(src.layout_or_default.minor_to_major) if d in reduced]
+    order = [d for d in order if src.dims[d] != 1] or order[:1]
+    init_values = [em.gen(v, ()) for v in inits]
+    types = [v.shape.element_type for v in inputs]
+    op = simple_reducer(comp) if n == 1 else None
+    if op is not None and _identity(op, types[0]) is None:
+        op = None
+    accs = [em.alloca(reg_type(t)) for t in types]
+    for acc, v in zip(accs, init_values, strict=True):
+        em.b.store(v, acc)
+    if not reduced:
+        result = em.call_scalar(comp, [*init_values, *(em.gen(x, index) for x in inputs)])
+        return result
+    if 0 in (src.dims[d] for d in reduced):
+        return tuple(init_values) if instr.shape.is_tuple else init_values[0]
+
+    src_index: list = [None] * src.rank
+    for d, i in zip(kept, index, strict=True):
+        src_index[d] = i
+    for d in reduced:
+        if src.dims[d] == 1:
+            src_index[d] = _c64(0)
+
+    def element_values():
+        return [em.gen(x, tuple(src_index)) for x in inputs]
+
+    def general_step():
+        values = element_values()
+        current = [em.b.load(a) for a in accs]
+        result = em.call_scalar(comp, [*current, *values])
+        result = result if isinstance(result, tuple) else (result,)
+        for acc, v in zip(accs, result, strict=True):
+            em.b.store(v, acc)
+
+    def nest(level: int, body):
+        if level == len(order) - 1:
+            body(order[level])
+            return
+        d = order[level]
+        with em.loop(_c64(0), _c64(src.dims[d]), f"r{d}") as i:
+            src_index[d] = i
+            nest(level + 1, body)
+
+    if op is None:
+
+        def innermost(d):
+            with em.loop(_c64(0), _c64(src.dims[d]), f"r{d}") as i:
+                src_index[d] = i
+                general_step()
+
+        nest(0, innermost)
+        loaded = [em.b.load(a) for a in accs]
+        return tuple(loaded) if instr.shape.is_tuple else loaded[0]
+
+    t = types[0]
+    identity = _identity(op, t)
+    partial = em.alloca(reg_type(t))
+
+    def blocked(d):
+        size = src.dims[d]
+        block = min(size, REDUCE_BLOCK)
+        with em.loop(_c64(0), _c64(size), f"rb{d}", step=block) as blk:
+            em.b.store(identity, partial)
+            hi = em.b.add(blk, _c64(block))
+            hi = em.b.select(em.b.icmp_signed("<", hi, _c64(size)), hi, _c64(size))
+            with em.loop(blk, hi, f"r{d}") as i:
+                src_index[d] = i
+                (x,) = element_values()
+                em.b.store(_combine(em, op, t, em.b.load(partial), x, True), partial)
+            em.b.store(_combine(em, op, t, em.b.load(accs[0]), em.b.load(partial), False), accs[0])
+
+    nest(0, blocked)
+    value = em.b.load(accs[0])
+    return em.round_to(value, t) if t.is_float else value

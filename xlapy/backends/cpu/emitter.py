@@ -1,0 +1,441 @@
+# HLO -> LLVM IR for one kernel: a fused computation, or one elementwise / shape / reduce
+# instruction wrapped as a computation.
+#
+# The kernel is `void name(i8* noalias out0, ..., i8* noalias in0, ..., i64 start, i64 end)`:
+# output leaves first (in pre-order), then the parameters; [start, end) is a range of the
+# outermost (most major) output dimension, so a thunk executor can split the work into
+# chunks. The body is a loop nest over the output in its layout's major-to-minor order, the
+# innermost loop running over the physically contiguous dimension.
+#
+# Values are produced "elementally", as XLA's elemental emitter does: gen(instr, index)
+# returns the LLVM value of `instr` at a logical multi-index (one i64 per dimension). Shape
+# ops map the index to their operand's index; parameters and array constants load from memory
+# at the physical offset their layout gives; a reduce opens its own loops over the reduced
+# dimensions at the point it is asked for. Results are memoized per (instruction, index) in
+# a stack of scopes, so a value is reused only where it dominates.
+#
+# Element types in registers: pred is i1, integers iN, f16/bf16/f32 are float (f16 and bf16
+# results are rounded to their type after every op), f64 is double. Float arithmetic carries
+# no fast-math flags except `reassoc` on reduction accumulators: simple reducers (add, mul,
+# max, min, and, or) sum blocks of the innermost reduced dimension into a partial result
+# (which LLVM vectorizes into several vector accumulators) and add the partials to the
+# total, so float32 sums do not degrade like one long serial chain.
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from xlapy.backends.cpu.math import MathEmitter
+from xlapy.errors import XlapyError
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import Shape
+from xlapy.ir.types import PrimitiveType
+
+P = PrimitiveType
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+
+REDUCE_BLOCK = 256
+"""Elements of the innermost reduced dimension summed into one partial result."""
+
+
+class UnsupportedForCodegen(XlapyError):
+    """The CPU emitter cannot compile this instruction or type; run it in the interpreter."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """An emitted kernel: its LLVM IR text and the signature the caller must honour."""
+
+    name: str
+    llvm_ir: str
+    outputs: tuple[Shape, ...]
+    params: tuple[Shape, ...]
+    outer_extent: int
+
+
+_SUPPORTED_TYPES = {
+    P.PRED, P.S8, P.S16, P.S32, P.S64, P.U8, P.U16, P.U32, P.U64,
+    P.F16, P.BF16, P.F32, P.F64,
+}  # fmt: skip
+
+
+def reg_type(t: PrimitiveType):
+    """The LLVM type a value of element type `t` has in registers."""
+    if t is P.PRED:
+        return I1
+    if t.is_integral:
+        return ir.IntType(t.bits)
+    return F64 if t is P.F64 else F32
+
+
+def mem_type(t: PrimitiveType):
+    """The LLVM type one element of `t` has in memory."""
+    if t is P.PRED:
+        return I8
+    if t is P.F16:
+        return F16
+    if t is P.BF16:
+        return I16
+    return reg_type(t)
+
+
+def physical_strides(shape: Shape) -> list[int]:
+    """Element stride of each logical dimension in a dense buffer laid out by the layout."""
+    strides = [0] * shape.rank
+    step = 1
+    for d in shape.layout_or_default.minor_to_major:
+        strides[d] = step
+        step *= shape.dims[d]
+    return strides
+
+
+def _check_type(instr: HloInstruction, shape: Shape) -> None:
+    if shape.is_tuple:
+        for s in shape.tuple_shapes:
+            _check_type(instr, s)
+        return
+    if shape.element_type not in _SUPPORTED_TYPES:
+        raise UnsupportedForCodegen(
+            f"{instr.name}: the CPU emitter does not handle element type {shape.element_type}"
+        )
+    if shape.is_dynamic:
+        raise UnsupportedForCodegen(f"{instr.name}: dynamic shape {shape} is not supported")
+    if shape.layout is not None and shape.layout.tiles:
+        raise UnsupportedForCodegen(f"{instr.name}: tiled layout {shape.layout} not supported")
+
+
+Index = tuple  # tuple of i64 ir.Values, one per logical dimension
+Rule = Callable[["KernelEmitter", HloInstruction, Index], object]
+EMIT_RULES: dict[Opcode, Rule] = {}
+
+
+def emits(*opcodes: Opcode):
+    """Register the decorated function as the elemental emission rule of `opcodes`."""
+
+    def register(fn: Rule) -> Rule:
+        for op in opcodes:
+            EMIT_RULES[op] = fn
+        return fn
+
+    return register
+
+
+def supported(comp: HloComputation) -> str | None:
+    """None when `comp` can be emitted, else the reason it cannot (without emitting)."""
+    try:
+        _precheck(comp)
+    except UnsupportedForCodegen as e:
+        return str(e)
+    return None
+
+
+def _precheck(comp: HloComputation) -> None:
+    for instr in comp.instructions:
+        if instr.opcode not in EMIT_RULES and instr.opcode is not Opcode.PARAMETER:
+            raise UnsupportedForCodegen(
+                f"{instr.name}: the CPU emitter has no rule for '{instr.opcode.text}'"
+            )
+        _check_type(instr, instr.shape)
+        for sub in instr.called_computations():
+            _precheck(sub)
+    root = comp.root
+    leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
+    if root.opcode is Opcode.TUPLE and not leaves:
+        raise UnsupportedForCodegen(f"{root.name}: an empty tuple root has nothing to compute")
+    first = leaves[0].shape
+    dims = first.tuple_shapes[0].dims if first.is_tuple and first.tuple_shapes else first.dims
+    for leaf in leaves:
+        if leaf.shape.is_tuple and leaf.opcode is not Opcode.REDUCE:
+            raise UnsupportedForCodegen(f"{leaf.name}: nested tuple outputs are not supported")
+        shapes = leaf.shape.tuple_shapes if leaf.shape.is_tuple else (leaf.shape,)
+        if any(s.dims != dims for s in shapes):
+            raise UnsupportedForCodegen(
+                f"{root.name}: multi-output roots need equal dimensions, got "
+                f"{', '.join(str(s) for s in shapes)} and {dims}"
+            )
+
+
+def emit_kernel(comp: HloComputation, name: str = "xla_kernel") -> KernelSpec:
+    """Lower `comp` to an LLVM module holding one kernel function (see the file comment).
+
+    Raises UnsupportedForCodegen when an instruction or element type has no lowering.
+    """
+    _precheck(comp)
+    return KernelEmitter(comp, name).emit()
+
+
+class KernelEmitter:
+    """Builds the LLVM IR of one kernel; rules in EMIT_RULES call back into it."""
+
+    def __init__(self, comp: HloComputation, name: str):
+        self.comp = comp
+        self.name = name
+        self.module = ir.Module(name=name)
+        self.math = MathEmitter(self.module)
+        self.scopes: list[dict] = [{}]
+        self.param_ptrs: dict[int, ir.Value] = {}
+        self.scalar_env: list[dict[int, object]] = []
+        self._globals = 0
+        root = comp.root
+        leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
+        self.out_leaves: list[tuple[HloInstruction, int | None, Shape]] = []
+        for leaf in leaves:
+            if leaf.shape.is_tuple:
+                for i, s in enumerate(leaf.shape.tuple_shapes):
+                    self.out_leaves.append((leaf, i, s))
+            else:
+                self.out_leaves.append((leaf, None, leaf.shape))
+        self.params = comp.parameters
+
+    # -- the function --------------------------------------------------------------------
+    def emit(self) -> KernelSpec:
+        n_ptrs = len(self.out_leaves) + len(self.params)
+        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * n_ptrs + [I64, I64])
+        fn = ir.Function(self.module, fnty, self.name)
+        for arg in fn.args[:n_ptrs]:
+            arg.add_attribute("noalias")
+        fn.attributes.add("nounwind")
+        self.fn = fn
+        entry = fn.append_basic_block("entry")
+        self.alloca_builder = ir.IRBuilder(entry)
+        body = fn.append_basic_block("body")
+        self.b = ir.IRBuilder(body)
+        self.math.b = self.b
+        out_ptrs = []
+        for i, arg in enumerate(fn.args[:n_ptrs]):
+            k = i - len(self.out_leaves)
+            arg.name = f"out{i}" if k < 0 else f"in{k}"
+        for i, (_, _, shape) in enumerate(self.out_leaves):
+            out_ptrs.append(self.b.bitcast(fn.args[i], mem_type(shape.element_type).as_pointer()))
+        for k, p in enumerate(self.params):
+            arg = fn.args[len(self.out_leaves) + k]
+            self.param_ptrs[id(p)] = self.b.bitcast(
+                arg, mem_type(p.shape.element_type).as_pointer()
+            )
+        start, end = fn.args[n_ptrs], fn.args[n_ptrs + 1]
+        start.name, end.name = "start", "end"
+
+        shape0 = self.out_leaves[0][2]
+        order = list(reversed(shape0.layout_or_default.minor_to_major))
+        index: list = [None] * shape0.rank
+
+        def nest(level: int):
+            if level == len(order):
+                self._store_outputs(tuple(index), out_ptrs)
+                return
+            d = order[level]
+            lo = start if level == 0 else ir.Constant(I64, 0)
+            hi = end if level == 0 else ir.Constant(I64, shape0.dims[d])
+            with self.loop(lo, hi, f"d{d}") as i:
+                index[d] = i
+                nest(level + 1)
+
+        if shape0.rank == 0:
+            with self.loop(start, end, "once"):
+                self._store_outputs((), out_ptrs)
+        else:
+            nest(0)
+        self.b.ret_void()
+        self.alloca_builder.branch(body)
+        outer = shape0.dims[order[0]] if order else 1
+        return KernelSpec(
+            self.name,
+            str(self.module),
+            tuple(s for _, _, s in self.out_leaves),
+            tuple(p.shape for p in self.params),
+            outer,
+        )
+
+    def _store_outputs(self, index, out_ptrs):
+        for (leaf, element, shape), ptr in zip(self.out_leaves, out_ptrs, strict=True):
+            value = self.gen(leaf, index)
+            if element is not None:
+                value = value[element]
+            offset = self.offset(shape, index)
+            self.b.store(self.to_mem(value, shape.element_type), self.b.gep(ptr, [offset], True))
+
+    # -- loops and scopes ----------------------------------------------------------------
+    def loop(self, lo, hi, name: str, step: int = 1):
+        return _Loop(self, lo, hi, name, step)
+
+    def alloca(self, ty, name: str = ""):
+        return self.alloca_builder.alloca(ty, name=name)
+
+    # -- elemental generation --------------------------------------------------------------
+    def gen(self, instr: HloInstruction, index: Index):
+        """The value of `instr` at logical `index` (a tuple of values for tuple shapes)."""
+        key = (id(instr), tuple(id(v) for v in index))
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        if instr.opcode is Opcode.PARAMETER:
+            value = self._gen_parameter(instr, index)
+        else:
+            rule = EMIT_RULES.get(instr.opcode)
+            if rule is None:
+                raise UnsupportedForCodegen(
+                    f"{instr.name}: the CPU emitter has no rule for '{instr.opcode.text}'"
+                )
+            value = rule(self, instr, index)
+        self.scopes[-1][key] = value
+        return value
+
+    def operand_at(self, instr: HloInstruction, i: int, index: Index):
+        """Operand i of an elementwise instruction at `index` (scalars broadcast)."""
+        op = instr.operands[i]
+        return self.gen(op, () if op.shape.rank == 0 else index)
+
+    def _gen_parameter(self, instr: HloInstruction, index: Index):
+        if self.scalar_env:
+            return self.scalar_env[-1][instr.parameter_number]
+        ptr = self.param_ptrs[id(instr)]
+        addr = self.b.gep(ptr, [self.offset(instr.shape, index)], True)
+        return self.from_mem(self.b.load(addr), instr.shape.element_type)
+
+    def offset(self, shape: Shape, index: Index):
+        """Physical element offset of logical `index` in a buffer of `shape`."""
+        total = ir.Constant(I64, 0)
+        for i, stride in zip(index, physical_strides(shape), strict=True):
+            if stride == 0:
+                continue
+            term = i if stride == 1 else self.b.mul(i, ir.Constant(I64, stride), flags=["nsw"])
+            total = (
+                term
+                if total.__class__ is ir.Constant and total.constant == 0
+                else (self.b.add(total, term, flags=["nsw"]))
+            )
+        return total
+
+    def call_scalar(self, comp: HloComputation, args: Sequence):
+        """Inline `comp` (a scalar computation, e.g. a reducer) on register values."""
+        self.scalar_env.append(dict(enumerate(args)))
+        self.scopes.append({})
+        try:
+            root = comp.root
+            if root.opcode is Opcode.TUPLE:
+                return tuple(self.gen(op, ()) for op in root.operands)
+            return self.gen(root, ())
+        finally:
+            self.scopes.pop()
+            self.scalar_env.pop()
+
+    # -- memory <-> register conversions ----------------------------------------------------
+    def from_mem(self, v, t: PrimitiveType):
+        b = self.b
+        if t is P.PRED:
+            return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+        if t is P.F16:
+            return b.fpext(v, F32)
+        if t is P.BF16:
+            return b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32)
+        return v
+
+    def to_mem(self, v, t: PrimitiveType):
+        b = self.b
+        if t is P.PRED:
+            return b.zext(v, I8)
+        if t is P.F16:
+            return b.fptrunc(v, F16)
+        if t is P.BF16:
+            return b.trunc(b.lshr(b.bitcast(self.round_bf16(v), I32), ir.Constant(I32, 16)), I16)
+        return v
+
+    def round_bf16(self, v):
+        """An f32 value rounded (nearest even, NaN kept quiet) to the nearest bf16 value."""
+        b = self.b
+        bits = b.bitcast(v, I32)
+        lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+        rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb))
+        quiet = b.or_(bits, ir.Constant(I32, 0x400000))
+        bits = b.select(self.math.isnan(v), quiet, rounded)
+        return b.bitcast(b.and_(bits, ir.Constant(I32, 0xFFFF0000)), F32)
+
+    def round_to(self, v, t: PrimitiveType):
+        """A float register value rounded to element type t (f16/bf16 need it)."""
+        if t is P.BF16:
+            return self.round_bf16(v)
+        if t is P.F16:
+            return self.b.fpext(self.b.fptrunc(v, F16), F32)
+        return v
+
+    def global_array(self, arr: np.ndarray, t: PrimitiveType):
+        """A private constant global holding `arr` row-major, as a pointer to its elements."""
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        ety = mem_type(t)
+        if t is P.PRED:
+            values = [ir.Constant(I8, int(x)) for x in flat]
+        elif t is P.BF16:
+            values = [ir.Constant(I16, int(x)) for x in flat.view(np.uint16)]
+        elif t.is_integral:
+            values = [ir.Constant(ety, int(x)) for x in flat]
+        else:
+            values = [ir.Constant(ety, float(x)) for x in flat]
+        arrty = ir.ArrayType(ety, len(values))
+        g = ir.GlobalVariable(self.module, arrty, f"const.{self._globals}")
+        self._globals += 1
+        g.global_constant = True
+        g.linkage = "private"
+        g.initializer = ir.Constant(arrty, values)
+        return self.b.gep(g, [ir.Constant(I32, 0), ir.Constant(I32, 0)], True)
+
+    def scalar_constant(self, value, t: PrimitiveType):
+        ty = reg_type(t)
+        if t is P.PRED:
+            return ir.Constant(I1, int(bool(value)))
+        if t.is_integral:
+            return ir.Constant(ty, int(value) & ((1 << t.bits) - 1))
+        return ir.Constant(ty, float(value))
+
+
+class _Loop:
+    """`with emitter.loop(lo, hi) as i:` emits a counted loop; the body goes in the block."""
+
+    def __init__(self, em: KernelEmitter, lo, hi, name: str, step: int = 1):
+        self.em, self.lo, self.hi, self.name, self.step = em, lo, hi, name, step
+
+    def __enter__(self):
+        b = self.em.b
+        pre = b.block
+        fn = self.em.fn
+        self.header = fn.append_basic_block(f"{self.name}.header")
+        body = fn.append_basic_block(f"{self.name}.body")
+        self.exit = fn.append_basic_block(f"{self.name}.exit")
+        b.branch(self.header)
+        b.position_at_end(self.header)
+        self.i = b.phi(I64, name=self.name)
+        self.i.add_incoming(self.lo, pre)
+        b.cbranch(b.icmp_signed("<", self.i, self.hi), body, self.exit)
+        b.position_at_end(body)
+        self.em.scopes.append({})
+        return self.i
+
+    def __exit__(self, exc_type, exc, tb):
+        self.em.scopes.pop()
+        if exc_type is not None:
+            return False
+        b = self.em.b
+        nxt = b.add(self.i, ir.Constant(I64, self.step), flags=["nsw"])
+        self.i.add_incoming(nxt, b.block)
+        b.branch(self.header)
+        b.position_at_end(self.exit)
+        return False
+
+
+# Elemental rules live in xlapy.backends.cpu.elemental (registered on import).
+from xlapy.backends.cpu import elemental  # noqa: E402, F401
+
+__all__ = [
+    "EMIT_RULES",
+    "KernelEmitter",
+    "KernelSpec",
+    "UnsupportedForCodegen",
+    "emit_kernel",
+    "physical_strides",
+]
