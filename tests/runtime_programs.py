@@ -1,5 +1,7 @@
 """HLO programs shared by the runtime tests."""
 
+from xlapy.backends.custom_calls import GLOBAL_REGISTRY
+
 INCREMENT = """HloModule increment, input_output_alias={ {}: 0 }
 ENTRY entry {
 %p = f32[] parameter(0)
@@ -52,6 +54,15 @@ ENTRY entry {
 FAILS = """HloModule fails
 ENTRY entry {
   p = f32[3] parameter(0)
-  ROOT r = f32[3] custom-call(p), custom_call_target="xlapy_test_no_such_target"
+  ROOT r = f32[3] custom-call(p), custom_call_target="xlapy_test_fails_at_run_time"
 }"""
-"""Compiles, but fails when it runs (unknown custom-call target)."""
+"""Compiles, but fails when it runs (its custom-call target raises; an unknown target would
+be a compile-time error)."""
+
+
+def _fails_at_run_time(ins, opaque):
+    raise ValueError("xlapy_test_fails_at_run_time always fails")
+
+
+if ("xlapy_test_fails_at_run_time", "Host") not in GLOBAL_REGISTRY:
+    GLOBAL_REGISTRY.register("xlapy_test_fails_at_run_time", _fails_at_run_time)

@@ -1,5 +1,6 @@
 """C custom-call targets, compiled with cffi at test time: the three CPU conventions
-(original, status-returning, unified), tuple operands and results, opaque strings, status
+(original, status-returning, unified), tuple operands and results as nested pointer tables
+(seed 002's layout, its own example included), opaque strings, status
 failure messages, output-to-operand aliasing, tuple outputs as scratch memory, the ways to
 hand over a function pointer, the GPU `buffers` layout and convention, side effects, and
 the example in examples/custom_call."""
@@ -38,6 +39,11 @@ void scale_by_opaque(void* out, const void** ins, const char* opaque, size_t opa
 void with_scratch(void* out, const void** ins, XlaCustomCallStatus* status);
 void add_in_place(void* out, const void** ins, XlaCustomCallStatus* status);
 void gpu_add(void* stream, void** buffers, const char* opaque, size_t opaque_len);
+void seed_tuples_v1(void* out, const void** ins);
+void seed_tuples_v2(void* out, const void** ins, XlaCustomCallStatus* status);
+void seed_tuples_v3(void* out, const void** ins, const char* opaque, size_t opaque_len,
+                    XlaCustomCallStatus* status);
+void add_into_nested(void* out, const void** ins, XlaCustomCallStatus* status);
 void gpu_fail(void* stream, void** buffers, const char* opaque, size_t opaque_len,
               XlaCustomCallStatus* status);
 """
@@ -58,12 +64,15 @@ void seed_example(void* out, const void** ins) {
   for (int i = 0; i < 2048; ++i) o[i] = a[i % 128] + b[i];
 }
 
-/* (f32[4], (s32[3], f64[2])) -> (f64[], s32[]): sums of the float and integer leaves. */
+/* (f32[4], (s32[3], f64[2])) -> (f64[], s32[]): sums of the float and integer leaves.
+   ins[0] is the tuple operand's pointer table {f, {n, d}}. */
 void tuple_sums(void* out, const void** ins) {
   void** outs = (void**)out;
-  const float* f = (const float*)ins[0];
-  const int32_t* n = (const int32_t*)ins[1];
-  const double* d = (const double*)ins[2];
+  void* const* p = (void* const*)ins[0];
+  void* const* inner = (void* const*)p[1];
+  const float* f = (const float*)p[0];
+  const int32_t* n = (const int32_t*)inner[0];
+  const double* d = (const double*)inner[1];
   double total = d[0] + d[1];
   for (int i = 0; i < 4; ++i) total += f[i];
   *(double*)outs[0] = total;
@@ -124,6 +133,54 @@ void add_in_place(void* out, const void** ins, XlaCustomCallStatus* status) {
 }
 
 /* GPU convention on host memory: buffers = {in0 f32[n], in1 f32[n], out f32[n]}. */
+/* Seed 002's tuple example. ins[0] = p0 = {subbuf0 f32[32], subtuple, subbuf3 f32[256]},
+   subtuple = {subbuf1 f32[64], subbuf2 f32[128]}; out = {f32[512], f32[1024] scratch}.
+   The scratch gets every operand element in order (480 of them), then -1s; the result is
+   the scratch read backwards and doubled, then i for the last 32 slots. */
+static void seed_tuples_body(void* out, const void** ins) {
+  void* const* p0 = (void* const*)ins[0];
+  void* const* subtuple = (void* const*)p0[1];
+  const float* parts[4] = {(const float*)p0[0], (const float*)subtuple[0],
+                           (const float*)subtuple[1], (const float*)p0[2]};
+  const int sizes[4] = {32, 64, 128, 256};
+  void** outs = (void**)out;
+  float* result = (float*)outs[0];
+  float* scratch = (float*)outs[1];
+  int k = 0;
+  for (int part = 0; part < 4; ++part)
+    for (int i = 0; i < sizes[part]; ++i) scratch[k++] = parts[part][i];
+  for (int i = k; i < 1024; ++i) scratch[i] = -1.0f;
+  for (int i = 0; i < 480; ++i) result[i] = 2.0f * scratch[479 - i];
+  for (int i = 480; i < 512; ++i) result[i] = (float)i;
+}
+void seed_tuples_v1(void* out, const void** ins) { seed_tuples_body(out, ins); }
+void seed_tuples_v2(void* out, const void** ins, XlaCustomCallStatus* status) {
+  (void)status;
+  seed_tuples_body(out, ins);
+}
+void seed_tuples_v3(void* out, const void** ins, const char* opaque, size_t opaque_len,
+                    XlaCustomCallStatus* status) {
+  if (opaque_len != 5 || memcmp(opaque, "seed!", 5) != 0) {
+    XlaCustomCallStatusSetFailure(status, "opaque is not 'seed!'", 21);
+    return;
+  }
+  seed_tuples_body(out, ins);
+}
+
+/* (f32[8], (f32[4], f32[8])) -> f32[8] aliased to the operand's leaf {1,1}:
+   that leaf += the first leaf, in place. */
+void add_into_nested(void* out, const void** ins, XlaCustomCallStatus* status) {
+  void* const* p = (void* const*)ins[0];
+  void* const* inner = (void* const*)p[1];
+  if (inner[1] != out) {
+    XlaCustomCallStatusSetFailure(status, "output does not alias operand 0 {1,1}", 37);
+    return;
+  }
+  const float* a = (const float*)p[0];
+  float* buf = (float*)out;
+  for (int i = 0; i < 8; ++i) buf[i] += a[i];
+}
+
 void gpu_add(void* stream, void** buffers, const char* opaque, size_t opaque_len) {
   (void)stream;
   int n = (int)strtol(opaque, NULL, 10);
@@ -195,7 +252,7 @@ def test_original_convention_runs_the_seed_example(c_lib, form):
     np.testing.assert_array_equal(run(SEED, [b, c], registry), b[np.arange(2048) % 128] + c)
 
 
-def test_tuple_operands_flatten_and_tuple_result_is_a_pointer_table(c_lib):
+def test_tuple_operand_and_tuple_result_are_pointer_tables(c_lib):
     registry = CustomCallRegistry()
     registry.register("tuple_sums", pointer(c_lib, "tuple_sums"))  # inferred: ORIGINAL
     text = """HloModule m
@@ -210,6 +267,78 @@ ENTRY e {
     np.testing.assert_allclose(total, f.astype(np.float64).sum() + d.sum(), rtol=1e-12)
     assert total.dtype == np.float64 and total.shape == ()
     assert count.dtype == np.int32 and int(count) == int(n.sum())
+
+
+SEED_TUPLES = """HloModule m
+ENTRY e {
+  p0 = (f32[32], (f32[64], f32[128]), f32[256]) parameter(0)
+  ROOT c = (f32[512], f32[1024]) custom-call(p0), custom_call_target="do_custom_call",
+      backend_config="seed!", api_version=VERSION
+}"""
+
+
+def seed_tuples_expected(parts):
+    flat = np.concatenate(parts)
+    scratch = np.concatenate([flat, np.full(1024 - flat.size, -1, np.float32)])
+    result = np.concatenate([2 * flat[::-1], np.arange(480, 512, dtype=np.float32)])
+    return result, scratch
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_seed_tuple_layout_nested_pointer_tables_and_scratch_output(c_lib, version):
+    api = custom_calls.C_API_VERSIONS[version - 1]
+    registry = CustomCallRegistry()
+    registry.register("do_custom_call", pointer(c_lib, f"seed_tuples_v{version}"), "Host", api)
+    parts = [RNG.standard_normal(n).astype(np.float32) for n in (32, 64, 128, 256)]
+    p0 = (parts[0], (parts[1], parts[2]), parts[3])
+    result, scratch = run(SEED_TUPLES.replace("VERSION", api.value), [p0], registry)
+    want_result, want_scratch = seed_tuples_expected(parts)
+    np.testing.assert_array_equal(result, want_result)
+    np.testing.assert_array_equal(scratch, want_scratch)
+
+
+def test_seed_tuple_layout_for_a_tuple_built_in_the_program(c_lib):
+    registry = CustomCallRegistry()
+    registry.register("do_custom_call", pointer(c_lib, "seed_tuples_v1"))
+    text = """HloModule m
+ENTRY e {
+  a = f32[64,2] parameter(0)
+  b = f32[64,1] slice(a), slice={[0:64], [1:2]}
+  r = f32[64] reshape(b)
+  x = f32[32] parameter(1)
+  y = f32[128] parameter(2)
+  z = f32[256] parameter(3)
+  sub = (f32[64], f32[128]) tuple(r, y)
+  p0 = (f32[32], (f32[64], f32[128]), f32[256]) tuple(x, sub, z)
+  ROOT c = (f32[512], f32[1024]) custom-call(p0), custom_call_target="do_custom_call"
+}"""
+    a = RNG.standard_normal((64, 2)).astype(np.float32)
+    x, y, z = (RNG.standard_normal(n).astype(np.float32) for n in (32, 128, 256))
+    result, scratch = run(text, [a, x, y, z], registry)
+    want_result, want_scratch = seed_tuples_expected([x, a[:, 1], y, z])
+    np.testing.assert_array_equal(result, want_result)
+    np.testing.assert_array_equal(scratch, want_scratch)
+
+
+def test_aliasing_a_leaf_inside_a_tuple_operand(c_lib):
+    registry = CustomCallRegistry()
+    registry.register("add_into_nested", pointer(c_lib, "add_into_nested"), api_version=2)
+    text = """HloModule m
+ENTRY e {
+  p = (f32[8], (f32[4], f32[8])) parameter(0)
+  ROOT c = f32[8] custom-call(p), custom_call_target="add_into_nested",
+      output_to_operand_aliasing={{}: (0, {1, 1})}, api_version=API_VERSION_STATUS_RETURNING
+}"""
+    a, b, c = (RNG.standard_normal(n).astype(np.float32) for n in (8, 4, 8))
+    before = c.copy()
+    np.testing.assert_allclose(run(text, [(a, (b, c))], registry), before + a, rtol=1e-6)
+    np.testing.assert_array_equal(c, before)
+    with pytest.raises(CustomCallError, match=r"does not alias operand 0 \{1,1\}"):
+        run(
+            text.replace("output_to_operand_aliasing={{}: (0, {1, 1})}, ", ""),
+            [(a, (b, c))],
+            registry,
+        )
 
 
 SQRT = """HloModule m
@@ -320,6 +449,26 @@ ENTRY e {
     DeadCodeElimination().run(dropped)
     assert "unused" in {i.name for i in kept.entry.instructions}
     assert "unused" not in {i.name for i in dropped.entry.instructions}
+
+
+def test_cse_merges_pure_calls_but_keeps_side_effecting_twins():
+    from xlapy.passes.cse import CommonSubexpressionElimination
+
+    text = """HloModule m
+ENTRY e {
+  x = f32[8] parameter(0)
+  a = f32[8] custom-call(x), custom_call_target="t"SIDE
+  b = f32[8] custom-call(x), custom_call_target="t"SIDE
+  ROOT r = f32[8] add(a, b)
+}"""
+    kept = parse_module(text.replace("SIDE", ", custom_call_has_side_effect=true"))
+    merged = parse_module(text.replace("SIDE", ""))
+    CommonSubexpressionElimination().run(kept)
+    CommonSubexpressionElimination().run(merged)
+    calls = [
+        sum(i.opcode.name == "CUSTOM_CALL" for i in m.entry.instructions) for m in (kept, merged)
+    ]
+    assert calls == [2, 1]
 
 
 GPU_TUPLES = """HloModule m

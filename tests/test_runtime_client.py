@@ -220,7 +220,7 @@ def test_async_outputs_and_errors_on_first_use(client, rng):
     assert isinstance(out, xlapy.runtime.Buffer)
     error = out.ready().exception(timeout=5)
     assert isinstance(error, ExecutionError) and isinstance(error, XlapyError)
-    assert "xlapy_test_no_such_target" in str(error)
+    assert "xlapy_test_fails_at_run_time" in str(error)
     with pytest.raises(ExecutionError, match="execution of fails on device 0 failed"):
         out.to_numpy()
     with pytest.raises(ExecutionError):

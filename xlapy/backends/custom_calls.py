@@ -6,21 +6,24 @@ twice is an error. A name that is not registered is reported at compile time by
 `check_custom_calls(module, platform)`, which names every unknown target (and lists similar
 registered names), and again at run time if a module reaches a backend unchecked.
 
-Operands and results are flattened to their leaf arrays in pre-order (a tuple contributes
-each of its leaves, depth first). Every convention below sees them that way.
+Python and typed FFI targets see operands and results flattened to their leaf arrays in
+pre-order (a tuple contributes each of its leaves, depth first). C targets on the CPU see
+the seed's in-memory tuple layout instead (one pointer per operand, tuples as pointer
+tables); C targets on the GPU see one flat `buffers` table. docs/custom_calls.md is the guide.
 
 Python targets (ApiVersion.PYTHON, the default for plain callables)
 --------------------------------------------------------------------
     fn(ins, opaque)            -> result
     fn(ins, opaque, outs)      -> result or None
 
-`ins` is a tuple of read-only NumPy arrays, `opaque` the instruction's backend_config text
-(a str, "" when absent). A target whose signature has a parameter named `outs` receives the
-result leaves preallocated (pre-order, writable): zeros, or a copy of the operand leaf an
-`output_to_operand_aliasing` entry names. It may fill them in place and return None; this
-is how a tuple output serves as scratch memory. Otherwise the target returns the result: an
-array for an array-shaped result, and for a tuple-shaped one either the nested tuple or a
-flat sequence of its leaves in pre-order; a leaf given as None keeps its preallocated value.
+`ins` is a tuple of read-only NumPy arrays (every operand leaf, pre-order), `opaque` the
+instruction's backend_config text (a str, "" when absent). A target whose signature has a
+parameter named `outs` receives the result leaves preallocated (pre-order, writable): zeros,
+or a copy of the operand leaf an `output_to_operand_aliasing` entry names. It may fill them
+in place and return None; this is how a tuple output serves as scratch memory. Otherwise the
+target returns the result: an array for an array-shaped result, and for a tuple-shaped one
+either the nested tuple or a flat sequence of its leaves in pre-order; a leaf given as None
+keeps its preallocated value.
 
 Typed FFI targets (ApiVersion.TYPED_FFI)
 ----------------------------------------
@@ -39,12 +42,16 @@ address, registered with the API version whose signature it has:
                                                  const char* opaque, size_t opaque_len,
                                                  XlaCustomCallStatus* status)
 
-`ins[i]` points at operand leaf i (contiguous, row-major; a token is NULL). `out` points
-at the result array itself when the result is one array, and at a table of result-leaf
-pointers when it is a tuple. An output that `output_to_operand_aliasing` ties to an operand
-shares its memory: the operand's pointer in `ins` and the output pointer are the same
-buffer, a copy of the operand that the target may update in place. A target reports failure
-with `xlapy_custom_call_status_set_failure(status, message, length)` (also spelled
+`ins` holds one pointer per operand. An array operand's entry is its data pointer
+(contiguous, row-major; a token is NULL). A tuple operand's entry points at a table of
+pointers, one per element, where an element that is itself a tuple is again a pointer to
+its own table (seed 002's "in-memory layout of parameter 0"). `out` is the result array's
+data pointer when the result is one array, and a pointer to the (possibly nested) table of
+the result's elements when it is a tuple. The tables live for the duration of the call. An
+output that `output_to_operand_aliasing` ties to an operand shares its memory: the
+operand's pointer (wherever it sits in `ins`) and the output pointer are the same buffer, a
+copy of the operand that the target may update in place. A target reports failure with
+`xlapy_custom_call_status_set_failure(status, message, length)` (also spelled
 `XlaCustomCallStatusSetFailure`), declared in C_HEADER (`write_c_header(folder)`).
 
 C targets on the GPU ("CUDA")
@@ -67,8 +74,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from xlapy.backends import ffi
 from xlapy.errors import CustomCallError
@@ -314,37 +319,46 @@ def function_address(fn, what: str) -> int:
 
 def call_cpu_c_target(
     target: CustomCallTarget,
-    ins: Sequence[np.ndarray | None],
-    outs: Sequence[np.ndarray | None],
-    result_is_tuple: bool,
+    operands: Sequence,
+    result,
     opaque: str,
 ) -> None:
-    """Call C target `target` with pointers to the contiguous operand leaves `ins` and the
-    result leaves `outs` (filled in place). A failure it reports raises CustomCallError."""
-    for leaf in (*ins, *outs):
-        if leaf is not None and not leaf.flags.c_contiguous:
-            raise CustomCallError(f"custom-call target {target.name!r}: non-contiguous buffer")
-    in_table = (ctypes.c_void_p * max(1, len(ins)))(*[_address(a) for a in ins])
-    out_addresses = [_address(a) for a in outs]
-    if result_is_tuple:
-        out_table = (ctypes.c_void_p * max(1, len(outs)))(*out_addresses)
-        out = ctypes.addressof(out_table)
-    else:
-        out = out_addresses[0]
+    """Call C target `target` on the CPU. `operands` holds one value per operand and
+    `result` is the result value (filled in place); a value is a contiguous NumPy array,
+    None for a token, or a tuple of values. Tuples are passed as nested pointer tables (see
+    the module docstring). A failure the target reports raises CustomCallError."""
+    keep: list = []  # the pointer tables, alive until the call returns
+    ins = _pointer_table([_pointer(target, v, keep) for v in operands], keep)
+    out = _pointer(target, result, keep)
     version = target.api_version
     if version is ApiVersion.ORIGINAL:
-        target.fn(out, in_table)
+        target.fn(out, ins)
         return
     with _status() as status:
         if version is ApiVersion.STATUS_RETURNING:
-            target.fn(out, in_table, status)
+            target.fn(out, ins, status)
         else:
             data = opaque.encode()
-            target.fn(out, in_table, data, len(data), status)
+            target.fn(out, ins, data, len(data), status)
 
 
-def _address(array) -> int | None:
-    return None if array is None else array.ctypes.data
+def _pointer(target: CustomCallTarget, value, keep: list) -> int | None:
+    """The pointer that stands for `value`: an array's data, NULL for a token, the address
+    of a pointer table for a tuple."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        table = _pointer_table([_pointer(target, v, keep) for v in value], keep)
+        return ctypes.addressof(table)
+    if not value.flags.c_contiguous:
+        raise CustomCallError(f"custom-call target {target.name!r}: non-contiguous buffer")
+    return value.ctypes.data
+
+
+def _pointer_table(pointers: list, keep: list):
+    table = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+    keep.append(table)
+    return table
 
 
 # -- the registry -------------------------------------------------------------------------
@@ -384,10 +398,12 @@ def make_target(
 
 
 class CustomCallRegistry:
-    """Targets keyed by (name, platform)."""
+    """Targets keyed by (name, platform). `version` counts the changes made to it, so a
+    cache of compiled programs can tell that a registry changed since it compiled."""
 
     def __init__(self):
         self._targets: dict[tuple[str, str], CustomCallTarget] = {}
+        self.version = 0
 
     def register(
         self,
@@ -405,11 +421,13 @@ class CustomCallRegistry:
             )
         target = make_target(name, fn, platform, api_version)
         self._targets[key] = target
+        self.version += 1
         return target
 
     def unregister(self, name: str, platform: str = "Host") -> None:
         """Remove target `name` from `platform` (no error if it is not there)."""
-        self._targets.pop((name, platform), None)
+        if self._targets.pop((name, platform), None) is not None:
+            self.version += 1
 
     def get(self, name: str, platform: str = "Host") -> CustomCallTarget | None:
         return self._targets.get((name, platform))

@@ -1,6 +1,11 @@
 """The PJRT-style runtime: Client, Device, MemorySpace, Buffer, Compiler, Executable,
-LoadedExecutable, futures. See docs/runtime.md."""
+LoadedExecutable, futures, and the custom-call API (`register_custom_call` for the global
+registry, `Client.register_custom_call` per client, `ffi` for typed handlers). See
+docs/runtime.md and docs/custom_calls.md."""
 
+from xlapy.backends import ffi
+from xlapy.backends.custom_calls import ApiVersion, CustomCallRegistry
+from xlapy.backends.custom_calls import register as register_custom_call
 from xlapy.runtime.buffer import Buffer, HostBufferSemantics
 from xlapy.runtime.client import Client
 from xlapy.runtime.compiler import Compiler
@@ -19,6 +24,7 @@ from xlapy.runtime.futures import Future, as_completed, wait_all
 from xlapy.runtime.options import CompileOptions
 
 __all__ = [
+    "ApiVersion",
     "Buffer",
     "BufferDeletedError",
     "BufferDonatedError",
@@ -26,6 +32,7 @@ __all__ = [
     "CompileOptions",
     "CompiledMemoryStats",
     "Compiler",
+    "CustomCallRegistry",
     "Device",
     "DonationError",
     "DonationWarning",
@@ -39,5 +46,7 @@ __all__ = [
     "RuntimeApiError",
     "SerializationError",
     "as_completed",
+    "ffi",
+    "register_custom_call",
     "wait_all",
 ]

@@ -1,6 +1,11 @@
 """The client: owns a platform's devices, memory spaces, compile cache and transfers
 (PJRT's PjRtClient).
 
+Custom calls: each client has its own custom-call registry (`register_custom_call`), looked
+up before the global one, at compile time (unknown targets are compile errors) and at run
+time (the backend gets the client's registry). Its targets are registered for the platform
+"Host" on the "interpreter" and "cpu" clients.
+
 Platforms: "interpreter" runs programs with the NumPy reference interpreter; "cpu" is the
 platform name of the CPU backend. Until that backend exists, "cpu" runs on the interpreter
 backend too, but stays a distinct platform: its executables, fingerprints and serialized
@@ -16,6 +21,12 @@ import numpy as np
 
 from xlapy.backends import BACKENDS, get_backend
 from xlapy.backends.base import Backend
+from xlapy.backends.custom_calls import (
+    GLOBAL_REGISTRY,
+    ApiVersion,
+    CustomCallRegistry,
+    CustomCallTarget,
+)
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
@@ -52,8 +63,9 @@ class Client:
         self.platform_version = f"{PLATFORM_VERSION} ({self.backend.name} backend)"
         self.process_index = 0
         self._devices = tuple(Device(self, i, kind) for i in range(device_count))
-        self.compiler = Compiler(platform)
-        self._cache: OrderedDict[str, LoadedExecutable] = OrderedDict()
+        self.custom_calls = CustomCallRegistry()
+        self.compiler = Compiler(platform, self.custom_calls)
+        self._cache: OrderedDict[tuple[str, int, int], LoadedExecutable] = OrderedDict()
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
         self._hits = 0
@@ -140,15 +152,38 @@ class Client:
         shape = Shape.array(etype, arr.shape)
         return Buffer(shape, host_storage(arr, space, semantics), Future.completed())
 
+    # -- custom calls ----------------------------------------------------------------------
+    def register_custom_call(
+        self,
+        name: str,
+        fn,
+        platform: str = "Host",
+        api_version: ApiVersion | str | None = None,
+    ) -> CustomCallTarget:
+        """Register custom-call target `name` for programs compiled by this client only (see
+        xlapy.backends.custom_calls.make_target for `fn` and `api_version`). It is found
+        before a global target of the same name; registering a name twice is an error."""
+        return self.custom_calls.register(name, fn, platform, api_version)
+
+    def unregister_custom_call(self, name: str, platform: str = "Host") -> None:
+        """Remove this client's target `name` (no error if it is not there)."""
+        self.custom_calls.unregister(name, platform)
+
     # -- compilation -----------------------------------------------------------------------
     def compile(
         self, program: HloModule | str, options: CompileOptions | None = None
     ) -> LoadedExecutable:
         """A LoadedExecutable for `program`, from the compile cache when the same program
-        text, platform and options were compiled before."""
+        text, platform and options were compiled before and no custom-call registry it
+        sees (this client's, the global one) has changed since. CustomCallError when a
+        custom call's target is unknown or rejects the call."""
         options = options or CompileOptions()
         text = canonical_text(program)
-        key = fingerprint_of(self.platform, text, options)
+        key = (
+            fingerprint_of(self.platform, text, options),
+            self.custom_calls.version,
+            GLOBAL_REGISTRY.version,
+        )
         with self._cache_lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -166,12 +201,14 @@ class Client:
         return loaded
 
     def load(self, executable: Executable) -> LoadedExecutable:
-        """Bind a compiled executable to this client's devices."""
+        """Bind a compiled executable to this client's devices; its custom calls are
+        checked against this client's registry (CustomCallError)."""
         if executable.platform != self.platform:
             raise RuntimeApiError(
                 f"executable {executable.name} was compiled for platform "
                 f"'{executable.platform}', this client is '{self.platform}'"
             )
+        self.compiler.check_custom_calls(executable.module)
         return LoadedExecutable(executable, self, self.backend)
 
     def compile_cache_stats(self) -> dict[str, int]:

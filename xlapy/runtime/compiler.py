@@ -1,13 +1,16 @@
 """The compiler: HLO in, Executable out.
 
 Compiling parses the input (a module or HLO text) into the runtime's own copy, turns buffer
-donors into aliases (the buffer-donor-to-alias pass), verifies, and prints the result: that
-text is what the executable keeps, fingerprints and serializes. Backends compile it further
-when the executable is loaded onto a client's devices.
+donors into aliases (the buffer-donor-to-alias pass), verifies, checks every custom call
+against the custom-call registry (an unknown target or a typed-FFI type mismatch is a
+compile-time CustomCallError naming the instruction), and prints the result: that text is
+what the executable keeps, fingerprints and serializes. Backends compile it further when
+the executable is loaded onto a client's devices.
 """
 
 from __future__ import annotations
 
+from xlapy.backends.custom_calls import CustomCallRegistry, check_custom_calls
 from xlapy.ir.module import HloModule
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
@@ -22,11 +25,18 @@ def canonical_text(program: HloModule | str) -> str:
     return module.to_text()
 
 
-class Compiler:
-    """Compiles modules for one platform (PJRT's PjRtCompiler)."""
+# runtime platform -> the custom-call platform its targets are registered for
+CUSTOM_CALL_PLATFORMS = {"interpreter": "Host", "cpu": "Host"}
 
-    def __init__(self, platform: str):
+
+class Compiler:
+    """Compiles modules for one platform (PJRT's PjRtCompiler). Custom-call targets are
+    looked up in `registry` first, then in the global registry."""
+
+    def __init__(self, platform: str, registry: CustomCallRegistry | None = None):
         self.platform = platform
+        self.registry = registry
+        self.custom_call_platform = CUSTOM_CALL_PLATFORMS.get(platform, "Host")
 
     def compile(
         self, program: HloModule | str, options: CompileOptions | None = None
@@ -40,6 +50,7 @@ class Compiler:
     def compile_canonical(self, module: HloModule, options: CompileOptions) -> Executable:
         """Compile a module the runtime owns (it is modified)."""
         verify(module)
+        self.check_custom_calls(module)
         BufferDonorToAlias().run(module)
         verify(module)
         return Executable(module, options, self.platform, module.to_text())
@@ -48,4 +59,10 @@ class Compiler:
         """An Executable from already-compiled HLO text (deserialization)."""
         module = parse_module(hlo_text)
         verify(module)
+        self.check_custom_calls(module)
         return Executable(module, options, self.platform, hlo_text)
+
+    def check_custom_calls(self, module: HloModule) -> None:
+        """CustomCallError naming every custom call of `module` whose target is unknown
+        or does not accept the call (see xlapy.backends.custom_calls.check_custom_calls)."""
+        check_custom_calls(module, self.custom_call_platform, self.registry)

@@ -159,6 +159,7 @@ class Executable:
 
 class LoadedExecutable(Executable):
     """An executable bound to a client's devices, ready to run (PJRT's PjRtLoadedExecutable).
+    Its backend programs resolve custom calls in the client's registry, then the global one.
 
     Every execute method returns the output buffers at once (one per array leaf of the
     output, pre-order); the run happens on each device's worker thread, in the order calls
@@ -178,10 +179,14 @@ class LoadedExecutable(Executable):
         for r, row in enumerate(self._assignment):
             for p, device_id in enumerate(row):
                 self._programs[device_id] = backend.compile(
-                    self.module,
-                    {**dict(self.options.backend_options), "replica_id": r, "partition_id": p},
+                    self.module, {**self._backend_options(), "replica_id": r, "partition_id": p}
                 )
         self._portable: CompiledProgram | None = None
+
+    def _backend_options(self) -> dict[str, Any]:
+        """The options' backend settings plus the client's custom-call registry (which the
+        backend resolves targets in before the global registry)."""
+        return {**dict(self.options.backend_options), "custom_calls": self.client.custom_calls}
 
     @property
     def addressable_devices(self) -> list[Device]:
@@ -237,7 +242,7 @@ class LoadedExecutable(Executable):
         if device.client is not self.client:
             raise RuntimeApiError(f"device {device.id} belongs to another client")
         if self._portable is None:
-            self._portable = self.backend.compile(self.module, dict(self.options.backend_options))
+            self._portable = self.backend.compile(self.module, self._backend_options())
         return self._run_one(self._portable, arguments, device, **donation)
 
     def _run_one(

@@ -19,6 +19,9 @@ from xlapy.backends.base import (
 from xlapy.backends.interpreter.evaluator import Interpreter
 from xlapy.ir.module import HloModule
 
+# options passed on to the interpreter's state (see Interpreter)
+_INTERPRETER_STATE = ("replica_id", "partition_id", "custom_calls")
+
 
 class InterpreterProgram(CompiledProgram):
     """A module run by the NumPy reference interpreter."""
@@ -31,7 +34,7 @@ class InterpreterProgram(CompiledProgram):
     def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
         """Evaluate, make every output leaf a fresh array, then write aliased outputs of
         donated parameters into the argument arrays."""
-        state = {k: v for k, v in self.options.items() if k in ("replica_id", "partition_id")}
+        state = {k: v for k, v in self.options.items() if k in _INTERPRETER_STATE}
         out = Interpreter(**state).run(self.module, args)
         out = _fresh(out)
         for alias in self.aliases:

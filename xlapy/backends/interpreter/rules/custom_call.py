@@ -1,7 +1,7 @@
 """Evaluation rule of custom-call: look the target up and call it with the convention its
 API version names (see xlapy.backends.custom_calls): Python targets on NumPy views, typed
 FFI handlers on typed arrays and decoded attributes, C targets on pointers to contiguous
-NumPy buffers.
+NumPy buffers (tuple operands and results as nested pointer tables, seed 002's layout).
 
 Targets are found in `ctx.state["custom_calls"]` first (a CustomCallRegistry, or a dict from
 target name to callable), then in the global registry, for the platform
@@ -118,20 +118,31 @@ def _xla_topk(instr, operands, ctx):
 XLA_INTERNAL_TARGETS = {"TopK": _xla_topk}
 
 
-def _aliased_inputs(instr, operands, ins, outs) -> list:
-    """The operand leaves a C target sees: an operand leaf that an output aliases is the
+def _contiguous(value):
+    if isinstance(value, tuple):
+        return tuple(_contiguous(v) for v in value)
+    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else None
+
+
+def _with_leaf(value, index, leaf):
+    if not index:
+        return leaf
+    items = list(value)
+    items[index[0]] = _with_leaf(items[index[0]], index[1:], leaf)
+    return tuple(items)
+
+
+def _aliased_operands(instr, operands, outs) -> list:
+    """The operand values a C target sees: an operand leaf that an output aliases is the
     output's buffer (the copy the target updates in place)."""
-    ins = list(ins)
-    starts, n = [], 0
-    for op in operands:
-        starts.append(n)
-        n += len(flatten(op))
+    operands = list(operands)
     leaf_numbers = {index: i for i, (index, _) in enumerate(instr.shape.leaves())}
     for alias in instr.attrs.get("output_to_operand_aliasing", ()):
-        op_shape = instr.operands[alias.operand_number].shape
-        position = [index for index, _ in op_shape.leaves()].index(alias.operand_index)
-        ins[starts[alias.operand_number] + position] = outs[leaf_numbers[alias.output_index]]
-    return ins
+        out = outs[leaf_numbers[alias.output_index]]
+        operands[alias.operand_number] = _with_leaf(
+            operands[alias.operand_number], alias.operand_index, out
+        )
+    return operands
 
 
 def _call_c(instr, target, operands, outs, opaque):
@@ -140,13 +151,9 @@ def _call_c(instr, target, operands, outs, opaque):
             f"{instr.name}: custom-call target {target.name!r} is a {target.platform} C "
             f"function; the interpreter calls C targets for the Host platform only"
         )
-    leaves = [
-        np.ascontiguousarray(leaf) if isinstance(leaf, np.ndarray) else None
-        for leaf in flatten(tuple(operands))
-    ]
-    ins = _aliased_inputs(instr, operands, leaves, outs)
+    ins = _aliased_operands(instr, [_contiguous(op) for op in operands], outs)
     try:
-        call_cpu_c_target(target, ins, outs, instr.shape.is_tuple, opaque)
+        call_cpu_c_target(target, ins, _unflatten(instr.shape, list(outs)), opaque)
     except CustomCallError as e:
         raise CustomCallError(
             f"{instr.name}: custom-call target {target.name!r} failed: {e}"
