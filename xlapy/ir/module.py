@@ -8,7 +8,6 @@ as text and printed back.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Literal as TypingLiteral
 
@@ -86,7 +85,6 @@ class HloModule:
         self.entry: HloComputation | None = None
         self.config = config or ModuleConfig()
         self.stack_frames = StackFrameTables()
-        self._name_counter = itertools.count()
 
     def add_computation(self, comp: HloComputation, *, entry: bool = False) -> HloComputation:
         comp.parent = self
@@ -112,14 +110,6 @@ class HloModule:
         """Every instruction of every computation."""
         for comp in self.computations:
             yield from comp.instructions
-
-    def unique_name(self, prefix: str) -> str:
-        """A fresh instruction name `prefix.N` not used anywhere in the module."""
-        taken = {i.name for i in self.instructions()} | {c.name for c in self.computations}
-        while True:
-            name = f"{prefix}.{next(self._name_counter)}"
-            if name not in taken:
-                return name
 
     def to_text(self, **options) -> str:
         """The module as HLO text (see xlapy.ir.printer.print_module for options)."""

@@ -26,8 +26,9 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Category, Opcode
-from xlapy.passes.hlo_edit import Editor, Namer, has_side_effect_deep, reachable_computations
+from xlapy.passes.hlo_edit import Editor, has_side_effect_deep, reachable_computations
 from xlapy.passes.pass_base import HloPass, register_pass
 
 _NEVER_FOLDED = frozenset(
@@ -97,7 +98,7 @@ class ConstantFolding(HloPass):
         return not (instr.control_predecessors or has_side_effect_deep(instr, memo))
 
     def run(self, module: HloModule) -> bool:
-        namer = Namer(module)
+        namer = NameUniquer(module)
         memo: dict = {}
         ctx = _FoldContext()
         changed = False

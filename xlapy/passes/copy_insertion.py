@@ -24,32 +24,18 @@ from each other, stay.
 
 from __future__ import annotations
 
-import itertools
-
 from xlapy.analysis.alias import AliasAnalysis, HloBuffer, UnionFind
 from xlapy.analysis.dataflow import DataflowAnalysis, HloValue
 from xlapy.analysis.liveness import LivenessAnalysis
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.passes.pass_base import HloPass, register_pass
 
 
-class _Names:
-    def __init__(self, module: HloModule):
-        self.taken = {i.name for i in module.instructions()}
-        self.counter = itertools.count(1)
-
-    def fresh(self, stem: str) -> str:
-        while True:
-            name = f"{stem}.{next(self.counter)}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
-
-
-def _deep_copy(comp: HloComputation, instr: HloInstruction, names: _Names) -> HloInstruction:
+def _deep_copy(comp: HloComputation, instr: HloInstruction, names: NameUniquer) -> HloInstruction:
     """Instructions (added to `comp`) producing a copy of every array leaf of `instr`."""
     shape = instr.shape
     if shape.is_array:
@@ -91,7 +77,7 @@ class CopyInsertion(HloPass):
     def run(self, module: HloModule) -> bool:
         if module.entry is None:
             return False
-        names = _Names(module)
+        names = NameUniquer(module)
         dataflow = DataflowAnalysis.run(module)
         added = self._add_copies(module, dataflow.computations, names)
         removed = self._remove_copies(module)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
-from xlapy.passes.hlo_edit import Editor, Namer, has_side_effect_deep, reachable_computations
+from xlapy.passes.hlo_edit import Editor, has_side_effect_deep, reachable_computations
 from xlapy.passes.pass_base import HloPass, register_pass
 
 _IGNORED_ATTRIBUTES = frozenset({"metadata"})
@@ -55,7 +56,7 @@ class CommonSubexpressionElimination(HloPass):
     name = "cse"
 
     def run(self, module: HloModule) -> bool:
-        namer = Namer(None)
+        namer = NameUniquer(None)
         memo: dict = {}
         changed = False
         for comp in reachable_computations(module):

@@ -10,9 +10,9 @@ that, computations the entry can no longer reach are dropped.
 from __future__ import annotations
 
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.passes.hlo_edit import (
     Editor,
-    Namer,
     reachable_computations,
     remove_unreachable_computations,
 )
@@ -26,7 +26,7 @@ class DeadCodeElimination(HloPass):
     name = "dce"
 
     def run(self, module: HloModule) -> bool:
-        namer = Namer(None)
+        namer = NameUniquer(None)
         changed = False
         for comp in reachable_computations(module):
             changed |= Editor(comp, namer).remove_dead()

@@ -16,10 +16,11 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Layout, Shape
 from xlapy.ir.types import PrimitiveType
-from xlapy.passes.hlo_edit import Editor, Namer, reachable_computations
+from xlapy.passes.hlo_edit import Editor, reachable_computations
 from xlapy.passes.pass_base import HloPass, register_pass
 
 Op = Opcode
@@ -170,7 +171,7 @@ class _Expander(HloPass):
     expansions: dict = {}
 
     def run(self, module: HloModule) -> bool:
-        namer = Namer(module)
+        namer = NameUniquer(module)
         reducers: dict = {}
         changed = False
         for comp in reachable_computations(module):

@@ -10,36 +10,22 @@ e.g. as a reducer), recursively, as XLA's FlattenCallGraph does. Thread-local co
 
 from __future__ import annotations
 
-import itertools
-
 from xlapy.analysis.dataflow import CONTROL_FLOW_OPCODES
 from xlapy.ir.attributes import COMPUTATION_ATTRIBUTES
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.passes.pass_base import HloPass, register_pass
 
 
-class _Names:
-    def __init__(self, module: HloModule):
-        self.taken = {i.name for i in module.instructions()} | {c.name for c in module.computations}
-        self.counter = itertools.count(1)
-
-    def fresh(self, base: str) -> str:
-        while True:
-            name = f"{base}.clone.{next(self.counter)}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
-
-
-def clone_computation(comp: HloComputation, names: _Names) -> HloComputation:
+def clone_computation(comp: HloComputation, names: NameUniquer) -> HloComputation:
     """A copy of `comp` with fresh names; called computations stay shared."""
     mapping: dict[HloInstruction, HloInstruction] = {}
-    clone = HloComputation(names.fresh(comp.name))
+    clone = HloComputation(names.fresh(f"{comp.name}.clone"))
     for instr in comp.instructions:
         copy = HloInstruction(
-            names.fresh(instr.name),
+            names.fresh(f"{instr.name}.clone"),
             instr.opcode,
             instr.shape,
             [mapping[o] for o in instr.operands],
@@ -64,7 +50,7 @@ class FlattenCallGraph(HloPass):
     def run(self, module: HloModule) -> bool:
         if module.entry is None:
             return False
-        names = _Names(module)
+        names = NameUniquer(module)
         inside_ops = {
             called
             for instr in module.instructions()

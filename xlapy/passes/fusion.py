@@ -19,7 +19,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
-from xlapy.passes.fusion_edit import FusionEditor, Names
+from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
     can_be_consumer,
     can_be_producer,
@@ -82,7 +82,7 @@ class LoopFusion(HloPass):
         self.producers_fused = 0
 
     def run(self, module: HloModule) -> bool:
-        names = Names(module)
+        names = NameUniquer(module)
         self.fusions_made = 0
         self.producers_fused = 0
         self._shared = shared_fused_computations(module)
@@ -91,7 +91,7 @@ class LoopFusion(HloPass):
             changed |= self._run_on(module, comp, names)
         return changed
 
-    def _run_on(self, module: HloModule, comp: HloComputation, names: Names) -> bool:
+    def _run_on(self, module: HloModule, comp: HloComputation, names: NameUniquer) -> bool:
         editor = FusionEditor(module, comp, names)
         changed_any = False
         for _ in range(self.max_sweeps):

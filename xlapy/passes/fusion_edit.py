@@ -19,39 +19,13 @@ new fused computation just before the computation that calls it (callees print f
 
 from __future__ import annotations
 
-import re
-
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 from xlapy.passes.fusion_rules import fused_computation, fusion_kind
-
-_SUFFIX = re.compile(r"\.\d+$")
-
-
-class Names:
-    """Module-unique instruction and computation names."""
-
-    def __init__(self, module: HloModule):
-        self.taken = {i.name for i in module.instructions()}
-        self.taken.update(c.name for c in module.computations)
-        self._next: dict[str, int] = {}
-
-    def fresh(self, base: str, plain_first: bool = False) -> str:
-        """`base` itself when `plain_first` and free, else the first free `stem.N`."""
-        stem = _SUFFIX.sub("", base) or "instr"
-        if plain_first and stem not in self.taken:
-            self.taken.add(stem)
-            return stem
-        n = self._next.get(stem, 1)
-        while f"{stem}.{n}" in self.taken:
-            n += 1
-        self._next[stem] = n + 1
-        name = f"{stem}.{n}"
-        self.taken.add(name)
-        return name
 
 
 def root_outputs(comp: HloComputation) -> list[HloInstruction]:
@@ -79,7 +53,7 @@ def fusion_name(comp: HloComputation) -> str:
 class FusionEditor:
     """Builds and grows fusions inside `comp`, keeping `users` current."""
 
-    def __init__(self, module: HloModule, comp: HloComputation, names: Names):
+    def __init__(self, module: HloModule, comp: HloComputation, names: NameUniquer):
         self.module = module
         self.comp = comp
         self.names = names

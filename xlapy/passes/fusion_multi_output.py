@@ -23,7 +23,7 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.passes.fusion import fusible_computations, shared_fused_computations
-from xlapy.passes.fusion_edit import FusionEditor, Names
+from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
     can_be_consumer,
     can_be_producer,
@@ -69,7 +69,7 @@ class MultiOutputFusion(HloPass):
         self.fusions_made = 0
 
     def run(self, module: HloModule) -> bool:
-        names = Names(module)
+        names = NameUniquer(module)
         self.fusions_made = 0
         changed = False
         for comp in fusible_computations(module):

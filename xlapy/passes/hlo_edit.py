@@ -10,38 +10,15 @@ valid order. Passes that edit through it never leave a stale users map behind.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
-
-_SUFFIX = re.compile(r"\.\d+$")
-
-
-class Namer:
-    """Hands out instruction names not yet used anywhere in a module (`stem.N`)."""
-
-    def __init__(self, module: HloModule | None):
-        self.taken: set[str] = set()
-        self.next: dict[str, int] = {}
-        if module is not None:
-            self.taken.update(i.name for i in module.instructions())
-            self.taken.update(c.name for c in module.computations)
-
-    def fresh(self, base: str) -> str:
-        stem = _SUFFIX.sub("", base) or "instr"
-        n = self.next.get(stem, 1)
-        while f"{stem}.{n}" in self.taken:
-            n += 1
-        self.next[stem] = n + 1
-        name = f"{stem}.{n}"
-        self.taken.add(name)
-        return name
 
 
 def module_of(comp: HloComputation) -> HloModule | None:
@@ -67,9 +44,9 @@ def has_side_effect_deep(instr: HloInstruction, _memo: dict[int, bool] | None = 
 class Editor:
     """Edits one computation while keeping an index of users."""
 
-    def __init__(self, comp: HloComputation, namer: Namer | None = None):
+    def __init__(self, comp: HloComputation, namer: NameUniquer | None = None):
         self.comp = comp
-        self.namer = namer or Namer(comp.parent)
+        self.namer = namer or NameUniquer(comp.parent)
         self.users: dict[int, list[HloInstruction]] = {id(i): [] for i in comp.instructions}
         for instr in comp.instructions:
             for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.passes.hlo_edit import (
     Editor,
-    Namer,
     reachable_computations,
     remove_unreachable_computations,
 )
@@ -61,7 +61,7 @@ class CallInliner(HloPass):
     name = "call-inliner"
 
     def run(self, module: HloModule) -> bool:
-        namer = Namer(module)
+        namer = NameUniquer(module)
         changed = False
         for comp in reachable_computations(module):
             editor = Editor(comp, namer)

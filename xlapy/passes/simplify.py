@@ -11,7 +11,8 @@ merges in two sweeps.
 from __future__ import annotations
 
 from xlapy.ir.module import HloModule
-from xlapy.passes.hlo_edit import Editor, Namer, reachable_computations, same_shape
+from xlapy.ir.names import NameUniquer
+from xlapy.passes.hlo_edit import Editor, reachable_computations, same_shape
 from xlapy.passes.pass_base import HloPass, register_pass
 from xlapy.passes.rules import RULES, Match, Rule, SimplifierOptions, match, rules_by_opcode
 
@@ -35,7 +36,7 @@ class AlgebraicSimplifier(HloPass):
 
     def run(self, module: HloModule) -> bool:
         self.fired = {}
-        namer = Namer(module)
+        namer = NameUniquer(module)
         changed = False
         for comp in reachable_computations(module):
             editor = Editor(comp, namer)

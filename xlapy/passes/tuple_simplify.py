@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
-from xlapy.passes.hlo_edit import Editor, Namer, reachable_computations, same_shape
+from xlapy.passes.hlo_edit import Editor, reachable_computations, same_shape
 from xlapy.passes.pass_base import HloPass, register_pass
 
 
@@ -44,7 +45,7 @@ class TupleSimplifier(HloPass):
     name = "tuple-simplifier"
 
     def run(self, module: HloModule) -> bool:
-        namer = Namer(None)
+        namer = NameUniquer(None)
         changed = False
         for comp in reachable_computations(module):
             editor = Editor(comp, namer)

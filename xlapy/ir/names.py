@@ -1,0 +1,38 @@
+"""Fresh instruction and computation names, unique within a module (`stem.N`, as XLA)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xlapy.ir.module import HloModule
+
+_SUFFIX = re.compile(r"\.\d+$")
+
+
+class NameUniquer:
+    """Hands out names not used by any instruction or computation of `module` (or by any
+    name it handed out before). Every pass that creates instructions uses one."""
+
+    def __init__(self, module: HloModule | None = None):
+        self.taken: set[str] = set()
+        self._next: dict[str, int] = {}
+        if module is not None:
+            self.taken.update(i.name for i in module.instructions())
+            self.taken.update(c.name for c in module.computations)
+
+    def fresh(self, base: str, plain_first: bool = False) -> str:
+        """`base` itself when `plain_first` and free, else the first free `stem.N`, where
+        `stem` is `base` without a trailing `.N`."""
+        stem = _SUFFIX.sub("", base) or "instr"
+        if plain_first and stem not in self.taken:
+            self.taken.add(stem)
+            return stem
+        n = self._next.get(stem, 1)
+        while f"{stem}.{n}" in self.taken:
+            n += 1
+        self._next[stem] = n + 1
+        name = f"{stem}.{n}"
+        self.taken.add(name)
+        return name
