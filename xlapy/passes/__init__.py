@@ -1,4 +1,11 @@
-"""Transformations of HLO modules: named passes and pipelines (see pass_base)."""
+"""Transformations of HLO modules: named passes and pipelines (see pass_base).
+
+Importing the package imports every pass module, so the registry (`PASSES`, `make_pass`)
+knows every pass by name. The pass modules import `xlapy.passes.pass_base` directly, which
+is already loaded by the time they run.
+"""
+
+import importlib
 
 from xlapy.passes.pass_base import (
     PASSES,
@@ -9,4 +16,31 @@ from xlapy.passes.pass_base import (
     register_pass,
 )
 
-__all__ = ["PASSES", "FixedPoint", "HloPass", "PassPipeline", "make_pass", "register_pass"]
+PASS_MODULES = (
+    "constant_folding",
+    "copy_insertion",
+    "cse",
+    "dce",
+    "donors",
+    "expanders",
+    "flatten_call_graph",
+    "fusion",
+    "fusion_multi_output",
+    "inline",
+    "simplify",
+    "tuple_simplify",
+)
+"""The modules under xlapy.passes that register passes."""
+
+for _name in PASS_MODULES:
+    importlib.import_module(f"xlapy.passes.{_name}")
+
+__all__ = [
+    "PASSES",
+    "PASS_MODULES",
+    "FixedPoint",
+    "HloPass",
+    "PassPipeline",
+    "make_pass",
+    "register_pass",
+]

@@ -1,4 +1,4 @@
-"""The `xlapy` command line: run, check and format HLO modules.
+"""The `xlapy` command line: run, check, format and optimize HLO modules; report their memory.
 
 Every command reads a module from HLO text. Errors in the user's input (malformed text, an
 invalid program, inputs that do not match) print the message and exit with status 1; they
@@ -125,6 +125,96 @@ def fmt(module_path, long_form, no_metadata):
     if no_metadata:
         options = dataclasses.replace(options, print_metadata=False)
     click.echo(print_module(module, options), nl=False)
+
+
+@cli.command()
+@click.argument("module_path", metavar="MODULE.hlo", type=click.Path(dir_okay=False))
+@click.option("--no-opt", is_flag=True, help="skip the default CPU pipeline")
+@click.option(
+    "--top", type=click.IntRange(min=0), default=10, show_default=True, help="peak buffers to list"
+)
+@click.option(
+    "--scheduler",
+    type=click.Choice(["best", "list", "dfs", "post-order", "module"]),
+    default="best",
+    show_default=True,
+    help="the sequential order buffers are assigned over",
+)
+@click.option("--csv", "csv_path", metavar="FILE", help="one row per value to FILE ('-': stdout)")
+@click.option(
+    "--plot",
+    "plot_path",
+    metavar="FILE.png",
+    type=click.Path(dir_okay=False),
+    help="draw the memory timeline",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
+def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json):
+    """Assign buffers for MODULE.hlo and report its memory: allocations, stats, peak buffers."""
+    from xlapy.memory import report
+
+    module = load_module(module_path)
+    plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
+    a = plan.assignment
+    if plot_path:
+        report.plot_timeline(a, plot_path)
+    if csv_path == "-":
+        report.write_csv(a, sys.stdout)
+    elif csv_path:
+        with open(csv_path, "w", newline="") as f:
+            report.write_csv(a, f)
+    if as_json:
+        click.echo(report.figures_json(a, plan.scheduler))
+    elif csv_path != "-":
+        click.echo(report.format_report(a, top, plan.scheduler))
+    if plot_path:
+        click.echo(f"wrote the memory timeline to {plot_path}", err=True)
+
+
+@cli.command()
+@click.argument("module_path", metavar="MODULE.hlo", type=click.Path(dir_okay=False))
+@click.option(
+    "--passes",
+    "pass_names",
+    metavar="A,B,...",
+    help="passes to run in order (default: the default CPU pipeline)",
+)
+@click.option(
+    "--dump-dir",
+    type=click.Path(file_okay=False),
+    help="write the module after each pass that changed it",
+)
+@click.option("--no-verify", is_flag=True, help="do not run the verifier between passes")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="write the result here")
+def opt(module_path, pass_names, dump_dir, no_verify, output):
+    """Optimize MODULE.hlo and print the result."""
+    from xlapy.passes.pass_base import PassPipeline, make_pass
+    from xlapy.passes.pipelines import default_cpu_pipeline
+
+    if pass_names is not None:
+        names = [n.strip() for n in pass_names.split(",") if n.strip()]
+        if not names:
+            raise click.UsageError("--passes names no pass")
+        passes = [make_pass(n) for n in names]
+    module = load_module(module_path)
+    if pass_names is None:
+        pipeline = default_cpu_pipeline(dump_dir=dump_dir, verify=not no_verify)
+    else:
+        pipeline = PassPipeline("opt", passes, verify_between=not no_verify, dump_dir=dump_dir)
+    start = time.perf_counter()
+    pipeline.run(module)
+    elapsed = time.perf_counter() - start
+    text = module.to_text()
+    if output:
+        Path(output).write_text(text)
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+    changed = sorted({name for name, did in pipeline.log if did})
+    click.echo(
+        f"ran {len(pipeline.log)} passes in {elapsed * 1e3:.1f} ms; changed by: "
+        f"{', '.join(changed) or 'none'}",
+        err=True,
+    )
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,164 @@
+"""`xlapy memory` and `xlapy opt`: reports, dumps, and errors that exit 1 with a message."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_memory_report import JSON_KEYS, SIZES
+
+import xlapy.passes
+from xlapy.ir.parser import parse_module
+from xlapy.tools.cli import main
+
+PASSES_DIR = Path(xlapy.passes.__file__).parent
+
+# Simplifiable: x*1 is x, and `dead` has no user.
+SIMPLIFIABLE = """
+HloModule simplify_me
+ENTRY main {
+  x = f32[8]{0} parameter(0)
+  one = f32[] constant(1)
+  ones = f32[8]{0} broadcast(one), dimensions={}
+  y = f32[8]{0} multiply(x, ones)
+  dead = f32[8]{0} sine(x)
+  ROOT z = f32[8]{0} exponential(y)
+}
+"""
+
+
+@pytest.fixture
+def write(tmp_path):
+    def write(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_memory_prints_listing_stats_and_peak(capsys, write):
+    code, out, err = run_cli(capsys, "memory", write("m.hlo", SIZES), "--no-opt", "--top", "2")
+    assert code == 0, err
+    assert out.startswith("Memory report for sizes (scheduler: ")
+    for section in ("Allocations:", "BufferAssignment stats:", "memory_analysis:", "Peak buffers:"):
+        assert section in out
+    assert "entry-parameter 0 at ShapeIndex {} (aliased)" in out
+    peak_rows = out.split("Peak buffers:")[1].strip().splitlines()[3:]
+    assert len(peak_rows) == 2
+
+
+def test_memory_json(capsys, write):
+    code, out, _ = run_cli(capsys, "memory", write("m.hlo", SIZES), "--json", "--no-opt")
+    assert code == 0
+    figures = json.loads(out)
+    assert set(figures) >= JSON_KEYS
+    assert (figures["argument_bytes"], figures["alias_bytes"], figures["temp_bytes"]) == (
+        1280,
+        1024,
+        2048,
+    )
+    assert figures["peak_bytes"] == 1280 + 1296 - 1024 + 2048
+
+
+@pytest.mark.parametrize("scheduler", ["list", "dfs", "post-order", "module"])
+def test_memory_scheduler_option(capsys, write, scheduler):
+    path = write("m.hlo", SIZES)
+    code, out, _ = run_cli(capsys, "memory", path, "--json", "--scheduler", scheduler)
+    assert code == 0
+    assert json.loads(out)["scheduler"] == scheduler
+
+
+def test_memory_csv_to_file_and_stdout(capsys, write, tmp_path):
+    path = write("m.hlo", SIZES)
+    target = tmp_path / "values.csv"
+    code, out, _ = run_cli(capsys, "memory", path, "--no-opt", "--csv", str(target))
+    assert code == 0 and "Peak buffers:" in out
+    rows = list(csv.DictReader(target.open()))
+    code, out, _ = run_cli(capsys, "memory", path, "--no-opt", "--csv", "-")
+    assert code == 0
+    assert list(csv.DictReader(io.StringIO(out))) == rows
+    values = len(parse_module(SIZES).entry.instructions)  # one value each, and t's table
+    assert len(rows) == values + 1
+    assert {"offset", "size", "start", "end", "uses"} <= set(rows[0])
+
+
+def test_memory_plot(capsys, write, tmp_path):
+    target = tmp_path / "mem.png"
+    code, _, err = run_cli(capsys, "memory", write("m.hlo", SIZES), "--plot", str(target))
+    assert code == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(target) in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["memory", "{bad}"], "error: expected"),
+        (["memory", "{m}", "--scheduler", "fastest"], "Invalid value for '--scheduler'"),
+        (["memory", "/nonexistent/m.hlo"], "No such file"),
+        (["opt", "{m}", "--passes=dce,fold-everything"], "unknown pass 'fold-everything'"),
+        (["opt", "{m}", "--passes=,"], "--passes names no pass"),
+        (["opt", "{bad}"], "error: expected"),
+    ],
+)
+def test_errors_exit_1_with_a_message(capsys, write, argv, message):
+    paths = {"{m}": write("m.hlo", SIMPLIFIABLE), "{bad}": write("bad.hlo", "HloModule x\nENTRY {")}
+    code, _, err = run_cli(capsys, *[paths.get(a, a) for a in argv])
+    assert code != 0
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_unknown_pass_lists_the_known_ones(capsys, write):
+    code, _, err = run_cli(capsys, "opt", write("m.hlo", SIMPLIFIABLE), "--passes=nope")
+    assert code == 1
+    known = err.split("known passes:")[1]
+    for name in ("algsimp", "dce", "fusion", "copy-insertion", "multi-output-fusion"):
+        assert name in known
+
+
+def test_opt_passes_and_dump_dir(capsys, write, tmp_path):
+    dump = tmp_path / "dump"
+    path = write("m.hlo", SIMPLIFIABLE)
+    code, out, err = run_cli(capsys, "opt", path, "--passes=algsimp,dce", "--dump-dir", str(dump))
+    assert code == 0, err
+    module = parse_module(out)
+    opcodes = [i.opcode.text for i in module.entry.instructions]
+    assert opcodes == ["parameter", "exponential"]
+    files = sorted(p.name for p in dump.iterdir())
+    assert files == ["00.input.hlo", "01.algsimp.hlo", "02.dce.hlo"]
+    assert "sine" in (dump / "01.algsimp.hlo").read_text()
+    assert "sine" not in (dump / "02.dce.hlo").read_text()
+    assert "ran 2 passes" in err
+
+
+def test_opt_default_pipeline_prints_the_optimized_module(capsys, write, tmp_path):
+    out_path = tmp_path / "opt.hlo"
+    code, out, _ = run_cli(capsys, "opt", write("m.hlo", SIMPLIFIABLE))
+    assert code == 0
+    module = parse_module(out)
+    assert "sine" not in out and "multiply" not in out
+    assert module.entry.root.shape.dims == (8,)
+    code, _, _ = run_cli(capsys, "opt", write("m.hlo", SIMPLIFIABLE), "-o", str(out_path))
+    assert code == 0 and out_path.read_text().strip() == out.strip()
+
+
+def test_every_pass_module_is_registered_on_import():
+    registering = {
+        p.stem
+        for p in PASSES_DIR.glob("*.py")
+        if re.search(r"^@register_pass", p.read_text(), re.M)
+    }
+    assert registering <= set(xlapy.passes.PASS_MODULES)
+    assert len(xlapy.passes.PASSES) >= len(registering)

@@ -1,0 +1,188 @@
+"""Memory reports: the text report, CSV rows, JSON figures, the timeline and its plot, on
+hand-written modules whose sizes are known."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from test_dataflow import CONTROL, TUPLES, WHILE
+
+from xlapy.ir.parser import parse_module
+from xlapy.memory import report
+from xlapy.memory.heap_simulator import MemoryPlanningError
+
+# p0 (1 KiB) is donated to output {0}; p1 (256 B) is read-only. b, m and e are 1 KiB
+# temporaries, at most two live at once: the arena is 2 KiB under any order.
+SIZES = """
+HloModule sizes, input_output_alias={ {0}: (0, {}, may-alias) }
+
+ENTRY main {
+  p0 = f32[256]{0} parameter(0)
+  p1 = f32[64]{0} parameter(1)
+  c = f32[] constant(2)
+  b = f32[256]{0} broadcast(c), dimensions={}
+  m = f32[256]{0} multiply(p0, b), metadata={op_name="jit(f)/jit(main)/mul" source_line=3}
+  e = f32[256]{0} exponential(m), metadata={op_name="jit(f)/jit(main)/exp"}
+  u = f32[256]{0} add(e, p0)
+  s = f32[64]{0} sine(p1)
+  ROOT t = (f32[256]{0}, f32[64]{0}) tuple(u, s)
+}
+"""
+
+JSON_KEYS = {
+    "argument_bytes",
+    "output_bytes",
+    "alias_bytes",
+    "temp_bytes",
+    "peak_bytes",
+    "lower_bound_bytes",
+    "scheduler",
+}
+
+
+def plan(text: str = SIZES, **kw) -> report.MemoryPlan:
+    kw.setdefault("optimize", False)
+    return report.plan_memory(parse_module(text), **kw)
+
+
+def test_text_report_sections_and_numbers():
+    p = plan()
+    text = report.format_report(p.assignment, top=3, scheduler=p.scheduler)
+    for section in ("Memory report for sizes", "Allocations:", "BufferAssignment stats:"):
+        assert section in text
+    assert "allocation 0: size 1024, entry-parameter 0 at ShapeIndex {} (aliased), " in text
+    assert "allocation 1: size 256, entry-parameter 1 at ShapeIndex {} (read-only):" in text
+    assert "size 4, constant:" in text
+    assert "size 16, maybe-live-out, tuple:" in text
+    assert "size 2048, temp:" in text
+    assert "value: <0 p0> (size=1024,offset=0): f32[256]{0}, live [0, " in text
+    rows = {
+        "parameter allocation:": 1280,
+        "constant allocation:": 4,
+        "maybe-live-out allocation:": 1296,
+        "temp allocation:": 2048,
+        "temp fragmentation:": 0,
+        "argument bytes:": 1280,
+        "output bytes:": 1296,
+        "alias bytes:": 1024,
+        "peak bytes:": 1280 + 1296 - 1024 + 2048,
+        "temp lower bound:": 2048,
+    }
+    lines = text.splitlines()
+    for label, number in rows.items():
+        line = next(x for x in lines if x.strip().startswith(label))
+        assert int(line.split(":", 1)[1].split()[0]) == number, line
+
+
+def test_peak_buffers_name_the_largest_values_and_their_op_names():
+    p = plan()
+    a = p.assignment
+    tl = report.timeline(a)
+    peaks = report.peak_buffers(a, top=10, tl=tl)
+    assert [x.rank for x in peaks] == list(range(1, len(peaks) + 1))
+    assert [x.size for x in peaks] == sorted((x.size for x in peaks), reverse=True)
+    assert sum(x.size for x in peaks) == tl.peak_bytes  # all fit in the top 10
+    # the peak holds p0, p1 and the two temporaries of the arena
+    assert tl.peak_bytes == 1280 + 2048
+    temps = {x.value.name: x for x in peaks if x.kind == "temp"}
+    assert len(temps) == 2 and all(x.size == 1024 for x in temps.values())
+    named = [x for x in peaks if x.op_name]
+    assert named and all(x.op_name.startswith("jit(f)/jit(main)/") for x in named)
+    text = report.peak_text(a, top=2, tl=tl)
+    assert text.startswith("Peak buffers: 3.25KiB (3328 bytes) live at step")
+    assert len(text.splitlines()) == 3 + 2  # title, by kind, header, two rows
+
+
+def test_timeline_is_the_sum_of_its_buffers():
+    a = plan().assignment
+    tl = report.timeline(a)
+    assert len(tl.live_bytes) == a.liveness.end_time + 1 == len(tl.steps)
+    for t in range(len(tl.live_bytes)):
+        assert tl.live_bytes[t] == sum(b.size for b in tl.buffers if b.live_at(t))
+    assert tl.peak_bytes == tl.live_bytes.max()
+    assert tl.peak_bytes <= a.peak_bytes
+    assert {b.kind for b in tl.buffers} == {"parameter", "output", "temp"}
+
+
+def test_csv_has_one_row_per_value():
+    a = plan().assignment
+    rows = list(csv.DictReader(io.StringIO(report.write_csv(a))))
+    assert len(rows) == len(a.dataflow.values)
+    assert tuple(rows[0]) == report.CSV_COLUMNS
+    by_name = {r["value"]: r for r in rows}
+    m = by_name["m"]
+    assert (m["opcode"], m["shape"], m["size"], m["allocation_kind"]) == (
+        "multiply",
+        "f32[256]",
+        "1024",
+        "temp",
+    )
+    assert m["uses"] == "e" and m["num_uses"] == "1" and m["op_name"] == "jit(f)/jit(main)/mul"
+    assert by_name["p0"]["uses"].split(";") == ["m", "u"]
+    for r in rows:
+        value = next(v for v in a.dataflow.values if v.id == int(r["value_id"]))
+        s = a.slices[value]
+        assert (int(r["allocation"]), int(r["offset"]), int(r["size"])) == (
+            s.allocation,
+            s.offset,
+            s.size,
+        )
+        assert int(r["start"]) <= int(r["end"])
+
+
+@pytest.mark.parametrize("scheduler", ["best", "list", "dfs", "post-order", "module"])
+@pytest.mark.parametrize(
+    "text", [SIZES, TUPLES, WHILE, CONTROL], ids=["sizes", "tuples", "while", "control"]
+)
+def test_figures_are_consistent(text, scheduler):
+    p = plan(text, scheduler=scheduler)
+    figures = json.loads(report.figures_json(p.assignment, p.scheduler))
+    assert set(figures) >= JSON_KEYS
+    assert figures["peak_bytes"] == (
+        figures["argument_bytes"]
+        + figures["output_bytes"]
+        - figures["alias_bytes"]
+        + figures["temp_bytes"]
+    )
+    assert figures["lower_bound_bytes"] <= figures["temp_bytes"]
+    assert figures["fragmentation_bytes"] == figures["temp_bytes"] - figures["lower_bound_bytes"]
+    assert figures["timeline_peak_bytes"] <= figures["peak_bytes"]
+    if scheduler == "best":
+        assert figures["scheduler"] in ("list", "dfs", "post-order")
+    else:
+        assert figures["scheduler"] == scheduler
+
+
+def test_the_default_pipeline_runs_first_when_asked():
+    p = report.plan_memory(parse_module(SIZES), optimize=True)
+    figures = report.memory_figures(p.assignment, p.scheduler)
+    assert figures["argument_bytes"] == 1280 and figures["alias_bytes"] == 1024
+    # fused, the three temporaries become one kernel: nothing is left in the arena
+    assert figures["temp_bytes"] < 2048
+
+
+def test_plot_is_a_png(tmp_path):
+    from matplotlib.image import imread
+
+    path = report.plot_timeline(plan(WHILE).assignment, tmp_path / "mem.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 600
+    assert np.ptp(image[..., :3]) > 0.5  # not a blank canvas
+
+
+@pytest.mark.parametrize(
+    "n, text", [(0, "0B"), (1023, "1023B"), (1536, "1.50KiB"), (3 << 20, "3.00MiB")]
+)
+def test_human_bytes(n, text):
+    assert report.human_bytes(n) == text
+
+
+def test_unknown_scheduler_is_an_error():
+    with pytest.raises(MemoryPlanningError, match=r"unknown scheduler 'fastest'.*post-order"):
+        plan(scheduler="fastest")

@@ -1,0 +1,593 @@
+"""Memory reports: what a buffer assignment means to the person whose program ran out of memory.
+
+From one BufferAssignment this module derives
+  - the allocation listing, the way XLA's buffer assignment dump reads: every allocation
+    with its size and flags (entry parameter with its number and shape index, aliased or
+    read-only; constant; maybe-live-out; thread-local; tuple; temp) and the values in it
+    with offset, size and live range;
+  - the stats of XLA's BufferAssignment (parameter, constant, maybe-live-out and temp
+    bytes, the temp arena's fragmentation, the total) and the figures of
+    memory_analysis() (argument + output - alias + temp = peak);
+  - the memory timeline: at each step of the flattened schedule, the bytes held by the
+    buffers live then. Entry parameters are held for the whole run (the caller owns them),
+    outputs from their definition to the end, temps over their buffer's live range (the
+    span the heap simulator packs); constants and thread-local scratch are left out, as
+    memory_analysis() leaves them out of the peak;
+  - the peak buffers: the largest buffers live at the timeline's peak, each with the value
+    that holds it then, its shape, opcode and the op_name JAX put in its metadata;
+  - one CSV row per value, a JSON object of the figures, and a PNG plot of the timeline
+    stacked by the largest buffers with the peak marked (matplotlib, imported lazily).
+
+`plan_memory` runs what `xlapy memory` runs before reporting: optionally the default CPU
+pipeline, then flatten-call-graph and copy insertion judged under the chosen scheduler's
+order, then buffer assignment over that order.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xlapy.analysis.alias import HloBuffer
+from xlapy.analysis.dataflow import HloValue
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import index_text
+from xlapy.memory.buffer_assignment import (
+    Allocation,
+    AssignmentOptions,
+    BufferAssignment,
+    assign_buffers,
+)
+from xlapy.memory.heap_simulator import MemoryPlanningError
+from xlapy.memory.scheduler import SCHEDULERS, schedule_computation
+from xlapy.passes.copy_insertion import CopyInsertion
+from xlapy.passes.flatten_call_graph import FlattenCallGraph
+
+REPORT_SCHEDULERS = ("best", *SCHEDULERS, "module")
+"""Scheduler names `plan_memory` accepts: "module" keeps the module's instruction order."""
+
+CSV_COLUMNS = (
+    "value_id",
+    "value",
+    "computation",
+    "opcode",
+    "shape",
+    "allocation",
+    "allocation_kind",
+    "offset",
+    "size",
+    "start",
+    "end",
+    "num_uses",
+    "uses",
+    "op_name",
+)
+
+
+# -- planning ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """A buffer assignment and the scheduler that fixed the entry computation's order."""
+
+    assignment: BufferAssignment
+    scheduler: str
+
+
+def plan_memory(
+    module: HloModule,
+    *,
+    optimize: bool = True,
+    scheduler: str = "best",
+    dump_dir: str | Path | None = None,
+    options: AssignmentOptions | None = None,
+) -> MemoryPlan:
+    """Optimize `module` in place (the default CPU pipeline, unless `optimize` is False),
+    flatten its call graph, insert copies under the order `scheduler` picks (one of
+    REPORT_SCHEDULERS) and assign buffers over that order."""
+    if scheduler not in REPORT_SCHEDULERS:
+        raise MemoryPlanningError(
+            f"unknown scheduler {scheduler!r}; expected one of {', '.join(REPORT_SCHEDULERS)}"
+        )
+    if optimize:
+        from xlapy.passes.pipelines import default_cpu_pipeline
+
+        default_cpu_pipeline(dump_dir=dump_dir).run(module)
+    FlattenCallGraph().run(module)
+    chosen: dict[str, str] = {}
+
+    def order(comp):
+        if scheduler == "module":
+            chosen[comp.name] = "module"
+            return text_order(comp)
+        result = schedule_computation(comp, scheduler)
+        chosen[comp.name] = result.algorithm
+        return result.sequence
+
+    CopyInsertion(order).run(module)
+    options = options or AssignmentOptions()
+    assignment = assign_buffers(module, options=options)
+    return MemoryPlan(assignment, chosen.get(module.entry.name, scheduler))
+
+
+def text_order(comp: HloComputation) -> list[HloInstruction]:
+    """The computation's instructions in text order, except that an instruction placed
+    before one of its operands (a copy a pass appended) moves down to just after it."""
+    position = {instr: n for n, instr in enumerate(comp.instructions)}
+    waiting = {
+        instr: len(set(instr.operands) | set(instr.control_predecessors))
+        for instr in comp.instructions
+    }
+    users: dict[HloInstruction, list[HloInstruction]] = {}
+    for instr in comp.instructions:
+        for dep in set(instr.operands) | set(instr.control_predecessors):
+            users.setdefault(dep, []).append(instr)
+    ready = [(position[i], i.name) for i, n in waiting.items() if n == 0]
+    by_name = {i.name: i for i in comp.instructions}
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        instr = by_name[name]
+        order.append(instr)
+        for user in users.get(instr, ()):
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (position[user], user.name))
+    return order
+
+
+# -- timeline and peak ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TimelineBuffer:
+    """Bytes held over steps [start, end] of the flattened schedule: one entry-parameter or
+    output allocation, or one buffer of a temp arena."""
+
+    label: str
+    kind: str  # "parameter", "output" or "temp"
+    size: int
+    start: int
+    end: int
+    allocation: int
+    buffer: HloBuffer | None
+
+    def live_at(self, time: int) -> bool:
+        return self.start <= time <= self.end
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Live bytes per schedule step (`live_bytes[t]`), the buffers behind them, the
+    instruction that runs at each step, and the step with the most live bytes."""
+
+    buffers: tuple[TimelineBuffer, ...]
+    live_bytes: np.ndarray
+    steps: tuple[str, ...]
+    peak_time: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.live_bytes[self.peak_time]) if len(self.live_bytes) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeakBuffer:
+    """One buffer live at the peak and the value holding it then (`start`, `end`: that
+    value's live range)."""
+
+    rank: int
+    size: int
+    kind: str
+    allocation: int
+    value: HloValue
+    start: int
+    end: int
+
+    @property
+    def instruction(self) -> HloInstruction:
+        return self.value.instruction
+
+    @property
+    def opcode(self) -> str:
+        return opcode_text(self.value.instruction)
+
+    @property
+    def op_name(self) -> str:
+        return self.value.instruction.op_name or ""
+
+
+def opcode_text(instr: HloInstruction) -> str:
+    """The opcode, with a fusion's kind and a custom call's target: `fusion(kLoop)`."""
+    if instr.opcode is Opcode.FUSION and instr.attr("kind") is not None:
+        return f"fusion({instr.attr('kind').text})"
+    if instr.opcode is Opcode.CUSTOM_CALL and instr.attr("custom_call_target"):
+        return f"custom-call({instr.attr('custom_call_target')})"
+    return instr.opcode.text
+
+
+def _buffer_range(a: BufferAssignment, buffer: HloBuffer) -> tuple[int, int]:
+    ranges = [a.liveness.live_range(v) for v in buffer.values]
+    return min(s for s, _ in ranges), max(e for _, e in ranges)
+
+
+def _label(buffer: HloBuffer) -> str:
+    defining = [v for v in buffer.values if v.is_write] or list(buffer.values)
+    return defining[0].name
+
+
+def timeline(a: BufferAssignment) -> Timeline:
+    """The memory timeline of `a` (see the module comment)."""
+    end_time = a.liveness.end_time
+    items: list[TimelineBuffer] = []
+    for alloc in a.allocations:
+        if alloc.is_entry_parameter:
+            param = a.module.entry.parameter(alloc.parameter_number)
+            index = alloc.parameter_index or ()
+            label = f"{param.name}{index_text(index)}" if index else param.name
+            buffer = alloc.buffers[0][0] if alloc.buffers else None
+            items.append(
+                TimelineBuffer(label, "parameter", alloc.size, 0, end_time, alloc.index, buffer)
+            )
+        elif alloc.kind == "output":
+            for buffer, _ in alloc.buffers:
+                start, _ = _buffer_range(a, buffer)
+                items.append(
+                    TimelineBuffer(
+                        _label(buffer), "output", alloc.size, start, end_time, alloc.index, buffer
+                    )
+                )
+        elif alloc.is_temp:
+            for buffer, _ in alloc.buffers:
+                start, end = _buffer_range(a, buffer)
+                items.append(
+                    TimelineBuffer(
+                        _label(buffer), "temp", buffer.size, start, end, alloc.index, buffer
+                    )
+                )
+    live = np.zeros(end_time + 1, dtype=np.int64)
+    for item in items:
+        live[item.start : item.end + 1] += item.size
+    steps = [""] * (end_time + 1)
+    for time, instr, kind in a.liveness.order:
+        steps[time] = instr.name if kind == "end" else f"{instr.name} (start)"
+    peak = int(np.argmax(live)) if len(live) else 0
+    return Timeline(tuple(items), live, tuple(steps), peak)
+
+
+def _holder(a: BufferAssignment, buffer: HloBuffer, time: int) -> HloValue:
+    live = [v for v in buffer.values if _covers(a.liveness.live_range(v), time)]
+    candidates = live or list(buffer.values)
+    writes = [v for v in candidates if v.is_write] or candidates
+    return max(writes, key=lambda v: (v.shape.byte_size, -v.id))
+
+
+def _covers(span: tuple[int, int], time: int) -> bool:
+    return span[0] <= time <= span[1]
+
+
+def peak_buffers(
+    a: BufferAssignment, top: int = 10, tl: Timeline | None = None
+) -> list[PeakBuffer]:
+    """The `top` largest buffers live at the timeline's peak, largest first."""
+    tl = tl or timeline(a)
+    live = [b for b in tl.buffers if b.live_at(tl.peak_time) and b.buffer is not None]
+    live.sort(key=lambda b: (-b.size, b.start, b.label))
+    peaks = []
+    for rank, b in enumerate(live[:top], 1):
+        value = _holder(a, b.buffer, tl.peak_time)
+        start, end = a.liveness.live_range(value)
+        peaks.append(PeakBuffer(rank, b.size, b.kind, b.allocation, value, start, end))
+    return peaks
+
+
+# -- text -------------------------------------------------------------------------------------
+def human_bytes(n: int) -> str:
+    """`1536` -> `1.50KiB`; sizes under 1 KiB stay in bytes (`48B`)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{n}B" if unit == "B" else f"{value:.2f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def allocation_flags(alloc: Allocation) -> list[str]:
+    """The flags XLA prints for an allocation, in XLA's words."""
+    flags = []
+    if alloc.is_entry_parameter:
+        index = index_text(alloc.parameter_index or ())
+        access = "aliased" if alloc.is_aliased_output else "read-only"
+        flags.append(f"entry-parameter {alloc.parameter_number} at ShapeIndex {index} ({access})")
+    if alloc.is_constant:
+        flags.append("constant")
+    if alloc.maybe_live_out:
+        flags.append("maybe-live-out")
+    if alloc.is_thread_local:
+        name = alloc.computation.name if alloc.computation is not None else "?"
+        flags.append(f"thread-local ({name})")
+    if alloc.is_tuple_table:
+        flags.append("tuple")
+    if alloc.is_temp:
+        flags.append("temp")
+    if alloc.memory_space:
+        flags.append(f"memory space {alloc.memory_space}")
+    return flags
+
+
+def allocation_listing(a: BufferAssignment) -> str:
+    """Every allocation with its flags and the values in it (offset, size, live range)."""
+    lines = []
+    for alloc in a.allocations:
+        lines.append(
+            f"allocation {alloc.index}: size {alloc.size}, {', '.join(allocation_flags(alloc))}:"
+        )
+        entries = [(offset, v) for buffer, offset in alloc.buffers for v in buffer.values]
+        entries.sort(key=lambda e: (e[0], a.liveness.live_range(e[1]), e[1].id))
+        for offset, v in entries:
+            start, end = a.liveness.live_range(v)
+            lines.append(
+                f"  value: <{v.id} {v.name}> (size={v.shape.byte_size},offset={offset}): "
+                f"{v.shape}, live [{start}, {end}]"
+            )
+    return "\n".join(lines)
+
+
+def _stats_rows(a: BufferAssignment) -> list[tuple[str, int, str]]:
+    def total(pred) -> tuple[int, int]:
+        chosen = [x for x in a.allocations if pred(x)]
+        return sum(x.size for x in chosen), len(chosen)
+
+    rows = []
+    for name, pred in (
+        ("parameter allocation", lambda x: x.is_entry_parameter),
+        ("constant allocation", lambda x: x.is_constant),
+        ("maybe-live-out allocation", lambda x: x.maybe_live_out),
+        ("temp allocation", lambda x: x.is_temp),
+        ("thread-local allocation", lambda x: x.is_thread_local),
+    ):
+        size, count = total(pred)
+        rows.append((name, size, f"{count} allocation{'s' if count != 1 else ''}"))
+    frag = a.temp_bytes - a.lower_bound_bytes
+    share = f"{100 * frag / a.temp_bytes:.1f}% of temp" if a.temp_bytes else "no temps"
+    algorithms = ", ".join(r.algorithm for _, r in sorted(a.heap_results.items())) or "-"
+    rows.append(("temp fragmentation", frag, f"{share}; heap: {algorithms}"))
+    size, count = total(lambda x: not x.is_thread_local)
+    rows.append(("total allocation", size, f"{count} allocations, thread-local excluded"))
+    return rows
+
+
+def stats_text(a: BufferAssignment) -> str:
+    """XLA's BufferAssignment stats, then the memory_analysis() figures."""
+    lines = ["BufferAssignment stats:"]
+    for name, size, note in _stats_rows(a):
+        lines.append(f"  {name + ':':<28}{size:>14}  ({human_bytes(size)}; {note})")
+    s = a.memory_analysis()
+    lines.append("memory_analysis:")
+    for name in ("argument", "output", "alias", "temp", "constant"):
+        value = getattr(s, f"{name}_bytes")
+        lines.append(f"  {name + ' bytes:':<28}{value:>14}  ({human_bytes(value)})")
+    lines.append(
+        f"  {'peak bytes:':<28}{s.peak_bytes:>14}  ({human_bytes(s.peak_bytes)} = argument "
+        f"+ output - alias + temp)"
+    )
+    lines.append(
+        f"  {'temp lower bound:':<28}{s.lower_bound_bytes:>14}  "
+        f"({human_bytes(s.lower_bound_bytes)}; no fragmentation, same schedule)"
+    )
+    return "\n".join(lines)
+
+
+def peak_text(a: BufferAssignment, top: int = 10, tl: Timeline | None = None) -> str:
+    """The peak of the timeline and the largest buffers live there."""
+    tl = tl or timeline(a)
+    lines = [
+        f"Peak buffers: {human_bytes(tl.peak_bytes)} ({tl.peak_bytes} bytes) live at step "
+        f"{tl.peak_time} of {len(tl.live_bytes)} ({tl.steps[tl.peak_time] if tl.steps else '-'})"
+    ]
+    by_kind = {}
+    for b in tl.buffers:
+        if b.live_at(tl.peak_time):
+            by_kind[b.kind] = by_kind.get(b.kind, 0) + b.size
+    lines.append(
+        "  " + ", ".join(f"{kind}: {human_bytes(n)}" for kind, n in sorted(by_kind.items()))
+    )
+    header = f"  {'#':>3} {'size':>10} {'kind':<9} {'opcode':<22} {'shape':<28} value / op_name"
+    lines.append(header)
+    for p in peak_buffers(a, top, tl):
+        shape = p.value.shape.to_text(with_layout=False)
+        lines.append(
+            f"  {p.rank:>3} {human_bytes(p.size):>10} {p.kind:<9} {p.opcode:<22} {shape:<28} "
+            f"{p.value.name} [{p.start}, {p.end}]"
+            + (f"  op_name={p.op_name!r}" if p.op_name else "")
+        )
+    return "\n".join(lines)
+
+
+def format_report(a: BufferAssignment, top: int = 10, scheduler: str | None = None) -> str:
+    """The whole text report: header, allocation listing, stats, peak buffers."""
+    tl = timeline(a)
+    header = (
+        f"Memory report for {a.module.name} (scheduler: {scheduler or a.scheduler}, "
+        f"{len(a.allocations)} allocations, {len(a.dataflow.values)} values, "
+        f"{len(tl.live_bytes)} steps)"
+    )
+    return "\n\n".join(
+        [header, "Allocations:\n" + allocation_listing(a), stats_text(a), peak_text(a, top, tl)]
+    )
+
+
+# -- CSV and JSON -----------------------------------------------------------------------------
+def value_rows(a: BufferAssignment) -> list[dict[str, object]]:
+    """One row per value (CSV_COLUMNS): where it lives, for how long, who reads it."""
+    rows = []
+    for info in a.value_infos():
+        v = info.value
+        alloc = a.allocations[info.slice.allocation]
+        uses = [u.instruction.name for u in info.uses]
+        rows.append(
+            {
+                "value_id": v.id,
+                "value": v.name,
+                "computation": v.instruction.parent.name if v.instruction.parent else "",
+                "opcode": opcode_text(v.instruction),
+                "shape": v.shape.to_text(with_layout=False),
+                "allocation": alloc.index,
+                "allocation_kind": alloc.kind,
+                "offset": info.slice.offset,
+                "size": info.size,
+                "start": info.start,
+                "end": info.end,
+                "num_uses": len(uses),
+                "uses": ";".join(uses),
+                "op_name": v.instruction.op_name or "",
+            }
+        )
+    return rows
+
+
+def write_csv(a: BufferAssignment, out: io.TextIOBase | None = None) -> str:
+    """The value rows as CSV with a header line; written to `out` if given, and returned."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(value_rows(a))
+    text = buffer.getvalue()
+    if out is not None:
+        out.write(text)
+    return text
+
+
+def memory_figures(a: BufferAssignment, scheduler: str | None = None) -> dict[str, object]:
+    """The figures as one JSON-ready dict (memory_analysis() and a few more)."""
+    s = a.memory_analysis()
+    tl = timeline(a)
+    return {
+        "module": a.module.name,
+        "scheduler": scheduler or a.scheduler,
+        "heap_algorithm": ",".join(r.algorithm for _, r in sorted(a.heap_results.items())),
+        "argument_bytes": s.argument_bytes,
+        "output_bytes": s.output_bytes,
+        "alias_bytes": s.alias_bytes,
+        "temp_bytes": s.temp_bytes,
+        "constant_bytes": s.constant_bytes,
+        "generated_code_bytes": s.generated_code_bytes,
+        "peak_bytes": s.peak_bytes,
+        "lower_bound_bytes": s.lower_bound_bytes,
+        "fragmentation_bytes": s.temp_bytes - s.lower_bound_bytes,
+        "timeline_peak_bytes": tl.peak_bytes,
+        "timeline_peak_step": tl.peak_time,
+        "steps": len(tl.live_bytes),
+        "allocations": len(a.allocations),
+        "values": len(a.dataflow.values),
+        "in_place_updates": len(a.in_place),
+    }
+
+
+def figures_json(a: BufferAssignment, scheduler: str | None = None) -> str:
+    return json.dumps(memory_figures(a, scheduler), sort_keys=False)
+
+
+# -- plot -------------------------------------------------------------------------------------
+def _layers(tl: Timeline, count: int) -> tuple[list[TimelineBuffer], list[TimelineBuffer]]:
+    """The `count` largest buffers (those live at the peak first), and the rest."""
+    ranked = sorted(
+        tl.buffers, key=lambda b: (not b.live_at(tl.peak_time), -b.size, b.start, b.label)
+    )
+    shown = [b for b in ranked[:count] if b.size > 0]
+    shown.sort(key=lambda b: (b.start, -b.size))
+    rest = [b for b in tl.buffers if b not in shown]
+    return shown, rest
+
+
+def _series(buffers: Iterable[TimelineBuffer], steps: int) -> np.ndarray:
+    out = np.zeros(steps, dtype=np.int64)
+    for b in buffers:
+        out[b.start : b.end + 1] += b.size
+    return out
+
+
+def plot_timeline(
+    a: BufferAssignment, path: str | Path, layers: int = 8, title: str | None = None
+) -> Path:
+    """Draw live bytes over the schedule to `path` (PNG): the `layers` largest buffers
+    stacked, the others summed on top, the peak marked, the assigned peak (fragmentation
+    included) as a dotted line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    tl = timeline(a)
+    steps = len(tl.live_bytes)
+    shown, rest = _layers(tl, layers)
+    scale, unit = _unit(max(int(tl.live_bytes.max(initial=0)), a.peak_bytes))
+    xs = np.arange(steps + 1)
+    fig = Figure(figsize=(11, 5.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    palette = [f"C{i}" for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]  # C7 is the grey of "other"
+    base = np.zeros(steps, dtype=np.int64)
+    for i, b in enumerate(shown):
+        top = base + _series([b], steps)
+        label = f"{b.label} ({b.kind}, {human_bytes(b.size)})"
+        ax.fill_between(
+            xs, _edge(base) / scale, _edge(top) / scale, step="post",
+            color=palette[i % len(palette)], alpha=0.85, label=label, linewidth=0,
+        )  # fmt: skip
+        base = top
+    if rest:
+        top = base + _series(rest, steps)
+        ax.fill_between(
+            xs, _edge(base) / scale, _edge(top) / scale, step="post",
+            color="0.75", alpha=0.9, label=f"{len(rest)} other buffers", linewidth=0,
+        )  # fmt: skip
+    ax.step(xs, _edge(tl.live_bytes) / scale, where="post", color="black", linewidth=1)
+    peak_x = tl.peak_time + 0.5
+    ax.axvline(peak_x, color="crimson", linestyle="--", linewidth=1)
+    ax.annotate(
+        f"peak {human_bytes(tl.peak_bytes)}\nstep {tl.peak_time}: {tl.steps[tl.peak_time]}",
+        xy=(peak_x, tl.peak_bytes / scale),
+        xytext=(8, -4),
+        textcoords="offset points",
+        color="crimson",
+        fontsize=9,
+        va="top",
+    )
+    ax.axhline(a.peak_bytes / scale, color="0.3", linestyle=":", linewidth=1)
+    ax.text(
+        0,
+        a.peak_bytes / scale,
+        f" assigned peak {human_bytes(a.peak_bytes)} (argument + output - alias + temp)",
+        va="bottom",
+        fontsize=8,
+        color="0.3",
+    )
+    ax.set_xlim(0, steps)
+    ax.set_ylim(0, max(a.peak_bytes, tl.peak_bytes, 1) / scale * 1.12)
+    ax.set_xlabel("schedule step")
+    ax.set_ylabel(f"live {unit}")
+    ax.set_title(title or f"{a.module.name}: live memory over the schedule")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _edge(series: np.ndarray) -> np.ndarray:
+    """`series` with its last value repeated, for step="post" drawing over steps + 1 edges."""
+    return np.append(series, series[-1:] if len(series) else [0])
+
+
+def _unit(peak: int) -> tuple[float, str]:
+    for scale, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if peak >= 4 * scale:
+            return float(scale), unit
+    return 1.0, "bytes"
