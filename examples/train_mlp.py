@@ -2,9 +2,11 @@
 
 examples/mlp_train_step.hlo is one SGD step of a small MLP, exported from JAX by
 examples/export_from_jax.py with its parameters donated (`input_output_alias` in the header).
-This script parses and verifies it, makes a synthetic classification task, and runs the step
-100 times through xlapy, feeding each step's updated parameters (the aliased outputs) into
-the next step and printing the loss every 10 steps.
+This script parses and verifies it, makes a synthetic classification task, compiles it once
+for the chosen backend (the native CPU backend by default) and runs the step 100 times,
+donating the parameters so each step updates them in place, printing the loss every 10
+steps. When JAX is installed it also times the same step under jax.jit on the same inputs,
+and prints both times per step.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xlapy.backends import execute
+from xlapy.backends import get_backend
 from xlapy.errors import XlapyError
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
@@ -61,7 +63,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module", default=str(HERE / "mlp_train_step.hlo"))
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--backend", default="interpreter")
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--no-jax", action="store_true", help="skip the jax.jit timing")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -76,12 +79,21 @@ def main(argv=None) -> int:
     aliases = module.config.input_output_alias
     n_params = len(module.entry.parameters)
     print(f"{module.name}: {n_params} parameters, {len(params)} donated; backend {args.backend}")
+    initial = {i: p.copy() for i, p in params.items()}
 
+    start = time.perf_counter()
+    try:
+        program = get_backend(args.backend).compile(module)
+    except XlapyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"compiled in {time.perf_counter() - start:.2f} s")
+    donated = frozenset(params)
     times = []
     for step in range(1, args.steps + 1):
         inputs = [params[i] if i in params else data[i] for i in range(n_params)]
         start = time.perf_counter()
-        outputs = execute(module, inputs, args.backend)
+        outputs = program.run(inputs, donated)
         times.append(time.perf_counter() - start)
         loss = float(np.asarray(outputs[0]))
         for alias in aliases:
@@ -92,8 +104,36 @@ def main(argv=None) -> int:
         if step % 10 == 0 or step == 1:
             print(f"step {step:4d}  loss {loss:.5f}")
     median_ms = 1e3 * float(np.median(times))
-    print(f"time per step (median of {len(times)}): {median_ms:.2f} ms on {args.backend}")
+    print(f"time per step (median of {len(times)}): {median_ms:.3f} ms on {args.backend}")
+    if not args.no_jax and Path(args.module).resolve() == HERE / "mlp_train_step.hlo":
+        jax_ms = time_jax(initial, data, args.steps)
+        if jax_ms is not None:
+            print(f"time per step (median of {args.steps}): {jax_ms:.3f} ms with jax.jit")
     return 0
+
+
+def time_jax(initial: dict, data: dict, steps: int) -> float | None:
+    """Median milliseconds per step of the same SGD step under jax.jit, on the same initial
+    parameters and batch (None when JAX is not installed)."""
+    try:
+        import jax
+
+        sys.path.insert(0, str(HERE))
+        from export_from_jax import step
+    except ImportError:
+        return None
+    params = tuple(jax.numpy.asarray(initial[i]) for i in range(len(initial)))
+    x, y = (jax.numpy.asarray(data[i]) for i in sorted(data))
+    fn = jax.jit(step, donate_argnums=(0,))
+    _, params = fn(params, x, y)  # compile
+    jax.block_until_ready(params)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss, params = fn(params, x, y)
+        jax.block_until_ready((loss, params))
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
 
 
 if __name__ == "__main__":

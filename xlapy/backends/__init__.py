@@ -21,7 +21,13 @@ def _interpreter() -> Backend:
     return InterpreterBackend()
 
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"interpreter": _interpreter}
+def _cpu() -> Backend:
+    from xlapy.backends.cpu.backend import CpuBackend
+
+    return CpuBackend()
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {"interpreter": _interpreter, "cpu": _cpu}
 _INSTANCES: dict[str, Backend] = {}
 
 

@@ -71,7 +71,7 @@ def cli():
 @click.option("--random-inputs", is_flag=True, help="run on fresh random inputs")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of --random-inputs")
 @click.option("--output", type=click.Path(dir_okay=False), help="write output_0, ... here")
-@click.option("--backend", default="interpreter", show_default=True)
+@click.option("--backend", default="cpu", show_default=True, help="cpu or interpreter")
 def run(module_path, inputs, random_inputs, seed, output, backend):
     """Run MODULE.hlo and print a summary of each output."""
     from xlapy.backends import execute

@@ -4,8 +4,14 @@
 computation, optimizes it for the host CPU, loads it and returns a `Kernel` callable on NumPy
 arrays. Anything the emitter cannot lower raises `UnsupportedForCodegen`, so callers can fall
 back to the interpreter.
+
+`CpuBackend` (registered as the backend "cpu") compiles whole modules: passes, buffer
+assignment, then a thunk sequence of kernels, BLAS dots, library and control-flow thunks
+(`compile_module`), executed over one arena per execution (`CpuProgram.run`).
 """
 
+from xlapy.backends.cpu.backend import CpuBackend, CpuProgram
+from xlapy.backends.cpu.compiler import CompiledModule, compile_module
 from xlapy.backends.cpu.emitter import KernelSpec, UnsupportedForCodegen, emit_kernel, supported
 from xlapy.backends.cpu.kernel import (
     Kernel,
@@ -17,11 +23,15 @@ from xlapy.backends.cpu.kernel import (
 )
 
 __all__ = [
+    "CompiledModule",
+    "CpuBackend",
+    "CpuProgram",
     "Kernel",
     "KernelSpec",
     "UnsupportedForCodegen",
     "compile_computation",
     "compile_instruction",
+    "compile_module",
     "default_pool",
     "emit_kernel",
     "run_parallel",

@@ -1,0 +1,55 @@
+"""The CPU backend against the interpreter (the oracle) on every program of jax_programs.py,
+as lowered by JAX and as optimized by XLA: floats within the JAX test's per-dtype
+tolerances, integers, booleans and `exact` programs (random bits) bit for bit."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from jax_programs import PROGRAMS, hlo_texts
+from test_jax_programs import assert_leaf_matches, leaves
+
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.parser import parse_module
+
+NAMES = list(PROGRAMS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    """Kernels compile into a fresh cache directory, not the user's home."""
+    old = os.environ.get("XLAPY_CACHE_DIR")
+    os.environ["XLAPY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernels"))
+    yield
+    if old is None:
+        os.environ.pop("XLAPY_CACHE_DIR", None)
+    else:
+        os.environ["XLAPY_CACHE_DIR"] = old
+
+
+@pytest.mark.parametrize("form", ["lowered", "optimized"])
+@pytest.mark.parametrize("name", NAMES)
+def test_cpu_matches_interpreter(name, form):
+    prog = PROGRAMS[name]
+    text = getattr(hlo_texts(prog), form)
+    args = prog.args()
+    expected = leaves(evaluate(parse_module(text), args))
+    program = CpuProgram(parse_module(text))
+    got = leaves(program.run(args))
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        assert_leaf_matches(g, e, prog, f"{name} ({form}) output leaf {i}")
+    # The arguments are never written when nothing is donated.
+    for a, b in zip(args, prog.args(), strict=True):
+        assert a.tobytes() == b.tobytes(), f"{name}: an argument was modified"
+
+
+def test_most_work_is_native():
+    """The MLP step runs as kernels and BLAS dots, not interpreter rules."""
+    text = hlo_texts(PROGRAMS["mlp_train_step"]).lowered
+    listing = CpuProgram(parse_module(text)).thunk_listing()
+    kinds = [line.split()[0] for line in listing.splitlines() if line.startswith("  ")]
+    assert kinds.count("kernel") >= 5, listing
+    assert kinds.count("blas") >= 3, listing

@@ -1,0 +1,334 @@
+# The CPU compiler: module -> passes -> buffer assignment -> thunk sequence.
+#
+# 1. The module (a private copy: the caller's is never changed) runs the default CPU pipeline
+#    (simplification, fusion, flatten-call-graph, copy insertion), then is prepared for and
+#    given a buffer assignment.
+# 2. Each computation that runs sequentially (the entry, while bodies and conditions,
+#    branches, called computations) becomes a ThunkSequence in its schedule's order. Per
+#    instruction: forwarding ops, tuples, parameters and constants need no thunk (constants
+#    are written into their allocation once, here); fusions and unfused elementwise / shape /
+#    reduce ops the emitter supports become kernel thunks (each distinct computation is
+#    compiled once per process, and the JIT caches objects on disk); dot goes to BLAS,
+#    dynamic-update-slice writes its window, custom calls call their targets on the arena;
+#    control flow nests sequences; anything else, and anything the emitter or LLVM rejects,
+#    falls back to the interpreter's rule for that one instruction.
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xlapy.analysis.dataflow import FORWARDING_OPCODES
+from xlapy.backends.cpu.emitter import supported
+from xlapy.backends.cpu.kernel import Kernel, compile_computation, wrap_instruction
+from xlapy.backends.cpu.library import (
+    CustomCallThunk,
+    DotThunk,
+    DynamicUpdateSliceThunk,
+    RuleThunk,
+    blas_dot_supported,
+)
+from xlapy.backends.cpu.thunks import (
+    BufferSlice,
+    CallThunk,
+    ConditionalThunk,
+    CopyThunk,
+    KernelThunk,
+    Thunk,
+    ThunkSequence,
+    ValueTree,
+    WhileThunk,
+    physical_dims,
+)
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Category, Opcode
+from xlapy.ir.parser import parse_module
+from xlapy.ir.shapes import ShapeIndex
+from xlapy.memory.buffer_assignment import (
+    BufferAssignment,
+    assign_buffers,
+    prepare_for_buffer_assignment,
+)
+from xlapy.passes.pipelines import default_cpu_pipeline
+
+_ELEMENTWISE = (Category.UNARY, Category.BINARY, Category.TERNARY)
+KERNEL_OPCODES = frozenset(
+    {
+        Opcode.BROADCAST,
+        Opcode.TRANSPOSE,
+        Opcode.RESHAPE,
+        Opcode.SLICE,
+        Opcode.CONCATENATE,
+        Opcode.PAD,
+        Opcode.IOTA,
+        Opcode.REVERSE,
+        Opcode.REDUCE,
+        Opcode.DYNAMIC_SLICE,
+        Opcode.FUSION,
+    }
+)
+"""Unfused opcodes (besides elementwise ones) that become kernels when the emitter can."""
+
+NO_THUNK = FORWARDING_OPCODES | {
+    Opcode.PARAMETER,
+    Opcode.TUPLE,
+    Opcode.CONSTANT,
+    Opcode.AFTER_ALL,
+}
+
+_kernel_cache: dict[str, Kernel] = {}
+_kernel_lock = threading.Lock()
+
+
+def kernel_for(comp: HloComputation, name: str) -> Kernel:
+    """The compiled kernel of `comp`, compiled once per process per computation text."""
+    key = comp.to_text()
+    with _kernel_lock:
+        kernel = _kernel_cache.get(key)
+    if kernel is None:
+        kernel = compile_computation(comp, name)
+        with _kernel_lock:
+            kernel = _kernel_cache.setdefault(key, kernel)
+    return kernel
+
+
+@dataclass
+class CompiledModule:
+    """What the CPU compiler produces: the optimized module, its buffer assignment, the
+    entry's thunk sequence and the constant allocations' bytes (shared, read-only)."""
+
+    module: HloModule
+    assignment: BufferAssignment
+    entry: ThunkSequence
+    constants: dict[int, np.ndarray]
+    fallbacks: dict[str, str] = field(default_factory=dict)  # instruction -> reason
+
+    def kernels(self) -> list[Kernel]:
+        seen: dict[int, Kernel] = {}
+        for k in self.entry.kernels():
+            seen.setdefault(id(k), k)
+        return list(seen.values())
+
+    def thunk_listing(self) -> str:
+        """The thunk sequence as text: kind, instruction and slices of every thunk."""
+        lines = [f"CPU executable {self.module.name}"]
+        for alloc in self.assignment.allocations:
+            lines.append(f"  {alloc.describe()}")
+        lines += self.entry.describe()
+        return "\n".join(lines) + "\n"
+
+
+def compile_module(module: HloModule, options: Mapping[str, Any] | None = None) -> CompiledModule:
+    """Optimize a copy of `module`, assign its buffers and lower it to thunks."""
+    options = dict(options or {})
+    module = parse_module(module.to_text())
+    if options.get("optimize", True):
+        default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
+    prepare_for_buffer_assignment(module)
+    assignment = assign_buffers(module)
+    lowering = _Lowering(assignment, options)
+    entry = lowering.sequence(module.entry)
+    return CompiledModule(
+        module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
+    )
+
+
+def _constant_memory(assignment: BufferAssignment) -> dict[int, np.ndarray]:
+    memory = {}
+    for alloc in assignment.allocations:
+        if not alloc.is_constant:
+            continue
+        mem = np.zeros(alloc.size, np.uint8)
+        for buffer, offset in alloc.buffers:
+            for value in buffer.values:
+                instr = value.instruction
+                if instr.opcode is not Opcode.CONSTANT or not value.shape.is_array:
+                    continue
+                literal = instr.literal
+                for i in value.index:
+                    literal = literal.elements[i]
+                shape = value.shape
+                order = tuple(reversed(shape.layout_or_default.minor_to_major))
+                data = np.ascontiguousarray(np.transpose(literal.array, order))
+                raw = data.reshape(-1).view(np.uint8)
+                mem[offset : offset + raw.size] = raw
+        mem.flags.writeable = False
+        memory[alloc.index] = mem
+    return memory
+
+
+class _Lowering:
+    def __init__(self, assignment: BufferAssignment, options: dict[str, Any]):
+        self.assignment = assignment
+        self.dataflow = assignment.dataflow
+        self.options = options
+        self.fallbacks: dict[str, str] = {}
+
+    # -- slices ----------------------------------------------------------------------------
+    def slice_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> BufferSlice:
+        value = self.dataflow.value_at(instr, index)
+        s = self.assignment.slices[value]
+        return BufferSlice(s.allocation, s.offset, s.size, instr.shape.subshape(index))
+
+    def tree_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> ValueTree:
+        shape = instr.shape.subshape(index)
+        if shape.is_tuple:
+            return tuple(self.tree_at(instr, (*index, i)) for i in range(len(shape.tuple_shapes)))
+        if not shape.is_array:
+            return None
+        return self.slice_at(instr, index)
+
+    def leaf_copies(self, src: HloInstruction, dst: HloInstruction) -> list:
+        """(from, to) slices for each array leaf where `src` and `dst` differ in bytes."""
+        copies = []
+        for index, shape in dst.shape.leaves():
+            if not shape.is_array:
+                continue
+            a, b = self.slice_at(src, index), self.slice_at(dst, index)
+            if not a.same_bytes(b):
+                copies.append((a, b))
+        return copies
+
+    # -- sequences -------------------------------------------------------------------------
+    def sequence(self, comp: HloComputation) -> ThunkSequence:
+        seq = ThunkSequence(comp.name)
+        for instr in self.assignment.schedule.sequence(comp):
+            if instr.opcode in NO_THUNK:
+                continue
+            seq.thunks.append(self.lower(instr))
+        return seq
+
+    def lower(self, instr: HloInstruction) -> Thunk:
+        op = instr.opcode
+        if op is Opcode.WHILE:
+            return self.lower_while(instr)
+        if op is Opcode.CONDITIONAL:
+            return self.lower_conditional(instr)
+        if op is Opcode.CALL:
+            comp = instr.attrs["to_apply"]
+            copies = [
+                c for o, p in zip(instr.operands, comp.parameters, strict=True)
+                for c in self.leaf_copies(o, p)
+            ]  # fmt: skip
+            return CallThunk(instr, self.sequence(comp), copies)
+        if op is Opcode.DOT and blas_dot_supported(instr):
+            lhs, rhs = instr.operands
+            return DotThunk(instr, self.slice_at(lhs), self.slice_at(rhs), self.slice_at(instr))
+        if op is Opcode.DYNAMIC_UPDATE_SLICE and instr.shape.is_array:
+            operand, update, *starts = instr.operands
+            return DynamicUpdateSliceThunk(
+                instr,
+                self.slice_at(operand),
+                self.slice_at(update),
+                [self.slice_at(s) for s in starts],
+                self.slice_at(instr),
+            )
+        if op is Opcode.COPY and instr.shape.is_array:
+            src = self.slice_at(instr.operands[0])
+            dst = self.slice_at(instr)
+            if physical_dims(src.shape) == physical_dims(dst.shape) and (
+                src.shape.layout_or_default == dst.shape.layout_or_default
+            ):
+                return CopyThunk(instr, src, dst)
+        if op is Opcode.CUSTOM_CALL:
+            thunk = self.lower_custom_call(instr)
+            if thunk is not None:
+                return thunk
+        why = self.kernel_reason(instr)
+        if why is None:
+            try:
+                return self.kernel_thunk(instr)
+            except Exception as e:  # any codegen failure falls back to the rule
+                why = f"kernel compile failed: {type(e).__name__}: {e}"
+        return self.rule_thunk(instr, why)
+
+    def rule_thunk(self, instr: HloInstruction, why: str | None) -> RuleThunk:
+        if why:
+            self.fallbacks[instr.name] = why
+        operands = [self.tree_at(o) for o in instr.operands]
+        return RuleThunk(instr, operands, self.tree_at(instr), why or "")
+
+    # -- kernels ---------------------------------------------------------------------------
+    def kernel_computation(self, instr: HloInstruction) -> HloComputation:
+        if instr.opcode is Opcode.FUSION:
+            return instr.attrs["calls"]
+        return wrap_instruction(instr)
+
+    def kernel_reason(self, instr: HloInstruction) -> str | None:
+        """None when `instr` can be a kernel thunk, else why not."""
+        op = instr.opcode
+        if op not in KERNEL_OPCODES and op.category not in _ELEMENTWISE:
+            return f"no kernel for '{op.text}'"
+        if op in (Opcode.RNG, Opcode.STOCHASTIC_CONVERT):
+            return f"no kernel for '{op.text}'"
+        if any(not o.shape.is_array for o in instr.operands):
+            return "a tuple or token operand"
+        for _, shape in instr.shape.leaves():
+            if not shape.is_array:
+                return "a token result"
+        return supported(self.kernel_computation(instr))
+
+    def kernel_thunk(self, instr: HloInstruction) -> KernelThunk:
+        comp = self.kernel_computation(instr)
+        kernel = kernel_for(comp, instr.name)
+        outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+        inputs = [self.slice_at(o) for o in instr.operands]
+        return KernelThunk(instr, kernel, outputs, inputs)
+
+    # -- custom calls ----------------------------------------------------------------------
+    def lower_custom_call(self, instr: HloInstruction) -> Thunk | None:
+        from xlapy.backends.custom_calls import XLA_INTERNAL_TARGET_NAMES
+
+        if instr.attrs.get("custom_call_target") in XLA_INTERNAL_TARGET_NAMES:
+            return None
+        operands = [self.tree_at(o) for o in instr.operands]
+        leaves = [s for o in instr.operands for _, s in o.shape.leaves()]
+        leaves += [s for _, s in instr.shape.leaves()]
+        if any(s.is_array and s.layout is not None and not s.layout.is_default for s in leaves):
+            return None
+        result = self.tree_at(instr)
+        aliases = []
+        for alias in instr.attrs.get("output_to_operand_aliasing") or ():
+            out = result
+            for i in alias.output_index:
+                out = out[i]
+            aliases.append((alias.operand_number, tuple(alias.operand_index), out))
+        return CustomCallThunk(instr, operands, result, aliases)
+
+    # -- control flow ----------------------------------------------------------------------
+    def lower_while(self, instr: HloInstruction) -> WhileThunk:
+        cond, body = instr.attrs["condition"], instr.attrs["body"]
+        init = instr.operands[0]
+        limit = self.options.get("max_while_iterations")
+        return WhileThunk(
+            instr,
+            self.sequence(cond),
+            self.sequence(body),
+            self.slice_at(cond.root),
+            self.leaf_copies(init, instr),
+            self.leaf_copies(instr, cond.parameter(0)),
+            self.leaf_copies(instr, body.parameter(0)),
+            self.leaf_copies(body.root, instr),
+            None if limit is None else int(limit),
+        )
+
+    def lower_conditional(self, instr: HloInstruction) -> ConditionalThunk:
+        branches = instr.attrs.get("branch_computations")
+        is_pred = branches is None
+        if is_pred:
+            branches = (instr.attrs["true_computation"], instr.attrs["false_computation"])
+        ins, outs, seqs = [], [], []
+        for i, branch in enumerate(branches):
+            copies = []
+            if branch.num_parameters:
+                copies = self.leaf_copies(instr.operands[i + 1], branch.parameter(0))
+            ins.append(copies)
+            outs.append(self.leaf_copies(branch.root, instr))
+            seqs.append(self.sequence(branch))
+        return ConditionalThunk(instr, self.slice_at(instr.operands[0]), seqs, ins, outs, is_pred)

@@ -1,0 +1,227 @@
+# Library thunks: operations the kernel emitter does not generate code for, run on NumPy views
+# of the executable's memory.
+#
+# - DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type goes to
+#   NumPy's matmul (an optimized BLAS: OpenBLAS in NumPy's wheels) writing straight into the
+#   result's slice; the operands are transposed views, so BLAS sees the transpose flags
+#   instead of copies wherever the contraction allows. Other dots use the interpreter's rule.
+#   BLAS runs on the executing thread, never inside the kernel pool, so the two thread pools
+#   do not compete for cores beyond what BLAS itself starts.
+# - DynamicUpdateSliceThunk: writes only the update's window; when buffer assignment put the
+#   result on its operand (in place) nothing else moves.
+# - CustomCallThunk: C targets get pointers into the arena with the nested pointer-table
+#   layout; aliased outputs are the operand's bytes. Python and typed-FFI targets (and
+#   XLA-internal targets) go through the interpreter's rule.
+# - RuleThunk: everything else (sort, fft, rng, gather, scatter, reduce-window, convolution,
+#   ...) evaluates the interpreter's per-opcode rule on views of the operands' slices and
+#   stores the value in the instruction's slices.
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, Thunk, ValueTree
+from xlapy.backends.interpreter.registry import rule_for
+from xlapy.errors import CustomCallError, EvaluationError
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.types import PrimitiveType
+
+P = PrimitiveType
+_BLAS_TYPES = frozenset({P.F32, P.F64, P.C64, P.C128})
+
+
+def _tree_lines(label: str, tree: ValueTree, path: str = "") -> list[str]:
+    if isinstance(tree, tuple):
+        return [line for i, t in enumerate(tree) for line in _tree_lines(label, t, f"{path}{i}.")]
+    if tree is None:
+        return []
+    return [f"{label}{{{path.rstrip('.')}}}: {tree}"]
+
+
+class RuleThunk(Thunk):
+    """The interpreter's rule for the instruction, on views of the arena."""
+
+    kind = "library"
+
+    def __init__(self, instr: HloInstruction, operands: list[ValueTree], result: ValueTree, why):
+        self.instr, self.operands, self.result, self.why = instr, operands, result, why
+        self.rule = rule_for(instr.opcode)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        values = [ctx.read(t) for t in self.operands]
+        try:
+            out = self.rule(self.instr, values, ctx.interpreter)
+        except EvaluationError as e:
+            if self.instr.name in str(e):
+                raise
+            raise EvaluationError(f"{self.instr.name}: {e}") from e
+        ctx.write(self.result, out, self.instr.name)
+
+    def describe(self) -> list[str]:
+        head = f"library {self.instr.name} = {self.instr.opcode.text} (interpreter rule"
+        head += f": {self.why})" if self.why else ")"
+        lines = [head]
+        for i, t in enumerate(self.operands):
+            lines += _tree_lines(f"in{i}", t)
+        return lines + _tree_lines("out", self.result)
+
+
+def blas_dot_supported(instr: HloInstruction) -> bool:
+    """Whether DotThunk handles `instr`: one element type in and out, BLAS-able."""
+    t = instr.shape.element_type
+    return t in _BLAS_TYPES and all(op.shape.element_type is t for op in instr.operands)
+
+
+class DotThunk(Thunk):
+    """dot -> matmul into the result slice (see the file comment)."""
+
+    kind = "blas"
+
+    def __init__(self, instr: HloInstruction, lhs: BufferSlice, rhs: BufferSlice, out):
+        self.instr, self.lhs, self.rhs, self.out = instr, lhs, rhs, out
+        a = instr.attrs
+        self.lb = tuple(a.get("lhs_batch_dims") or ())
+        self.rb = tuple(a.get("rhs_batch_dims") or ())
+        self.lc = tuple(a.get("lhs_contracting_dims") or ())
+        self.rc = tuple(a.get("rhs_contracting_dims") or ())
+        ls, rs = lhs.shape.dims, rhs.shape.dims
+        self.lf = [d for d in range(len(ls)) if d not in self.lb and d not in self.lc]
+        self.rf = [d for d in range(len(rs)) if d not in self.rb and d not in self.rc]
+        self.b = math.prod(ls[d] for d in self.lb)
+        self.m = math.prod(ls[d] for d in self.lf)
+        self.k = math.prod(ls[d] for d in self.lc)
+        self.n = math.prod(rs[d] for d in self.rf)
+        self.out_default = out.shape.layout is None or out.shape.layout.is_default
+
+    def run(self, ctx: ExecutionContext) -> None:
+        lhs, rhs = ctx.view(self.lhs), ctx.view(self.rhs)
+        a = lhs.transpose([*self.lb, *self.lf, *self.lc]).reshape(self.b, self.m, self.k)
+        c = rhs.transpose([*self.rb, *self.rc, *self.rf]).reshape(self.b, self.k, self.n)
+        if self.out_default:
+            out = ctx.physical(self.out).reshape(self.b, self.m, self.n)
+            if self.b == 1:
+                np.matmul(a[0], c[0], out=out[0])
+            else:
+                np.matmul(a, c, out=out)
+            return
+        result = np.matmul(a, c).reshape(self.out.shape.dims)
+        np.copyto(ctx.view(self.out), result)
+
+    def describe(self) -> list[str]:
+        return [
+            f"blas {self.instr.name} = dot [{self.b}x{self.m}x{self.k}] @ [{self.k}x{self.n}]",
+            f"lhs: {self.lhs}",
+            f"rhs: {self.rhs}",
+            f"out: {self.out}",
+        ]
+
+
+class DynamicUpdateSliceThunk(Thunk):
+    """Copies the operand into the result unless they share bytes, then writes the update
+    at the clamped start indices."""
+
+    kind = "library"
+
+    def __init__(self, instr, operand: BufferSlice, update: BufferSlice, starts, out):
+        self.instr, self.operand, self.update, self.starts, self.out = (
+            instr,
+            operand,
+            update,
+            tuple(starts),
+            out,
+        )
+        self.in_place = operand.same_bytes(out)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        if not self.in_place:
+            np.copyto(ctx.view(self.out), ctx.view(self.operand))
+        update = ctx.view(self.update)
+        window = []
+        for s, dim, size in zip(self.starts, self.out.shape.dims, update.shape, strict=True):
+            begin = min(max(int(ctx.physical(s).reshape(())), 0), dim - size)
+            window.append(slice(begin, begin + size))
+        ctx.view(self.out)[tuple(window)] = update
+
+    def describe(self) -> list[str]:
+        note = "in place" if self.in_place else "copy, then update"
+        return [
+            f"library {self.instr.name} = dynamic-update-slice ({note})",
+            f"operand: {self.operand}",
+            f"update: {self.update}",
+            f"out: {self.out}",
+        ]
+
+
+class CustomCallThunk(Thunk):
+    """A C target called on arena pointers (see the file comment); others use the rule."""
+
+    kind = "custom-call"
+
+    def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases):
+        self.instr, self.operands, self.result = instr, operands, result
+        self.target_name = instr.attrs.get("custom_call_target")
+        config = instr.attrs.get("backend_config")
+        self.opaque = config.text if config is not None else ""
+        self.fallback = RuleThunk(instr, operands, result, "")
+        # (operand number, operand index, result tree leaf) for each aliased output
+        self.aliases = aliases
+        leaves = [leaf for leaf in _leaves(result) if leaf is not None]
+        self.unaliased = [leaf for leaf in leaves if not any(leaf is a[2] for a in aliases)]
+
+    def run(self, ctx: ExecutionContext) -> None:
+        from xlapy.backends.custom_calls import call_cpu_c_target, find
+
+        target = find(self.target_name, "Host", ctx.state.get("custom_calls"))
+        if not target.api_version.is_c:
+            self.fallback.run(ctx)
+            return
+        operands = [_physical_tree(ctx, t) for t in self.operands]
+        for number, index, out in self.aliases:
+            src = _at(self.operands[number], index)
+            if not src.same_bytes(out):
+                ctx.copy(src, out)
+            operands[number] = _replace(operands[number], index, ctx.physical(out))
+        for leaf in self.unaliased:
+            ctx.physical(leaf).fill(0)
+        try:
+            call_cpu_c_target(target, operands, _physical_tree(ctx, self.result), self.opaque)
+        except CustomCallError as e:
+            raise CustomCallError(
+                f"{self.instr.name}: custom-call target {self.target_name!r} failed: {e}"
+            ) from e
+
+    def describe(self) -> list[str]:
+        lines = [f"custom-call {self.instr.name} -> {self.target_name!r}"]
+        for i, t in enumerate(self.operands):
+            lines += _tree_lines(f"in{i}", t)
+        return lines + _tree_lines("out", self.result)
+
+
+def _leaves(tree: ValueTree) -> list:
+    if isinstance(tree, tuple):
+        return [leaf for t in tree for leaf in _leaves(t)]
+    return [tree]
+
+
+def _at(tree: ValueTree, index) -> ValueTree:
+    for i in index:
+        tree = tree[i]
+    return tree
+
+
+def _replace(value, index, leaf):
+    if not index:
+        return leaf
+    items = list(value)
+    items[index[0]] = _replace(items[index[0]], index[1:], leaf)
+    return tuple(items)
+
+
+def _physical_tree(ctx: ExecutionContext, tree: ValueTree):
+    if isinstance(tree, tuple):
+        return tuple(_physical_tree(ctx, t) for t in tree)
+    if tree is None:
+        return None
+    return ctx.physical(tree)

@@ -1,0 +1,393 @@
+# Thunks: the steps a compiled CPU executable runs, and the executor that runs them over the
+# memory of a buffer assignment.
+#
+# Every array value of the program lives in a slice of an allocation: the entry parameters'
+# allocations are the caller's argument arrays, constants are filled once at compile time,
+# live-out allocations are fresh arrays per execution, and every temporary shares one arena.
+# A thunk knows only slices (allocation number, byte offset, shape); an ExecutionContext maps
+# allocation numbers to the byte arrays of one execution, so one thunk sequence serves any
+# number of concurrent executions, each with its own arena.
+#
+# Kernel thunks hand raw addresses to native code; library thunks (library.py) work on NumPy
+# views of the same bytes. Control flow moves no data when buffer assignment made the loop
+# state, branch operands and results share slices (it does, after copy insertion); where two
+# slices differ the control thunk copies between them, so it stays correct either way.
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xlapy.backends.cpu.kernel import Kernel, default_pool
+from xlapy.errors import EvaluationError
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.shapes import Shape
+
+PARALLEL_MIN_ELEMENTS = 1 << 16
+"""Kernels whose output has more elements than this split their outer range over the pool."""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSlice:
+    """The bytes of one array value: `size` bytes at `offset` of allocation `allocation`,
+    laid out as `shape` (with its layout) says."""
+
+    allocation: int
+    offset: int
+    size: int
+    shape: Shape
+
+    def overlaps(self, other: BufferSlice) -> bool:
+        return (
+            self.allocation == other.allocation
+            and self.offset < other.offset + other.size
+            and other.offset < self.offset + self.size
+        )
+
+    def same_bytes(self, other: BufferSlice) -> bool:
+        return (self.allocation, self.offset, self.size) == (
+            other.allocation,
+            other.offset,
+            other.size,
+        )
+
+    def __str__(self) -> str:
+        return f"alloc{self.allocation}[{self.offset}:+{self.size}] {self.shape.to_text()}"
+
+
+def physical_dims(shape: Shape) -> tuple[int, ...]:
+    """The dims of `shape` in its layout's major-to-minor order."""
+    order = tuple(reversed(shape.layout_or_default.minor_to_major))
+    return tuple(shape.dims[d] for d in order)
+
+
+def logical_from_physical(buf: np.ndarray, shape: Shape) -> np.ndarray:
+    """A logical (row-major indexed) view of the physical buffer `buf` of `shape`."""
+    if shape.layout is None or shape.layout.is_default or shape.rank < 2:
+        return buf
+    order = tuple(reversed(shape.layout.minor_to_major))
+    return np.transpose(buf, np.argsort(order))
+
+
+ValueTree = Any  # BufferSlice | None (token) | tuple[ValueTree, ...]
+
+
+class ExecutionContext:
+    """The memory of one execution: a byte array and its address per allocation, plus the
+    interpreter that library thunks evaluate rules with (created on first use)."""
+
+    def __init__(self, memory: list[np.ndarray | None], state: dict[str, Any]):
+        self.memory = memory
+        self.bases = [0 if m is None else m.ctypes.data for m in memory]
+        self.state = state
+        self._interpreter = None
+
+    def ptr(self, s: BufferSlice) -> int:
+        return self.bases[s.allocation] + s.offset
+
+    def physical(self, s: BufferSlice) -> np.ndarray:
+        """The slice as a writable dense array in its physical dimension order."""
+        raw = self.memory[s.allocation][s.offset : s.offset + s.size]
+        return raw.view(s.shape.dtype).reshape(physical_dims(s.shape))
+
+    def view(self, s: BufferSlice) -> np.ndarray:
+        """The slice as a writable array indexed logically (a transposed view for layouts
+        that are not row-major)."""
+        return logical_from_physical(self.physical(s), s.shape)
+
+    def read(self, tree: ValueTree):
+        """The interpreter value of a tree of slices (tokens are None leaves)."""
+        if isinstance(tree, tuple):
+            return tuple(self.read(t) for t in tree)
+        if tree is None:
+            from xlapy.backends.interpreter.registry import TOKEN
+
+            return TOKEN
+        return self.view(tree)
+
+    def write(self, tree: ValueTree, value, what: str) -> None:
+        """Store an interpreter value into a tree of slices."""
+        if isinstance(tree, tuple):
+            for t, v in zip(tree, value, strict=True):
+                self.write(t, v, what)
+            return
+        if tree is None:
+            return
+        arr = np.asarray(value)
+        if arr.shape != tree.shape.dims or arr.dtype != tree.shape.dtype:
+            raise EvaluationError(
+                f"{what}: produced {arr.dtype}{list(arr.shape)} for {tree.shape.to_text()}"
+            )
+        np.copyto(self.view(tree), arr, casting="no")
+
+    def copy(self, src: BufferSlice, dst: BufferSlice) -> None:
+        """Copy the bytes of `src` into `dst` (layouts must agree)."""
+        a, b = self.memory[src.allocation], self.memory[dst.allocation]
+        b[dst.offset : dst.offset + dst.size] = a[src.offset : src.offset + src.size]
+
+    @property
+    def interpreter(self):
+        if self._interpreter is None:
+            from xlapy.backends.interpreter.evaluator import Interpreter
+
+            self._interpreter = Interpreter(**self.state)
+        return self._interpreter
+
+
+class Thunk:
+    """One step of an executable. `instr` is the HLO instruction it implements."""
+
+    kind = "thunk"
+    instr: HloInstruction
+
+    def run(self, ctx: ExecutionContext) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> list[str]:
+        """Lines of the thunk listing (the first names the thunk and its instruction)."""
+        return [f"{self.kind} {self.instr.name} = {self.instr.opcode.text}"]
+
+    def kernels(self) -> list[Kernel]:
+        return []
+
+
+@dataclass
+class ThunkSequence:
+    """The thunks of one computation, in schedule order."""
+
+    name: str
+    thunks: list[Thunk] = field(default_factory=list)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        for thunk in self.thunks:
+            thunk.run(ctx)
+
+    def describe(self, indent: str = "") -> list[str]:
+        lines = [f"{indent}sequence {self.name} ({len(self.thunks)} thunks)"]
+        for thunk in self.thunks:
+            text = thunk.describe()
+            lines.append(f"{indent}  {text[0]}")
+            lines.extend(f"{indent}    {line}" for line in text[1:])
+        return lines
+
+    def kernels(self) -> list[Kernel]:
+        return [k for t in self.thunks for k in t.kernels()]
+
+
+def _slice_lines(label: str, slices: Sequence[BufferSlice]) -> list[str]:
+    return [f"{label}{i}: {s}" for i, s in enumerate(slices)]
+
+
+class KernelThunk(Thunk):
+    """A native kernel on raw addresses. With `scratch`, an output overlaps an input (an
+    in-place update); the kernel's arguments are noalias, so it writes fresh scratch buffers
+    that are copied into the outputs afterwards."""
+
+    kind = "kernel"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        kernel: Kernel,
+        outputs: Sequence[BufferSlice],
+        inputs: Sequence[BufferSlice],
+    ):
+        self.instr = instr
+        self.kernel = kernel
+        self.outputs = tuple(outputs)
+        self.inputs = tuple(inputs)
+        self.scratch = any(o.overlaps(i) for o in self.outputs for i in self.inputs)
+        elements = max((s.shape.num_elements for s in self.outputs), default=0)
+        extent = kernel.outer_extent
+        self.chunks = (
+            min(extent, getattr(default_pool(), "_max_workers", 1))
+            if elements > PARALLEL_MIN_ELEMENTS and extent > 1
+            else 1
+        )
+
+    def run(self, ctx: ExecutionContext) -> None:
+        if self.scratch:
+            outs = [np.empty(o.size, np.uint8) for o in self.outputs]
+            out_ptrs = [o.ctypes.data for o in outs]
+        else:
+            out_ptrs = [ctx.ptr(o) for o in self.outputs]
+        ptrs = [*out_ptrs, *(ctx.ptr(i) for i in self.inputs)]
+        extent = self.kernel.outer_extent
+        if self.chunks == 1:
+            self.kernel.run_raw(ptrs, 0, extent)
+        else:
+            bounds = [extent * k // self.chunks for k in range(self.chunks + 1)]
+            pool = default_pool()
+            futures = [
+                pool.submit(self.kernel.run_raw, ptrs, lo, hi)
+                for lo, hi in itertools.pairwise(bounds)
+                if hi > lo
+            ]
+            for f in futures:
+                f.result()
+        if self.scratch:
+            for o, buf in zip(self.outputs, outs, strict=True):
+                ctx.memory[o.allocation][o.offset : o.offset + o.size] = buf
+
+    def describe(self) -> list[str]:
+        head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"
+        notes = []
+        if self.chunks > 1:
+            notes.append(f"parallel x{self.chunks}")
+        if self.scratch:
+            notes.append("in place via scratch")
+        if notes:
+            head += f" ({', '.join(notes)})"
+        return [head, *_slice_lines("out", self.outputs), *_slice_lines("in", self.inputs)]
+
+    def kernels(self) -> list[Kernel]:
+        return [self.kernel]
+
+
+class CopyThunk(Thunk):
+    """A byte copy between two slices of the same shape and layout."""
+
+    kind = "copy"
+
+    def __init__(self, instr: HloInstruction, src: BufferSlice, dst: BufferSlice):
+        self.instr, self.src, self.dst = instr, src, dst
+
+    def run(self, ctx: ExecutionContext) -> None:
+        if not self.src.same_bytes(self.dst):
+            ctx.copy(self.src, self.dst)
+
+    def describe(self) -> list[str]:
+        return [*super().describe(), f"from {self.src}", f"to {self.dst}"]
+
+
+def _run_copies(ctx: ExecutionContext, copies) -> None:
+    for src, dst in copies:
+        ctx.copy(src, dst)
+
+
+def _copy_lines(label: str, copies) -> list[str]:
+    return [f"{label}: {s} -> {d}" for s, d in copies]
+
+
+class WhileThunk(Thunk):
+    """Runs the condition, reads its pred from the condition root's slice, runs the body;
+    `*_copies` move the loop state where buffer assignment gave two slices (usually none)."""
+
+    kind = "while"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        condition: ThunkSequence,
+        body: ThunkSequence,
+        pred: BufferSlice,
+        init_copies,
+        cond_copies,
+        body_copies,
+        back_copies,
+        max_iterations: int | None = None,
+    ):
+        self.instr = instr
+        self.condition, self.body, self.pred = condition, body, pred
+        self.init_copies, self.cond_copies = init_copies, cond_copies
+        self.body_copies, self.back_copies = body_copies, back_copies
+        self.max_iterations = max_iterations
+
+    def run(self, ctx: ExecutionContext) -> None:
+        _run_copies(ctx, self.init_copies)
+        mem = ctx.memory[self.pred.allocation]
+        at = self.pred.offset
+        iterations = 0
+        while True:
+            _run_copies(ctx, self.cond_copies)
+            self.condition.run(ctx)
+            if not mem[at]:
+                return
+            if self.max_iterations is not None and iterations >= self.max_iterations:
+                raise EvaluationError(
+                    f"{self.instr.name}: while loop ran past {self.max_iterations} iterations"
+                )
+            _run_copies(ctx, self.body_copies)
+            self.body.run(ctx)
+            _run_copies(ctx, self.back_copies)
+            iterations += 1
+
+    def describe(self) -> list[str]:
+        return [
+            *super().describe(),
+            f"pred: {self.pred}",
+            *_copy_lines("init copy", self.init_copies),
+            *_copy_lines("condition copy", self.cond_copies),
+            *_copy_lines("body copy", self.body_copies),
+            *_copy_lines("back copy", self.back_copies),
+            *self.condition.describe(),
+            *self.body.describe(),
+        ]
+
+    def kernels(self) -> list[Kernel]:
+        return self.condition.kernels() + self.body.kernels()
+
+
+class ConditionalThunk(Thunk):
+    """Reads the pred or branch index from its slice and runs one branch (an out-of-range
+    index runs the last branch, as XLA does)."""
+
+    kind = "conditional"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        selector: BufferSlice,
+        branches: Sequence[ThunkSequence],
+        in_copies: Sequence,
+        out_copies: Sequence,
+        is_pred: bool,
+    ):
+        self.instr, self.selector, self.branches = instr, selector, tuple(branches)
+        self.in_copies, self.out_copies, self.is_pred = tuple(in_copies), tuple(out_copies), is_pred
+
+    def run(self, ctx: ExecutionContext) -> None:
+        value = ctx.physical(self.selector).reshape(())
+        if self.is_pred:
+            index = 0 if bool(value) else 1
+        else:
+            index = int(value)
+            if not 0 <= index < len(self.branches):
+                index = len(self.branches) - 1
+        _run_copies(ctx, self.in_copies[index])
+        self.branches[index].run(ctx)
+        _run_copies(ctx, self.out_copies[index])
+
+    def describe(self) -> list[str]:
+        lines = [*super().describe(), f"selector: {self.selector}"]
+        for i, branch in enumerate(self.branches):
+            lines += _copy_lines(f"branch {i} in", self.in_copies[i])
+            lines += _copy_lines(f"branch {i} out", self.out_copies[i])
+            lines += branch.describe()
+        return lines
+
+    def kernels(self) -> list[Kernel]:
+        return [k for b in self.branches for k in b.kernels()]
+
+
+class CallThunk(Thunk):
+    """Runs the called computation's thunks (its result is the root's slices)."""
+
+    kind = "call"
+
+    def __init__(self, instr: HloInstruction, body: ThunkSequence, in_copies):
+        self.instr, self.body, self.in_copies = instr, body, tuple(in_copies)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        _run_copies(ctx, self.in_copies)
+        self.body.run(ctx)
+
+    def describe(self) -> list[str]:
+        return [*super().describe(), *_copy_lines("in", self.in_copies), *self.body.describe()]
+
+    def kernels(self) -> list[Kernel]:
+        return self.body.kernels()
