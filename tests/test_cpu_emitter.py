@@ -460,6 +460,130 @@ ENTRY e {
     assert rel < 1e-6
 
 
+# Reductions that keep the input's contiguous dimension (column sums, middle axes) are emitted
+# with the reduced dimensions as outer loops and a vectorized loop over a tile of the kept
+# minor dimension; the cases cross tile (1024 lanes) and cascade (32, 512 rows) boundaries.
+KEPT_MINOR = [
+    # (input dims, input layout, reduced dims, output layout, reducer, type, init)
+    ((300, 70), (1, 0), (0,), (0,), "add", "f32", "0.25"),
+    ((600, 1100), (1, 0), (0,), (0,), "add", "f32", "0"),
+    ((5, 33, 40), (2, 1, 0), (1,), (1, 0), "add", "f32", "0"),
+    ((5, 33, 40), (2, 1, 0), (1,), (0, 1), "add", "f64", "1"),
+    ((9, 4, 7, 50), (3, 2, 1, 0), (0, 2), (1, 0), "add", "f32", "0"),
+    ((40, 30, 6), (0, 2, 1), (1, 2), (0,), "add", "f32", "0"),
+    ((12, 1, 65), (2, 1, 0), (0, 1), (0,), "maximum", "f32", "-inf"),
+    ((70, 130), (1, 0), (0,), (0,), "minimum", "f64", "inf"),
+    ((50, 80), (1, 0), (0,), (0,), "multiply", "f32", "1"),
+    ((64, 90), (1, 0), (0,), (0,), "add", "s32", "7"),
+    ((33, 70), (1, 0), (0,), (0,), "maximum", "u8", "0"),
+    ((17, 40), (1, 0), (0,), (0,), "or", "pred", "false"),
+    ((17, 40), (1, 0), (0,), (0,), "and", "pred", "true"),
+    ((100, 48), (1, 0), (0,), (0,), "add", "f16", "0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("dims", "layout", "axes", "out_layout", "reducer", "ty", "init"), KEPT_MINOR
+)
+def test_reduce_keeping_minor_dimension(dims, layout, axes, out_layout, reducer, ty, init):
+    kept = [dims[d] for d in range(len(dims)) if d not in axes]
+    lay = ",".join(map(str, layout))
+    out_lay = ",".join(map(str, out_layout))
+    red = ",".join(map(str, axes))
+    text = f"""HloModule m
+red {{ a = {ty}[] parameter(0) b = {ty}[] parameter(1) ROOT c = {ty}[] {reducer}(a, b) }}
+ENTRY e {{
+  x = {ty}[{",".join(map(str, dims))}]{{{lay}}} parameter(0)
+  z = {ty}[] constant({init})
+  ROOT r = {ty}[{",".join(map(str, kept))}]{{{out_lay}}} reduce(x, z), dimensions={{{red}}},
+    to_apply=red
+}}"""
+    if reducer == "multiply":
+        x = (1 + 0.01 * RNG.standard_normal(dims)).astype(np.float32)
+    elif ty in ("f32", "f64", "f16"):
+        x = RNG.standard_normal(dims).astype(DTYPES[ty])
+    else:
+        x = random_array(ty, dims)
+    kernel = compile_computation(parse_module(text).entry)
+    got = kernel(x)
+    want = Interpreter().run(parse_module(text), [x])
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if ty in ("f32", "f64", "f16"):
+        exact = np.asarray(
+            Interpreter().run(parse_module(text.replace(ty, "f64")), [x.astype(np.float64)])
+        )
+        tol = {"f32": 2e-5, "f64": 1e-12, "f16": 2e-3}[ty]
+        np.testing.assert_allclose(
+            got.astype(np.float64), exact, rtol=tol, atol=tol * np.abs(exact).max()
+        )
+    else:
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(run_parallel(kernel, [x], chunks=3), got)
+
+
+def test_float32_column_sum_accuracy():
+    text = """HloModule m
+add { a = f32[] parameter(0) b = f32[] parameter(1) ROOT c = f32[] add(a, b) }
+ENTRY e {
+  x = f32[131072,24] parameter(0)
+  z = f32[] constant(0)
+  ROOT r = f32[24] reduce(x, z), dimensions={0}, to_apply=add
+}"""
+    x = (RNG.random((131072, 24)) + 1.0).astype(np.float32)
+    got = compile_computation(parse_module(text).entry)(x)
+    exact = x.astype(np.float64).sum(axis=0)
+    rel = np.max(np.abs(got - exact) / exact)
+    print(f"f32 column sum of 131072 rows: max relative error {rel:.2e}")
+    assert rel < 5e-7
+
+
+def test_column_reduce_vectorizes_and_splits():
+    text = """HloModule m
+add { a = f32[] parameter(0) b = f32[] parameter(1) ROOT c = f32[] add(a, b) }
+ENTRY e {
+  x = f32[3,200,2500] parameter(0)
+  z = f32[] constant(0)
+  sq = f32[3,200,2500] multiply(x, x)
+  s1 = f32[3,2500]{0,1} reduce(x, z), dimensions={1}, to_apply=add
+  s2 = f32[3,2500]{0,1} reduce(sq, z), dimensions={1}, to_apply=add
+  ROOT t = (f32[3,2500]{0,1}, f32[3,2500]{0,1}) tuple(s1, s2)
+}"""
+    kernel = compile_computation(parse_module(text).entry)
+    assert kernel.outer_extent == 2500
+    assert any(v.endswith("x float>") for v in kernel.vector_types())
+    x = RNG.standard_normal((3, 200, 2500)).astype(np.float32)
+    s1, s2 = run_parallel(kernel, [x], chunks=7)
+    np.testing.assert_allclose(s1, x.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(s2, (x.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5, atol=1e-4)
+
+
+def test_variadic_argmax_over_columns():
+    text = """HloModule m
+argmax {
+  a = f32[] parameter(0)
+  ai = s32[] parameter(1)
+  b = f32[] parameter(2)
+  bi = s32[] parameter(3)
+  gt = pred[] compare(a, b), direction=GT
+  eq = pred[] compare(a, b), direction=EQ
+  lt = pred[] compare(ai, bi), direction=LT
+  tie = pred[] and(eq, lt)
+  keep = pred[] or(gt, tie)
+  v = f32[] select(keep, a, b)
+  i = s32[] select(keep, ai, bi)
+  ROOT t = (f32[], s32[]) tuple(v, i)
+}
+ENTRY e {
+  x = f32[90,37] parameter(0)
+  io = s32[90,37] iota(), iota_dimension=0
+  ninf = f32[] constant(-inf)
+  zero = s32[] constant(0)
+  ROOT r = (f32[37], s32[37]) reduce(x, io, ninf, zero), dimensions={0}, to_apply=argmax
+}"""
+    x = RNG.integers(-5, 5, (90, 37)).astype(np.float32)
+    check(text, [x], exact=True)
+
+
 def test_variadic_argmax_reduce():
     text = """HloModule m
 argmax {

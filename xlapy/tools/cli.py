@@ -17,6 +17,7 @@ import numpy as np
 
 from xlapy.errors import HloParseError, XlapyError
 from xlapy.tools import npz_io
+from xlapy.tools.bench import bench
 
 
 def load_module(path: str, verify: bool = True):
@@ -215,6 +216,9 @@ def opt(module_path, pass_names, dump_dir, no_verify, output):
         f"{', '.join(changed) or 'none'}",
         err=True,
     )
+
+
+cli.add_command(bench)
 
 
 def main(argv=None) -> int:

@@ -86,6 +86,13 @@ _kernel_cache: dict[str, Kernel] = {}
 _kernel_lock = threading.Lock()
 
 
+def clear_kernel_cache() -> None:
+    """Forget the kernels compiled in this process (the disk cache stays), so the next
+    compile loads them from disk or compiles them again: what `xlapy bench` times."""
+    with _kernel_lock:
+        _kernel_cache.clear()
+
+
 def kernel_for(comp: HloComputation, name: str) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per computation text."""
     key = comp.to_text()

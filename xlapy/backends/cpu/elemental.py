@@ -679,6 +679,37 @@ def _combine(em: KernelEmitter, op: Opcode, t: PrimitiveType, a, c, reassoc: boo
     return _INT_BINARY[op](em, a, c, t.is_signed_integral)
 
 
+CASCADE_BLOCK = 16
+"""Partial results of one level summed into the next level's accumulator."""
+
+
+def emit_cascade(em: KernelEmitter, size: int, blocks, clear, flush, elements) -> None:
+    """Accumulate elements [0, size) of a reduced dimension in a cascade of partial results:
+    level 0 takes runs of blocks[0] elements (`elements(lo, hi)`), each higher level takes
+    blocks[1] results of the level below, the top level goes into the total. `clear(k)` resets
+    level k's accumulator; `flush(k, top)` combines level k into level k + 1 (or into the
+    total when `top`). The serial chain at every level stays short, so the rounding error of a
+    float sum grows like log(size) rather than like size."""
+    spans = [blocks[0]]
+    while spans[-1] < size:
+        spans.append(spans[-1] * blocks[1])
+    b = em.b
+
+    def level(k: int, lo, hi, top: bool):
+        if k < 0:
+            elements(lo, hi)
+            return
+        step = spans[k]
+        with em.loop(lo, hi, f"cascade{k}", step=step) as c:
+            clear(k)
+            limit = b.add(c, _c64(step))
+            limit = b.select(b.icmp_signed("<", limit, hi), limit, hi)
+            level(k - 1, c, limit, False)
+            flush(k, top)
+
+    level(len(spans) - 1, _c64(0), _c64(size), True)
+
+
 @emits(Op.REDUCE)
 def _reduce(em: KernelEmitter, instr, index):
     n = len(instr.operands) // 2
@@ -743,21 +774,242 @@ def _reduce(em: KernelEmitter, instr, index):
 
     t = types[0]
     identity = _identity(op, t)
-    partial = em.alloca(reg_type(t))
+    levels: list = []
+
+    def level_acc(k):
+        while len(levels) <= k:
+            levels.append(em.alloca(reg_type(t), f"{instr.name}.l{len(levels)}"))
+        return levels[k]
 
     def blocked(d):
-        size = src.dims[d]
-        block = min(size, REDUCE_BLOCK)
-        with em.loop(_c64(0), _c64(size), f"rb{d}", step=block) as blk:
-            em.b.store(identity, partial)
-            hi = em.b.add(blk, _c64(block))
-            hi = em.b.select(em.b.icmp_signed("<", hi, _c64(size)), hi, _c64(size))
-            with em.loop(blk, hi, f"r{d}") as i:
+        def elements(lo, hi):
+            with em.loop(lo, hi, f"r{d}") as i:
                 src_index[d] = i
                 (x,) = element_values()
-                em.b.store(_combine(em, op, t, em.b.load(partial), x, True), partial)
-            em.b.store(_combine(em, op, t, em.b.load(accs[0]), em.b.load(partial), False), accs[0])
+                acc = level_acc(0)
+                em.b.store(_combine(em, op, t, em.b.load(acc), x, True), acc)
+
+        def flush(k, top):
+            target = accs[0] if top else level_acc(k + 1)
+            value = em.b.load(level_acc(k))
+            em.b.store(_combine(em, op, t, em.b.load(target), value, False), target)
+
+        emit_cascade(
+            em,
+            src.dims[d],
+            (REDUCE_BLOCK, CASCADE_BLOCK),
+            lambda k: em.b.store(identity, level_acc(k)),
+            flush,
+            elements,
+        )
 
     nest(0, blocked)
     value = em.b.load(accs[0])
     return em.round_to(value, t) if t.is_float else value
+
+
+# -- reductions that keep the physically minor dimension ----------------------------------------
+#
+# A reduce whose input's contiguous (most minor, size > 1) dimension is kept -- a column sum
+# [N, M] -> [M], a middle-axis reduction [A, R, B] -> [A, B] -- would walk a strided loop per
+# output element if emitted elementally. Instead the kernel tiles the kept minor dimension
+# into rows of at most VECTOR_TILE outputs and streams the reduced rows through them: the
+# reduced dimensions are outer loops, and the innermost loop runs over the contiguous tile
+# (vectorizable, unit stride in input and accumulators). Accuracy: simple reducers sum
+# REDUCE_BLOCK rows of the innermost reduced dimension into per-lane partials, then add the
+# partials into per-lane totals, so a long f32 column sum degrades like a blocked sum, not
+# like one serial chain. Other reducers apply their computation row by row, in the same
+# order the elemental path uses. Kernel signature and [start, end) are unchanged: the range
+# is still the output's outermost dimension, whichever kept dimension that is.
+
+VECTOR_TILE = 1024
+"""Outputs of the kept minor dimension accumulated together (partials stay in L1)."""
+
+COLUMN_BLOCK = 32
+"""Rows added into one lane's level-0 partial before it is flushed up the cascade."""
+
+
+def kept_minor_reduces(leaves) -> list[HloInstruction] | None:
+    """The reduce instructions of a kernel whose outputs are all reduces of equally shaped
+    inputs over the same dimensions, keeping the input's contiguous dimension; else None."""
+    reduces: list[HloInstruction] = []
+    for leaf, _element, _shape in leaves:
+        if leaf.opcode is not Op.REDUCE:
+            return None
+        if all(leaf is not r for r in reduces):
+            reduces.append(leaf)
+    first = reduces[0]
+    src = first.operands[0].shape
+    dims = tuple(first.attrs.get("dimensions") or ())
+    for r in reduces:
+        shape = r.operands[0].shape
+        if (
+            shape.dims != src.dims
+            or shape.layout_or_default.minor_to_major != src.layout_or_default.minor_to_major
+            or tuple(r.attrs.get("dimensions") or ()) != dims
+        ):
+            return None
+    if not dims or any(src.dims[d] == 0 for d in dims):
+        return None
+    minor = next((d for d in src.layout_or_default.minor_to_major if src.dims[d] > 1), None)
+    if minor is None or minor in dims:
+        return None
+    return reduces
+
+
+class _ReduceLanes:
+    """Per-lane accumulators of one reduce over a tile of the kept minor dimension."""
+
+    def __init__(self, em: KernelEmitter, instr: HloInstruction):
+        n = len(instr.operands) // 2
+        self.instr = instr
+        self.inputs, self.inits = instr.operands[:n], instr.operands[n:]
+        self.types = [v.shape.element_type for v in self.inputs]
+        self.comp = instr.attrs["to_apply"]
+        op = simple_reducer(self.comp) if n == 1 else None
+        if op is not None and _identity(op, self.types[0]) is None:
+            op = None
+        self.op = op
+        self.tile = [ir.ArrayType(reg_type(t), VECTOR_TILE) for t in self.types]
+        self.totals = [em.alloca(ty, f"{instr.name}.total") for ty in self.tile]
+        self.levels: list = []
+        self.em = em
+
+    def level(self, k: int):
+        """The lane array of cascade level k (simple reducers only)."""
+        while len(self.levels) <= k:
+            name = f"{self.instr.name}.l{len(self.levels)}"
+            self.levels.append(self.em.alloca(self.tile[0], name))
+        return self.levels[k]
+
+    @staticmethod
+    def slot(em, array, lane):
+        return em.b.gep(array, [ir.Constant(I32, 0), lane], True)
+
+
+def emit_kept_minor_reduce(em: KernelEmitter, reduces, out_ptrs, start, end) -> None:
+    """The loop nest of a kernel made by `kept_minor_reduces` (see the block comment)."""
+    b = em.b
+    src = reduces[0].operands[0].shape
+    reduced = tuple(reduces[0].attrs.get("dimensions") or ())
+    kept = [d for d in range(src.rank) if d not in reduced]
+    minor = next(d for d in src.layout_or_default.minor_to_major if src.dims[d] > 1)
+    m_out = kept.index(minor)
+    out_shape = em.out_leaves[0][2]
+    out_order = list(reversed(out_shape.layout_or_default.minor_to_major))
+    red_order = [d for d in reversed(src.layout_or_default.minor_to_major) if d in reduced]
+    red_order = [d for d in red_order if src.dims[d] != 1] or red_order[:1]
+    lanes = [_ReduceLanes(em, r) for r in reduces]
+    src_index: list = [None] * src.rank
+    out_index: list = [None] * out_shape.rank
+    for d in reduced:
+        if src.dims[d] == 1:
+            src_index[d] = _c64(0)
+
+    def bounds(k: int):
+        if k == out_order[0]:
+            return start, end
+        return _c64(0), _c64(out_shape.dims[k])
+
+    def lane_loop(base, limit, body):
+        with em.loop(base, limit, "lane") as j:
+            src_index[minor] = j
+            out_index[m_out] = j
+            body(b.sub(j, base))
+
+    def init_totals(lane):
+        for acc in lanes:
+            for total, init in zip(acc.totals, acc.inits, strict=True):
+                b.store(em.gen(init, ()), acc.slot(em, total, lane))
+
+    def clear(k):
+        def body(lane):
+            for acc in lanes:
+                if acc.op is not None:
+                    b.store(_identity(acc.op, acc.types[0]), acc.slot(em, acc.level(k), lane))
+
+        return body
+
+    def accumulate(lane):
+        for acc in lanes:
+            values = [em.gen(x, tuple(src_index)) for x in acc.inputs]
+            if acc.op is not None:
+                slot = acc.slot(em, acc.level(0), lane)
+                t = acc.types[0]
+                b.store(_combine(em, acc.op, t, b.load(slot), values[0], False), slot)
+                continue
+            slots = [acc.slot(em, total, lane) for total in acc.totals]
+            result = em.call_scalar(acc.comp, [*(b.load(s) for s in slots), *values])
+            result = result if isinstance(result, tuple) else (result,)
+            for s, v in zip(slots, result, strict=True):
+                b.store(v, s)
+
+    def flush(k, top):
+        def body(lane):
+            for acc in lanes:
+                if acc.op is None:
+                    continue
+                target = acc.slot(em, acc.totals[0] if top else acc.level(k + 1), lane)
+                value = b.load(acc.slot(em, acc.level(k), lane))
+                b.store(_combine(em, acc.op, acc.types[0], b.load(target), value, False), target)
+
+        return body
+
+    def store_outputs(lane):
+        results = {}
+        for acc in lanes:
+            values = [b.load(acc.slot(em, total, lane)) for total in acc.totals]
+            if acc.op is not None and acc.types[0].is_float:
+                values = [em.round_to(values[0], acc.types[0])]
+            results[id(acc.instr)] = values
+        index = tuple(out_index)
+        for (leaf, element, shape), ptr in zip(em.out_leaves, out_ptrs, strict=True):
+            value = results[id(leaf)][element or 0]
+            addr = b.gep(ptr, [em.offset(shape, index)], True)
+            b.store(em.to_mem(value, shape.element_type), addr)
+
+    def reduce_rows(level: int, base, limit):
+        d = red_order[level]
+        if level < len(red_order) - 1:
+            with em.loop(_c64(0), _c64(src.dims[d]), f"r{d}") as i:
+                src_index[d] = i
+                reduce_rows(level + 1, base, limit)
+            return
+
+        def elements(lo, hi):
+            with em.loop(lo, hi, f"r{d}") as i:
+                src_index[d] = i
+                lane_loop(base, limit, accumulate)
+
+        emit_cascade(
+            em,
+            src.dims[d],
+            (COLUMN_BLOCK, CASCADE_BLOCK),
+            lambda k: lane_loop(base, limit, clear(k)),
+            lambda k, top: lane_loop(base, limit, flush(k, top)),
+            elements,
+        )
+
+    def tile():
+        lo, hi = bounds(m_out)
+        with em.loop(lo, hi, "tile", step=VECTOR_TILE) as base:
+            limit = b.add(base, _c64(VECTOR_TILE))
+            limit = b.select(b.icmp_signed("<", limit, hi), limit, hi)
+            lane_loop(base, limit, init_totals)
+            reduce_rows(0, base, limit)
+            lane_loop(base, limit, store_outputs)
+
+    outer = [k for k in out_order if k != m_out]
+
+    def nest(level: int):
+        if level == len(outer):
+            tile()
+            return
+        k = outer[level]
+        lo, hi = bounds(k)
+        with em.loop(lo, hi, f"k{kept[k]}") as i:
+            out_index[k] = i
+            src_index[kept[k]] = i
+            nest(level + 1)
+
+    nest(0)

@@ -237,9 +237,12 @@ class KernelEmitter:
                 index[d] = i
                 nest(level + 1)
 
+        reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
                 self._store_outputs((), out_ptrs)
+        elif reduces is not None:
+            elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
         else:
             nest(0)
         self.b.ret_void()
@@ -429,7 +432,7 @@ class _Loop:
 
 
 # Elemental rules live in xlapy.backends.cpu.elemental (registered on import).
-from xlapy.backends.cpu import elemental  # noqa: E402, F401
+from xlapy.backends.cpu import elemental  # noqa: E402
 
 __all__ = [
     "EMIT_RULES",

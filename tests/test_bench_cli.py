@@ -1,0 +1,114 @@
+"""`xlapy bench`: compile and run times as text and JSON, inputs from .npz or random, and
+errors as a message with exit status 1 (on the interpreter and on the CPU backend)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from xlapy.tools import cli
+from xlapy.tools.bench import bench
+
+MODULE = """HloModule bench_me
+
+ENTRY main {
+  a = f32[16,8] parameter(0)
+  b = f32[16,8] parameter(1)
+  e = f32[16,8] exponential(a)
+  ROOT s = f32[16,8] add(e, b)
+}
+"""
+
+TUPLE_PARAM = """HloModule tuple_param
+
+ENTRY main {
+  p = (f32[5], s32[3]) parameter(0)
+  a = f32[5] get-tuple-element(p), index=0
+  ROOT n = f32[5] negate(a)
+}
+"""
+
+KEYS = {"compile_cold_ms", "compile_warm_ms", "run_median_us", "run_min_us", "runs"}
+
+
+@pytest.fixture(autouse=True)
+def _kernel_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
+
+
+def test_bench_is_a_command_of_the_cli():
+    assert cli.cli.commands["bench"] is bench
+
+
+@pytest.fixture
+def write(tmp_path):
+    def write(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_json_report(capsys, write, tmp_path, backend):
+    rng = np.random.default_rng(7)
+    inputs = tmp_path / "in.npz"
+    np.savez(
+        inputs,
+        param_0=rng.standard_normal((16, 8)).astype(np.float32),
+        param_1=rng.standard_normal((16, 8)).astype(np.float32),
+    )
+    args = ["bench", write("m.hlo", MODULE), "--inputs", str(inputs), "--backend", backend]
+    code, out, err = run_cli(capsys, *args, "--json", "--runs", "7", "--warmup", "2")
+    assert code == 0, err
+    report = json.loads(out)
+    assert set(report) >= KEYS
+    assert report["runs"] == 7 and report["warmup"] == 2
+    assert report["module"] == "bench_me" and report["backend"] == backend
+    assert report["compile_cold_ms"] > 0 and report["compile_warm_ms"] > 0
+    assert 0 < report["run_min_us"] <= report["run_p10_us"] <= report["run_median_us"]
+    assert report["run_median_us"] <= report["run_p90_us"]
+
+
+@pytest.mark.parametrize("module", [MODULE, TUPLE_PARAM])
+def test_text_report_random_inputs(capsys, write, module):
+    code, out, err = run_cli(
+        capsys, "bench", write("m.hlo", module), "--random-inputs", "--runs", "3"
+    )
+    assert code == 0, err
+    assert "compile: cold" in out and "warm" in out
+    assert "median" in out and "(3 runs after 3 warm-up)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--backend", "tpu", "--random-inputs"], "unknown platform 'tpu'"),
+        ([], "give --inputs FILE.npz or --random-inputs"),
+        (["--inputs", "{missing}"], "cannot read inputs"),
+        (["--inputs", "{bad}"], "param_1: expected f32[16,8]"),
+        (["--random-inputs", "--runs", "0"], "--runs"),
+    ],
+)
+def test_errors_exit_1_with_a_message(capsys, write, tmp_path, argv, fragment):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, param_0=np.ones((16, 8), np.float32), param_1=np.ones((3,), np.float32))
+    paths = {"missing": str(tmp_path / "nope.npz"), "bad": str(bad)}
+    argv = [a.format(**paths) for a in argv]
+    code, _, err = run_cli(capsys, "bench", write("m.hlo", MODULE), *argv)
+    assert code != 0
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_parse_error_exit_1(capsys, write):
+    code, _, err = run_cli(capsys, "bench", write("bad.hlo", "HloModule m\nENTRY e {"), "--json")
+    assert code == 1
+    assert "bad.hlo" in err and "error" in err

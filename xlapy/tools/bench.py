@@ -1,0 +1,166 @@
+"""`xlapy bench MODULE.hlo`: compile and run a module, report compile and run times.
+
+Compile time is measured twice, each time with a fresh runtime client and the process's
+in-memory kernel cache emptied: cold, with a new empty kernel cache directory
+($XLAPY_CACHE_DIR pointed at a temporary folder), and warm, with the directory the cold
+compile filled. Run time covers `LoadedExecutable.execute` until every output buffer is
+ready: the inputs are transferred to the device once, before the timed runs, so transfers
+are not counted. `--warmup` untimed runs come first; the report gives the median, minimum,
+mean and the 10th and 90th percentiles over `--runs` timed runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import click
+import numpy as np
+
+from xlapy.tools import npz_io
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    """Times of one `xlapy bench` measurement (what `--json` prints)."""
+
+    module: str
+    backend: str
+    compile_cold_ms: float
+    compile_warm_ms: float
+    run_median_us: float
+    run_min_us: float
+    run_mean_us: float
+    run_p10_us: float
+    run_p90_us: float
+    runs: int
+    warmup: int
+
+    def to_text(self) -> str:
+        return (
+            f"{self.module} on {self.backend}\n"
+            f"compile: cold {self.compile_cold_ms:.2f} ms, warm {self.compile_warm_ms:.2f} ms\n"
+            f"run:     median {self.run_median_us:.1f} us, min {self.run_min_us:.1f} us, "
+            f"p10 {self.run_p10_us:.1f} us, p90 {self.run_p90_us:.1f} us "
+            f"({self.runs} runs after {self.warmup} warm-up)"
+        )
+
+
+@contextlib.contextmanager
+def kernel_cache_dir(path: str) -> Iterator[None]:
+    """Point the CPU kernel disk cache at `path` for the duration of the block."""
+    old = os.environ.get("XLAPY_CACHE_DIR")
+    os.environ["XLAPY_CACHE_DIR"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("XLAPY_CACHE_DIR", None)
+        else:
+            os.environ["XLAPY_CACHE_DIR"] = old
+
+
+def clear_process_kernel_cache() -> None:
+    """Forget the kernels the CPU compiler keeps in memory, so the next compile reads the
+    disk cache (or compiles) again."""
+    from xlapy.backends.cpu.compiler import clear_kernel_cache
+
+    clear_kernel_cache()
+
+
+def _to_buffers(client, value):
+    if isinstance(value, tuple):
+        return tuple(_to_buffers(client, v) for v in value)
+    if isinstance(value, np.ndarray):
+        return client.buffer_from_pyval(value)
+    return value
+
+
+def time_compile(backend: str, text: str):
+    """(milliseconds, loaded executable) of one compile by a fresh client."""
+    from xlapy.runtime import Client
+
+    clear_process_kernel_cache()
+    client = Client(backend)
+    start = time.perf_counter()
+    executable = client.compile(text)
+    return 1e3 * (time.perf_counter() - start), executable
+
+
+def time_runs(executable, args, runs: int, warmup: int) -> np.ndarray:
+    """Seconds of each of `runs` timed executions (after `warmup` untimed ones)."""
+    buffers = [_to_buffers(executable.client, a) for a in args]
+    for b in buffers:
+        for leaf in b if isinstance(b, tuple) else (b,):
+            if hasattr(leaf, "block_until_ready"):
+                leaf.block_until_ready()
+    times = []
+    for i in range(warmup + runs):
+        start = time.perf_counter()
+        (outputs,) = executable.execute([buffers])
+        for out in outputs:
+            out.block_until_ready()
+        elapsed = time.perf_counter() - start
+        if i >= warmup:
+            times.append(elapsed)
+    return np.asarray(times)
+
+
+def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchResult:
+    """Measure compile (cold and warm kernel cache) and run times of `module` on `args`."""
+    text = module.to_text()
+    with tempfile.TemporaryDirectory(prefix="xlapy-bench-") as tmp, kernel_cache_dir(tmp):
+        cold_ms, _ = time_compile(backend, text)
+        warm_ms, executable = time_compile(backend, text)
+        times = time_runs(executable, args, runs, warmup) * 1e6
+    return BenchResult(
+        module=module.name,
+        backend=backend,
+        compile_cold_ms=round(cold_ms, 3),
+        compile_warm_ms=round(warm_ms, 3),
+        run_median_us=round(float(np.median(times)), 3),
+        run_min_us=round(float(times.min()), 3),
+        run_mean_us=round(float(times.mean()), 3),
+        run_p10_us=round(float(np.percentile(times, 10)), 3),
+        run_p90_us=round(float(np.percentile(times, 90)), 3),
+        runs=runs,
+        warmup=warmup,
+    )
+
+
+@click.command("bench")
+@click.argument("module_path", metavar="MODULE.hlo", type=click.Path(dir_okay=False))
+@click.option("--inputs", type=click.Path(dir_okay=False), help="param_0, param_1, ... arrays")
+@click.option("--random-inputs", is_flag=True, help="run on fresh random inputs")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of --random-inputs")
+@click.option("--backend", default="cpu", show_default=True, help="runtime platform")
+@click.option("--runs", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def bench(module_path, inputs, random_inputs, seed, backend, runs, warmup, as_json):
+    """Compile MODULE.hlo (cold and warm kernel cache) and time repeated runs."""
+    from xlapy.tools.cli import load_module
+
+    module = load_module(module_path)
+    params = [p.shape for p in module.entry.parameters]
+    if inputs and random_inputs:
+        raise click.UsageError("give either --inputs or --random-inputs, not both")
+    if inputs:
+        args = npz_io.load_inputs(inputs, params)
+    elif random_inputs or not npz_io.leaf_shapes(params):
+        args = npz_io.random_inputs(params, seed)
+    else:
+        raise click.UsageError(
+            f"{module.name} takes {len(params)} parameters: give --inputs FILE.npz "
+            "or --random-inputs"
+        )
+    result = bench_module(module, args, backend, runs, warmup)
+    if as_json:
+        click.echo(json.dumps(asdict(result)))
+    else:
+        click.echo(result.to_text())
