@@ -14,7 +14,11 @@
 #   XLA-internal targets) go through the interpreter's rule.
 # - RuleThunk: everything else (sort, fft, rng, gather, scatter, reduce-window, convolution,
 #   ...) evaluates the interpreter's per-opcode rule on views of the operands' slices and
-#   stores the value in the instruction's slices.
+#   stores the value in the instruction's slices. Where a fast NumPy implementation fits the
+#   instruction (FAST_PLANNERS: recognized sort comparators, topk, prefix-scan and pooling
+#   reduce-windows, row gathers and scatters, convolutions as im2col + matmul; see the lib_*
+#   modules), the thunk runs that instead, writing straight into the result's views; a fast
+#   path may decline at run time (a NaN key under a float compare, say) and the rule runs.
 
 from __future__ import annotations
 
@@ -22,14 +26,43 @@ import math
 
 import numpy as np
 
+from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
+from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
+from xlapy.backends.cpu.lib_window import plan_reduce_window
 from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, Thunk, ValueTree
 from xlapy.backends.interpreter.registry import rule_for
 from xlapy.errors import CustomCallError, EvaluationError
 from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.types import PrimitiveType
 
 P = PrimitiveType
 _BLAS_TYPES = frozenset({P.F32, P.F64, P.C64, P.C128})
+
+# opcode -> planner(instr) returning fast(values, result views, ctx) -> bool (False: declined)
+FAST_PLANNERS = {
+    Opcode.SORT: plan_sort,
+    Opcode.TOPK: plan_topk,
+    Opcode.REDUCE_WINDOW: plan_reduce_window,
+    Opcode.GATHER: plan_gather,
+    Opcode.SCATTER: plan_scatter,
+}
+# XLA-internal custom-call target -> planner
+FAST_CUSTOM_CALL_PLANNERS = {"TopK": plan_xla_topk}
+
+
+def plan_fast(instr: HloInstruction):
+    """The fast implementation of `instr` (see the file comment), or None."""
+    if instr.opcode is Opcode.CUSTOM_CALL:
+        planner = FAST_CUSTOM_CALL_PLANNERS.get(instr.attrs.get("custom_call_target"))
+    else:
+        planner = FAST_PLANNERS.get(instr.opcode)
+    if planner is None:
+        return None
+    try:
+        return planner(instr)
+    except Exception:  # an instruction a planner misreads keeps the interpreter's rule
+        return None
 
 
 def _tree_lines(label: str, tree: ValueTree, path: str = "") -> list[str]:
@@ -48,9 +81,14 @@ class RuleThunk(Thunk):
     def __init__(self, instr: HloInstruction, operands: list[ValueTree], result: ValueTree, why):
         self.instr, self.operands, self.result, self.why = instr, operands, result, why
         self.rule = rule_for(instr.opcode)
+        self.fast = plan_fast(instr) if _all_arrays(result) else None
 
     def run(self, ctx: ExecutionContext) -> None:
         values = [ctx.read(t) for t in self.operands]
+        if self.fast is not None:
+            with np.errstate(all="ignore"):
+                if self.fast(values, ctx.read(self.result), ctx):
+                    return
         try:
             out = self.rule(self.instr, values, ctx.interpreter)
         except EvaluationError as e:
@@ -60,8 +98,11 @@ class RuleThunk(Thunk):
         ctx.write(self.result, out, self.instr.name)
 
     def describe(self) -> list[str]:
-        head = f"library {self.instr.name} = {self.instr.opcode.text} (interpreter rule"
-        head += f": {self.why})" if self.why else ")"
+        if self.fast is not None:
+            head = f"library {self.instr.name} = {self.instr.opcode.text} (fast NumPy path)"
+        else:
+            head = f"library {self.instr.name} = {self.instr.opcode.text} (interpreter rule"
+            head += f": {self.why})" if self.why else ")"
         lines = [head]
         for i, t in enumerate(self.operands):
             lines += _tree_lines(f"in{i}", t)
@@ -197,6 +238,10 @@ class CustomCallThunk(Thunk):
         for i, t in enumerate(self.operands):
             lines += _tree_lines(f"in{i}", t)
         return lines + _tree_lines("out", self.result)
+
+
+def _all_arrays(tree: ValueTree) -> bool:
+    return all(leaf is not None for leaf in _leaves(tree))
 
 
 def _leaves(tree: ValueTree) -> list:

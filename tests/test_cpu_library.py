@@ -1,0 +1,310 @@
+"""The CPU backend's fast library paths (lib_sort, lib_window, lib_indexing) against the
+interpreter's rules, on HLO lowered from JAX and on hand-written HLO: NaN, -0, ties,
+duplicate and out-of-bounds indices, integer wrapping. Results must match bit for bit (the
+fast paths do the same operations in the same order), and each case checks whether the
+fast path claimed the instruction."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from xlapy.backends import execute
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.parser import parse_module
+
+RNG = np.random.default_rng(20261122)
+
+
+def _floats(shape, dtype=np.float32):
+    """Random floats with NaN (both signs), +-0, +-inf and repeated values."""
+    x = RNG.standard_normal(shape).astype(dtype)
+    flat = x.reshape(-1)
+    n = flat.size
+    picks = RNG.choice(n, size=max(n // 3, 1), replace=False)
+    specials = np.array([np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf, 1.5, 1.5], dtype)
+    flat[picks] = specials[RNG.integers(0, len(specials), len(picks))]
+    return x
+
+
+def _ints(shape, lo=-5, hi=5, dtype=np.int32):
+    return RNG.integers(lo, hi, shape).astype(dtype)
+
+
+def _hlo(fn, *args) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return jax.jit(fn).lower(*args).as_text(dialect="hlo")
+
+
+def _leaves(value):
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [np.asarray(value)]
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a if a.dtype.kind in "biu" else a.view(f"u{a.dtype.itemsize}")
+
+
+def _assert_same(got: np.ndarray, expected: np.ndarray, moved: bool) -> None:
+    """Bit for bit; where the op computes (not only moves) values, a NaN's sign is free, as
+    in XLA, so NaN positions must agree and other values bit for bit."""
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if not moved and got.dtype.kind not in "biu":
+        nan = np.isnan(got.astype(np.float64))
+        np.testing.assert_array_equal(nan, np.isnan(expected.astype(np.float64)))
+        got, expected = np.where(nan, 0, got), np.where(nan, 0, expected)
+    np.testing.assert_array_equal(_bits(got), _bits(expected))
+
+
+def _check(text: str, args, opcode: str, fast: bool):
+    module = parse_module(text)
+    listing = CpuProgram(parse_module(text)).thunk_listing()
+    lines = [line for line in listing.splitlines() if f"= {opcode} " in line]
+    assert lines, listing
+    assert all(("fast NumPy path" in line) == fast for line in lines), lines
+    got = _leaves(execute(module, args, "cpu"))
+    expected = _leaves(evaluate(parse_module(text), args))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        _assert_same(g, e, moved=opcode in ("sort", "topk", "gather"))
+
+
+# -- sort, argsort, topk ---------------------------------------------------------------------
+
+SORTS = [
+    ("sort_f32", jnp.sort, lambda: (_floats((257,)),)),
+    ("sort_f32_axis0", lambda x: jnp.sort(x, axis=0), lambda: (_floats((33, 5)),)),
+    ("sort_bf16", jnp.sort, lambda: (_floats((64,)).astype(jnp.bfloat16),)),
+    ("sort_s32", jnp.sort, lambda: (_ints((100,), -(2**31), 2**31 - 1),)),
+    ("sort_u8", jnp.sort, lambda: (_ints((100,), 0, 256, np.uint8),)),
+    ("sort_descending", lambda x: jnp.sort(x, descending=True), lambda: (_floats((77,)),)),
+    ("argsort_rows", lambda x: jnp.argsort(x, axis=1), lambda: (_floats((8, 50)),)),
+    (
+        "argsort_descending",
+        lambda x: jnp.argsort(x, descending=True, stable=True),
+        lambda: (_ints((90,)),),
+    ),
+    (
+        "sort_two_keys",
+        lambda a, b: lax.sort((a, b), num_keys=2),
+        lambda: (_ints((120,), 0, 3), _floats((120,))),
+    ),
+    (
+        "sort_key_and_payload",
+        lambda a, b: lax.sort((a, b), num_keys=1),
+        lambda: (_floats((64,)), _ints((64,), 0, 100)),
+    ),
+]
+
+
+@pytest.mark.parametrize("name,fn,make", SORTS, ids=[s[0] for s in SORTS])
+def test_sort_fast_path(name, fn, make):
+    args = make()
+    _check(_hlo(fn, *args), list(args), "sort", fast=True)
+
+
+TOPKS = [
+    ("k3_ties_nan", 3, lambda: _floats((6, 40))),
+    ("k_all", 40, lambda: _floats((3, 40))),
+    ("k_partition", 25, lambda: _floats((4, 64))),
+    ("k5_ints", 5, lambda: _ints((5, 30), -3, 3)),
+]
+
+
+@pytest.mark.parametrize("name,k,make", TOPKS, ids=[t[0] for t in TOPKS])
+def test_topk_fast_path(name, k, make):
+    x = make()
+    _check(_hlo(lambda v: lax.top_k(v, k), x), [x], "topk", fast=True)
+
+
+_CUSTOM_SORT = """
+HloModule custom_sort
+
+cmp {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  one = f32[] constant(1)
+  b1 = f32[] add(b, one)
+  ROOT lt = pred[] compare(a, b1), direction=LT
+}
+
+ENTRY main {
+  x = f32[50] parameter(0)
+  ROOT s = f32[50] sort(x), dimensions={0}, is_stable=true, to_apply=cmp
+}
+"""
+
+_FLOAT_COMPARE_SORT = """
+HloModule float_sort
+
+cmp {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT lt = pred[] compare(a, b), direction=LT
+}
+
+ENTRY main {
+  x = f32[50] parameter(0)
+  ROOT s = f32[50] sort(x), dimensions={0}, is_stable=true, to_apply=cmp
+}
+"""
+
+
+def test_sort_custom_comparator_keeps_rule():
+    x = RNG.standard_normal(50).astype(np.float32)
+    _check(_CUSTOM_SORT, [x], "sort", fast=False)
+
+
+@pytest.mark.parametrize("with_nan", [False, True])
+def test_sort_float_compare(with_nan):
+    """A plain float compare is claimed; a NaN key makes the run fall back to the rule."""
+    x = RNG.standard_normal(50).astype(np.float32)
+    x[::7] = -0.0
+    if with_nan:
+        x[3] = np.nan
+    _check(_FLOAT_COMPARE_SORT, [x], "sort", fast=True)
+
+
+# -- reduce-window ---------------------------------------------------------------------------
+
+WINDOWS = [
+    ("cumsum_f32", lambda x: jnp.cumsum(x, axis=1), lambda: _floats((6, 70)), True),
+    ("cumsum_axis0", lambda x: jnp.cumsum(x, axis=0), lambda: _floats((40, 3)), True),
+    (
+        "cumsum_s32_wraps",
+        lambda x: jnp.cumsum(x, axis=0),
+        lambda: _ints((50,), 2**30, 2**31 - 1),
+        True,
+    ),
+    ("cumprod_f32", lambda x: jnp.cumprod(x, axis=1), lambda: _floats((4, 30)), True),
+    ("cummax_f32", lambda x: lax.cummax(x, axis=1), lambda: _floats((4, 30)), True),
+    (
+        "cummin_s8",
+        lambda x: lax.cummin(x, axis=0),
+        lambda: _ints((30, 3), -100, 100, np.int8),
+        True,
+    ),
+    (
+        "maxpool_2x2",
+        lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+        lambda: _floats((2, 8, 8, 3)),
+        True,
+    ),
+    (
+        "sumpool_3x3_stride1",
+        lambda x: lax.reduce_window(x, 0.0, lax.add, (3, 3), (1, 1), "VALID"),
+        lambda: _floats((9, 11)),
+        True,
+    ),
+    (
+        "sumpool_padded_keeps_rule",
+        lambda x: lax.reduce_window(x, 0.0, lax.add, (3, 3), (1, 1), "SAME"),
+        lambda: _floats((9, 11)),
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize("name,fn,make,fast", WINDOWS, ids=[w[0] for w in WINDOWS])
+def test_reduce_window(name, fn, make, fast):
+    x = make()
+    _check(_hlo(fn, x), [x], "reduce-window", fast=fast)
+
+
+# -- gather and scatter ----------------------------------------------------------------------
+
+
+def _table_and_ids(rows=20, cols=6, n=40):
+    table = RNG.standard_normal((rows, cols)).astype(np.float32)
+    ids = RNG.integers(-rows - 5, rows + 5, n).astype(np.int32)  # out of bounds both ways
+    return table, ids
+
+
+GATHERS = [
+    ("rows", lambda t, i: t[i], lambda: _table_and_ids()),
+    ("rows_2d_ids", lambda t, i: t[i], lambda: (_table_and_ids()[0], _ints((4, 5), -30, 30))),
+    ("columns", lambda t, i: t[:, i], lambda: _table_and_ids()),
+    ("embedding_sum", lambda t, i: jnp.sum(t[i], axis=1), lambda: (
+        _table_and_ids()[0], _ints((3, 7), 0, 20))),
+    ("take_along_axis", lambda t, i: jnp.take_along_axis(t, i, axis=1), lambda: (
+        _table_and_ids()[0], _ints((20, 3), -2, 8))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,fn,make", GATHERS, ids=[g[0] for g in GATHERS])
+def test_gather(name, fn, make):
+    args = make()
+    text = _hlo(fn, *args)
+    module = parse_module(text)
+    got = _leaves(execute(module, list(args), "cpu"))
+    expected = _leaves(evaluate(parse_module(text), list(args)))
+    for g, e in zip(got, expected, strict=True):
+        _assert_same(g, e, moved=False)
+
+
+def test_gather_rows_claimed_and_clamps():
+    t, i = _table_and_ids()
+    _check(_hlo(lambda t, i: t[i], t, i), [t, i], "gather", fast=True)
+
+
+def _scatter_args(dtype=np.float32, rows=16, cols=5, n=60):
+    x = RNG.standard_normal((rows, cols)).astype(dtype)
+    ids = RNG.integers(-3, rows + 3, n).astype(np.int32)  # duplicates and out of bounds
+    u = RNG.standard_normal((n, cols)).astype(dtype)
+    return x, ids, u
+
+
+SCATTERS = [
+    ("add_f32", lambda x, i, u: x.at[i].add(u, mode="drop"), lambda: _scatter_args()),
+    ("set_dupes", lambda x, i, u: x.at[i].set(u, mode="drop"), lambda: _scatter_args()),
+    ("mul_f32", lambda x, i, u: x.at[i].multiply(u, mode="drop"), lambda: _scatter_args()),
+    (
+        "add_s32_wraps",
+        lambda x, i, u: x.at[i].add(u, mode="drop"),
+        lambda: tuple(
+            a if k == 1 else (np.clip(a, -1.9, 1.9) * 2**30).astype(np.int32)
+            for k, a in enumerate(_scatter_args(np.float32))
+        ),
+    ),
+    (
+        "max_s32",
+        lambda x, i, u: x.at[i].max(u, mode="drop"),
+        lambda: tuple(
+            a if k == 1 else (a * 100).astype(np.int32) for k, a in enumerate(_scatter_args())
+        ),
+    ),
+    (
+        "segment_sum",
+        lambda d, s: jax.ops.segment_sum(d, s, num_segments=12),
+        lambda: (RNG.standard_normal((80, 3)).astype(np.float32), np.sort(_ints((80,), 0, 14))),
+    ),
+]
+
+
+@pytest.mark.parametrize("name,fn,make", SCATTERS, ids=[s[0] for s in SCATTERS])
+def test_scatter_fast_path(name, fn, make):
+    args = make()
+    _check(_hlo(fn, *args), list(args), "scatter", fast=True)
+
+
+def test_scatter_float_max_keeps_rule():
+    """Float max follows XLA's NaN / -0 rule, not NumPy's: the fast path leaves it alone."""
+    args = _scatter_args()
+    _check(_hlo(lambda x, i, u: x.at[i].max(u, mode="drop"), *args), list(args), "scatter", False)
+
+
+def test_scatter_many_duplicates_uses_ufunc_at():
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    ids = np.zeros(600, np.int32)
+    ids[::5] = 2
+    u = RNG.standard_normal((600, 3)).astype(np.float32)
+    _check(_hlo(lambda x, i, u: x.at[i].add(u), x, ids, u), [x, ids, u], "scatter", fast=True)
