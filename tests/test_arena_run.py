@@ -78,7 +78,7 @@ def _corrupt(assignment):
                 continue
             if not victim.start < writer.start < victim.end or writer.size > victim.size:
                 continue
-            if assignment.allocations[victim.slice.allocation].kind != "temp":
+            if assignment.allocations[victim.slice.allocation].kind not in ("temp", "output"):
                 continue
             if lv.live_range(writer.value)[1] >= lv.end_time:
                 continue

@@ -148,3 +148,86 @@ def test_second_run_changes_nothing_needed(text):
     prepare_for_buffer_assignment(m)
     assert len(_copies(m)) == count
     _check_runs(text, m)
+
+
+# The body reads `table` (a parameter) and `k` (a constant) every iteration and passes both
+# through unchanged: read-only loop state needs no copy of its init.
+READ_ONLY_STATE = """
+HloModule read_only
+cond {
+  cp = (s32[], f32[8], f32[8], f32[8]) parameter(0)
+  ci = s32[] get-tuple-element(cp), index=0
+  five = s32[] constant(5)
+  ROOT lt = pred[] compare(ci, five), direction=LT
+}
+body {
+  bp = (s32[], f32[8], f32[8], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(bp), index=0
+  acc = f32[8] get-tuple-element(bp), index=1
+  tb = f32[8] get-tuple-element(bp), index=2
+  kb = f32[8] get-tuple-element(bp), index=3
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  t = f32[8] multiply(tb, kb)
+  acc1 = f32[8] add(acc, t)
+  ROOT out = (s32[], f32[8], f32[8], f32[8]) tuple(i1, acc1, tb, kb)
+}
+ENTRY e {
+  a = f32[8] parameter(0)
+  table = f32[8] parameter(1)
+  k = f32[8] constant({1, 2, 3, 4, 5, 6, 7, 8})
+  zero = s32[] constant(0)
+  init = (s32[], f32[8], f32[8], f32[8]) tuple(zero, a, table, k)
+  w = (s32[], f32[8], f32[8], f32[8]) while(init), condition=cond, body=body
+  ROOT r = f32[8] get-tuple-element(w), index=1
+}
+"""
+
+
+def test_read_only_loop_state_shares_the_callers_bytes():
+    m = parse_module(READ_ONLY_STATE)
+    prepare_for_buffer_assignment(m)
+    verify(m)
+    a = assign_buffers(m)
+    e = m.entry
+    w = e.get_instruction("w")
+    # the parameter and the constant are the loop state themselves: no copy, no temp
+    assert a.slice_of(w, (2,)) == a.slice_of(e.parameter(1))
+    assert a.allocation_of(w, (3,)).is_constant
+    body = w.attrs["body"]
+    for index in (2, 3):
+        assert a.slice_of(body.parameter(0), (index,)) == a.slice_of(w, (index,))
+    # the counter and the accumulator, written every iteration, keep their init copies
+    assert a.slice_of(w, (1,)) != a.slice_of(e.parameter(0))
+    copied = sorted(c.operands[0].name for c in _copies(m) if c.parent is e)
+    assert copied == ["a", "zero"]
+    _check_runs(READ_ONLY_STATE, m)
+
+
+def test_written_loop_state_keeps_the_copy_of_a_parameter():
+    text = READ_ONLY_STATE.replace("tuple(i1, acc1, tb, kb)", "tuple(i1, acc1, t, kb)")
+    m = parse_module(text)
+    prepare_for_buffer_assignment(m)
+    a = assign_buffers(m)
+    w = m.entry.get_instruction("w")
+    assert a.allocation_of(w, (2,)).kind != "parameter"
+    _check_runs(text, m)
+
+
+def test_no_tuple_is_left_rebuilding_its_source():
+    m = parse_module(WHILE)
+    prepare_for_buffer_assignment(m)
+    for comp in m.computations:
+        for instr in comp.instructions:
+            ops = instr.operands
+            if instr.opcode is not Opcode.TUPLE or not ops:
+                continue
+            rebuilt = all(
+                o.opcode is Opcode.GET_TUPLE_ELEMENT
+                and o.operands[0] is ops[0].operands[0]
+                and o.attrs["index"] == n
+                for n, o in enumerate(ops)
+            ) and (ops[0].operands[0].shape == instr.shape)
+            assert not rebuilt, instr.name
+    assert m.entry.root.name == "res"  # the program's own names survive
+    _check_runs(WHILE, m)

@@ -13,7 +13,12 @@ The steps follow XLA's BufferAssigner:
  5. make allocations: one per entry parameter leaf (the outputs aliased to it live there:
     donation updates in place), one per constant, one per live-out buffer, and one temp
     arena per memory space holding every other buffer, packed by the heap simulator
-    (best of size- and lifetime-ordered best fit) over the buffers' live ranges. Values
+    (best of size- and lifetime-ordered best fit) over the buffers' live ranges. Before
+    the packing, a temporary that fits in an output allocation and is dead before the
+    output is written (or is the operand the output is computed over elementwise) moves
+    into that allocation's bytes, as XLA reuses any allocation that is neither a
+    parameter nor a constant; such allocations list the temporaries after their live-out
+    buffer. Values
     inside thread-local computations (fusion bodies, reducers, comparators) never reach
     the arena: each such computation gets a thread-local allocation, outside every total.
 
@@ -29,7 +34,7 @@ from dataclasses import dataclass, field
 
 from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind, value_bytes
 from xlapy.analysis.dataflow import Dataflow, DataflowAnalysis, DataflowError, HloValue, Use
-from xlapy.analysis.liveness import Liveness, LivenessAnalysis
+from xlapy.analysis.liveness import Liveness, LivenessAnalysis, may_update_in_place
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -245,7 +250,8 @@ class BufferAssignment:
 class AssignmentOptions:
     """`heap_algorithm`: a heap simulator algorithm or "best"; `alignment` of temps;
     `scheduler`: a scheduler name or "best" (used when no schedule is given);
-    `in_place`: let in-place updates reuse their operand's buffer; `use_module_schedule`:
+    `in_place`: let in-place updates reuse their operand's buffer; `reuse_outputs`: let
+    temporaries live in output allocations they do not interfere with; `use_module_schedule`:
     for a module marked `is_scheduled`, keep its instruction order as the schedule."""
 
     heap_algorithm: str = "best"
@@ -253,6 +259,7 @@ class AssignmentOptions:
     alignment: int = DEFAULT_ALIGNMENT
     scheduler: str = "best"
     in_place: bool = True
+    reuse_outputs: bool = True
 
 
 def assign_buffers(
@@ -408,16 +415,15 @@ def _allocate(
         else:
             space = max((_memory_space(v) for v in buffer.values), default=0)
             temps.setdefault(space, []).append(buffer)
+    if options.reuse_outputs:
+        _reuse_output_allocations(allocations, temps, dataflow, liveness)
     heap_results: dict[int, HeapResult] = {}
     for space, buffers in sorted(temps.items()):
+        if not buffers:
+            continue
+        groups = _operand_reuse_groups(buffers, aliases, dataflow, liveness)
         heap = [
-            HeapBuffer(
-                b.id,
-                b.size,
-                min(liveness.live_range(v)[0] for v in b.values),
-                max(liveness.live_range(v)[1] for v in b.values),
-                options.alignment,
-            )
+            HeapBuffer(b.id, b.size, *_buffer_range(b, liveness), options.alignment, groups.get(b))
             for b in buffers
         ]
         result = simulate_heap(heap, options.heap_algorithm)
@@ -428,6 +434,114 @@ def _allocate(
         size = sum(i.shape.byte_size for i in comp.instructions if not i.shape.is_tuple)
         new("thread-local", None, size=size, computation=comp)
     return allocations, heap_results
+
+
+def _buffer_range(buffer: HloBuffer, liveness: Liveness) -> tuple[int, int]:
+    """The steps a buffer's bytes are held: from its first value's start to its last value's
+    end (a loop's state is held across the whole loop, gaps between its values included)."""
+    ranges = [liveness.live_range(v) for v in buffer.values]
+    return min(s for s, _ in ranges), max(e for _, e in ranges)
+
+
+def _reuse_output_allocations(
+    allocations: list[Allocation],
+    temps: dict[int, list[HloBuffer]],
+    dataflow: Dataflow,
+    liveness: Liveness,
+) -> None:
+    """Place temporary buffers in output allocations they fit in and do not interfere with,
+    as XLA's buffer assigner lets a buffer reuse any allocation that is neither a parameter
+    nor a constant: a gradient computed before its output is written lives in the output's
+    bytes. Largest temps first, each into the smallest output allocation that takes it.
+    Placed buffers leave `temps` (and so the arena); the allocation sizes do not change."""
+    outputs = [
+        a
+        for a in allocations
+        if a.kind == "output" and not a.is_tuple_table and a.buffers and a.size > 0
+    ]
+    if not outputs:
+        return
+    outputs.sort(key=lambda a: (a.size, a.index))
+    held = {a.index: [(b, *_buffer_range(b, liveness)) for b, _ in a.buffers] for a in outputs}
+    spaces = {
+        a.index: max((_memory_space(v) for b, _ in a.buffers for v in b.values), default=0)
+        for a in outputs
+    }
+    for space, buffers in temps.items():
+        order = sorted(buffers, key=lambda b: (-b.size, _buffer_range(b, liveness)[0], b.id))
+        for buffer in order:
+            if buffer.size == 0 or all(v.shape.is_tuple for v in buffer.values):
+                continue
+            start, end = _buffer_range(buffer, liveness)
+            for alloc in outputs:
+                if alloc.size < buffer.size or spaces[alloc.index] != space:
+                    continue
+                if not all(
+                    _disjoint((buffer, start, end), other, dataflow, liveness)
+                    for other in held[alloc.index]
+                ):
+                    continue
+                alloc.buffers.append((buffer, 0))
+                held[alloc.index].append((buffer, start, end))
+                buffers.remove(buffer)
+                break
+
+
+def _operand_reuse_groups(
+    buffers: list[HloBuffer], aliases: Aliases, dataflow: Dataflow, liveness: Liveness
+) -> dict[HloBuffer, int]:
+    """Colocation groups for the heap simulator: a temp whose value is computed elementwise
+    over a temp dying at that instruction shares its offset (XLA's heap simulator reuses a
+    dying operand's buffer the same way). Each buffer takes at most one predecessor and
+    gives way to at most one successor, so a group is a chain of back-to-back buffers."""
+    members = set(buffers)
+    ranges = {b: _buffer_range(b, liveness) for b in buffers}
+    taken_before: set[HloBuffer] = set()
+    groups = UnionFind()
+    linked = False
+    for buffer in sorted(buffers, key=lambda b: (ranges[b][0], b.id)):
+        start = ranges[buffer][0]
+        born = [v for v in buffer.values if liveness.live_range(v)[0] == start]
+        if len(born) != 1 or not born[0].is_write:
+            continue
+        instr = born[0].instruction
+        for operand in instr.operands:
+            if not operand.shape.is_array:
+                continue
+            before = aliases.buffer_of(dataflow.value_at(operand, ()))
+            if before is buffer or before not in members or before in taken_before:
+                continue
+            if ranges[before][1] != start or before.size != buffer.size:
+                continue
+            if not _disjoint(
+                (before, *ranges[before]), (buffer, start, ranges[buffer][1]), dataflow, liveness
+            ):
+                continue
+            taken_before.add(before)
+            groups.union(before, buffer)
+            linked = True
+            break
+    if not linked:
+        return {}
+    roots = {b: groups.find(b) for b in buffers}
+    sizes: dict[HloBuffer, int] = {}
+    for root in roots.values():
+        sizes[root] = sizes.get(root, 0) + 1
+    return {b: root.id for b, root in roots.items() if sizes[root] > 1}
+
+
+def _disjoint(a, b, dataflow: Dataflow, liveness: Liveness) -> bool:
+    """Whether two buffers, each (buffer, start, end), may occupy the same bytes: their
+    ranges do not overlap, or one starts exactly where the other ends and every value
+    starting then is computed elementwise over every value of the other dying then."""
+    (first, s1, e1), (second, s2, _) = sorted([a, b], key=lambda x: (x[1], x[2]))
+    if e1 < s2:
+        return True
+    if e1 != s2 or s1 == s2:
+        return False
+    dying = [v for v in first.values if liveness.live_range(v)[1] == e1]
+    born = [v for v in second.values if liveness.live_range(v)[0] == s2]
+    return all(w.is_write and may_update_in_place(w, u, dataflow) for w in born for u in dying)
 
 
 def _memory_space(value: HloValue) -> int:

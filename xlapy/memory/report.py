@@ -238,16 +238,22 @@ def timeline(a: BufferAssignment) -> Timeline:
                 TimelineBuffer(label, "parameter", alloc.size, 0, end_time, alloc.index, buffer)
             )
         elif alloc.kind == "output":
-            for buffer, _ in alloc.buffers:
-                start, _ = _buffer_range(a, buffer)
-                items.append(
-                    TimelineBuffer(
-                        _label(buffer), "output", alloc.size, start, end_time, alloc.index, buffer
-                    )
+            # the live-out buffer first; temporaries that reuse its bytes earlier follow it
+            buffer = alloc.buffers[0][0]
+            start = min(_buffer_range(a, b)[0] for b, _ in alloc.buffers)
+            items.append(
+                TimelineBuffer(
+                    _label(buffer), "output", alloc.size, start, end_time, alloc.index, buffer
                 )
+            )
         elif alloc.is_temp:
-            for buffer, _ in alloc.buffers:
+            ending = {}
+            for buffer, offset in alloc.buffers:
+                ending.setdefault((offset, _buffer_range(a, buffer)[1]), []).append(buffer)
+            for buffer, offset in alloc.buffers:
                 start, end = _buffer_range(a, buffer)
+                if any(b is not buffer for b in ending.get((offset, start), ())):
+                    start += 1  # computed in the bytes of a buffer that dies at `start`
                 items.append(
                     TimelineBuffer(
                         _label(buffer), "temp", buffer.size, start, end, alloc.index, buffer

@@ -19,7 +19,11 @@ then fixes a schedule (written back as the module's instruction order,
 first, removes each copy whose removal leaves no
 interference in the merged buffer under that schedule (xlapy.analysis.liveness). Copies
 that keep an output apart from a constant or a non-donated parameter, or two outputs apart
-from each other, stay.
+from each other, stay. Loop bodies are judged before their callers (XLA's order): once a
+body passes a state element through unchanged, nothing in that element's buffer is
+written, so the copy of its init goes too, even for a parameter or a constant (read-only
+loop state shares the caller's bytes). Last, as XLA does, the tuples that the deep copies
+left rebuilding their own source are simplified away and dead code removed.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
+from xlapy.passes.dce import DeadCodeElimination
+from xlapy.passes.hlo_edit import Editor
 from xlapy.passes.pass_base import HloPass, register_pass
+from xlapy.passes.tuple_simplify import TupleSimplifier
 
 
 def _deep_copy(comp: HloComputation, instr: HloInstruction, names: NameUniquer) -> HloInstruction:
@@ -59,6 +66,39 @@ def _deep_copy(comp: HloComputation, instr: HloInstruction, names: NameUniquer) 
     return comp.add_instruction(HloInstruction(names.fresh("tuple"), Opcode.TUPLE, shape, elements))
 
 
+def _keeps_layout(copy: HloInstruction) -> bool:
+    """Whether `copy` only moves bytes (a layout-changing copy is a transpose: never removed)."""
+    a, b = copy.shape, copy.operands[0].shape
+    return a.rank < 2 or a.layout_or_default.minor_to_major == b.layout_or_default.minor_to_major
+
+
+def _rebuilt_source(instr: HloInstruction) -> HloInstruction | None:
+    """x when `instr` is tuple(gte(x, 0), ..., gte(x, n-1)) of x's exact shape."""
+    if instr.opcode is not Opcode.TUPLE or not instr.operands:
+        return None
+    first = instr.operands[0]
+    if first.opcode is not Opcode.GET_TUPLE_ELEMENT:
+        return None
+    source = first.operands[0]
+    for i, o in enumerate(instr.operands):
+        if o.opcode is not Opcode.GET_TUPLE_ELEMENT or o.operands[0] is not source:
+            return None
+        if o.attrs["index"] != i:
+            return None
+    return source if source.shape == instr.shape else None
+
+
+def _collapse_rebuilt_tuples(module: HloModule) -> None:
+    """Use x itself wherever a tuple only rebuilds x (outermost first, so the names of the
+    program's own instructions survive the tuple simplifier)."""
+    for comp in module.computations:
+        editor = Editor(comp)
+        for instr in reversed(comp.post_order()):
+            source = _rebuilt_source(instr)
+            if source is not None and instr.parent is comp:
+                editor.replace(instr, source)
+
+
 def _users(comp: HloComputation, instr: HloInstruction) -> list[HloInstruction]:
     return [i for i in comp.instructions if instr in i.operands]
 
@@ -81,6 +121,10 @@ class CopyInsertion(HloPass):
         dataflow = DataflowAnalysis.run(module)
         added = self._add_copies(module, dataflow.computations, names)
         removed = self._remove_copies(module)
+        if removed:  # the deep copies' tuples that now only rebuild their source go
+            _collapse_rebuilt_tuples(module)
+            TupleSimplifier().run(module)
+            DeadCodeElimination().run(module)
         return added > 0 or removed > 0
 
     # -- adding ----------------------------------------------------------------------------
@@ -136,9 +180,9 @@ class CopyInsertion(HloPass):
         removed = 0
         candidates = [
             i
-            for c in dataflow.computations
+            for c in reversed(dataflow.computations)  # callees first, as XLA does
             for i in reversed(sequences[c])
-            if i.opcode is Opcode.COPY and i.shape.is_array
+            if i.opcode is Opcode.COPY and i.shape.is_array and _keeps_layout(i)
         ]
         for copy in candidates:
             source = copy.operands[0]
