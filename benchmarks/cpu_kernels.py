@@ -25,6 +25,12 @@ CASES = {
     "add": ("ROOT r = f32[{n},{m}] add(p0, p1)", lambda x, y: x + y, 2, True),
     "exp": ("ROOT r = f32[{n},{m}] exponential(p0)", jnp.exp, 1, True),
     "tanh": ("ROOT r = f32[{n},{m}] tanh(p0)", jnp.tanh, 1, True),
+    "to_bf16": (
+        "ROOT r = bf16[{n},{m}] convert(p0)",
+        lambda x: x.astype(jnp.bfloat16),
+        1,
+        True,
+    ),
     "gelu_chain": (
         "h = f32[] constant(0.5)\n hb = f32[{n},{m}] broadcast(h), dimensions={{}}\n"
         " t = f32[{n},{m}] tanh(p0)\n u = f32[{n},{m}] multiply(p0, t)\n"

@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from xlapy.backends.cpu import compile_computation, jit
+from xlapy.backends.cpu.kernel import clear_loaded_objects
 from xlapy.ir.parser import parse_module
 
 TEXT = """HloModule m
@@ -18,6 +20,13 @@ ENTRY e {
   t = f32[32,64] tanh(x)
   ROOT r = f32[32,64] multiply(t, y)
 }"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_cache():
+    clear_loaded_objects()
+    yield
+    clear_loaded_objects()
 
 
 def test_second_compile_hits_the_cache(tmp_path, monkeypatch):
@@ -31,7 +40,7 @@ def test_second_compile_hits_the_cache(tmp_path, monkeypatch):
     assert not first.from_cache and second.from_cache
     files = list(tmp_path.iterdir())
     assert [f.suffix for f in files] == [".o"], files
-    assert files[0].stem == jit.cache_key(first.llvm_ir)
+    assert files[0].stem == jit.cache_key(first.spec.llvm_ir)
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((2, 32, 64)).astype(np.float32)
     np.testing.assert_array_equal(first(x, y), second(x, y))
@@ -41,7 +50,7 @@ def test_cache_key_depends_on_the_program(tmp_path, monkeypatch):
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
     a = compile_computation(parse_module(TEXT).entry)
     b = compile_computation(parse_module(TEXT.replace("multiply", "add")).entry)
-    assert jit.cache_key(a.llvm_ir) != jit.cache_key(b.llvm_ir)
+    assert jit.cache_key(a.spec.llvm_ir) != jit.cache_key(b.spec.llvm_ir)
     assert len(list(tmp_path.glob("*.o"))) == 2
     assert not list(tmp_path.glob(".tmp-*"))
 

@@ -8,7 +8,8 @@ user lets go. Deleting, donating or garbage-collecting a buffer drops its refere
 donated buffer hands its reference to the output that reuses its memory.
 
 A buffer may not be ready yet: an execution's outputs are returned at once and filled in by
-the device's worker. `ready()` is the future that says when; an error of the execution is
+the device's worker (or already filled, when the execution ran inline on the caller's
+thread). `ready()` is the future that says when; an error of the execution is
 raised on first use (`to_numpy`, `ready().result()`, ...).
 """
 

@@ -5,6 +5,13 @@ spaces ("device" and "pinned_host"; on the CPU-like platforms both are host memo
 apart so that transfers between them are explicit and counted). Each device also owns one
 worker thread that runs its executions in FIFO order, so that work enqueued on one device
 completes in the order it was enqueued.
+
+Inline execution: handing a task to the worker and waking the waiter afterwards costs tens
+of microseconds, more than a small program takes to run. So `Device.start` runs a task on
+the calling thread instead when the device is idle (nothing queued on the worker, nothing
+running inline) and the caller allows it. Order is kept: while an inline task runs, tasks
+started on the device from other threads wait in a backlog that is handed to the worker,
+in order, when the inline task ends; and the worker runs nothing while one is inline.
 """
 
 from __future__ import annotations
@@ -49,9 +56,11 @@ class Allocator:
         with self._lock:
             self._in_use += nbytes
             self._by_kind[kind] += nbytes
-            self._peak = max(self._peak, self._in_use)
+            if self._in_use > self._peak:
+                self._peak = self._in_use
             self._num_allocs += 1
-            self._largest = max(self._largest, nbytes)
+            if nbytes > self._largest:
+                self._largest = nbytes
             self._live += 1
 
     def free(self, nbytes: int, kind: str) -> None:
@@ -97,10 +106,12 @@ class MemorySpace:
 
 
 class _Worker:
-    """One daemon thread running tasks of one device in FIFO order."""
+    """One daemon thread running tasks of one device in FIFO order; `on_done` is called
+    after each task."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, on_done: Callable[[], None]):
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._on_done = on_done
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -115,8 +126,11 @@ class _Worker:
             task = self._queue.get()
             if task is None:
                 return
-            task()
-            del task  # drop the finished task before blocking on the next one
+            try:
+                task()
+            finally:
+                del task  # drop the finished task before blocking on the next one
+                self._on_done()
 
 
 class Device:
@@ -132,8 +146,13 @@ class Device:
         self.memory_spaces = tuple(
             MemorySpace(id * len(MEMORY_KINDS) + i, k, self) for i, k in enumerate(MEMORY_KINDS)
         )
+        self.inline_execution = getattr(client, "inline_execution", True)
+        """Whether `start` may run a task on the calling thread when the device is idle."""
         self._worker: _Worker | None = None
         self._worker_lock = threading.Lock()
+        self._queued = 0  # tasks handed to the worker and not finished
+        self._inline = False  # a task is running on some caller's thread
+        self._backlog: list[Callable[[], None]] = []  # started while one ran inline
 
     @property
     def platform(self) -> str:
@@ -168,9 +187,44 @@ class Device:
     def submit(self, task: Callable[[], None]) -> None:
         """Queue `task` on this device's worker thread (started on first use)."""
         with self._worker_lock:
-            if self._worker is None:
-                self._worker = _Worker(f"xlapy-{self.client.platform}-{self.id}")
+            self._enqueue(task)
+
+    def start(self, task: Callable[[], None], inline_ok: bool = True) -> bool:
+        """Start `task` after everything started on this device before it: run it now on
+        the calling thread when inline execution is on, `inline_ok` and the device is idle,
+        else queue it. Returns whether it reserved the device to run inline; the caller
+        must then call `run_inline(task)` (it may first let go of its own locks)."""
+        with self._worker_lock:
+            if inline_ok and self.inline_execution and not self._inline and self._queued == 0:
+                self._inline = True
+                return True
+            self._enqueue(task)
+            return False
+
+    def run_inline(self, task: Callable[[], None]) -> None:
+        """Run a task that `start` reserved the device for, then hand the tasks started
+        meanwhile to the worker."""
+        try:
+            task()
+        finally:
+            with self._worker_lock:
+                self._inline = False
+                backlog, self._backlog = self._backlog, []
+                for queued in backlog:
+                    self._enqueue(queued)
+
+    def _enqueue(self, task: Callable[[], None]) -> None:
+        if self._inline:
+            self._backlog.append(task)
+            return
+        if self._worker is None:
+            self._worker = _Worker(f"xlapy-{self.client.platform}-{self.id}", self._task_done)
+        self._queued += 1
         self._worker.submit(task)
+
+    def _task_done(self) -> None:
+        with self._worker_lock:
+            self._queued -= 1
 
     def _stop(self) -> None:
         with self._worker_lock:

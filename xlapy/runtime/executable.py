@@ -21,7 +21,7 @@ from xlapy.ir.shapes import Shape
 from xlapy.runtime import serialize
 from xlapy.runtime.buffer import Buffer
 from xlapy.runtime.errors import RuntimeApiError
-from xlapy.runtime.execution import commit, plan_call
+from xlapy.runtime.execution import CallSignature, commit, plan_call
 from xlapy.runtime.options import CompileOptions
 
 if TYPE_CHECKING:
@@ -163,9 +163,11 @@ class LoadedExecutable(Executable):
 
     Every execute method returns the output buffers at once (one per array leaf of the
     output, pre-order); the run happens on each device's worker thread, in the order calls
-    were made. `donate` lists parameter numbers whose buffers the caller gives up;
-    `non_donatable` vetoes donation of parameters; `strict_donation` overrides the compile
-    option (see xlapy.runtime.execution for the rules)."""
+    were made, or on the calling thread before returning when the call runs on one idle
+    device with ready inputs and the device's `inline_execution` is on. `donate` lists
+    parameter numbers whose buffers the caller gives up; `non_donatable` vetoes donation
+    of parameters; `strict_donation` overrides the compile option (see
+    xlapy.runtime.execution for the rules)."""
 
     def __init__(self, executable: Executable, client: Client, backend: Backend):
         super().__init__(
@@ -182,6 +184,10 @@ class LoadedExecutable(Executable):
                     self.module, {**self._backend_options(), "replica_id": r, "partition_id": p}
                 )
         self._portable: CompiledProgram | None = None
+        self._signature = CallSignature(
+            self.name, self._param_shapes, self.output_shape, self._aliases
+        )
+        self._devices = tuple(client.lookup_device(d) for row in self._assignment for d in row)
 
     def _backend_options(self) -> dict[str, Any]:
         """The options' backend settings plus the client's custom-call registry (which the
@@ -191,7 +197,7 @@ class LoadedExecutable(Executable):
     @property
     def addressable_devices(self) -> list[Device]:
         """The devices this executable runs on, replica-major."""
-        return [self.client.lookup_device(d) for row in self._assignment for d in row]
+        return list(self._devices)
 
     @property
     def device_assignment(self) -> tuple[tuple[int, ...], ...]:
@@ -207,7 +213,7 @@ class LoadedExecutable(Executable):
     ) -> list[list[Buffer]]:
         """Run on every addressable device: `argument_lists[i]` are the arguments for
         `addressable_devices[i]`; returns one list of output buffers per device."""
-        devices = self.addressable_devices
+        devices = self._devices
         if len(argument_lists) != len(devices):
             raise RuntimeApiError(
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
@@ -255,15 +261,4 @@ class LoadedExecutable(Executable):
 
     def _plan(self, program, args, device, donate, non_donatable, strict):
         strict = self.options.strict_donation if strict is None else strict
-        return plan_call(
-            self.name,
-            program,
-            self._param_shapes,
-            self.output_shape,
-            self._aliases,
-            args,
-            device,
-            donate,
-            non_donatable,
-            strict,
-        )
+        return plan_call(self._signature, program, args, device, donate, non_donatable, strict)

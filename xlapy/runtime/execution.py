@@ -1,8 +1,8 @@
-"""One execution of a program on one device: argument checks, donation, async dispatch.
+"""One execution of a program on one device: argument checks, donation, dispatch.
 
 Planning checks everything a caller can get wrong (argument count, shapes, devices,
 deleted buffers, donation requests) and raises before anything is touched. Committing then
-marks donated buffers, allocates the outputs, and queues the run on the device's worker:
+marks donated buffers, allocates the outputs, and starts the run on the device:
 
 - donated parameter (the caller names it in `donate` and it has an alias): its buffers are
   invalidated (a parameter with any aliased leaf is donated whole); each aliased output
@@ -14,16 +14,25 @@ marks donated buffers, allocates the outputs, and queues the run on the device's
 - donated but unaliased: a DonationWarning and the buffer stays valid (an error under
   `strict_donation`).
 
-Outputs are returned at once; the worker fills them and completes their ready future, or
-fails it with an ExecutionError that is raised on first use.
+Outputs are returned at once; the run fills them and completes their ready future, or
+fails it with an ExecutionError that is raised on first use. The run happens on the
+device's worker thread, or on the calling thread when the device is idle, every input is
+ready and the call runs on one device (inline execution, see xlapy.runtime.device).
+
+Dispatch cost: what can be known before a call (the parameters' leaves, which leaves are
+aliased, the output leaves and their sizes, where each aliased output's memory comes
+from) is computed once per executable in a CallSignature; a call then checks its buffers
+against it with a few attribute reads, and takes the slow, message-building path only to
+report an error.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +41,7 @@ from xlapy.backends.base import CompiledProgram, LeafAlias
 from xlapy.ir.shapes import Shape, ShapeIndex
 from xlapy.runtime.buffer import Buffer, _Storage
 from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError
-from xlapy.runtime.futures import Future
+from xlapy.runtime.futures import _DONE, Future
 
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device
@@ -44,28 +53,79 @@ class DonationWarning(UserWarning):
     """A donation was requested for a parameter that no output aliases (it is not used)."""
 
 
-@dataclass(slots=True)
-class _Leaf:
+@dataclass(frozen=True, slots=True)
+class _LeafSpec:
+    """One leaf of the parameters, in parameter order then pre-order."""
+
     param: int
     index: ShapeIndex
     shape: Shape
-    buffer: Buffer | None  # None for token leaves
+    is_array: bool  # False for tokens (no buffer)
+    aliased: bool  # an output aliases this leaf
+
+
+class CallSignature:
+    """What every call of one executable shares, computed once: the parameter leaves, the
+    output leaves with their sizes, and for each output leaf the position of the parameter
+    leaf it aliases (None when it aliases none)."""
+
+    def __init__(
+        self,
+        name: str,
+        param_shapes: Sequence[Shape],
+        output_shape: Shape,
+        aliases: tuple[LeafAlias, ...],
+    ):
+        self.name = name
+        self.param_shapes = tuple(param_shapes)
+        self.aliases = aliases
+        # How long the last run took; only programs known to be cheap run inline.
+        self.last_run_seconds: float | None = None
+        self.aliased_params = frozenset(a.param_number for a in aliases)
+        self.has_must_alias = any(a.must_alias for a in aliases)
+        aliased_leaves = {(a.param_number, a.param_index) for a in aliases}
+        leaves = []
+        for p, shape in enumerate(self.param_shapes):
+            for index, sub in shape.leaves():
+                if sub.is_tuple:
+                    continue
+                leaves.append(_LeafSpec(p, index, sub, sub.is_array, (p, index) in aliased_leaves))
+        self.leaves = tuple(leaves)
+        self.simple = len(leaves) == len(self.param_shapes) and all(
+            leaf.is_array and not leaf.index for leaf in leaves
+        )
+        """Every parameter is one array: argument i is leaf i."""
+        position = {(leaf.param, leaf.index): i for i, leaf in enumerate(leaves)}
+        alias_of = {a.output_index: a for a in aliases}
+        self.output_leaves = tuple(
+            (index, shape, shape.byte_size)
+            for index, shape in output_shape.leaves()
+            if shape.is_array
+        )
+        self.output_sources = tuple(
+            None
+            if index not in alias_of
+            else position[(alias_of[index].param_number, alias_of[index].param_index)]
+            for index, _, _ in self.output_leaves
+        )
+        self.protected = tuple(i for i, leaf in enumerate(leaves) if leaf.aliased)
+        """Positions of aliased leaves: copied before the run unless donated and owned."""
 
 
 @dataclass(slots=True)
 class CallPlan:
-    """A checked execution on one device, not yet committed."""
+    """A checked execution on one device, not yet committed. `buffers` lines up with
+    `signature.leaves` (None for tokens)."""
 
-    name: str
+    signature: CallSignature
     device: Device
     program: CompiledProgram
-    leaves: list[_Leaf]
-    param_shapes: list[Shape]
+    buffers: list[Buffer | None]
     donated: frozenset[int]  # parameters whose buffers the caller gives up
-    aliased: frozenset[int]  # parameters with an aliased leaf (donated or copy-protected)
-    aliases: tuple[LeafAlias, ...]
-    output_leaves: list[tuple[ShapeIndex, Shape]]
-    storages: dict[int, _Storage] = field(default_factory=dict)  # id(leaf) -> storage
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
 
 
 def _where(name: str, param: int, index: ShapeIndex) -> str:
@@ -73,7 +133,8 @@ def _where(name: str, param: int, index: ShapeIndex) -> str:
     return f"{name}: parameter {param}{sub}"
 
 
-def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterable[_Leaf]:
+def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterator[Any]:
+    """The leaf buffers of argument `param` (None for tokens), checked to be Buffers."""
     if shape.is_tuple:
         if not isinstance(arg, tuple | list) or len(arg) != len(shape.tuple_shapes):
             raise RuntimeApiError(
@@ -84,7 +145,7 @@ def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterabl
             yield from _flatten(name, param, sub, item, (*index, i))
         return
     if not shape.is_array:
-        yield _Leaf(param, index, shape, None)
+        yield None
         return
     if not isinstance(arg, Buffer):
         raise RuntimeApiError(
@@ -92,59 +153,67 @@ def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterabl
             f"{shape.to_text(with_layout=False)}, got {type(arg).__name__} "
             "(make one with Client.buffer_from_pyval)"
         )
-    yield _Leaf(param, index, shape, arg)
+    yield arg
+
+
+def _check_leaf(name: str, leaf: _LeafSpec, buf: Buffer, device: Device) -> None:
+    where = _where(name, leaf.param, leaf.index)
+    storage = buf._live_storage(where)
+    if storage.memory_space.device is not device:
+        raise RuntimeApiError(
+            f"{where}: {buf.name} is on device {storage.memory_space.device.id}, but "
+            f"this execution runs on device {device.id}; use copy_to_device first"
+        )
+    if buf.shape.dims != leaf.shape.dims or buf.dtype != leaf.shape.dtype:
+        raise RuntimeApiError(
+            f"{where} expects {leaf.shape.to_text(with_layout=False)}, got {buf.name}"
+        )
 
 
 def plan_call(
-    name: str,
+    signature: CallSignature,
     program: CompiledProgram,
-    param_shapes: Sequence[Shape],
-    output_shape: Shape,
-    aliases: tuple[LeafAlias, ...],
     args: Sequence[Any],
     device: Device,
-    donate: Iterable[int],
-    non_donatable: Iterable[int],
+    donate: Sequence[int],
+    non_donatable: Sequence[int],
     strict_donation: bool,
 ) -> CallPlan:
     """Check one device's arguments and donation request; raise before touching anything."""
-    if len(args) != len(param_shapes):
-        raise RuntimeApiError(f"{name} takes {len(param_shapes)} arguments, {len(args)} were given")
-    leaves: list[_Leaf] = []
-    for p, (shape, arg) in enumerate(zip(param_shapes, args, strict=True)):
-        leaves.extend(_flatten(name, p, shape, arg))
-    for leaf in leaves:
-        buf = leaf.buffer
-        if buf is None:
-            continue
-        where = _where(name, leaf.param, leaf.index)
-        storage = buf._live_storage(where)
-        if storage.memory_space.device is not device:
-            raise RuntimeApiError(
-                f"{where}: {buf.name} is on device {storage.memory_space.device.id}, but "
-                f"this execution runs on device {device.id}; use copy_to_device first"
-            )
-        if buf.shape.dims != leaf.shape.dims or buf.dtype != leaf.shape.dtype:
-            raise RuntimeApiError(
-                f"{where} expects {leaf.shape.to_text(with_layout=False)}, got {buf.name}"
-            )
-    donated = _donation(
-        name, len(param_shapes), aliases, leaves, donate, non_donatable, strict_donation
-    )
-    return CallPlan(
-        name,
-        device,
-        program,
-        leaves,
-        list(param_shapes),
-        donated,
-        frozenset(a.param_number for a in aliases),
-        aliases,
-        [(i, s) for i, s in output_shape.leaves() if s.is_array],
-    )
+    name = signature.name
+    if len(args) != len(signature.param_shapes):
+        raise RuntimeApiError(
+            f"{name} takes {len(signature.param_shapes)} arguments, {len(args)} were given"
+        )
+    if signature.simple:
+        buffers = list(args)
+        for leaf, buf in zip(signature.leaves, buffers, strict=True):
+            storage = getattr(buf, "_storage", None)
+            if (
+                type(buf) is not Buffer
+                or storage is None
+                or storage.memory_space.device is not device
+                or buf._shape.element_type is not leaf.shape.element_type
+                or buf._shape.dims != leaf.shape.dims
+            ):
+                next(_flatten(name, leaf.param, leaf.shape, buf))
+                _check_leaf(name, leaf, buf, device)
+    else:
+        buffers = []
+        for p, (shape, arg) in enumerate(zip(signature.param_shapes, args, strict=True)):
+            buffers.extend(_flatten(name, p, shape, arg))
+        for leaf, buf in zip(signature.leaves, buffers, strict=True):
+            if buf is not None:
+                _check_leaf(name, leaf, buf, device)
+    if donate or signature.has_must_alias:
+        donated = _donation(signature, buffers, donate, non_donatable, strict_donation)
+    else:
+        donated = frozenset()
+    return CallPlan(signature, device, program, buffers, donated)
 
 
-def _donation(name, num_params, aliases, leaves, donate, non_donatable, strict) -> frozenset:
+def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) -> frozenset:
+    name, num_params = signature.name, len(signature.param_shapes)
     requested: list[int] = []
     for p in donate:
         if not isinstance(p, int | np.integer) or not 0 <= p < num_params:
@@ -156,12 +225,11 @@ def _donation(name, num_params, aliases, leaves, donate, non_donatable, strict) 
             raise DonationError(f"{name}: parameter {p} is donated twice in one call")
         requested.append(int(p))
     vetoed = {int(p) for p in non_donatable}
-    aliased = {a.param_number for a in aliases}
     donated = set()
     for p in requested:
         if p in vetoed:
             continue
-        if p not in aliased:
+        if p not in signature.aliased_params:
             msg = (
                 f"{name}: parameter {p} was donated but no output aliases it, so its "
                 "buffer cannot be reused (it stays valid)"
@@ -171,7 +239,7 @@ def _donation(name, num_params, aliases, leaves, donate, non_donatable, strict) 
             warnings.warn(msg, DonationWarning, stacklevel=4)
             continue
         donated.add(p)
-    for alias in aliases:
+    for alias in signature.aliases:
         if alias.must_alias and alias.param_number not in donated:
             why = (
                 "is listed in non_donatable" if alias.param_number in vetoed else "was not donated"
@@ -180,9 +248,8 @@ def _donation(name, num_params, aliases, leaves, donate, non_donatable, strict) 
                 f"{name}: parameter {alias.param_number} must alias output "
                 f"{{{','.join(map(str, alias.output_index))}}} (must-alias) but {why}"
             )
-    seen: dict[int, _Leaf] = {}
-    for leaf in leaves:
-        buf = leaf.buffer
+    seen: dict[int, _LeafSpec] = {}
+    for leaf, buf in zip(signature.leaves, buffers, strict=True):
         if buf is None:
             continue
         first = seen.get(id(buf))
@@ -203,68 +270,109 @@ def _donation(name, num_params, aliases, leaves, donate, non_donatable, strict) 
 
 
 def commit(plans: Sequence[CallPlan]) -> list[list[Buffer]]:
-    """Donate, allocate outputs and queue every planned execution; return their outputs."""
+    """Donate, allocate outputs and start every planned execution; return their outputs.
+    A single-device call on an idle device with ready inputs runs inline before returning."""
     with _COMMIT_LOCK:
         for plan in plans:  # a buffer may have changed since planning (another thread)
-            for leaf in plan.leaves:
-                if leaf.buffer is not None:
-                    leaf.buffer._live_storage(_where(plan.name, leaf.param, leaf.index))
-                    if leaf.param in plan.donated and leaf.buffer.has_external_references:
-                        raise DonationError(
-                            f"{_where(plan.name, leaf.param, leaf.index)}: {leaf.buffer.name} "
-                            "cannot be donated while an external reference to it is held"
-                        )
+            _recheck(plan)
         results = []
+        tasks = []
         for plan in plans:
-            results.append(_commit_one(plan))
-        return results
+            outputs, task, inputs_done = _commit_one(plan)
+            results.append(outputs)
+            inline_ok = inputs_done and len(plans) == 1 and _is_cheap(plan.signature)
+            tasks.append((plan.device, task, inline_ok))
+        inline = None
+        for device, task, inline_ok in tasks:
+            if device.start(task, inline_ok):
+                inline = (device, task)
+    if inline is not None:
+        inline[0].run_inline(inline[1])
+    return results
 
 
-def _commit_one(plan: CallPlan) -> list[Buffer]:
-    inputs_ready: list[Future] = []
-    for leaf in plan.leaves:
-        buf = leaf.buffer
+INLINE_MAX_SECONDS = 1e-3
+"""Programs whose last run took less than this may run inline on the caller's thread: for
+them the hand-off to the device worker costs more than the overlap it could buy. A program
+runs asynchronously until it has been timed once, and always when it takes longer."""
+
+
+def _is_cheap(signature: CallSignature) -> bool:
+    last = signature.last_run_seconds
+    return last is not None and last < INLINE_MAX_SECONDS
+
+
+def _recheck(plan: CallPlan) -> None:
+    signature = plan.signature
+    for leaf, buf in zip(signature.leaves, plan.buffers, strict=True):
         if buf is None:
             continue
-        inputs_ready.append(buf._ready)
-        if leaf.param in plan.donated:
-            plan.storages[id(leaf)] = buf._donate()
-        else:
-            plan.storages[id(leaf)] = buf._storage.acquire()
-    by_param_leaf = {(lf.param, lf.index): lf for lf in plan.leaves}
-    alias_of = {a.output_index: a for a in plan.aliases}
+        if buf._storage is None:
+            buf._live_storage(_where(plan.name, leaf.param, leaf.index))
+        if leaf.param in plan.donated and buf.has_external_references:
+            raise DonationError(
+                f"{_where(plan.name, leaf.param, leaf.index)}: {buf.name} "
+                "cannot be donated while an external reference to it is held"
+            )
+
+
+def _commit_one(plan: CallPlan):
+    """(outputs, the task that runs the plan, whether every input is ready)."""
+    signature, donated = plan.signature, plan.donated
+    inputs_ready: list[Future] = []
+    storages: list[_Storage | None] = []
+    inputs_done = True
+    for leaf, buf in zip(signature.leaves, plan.buffers, strict=True):
+        if buf is None:
+            storages.append(None)
+            continue
+        ready = buf._ready
+        inputs_ready.append(ready)
+        if ready._state != _DONE:
+            inputs_done = False
+        storages.append(buf._donate() if leaf.param in donated else buf._storage.acquire())
     space = plan.device.default_memory_space
     out_storages: list[_Storage] = []
     in_place: set[int] = set()
-    for index, shape in plan.output_leaves:
-        alias = alias_of.get(index)
+    for (_, _, nbytes), source in zip(
+        signature.output_leaves, signature.output_sources, strict=True
+    ):
         storage = None
-        if alias is not None and alias.param_number in plan.donated:
-            src = plan.storages[id(by_param_leaf[(alias.param_number, alias.param_index)])]
+        if source is not None and signature.leaves[source].param in donated:
+            src = storages[source]
             if src.owned:
                 storage = src
                 in_place.add(id(src))
         if storage is None:
-            storage = _Storage(space, shape.byte_size)
+            storage = _Storage(space, nbytes)
         out_storages.append(storage)
     ready = Future()
     outputs = [
         Buffer(shape, storage, ready)
-        for (_, shape), storage in zip(plan.output_leaves, out_storages, strict=True)
+        for (_, shape, _), storage in zip(signature.output_leaves, out_storages, strict=True)
     ]
-    plan.device.submit(lambda: _run(plan, inputs_ready, out_storages, in_place, ready))
-    return outputs
+    plan.buffers = []  # the plan must not keep the argument buffers alive
+
+    def task() -> None:
+        _run(plan, storages, inputs_ready, out_storages, in_place, ready)
+
+    return outputs, task, inputs_done
 
 
-def _run(plan: CallPlan, inputs_ready, out_storages, in_place: set[int], ready: Future) -> None:
+def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: Future) -> None:
     error: BaseException | None = None
     try:
         for fut in inputs_ready:
-            failed = fut.exception()
+            failed = fut.exception() if fut._state != _DONE else fut._error
             if failed is not None:
                 raise ExecutionError(f"an input of {plan.name} failed: {failed}") from failed
-        out = plan.program.run(_argument_values(plan), plan.aliased)
-        for (index, _), storage in zip(plan.output_leaves, out_storages, strict=True):
+        signature = plan.signature
+        start = time.perf_counter()
+        try:
+            out = plan.program.run(_argument_values(plan, storages), signature.aliased_params)
+        finally:
+            signature.last_run_seconds = time.perf_counter() - start
+        for (index, _, _), storage in zip(signature.output_leaves, out_storages, strict=True):
             leaf = out
             for i in index:
                 leaf = leaf[i]
@@ -272,12 +380,10 @@ def _run(plan: CallPlan, inputs_ready, out_storages, in_place: set[int], ready: 
     except BaseException as e:  # every failure travels to the outputs
         error = e if isinstance(e, ExecutionError) else _wrapped(plan, e)
     finally:  # inputs are let go before anyone waiting on the outputs wakes up
-        for leaf in plan.leaves:
-            storage = plan.storages.get(id(leaf))
+        for storage in storages:
             if storage is not None and id(storage) not in in_place:
                 storage.release()
-        plan.storages.clear()
-        plan.leaves.clear()  # the plan must not keep the argument buffers alive
+        storages.clear()
     if error is not None:
         ready.set_exception(error)
     else:
@@ -293,20 +399,20 @@ def _wrapped(plan: CallPlan, error: BaseException) -> ExecutionError:
     return wrapped
 
 
-def _argument_values(plan: CallPlan) -> list[Any]:
-    aliased_leaves = {(a.param_number, a.param_index) for a in plan.aliases}
-    flat: dict[int, list[tuple[ShapeIndex, Any]]] = {}
-    for leaf in plan.leaves:
-        if leaf.buffer is None:
-            value: Any = None
-        else:
-            storage = plan.storages[id(leaf)]
-            value = storage.array
-            writable = leaf.param in plan.donated and storage.owned
-            if (leaf.param, leaf.index) in aliased_leaves and not writable:
-                value = np.array(value, copy=True)  # copy-protection
-        flat.setdefault(leaf.param, []).append((leaf.index, value))
-    return [_rebuild(shape, dict(flat.get(p, []))) for p, shape in enumerate(plan.param_shapes)]
+def _argument_values(plan: CallPlan, storages: list[_Storage | None]) -> list[Any]:
+    signature = plan.signature
+    values = [None if s is None else s.array for s in storages]
+    for i in signature.protected:
+        storage = storages[i]
+        writable = signature.leaves[i].param in plan.donated and storage.owned
+        if not writable:
+            values[i] = np.array(values[i], copy=True)  # copy-protection
+    if signature.simple:
+        return values
+    flat: dict[int, dict[ShapeIndex, Any]] = {}
+    for leaf, value in zip(signature.leaves, values, strict=True):
+        flat.setdefault(leaf.param, {})[leaf.index] = value
+    return [_rebuild(shape, flat.get(p, {})) for p, shape in enumerate(signature.param_shapes)]
 
 
 def _rebuild(shape: Shape, leaves: dict[ShapeIndex, Any], index: ShapeIndex = ()) -> Any:

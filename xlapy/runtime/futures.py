@@ -3,6 +3,11 @@
 A Future is completed once, with a result or an exception; waiting re-raises the exception.
 Callbacks added before completion run on the completing thread, those added after run at
 once on the caller's thread.
+
+Futures sit on the dispatch path of every execution, so they are cheap: one plain lock per
+future guards its state, and the event a waiter sleeps on is made only when someone waits
+on a future that is still pending. A future that is already done (every input made by
+`buffer_from_pyval`, every output of an inline execution) never touches an event.
 """
 
 from __future__ import annotations
@@ -17,27 +22,28 @@ _PENDING, _DONE = 0, 1
 class Future:
     """The eventual result of asynchronous work (PJRT's PjRtFuture)."""
 
-    __slots__ = ("_callbacks", "_cond", "_error", "_result", "_state")
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_result", "_state")
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._state = _PENDING
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Future], None]] = []
+        self._callbacks: list[Callable[[Future], None]] | None = None
+        self._event: threading.Event | None = None
 
     @classmethod
     def completed(cls, value: Any = None) -> Future:
         """A future that already holds `value`."""
         fut = cls()
-        fut.set_result(value)
+        fut._result, fut._state = value, _DONE
         return fut
 
     @classmethod
     def failed(cls, error: BaseException) -> Future:
         """A future that already holds `error`."""
         fut = cls()
-        fut.set_exception(error)
+        fut._error, fut._state = error, _DONE
         return fut
 
     def done(self) -> bool:
@@ -47,20 +53,24 @@ class Future:
     def result(self, timeout: float | None = None) -> Any:
         """Wait (at most `timeout` seconds) and return the result, or raise its error.
         TimeoutError if it is not done in time."""
-        self._wait(timeout)
+        if self._state != _DONE:
+            self._wait(timeout)
         if self._error is not None:
             raise self._error
         return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait and return the error, or None if it succeeded."""
-        self._wait(timeout)
+        if self._state != _DONE:
+            self._wait(timeout)
         return self._error
 
     def add_done_callback(self, fn: Callable[[Future], None]) -> None:
         """Call `fn(self)` when done (at once if already done)."""
-        with self._cond:
+        with self._lock:
             if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
                 return
         fn(self)
@@ -72,21 +82,27 @@ class Future:
         self._complete(None, error)
 
     def _complete(self, value: Any, error: BaseException | None) -> None:
-        with self._cond:
+        with self._lock:
             if self._state == _DONE:
                 raise RuntimeError("future completed twice")
             self._result, self._error, self._state = value, error, _DONE
-            callbacks, self._callbacks = self._callbacks, []
-            self._cond.notify_all()
-        for fn in callbacks:
-            fn(self)
+            callbacks, self._callbacks = self._callbacks, None
+            event = self._event
+        if event is not None:
+            event.set()
+        if callbacks:
+            for fn in callbacks:
+                fn(self)
 
     def _wait(self, timeout: float | None) -> None:
-        if self._state == _DONE:
-            return
-        with self._cond:
-            if not self._cond.wait_for(self.done, timeout):
-                raise TimeoutError(f"future not done after {timeout} s")
+        with self._lock:
+            if self._state == _DONE:
+                return
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        if not event.wait(timeout):
+            raise TimeoutError(f"future not done after {timeout} s")
 
     def __repr__(self) -> str:
         if not self.done():

@@ -8,6 +8,13 @@
 # comes from a small pool owned by the executable: an execution takes one (or makes one when
 # all are busy) and gives it back, so concurrent executions never share an arena and steady
 # state allocates no temporaries.
+#
+# Dispatch cost: everything about the memory that does not depend on the arguments is
+# worked out when the program is built: which allocation each parameter leaf fills and how
+# to check it, a memory list with the constants already in place (and their addresses),
+# the allocations made fresh per call, and for every output leaf where it comes from. A
+# call copies the template, fills in the argument and output arrays, takes an arena (with
+# its addresses) and runs the thunks.
 
 from __future__ import annotations
 
@@ -20,7 +27,13 @@ import numpy as np
 
 from xlapy.backends.base import Backend, CompiledProgram, alias_leaves, leaf_at
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module
-from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, logical_from_physical
+from xlapy.backends.cpu.thunks import (
+    BufferSlice,
+    ExecutionContext,
+    address,
+    logical_from_physical,
+    physical_dims,
+)
 from xlapy.errors import EvaluationError
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
@@ -28,10 +41,56 @@ from xlapy.ir.shapes import Shape
 _STATE_OPTIONS = ("replica_id", "partition_id", "custom_calls", "rng_seed")
 ARENA_POOL_SIZE = 4
 """Idle arenas an executable keeps for reuse."""
+_NO_ARENAS: tuple[list[np.ndarray], list[int]] = ([], [])
 
 
 def _is_row_major(shape: Shape) -> bool:
     return shape.layout is None or shape.layout.is_default
+
+
+class _ParamLeaf:
+    """How one entry-parameter allocation is filled from the arguments."""
+
+    __slots__ = ("alloc", "dims", "dtype", "index", "number", "row_major", "shape", "writes")
+
+    def __init__(self, alloc, shape: Shape):
+        self.alloc = alloc.index
+        self.number = alloc.parameter_number
+        self.index = alloc.parameter_index
+        self.shape = shape
+        self.dims = shape.dims
+        self.dtype = shape.dtype
+        self.writes = alloc.is_aliased_output
+        self.row_major = _is_row_major(shape)
+
+
+class _OutputLeaf:
+    """Where one array leaf of the result comes from."""
+
+    __slots__ = (
+        "alias",
+        "dims",
+        "dtype",
+        "end",
+        "exact",
+        "handed_whole",
+        "index",
+        "row_major",
+        "shape",
+        "slice",
+    )
+
+    def __init__(self, index, shape: Shape, s: BufferSlice, alias, alloc):
+        self.index = index
+        self.shape = shape
+        self.slice = s
+        self.alias = alias
+        self.handed_whole = alloc.kind == "output" and s.offset == 0 and s.size == alloc.size
+        self.exact = s.offset == 0 and s.size == alloc.size and s.size > 0
+        self.row_major = _is_row_major(shape)
+        self.dims = physical_dims(shape)
+        self.dtype = shape.dtype
+        self.end = s.offset + s.size
 
 
 class CpuProgram(CompiledProgram):
@@ -47,14 +106,43 @@ class CpuProgram(CompiledProgram):
         self._alias_by_output = {a.output_index: a for a in self.aliases}
         allocations = self.compiled.assignment.allocations
         self._temps = [a.index for a in allocations if a.is_temp]
-        self._arenas: list[list[np.ndarray]] = []
+        self._arenas: list[tuple[list[np.ndarray], list[int]]] = []
         self._arena_lock = threading.Lock()
-        self._param_allocs = [a for a in allocations if a.is_entry_parameter]
-        self._root_slices = [
-            (index, shape, self._slice(index))
+        self._prepare_memory_plan()
+
+    def _prepare_memory_plan(self) -> None:
+        allocations = self.compiled.assignment.allocations
+        params = self.module.entry.parameters
+        self._num_params = len(params)
+        self._template: list[np.ndarray | None] = [None] * len(allocations)
+        self._template_bases = [0] * len(allocations)
+        for index, mem in self.compiled.constants.items():
+            self._template[index] = mem
+            self._template_bases[index] = address(mem)
+        self._param_leaves: list[_ParamLeaf] = []
+        fresh = []
+        for alloc in allocations:
+            if alloc.is_entry_parameter:
+                shape = params[alloc.parameter_number].shape.subshape(alloc.parameter_index)
+                if shape.is_array:
+                    self._param_leaves.append(_ParamLeaf(alloc, shape))
+                    continue
+            elif alloc.is_thread_local or alloc.is_temp or alloc.index in self.compiled.constants:
+                continue
+            fresh.append((alloc.index, max(alloc.size, 1)))
+        self._fresh = tuple(fresh)
+        self._outputs_plan = [
+            _OutputLeaf(
+                index,
+                shape,
+                sl := self._slice(index),
+                self._alias_by_output.get(index),
+                allocations[sl.allocation],
+            )
             for index, shape in self.module.entry.root.shape.leaves()
             if shape.is_array
         ]
+        self._single_output = self.module.entry.root.shape.is_array
 
     def _slice(self, index) -> BufferSlice:
         root = self.module.entry.root
@@ -62,14 +150,19 @@ class CpuProgram(CompiledProgram):
         return BufferSlice(s.allocation, s.offset, s.size, root.shape.subshape(index))
 
     # -- arenas ----------------------------------------------------------------------------
-    def _take_arenas(self) -> list[np.ndarray]:
+    def _take_arenas(self) -> tuple[list[np.ndarray], list[int]]:
+        if not self._temps:
+            return _NO_ARENAS
         with self._arena_lock:
             if self._arenas:
                 return self._arenas.pop()
         allocations = self.compiled.assignment.allocations
-        return [np.empty(max(allocations[i].size, 1), np.uint8) for i in self._temps]
+        arenas = [np.empty(max(allocations[i].size, 1), np.uint8) for i in self._temps]
+        return arenas, [address(a) for a in arenas]
 
-    def _give_back(self, arenas: list[np.ndarray]) -> None:
+    def _give_back(self, arenas: tuple[list[np.ndarray], list[int]]) -> None:
+        if arenas is _NO_ARENAS:
+            return
         with self._arena_lock:
             if len(self._arenas) < ARENA_POOL_SIZE:
                 self._arenas.append(arenas)
@@ -77,52 +170,56 @@ class CpuProgram(CompiledProgram):
     # -- running ---------------------------------------------------------------------------
     def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
         """Execute on `args`; see xlapy.backends.base for the donation contract."""
-        params = self.module.entry.parameters
-        if len(args) != len(params):
+        if len(args) != self._num_params:
             raise EvaluationError(
-                f"{self.module.name} takes {len(params)} arguments, {len(args)} were given"
+                f"{self.module.name} takes {self._num_params} arguments, {len(args)} were given"
             )
-        allocations = self.compiled.assignment.allocations
-        memory: list[np.ndarray | None] = [None] * len(allocations)
+        memory = self._template.copy()
+        bases = self._template_bases.copy()
         in_place: dict[int, np.ndarray] = {}  # allocation -> the argument array it is
         writeback: list[tuple[np.ndarray, int, Shape]] = []
-        for alloc in self._param_allocs:
-            number, index = alloc.parameter_number, alloc.parameter_index
-            shape = params[number].shape.subshape(index)
-            if not shape.is_array:
-                memory[alloc.index] = np.empty(max(alloc.size, 1), np.uint8)
-                continue
-            arg = self._argument(args, number, index, shape)
-            writes = alloc.is_aliased_output
-            if _is_row_major(shape) and arg.flags.c_contiguous:
-                if not writes:
-                    memory[alloc.index] = arg.reshape(-1).view(np.uint8)
+        for leaf in self._param_leaves:
+            arg = args[leaf.number]
+            if (
+                leaf.index
+                or type(arg) is not np.ndarray
+                or arg.shape != leaf.dims
+                or arg.dtype != leaf.dtype
+            ):
+                arg = self._argument(args, leaf)
+            if leaf.row_major and arg.flags.c_contiguous:
+                if not leaf.writes:
+                    memory[leaf.alloc] = mem = arg.reshape(-1).view(np.uint8)
+                    bases[leaf.alloc] = address(mem)
                     continue
-                if number in donated and arg.flags.writeable:
-                    memory[alloc.index] = arg.reshape(-1).view(np.uint8)
-                    in_place[alloc.index] = arg
+                if leaf.number in donated and arg.flags.writeable:
+                    memory[leaf.alloc] = mem = arg.reshape(-1).view(np.uint8)
+                    bases[leaf.alloc] = address(mem)
+                    in_place[leaf.alloc] = arg
                     continue
+            shape = leaf.shape
             order = tuple(reversed(shape.layout_or_default.minor_to_major))
             data = np.ascontiguousarray(np.transpose(arg, order) if shape.rank > 1 else arg)
-            memory[alloc.index] = data.reshape(-1).view(np.uint8).copy()
-            if writes and number in donated:
-                writeback.append((arg, alloc.index, shape))
-        for index, mem in self.compiled.constants.items():
-            memory[index] = mem
+            memory[leaf.alloc] = mem = data.reshape(-1).view(np.uint8).copy()
+            bases[leaf.alloc] = address(mem)
+            if leaf.writes and leaf.number in donated:
+                writeback.append((arg, leaf.alloc, shape))
+        for index, size in self._fresh:
+            memory[index] = mem = np.empty(size, np.uint8)
+            bases[index] = address(mem)
         arenas = self._take_arenas()
-        for index, arena in zip(self._temps, arenas, strict=True):
+        for index, arena, base in zip(self._temps, arenas[0], arenas[1], strict=True):
             memory[index] = arena
-        for alloc in allocations:
-            if memory[alloc.index] is None and not alloc.is_thread_local:
-                memory[alloc.index] = np.empty(max(alloc.size, 1), np.uint8)
-        ctx = ExecutionContext(memory, self.state)
+            bases[index] = base
+        ctx = ExecutionContext(memory, self.state, bases)
         try:
             self.compiled.entry.run(ctx)
-            return self._outputs(ctx, args, donated, in_place, writeback)
+            return self._outputs(memory, args, donated, in_place, writeback)
         finally:
             self._give_back(arenas)
 
-    def _argument(self, args, number: int, index, shape: Shape) -> np.ndarray:
+    def _argument(self, args, leaf: _ParamLeaf) -> np.ndarray:
+        number, index, shape = leaf.number, leaf.index, leaf.shape
         try:
             arg = np.asarray(leaf_at(args[number], index))
         except (IndexError, TypeError) as e:
@@ -136,31 +233,39 @@ class CpuProgram(CompiledProgram):
             )
         return arg
 
-    def _outputs(self, ctx: ExecutionContext, args, donated, in_place, writeback) -> Any:
-        allocations = self.compiled.assignment.allocations
+    def _outputs(self, memory, args, donated, in_place, writeback) -> Any:
         handed: set[int] = set()
         leaves = {}
-        for index, shape, s in self._root_slices:
-            alias = self._alias_by_output.get(index)
-            alloc = allocations[s.allocation]
+        for out in self._outputs_plan:
+            s, alias = out.slice, out.alias
             if alias is not None and alias.param_number in donated:
                 target = leaf_at(args[alias.param_number], alias.param_index)
                 if in_place.get(s.allocation) is not target:
-                    np.copyto(target, ctx.view(s), casting="no")
-                leaves[index] = target
+                    np.copyto(target, _view(memory, out), casting="no")
+                leaves[out.index] = target
                 handed.add(s.allocation)
                 continue
-            whole = s.offset == 0 and s.size == alloc.size
-            if alloc.kind == "output" and whole and s.allocation not in handed:
+            mem = memory[s.allocation]
+            physical = (mem if out.exact else mem[s.offset : out.end]).view(out.dtype)
+            physical = physical.reshape(out.dims)
+            if out.handed_whole and s.allocation not in handed:
                 handed.add(s.allocation)
-                leaves[index] = logical_from_physical(ctx.physical(s), shape)
-                if not _is_row_major(shape):
-                    leaves[index] = np.ascontiguousarray(leaves[index])
+                if out.row_major:
+                    leaves[out.index] = physical
+                else:
+                    leaves[out.index] = np.ascontiguousarray(
+                        logical_from_physical(physical, out.shape)
+                    )
                 continue
-            leaves[index] = np.array(ctx.view(s), copy=True, order="C")
+            leaves[out.index] = np.array(
+                logical_from_physical(physical, out.shape), copy=True, order="C"
+            )
         for arg, index, shape in writeback:
             if index not in handed:
+                ctx = ExecutionContext(memory, self.state)
                 np.copyto(arg, ctx.view(BufferSlice(index, 0, arg.nbytes, shape)))
+        if self._single_output:
+            return leaves[()]
         return _build(self.module.entry.root.shape, (), leaves)
 
     # -- dumps -----------------------------------------------------------------------------
@@ -187,6 +292,12 @@ class CpuProgram(CompiledProgram):
             path.write_text(text)
             paths.append(path)
         return paths
+
+
+def _view(memory: list[np.ndarray], out: _OutputLeaf) -> np.ndarray:
+    s = out.slice
+    physical = memory[s.allocation][s.offset : out.end].view(out.dtype).reshape(out.dims)
+    return logical_from_physical(physical, out.shape)
 
 
 def _build(shape: Shape, index, leaves: dict) -> Any:

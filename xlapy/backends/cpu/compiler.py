@@ -23,8 +23,13 @@ from typing import Any
 import numpy as np
 
 from xlapy.analysis.dataflow import FORWARDING_OPCODES
-from xlapy.backends.cpu.emitter import supported
-from xlapy.backends.cpu.kernel import Kernel, compile_computation, wrap_instruction
+from xlapy.backends.cpu.emitter import in_place_reason, supported
+from xlapy.backends.cpu.kernel import (
+    Kernel,
+    clear_loaded_objects,
+    compile_computation,
+    wrap_instruction,
+)
 from xlapy.backends.cpu.library import (
     CustomCallThunk,
     DotThunk,
@@ -82,7 +87,7 @@ NO_THUNK = FORWARDING_OPCODES | {
     Opcode.AFTER_ALL,
 }
 
-_kernel_cache: dict[str, Kernel] = {}
+_kernel_cache: dict[tuple, Kernel] = {}
 _kernel_lock = threading.Lock()
 
 
@@ -91,18 +96,40 @@ def clear_kernel_cache() -> None:
     compile loads them from disk or compiles them again: what `xlapy bench` times."""
     with _kernel_lock:
         _kernel_cache.clear()
+    clear_loaded_objects()
 
 
-def kernel_for(comp: HloComputation, name: str) -> Kernel:
-    """The compiled kernel of `comp`, compiled once per process per computation text."""
-    key = comp.to_text()
+def kernel_for(
+    comp: HloComputation, name: str, in_place: tuple[tuple[int, int], ...] = ()
+) -> Kernel:
+    """The compiled kernel of `comp`, compiled once per process per computation text.
+    `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
+    (the caller has checked emitter.in_place_reason and passes the same slice for both)."""
+    key = (comp.to_text(), tuple(in_place))
     with _kernel_lock:
         kernel = _kernel_cache.get(key)
     if kernel is None:
-        kernel = compile_computation(comp, name)
+        kernel = compile_computation(comp, name, in_place=in_place)
         with _kernel_lock:
             kernel = _kernel_cache.setdefault(key, kernel)
     return kernel
+
+
+def in_place_pairs(
+    comp: HloComputation, outputs: list[BufferSlice], inputs: list[BufferSlice]
+) -> tuple[tuple[int, int], ...] | None:
+    """The (output, input) pairs of a kernel whose slices are the same bytes, when every
+    overlap between its outputs and inputs is such a pair and the kernel can run them in
+    place; None when nothing overlaps or some overlap needs a scratch copy."""
+    pairs = []
+    for o, out in enumerate(outputs):
+        for i, inp in enumerate(inputs):
+            if not out.overlaps(inp):
+                continue
+            if not out.same_bytes(inp) or in_place_reason(comp, o, i) is not None:
+                return None
+            pairs.append((o, i))
+    return tuple(pairs) or None
 
 
 @dataclass
@@ -283,9 +310,10 @@ class _Lowering:
 
     def kernel_thunk(self, instr: HloInstruction) -> KernelThunk:
         comp = self.kernel_computation(instr)
-        kernel = kernel_for(comp, instr.name)
         outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
         inputs = [self.slice_at(o) for o in instr.operands]
+        pairs = in_place_pairs(comp, outputs, inputs)
+        kernel = kernel_for(comp, instr.name, pairs or ())
         return KernelThunk(instr, kernel, outputs, inputs)
 
     # -- custom calls ----------------------------------------------------------------------

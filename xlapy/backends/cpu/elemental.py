@@ -778,7 +778,7 @@ def _reduce(em: KernelEmitter, instr, index):
 
     def level_acc(k):
         while len(levels) <= k:
-            levels.append(em.alloca(reg_type(t), f"{instr.name}.l{len(levels)}"))
+            levels.append(em.alloca(reg_type(t), f"acc.l{len(levels)}"))
         return levels[k]
 
     def blocked(d):
@@ -871,14 +871,14 @@ class _ReduceLanes:
             op = None
         self.op = op
         self.tile = [ir.ArrayType(reg_type(t), VECTOR_TILE) for t in self.types]
-        self.totals = [em.alloca(ty, f"{instr.name}.total") for ty in self.tile]
+        self.totals = [em.alloca(ty, "acc.total") for ty in self.tile]
         self.levels: list = []
         self.em = em
 
     def level(self, k: int):
         """The lane array of cascade level k (simple reducers only)."""
         while len(self.levels) <= k:
-            name = f"{self.instr.name}.l{len(self.levels)}"
+            name = f"acc.l{len(self.levels)}"
             self.levels.append(self.em.alloca(self.tile[0], name))
         return self.levels[k]
 

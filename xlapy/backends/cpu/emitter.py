@@ -7,6 +7,15 @@
 # chunks. The body is a loop nest over the output in its layout's major-to-minor order, the
 # innermost loop running over the physically contiguous dimension.
 #
+# In-place variants: a caller whose output i and input j are the same bytes asks for
+# `in_place=((i, j),)`. The kernel then reads parameter j through output i's pointer, so every
+# access to that memory is based on one pointer (LLVM sees the load and store of each element
+# in the same iteration and still vectorizes, no runtime overlap checks), and input j's
+# argument is ignored. This is valid only when the kernel reads parameter j at exactly the
+# index it writes output i (elementwise paths from the root, equal dims and layout, equal
+# element size): `in_place_reason` checks it. All outputs of an element are computed before
+# any is stored, so a later output never sees an earlier one's store.
+#
 # Values are produced "elementally", as XLA's elemental emitter does: gen(instr, index)
 # returns the LLVM value of `instr` at a logical multi-index (one i64 per dimension). Shape
 # ops map the index to their operand's index; parameters and array constants load from memory
@@ -58,6 +67,7 @@ class KernelSpec:
     outputs: tuple[Shape, ...]
     params: tuple[Shape, ...]
     outer_extent: int
+    in_place: tuple[tuple[int, int], ...] = ()
 
 
 _SUPPORTED_TYPES = {
@@ -162,36 +172,88 @@ def _precheck(comp: HloComputation) -> None:
             )
 
 
-def emit_kernel(comp: HloComputation, name: str = "xla_kernel") -> KernelSpec:
+def emit_kernel(
+    comp: HloComputation, name: str = "xla_kernel", in_place: Sequence[tuple[int, int]] = ()
+) -> KernelSpec:
     """Lower `comp` to an LLVM module holding one kernel function (see the file comment).
+    `in_place` lists (output leaf, parameter) pairs the caller will pass the same bytes for.
 
-    Raises UnsupportedForCodegen when an instruction or element type has no lowering.
+    Raises UnsupportedForCodegen when an instruction or element type has no lowering, or an
+    in-place pair is not safe (see `in_place_reason`).
     """
     _precheck(comp)
-    return KernelEmitter(comp, name).emit()
+    pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
+    for out, param in pairs:
+        why = in_place_reason(comp, out, param)
+        if why is not None:
+            raise UnsupportedForCodegen(why)
+    return KernelEmitter(comp, name, pairs).emit()
+
+
+def output_leaves(comp: HloComputation) -> list[tuple[HloInstruction, int | None, Shape]]:
+    """The kernel outputs of `comp` in pre-order: (instruction, tuple element or None, shape)."""
+    root = comp.root
+    leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
+    out = []
+    for leaf in leaves:
+        if leaf.shape.is_tuple:
+            out.extend((leaf, i, s) for i, s in enumerate(leaf.shape.tuple_shapes))
+        else:
+            out.append((leaf, None, leaf.shape))
+    return out
+
+
+def in_place_reason(comp: HloComputation, out: int, param: int) -> str | None:
+    """None when output leaf `out` of `comp` may share its bytes with parameter `param`
+    (the kernel reads that parameter only at the index it writes, through elementwise ops),
+    else why not."""
+    leaves = output_leaves(comp)
+    if not 0 <= out < len(leaves) or not 0 <= param < comp.num_parameters:
+        return f"{comp.name}: no output {out} or parameter {param}"
+    target = comp.parameter(param)
+    oshape, pshape = leaves[out][2], target.shape
+    if (
+        not pshape.is_array
+        or pshape.dims != oshape.dims
+        or pshape.layout_or_default.minor_to_major != oshape.layout_or_default.minor_to_major
+        or pshape.dtype.itemsize != oshape.dtype.itemsize
+    ):
+        return f"{comp.name}: parameter {param} ({pshape}) is not laid out like output {out}"
+    seen: set[tuple[int, bool]] = set()
+    stack = [(leaf, element is None) for leaf, element, _ in leaves]
+    while stack:
+        instr, same = stack.pop()
+        if (id(instr), same) in seen:
+            continue
+        seen.add((id(instr), same))
+        if instr is target:
+            if not same:
+                return f"{comp.name}: parameter {param} is read at other indices than written"
+            continue
+        if instr.opcode.is_elementwise and same:
+            stack.extend((o, o.shape.dims == instr.shape.dims) for o in instr.operands)
+        elif instr.opcode is Opcode.DYNAMIC_UPDATE_SLICE and same:
+            stack.append((instr.operands[0], True))
+            stack.extend((o, False) for o in instr.operands[1:])
+        else:
+            stack.extend((o, False) for o in instr.operands)
+    return None
 
 
 class KernelEmitter:
     """Builds the LLVM IR of one kernel; rules in EMIT_RULES call back into it."""
 
-    def __init__(self, comp: HloComputation, name: str):
+    def __init__(self, comp: HloComputation, name: str, in_place: tuple = ()):
         self.comp = comp
         self.name = name
+        self.in_place = in_place
         self.module = ir.Module(name=name)
         self.math = MathEmitter(self.module)
         self.scopes: list[dict] = [{}]
         self.param_ptrs: dict[int, ir.Value] = {}
         self.scalar_env: list[dict[int, object]] = []
         self._globals = 0
-        root = comp.root
-        leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
-        self.out_leaves: list[tuple[HloInstruction, int | None, Shape]] = []
-        for leaf in leaves:
-            if leaf.shape.is_tuple:
-                for i, s in enumerate(leaf.shape.tuple_shapes):
-                    self.out_leaves.append((leaf, i, s))
-            else:
-                self.out_leaves.append((leaf, None, leaf.shape))
+        self.out_leaves = output_leaves(comp)
         self.params = comp.parameters
 
     # -- the function --------------------------------------------------------------------
@@ -199,8 +261,10 @@ class KernelEmitter:
         n_ptrs = len(self.out_leaves) + len(self.params)
         fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * n_ptrs + [I64, I64])
         fn = ir.Function(self.module, fnty, self.name)
-        for arg in fn.args[:n_ptrs]:
-            arg.add_attribute("noalias")
+        unused = {len(self.out_leaves) + param for _, param in self.in_place}
+        for i, arg in enumerate(fn.args[:n_ptrs]):
+            if i not in unused:
+                arg.add_attribute("noalias")
         fn.attributes.add("nounwind")
         self.fn = fn
         entry = fn.append_basic_block("entry")
@@ -214,8 +278,9 @@ class KernelEmitter:
             arg.name = f"out{i}" if k < 0 else f"in{k}"
         for i, (_, _, shape) in enumerate(self.out_leaves):
             out_ptrs.append(self.b.bitcast(fn.args[i], mem_type(shape.element_type).as_pointer()))
+        through = {param: out for out, param in self.in_place}
         for k, p in enumerate(self.params):
-            arg = fn.args[len(self.out_leaves) + k]
+            arg = fn.args[through.get(k, len(self.out_leaves) + k)]
             self.param_ptrs[id(p)] = self.b.bitcast(
                 arg, mem_type(p.shape.element_type).as_pointer()
             )
@@ -254,13 +319,15 @@ class KernelEmitter:
             tuple(s for _, _, s in self.out_leaves),
             tuple(p.shape for p in self.params),
             outer,
+            self.in_place,
         )
 
     def _store_outputs(self, index, out_ptrs):
-        for (leaf, element, shape), ptr in zip(self.out_leaves, out_ptrs, strict=True):
+        values = []
+        for leaf, element, _ in self.out_leaves:
             value = self.gen(leaf, index)
-            if element is not None:
-                value = value[element]
+            values.append(value if element is None else value[element])
+        for (_, _, shape), ptr, value in zip(self.out_leaves, out_ptrs, values, strict=True):
             offset = self.offset(shape, index)
             self.b.store(self.to_mem(value, shape.element_type), self.b.gep(ptr, [offset], True))
 
@@ -346,8 +413,8 @@ class KernelEmitter:
             return b.zext(v, I8)
         if t is P.F16:
             return b.fptrunc(v, F16)
-        if t is P.BF16:
-            return b.trunc(b.lshr(b.bitcast(self.round_bf16(v), I32), ir.Constant(I32, 16)), I16)
+        if t is P.BF16:  # register bf16 values are already rounded: keep the high half
+            return b.trunc(b.lshr(b.bitcast(v, I32), ir.Constant(I32, 16)), I16)
         return v
 
     def round_bf16(self, v):
@@ -440,5 +507,7 @@ __all__ = [
     "KernelSpec",
     "UnsupportedForCodegen",
     "emit_kernel",
+    "in_place_reason",
+    "output_leaves",
     "physical_strides",
 ]

@@ -17,6 +17,7 @@ import functools
 import itertools
 import os
 import re
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,25 +53,57 @@ def _physical_dims(shape: Shape) -> tuple[int, ...]:
     return tuple(shape.dims[d] for d in _major_to_minor(shape))
 
 
+SYMBOL = "xla_kernel"
+"""The symbol every kernel is compiled under: kernels are emitted without the names of their
+instructions, so structurally equal computations give the same IR text, share one disk cache
+entry and, within a process, one loaded object. Dumps show the kernel's own name instead."""
+
+_loaded: dict[str, tuple[jit.LoadedObject, bool]] = {}
+_loaded_lock = threading.Lock()
+
+
+def clear_loaded_objects() -> None:
+    """Forget the objects loaded in this process (see compiler.clear_kernel_cache)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
+def _load(ir_text: str, use_cache: bool) -> tuple[jit.LoadedObject, bool]:
+    with _loaded_lock:
+        hit = _loaded.get(ir_text) if use_cache else None
+    if hit is not None:
+        return hit[0], True
+    obj = jit.compile_object(ir_text, use_cache)
+    entry = (jit.LoadedObject(obj.data), obj.from_cache)
+    if not use_cache:
+        return entry
+    with _loaded_lock:
+        return _loaded.setdefault(ir_text, entry)
+
+
 class Kernel:
     """A compiled kernel. Dumps: `llvm_ir` (as emitted), `optimized_ir`, `asm`."""
 
-    def __init__(self, spec: KernelSpec, obj: jit.CompiledObject):
+    def __init__(self, spec: KernelSpec, name: str | None = None, use_cache: bool = True):
         self.spec = spec
-        self.name = spec.name
-        self.from_cache = obj.from_cache
-        self._loaded = jit.LoadedObject(obj.data)
+        self.name = name or spec.name
+        self._loaded, self.from_cache = _load(spec.llvm_ir, use_cache)
         n = len(spec.outputs) + len(spec.params)
         proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
         self._fn = proto(self._loaded.address(spec.name))
 
     @property
     def llvm_ir(self) -> str:
-        return self.spec.llvm_ir
+        """The emitted LLVM IR, the function named after the kernel."""
+        if self.name == self.spec.name:
+            return self.spec.llvm_ir
+        return self.spec.llvm_ir.replace(f'@"{self.spec.name}"', f'@"{self.name}"').replace(
+            f'ModuleID = "{self.spec.name}"', f'ModuleID = "{self.name}"'
+        )
 
     @functools.cached_property
     def _optimized(self):
-        return jit.optimize(self.spec.llvm_ir)
+        return jit.optimize(self.llvm_ir)
 
     @property
     def optimized_ir(self) -> str:
@@ -79,6 +112,13 @@ class Kernel:
     @property
     def asm(self) -> str:
         return jit.assembly(self._optimized)
+
+    @property
+    def in_place(self) -> tuple[tuple[int, int], ...]:
+        """(output leaf, parameter) pairs whose buffers the caller must make the same bytes:
+        the kernel reads each such parameter through its output pointer and ignores the
+        parameter's own pointer, so a thunk needs no scratch copy for them."""
+        return self.spec.in_place
 
     @property
     def outer_extent(self) -> int:
@@ -128,11 +168,16 @@ class Kernel:
 
 
 def compile_computation(
-    comp: HloComputation, name: str = "xla_kernel", use_cache: bool = True
+    comp: HloComputation,
+    name: str = "xla_kernel",
+    use_cache: bool = True,
+    in_place: Sequence[tuple[int, int]] = (),
 ) -> Kernel:
-    """Emit, optimize (or fetch from the disk cache) and load the kernel of `comp`."""
-    spec = emit_kernel(comp, _symbol(name))
-    return Kernel(spec, jit.compile_object(spec.llvm_ir, use_cache))
+    """Emit, optimize (or fetch from the disk cache) and load the kernel of `comp`.
+    `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
+    emitter.in_place_reason); the kernel reads those parameters through the outputs."""
+    spec = emit_kernel(comp, SYMBOL, in_place)
+    return Kernel(spec, _symbol(name), use_cache)
 
 
 def _symbol(name: str) -> str:

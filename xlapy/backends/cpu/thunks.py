@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,19 @@ class BufferSlice:
         return f"alloc{self.allocation}[{self.offset}:+{self.size}] {self.shape.to_text()}"
 
 
+_char_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+def address(array: np.ndarray) -> int:
+    """The address of `array`'s first byte. A writable, contiguous, non-empty array's address
+    is read through the buffer protocol, several times faster than `array.ctypes.data`."""
+    try:
+        return _addressof(_char_from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return array.ctypes.data
+
+
 def physical_dims(shape: Shape) -> tuple[int, ...]:
     """The dims of `shape` in its layout's major-to-minor order."""
     order = tuple(reversed(shape.layout_or_default.minor_to_major))
@@ -78,11 +92,17 @@ ValueTree = Any  # BufferSlice | None (token) | tuple[ValueTree, ...]
 
 class ExecutionContext:
     """The memory of one execution: a byte array and its address per allocation, plus the
-    interpreter that library thunks evaluate rules with (created on first use)."""
+    interpreter that library thunks evaluate rules with (created on first use). `bases`,
+    when given, are the memory's addresses already worked out (0 for None)."""
 
-    def __init__(self, memory: list[np.ndarray | None], state: dict[str, Any]):
+    def __init__(
+        self,
+        memory: list[np.ndarray | None],
+        state: dict[str, Any],
+        bases: list[int] | None = None,
+    ):
         self.memory = memory
-        self.bases = [0 if m is None else m.ctypes.data for m in memory]
+        self.bases = [0 if m is None else address(m) for m in memory] if bases is None else bases
         self.state = state
         self._interpreter = None
 
@@ -183,9 +203,11 @@ def _slice_lines(label: str, slices: Sequence[BufferSlice]) -> list[str]:
 
 
 class KernelThunk(Thunk):
-    """A native kernel on raw addresses. With `scratch`, an output overlaps an input (an
-    in-place update); the kernel's arguments are noalias, so it writes fresh scratch buffers
-    that are copied into the outputs afterwards."""
+    """A native kernel on raw addresses. An output may share its exact bytes with an input
+    when the kernel was compiled for that (output, input) pair (`kernel.in_place`: it reads
+    the input through the output's pointer). Any other overlap sets `scratch`: the kernel's
+    arguments are noalias, so it writes fresh scratch buffers that are copied into the
+    outputs afterwards."""
 
     kind = "kernel"
 
@@ -200,9 +222,15 @@ class KernelThunk(Thunk):
         self.kernel = kernel
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
-        self.scratch = any(o.overlaps(i) for o in self.outputs for i in self.inputs)
+        in_place = set(kernel.in_place)
+        self.scratch = any(
+            o.overlaps(i) and not ((a, b) in in_place and o.same_bytes(i))
+            for a, o in enumerate(self.outputs)
+            for b, i in enumerate(self.inputs)
+        )
+        self._slots = tuple((s.allocation, s.offset) for s in (*self.outputs, *self.inputs))
         elements = max((s.shape.num_elements for s in self.outputs), default=0)
-        extent = kernel.outer_extent
+        extent = self._extent = kernel.outer_extent
         self.chunks = (
             min(extent, getattr(default_pool(), "_max_workers", 1))
             if elements > PARALLEL_MIN_ELEMENTS and extent > 1
@@ -212,11 +240,11 @@ class KernelThunk(Thunk):
     def run(self, ctx: ExecutionContext) -> None:
         if self.scratch:
             outs = [np.empty(o.size, np.uint8) for o in self.outputs]
-            out_ptrs = [o.ctypes.data for o in outs]
+            ptrs = [address(o) for o in outs] + [ctx.ptr(i) for i in self.inputs]
         else:
-            out_ptrs = [ctx.ptr(o) for o in self.outputs]
-        ptrs = [*out_ptrs, *(ctx.ptr(i) for i in self.inputs)]
-        extent = self.kernel.outer_extent
+            bases = ctx.bases
+            ptrs = [bases[a] + offset for a, offset in self._slots]
+        extent = self._extent
         if self.chunks == 1:
             self.kernel.run_raw(ptrs, 0, extent)
         else:

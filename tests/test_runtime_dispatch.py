@@ -1,0 +1,273 @@
+"""Dispatch: inline execution on idle devices, ordering with the worker, cheap futures, and
+the precomputed call checks (same errors as the slow path)."""
+
+import threading
+
+import numpy as np
+import pytest
+from runtime_programs import AXPY, TUPLE_PARAM
+
+from xlapy.runtime import BufferDeletedError, Client, ExecutionError, Future, RuntimeApiError
+
+TRACE = """HloModule trace
+ENTRY e {
+  x = f32[8] parameter(0)
+  ROOT c = f32[8] custom-call(x), custom_call_target="trace", backend_config="TAG"
+}"""
+
+
+def _tracing_client(inline: bool = True, devices: int = 1):
+    """A client with a Python target "trace" that records (tag, thread) and, for the tag
+    "block", waits for `gate` before returning x + 1."""
+    client = Client("cpu", device_count=devices, inline_execution=inline)
+    calls: list[tuple[str, threading.Thread]] = []
+    gate = threading.Event()
+    started = threading.Event()
+
+    def trace(ins, opaque):
+        tag = opaque.decode() if isinstance(opaque, bytes) else str(opaque)
+        calls.append((tag, threading.current_thread()))
+        if tag == "block":
+            started.set()
+            if not gate.wait(10):
+                raise RuntimeError("gate was never opened")
+        if tag == "fail":
+            raise ValueError("the target failed on purpose")
+        return ins[0] + 1
+
+    client.register_custom_call("trace", trace)
+    return client, calls, gate, started
+
+
+def _program(client, tag):
+    return client.compile(TRACE.replace("TAG", tag))
+
+
+@pytest.fixture
+def x():
+    return np.random.default_rng(7).standard_normal(8).astype(np.float32)
+
+
+def test_first_run_is_asynchronous_then_a_cheap_program_runs_inline(x):
+    client, calls, _, _ = _tracing_client()
+    program = _program(client, "a")
+    [first] = program.execute([[client.buffer_from_pyval(x)]])[0]
+    first.block_until_ready()
+    assert calls[0][1] is not threading.current_thread()  # not yet known to be cheap
+    [out] = program.execute([[client.buffer_from_pyval(x)]])[0]
+    assert out.ready().done()  # already filled when execute returned
+    np.testing.assert_allclose(out.to_numpy(), x + 1, rtol=1e-6)
+    assert calls[1] == ("a", threading.current_thread())
+    client.close()
+
+
+def test_a_slow_program_never_runs_inline(x, monkeypatch):
+    from xlapy.runtime import execution
+
+    monkeypatch.setattr(execution, "INLINE_MAX_SECONDS", 0.0)
+    client, calls, _, _ = _tracing_client()
+    program = _program(client, "a")
+    for _ in range(3):
+        [out] = program.execute([[client.buffer_from_pyval(x)]])[0]
+        out.block_until_ready()
+    assert all(thread is not threading.current_thread() for _, thread in calls)
+    client.close()
+
+
+def test_inline_execution_off_runs_on_the_worker(x):
+    client, calls, _, _ = _tracing_client(inline=False)
+    [out] = _program(client, "a").execute([[client.buffer_from_pyval(x)]])[0]
+    np.testing.assert_allclose(out.to_numpy(), x + 1, rtol=1e-6)
+    assert calls[0][1] is not threading.current_thread()
+    client.inline_execution = True
+    program = _program(client, "b")
+    for _ in range(2):  # the first run times it; the second runs inline
+        [out] = program.execute([[client.buffer_from_pyval(x)]])[0]
+        out.block_until_ready()
+    assert calls[2] == ("b", threading.current_thread())
+    client.close()
+
+
+def test_work_started_while_one_runs_inline_waits_and_keeps_order(x):
+    """Thread A's run is inline and blocked; the main thread's calls on the same device
+    must neither run inline nor overtake it; they run in order once A's run ends."""
+    client, calls, gate, started = _tracing_client()
+    blocker, later = _program(client, "block"), _program(client, "later")
+    buf = client.buffer_from_pyval(x)
+    done_a: list = []
+    thread_a = threading.Thread(target=lambda: done_a.append(blocker.execute([[buf]])[0]))
+    thread_a.start()
+    assert started.wait(10)
+    pending = [later.execute([[buf]])[0][0] for _ in range(3)]  # returns at once
+    assert not any(p.ready().done() for p in pending)
+    assert [tag for tag, _ in calls] == ["block"]
+    gate.set()
+    thread_a.join(10)
+    for p in pending:
+        np.testing.assert_allclose(p.to_numpy(), x + 1, rtol=1e-6)
+    assert [tag for tag, _ in calls] == ["block", "later", "later", "later"]
+    assert all(t is not threading.current_thread() for _, t in calls[1:])
+    assert np.array_equal(done_a[0][0].to_numpy(), x + 1)
+    client.close()
+
+
+def test_busy_worker_queues_instead_of_running_inline(x):
+    client, calls, gate, started = _tracing_client(inline=False)
+    blocker = _program(client, "block")
+    buf = client.buffer_from_pyval(x)
+    [first] = blocker.execute([[buf]])[0]
+    assert started.wait(10)
+    client.inline_execution = True  # the worker is busy: the next call must still queue
+    [second] = _program(client, "second").execute([[buf]])[0]
+    assert not second.ready().done()
+    gate.set()
+    np.testing.assert_allclose(second.to_numpy(), x + 1, rtol=1e-6)
+    assert [tag for tag, _ in calls] == ["block", "second"]
+    assert calls[1][1] is calls[0][1]  # both on the worker
+    first.block_until_ready()
+    client.close()
+
+
+def test_input_not_ready_is_not_run_inline(x):
+    """An input still being produced (copied from a busy device) makes the call queue, so
+    execute does not block the caller."""
+    client, _, gate, started = _tracing_client(inline=False, devices=2)
+    d0, d1 = client.devices()
+    [on_d1] = _program(client, "block").execute_portable([client.buffer_from_pyval(x, d1)], d1)
+    assert started.wait(10)
+    client.inline_execution = True
+    moved = on_d1.copy_to_device(d0)
+    [out] = _program(client, "after").execute_portable([moved], d0)
+    assert not out.ready().done()
+    gate.set()
+    np.testing.assert_allclose(out.to_numpy(), x + 2, rtol=1e-6)
+    client.close()
+
+
+def test_inline_errors_travel_through_the_outputs(x):
+    client, _, _, _ = _tracing_client()
+    failing = _program(client, "fail")
+    [warm] = failing.execute([[client.buffer_from_pyval(x)]])[0]  # times it, asynchronously
+    with pytest.raises(ExecutionError, match="failed on purpose"):
+        warm.block_until_ready()
+    [out] = failing.execute([[client.buffer_from_pyval(x)]])[0]  # inline now; no raise
+    assert out.ready().done()
+    with pytest.raises(ExecutionError, match="failed on purpose"):
+        out.to_numpy()
+    [downstream] = _program(client, "ok").execute([[out]])[0]
+    with pytest.raises(ExecutionError, match="an input of trace failed"):
+        downstream.block_until_ready()
+    client.close()
+
+
+def test_inline_runs_release_memory(x):
+    client = Client("cpu")
+    exe = client.compile(AXPY)
+    dev = client.devices()[0]
+    a, y = (client.buffer_from_pyval(v) for v in (np.float32(2), x[:4]))
+    xb = client.buffer_from_pyval(x[4:])
+    for i in range(50):
+        [xb] = exe.execute_portable([a, xb, y], dev, donate=[1] if i % 2 else [])
+    expected = x[4:].copy()
+    for _ in range(50):
+        expected = np.float32(2) * expected + x[:4]
+    np.testing.assert_allclose(xb.to_numpy(), expected, rtol=1e-4)
+    for b in (a, xb, y):
+        b.delete()
+    assert dev.memory_stats().bytes_in_use == 0
+    client.close()
+
+
+# -- futures ----------------------------------------------------------------------------------
+
+
+def test_completed_and_failed_futures_need_no_wait():
+    assert Future.completed(3).result(timeout=0) == 3
+    with pytest.raises(KeyError):
+        Future.failed(KeyError("k")).result(timeout=0)
+    with pytest.raises(RuntimeError, match="twice"):
+        Future.completed(1).set_result(2)
+
+
+def test_many_waiters_wake_and_timeout_is_raised():
+    fut = Future()
+    with pytest.raises(TimeoutError):
+        fut.result(timeout=0.01)
+    got: list = []
+    waiters = [threading.Thread(target=lambda: got.append(fut.result(5))) for _ in range(4)]
+    for t in waiters:
+        t.start()
+    fut.set_result(11)
+    for t in waiters:
+        t.join(5)
+    assert got == [11] * 4
+
+
+# -- precomputed checks give the slow path's errors ---------------------------------------
+
+
+BAD_CALLS = [
+    ("not a buffer", lambda c: [np.float32(1), *_bufs(c)[1:]], RuntimeApiError, "expects a Buffer"),
+    (
+        "wrong shape",
+        lambda c: [_bufs(c)[0], c.buffer_from_pyval(np.zeros(5, np.float32)), _bufs(c)[2]],
+        RuntimeApiError,
+        r"parameter 1 expects f32\[4\]",
+    ),
+    (
+        "wrong dtype",
+        lambda c: [_bufs(c)[0], c.buffer_from_pyval(np.zeros(4, np.int32)), _bufs(c)[2]],
+        RuntimeApiError,
+        r"parameter 1 expects f32\[4\]",
+    ),
+    (
+        "other device",
+        lambda c: [
+            _bufs(c)[0],
+            c.buffer_from_pyval(np.ones(4, np.float32), c.devices()[1]),
+            _bufs(c)[2],
+        ],
+        RuntimeApiError,
+        "is on device 1",
+    ),
+    ("deleted", lambda c: _deleted(c), BufferDeletedError, "parameter 1: buffer .* was deleted"),
+    ("count", lambda c: _bufs(c)[:2], RuntimeApiError, "takes 3 arguments, 2 were given"),
+]
+
+
+def _bufs(client):
+    rng = np.random.default_rng(3)
+    return [
+        client.buffer_from_pyval(np.float32(2)),
+        client.buffer_from_pyval(rng.standard_normal(4).astype(np.float32)),
+        client.buffer_from_pyval(rng.standard_normal(4).astype(np.float32)),
+    ]
+
+
+def _deleted(client):
+    bufs = _bufs(client)
+    bufs[1].delete()
+    return bufs
+
+
+@pytest.mark.parametrize("what,make_args,error,match", BAD_CALLS, ids=[b[0] for b in BAD_CALLS])
+def test_fast_checks_raise_the_same_errors(what, make_args, error, match):
+    client = Client("cpu", device_count=2)
+    exe = client.compile(AXPY)
+    with pytest.raises(error, match=match):
+        exe.execute_portable(make_args(client), client.devices()[0])
+    client.close()
+
+
+def test_tuple_parameters_take_the_general_path():
+    client = Client("cpu")
+    exe = client.compile(TUPLE_PARAM)
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal(3).astype(np.float32)
+    leaves = (client.buffer_from_pyval(a), client.buffer_from_pyval(np.arange(2, dtype=np.int32)))
+    [out] = exe.execute([[leaves]])[0]
+    np.testing.assert_allclose(out.to_numpy(), a * a, rtol=1e-6)
+    np.testing.assert_array_equal(leaves[0].to_numpy(), a)  # copy-protected
+    with pytest.raises(RuntimeApiError, match="expects a tuple of 2"):
+        exe.execute([[leaves[0]]])
+    client.close()
