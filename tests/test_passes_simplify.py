@@ -12,7 +12,7 @@ from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
 from xlapy.passes.dce import DeadCodeElimination
-from xlapy.passes.rules import RULES, SimplifierOptions
+from xlapy.passes.rules import DOT_DIM_ATTRS, RULES, SimplifierOptions
 from xlapy.passes.simplify import AlgebraicSimplifier
 
 HEADER = """HloModule m
@@ -346,3 +346,159 @@ def test_fired_counts_name_the_identities():
     module = parse_module(_text(FIRES[-1][1]))
     pass_.run(module)
     assert pass_.fired == {"x * 1 -> x": 1, "x + 0 -> x": 1, "-(-x) -> x": 1}
+
+
+# -- dots: transposes folded into and out of dot ----------------------------------------------
+
+DOT_HEADER = """HloModule m
+ENTRY e {
+  a = f32[3,4] parameter(0)
+  b = f32[4,5] parameter(1)
+  at = f32[4,3] parameter(2)
+  bt = f32[5,4] parameter(3)
+  p = f32[2,3,4] parameter(4)
+  q = f32[2,4,5] parameter(5)
+  g = f32[3,2,4] parameter(6)
+"""
+
+# (name, body, expected root, expected dimension numbers (lb, rb, lc, rc) of the root dot)
+DOT_FIRES = [
+    (
+        "transpose(dot(a, b)) -> dot(b, a)",
+        "d = f32[3,5] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        "  ROOT r = f32[5,3] transpose(d), dimensions={1,0}",
+        "dot(b, a)",
+        ((), (), (0,), (1,)),
+    ),
+    (
+        "batched transpose(dot)",
+        "d = f32[2,3,5] dot(p, q), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
+        "  ROOT r = f32[2,5,3] transpose(d), dimensions={0,2,1}",
+        "dot(q, p)",
+        ((0,), (0,), (1,), (2,)),
+    ),
+    (
+        "transpose(dot) with two lhs-free dims",
+        "d = f32[3,2,5] dot(g, b), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+        "  ROOT r = f32[5,3,2] transpose(d), dimensions={2,0,1}",
+        "dot(b, g)",
+        ((), (), (0,), (2,)),
+    ),
+    (
+        "dot(transpose(a), b) -> dot(a, b)",
+        "t = f32[3,4] transpose(at), dimensions={1,0}\n"
+        "  ROOT r = f32[3,5] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "dot(at, b)",
+        ((), (), (0,), (0,)),
+    ),
+    (
+        "dot(a, transpose(b)) -> dot(a, b)",
+        "t = f32[4,5] transpose(bt), dimensions={1,0}\n"
+        "  ROOT r = f32[3,5] dot(a, t), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "dot(a, bt)",
+        ((), (), (1,), (1,)),
+    ),
+    (
+        "batched dot(transpose(g), q)",
+        "t = f32[2,3,4] transpose(g), dimensions={1,0,2}\n"
+        "  ROOT r = f32[2,3,5] dot(t, q), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}",
+        "dot(g, q)",
+        ((1,), (0,), (2,), (1,)),
+    ),
+    (
+        "both sides and the result",
+        "t = f32[3,4] transpose(at), dimensions={1,0}\n"
+        "  s = f32[4,5] transpose(bt), dimensions={1,0}\n"
+        "  d = f32[3,5] dot(t, s), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        "  ROOT r = f32[5,3] transpose(d), dimensions={1,0}",
+        "dot(bt, at)",
+        ((), (), (1,), (0,)),
+    ),
+]
+
+DOT_DOES_NOT_FIRE = [
+    (
+        "dot with another user",
+        "d = f32[3,5] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        "  r = f32[5,3] transpose(d), dimensions={1,0}\n"
+        "  ROOT u = (f32[5,3], f32[3,5]) tuple(r, d)",
+        "tuple(transpose(dot(a, b)), dot(a, b))",
+    ),
+    (
+        "transpose that moves the batch dim",
+        "d = f32[2,3,5] dot(p, q), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
+        "  ROOT r = f32[3,2,5] transpose(d), dimensions={1,0,2}",
+        "transpose(dot(p, q))",
+    ),
+    (
+        "transpose inside the lhs-free group",
+        "d = f32[3,2,5] dot(g, b), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+        "  ROOT r = f32[5,2,3] transpose(d), dimensions={2,1,0}",
+        "transpose(dot(g, b))",
+    ),
+    (
+        "operand transpose that reorders free dims",
+        "t = f32[2,3,4] transpose(g), dimensions={1,0,2}\n"
+        "  ROOT r = f32[2,3,5] dot(t, b), lhs_contracting_dims={2}, rhs_contracting_dims={0}",
+        "dot(transpose(g), b)",
+    ),
+]
+
+
+def _dot_module(body: str):
+    return parse_module(f"{DOT_HEADER}  {body}\n}}\n")
+
+
+def _dot_args(module, seed: int):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(p.shape.dims).astype(np.float32) for p in module.entry.parameters]
+
+
+@pytest.mark.parametrize("name,body,expected,dims", DOT_FIRES, ids=[c[0] for c in DOT_FIRES])
+def test_dot_rule_fires_and_keeps_values(name, body, expected, dims):
+    before, after = _dot_module(body), _dot_module(body)
+    assert AlgebraicSimplifier().run(after)
+    DeadCodeElimination().run(after)
+    verify(after)
+    root = after.entry.root
+    assert expr(root) == expected
+    got = tuple(tuple(root.attrs.get(k, ())) for k in DOT_DIM_ATTRS)
+    assert got == dims
+    assert root.shape == before.entry.root.shape
+    assert all(i.opcode.text != "transpose" for i in after.entry.instructions)
+    args = _dot_args(before, len(name))
+    np.testing.assert_allclose(evaluate(after, args), evaluate(before, args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name,body,expected", DOT_DOES_NOT_FIRE, ids=[c[0] for c in DOT_DOES_NOT_FIRE]
+)
+def test_dot_rule_does_not_fire(name, body, expected):
+    module = _dot_module(body)
+    text = module.entry.to_text()
+    assert not AlgebraicSimplifier().run(module)
+    assert expr(module.entry.root) == expected
+    assert module.entry.to_text() == text
+
+
+def test_transpose_of_dot_swaps_operand_precision():
+    module = _dot_module(
+        "d = f32[3,5] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+        "operand_precision={highest,default}\n"
+        "  ROOT r = f32[5,3] transpose(d), dimensions={1,0}"
+    )
+    AlgebraicSimplifier().run(module)
+    assert [p.text for p in module.entry.root.attrs["operand_precision"]] == ["default", "highest"]
+
+
+def test_transpose_of_dot_before_and_after_text():
+    """The HLO text of the rewrite, as XLA's simplifier prints it."""
+    module = _dot_module(
+        "d = f32[3,5] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        "  ROOT r = f32[5,3] transpose(d), dimensions={1,0}"
+    )
+    AlgebraicSimplifier().run(module)
+    DeadCodeElimination().run(module)
+    root = module.entry.root.to_text()
+    assert "dot(b, a), lhs_contracting_dims={0}, rhs_contracting_dims={1}" in root
+    assert root.startswith("ROOT r") and "f32[5,3]" in root

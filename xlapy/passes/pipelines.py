@@ -19,6 +19,7 @@ from xlapy.passes import (  # noqa: F401  (importing registers the passes)
     donors,
     expanders,
     inline,
+    reshape_to_bitcast,
     simplify,
     tuple_simplify,
 )
@@ -35,6 +36,7 @@ CPU_PIPELINE: list[str | list[str]] = [
     # -- late stages: fusion, then copy insertion (added when their modules exist) ----------
     "fusion",
     "dce",
+    "reshape-to-bitcast",  # layout-preserving reshapes/transposes cost no bytes
     "flatten-call-graph",  # copy insertion wants one call site per while body / branch
     "copy-insertion",
 ]
@@ -73,5 +75,6 @@ def build(
 
 def default_cpu_pipeline(dump_dir: str | Path | None = None, verify: bool = True) -> PassPipeline:
     """The CPU compiler's pipeline (CPU_PIPELINE): inline, expand, simplify to a fixed point,
-    turn donors into aliases, then fuse and insert copies."""
+    turn donors into aliases, then fuse, turn reshapes that move no bytes into bitcasts
+    and insert copies."""
     return build("cpu", CPU_PIPELINE, dump_dir, verify)

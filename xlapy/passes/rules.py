@@ -432,6 +432,73 @@ def _trivial_reduce(m: Match):
     return m.new(Op.RESHAPE, [x])
 
 
+# -- dots -----------------------------------------------------------------------------------
+# A dot's result dimensions are its batch dimensions, then the lhs's free (neither batch nor
+# contracting) dimensions, then the rhs's, each group in operand order.
+
+DOT_DIM_ATTRS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")
+
+
+def _dot_dims(dot: HloInstruction):
+    return tuple(tuple(dot.attrs.get(k, ())) for k in DOT_DIM_ATTRS)
+
+
+def _with_dot_dims(attrs: dict, dims) -> dict:
+    """`attrs` with the four dimension lists replaced by `dims` (empty ones left out, as
+    XLA prints them)."""
+    out = {k: v for k, v in attrs.items() if k not in DOT_DIM_ATTRS}
+    out.update((k, tuple(v)) for k, v in zip(DOT_DIM_ATTRS, dims, strict=True) if v)
+    return out
+
+
+def _free_dims(rank: int, batch, contracting) -> list[int]:
+    return [d for d in range(rank) if d not in batch and d not in contracting]
+
+
+def _transpose_of_dot(m: Match):
+    """transpose(dot(a, b)) -> dot(b, a) when the permutation swaps the lhs-free and
+    rhs-free groups and keeps the batch dimensions first. Only for a dot with no other user:
+    otherwise both products would be computed."""
+    dot = m["d"]
+    if len(m.editor.users_of(dot)) != 1 or dot is m.editor.comp.root:
+        return None
+    lb, rb, lc, rc = _dot_dims(dot)
+    a, b = dot.operands
+    nb = len(lb)
+    nl = len(_free_dims(a.shape.rank, lb, lc))
+    nr = len(_free_dims(b.shape.rank, rb, rc))
+    swapped = (*range(nb), *range(nb + nl, nb + nl + nr), *range(nb, nb + nl))
+    if tuple(m.root.attrs.get("dimensions", ())) != swapped:
+        return None
+    attrs = _with_dot_dims(dot.attrs, (rb, lb, rc, lc))
+    if "operand_precision" in attrs:
+        attrs["operand_precision"] = tuple(reversed(attrs["operand_precision"]))
+    return m.new(Op.DOT, [b, a], attrs)
+
+
+def _fold_transpose_into_dot(side: int):
+    """dot(transpose(a), b) -> dot(a, b) (side 0; side 1 for the rhs) with the batch and
+    contracting dimensions renumbered through the permutation. Exact when the permutation
+    keeps the operand's free dimensions in order, since they give the result's order."""
+
+    def rewrite(m: Match):
+        t = m.root.operands[side]
+        perm = tuple(t.attrs.get("dimensions", ()))
+        dims = list(_dot_dims(m.root))
+        batch, contracting = dims[side], dims[2 + side]
+        free = [perm[d] for d in _free_dims(t.shape.rank, batch, contracting)]
+        if free != sorted(free):
+            return None
+        dims[side] = tuple(perm[d] for d in batch)
+        dims[2 + side] = tuple(perm[d] for d in contracting)
+        attrs = _with_dot_dims(m.root.attrs, dims)
+        operands = list(m.root.operands)
+        operands[side] = t.operands[0]
+        return m.new(Op.DOT, operands, attrs)
+
+    return rewrite
+
+
 # -- the rules ------------------------------------------------------------------------------
 
 X, Y, C = var("x"), var("y"), var("c")
@@ -520,6 +587,22 @@ RULES: list[Rule] = [
         "dynamic-update-slice(x, u, i...) -> u   (u covers x)",
         Pat(Op.DYNAMIC_UPDATE_SLICE),
         _operand(1),
+    ),
+    # dots
+    (
+        "transpose(dot(a, b)) -> dot(b, a)   (free groups swapped)",
+        op(Op.TRANSPOSE, op(Op.DOT, X, Y, name="d")),
+        _transpose_of_dot,
+    ),
+    (
+        "dot(transpose(a), b) -> dot(a, b)   (dims renumbered)",
+        op(Op.DOT, op(Op.TRANSPOSE, X), Y),
+        _fold_transpose_into_dot(0),
+    ),
+    (
+        "dot(a, transpose(b)) -> dot(a, b)   (dims renumbered)",
+        op(Op.DOT, X, op(Op.TRANSPOSE, Y)),
+        _fold_transpose_into_dot(1),
     ),
     # reductions
     ("reduce(x, id) -> reshape(x)   (dims of size 1)", op(Op.REDUCE, X, Y), _trivial_reduce),
