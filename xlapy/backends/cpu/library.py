@@ -4,7 +4,8 @@
 # - DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type goes to
 #   NumPy's matmul (an optimized BLAS: OpenBLAS in NumPy's wheels) writing straight into the
 #   result's slice; the operands are transposed views, so BLAS sees the transpose flags
-#   instead of copies wherever the contraction allows. Other dots use the interpreter's rule.
+#   instead of copies wherever the contraction allows. Other dots (mixed precision, integers)
+#   go through RuleThunk, whose fast path is lib_dot.py.
 #   BLAS runs on the executing thread, never inside the kernel pool, so the two thread pools
 #   do not compete for cores beyond what BLAS itself starts.
 # - DynamicUpdateSliceThunk: writes only the update's window; when buffer assignment put the
@@ -26,6 +27,8 @@ import math
 
 import numpy as np
 
+from xlapy.backends.cpu.lib_conv import plan_convolution
+from xlapy.backends.cpu.lib_dot import plan_dot
 from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
 from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
 from xlapy.backends.cpu.lib_window import plan_reduce_window
@@ -46,6 +49,8 @@ FAST_PLANNERS = {
     Opcode.REDUCE_WINDOW: plan_reduce_window,
     Opcode.GATHER: plan_gather,
     Opcode.SCATTER: plan_scatter,
+    Opcode.CONVOLUTION: plan_convolution,
+    Opcode.DOT: plan_dot,
 }
 # XLA-internal custom-call target -> planner
 FAST_CUSTOM_CALL_PLANNERS = {"TopK": plan_xla_topk}

@@ -1,0 +1,283 @@
+"""The CPU backend's fast convolutions and dots (lib_conv.py, lib_dot.py) against the
+interpreter's rules on HLO lowered from JAX: floats within per-dtype tolerances (the order of
+the additions differs), integers bit for bit; every case checks that the fast path, not the
+rule, ran the instruction."""
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+
+from xlapy.backends.cpu import lib_dot
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.lib_conv import plan_convolution
+from xlapy.backends.cpu.lib_dot import plan_dot, work_dtype
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.parser import parse_module
+
+pytestmark = pytest.mark.usefixtures("x64_mode")
+
+BF16 = ml_dtypes.bfloat16
+TOL = {
+    np.dtype(np.float32): 2e-5,
+    np.dtype(np.float64): 1e-12,
+    np.dtype(np.complex64): 2e-5,
+    np.dtype(BF16): 1e-2,
+    np.dtype(np.float16): 2e-3,
+}
+
+
+def random(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo, hi = max(info.min, -100), min(info.max, 100)
+        return rng.integers(lo, hi, shape, endpoint=True).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check(f, *args, opcode, scale=1.0):
+    """Run the lowered HLO of `f` on the CPU backend and the interpreter; compare, and check
+    that every `opcode` instruction took the fast path."""
+    text = jax.jit(f).lower(*args).as_text(dialect="hlo")
+    module = parse_module(text)
+    want = evaluate(module, list(args))
+    program = CpuProgram(parse_module(text))
+    listing = program.thunk_listing()
+    lines = [ln for ln in listing.splitlines() if f"= {opcode.text}" in ln]
+    assert lines, listing
+    assert all("fast NumPy path" in ln or ln.strip().startswith("blas") for ln in lines), listing
+    got = program.run(list(args))
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if g.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, w)
+            continue
+        tol = TOL[g.dtype] * scale
+        mag = max(1.0, float(np.max(np.abs(w.astype(np.complex128))))) if w.size else 1.0
+        np.testing.assert_allclose(
+            g.astype(np.complex128), w.astype(np.complex128), rtol=tol, atol=tol * mag
+        )
+
+
+def conv(lhs_spec, rhs_spec, out_spec=None, **kw):
+    specs = (lhs_spec, rhs_spec, out_spec or lhs_spec)
+    return lambda x, k: lax.conv_general_dilated(x, k, dimension_numbers=specs, **kw)
+
+
+# (name, lhs dims, rhs dims, dtype, function)
+CONVS = [
+    ("nhwc_same", (2, 9, 9, 3), (3, 3, 3, 4), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME")),
+    ("nhwc_strided_same", (2, 9, 9, 3), (3, 3, 3, 4), np.float32,
+     conv("NHWC", "HWIO", window_strides=(2, 2), padding="SAME")),
+    ("nchw_oihw_valid", (2, 3, 10, 9), (4, 3, 3, 2), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 1), padding="VALID")),
+    ("rhs_dilation", (1, 3, 10, 9), (4, 3, 3, 3), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 1), padding="VALID", rhs_dilation=(2, 2))),
+    ("lhs_dilation", (2, 5, 5, 3), (3, 3, 3, 2), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding=((2, 2), (1, 2)), lhs_dilation=(2, 2))),
+    ("lhs_and_rhs_dilation_strided", (2, 6, 7, 2), (3, 2, 2, 3), np.float32,
+     conv("NHWC", "HWIO", window_strides=(2, 1), padding=((1, 3), (2, 0)), lhs_dilation=(2, 3),
+          rhs_dilation=(1, 2))),
+    ("negative_padding", (2, 4, 4, 3), (3, 3, 3, 5), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding=((-1, 2), (1, -1)))),
+    ("negative_padding_dilated", (1, 6, 6, 2), (2, 2, 2, 3), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding=((-3, 1), (-2, -1)), lhs_dilation=(2, 2))),
+    ("feature_groups", (1, 4, 6, 6), (6, 2, 3, 3), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 2), padding=((2, 1), (0, 3)), feature_group_count=2)),
+    ("depthwise", (2, 7, 7, 4), (3, 3, 1, 4), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME", feature_group_count=4)),
+    ("depthwise_multiplier_strided", (2, 8, 7, 3), (3, 2, 1, 6), np.float32,
+     conv("NHWC", "HWIO", window_strides=(2, 1), padding="SAME", feature_group_count=3)),
+    ("batch_groups", (4, 5, 5, 2), (3, 3, 2, 6), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="VALID", batch_group_count=2)),
+    ("conv1d_strided", (2, 12, 3), (5, 3, 4), np.float32,
+     conv("NWC", "WIO", window_strides=(2,), padding=((1, 1),))),
+    ("conv1d_ncw", (3, 2, 11), (4, 2, 3), np.float64,
+     conv("NCW", "OIW", window_strides=(1,), padding=((2, 0),))),
+    ("conv3d", (1, 2, 5, 6, 4), (3, 2, 2, 3, 2), np.float32,
+     conv("NCDHW", "OIDHW", window_strides=(1, 2, 1), padding="SAME")),
+    ("conv3d_ndhwc", (2, 4, 5, 3, 2), (2, 3, 2, 2, 3), np.float32,
+     conv("NDHWC", "DHWIO", window_strides=(1, 1, 2), padding="VALID")),
+    ("pointwise_1x1", (2, 6, 5, 8), (1, 1, 8, 7), np.float32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="VALID")),
+    ("pointwise_1x1_strided", (2, 6, 5, 8), (1, 1, 8, 7), np.float32,
+     conv("NHWC", "HWIO", window_strides=(2, 2), padding="VALID")),
+    ("output_layout_chwn", (2, 6, 6, 3), (3, 3, 3, 4), np.float32,
+     conv("NHWC", "HWIO", "CHWN", window_strides=(1, 1), padding="SAME")),
+    ("float64", (2, 6, 6, 3), (3, 3, 3, 4), np.float64,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME")),
+    ("complex64", (1, 5, 5, 2), (2, 2, 2, 3), np.complex64,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="VALID")),
+    ("bf16_to_bf16", (2, 6, 6, 4), (3, 3, 4, 5), BF16,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME")),
+    ("bf16_to_f32", (2, 6, 6, 4), (3, 3, 4, 5), BF16,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME",
+          preferred_element_type=jnp.float32)),
+    ("f16", (2, 6, 6, 4), (3, 3, 4, 5), np.float16,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME")),
+    ("int8_to_int32", (2, 6, 6, 4), (3, 3, 4, 5), np.int8,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME",
+          preferred_element_type=jnp.int32)),
+    ("int32_grouped", (2, 6, 6, 4), (3, 3, 2, 6), np.int32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME", feature_group_count=2)),
+    ("int32_depthwise", (2, 6, 6, 4), (3, 3, 1, 4), np.int32,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME", feature_group_count=4)),
+    ("uint8_to_uint32", (1, 5, 5, 3), (2, 2, 3, 2), np.uint8,
+     conv("NHWC", "HWIO", window_strides=(1, 1), padding="VALID",
+          preferred_element_type=jnp.uint32)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,xdims,kdims,dtype,f", CONVS, ids=[c[0] for c in CONVS])
+def test_convolution_matches_interpreter(name, xdims, kdims, dtype, f):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)
+    check(f, x, k, opcode=Opcode.CONVOLUTION, scale=4.0)
+
+
+def _window_reversed(x, k):
+    # conv_transpose with transpose_kernel=True flips the kernel's spatial dims
+    return lax.conv_transpose(
+        x, k, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), transpose_kernel=True
+    )
+
+
+# gradients: JAX emits backward-data (reversed kernel, lhs dilation for strides) and
+# backward-filter (batch and feature swapped, a large window) convolutions
+GRADS = [
+    ("grad_same", (2, 8, 8, 3), (3, 3, 3, 4), (1, 1), "SAME", 1),
+    ("grad_strided", (2, 9, 9, 3), (3, 3, 3, 4), (2, 2), "SAME", 1),
+    ("grad_valid_strided", (3, 10, 8, 2), (3, 2, 2, 5), (2, 3), "VALID", 1),
+    ("grad_grouped", (2, 7, 7, 4), (3, 3, 2, 6), (1, 1), "SAME", 2),
+    ("grad_depthwise", (2, 6, 6, 3), (3, 3, 1, 3), (1, 1), "SAME", 3),
+]
+
+
+@pytest.mark.parametrize(
+    "name,xdims,kdims,strides,padding,groups", GRADS, ids=[g[0] for g in GRADS]
+)
+def test_convolution_gradients_match_interpreter(name, xdims, kdims, strides, padding, groups):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x, k = random(rng, xdims, np.float32), random(rng, kdims, np.float32)
+
+    def loss(x, k):
+        y = lax.conv_general_dilated(
+            x, k, strides, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=groups,
+        )  # fmt: skip
+        return jnp.sum(jnp.tanh(y))
+
+    check(jax.grad(loss, argnums=(0, 1)), x, k, opcode=Opcode.CONVOLUTION, scale=4.0)
+
+
+def test_window_reversal_transpose_kernel():
+    rng = np.random.default_rng(7)
+    x, k = random(rng, (2, 4, 4, 3), np.float32), random(rng, (3, 3, 2, 3), np.float32)
+    check(_window_reversed, x, k, opcode=Opcode.CONVOLUTION, scale=4.0)
+
+
+REVERSED = """
+HloModule m
+ENTRY e {
+  x = f32[2,5,6,3] parameter(0)
+  k = f32[3,2,3,4] parameter(1)
+  ROOT c = f32[2,5,3,4] convolution(x, k),
+    window={size=3x2 stride=1x2 pad=1_1x0_1 rhs_reversal=1x0}, dim_labels=b01f_01io->b01f
+}
+"""
+
+
+def test_window_reversal_attribute():
+    """rhs_reversal in the window (JAX itself emits a separate rev op)."""
+    rng = np.random.default_rng(5)
+    x, k = random(rng, (2, 5, 6, 3), np.float32), random(rng, (3, 2, 3, 4), np.float32)
+    want = evaluate(parse_module(REVERSED), [x, k])
+    flipped = parse_module(REVERSED.replace(" rhs_reversal=1x0", ""))
+    assert not np.allclose(want, evaluate(flipped, [x, k]))
+    program = CpuProgram(parse_module(REVERSED))
+    assert "fast NumPy path" in program.thunk_listing()
+    np.testing.assert_allclose(program.run([x, k]), want, rtol=1e-5, atol=1e-5)
+
+
+def test_large_convolution_runs_in_parallel_blocks():
+    """Enough work to split across the pool and into several im2col blocks."""
+    rng = np.random.default_rng(3)
+    x, k = random(rng, (8, 24, 24, 16), np.float32), random(rng, (3, 3, 16, 32), np.float32)
+    check(conv("NHWC", "HWIO", window_strides=(1, 1), padding="SAME"), x, k,
+          opcode=Opcode.CONVOLUTION, scale=8.0)  # fmt: skip
+
+
+# (name, lhs dims, rhs dims, dimension numbers, in dtype, preferred out dtype)
+DOTS = [
+    ("bf16_to_f32", (6, 5), (5, 7), (((1,), (0,)), ((), ())), BF16, jnp.float32),
+    ("bf16_to_bf16", (6, 5), (5, 7), (((1,), (0,)), ((), ())), BF16, None),
+    ("f16_to_f32_batched", (3, 4, 6), (3, 6, 2), (((2,), (1,)), ((0,), (0,))), np.float16,
+     jnp.float32),
+    ("s8_to_s32", (9, 16), (16, 5), (((1,), (0,)), ((), ())), np.int8, jnp.int32),
+    ("s8_to_s32_transposed_contract", (16, 9), (5, 16), (((0,), (1,)), ((), ())), np.int8,
+     jnp.int32),
+    ("s32_batched_two_contracting", (2, 3, 4, 5), (2, 5, 4, 6), (((2, 3), (2, 1)), ((0,), (0,))),
+     np.int32, None),
+    ("u8_to_u32", (4, 8), (8, 3), (((1,), (0,)), ((), ())), np.uint8, jnp.uint32),
+    ("s64", (5, 6), (6, 4), (((1,), (0,)), ((), ())), np.int64, None),
+    ("s16_batch_middle", (4, 3, 5), (5, 3, 2), (((2,), (0,)), ((1,), (1,))), np.int16, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,ldims,rdims,dn,dtype,pref", DOTS, ids=[d[0] for d in DOTS])
+def test_dot_matches_interpreter(name, ldims, rdims, dn, dtype, pref):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    a, b = random(rng, ldims, dtype), random(rng, rdims, dtype)
+
+    def f(a, b):
+        return lax.dot_general(a, b, dn, preferred_element_type=pref)
+
+    check(f, a, b, opcode=Opcode.DOT, scale=2.0)
+
+
+def test_integer_dot_wraps_like_the_interpreter():
+    """Products too large for exact float sums take the int64 path and wrap the same way."""
+    rng = np.random.default_rng(11)
+    a = rng.integers(-(2**31), 2**31, (4, 64), dtype=np.int64).astype(np.int32)
+    b = rng.integers(-(2**31), 2**31, (64, 3), dtype=np.int64).astype(np.int32)
+    assert work_dtype(np.dtype(np.int64), a, b, 64) == np.int64
+    check(lambda a, b: a @ b, a, b, opcode=Opcode.DOT)
+
+
+@pytest.mark.parametrize(
+    "bound,work",
+    [(100, np.float32), (5000, np.float64), (2**40, np.int64)],
+)
+def test_integer_work_dtype_is_exact(bound, work):
+    a = np.array([bound, -3], np.int64)
+    b = np.array([bound, 2], np.int64)
+    assert work_dtype(np.dtype(np.int64), a, b, 1024) == work
+    assert lib_dot.work_dtype(np.dtype(np.float32), a, b, 1024) == np.float32
+
+
+def test_planners_decline_what_they_do_not_handle():
+    text = """
+HloModule m
+ENTRY e {
+  a = pred[4,4] parameter(0)
+  b = pred[4,4] parameter(1)
+  d = pred[4,4] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  x = f32[1,4,4,2] parameter(2)
+  k = f32[3,3,2,2] parameter(3)
+  ROOT c = f32[1,4,4,2] convolution(x, k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+"""
+    comp = parse_module(text).entry
+    by_name = {i.name: i for i in comp.instructions}
+    assert plan_dot(by_name["d"]) is None
+    assert plan_convolution(by_name["c"]) is not None

@@ -1,0 +1,271 @@
+# Fast library convolutions: im2col through strided views, then BLAS.
+#
+# Every convolution is brought to one canonical form, whatever its dimension labels:
+#
+#   input  [G, Nb, S..., Cg]    G groups (feature groups split the input features, batch
+#                               groups split the input batch; G = 1 without groups)
+#   kernel [G, K..., Cg, Og]    window positions, input features, output features per group
+#   output [Nb, O..., G * Og]   output features group-major, as XLA orders them
+#
+# The input is written once, in the work dtype (see lib_dot.py: the accumulation dtype, or
+# an exact float type for integers), into a zero buffer with
+# base (lhs) dilation as a strided store and the padding around it; negative padding only
+# crops what is stored. An `as_strided` view of that buffer then has, for each output
+# position, its window of K... positions (window dilation and stride are just strides), and
+# reshaping the view to [Nb * O..., K... * Cg] rows is the im2col copy. One batched matmul
+# per group of rows against the [K... * Cg, Og] kernel matrix gives the output, written
+# straight into the result when there is one group, the result is row-major in the canonical
+# order and already has the work dtype (NHWC / HWIO / NHWC f32, the usual JAX form).
+# Rows are processed in chunks of whole batch items so the im2col buffer stays near
+# _CHUNK_BYTES. A 1x1 window with unit stride, no padding and row-major features needs no
+# im2col copy at all: the input itself is the matrix.
+#
+# Window reversal flips the kernel's spatial axes (a view). Depthwise convolutions (one
+# input feature per group) skip im2col: a matmul with K... * 1 columns is mostly overhead, so
+# they multiply-accumulate one shifted input view per window position into the output,
+# features innermost. Summation order differs from the interpreter's einsum, so floats agree
+# to rounding; integer results are the interpreter's exactly.
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from xlapy.backends.cpu.lib_dot import (
+    blas_ready,
+    from_work,
+    split_run,
+    supported_types,
+    work_dtype,
+)
+from xlapy.backends.interpreter.rules.contraction import accumulation_dtype, window_output_size
+from xlapy.ir.attributes import ConvDimLabels, Window
+from xlapy.ir.instruction import HloInstruction
+
+_CHUNK_BYTES = 1 << 20
+
+
+def _split_axis(x: np.ndarray, axis: int, outer: int) -> np.ndarray:
+    """A view of `x` with `axis` split into (outer, size // outer), outer major."""
+    inner = x.shape[axis] // outer
+    shape = (*x.shape[:axis], outer, inner, *x.shape[axis + 1 :])
+    s = x.strides[axis]
+    strides = (*x.strides[:axis], s * inner, s, *x.strides[axis + 1 :])
+    return as_strided(x, shape, strides, writeable=x.flags.writeable)
+
+
+def _stored_range(n: int, lo: int, bd: int, padded: int) -> tuple[int, int]:
+    """Input elements [j0, j1) along a dim that land inside the padded, dilated buffer
+    (element j lands at j * bd + lo)."""
+    j0 = (-lo + bd - 1) // bd if lo < 0 else 0
+    j1 = min(n, (padded - 1 - lo) // bd + 1) if padded - 1 - lo >= 0 else 0
+    return j0, max(j0, j1)
+
+
+class _Geometry:
+    """Everything about a convolution that the instruction fixes (see the file comment)."""
+
+    def __init__(self, instr: HloInstruction, labels: ConvDimLabels, window: Window):
+        x_dims, k_dims = instr.operands[0].shape.dims, instr.operands[1].shape.dims
+        self.fgc = int(instr.attrs.get("feature_group_count", 1))
+        self.bgc = int(instr.attrs.get("batch_group_count", 1))
+        n, c = x_dims[labels.input_batch], x_dims[labels.input_feature]
+        ci, o = k_dims[labels.kernel_input_feature], k_dims[labels.kernel_output_feature]
+        fgc, bgc = self.fgc, self.bgc
+        if fgc < 1 or bgc < 1 or (fgc > 1 and bgc > 1):
+            raise ValueError("groups")
+        if c != ci * fgc or o % fgc or o % bgc or n % bgc:
+            raise ValueError("group sizes")
+        self.g = fgc * bgc
+        self.nb, self.cg, self.og = n // bgc, ci, o // self.g
+        self.xperm = (labels.input_batch, *labels.input_spatial, labels.input_feature)
+        self.kperm = (*labels.kernel_spatial, labels.kernel_input_feature,
+                      labels.kernel_output_feature)  # fmt: skip
+        self.operm = (labels.output_batch, *labels.output_spatial, labels.output_feature)
+        self.ksizes = tuple(k_dims[d] for d in labels.kernel_spatial)
+        self.flip = tuple(i for i, d in enumerate(window.dims) if d.reversal)
+        self.dims = window.dims
+        sizes = [x_dims[d] for d in labels.input_spatial]
+        self.padded, self.outs, self.stored, self.plain = [], [], [], True
+        for n_i, d, k in zip(sizes, window.dims, self.ksizes, strict=True):
+            if d.size != k or d.size < 1 or d.stride < 1 or d.base_dilation < 1:
+                raise ValueError("window")
+            dilated = (n_i - 1) * d.base_dilation + 1
+            padded = dilated + d.pad_low + d.pad_high
+            if padded <= 0:
+                raise ValueError("empty")
+            self.padded.append(padded)
+            self.outs.append(window_output_size(padded, d))
+            self.stored.append(_stored_range(n_i, d.pad_low, d.base_dilation, padded))
+            if d.pad_low or d.pad_high or d.base_dilation != 1:
+                self.plain = False
+        out_dims = instr.shape.dims
+        if tuple(self.outs) != tuple(out_dims[d] for d in labels.output_spatial):
+            raise ValueError("output size")
+        if out_dims[labels.output_batch] != self.nb or out_dims[labels.output_feature] != o:
+            raise ValueError("output features")
+        self.pout = math.prod(self.outs)
+        self.pwin = math.prod(self.ksizes)
+        self.pointwise = self.plain and all(d.size == 1 and d.stride == 1 for d in window.dims)
+        self.depthwise = self.cg == 1 and self.fgc > 1
+
+    # -- operands in the canonical form ------------------------------------------------------
+    def grouped_input(self, x: np.ndarray) -> np.ndarray:
+        """[G, Nb, S..., Cg] view of the input."""
+        xc = x.transpose(self.xperm)
+        if self.bgc > 1:
+            return _split_axis(xc, 0, self.g)
+        if self.fgc > 1:
+            return np.moveaxis(_split_axis(xc, xc.ndim - 1, self.g), -2, 0)
+        return xc[None]
+
+    def padded_input(self, x5: np.ndarray, work: np.dtype) -> np.ndarray:
+        """The input dilated and padded along the spatial axes of `x5`, in `work`."""
+        lead = x5.ndim - len(self.dims) - 1  # axes before the spatial ones
+        if self.plain:
+            if x5.dtype == work and (x5.strides[-1] == x5.itemsize or x5.shape[-1] == 1):
+                return x5
+            return np.ascontiguousarray(x5, dtype=work)
+        buf = np.zeros((*x5.shape[:lead], *self.padded, x5.shape[-1]), work)
+        dst, src = [slice(None)] * lead, [slice(None)] * lead
+        for d, (j0, j1) in zip(self.dims, self.stored, strict=True):
+            start = d.pad_low + j0 * d.base_dilation
+            dst.append(slice(start, start + (j1 - j0 - 1) * d.base_dilation + 1,
+                             d.base_dilation))  # fmt: skip
+            src.append(slice(j0, j1))
+        if all(j1 > j0 for j0, j1 in self.stored):
+            buf[(*dst, Ellipsis)] = x5[(*src, Ellipsis)]
+        return buf
+
+    def windows(self, p: np.ndarray, lead: int) -> np.ndarray:
+        """[lead..., O..., K..., Cg] view of the windows of the padded input `p`."""
+        st = p.strides
+        spatial = st[lead : lead + len(self.dims)]
+        shape = (*p.shape[:lead], *self.outs, *self.ksizes, p.shape[-1])
+        strides = (
+            *st[:lead],
+            *(s * d.stride for s, d in zip(spatial, self.dims, strict=True)),
+            *(s * d.window_dilation for s, d in zip(spatial, self.dims, strict=True)),
+            st[-1],
+        )
+        return as_strided(p, shape, strides, writeable=False)
+
+    def kernel(self, k: np.ndarray) -> np.ndarray:
+        """[G, K..., Cg, Og] view of the kernel, reversed where the window says so."""
+        kc = k.transpose(self.kperm)
+        if self.flip:
+            kc = np.flip(kc, self.flip)
+        return np.moveaxis(_split_axis(kc, kc.ndim - 1, self.g), -2, 0)
+
+    def output(self, out: np.ndarray) -> np.ndarray:
+        """[Nb, O..., G * Og] view of the result."""
+        return out.transpose(self.operm)
+
+
+def plan_convolution(instr: HloInstruction):
+    """A fast convolution (see the file comment), or None when the rule should run."""
+    if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
+        return None
+    labels, window = instr.attrs.get("dim_labels"), instr.attrs.get("window")
+    if labels is None or window is None or len(window.dims) != len(labels.input_spatial):
+        return None
+    if not window.dims:  # no spatial dims: a dot, rare; the rule handles it
+        return None
+    if any(0 in s for s in (instr.shape.dims, *(op.shape.dims for op in instr.operands))):
+        return None
+    geo = _Geometry(instr, labels, window)
+    result = instr.shape.element_type
+    body = _depthwise if geo.depthwise else _im2col
+
+    def run(values, out, ctx) -> bool:
+        x, k = values
+        if np.may_share_memory(out, x) or np.may_share_memory(out, k):
+            return False
+        acc = accumulation_dtype(result, x, k)
+        work = work_dtype(acc, x, k, geo.pwin * geo.cg)
+        body(geo, x, k, out, acc, work, result)
+        return True
+
+    return run
+
+
+def _store(dst: np.ndarray, y: np.ndarray, acc, result) -> None:
+    if y.dtype != dst.dtype:
+        y = from_work(y, acc, result)
+    np.copyto(dst, y)
+
+
+def _segments(lo: int, hi: int, o1: int):
+    """Index pairs over the [Nb, O1] unit grid covering units [lo, hi) (unit = n * O1 + i):
+    a partial batch item, whole items, a partial item."""
+    while lo < hi:
+        n, i = divmod(lo, o1)
+        if i == 0 and hi - lo >= o1:
+            whole = (hi - lo) // o1
+            yield lo, slice(n, n + whole), slice(None)
+            lo += whole * o1
+            continue
+        end = min(hi, (n + 1) * o1)
+        yield lo, slice(n, n + 1), slice(i, end - n * o1)
+        lo = end
+
+
+def _units(geo: _Geometry, lo: int, hi: int, unit_bytes: int):
+    """_segments over [lo, hi) in blocks of about _CHUNK_BYTES."""
+    step = max(1, _CHUNK_BYTES // max(unit_bytes, 1))
+    for a in range(lo, hi, step):
+        yield from _segments(a, min(hi, a + step), geo.outs[0])
+
+
+def _im2col(geo: _Geometry, x, k, out, acc, work, result) -> None:
+    nsp = len(geo.dims)
+    p = geo.padded_input(geo.grouped_input(x), work)  # [G, Nb, P..., Cg]
+    w = geo.windows(p, 2)  # [G, Nb, O..., K..., Cg]
+    kmat = np.ascontiguousarray(geo.kernel(k), dtype=work).reshape(geo.g, geo.pwin * geo.cg, geo.og)
+    canon = geo.output(out)  # [Nb, O..., G * Og]
+    direct = geo.g == 1 and canon.dtype == work and canon.flags.c_contiguous
+    flat = canon.reshape(-1, geo.og) if direct else None
+    rest = geo.pout // geo.outs[0]  # rows per unit
+    depth = geo.pwin * geo.cg
+
+    def block(lo: int, hi: int) -> None:
+        for start, sn, so in _units(geo, lo, hi, geo.g * rest * depth * work.itemsize):
+            part = w[:, sn, so]
+            rows = part.shape[1] * part.shape[2] * rest
+            cols = blas_ready(part.reshape(geo.g, rows, depth))
+            if direct:
+                np.matmul(cols[0], kmat[0], out=flat[start * rest : start * rest + rows])
+                continue
+            y = np.matmul(cols, kmat).reshape(geo.g, *part.shape[1 : 2 + nsp], geo.og)
+            dst = _split_axis(canon[sn, so], nsp + 1, geo.g)  # [n, O..., G, Og]
+            _store(np.moveaxis(dst, -2, 0), y, acc, result)
+
+    units = geo.nb * geo.outs[0]
+    split_run(units, 2.0 * geo.g * geo.nb * geo.pout * depth * geo.og, block)
+
+
+def _depthwise(geo: _Geometry, x, k, out, acc, work, result) -> None:
+    xc = x.transpose(geo.xperm)  # [Nb, S..., G]: one feature per group
+    w = geo.windows(geo.padded_input(xc, work), 1)  # [Nb, O..., K..., G]
+    kw = np.ascontiguousarray(geo.kernel(k), dtype=work)  # [G, K..., 1, Og]
+    kw = np.ascontiguousarray(np.moveaxis(kw.reshape(geo.g, geo.pwin, geo.og), 0, 1))
+    canon = geo.output(out)  # [Nb, O..., G * Og]
+    offsets = list(np.ndindex(*geo.ksizes))
+    rest = geo.pout // geo.outs[0]
+    unit_bytes = rest * geo.g * geo.og * work.itemsize
+
+    def block(lo: int, hi: int) -> None:
+        for _, sn, so in _units(geo, lo, hi, unit_bytes):
+            part = w[sn, so]
+            y = np.zeros((*part.shape[: 1 + len(geo.dims)], geo.g, geo.og), work)
+            tmp = np.empty_like(y)
+            for i, offset in enumerate(offsets):
+                xs = part[(Ellipsis, *offset, slice(None))]
+                np.multiply(xs[..., None], kw[i], out=tmp)
+                y += tmp
+            _store(canon[sn, so], y.reshape(*y.shape[:-2], -1), acc, result)
+
+    flops = 2.0 * geo.nb * geo.pout * geo.pwin * geo.g * geo.og
+    split_run(geo.nb * geo.outs[0], flops, block)
