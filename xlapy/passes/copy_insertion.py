@@ -39,7 +39,7 @@ from xlapy.ir.opcodes import Opcode
 from xlapy.passes.dce import DeadCodeElimination
 from xlapy.passes.hlo_edit import Editor
 from xlapy.passes.pass_base import HloPass, register_pass
-from xlapy.passes.tuple_simplify import TupleSimplifier
+from xlapy.passes.tuple_simplify import TupleSimplifier, rebuilt_source
 
 
 def _deep_copy(comp: HloComputation, instr: HloInstruction, names: NameUniquer) -> HloInstruction:
@@ -74,18 +74,8 @@ def _keeps_layout(copy: HloInstruction) -> bool:
 
 def _rebuilt_source(instr: HloInstruction) -> HloInstruction | None:
     """x when `instr` is tuple(gte(x, 0), ..., gte(x, n-1)) of x's exact shape."""
-    if instr.opcode is not Opcode.TUPLE or not instr.operands:
-        return None
-    first = instr.operands[0]
-    if first.opcode is not Opcode.GET_TUPLE_ELEMENT:
-        return None
-    source = first.operands[0]
-    for i, o in enumerate(instr.operands):
-        if o.opcode is not Opcode.GET_TUPLE_ELEMENT or o.operands[0] is not source:
-            return None
-        if o.attrs["index"] != i:
-            return None
-    return source if source.shape == instr.shape else None
+    source = rebuilt_source(instr)
+    return source if source is not None and source.shape == instr.shape else None
 
 
 def _collapse_rebuilt_tuples(module: HloModule) -> None:

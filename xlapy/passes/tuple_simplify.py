@@ -22,6 +22,11 @@ def _forwarded(instr: HloInstruction) -> HloInstruction | None:
         if source.opcode is Opcode.TUPLE:
             return source.operands[instr.attrs["index"]]
         return None
+    return rebuilt_source(instr)
+
+
+def rebuilt_source(instr: HloInstruction) -> HloInstruction | None:
+    """x when `instr` is tuple(gte(x, 0), ..., gte(x, n-1)) taking every element of x."""
     if instr.opcode is not Opcode.TUPLE or not instr.operands:
         return None
     first = instr.operands[0]

@@ -22,8 +22,6 @@ from dataclasses import asdict, dataclass
 import click
 import numpy as np
 
-from xlapy.tools import npz_io
-
 
 @dataclass(frozen=True, slots=True)
 class BenchResult:
@@ -144,21 +142,10 @@ def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchRes
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def bench(module_path, inputs, random_inputs, seed, backend, runs, warmup, as_json):
     """Compile MODULE.hlo (cold and warm kernel cache) and time repeated runs."""
-    from xlapy.tools.cli import load_module
+    from xlapy.tools.cli import load_module, select_inputs
 
     module = load_module(module_path)
-    params = [p.shape for p in module.entry.parameters]
-    if inputs and random_inputs:
-        raise click.UsageError("give either --inputs or --random-inputs, not both")
-    if inputs:
-        args = npz_io.load_inputs(inputs, params)
-    elif random_inputs or not npz_io.leaf_shapes(params):
-        args = npz_io.random_inputs(params, seed)
-    else:
-        raise click.UsageError(
-            f"{module.name} takes {len(params)} parameters: give --inputs FILE.npz "
-            "or --random-inputs"
-        )
+    args = select_inputs(module, inputs, random_inputs, seed)
     result = bench_module(module, args, backend, runs, warmup)
     if as_json:
         click.echo(json.dumps(asdict(result)))

@@ -37,6 +37,20 @@ def load_module(path: str, verify: bool = True):
     return module
 
 
+def select_inputs(module, inputs: str | None, random_inputs: bool, seed: int) -> list:
+    """The entry arguments: read from the --inputs .npz file, or drawn at random."""
+    params = [p.shape for p in module.entry.parameters]
+    if inputs and random_inputs:
+        raise click.UsageError("give either --inputs or --random-inputs, not both")
+    if inputs:
+        return npz_io.load_inputs(inputs, params)
+    if random_inputs or not npz_io.leaf_shapes(params):
+        return npz_io.random_inputs(params, seed)
+    raise click.UsageError(
+        f"{module.name} takes {len(params)} parameters: give --inputs FILE.npz or --random-inputs"
+    )
+
+
 def summarize(name: str, value) -> str:
     """One line describing an output array: shape, a few statistics, the first values."""
     arr = np.asarray(value)
@@ -78,18 +92,7 @@ def run(module_path, inputs, random_inputs, seed, output, backend):
     from xlapy.backends import execute
 
     module = load_module(module_path)
-    params = [p.shape for p in module.entry.parameters]
-    if inputs and random_inputs:
-        raise click.UsageError("give either --inputs or --random-inputs, not both")
-    if inputs:
-        args = npz_io.load_inputs(inputs, params)
-    elif random_inputs or not npz_io.leaf_shapes(params):
-        args = npz_io.random_inputs(params, seed)
-    else:
-        raise click.UsageError(
-            f"{module.name} takes {len(params)} parameters: give --inputs FILE.npz "
-            f"or --random-inputs"
-        )
+    args = select_inputs(module, inputs, random_inputs, seed)
     start = time.perf_counter()
     result = execute(module, args, backend)
     elapsed = time.perf_counter() - start
