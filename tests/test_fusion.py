@@ -737,3 +737,89 @@ def test_fusion_statistics(name, capsys):
             f"XLA optimized: {xla_fusions} fusions ({xla_loop} kLoop/kInput), "
             f"{xla_outside} unfused instructions"
         )
+
+
+# -- in-place dynamic-update-slice roots (LoopFusion's in_place_roots) --------------------
+
+DUS_UPDATE = """
+HloModule dus
+
+ENTRY main {
+  cache = f32[8,16,4] parameter(0)
+  new = f32[6,4] parameter(1)
+  i = s32[] parameter(2)
+  fi = f32[] convert(i)
+  b = f32[6,4] broadcast(fi), dimensions={}
+  m = f32[6,4] multiply(new, b)
+  r = f32[1,6,4] reshape(m)
+  eight = s32[] constant(8)
+  row = s32[] and(i, eight)
+  z = s32[] constant(0)
+  ROOT d = f32[8,16,4] dynamic-update-slice(cache, r, row, i, z)
+}
+"""
+
+
+def _in_place_fusion():
+    return LoopFusion(in_place_roots=True)
+
+
+def test_dynamic_update_slice_is_not_a_fusion_root_when_switched_off():
+    module = parse_module(DUS_UPDATE)
+    LoopFusion(in_place_roots=False).run(module)
+    verify(module)
+    assert "dynamic-update-slice" in entry_ops(module)
+    assert all(f.attrs["calls"].root.opcode is not Opcode.DYNAMIC_UPDATE_SLICE
+               for f in fusions(module))  # fmt: skip
+
+
+def test_dynamic_update_slice_root_takes_in_its_update_and_indices():
+    from xlapy.analysis.dataflow import in_place_operands
+
+    for seed, i in ((1, 2), (2, 9), (3, -3)):
+        module = parse_module(DUS_UPDATE)
+        args = [*random_args(module, seed)[:2], np.array(i, np.int32)]
+        run_passes(module, (_in_place_fusion,), args=args)
+    (fusion,) = fusions(module)
+    assert entry_ops(module) == ["parameter"] * 3 + ["fusion"]
+    assert str(fusion.attrs["kind"]) == "kLoop"
+    comp = fusion.attrs["calls"]
+    assert comp.root.opcode is Opcode.DYNAMIC_UPDATE_SLICE
+    assert comp.root.operands[0].opcode is Opcode.PARAMETER
+    assert fusion.operands[comp.root.operands[0].parameter_number].name == "cache"
+    assert {"multiply", "broadcast", "convert", "and"} <= set(body_ops(fusion))
+    assert in_place_operands(fusion) == [((), comp.root.operands[0].parameter_number, ())]
+
+
+DUS_OWN_SLICE = """
+HloModule dus_self
+
+ENTRY main {
+  c = f32[16,4] parameter(0)
+  i = s32[] parameter(1)
+  z = s32[] constant(0)
+  s = f32[2,4] slice(c), slice={[3:5], [0:4]}
+  e = f32[2,4] exponential(s)
+  ROOT d = f32[16,4] dynamic-update-slice(c, e, i, z)
+}
+"""
+
+
+def test_producer_reading_the_updated_operand_stays_out():
+    module = parse_module(DUS_OWN_SLICE)
+    run_passes(module, (_in_place_fusion,), args=[random_args(module, 3)[0], np.array(7, np.int32)])
+    assert "dynamic-update-slice" in entry_ops(module)
+    (fusion,) = fusions(module)
+    assert {"slice", "exponential"} <= set(body_ops(fusion))
+
+
+def test_dynamic_update_slice_fusion_is_never_a_producer_or_sibling():
+    module = parse_module(DUS_UPDATE.replace(
+        "ROOT d = f32[8,16,4] dynamic-update-slice(cache, r, row, i, z)",
+        "d = f32[8,16,4] dynamic-update-slice(cache, r, row, i, z)\n"
+        "  ROOT n = f32[8,16,4] negate(d)",
+    ))  # fmt: skip
+    run_passes(module, (_in_place_fusion, MultiOutputFusion))
+    roots = [f.attrs["calls"].root.opcode.text for f in fusions(module)]
+    assert roots == ["dynamic-update-slice"]
+    assert "negate" in entry_ops(module)

@@ -6,7 +6,10 @@ fused computations) from the root towards the parameters, in reverse post-order.
 consumer greedily pulls in its operands while `should_fuse` allows: a consumer that is not
 yet a fusion becomes a one-instruction fusion first, and a producer that is itself a loop
 fusion is inlined whole (fusion merging). A reduce joins only as the root, which makes an
-input fusion (`kind=kInput`); everything else makes a loop fusion (`kind=kLoop`).
+input fusion (`kind=kInput`); everything else makes a loop fusion (`kind=kLoop`). With
+`in_place_roots` (the default), a dynamic-update-slice is a consumer too: its update and
+indices are pulled in, its operand 0 never (nor a producer that reads it), so the fusion can
+run in that operand's bytes.
 
 A producer with other users stays in place and its work is duplicated into the consumer; that
 is allowed only when the producer is cheap and either reads no more bytes than it writes or
@@ -24,6 +27,7 @@ from xlapy.passes.fusion_rules import (
     can_be_consumer,
     can_be_producer,
     fused_computation,
+    in_place_operand,
     is_expensive,
     operand_bytes,
     reuses_operand,
@@ -62,8 +66,9 @@ def shared_fused_computations(module: HloModule) -> set[int]:
 class LoopFusion(HloPass):
     """Producer-consumer fusion (see the module comment). Limits: `max_parameters` operands
     per fusion, `max_instructions` fused instructions, constants up to
-    `small_constant_bytes` are copied into fusions. After `run`, `fusions_made` counts the
-    new fusion instructions and `producers_fused` every producer taken into one."""
+    `small_constant_bytes` are copied into fusions; `in_place_roots` lets dynamic-update-slice
+    root a fusion. After `run`, `fusions_made` counts the new fusion instructions and
+    `producers_fused` every producer taken into one."""
 
     name = "fusion"
 
@@ -73,11 +78,13 @@ class LoopFusion(HloPass):
         max_instructions: int = 256,
         small_constant_bytes: int = 64,
         max_sweeps: int = 8,
+        in_place_roots: bool = True,
     ):
         self.max_parameters = max_parameters
         self.max_instructions = max_instructions
         self.small_constant_bytes = small_constant_bytes
         self.max_sweeps = max_sweeps
+        self.in_place_roots = in_place_roots
         self.fusions_made = 0
         self.producers_fused = 0
 
@@ -120,7 +127,8 @@ class LoopFusion(HloPass):
 
     def _consumer_ok(self, instr: HloInstruction) -> bool:
         comp = fused_computation(instr)
-        return can_be_consumer(instr) and (comp is None or id(comp) not in self._shared)
+        ok = can_be_consumer(instr, self.in_place_roots)
+        return ok and (comp is None or id(comp) not in self._shared)
 
     def _producer_ok(self, instr: HloInstruction) -> bool:
         comp = fused_computation(instr)
@@ -133,6 +141,9 @@ class LoopFusion(HloPass):
         if not self._producer_ok(producer) or producer.control_predecessors:
             return False
         if any(producer in u.control_predecessors for u in editor.users_of(producer)):
+            return False
+        k = in_place_operand(consumer)
+        if k is not None and (i == k or consumer.operands[k] in producer.operands):
             return False
         if producer.opcode is Opcode.CONSTANT:
             small = producer.shape.byte_size <= self.small_constant_bytes

@@ -8,6 +8,11 @@ iota and constants. A reduce may join a fusion only as its root (XLA's input fus
 numbers and anything with a side effect stay out. An existing fusion takes part when its kind is
 kLoop or kInput and everything inside it obeys the same rules.
 
+When asked for (`in_place_roots`), a dynamic-update-slice may also be the root of a loop fusion,
+with its update and start indices computed inside it and its operand 0 left a parameter, so
+buffer assignment can give the fusion that operand's bytes (XLA's in-place dynamic-update-slice
+fusion). Such a fusion is never a producer and never takes its operand 0 in.
+
 Cost follows XLA's instruction fusion: an *expensive* producer (transcendental functions,
 divide, power, remainder; a fusion containing one) is never duplicated and never fused into a
 consumer that reads each of its elements many times (an expanding broadcast, a dynamic-slice
@@ -45,6 +50,9 @@ NEVER_FUSED = frozenset({O.COPY})
 
 # Only as the root of a fusion.
 ROOT_ONLY = frozenset({O.REDUCE})
+
+# Only as the root of a fusion, with this operand a fusion parameter (updated in place).
+IN_PLACE_ROOT_OPERAND = {O.DYNAMIC_UPDATE_SLICE: 0}
 
 EXPENSIVE = frozenset(
     {
@@ -99,12 +107,45 @@ def _root_outputs(comp: HloComputation) -> list[HloInstruction]:
     return list(root.operands) if root.opcode is O.TUPLE else [root]
 
 
-def fusion_body_is_fusible(comp: HloComputation) -> bool:
+def _in_place_root_ok(instr: HloInstruction) -> bool:
+    """A dynamic-update-slice that may be an in-place fusion root: a plain array result."""
+    k = IN_PLACE_ROOT_OPERAND.get(instr.opcode)
+    if k is None or instr.has_side_effect or instr.control_predecessors:
+        return False
+    return _plain_array(instr) and len(instr.operands) == 2 + instr.shape.rank
+
+
+def in_place_root(comp: HloComputation) -> HloInstruction | None:
+    """The root of `comp` when it is an in-place root (see the module comment) whose updated
+    operand is a parameter, else None."""
+    root = comp.root
+    if not _in_place_root_ok(root):
+        return None
+    operand = root.operands[IN_PLACE_ROOT_OPERAND[root.opcode]]
+    return root if operand.opcode is O.PARAMETER else None
+
+
+def in_place_operand(instr: HloInstruction) -> int | None:
+    """The operand index of `instr` (a dynamic-update-slice or a fusion rooted at one) that
+    is updated in place and so must not be fused into it; None for anything else."""
+    k = IN_PLACE_ROOT_OPERAND.get(instr.opcode)
+    if k is not None:
+        return k
+    comp = fused_computation(instr)
+    root = in_place_root(comp) if comp is not None else None
+    if root is None:
+        return None
+    return root.operands[IN_PLACE_ROOT_OPERAND[root.opcode]].parameter_number
+
+
+def fusion_body_is_fusible(comp: HloComputation, in_place_roots: bool = False) -> bool:
     """Everything in `comp` is loop-fusible, reduces appear only as outputs, and the root is
-    one such instruction or a tuple of them."""
+    one such instruction or a tuple of them (or, with `in_place_roots`, an in-place root)."""
     outputs = {id(i) for i in _root_outputs(comp)}
     for instr in comp.instructions:
         if instr.opcode is O.PARAMETER:
+            continue
+        if in_place_roots and instr is comp.root and in_place_root(comp) is not None:
             continue
         if instr.opcode is O.TUPLE and instr is comp.root:
             continue
@@ -115,15 +156,16 @@ def fusion_body_is_fusible(comp: HloComputation) -> bool:
     return True
 
 
-def is_fusible_fusion(instr: HloInstruction) -> bool:
-    """A fusion the passes may grow or merge: kLoop/kInput with a fusible body."""
+def is_fusible_fusion(instr: HloInstruction, in_place_roots: bool = False) -> bool:
+    """A fusion the passes may grow or merge: kLoop/kInput with a fusible body (rooted at an
+    in-place dynamic-update-slice only with `in_place_roots`)."""
     comp = fused_computation(instr)
     if comp is None or instr.control_predecessors:
         return False
     kind = instr.attrs.get("kind")
     if kind is None or str(kind) not in FUSIBLE_KINDS:
         return False
-    return fusion_body_is_fusible(comp)
+    return fusion_body_is_fusible(comp, in_place_roots)
 
 
 def has_reduce_output(comp: HloComputation) -> bool:
@@ -143,12 +185,15 @@ def can_be_producer(instr: HloInstruction) -> bool:
     return is_loop_fusible_op(instr)
 
 
-def can_be_consumer(instr: HloInstruction) -> bool:
-    """May producers be fused into `instr` (which becomes, or is, the fusion)?"""
+def can_be_consumer(instr: HloInstruction, in_place_roots: bool = False) -> bool:
+    """May producers be fused into `instr` (which becomes, or is, the fusion)? With
+    `in_place_roots`, a dynamic-update-slice may (into every operand but the updated one)."""
     if instr.opcode is O.FUSION:
-        return is_fusible_fusion(instr)
+        return is_fusible_fusion(instr, in_place_roots)
     if not instr.operands:
         return False
+    if instr.opcode in IN_PLACE_ROOT_OPERAND:
+        return in_place_roots and _in_place_root_ok(instr)
     if instr.opcode in ROOT_ONLY:
         return (
             not instr.has_side_effect
@@ -185,6 +230,8 @@ def _op_reuses(instr: HloInstruction, operand_index: int) -> bool:
         return operand_index >= len(instr.operands) // 2
     if op is O.CLAMP or op is O.SELECT:
         return operand.shape.is_scalar and not instr.shape.is_scalar
+    if op is O.DYNAMIC_UPDATE_SLICE:
+        return operand_index > 1 or instr.shape.num_elements > operand.shape.num_elements
     return False
 
 
