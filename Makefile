@@ -8,7 +8,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP := $(VENV)/.test-installed
 LINT_PATHS := xlapy tests examples benchmarks
 
-.PHONY: demo test lint format coverage-ops clean
+.PHONY: demo test lint format coverage-ops loc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "xlapy needs Python 3.11+"'
@@ -30,8 +30,12 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
-test: lint
+test: lint loc
 	$(PY) -m pytest -n 2 --dist loadfile
+
+loc:
+	@echo "lines of Python per package:"
+	@for p in xlapy/*/; do printf "  %-22s %6d\n" $$p $$(find $$p -name '*.py' -exec cat {} + | wc -l); done
 
 format: $(TEST_STAMP)
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
