@@ -201,19 +201,24 @@ def test_root_bitcast_of_a_parameter_gets_its_own_output_bytes():
 
 
 PROGRAM_NAMES = ["segment_sum_and_max", "rnn_scan_grad", "cond_inside_scan", "attention_causal"]
+# Programs whose planned module keeps a layout-preserving reshape/transpose outside any
+# fusion (in the two scans, in-place dynamic-update-slice fusions absorb theirs).
+BITCAST_PROGRAMS = {"segment_sum_and_max", "attention_causal"}
 
 
 @pytest.mark.parametrize("name", PROGRAM_NAMES)
 def test_programs_through_the_cpu_pipeline(name):
-    """Bitcasts appear, and the arena run of the planned module matches the interpreter on
-    the lowered module (within the program's tolerance: fusion reorders arithmetic)."""
+    """Bitcasts appear where a reshape/transpose moves no bytes, and the arena run of the
+    planned module matches the interpreter on the lowered module (within the program's
+    tolerance: fusion reorders arithmetic)."""
     prog = PROGRAMS[name]
     args = prog.args()
     lowered = parse_module(hlo_texts(prog).lowered)
     module = parse_module(hlo_texts(prog).lowered)
     assignment = plan_memory(module).assignment
     ops = {i.opcode for c in module.computations for i in c.instructions}
-    assert Opcode.BITCAST in ops
+    if name in BITCAST_PROGRAMS:
+        assert Opcode.BITCAST in ops
     got, want = evaluate_in_arena(assignment, args).result, evaluate(lowered, args)
     for i, (g, w) in enumerate(zip(leaves(got), leaves(want), strict=True)):
         assert_leaf_matches(g, w, prog, f"{name} leaf {i}")
