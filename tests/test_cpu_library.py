@@ -308,3 +308,95 @@ def test_scatter_many_duplicates_uses_ufunc_at():
     ids[::5] = 2
     u = RNG.standard_normal((600, 3)).astype(np.float32)
     _check(_hlo(lambda x, i, u: x.at[i].add(u), x, ids, u), [x, ids, u], "scatter", fast=True)
+
+
+def test_scatter_narrow_rows_many_rounds_uses_flat_ufunc_at():
+    """Many updates per narrow row (a segment sum) take the flat ufunc.at path: still the
+    interpreter's order bit for bit."""
+    d = RNG.standard_normal((3000, 2)).astype(np.float32) * 1e3
+    d[::7] = 1e-3  # magnitudes that make the addition order visible
+    s = np.sort(_ints((3000,), 0, 9))
+    fn = lambda d, s: jax.ops.segment_sum(d, s, num_segments=9)  # noqa: E731
+    _check(_hlo(fn, d, s), [d, s], "scatter", fast=True)
+
+
+# -- select-and-scatter (max-pool gradients) -------------------------------------------------
+
+
+def _pool_grad(window, strides, padding, init=-jnp.inf, op=lax.max):
+    def pool_loss(x, g):
+        return jnp.sum(lax.reduce_window(x, init, op, window, strides, padding) * g)
+
+    return jax.grad(pool_loss)
+
+
+def _tied(shape, dtype=np.float32, nan=True):
+    """Few distinct values, so windows hold ties, plus -0 and (with nan) NaN."""
+    x = RNG.integers(-2, 3, shape).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        flat = x.reshape(-1)
+        if nan:
+            flat[RNG.choice(flat.size, flat.size // 10, replace=False)] = np.nan
+        flat[RNG.choice(flat.size, flat.size // 10, replace=False)] = -0.0
+    return x
+
+
+def _pool_args(shape, out_shape, dtype=np.float32, nan=True):
+    return _tied(shape, dtype, nan), RNG.standard_normal(out_shape).astype(dtype)
+
+
+POOL_GRADS = [
+    ("2x2_stride2", ((1, 2, 2, 1), (1, 2, 2, 1), "VALID"), (2, 8, 8, 3), (2, 4, 4, 3), np.float32),
+    ("3x3_stride1_overlap", ((3, 3), (1, 1), "VALID"), (9, 10), (7, 8), np.float32),
+    ("3x3_stride2_same", ((1, 3, 3, 1), (1, 2, 2, 1), "SAME"), (2, 7, 9, 2), (2, 4, 5, 2),
+     np.float32),
+    ("3x3_stride1_same", ((3, 3), (1, 1), "SAME"), (6, 7), (6, 7), np.float32),
+    ("3x3_stride2_no_nan", ((3, 3), (2, 2), "VALID"), (9, 11), (4, 5), np.float32),
+    ("2x2_stride1_no_nan_min", ((2, 2), (1, 1), "VALID"), (6, 5), (5, 4), np.float32),
+    ("2x3_stride1_min", ((2, 3), (1, 1), "VALID"), (5, 6), (4, 4), np.float32),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,pool,shape,out_shape,dtype", POOL_GRADS,
+                         ids=[p[0] for p in POOL_GRADS])  # fmt: skip
+def test_select_and_scatter_fast_path(name, pool, shape, out_shape, dtype):
+    x, g = _pool_args(shape, out_shape, dtype, nan="no_nan" not in name)
+    op, init = (lax.min, jnp.inf) if name.endswith("_min") else (lax.max, -jnp.inf)
+    text = _hlo(_pool_grad(*pool, init=init, op=op), x, g)
+    assert "select-and-scatter" in text
+    _check(text, [x, g], "select-and-scatter", fast=True)
+
+
+def test_select_and_scatter_int_max_pool():
+    text = """
+HloModule m
+ge { a = s32[] parameter(0)  b = s32[] parameter(1)  ROOT c = pred[] compare(a, b), direction=GE }
+add { a = s32[] parameter(0)  b = s32[] parameter(1)  ROOT c = s32[] add(a, b) }
+ENTRY e {
+  x = s32[6,7] parameter(0)
+  s = s32[5,3] parameter(1)
+  z = s32[] constant(3)
+  ROOT r = s32[6,7] select-and-scatter(x, s, z), window={size=2x3 stride=1x2},
+    select=ge, scatter=add
+}
+"""
+    x, s = _ints((6, 7), -2, 2), _ints((5, 3), -(2**31), 2**31 - 1)
+    _check(text, [x, s], "select-and-scatter", fast=True)
+
+
+def test_select_and_scatter_total_order_keeps_rule():
+    text = """
+HloModule m
+ge { a = f32[] parameter(0)  b = f32[] parameter(1)
+     ROOT c = pred[] compare(a, b), direction=GE, type=TOTALORDER }
+add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT c = f32[] add(a, b) }
+ENTRY e {
+  x = f32[4,4] parameter(0)
+  s = f32[2,2] parameter(1)
+  z = f32[] constant(0)
+  ROOT r = f32[4,4] select-and-scatter(x, s, z), window={size=2x2 stride=2x2},
+    select=ge, scatter=add
+}
+"""
+    x, s = _tied((4, 4)), RNG.standard_normal((2, 2)).astype(np.float32)
+    _check(text, [x, s], "select-and-scatter", fast=False)

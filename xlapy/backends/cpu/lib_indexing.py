@@ -13,9 +13,10 @@
 #   whole window) and applies the update rows in row-major update order, as the interpreter
 #   does: "replace" keeps the last write per row; a one-op combiner (add, multiply, and, or,
 #   integer max / min) runs in rounds, round r combining every row's r-th update with one
-#   vectorized op; rows hit more than _MAX_ROUNDS times make it use `ufunc.at` instead.
-#   Each row sees its updates in order, so float results match the interpreter's
-#   `ufunc.at` bit for bit.
+#   vectorized op. When the most-hit row needs many rounds for the number of updated
+#   elements (segment sums of narrow rows), `ufunc.at` on flat element indices runs instead:
+#   it too applies the updates one at a time in index order. Either way each element sees
+#   its updates in order, so float results match the interpreter's `ufunc.at` bit for bit.
 # Everything else keeps the interpreter's rule.
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from xlapy.backends.interpreter.rules.indexing import _REPLACE, _simple_combiner
 from xlapy.ir.instruction import HloInstruction
 
 _MAX_ROUNDS = 256
+# One round costs about as much as applying this many updated elements with ufunc.at on
+# flat element indices (NumPy >= 1.25's fast ufunc.at); the cheaper of the two runs.
+_ROUND_COST = 20_000
 
 
 def _leading_map(index_map: tuple[int, ...], single_dims: tuple[int, ...]) -> bool:
@@ -154,6 +158,8 @@ def plan_scatter(instr: HloInstruction):
         return None
     window = tuple(slice(0, w) for w in wsizes)
     R = math.prod(dims[:m])
+    row_size = math.prod(dims[m:])
+    cols = np.arange(row_size, dtype=np.int64).reshape(dims[m:])[window].reshape(-1)
     n_updates = math.prod(updates.shape.dims[:nb])
 
     def run(values, out, ctx) -> bool:
@@ -178,7 +184,7 @@ def plan_scatter(instr: HloInstruction):
         if rows.size == 0:
             return True
         target = out.reshape(R, *dims[m:])[(slice(None), *window)]
-        _combine_rows(simple, target, rows, src)
+        _combine_rows(simple, target, rows, src, out.reshape(-1), row_size, cols)
         return True
 
     return run
@@ -193,21 +199,23 @@ def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
     )
 
 
-def _combine_rows(simple, target: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
-    """target[rows[i]] = combine(target[rows[i]], src[i]) for i in order."""
+def _combine_rows(simple, target, rows, src, flat, row_size: int, cols) -> None:
+    """target[rows[i]] = combine(target[rows[i]], src[i]) for i in order; `flat` is the 1-D
+    view under `target`, whose row r holds the elements r * row_size + cols."""
     if simple is _REPLACE:
         last = len(rows) - 1 - np.unique(rows[::-1], return_index=True)[1]
         target[rows[last]] = src[last]
+        return
+    most = int(np.bincount(rows, minlength=target.shape[0]).max())
+    if most * _ROUND_COST > rows.size * cols.size or most > _MAX_ROUNDS:
+        where = (rows[:, None] * row_size + cols).reshape(-1)
+        simple.at(flat, where, src.reshape(-1))
         return
     small = rows.astype(np.uint16) if target.shape[0] <= 1 << 16 else rows
     order = np.argsort(small, kind="stable")  # 16-bit keys take NumPy's radix sort
     sorted_rows = rows[order]
     starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
     counts = np.diff(np.r_[starts, len(rows)])
-    most = int(counts.max())
-    if most > _MAX_ROUNDS:
-        simple.at(target, rows, src)
-        return
     rank = (np.arange(len(rows)) - np.repeat(starts, counts)).astype(np.uint16)
     by_round = np.argsort(rank, kind="stable")  # updates of round 0, then round 1, ...
     bounds = np.searchsorted(rank[by_round], np.arange(most + 1), side="left")

@@ -10,6 +10,14 @@
 # Pooling windows without padding or base dilation fold the window offsets in row-major
 # order into the output in place (`ufunc(acc, strided view, out=acc)`), again the rule's
 # order, without the padded copies and validity masks the general rule builds.
+#
+# select-and-scatter (the max-pool gradient) with a select that is one compare of its two
+# parameters and a one-op scatter: the window offsets are visited in row-major order over
+# strided views, keeping per window the current selection and its offset; a later element
+# replaces it where the compare of (current, element) is false, which is the rule's
+# selection including ties and NaN. Padding never takes part (the rule skips it). The
+# selected operand positions then receive the source values through `ufunc.at` in
+# row-major source order, again the rule's order, so results agree bit for bit.
 
 from __future__ import annotations
 
@@ -19,6 +27,21 @@ import numpy as np
 
 from xlapy.backends.interpreter.rules.reduction import simple_reducer
 from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+
+_COMPARES = {
+    "LT": np.less,
+    "LE": np.less_equal,
+    "GT": np.greater,
+    "GE": np.greater_equal,
+}
+_MIRRORED = {
+    np.less: np.greater,
+    np.less_equal: np.greater_equal,
+    np.greater: np.less,
+    np.greater_equal: np.less_equal,
+}
+_SELECT_DTYPES = frozenset(map(np.dtype, ("f4", "f8", "i1", "i2", "i4", "i8")))
 
 
 def _scan_axis(window, dims: tuple[int, ...]) -> int | None:
@@ -88,6 +111,132 @@ def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
                 for o, d, n in zip(offset, window.dims, out_dims, strict=True)
             )  # fmt: skip
             ufunc(out, x[index], out=out)
+        return True
+
+    return run
+
+
+def _select_compare(comp, dtype: np.dtype):
+    """(compare ufunc, operands swapped) when `comp` is one compare of its parameters."""
+    params, root = comp.parameters, comp.root
+    if len(params) != 2 or root is None or len(comp.instructions) != 3:
+        return None
+    if root.opcode is not Opcode.COMPARE or len(root.operands) != 2:
+        return None
+    a = root.attrs
+    direction = a.get("direction", a.get("comparison_direction"))
+    fn = _COMPARES.get(str(direction)) if direction is not None else None
+    kind = a.get("type")
+    kind = str(kind) if kind is not None else None
+    if fn is None or kind not in (None, "FLOAT" if dtype.kind == "f" else "SIGNED"):
+        return None
+    lhs, rhs = root.operands
+    p0, p1 = sorted(params, key=lambda p: p.parameter_number)
+    if lhs is p0 and rhs is p1:
+        return fn, False
+    if lhs is p1 and rhs is p0:
+        return fn, True
+    return None
+
+
+def _window_count(n: int, d) -> int:
+    padded = d.pad_low + n + d.pad_high
+    span = (d.size - 1) * d.window_dilation + 1
+    return 0 if padded < span else (padded - span) // d.stride + 1
+
+
+def plan_select_and_scatter(instr: HloInstruction):
+    """A fast select-and-scatter for a compare select and a one-op scatter, or None."""
+    if len(instr.operands) != 3 or not instr.shape.is_array:
+        return None
+    operand, source = instr.operands[:2]
+    a = instr.attrs
+    window, select, scatter = a.get("window"), a.get("select"), a.get("scatter")
+    if window is None or select is None or scatter is None:
+        return None
+    if not (operand.shape.is_array and source.shape.is_array):
+        return None
+    dtype = operand.shape.dtype
+    if dtype not in _SELECT_DTYPES or {source.shape.dtype, instr.shape.dtype} != {dtype}:
+        return None
+    compare = _select_compare(select, dtype)
+    ufunc = simple_reducer(scatter)
+    dims = operand.shape.dims
+    if compare is None or ufunc is None or len(window.dims) != len(dims) or 0 in dims:
+        return None
+    wd = window.dims
+    if any(d.base_dilation != 1 or d.reversal or d.pad_low < 0 or d.pad_high < 0 for d in wd):
+        return None
+    out_shape = tuple(_window_count(n, d) for n, d in zip(dims, wd, strict=True))
+    if 0 in out_shape or tuple(source.shape.dims) != out_shape:
+        return None
+    return _select_and_scatter(compare, ufunc, wd, dims, out_shape)
+
+
+def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
+    fn, swapped = compare
+    if swapped:
+        fn = _MIRRORED[fn]
+    extreme = np.maximum if fn in (np.greater, np.greater_equal) else np.minimum
+    sizes = tuple(d.size for d in wd)
+    offsets = list(itertools.product(*(range(n) for n in sizes)))
+    views = [
+        tuple(
+            slice(o * d.window_dilation, o * d.window_dilation + (n - 1) * d.stride + 1, d.stride)
+            for o, d, n in zip(offset, wd, out_shape, strict=True)
+        )
+        for offset in offsets
+    ]
+    padded = any(d.pad_low or d.pad_high for d in wd)
+    pads = [(d.pad_low, d.pad_high) for d in wd]
+    rank = len(dims)
+    strides = [int(np.prod(dims[i + 1 :], dtype=np.int64)) for i in range(rank)]
+    origin = np.zeros(out_shape, np.int64)  # flat operand position of each window's offset 0
+    for i, d in enumerate(wd):
+        shape = [1] * rank
+        shape[i] = out_shape[i]
+        first = np.arange(out_shape[i], dtype=np.int64) * d.stride - d.pad_low
+        origin += first.reshape(shape) * strides[i]
+    step = np.array(
+        [sum(o * d.window_dilation * st for o, d, st in zip(off, wd, strides)) for off in offsets],
+        np.int64,
+    )
+    kind = np.uint8 if len(views) <= 255 else np.intp
+
+    def run(values, out, ctx) -> bool:
+        x, src, init = values
+        if not out.flags.c_contiguous or src.shape != out_shape:
+            return False
+        if np.may_share_memory(src, out):
+            src = src.copy()
+        mask = None
+        if padded:
+            x = np.pad(x, pads)
+            mask = np.pad(np.ones(dims, bool), pads)
+        # without NaN the kept value is the max (min) of those seen: a -0 / +0 swap is
+        # invisible to every later compare
+        fold = mask is None and (x.dtype.kind != "f" or not np.isnan(x).any())
+        best = np.zeros(out_shape, kind)
+        cur = x[views[0]].copy()
+        have = None if mask is None else mask[views[0]].copy()
+        for k in range(1, len(views)):
+            val = x[views[k]]
+            swap = ~fn(cur, val)
+            if mask is not None:
+                valid = mask[views[k]]
+                swap = valid & ((have & swap) | ~have)
+                have |= valid
+            best += swap.view(np.uint8) * (kind(k) - best)
+            if fold:
+                extreme(cur, val, out=cur)
+            else:
+                np.copyto(cur, val, where=swap)
+        targets, updates = (origin + step[best]).reshape(-1), src.reshape(-1)
+        if have is not None and not have.all():
+            keep = have.reshape(-1)
+            targets, updates = targets[keep], updates[keep]
+        out[...] = init
+        ufunc.at(out.reshape(-1), targets, updates)
         return True
 
     return run

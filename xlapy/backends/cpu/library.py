@@ -31,7 +31,7 @@ from xlapy.backends.cpu.lib_conv import plan_convolution
 from xlapy.backends.cpu.lib_dot import plan_dot
 from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
 from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
-from xlapy.backends.cpu.lib_window import plan_reduce_window
+from xlapy.backends.cpu.lib_window import plan_reduce_window, plan_select_and_scatter
 from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, Thunk, ValueTree
 from xlapy.backends.interpreter.registry import rule_for
 from xlapy.errors import CustomCallError, EvaluationError
@@ -47,6 +47,7 @@ FAST_PLANNERS = {
     Opcode.SORT: plan_sort,
     Opcode.TOPK: plan_topk,
     Opcode.REDUCE_WINDOW: plan_reduce_window,
+    Opcode.SELECT_AND_SCATTER: plan_select_and_scatter,
     Opcode.GATHER: plan_gather,
     Opcode.SCATTER: plan_scatter,
     Opcode.CONVOLUTION: plan_convolution,
