@@ -40,24 +40,8 @@ def test_bench_is_a_command_of_the_cli():
     assert cli.cli.commands["bench"] is bench
 
 
-@pytest.fixture
-def write(tmp_path):
-    def write(name, text):
-        path = tmp_path / name
-        path.write_text(text)
-        return str(path)
-
-    return write
-
-
-def run_cli(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
-def test_json_report(capsys, write, tmp_path, backend):
+def test_json_report(run_cli, write, tmp_path, backend):
     rng = np.random.default_rng(7)
     inputs = tmp_path / "in.npz"
     np.savez(
@@ -66,7 +50,7 @@ def test_json_report(capsys, write, tmp_path, backend):
         param_1=rng.standard_normal((16, 8)).astype(np.float32),
     )
     args = ["bench", write("m.hlo", MODULE), "--inputs", str(inputs), "--backend", backend]
-    code, out, err = run_cli(capsys, *args, "--json", "--runs", "7", "--warmup", "2")
+    code, out, err = run_cli(*args, "--json", "--runs", "7", "--warmup", "2")
     assert code == 0, err
     report = json.loads(out)
     assert set(report) >= KEYS
@@ -78,10 +62,8 @@ def test_json_report(capsys, write, tmp_path, backend):
 
 
 @pytest.mark.parametrize("module", [MODULE, TUPLE_PARAM])
-def test_text_report_random_inputs(capsys, write, module):
-    code, out, err = run_cli(
-        capsys, "bench", write("m.hlo", module), "--random-inputs", "--runs", "3"
-    )
+def test_text_report_random_inputs(run_cli, write, module):
+    code, out, err = run_cli("bench", write("m.hlo", module), "--random-inputs", "--runs", "3")
     assert code == 0, err
     assert "compile: cold" in out and "warm" in out
     assert "median" in out and "(3 runs after 3 warm-up)" in out
@@ -97,18 +79,18 @@ def test_text_report_random_inputs(capsys, write, module):
         (["--random-inputs", "--runs", "0"], "--runs"),
     ],
 )
-def test_errors_exit_1_with_a_message(capsys, write, tmp_path, argv, fragment):
+def test_errors_exit_1_with_a_message(run_cli, write, tmp_path, argv, fragment):
     bad = tmp_path / "bad.npz"
     np.savez(bad, param_0=np.ones((16, 8), np.float32), param_1=np.ones((3,), np.float32))
     paths = {"missing": str(tmp_path / "nope.npz"), "bad": str(bad)}
     argv = [a.format(**paths) for a in argv]
-    code, _, err = run_cli(capsys, "bench", write("m.hlo", MODULE), *argv)
+    code, _, err = run_cli("bench", write("m.hlo", MODULE), *argv)
     assert code != 0
     assert fragment in err
     assert "Traceback" not in err
 
 
-def test_parse_error_exit_1(capsys, write):
-    code, _, err = run_cli(capsys, "bench", write("bad.hlo", "HloModule m\nENTRY e {"), "--json")
+def test_parse_error_exit_1(run_cli, write):
+    code, _, err = run_cli("bench", write("bad.hlo", "HloModule m\nENTRY e {"), "--json")
     assert code == 1
     assert "bad.hlo" in err and "error" in err

@@ -4,8 +4,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xlapy.tools.cli import main
-
 ADD = """HloModule add_mul
 
 ENTRY main {
@@ -36,35 +34,19 @@ ENTRY main {
 """
 
 
-@pytest.fixture
-def write(tmp_path):
-    def write(name, text):
-        path = tmp_path / name
-        path.write_text(text)
-        return str(path)
-
-    return write
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_check_ok(capsys, write):
-    code, out, _ = run_cli(capsys, "check", write("m.hlo", ADD))
+def test_check_ok(run_cli, write):
+    code, out, _ = run_cli("check", write("m.hlo", ADD))
     assert code == 0
     assert "ok" in out and "add_mul" in out
 
 
-def test_run_with_inputs_writes_outputs_in_preorder(capsys, write, tmp_path):
+def test_run_with_inputs_writes_outputs_in_preorder(run_cli, write, tmp_path):
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((2, 2, 3)).astype(np.float32)
     inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(inputs, param_0=a, param_1=b)
     code, out, _ = run_cli(
-        capsys, "run", write("m.hlo", ADD), "--inputs", str(inputs), "--output", str(outputs)
+        "run", write("m.hlo", ADD), "--inputs", str(inputs), "--output", str(outputs)
     )
     assert code == 0
     assert "output_0: f32[2,3]" in out and "output_1: f32[2,3]" in out
@@ -74,12 +56,12 @@ def test_run_with_inputs_writes_outputs_in_preorder(capsys, write, tmp_path):
         np.testing.assert_array_equal(result["output_1"], a)
 
 
-def test_bf16_travels_as_bit_patterns(capsys, write, tmp_path):
+def test_bf16_travels_as_bit_patterns(run_cli, write, tmp_path):
     x = np.random.default_rng(2).standard_normal(4).astype(ml_dtypes.bfloat16)
     inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(inputs, param_0=x.view(np.uint16))
     code, _, _ = run_cli(
-        capsys, "run", write("m.hlo", BF16), "--inputs", str(inputs), "--output", str(outputs)
+        "run", write("m.hlo", BF16), "--inputs", str(inputs), "--output", str(outputs)
     )
     assert code == 0
     with np.load(outputs) as result:
@@ -88,12 +70,11 @@ def test_bf16_travels_as_bit_patterns(capsys, write, tmp_path):
     np.testing.assert_array_equal(got.view(ml_dtypes.bfloat16), x * ml_dtypes.bfloat16(0.5))
 
 
-def test_tuple_parameter_takes_its_leaves(capsys, write, tmp_path):
+def test_tuple_parameter_takes_its_leaves(run_cli, write, tmp_path):
     f = np.random.default_rng(3).standard_normal(2).astype(np.float32)
     inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(inputs, param_0=f, param_1=np.arange(3, dtype=np.int32))
     code, _, _ = run_cli(
-        capsys,
         "run",
         write("m.hlo", TUPLE_PARAM),
         "--inputs",
@@ -128,37 +109,35 @@ def test_tuple_parameter_takes_its_leaves(capsys, write, tmp_path):
         ),
     ],
 )
-def test_mismatched_inputs_name_the_parameter(capsys, write, tmp_path, arrays, message):
+def test_mismatched_inputs_name_the_parameter(run_cli, write, tmp_path, arrays, message):
     inputs = tmp_path / "in.npz"
     np.savez(inputs, **arrays)
-    code, _, err = run_cli(capsys, "run", write("m.hlo", ADD), "--inputs", str(inputs))
+    code, _, err = run_cli("run", write("m.hlo", ADD), "--inputs", str(inputs))
     assert code == 1
     assert message in err
     assert "Traceback" not in err
 
 
-def test_random_inputs_are_not_zero(capsys, write, tmp_path):
+def test_random_inputs_are_not_zero(run_cli, write, tmp_path):
     outputs = tmp_path / "out.npz"
-    code, _, _ = run_cli(
-        capsys, "run", write("m.hlo", ADD), "--random-inputs", "--output", str(outputs)
-    )
+    code, _, _ = run_cli("run", write("m.hlo", ADD), "--random-inputs", "--output", str(outputs))
     assert code == 0
     with np.load(outputs) as result:
         assert np.count_nonzero(result["output_0"]) == 6
 
 
-def test_parse_error_prints_position_and_caret(capsys, write):
+def test_parse_error_prints_position_and_caret(run_cli, write):
     path = write("bad.hlo", ADD.replace("add(a, b)", "add(a, b"))
-    code, _, err = run_cli(capsys, "check", path)
+    code, _, err = run_cli("check", path)
     assert code == 1
     assert f"{path}:6:26: error: expected ',' or ')' after operand, found 'ROOT'" in err
     assert "  sum = f32[2,3] add(a, b\n" + " " * 25 + "^" in err
     assert "Traceback" not in err
 
 
-def test_invalid_program_is_a_verifier_error(capsys, write):
+def test_invalid_program_is_a_verifier_error(run_cli, write):
     path = write("bad.hlo", ADD.replace("sum = f32[2,3] add", "sum = f32[3,2] add"))
-    code, _, err = run_cli(capsys, "check", path)
+    code, _, err = run_cli("check", path)
     assert code == 1
     assert "sum" in err and "Traceback" not in err
 
@@ -172,19 +151,19 @@ def test_invalid_program_is_a_verifier_error(capsys, write):
         (["run", "{m}", "--inputs", "/nonexistent/in.npz"], "cannot read inputs"),
     ],
 )
-def test_usage_errors(capsys, write, argv, message):
+def test_usage_errors(run_cli, write, argv, message):
     path = write("m.hlo", ADD)
-    code, _, err = run_cli(capsys, *[a.replace("{m}", path) for a in argv])
+    code, _, err = run_cli(*[a.replace("{m}", path) for a in argv])
     assert code != 0
     assert message in err
     assert "Traceback" not in err
 
 
-def test_fmt_is_a_fixed_point(capsys, write):
-    code, once, _ = run_cli(capsys, "fmt", write("m.hlo", ADD))
+def test_fmt_is_a_fixed_point(run_cli, write):
+    code, once, _ = run_cli("fmt", write("m.hlo", ADD))
     assert code == 0
-    code, twice, _ = run_cli(capsys, "fmt", write("m2.hlo", once))
+    code, twice, _ = run_cli("fmt", write("m2.hlo", once))
     assert code == 0
     assert once == twice
-    code, long_form, _ = run_cli(capsys, "fmt", "--long", write("m3.hlo", ADD))
+    code, long_form, _ = run_cli("fmt", "--long", write("m3.hlo", ADD))
     assert "ENTRY %main (a: f32[2,3], b: f32[2,3])" in long_form

@@ -13,7 +13,6 @@ from test_memory_report import JSON_KEYS, SIZES
 
 import xlapy.passes
 from xlapy.ir.parser import parse_module
-from xlapy.tools.cli import main
 
 PASSES_DIR = Path(xlapy.passes.__file__).parent
 
@@ -31,24 +30,8 @@ ENTRY main {
 """
 
 
-@pytest.fixture
-def write(tmp_path):
-    def write(name, text):
-        path = tmp_path / name
-        path.write_text(text)
-        return str(path)
-
-    return write
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_memory_prints_listing_stats_and_peak(capsys, write):
-    code, out, err = run_cli(capsys, "memory", write("m.hlo", SIZES), "--no-opt", "--top", "2")
+def test_memory_prints_listing_stats_and_peak(run_cli, write):
+    code, out, err = run_cli("memory", write("m.hlo", SIZES), "--no-opt", "--top", "2")
     assert code == 0, err
     assert out.startswith("Memory report for sizes (scheduler: ")
     for section in ("Allocations:", "BufferAssignment stats:", "memory_analysis:", "Peak buffers:"):
@@ -58,8 +41,8 @@ def test_memory_prints_listing_stats_and_peak(capsys, write):
     assert len(peak_rows) == 2
 
 
-def test_memory_json(capsys, write):
-    code, out, _ = run_cli(capsys, "memory", write("m.hlo", SIZES), "--json", "--no-opt")
+def test_memory_json(run_cli, write):
+    code, out, _ = run_cli("memory", write("m.hlo", SIZES), "--json", "--no-opt")
     assert code == 0
     figures = json.loads(out)
     assert set(figures) >= JSON_KEYS
@@ -72,20 +55,20 @@ def test_memory_json(capsys, write):
 
 
 @pytest.mark.parametrize("scheduler", ["list", "dfs", "post-order", "module"])
-def test_memory_scheduler_option(capsys, write, scheduler):
+def test_memory_scheduler_option(run_cli, write, scheduler):
     path = write("m.hlo", SIZES)
-    code, out, _ = run_cli(capsys, "memory", path, "--json", "--scheduler", scheduler)
+    code, out, _ = run_cli("memory", path, "--json", "--scheduler", scheduler)
     assert code == 0
     assert json.loads(out)["scheduler"] == scheduler
 
 
-def test_memory_csv_to_file_and_stdout(capsys, write, tmp_path):
+def test_memory_csv_to_file_and_stdout(run_cli, write, tmp_path):
     path = write("m.hlo", SIZES)
     target = tmp_path / "values.csv"
-    code, out, _ = run_cli(capsys, "memory", path, "--no-opt", "--csv", str(target))
+    code, out, _ = run_cli("memory", path, "--no-opt", "--csv", str(target))
     assert code == 0 and "Peak buffers:" in out
     rows = list(csv.DictReader(target.open()))
-    code, out, _ = run_cli(capsys, "memory", path, "--no-opt", "--csv", "-")
+    code, out, _ = run_cli("memory", path, "--no-opt", "--csv", "-")
     assert code == 0
     assert list(csv.DictReader(io.StringIO(out))) == rows
     values = len(parse_module(SIZES).entry.instructions)  # one value each (t's: its table)
@@ -93,9 +76,9 @@ def test_memory_csv_to_file_and_stdout(capsys, write, tmp_path):
     assert {"offset", "size", "start", "end", "uses"} <= set(rows[0])
 
 
-def test_memory_plot(capsys, write, tmp_path):
+def test_memory_plot(run_cli, write, tmp_path):
     target = tmp_path / "mem.png"
-    code, _, err = run_cli(capsys, "memory", write("m.hlo", SIZES), "--plot", str(target))
+    code, _, err = run_cli("memory", write("m.hlo", SIZES), "--plot", str(target))
     assert code == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(target) in err
@@ -112,26 +95,26 @@ def test_memory_plot(capsys, write, tmp_path):
         (["opt", "{bad}"], "error: expected"),
     ],
 )
-def test_errors_exit_1_with_a_message(capsys, write, argv, message):
+def test_errors_exit_1_with_a_message(run_cli, write, argv, message):
     paths = {"{m}": write("m.hlo", SIMPLIFIABLE), "{bad}": write("bad.hlo", "HloModule x\nENTRY {")}
-    code, _, err = run_cli(capsys, *[paths.get(a, a) for a in argv])
+    code, _, err = run_cli(*[paths.get(a, a) for a in argv])
     assert code != 0
     assert message in err
     assert "Traceback" not in err
 
 
-def test_unknown_pass_lists_the_known_ones(capsys, write):
-    code, _, err = run_cli(capsys, "opt", write("m.hlo", SIMPLIFIABLE), "--passes=nope")
+def test_unknown_pass_lists_the_known_ones(run_cli, write):
+    code, _, err = run_cli("opt", write("m.hlo", SIMPLIFIABLE), "--passes=nope")
     assert code == 1
     known = err.split("known passes:")[1]
     for name in ("algsimp", "dce", "fusion", "copy-insertion", "multi-output-fusion"):
         assert name in known
 
 
-def test_opt_passes_and_dump_dir(capsys, write, tmp_path):
+def test_opt_passes_and_dump_dir(run_cli, write, tmp_path):
     dump = tmp_path / "dump"
     path = write("m.hlo", SIMPLIFIABLE)
-    code, out, err = run_cli(capsys, "opt", path, "--passes=algsimp,dce", "--dump-dir", str(dump))
+    code, out, err = run_cli("opt", path, "--passes=algsimp,dce", "--dump-dir", str(dump))
     assert code == 0, err
     module = parse_module(out)
     opcodes = [i.opcode.text for i in module.entry.instructions]
@@ -143,14 +126,14 @@ def test_opt_passes_and_dump_dir(capsys, write, tmp_path):
     assert "ran 2 passes" in err
 
 
-def test_opt_default_pipeline_prints_the_optimized_module(capsys, write, tmp_path):
+def test_opt_default_pipeline_prints_the_optimized_module(run_cli, write, tmp_path):
     out_path = tmp_path / "opt.hlo"
-    code, out, _ = run_cli(capsys, "opt", write("m.hlo", SIMPLIFIABLE))
+    code, out, _ = run_cli("opt", write("m.hlo", SIMPLIFIABLE))
     assert code == 0
     module = parse_module(out)
     assert "sine" not in out and "multiply" not in out
     assert module.entry.root.shape.dims == (8,)
-    code, _, _ = run_cli(capsys, "opt", write("m.hlo", SIMPLIFIABLE), "-o", str(out_path))
+    code, _, _ = run_cli("opt", write("m.hlo", SIMPLIFIABLE), "-o", str(out_path))
     assert code == 0 and out_path.read_text().strip() == out.strip()
 
 
