@@ -103,17 +103,31 @@ class Allocation:
     def is_temp(self) -> bool:
         return self.kind == "temp"
 
-    def describe(self) -> str:
-        flags = [self.kind]
-        if self.parameter_number is not None:
-            flags.append(f"parameter {self.parameter_number}{index_text(self.parameter_index)}")
+    def flags(self) -> list[str]:
+        """The flags XLA prints for an allocation, in XLA's words."""
+        flags = []
+        if self.is_entry_parameter:
+            index = index_text(self.parameter_index or ())
+            access = "aliased" if self.is_aliased_output else "read-only"
+            number = self.parameter_number
+            flags.append(f"entry-parameter {number} at ShapeIndex {index} ({access})")
+        if self.is_constant:
+            flags.append("constant")
         if self.maybe_live_out:
             flags.append("maybe-live-out")
-        if self.is_aliased_output:
-            flags.append("aliased-output")
+        if self.is_thread_local:
+            name = self.computation.name if self.computation is not None else "?"
+            flags.append(f"thread-local ({name})")
+        if self.is_tuple_table:
+            flags.append("tuple")
+        if self.is_temp:
+            flags.append("temp")
         if self.memory_space:
             flags.append(f"memory space {self.memory_space}")
-        return f"allocation {self.index}: {self.size} bytes, {', '.join(flags)}"
+        return flags
+
+    def describe(self) -> str:
+        return f"allocation {self.index}: {self.size} bytes, {', '.join(self.flags())}"
 
 
 @dataclass(frozen=True, slots=True)

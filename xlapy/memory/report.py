@@ -43,7 +43,6 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import index_text
 from xlapy.memory.buffer_assignment import (
-    Allocation,
     AssignmentOptions,
     BufferAssignment,
     assign_buffers,
@@ -306,36 +305,11 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def allocation_flags(alloc: Allocation) -> list[str]:
-    """The flags XLA prints for an allocation, in XLA's words."""
-    flags = []
-    if alloc.is_entry_parameter:
-        index = index_text(alloc.parameter_index or ())
-        access = "aliased" if alloc.is_aliased_output else "read-only"
-        flags.append(f"entry-parameter {alloc.parameter_number} at ShapeIndex {index} ({access})")
-    if alloc.is_constant:
-        flags.append("constant")
-    if alloc.maybe_live_out:
-        flags.append("maybe-live-out")
-    if alloc.is_thread_local:
-        name = alloc.computation.name if alloc.computation is not None else "?"
-        flags.append(f"thread-local ({name})")
-    if alloc.is_tuple_table:
-        flags.append("tuple")
-    if alloc.is_temp:
-        flags.append("temp")
-    if alloc.memory_space:
-        flags.append(f"memory space {alloc.memory_space}")
-    return flags
-
-
 def allocation_listing(a: BufferAssignment) -> str:
     """Every allocation with its flags and the values in it (offset, size, live range)."""
     lines = []
     for alloc in a.allocations:
-        lines.append(
-            f"allocation {alloc.index}: size {alloc.size}, {', '.join(allocation_flags(alloc))}:"
-        )
+        lines.append(f"allocation {alloc.index}: size {alloc.size}, {', '.join(alloc.flags())}:")
         entries = [(offset, v) for buffer, offset in alloc.buffers for v in buffer.values]
         entries.sort(key=lambda e: (e[0], a.liveness.live_range(e[1]), e[1].id))
         for offset, v in entries:

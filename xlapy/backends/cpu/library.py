@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from xlapy.backends.base import replace_leaf
 from xlapy.backends.cpu.lib_conv import plan_convolution
 from xlapy.backends.cpu.lib_dot import plan_dot
 from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
@@ -229,7 +230,7 @@ class CustomCallThunk(Thunk):
             src = _at(self.operands[number], index)
             if not src.same_bytes(out):
                 ctx.copy(src, out)
-            operands[number] = _replace(operands[number], index, ctx.physical(out))
+            operands[number] = replace_leaf(operands[number], index, ctx.physical(out))
         for leaf in self.unaliased:
             ctx.physical(leaf).fill(0)
         try:
@@ -260,14 +261,6 @@ def _at(tree: ValueTree, index) -> ValueTree:
     for i in index:
         tree = tree[i]
     return tree
-
-
-def _replace(value, index, leaf):
-    if not index:
-        return leaf
-    items = list(value)
-    items[index[0]] = _replace(items[index[0]], index[1:], leaf)
-    return tuple(items)
 
 
 def _physical_tree(ctx: ExecutionContext, tree: ValueTree):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from xlapy.backends import ffi
+from xlapy.backends.base import replace_leaf
 from xlapy.backends.custom_calls import (
     XLA_INTERNAL_TARGET_NAMES,
     ApiVersion,
@@ -124,14 +125,6 @@ def _contiguous(value):
     return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else None
 
 
-def _with_leaf(value, index, leaf):
-    if not index:
-        return leaf
-    items = list(value)
-    items[index[0]] = _with_leaf(items[index[0]], index[1:], leaf)
-    return tuple(items)
-
-
 def _aliased_operands(instr, operands, outs) -> list:
     """The operand values a C target sees: an operand leaf that an output aliases is the
     output's buffer (the copy the target updates in place)."""
@@ -139,7 +132,7 @@ def _aliased_operands(instr, operands, outs) -> list:
     leaf_numbers = {index: i for i, (index, _) in enumerate(instr.shape.leaves())}
     for alias in instr.attrs.get("output_to_operand_aliasing", ()):
         out = outs[leaf_numbers[alias.output_index]]
-        operands[alias.operand_number] = _with_leaf(
+        operands[alias.operand_number] = replace_leaf(
             operands[alias.operand_number], alias.operand_index, out
         )
     return operands
