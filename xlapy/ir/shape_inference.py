@@ -148,13 +148,14 @@ def _without_layouts(shape: Shape) -> Shape:
     return shape.without_layout()
 
 
-def _compatible(a: Shape, b: Shape) -> bool:
+def compatible(a: Shape, b: Shape) -> bool:
+    """Equal ignoring layouts and dynamic-dimension flags; `?` matches any size."""
     if a.is_tuple or b.is_tuple:
         return (
             a.is_tuple
             and b.is_tuple
             and len(a.tuple_shapes) == len(b.tuple_shapes)
-            and all(_compatible(x, y) for x, y in zip(a.tuple_shapes, b.tuple_shapes))
+            and all(compatible(x, y) for x, y in zip(a.tuple_shapes, b.tuple_shapes))
         )
     if a.element_type is not b.element_type:
         return False
@@ -719,14 +720,12 @@ def _select_and_scatter(operands, attrs, declared):
         _fail(f"source has shape {_t(source)} but the window over operand 0 gives {list(expected)}")
     scalar = Shape.scalar(x.element_type)
     sel, sel_prog = _program_shape(attrs, "select")
-    if len(sel_prog.parameters) != 2 or not all(
-        _compatible(p, scalar) for p in sel_prog.parameters
-    ):
+    if len(sel_prog.parameters) != 2 or not all(compatible(p, scalar) for p in sel_prog.parameters):
         _fail(
             f"select computation {sel.name} must take two {_t(scalar)}, takes "
             f"{sel_prog.to_text(False)}"
         )
-    if not _compatible(sel_prog.result, Shape.scalar(PRED)):
+    if not compatible(sel_prog.result, Shape.scalar(PRED)):
         _fail(f"select computation {sel.name} must return pred[], returns {_t(sel_prog.result)}")
     sc, sc_prog = _program_shape(attrs, "scatter")
     _check_reducer(sc.name, sc_prog, [x.element_type], [x.element_type])
@@ -1116,7 +1115,7 @@ def _sort(operands, attrs, declared):
         want = operands[k // 2].element_type
         if not p.is_scalar or p.element_type is not want:
             _fail(f"comparator {comp.name} parameter {k} is {_t(p)}, expected {want}[]")
-    if not _compatible(program.result, Shape.scalar(PRED)):
+    if not compatible(program.result, Shape.scalar(PRED)):
         _fail(f"comparator {comp.name} must return pred[], returns {_t(program.result)}")
     return _tuple_or_single([_merged(s.element_type, s) for s in operands])
 
@@ -1143,7 +1142,7 @@ def _check_arguments(comp, program, operands, what: str) -> None:
             f"given {_count(len(operands))}"
         )
     for i, (p, s) in enumerate(zip(program.parameters, operands)):
-        if not _compatible(p, s):
+        if not compatible(p, s):
             _fail(
                 f"operand {i} has shape {_t(s)} but parameter {i} of {what} {comp.name} is {_t(p)}"
             )
@@ -1186,9 +1185,9 @@ def _while(operands, attrs, declared):
     body, bprog = _program_shape(attrs, "body")
     _check_arguments(cond, cprog, [state], "condition")
     _check_arguments(body, bprog, [state], "body")
-    if not _compatible(cprog.result, Shape.scalar(PRED)):
+    if not compatible(cprog.result, Shape.scalar(PRED)):
         _fail(f"condition {cond.name} must return pred[], returns {_t(cprog.result)}")
-    if not _compatible(bprog.result, state):
+    if not compatible(bprog.result, state):
         _fail(f"body {body.name} returns {_t(bprog.result)} but the loop state is {_t(state)}")
     return _without_layouts(state)
 
@@ -1221,7 +1220,7 @@ def _conditional(operands, attrs, declared):
         _check_arguments(comp, program, [arg], f"branch {b}")
         if result is None:
             result = program.result
-        elif not _compatible(program.result, result):
+        elif not compatible(program.result, result):
             _fail(
                 f"branch {b} ({comp.name}) returns {_t(program.result)} but branch 0 "
                 f"returns {_t(result)}"
@@ -1240,7 +1239,7 @@ def _custom_call(operands, attrs, declared):
                 f"{_count(len(operands))}"
             )
         for i, (c, s) in enumerate(zip(constraints, operands)):
-            if not _compatible(c, s):
+            if not compatible(c, s):
                 _fail(f"operand {i} is {_t(s)} but operand_layout_constraints says {_t(c)}")
     for alias in attrs.get("output_to_operand_aliasing", ()):
         if not 0 <= alias.operand_number < len(operands):
@@ -1254,7 +1253,7 @@ def _custom_call(operands, attrs, declared):
             _fail("output_to_operand_aliasing names a shape index that does not exist")
         out = target.subshape(alias.output_index)
         src = operands[alias.operand_number].subshape(alias.operand_index)
-        if not _compatible(out, src):
+        if not compatible(out, src):
             _fail(f"output_to_operand_aliasing pairs output {_t(out)} with operand {_t(src)}")
     return _without_layouts(target)
 
@@ -1291,7 +1290,7 @@ def _rng_bit_generator(operands, attrs, declared):
     if not target.is_tuple or len(target.tuple_shapes) != 2:
         _fail(f"result must be a (state, bits) tuple, got {_t(target)}")
     new_state, bits = target.tuple_shapes
-    if not _compatible(new_state, state):
+    if not compatible(new_state, state):
         _fail(f"result state {_t(new_state)} must match operand 0 ({_t(state)})")
     if not bits.is_array or not bits.element_type.is_integral:
         _fail(f"random bits must be an integer array, got {_t(bits)}")
@@ -1523,7 +1522,7 @@ def _infeed(operands, attrs, declared):
 def _outfeed(operands, attrs, declared):
     _token(operands[1], "operand 1")
     shape = attrs.get("outfeed_shape")
-    if shape is not None and not _compatible(shape, operands[0]):
+    if shape is not None and not compatible(shape, operands[0]):
         _fail(f"outfeed_shape {_t(shape)} does not match operand 0 ({_t(operands[0])})")
     return Shape.token()
 
@@ -1616,7 +1615,7 @@ def _batch_norm_features(operands, attrs, names) -> tuple[Shape, Shape]:
     _check_dims((f,), x.rank, "feature_index")
     vec = Shape.array(x.element_type, (x.dims[f],))
     for i, name in names:
-        if not _compatible(operands[i], vec):
+        if not compatible(operands[i], vec):
             _fail(f"{name} (operand {i}) must be {_t(vec)}, got {_t(operands[i])}")
     return x, vec
 
@@ -1638,7 +1637,7 @@ def _batch_norm_inference(operands, attrs, declared):
 @infers(Opcode.BATCH_NORM_GRAD)
 def _batch_norm_grad(operands, attrs, declared):
     x, vec = _batch_norm_features(operands, attrs, ((1, "scale"), (2, "mean"), (3, "variance")))
-    if not _compatible(operands[4], x):
+    if not compatible(operands[4], x):
         _fail(f"grad_output (operand 4) must be {_t(x)}, got {_t(operands[4])}")
     return Shape.tuple([_merged(x.element_type, x), vec, vec])
 

@@ -25,8 +25,8 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
-from xlapy.ir.shape_inference import infer_shape
-from xlapy.ir.shapes import UNBOUNDED, Shape, index_text
+from xlapy.ir.shape_inference import compatible, infer_shape
+from xlapy.ir.shapes import Shape, index_text
 
 _MAX_LISTED = 50
 
@@ -180,7 +180,7 @@ def _check_call_cycles(comps: list[HloComputation]) -> Iterator[str]:
 def _check_instruction(instr: HloInstruction) -> Iterator[str]:
     yield from _check_layouts(instr.shape, "shape")
     literal = instr.literal if instr.opcode is Opcode.CONSTANT else None
-    if literal is not None and not _agree(literal.shape, instr.shape):
+    if literal is not None and not compatible(literal.shape, instr.shape):
         yield (
             f"literal has shape {_t(instr.literal.shape)} but the constant is declared "
             f"{_t(instr.shape)}"
@@ -199,27 +199,11 @@ def _check_instruction(instr: HloInstruction) -> Iterator[str]:
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
         yield f"{instr.opcode.text}: malformed attributes or operands ({type(e).__name__}: {e})"
         return
-    if not _agree(inferred, instr.shape):
+    if not compatible(inferred, instr.shape):
         yield (
             f"declared shape {_t(instr.shape)} does not match the shape {instr.opcode.text} "
             f"produces, {_t(inferred)}"
         )
-
-
-def _agree(a: Shape, b: Shape) -> bool:
-    """Compatible: equal ignoring layouts and dynamic-dimension flags."""
-    if a.is_tuple or b.is_tuple:
-        return (
-            a.is_tuple
-            and b.is_tuple
-            and len(a.tuple_shapes) == len(b.tuple_shapes)
-            and all(_agree(x, y) for x, y in zip(a.tuple_shapes, b.tuple_shapes))
-        )
-    if a.element_type is not b.element_type:
-        return False
-    if not a.is_array:
-        return True
-    return a.rank == b.rank and all(x == y or UNBOUNDED in (x, y) for x, y in zip(a.dims, b.dims))
 
 
 def _check_layouts(shape: Shape, what: str) -> Iterator[str]:
@@ -312,10 +296,10 @@ def _check_entry_layout(module: HloModule) -> Iterator[str]:
         )
     for i, (declared, p) in enumerate(zip(layout.parameters, params)):
         yield from _check_layouts(declared, f"{where} parameter {i}")
-        if not _agree(declared, p.shape):
+        if not compatible(declared, p.shape):
             yield f"{where} parameter {i} is {_t(declared)} but {p.name} is {_t(p.shape)}"
     yield from _check_layouts(layout.result, f"{where} result")
-    if not _agree(layout.result, module.entry.root.shape):
+    if not compatible(layout.result, module.entry.root.shape):
         yield (
             f"{where} result is {_t(layout.result)} but {module.entry.name} returns "
             f"{_t(module.entry.root.shape)}"
