@@ -112,11 +112,43 @@ def test_sort_fast_path(name, fn, make):
     _check(_hlo(fn, *args), list(args), "sort", fast=True)
 
 
+def _no_nan(shape, dtype=np.float32):
+    """Random floats with +-0, +-inf and repeated values but no NaN (the pruned path)."""
+    x = _floats(shape, dtype)
+    return np.where(np.isnan(x), dtype(2.5), x)
+
+
+def _ties(shape, dtype=np.float32):
+    """Few distinct values, so the k-th largest ties across many pruning groups."""
+    return RNG.integers(-2, 3, shape).astype(dtype)
+
+
+def _quiet_twins(shape):
+    """NaNs whose float32 payloads differ only in the quiet bit (equal once widened, as the
+    interpreter compares them), of both signs, among +-0 and ordinary values."""
+    x = _no_nan(shape)
+    bits = x.view(np.uint32)
+    rows = np.arange(shape[0])
+    for col, word in ((3, 0x7F800001), (9, 0x7FC00001), (17, 0xFF800001), (30, 0xFFC00001)):
+        bits[rows, col] = word
+    return x
+
+
 TOPKS = [
     ("k3_ties_nan", 3, lambda: _floats((6, 40))),
     ("k_all", 40, lambda: _floats((3, 40))),
     ("k_partition", 25, lambda: _floats((4, 64))),
     ("k5_ints", 5, lambda: _ints((5, 30), -3, 3)),
+    ("pruned", 8, lambda: _no_nan((16, 1024))),
+    ("pruned_ties", 8, lambda: _ties((8, 512))),
+    ("pruned_zeros", 4, lambda: RNG.choice(np.array([0.0, -0.0], np.float32), (4, 256))),
+    ("pruned_3d", 5, lambda: _no_nan((2, 3, 320))),
+    ("pruned_nan_declines", 8, lambda: _floats((4, 1024))),
+    ("pruned_s32", 6, lambda: _ints((8, 768), -(2**31), 2**31 - 1)),
+    ("pruned_s32_ties", 6, lambda: _ints((8, 768), -2, 2)),
+    ("pruned_u32", 7, lambda: _ints((8, 512), 0, 2**32 - 1, np.uint32)),
+    ("quiet_twin_nans", 6, lambda: _quiet_twins((3, 256))),
+    ("quiet_twin_nans_all", 256, lambda: _quiet_twins((2, 256))),
 ]
 
 
@@ -124,6 +156,33 @@ TOPKS = [
 def test_topk_fast_path(name, k, make):
     x = make()
     _check(_hlo(lambda v: lax.top_k(v, k), x), [x], "topk", fast=True)
+
+
+_SMALLEST_TOPK = """
+HloModule smallest
+ENTRY main {
+  x = DT[6,512] parameter(0)
+  ROOT t = (DT[6,K], s32[6,K]) topk(x), k=K, largest=false
+}
+"""
+
+
+@pytest.mark.parametrize("k", [1, 8, 20])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _no_nan((6, 512)),
+        lambda: _ties((6, 512)),
+        lambda: _ints((6, 512), -3, 3),
+        lambda: _quiet_twins((6, 512)),
+    ],
+    ids=["floats", "float_ties", "int_ties", "quiet_twin_nans"],
+)
+def test_topk_smallest_fast_path(k, make):
+    x = make()
+    dt = "f32" if x.dtype == np.float32 else "s32"
+    text = _SMALLEST_TOPK.replace("DT", dt).replace("K", str(k))
+    _check(text, [x], "topk", fast=True)
 
 
 _CUSTOM_SORT = """
@@ -290,19 +349,36 @@ SCATTERS = [
 ]
 
 
+@pytest.fixture
+def no_scatter_kernel(monkeypatch):
+    """One-operand scatters normally become native kernels (emit_scatter.py); with this
+    fixture the compiler declines them, so the NumPy fast path (the fallback for what the
+    kernel cannot take) is what runs."""
+    monkeypatch.setattr("xlapy.backends.cpu.compiler.scatter_thunk", lambda *args: None)
+
+
 @pytest.mark.parametrize("name,fn,make", SCATTERS, ids=[s[0] for s in SCATTERS])
-def test_scatter_fast_path(name, fn, make):
+def test_scatter_fast_path(name, fn, make, no_scatter_kernel):
     args = make()
     _check(_hlo(fn, *args), list(args), "scatter", fast=True)
 
 
-def test_scatter_float_max_keeps_rule():
+@pytest.mark.parametrize("name,fn,make", SCATTERS, ids=[s[0] for s in SCATTERS])
+def test_scatter_native_kernel_by_default(name, fn, make):
+    args = make()
+    text = _hlo(fn, *args)
+    listing = CpuProgram(parse_module(text)).thunk_listing()
+    assert any(line.strip().startswith("kernel scatter") for line in listing.splitlines())
+    _check(text, list(args), "scatter", fast=False)
+
+
+def test_scatter_float_max_keeps_rule(no_scatter_kernel):
     """Float max follows XLA's NaN / -0 rule, not NumPy's: the fast path leaves it alone."""
     args = _scatter_args()
     _check(_hlo(lambda x, i, u: x.at[i].max(u, mode="drop"), *args), list(args), "scatter", False)
 
 
-def test_scatter_many_duplicates_uses_ufunc_at():
+def test_scatter_many_duplicates_uses_ufunc_at(no_scatter_kernel):
     x = RNG.standard_normal((4, 3)).astype(np.float32)
     ids = np.zeros(600, np.int32)
     ids[::5] = 2
@@ -310,7 +386,7 @@ def test_scatter_many_duplicates_uses_ufunc_at():
     _check(_hlo(lambda x, i, u: x.at[i].add(u), x, ids, u), [x, ids, u], "scatter", fast=True)
 
 
-def test_scatter_narrow_rows_many_rounds_uses_flat_ufunc_at():
+def test_scatter_narrow_rows_many_rounds_uses_flat_ufunc_at(no_scatter_kernel):
     """Many updates per narrow row (a segment sum) take the flat ufunc.at path: still the
     interpreter's order bit for bit."""
     d = RNG.standard_normal((3000, 2)).astype(np.float32) * 1e3

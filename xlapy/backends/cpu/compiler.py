@@ -9,7 +9,8 @@
 #    are written into their allocation once, here); fusions and unfused elementwise / shape /
 #    reduce ops the emitter supports become kernel thunks (each distinct computation is
 #    compiled once per process, and the JIT caches objects on disk); dot goes to BLAS,
-#    dynamic-update-slice writes its window, custom calls call their targets on the arena;
+#    dynamic-update-slice writes its window, one-operand scatters become native in-order
+#    scatter loops (emit_scatter.py), custom calls call their targets on the arena;
 #    control flow nests sequences; anything else, and anything the emitter or LLVM rejects,
 #    falls back to the interpreter's rule for that one instruction.
 
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from xlapy.analysis.dataflow import FORWARDING_OPCODES
+from xlapy.backends.cpu.emit_scatter import scatter_thunk
 from xlapy.backends.cpu.emitter import in_place_reason, supported
 from xlapy.backends.cpu.kernel import (
     Kernel,
@@ -272,6 +274,11 @@ class _Lowering:
                 return CopyThunk(instr, src, dst)
         if op is Opcode.CUSTOM_CALL:
             thunk = self.lower_custom_call(instr)
+            if thunk is not None:
+                return thunk
+        if op is Opcode.SCATTER and len(instr.operands) == 3 and instr.shape.is_array:
+            inputs = [self.slice_at(o) for o in instr.operands]
+            thunk = scatter_thunk(instr, self.slice_at(instr), inputs)
             if thunk is not None:
                 return thunk
         why = self.kernel_reason(instr)

@@ -17,7 +17,8 @@
 #   elements (segment sums of narrow rows), `ufunc.at` on flat element indices runs instead:
 #   it too applies the updates one at a time in index order. Either way each element sees
 #   its updates in order, so float results match the interpreter's `ufunc.at` bit for bit.
-# Everything else keeps the interpreter's rule.
+# Everything else keeps the interpreter's rule. The CPU compiler runs one-operand scatters as
+# native in-order loops (emit_scatter.py) whenever it can; `plan_scatter` serves the rest.
 
 from __future__ import annotations
 
