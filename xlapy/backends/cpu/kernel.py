@@ -207,6 +207,30 @@ def default_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="xlapy-cpu")
 
 
+def run_blocks(body, blocks: Sequence[tuple[int, int]]) -> None:
+    """`body(lo, hi)` for every block: the first on the calling thread, the others on the
+    pool. A block no worker has started by the time the caller is done is taken back and
+    run by the caller, so a busy pool (or a caller that is itself a pool worker) never
+    waits on queued work: with the other cores taken the caller does everything itself,
+    at the price of one submission per block."""
+    if not blocks:
+        return
+    pool = default_pool()
+    futures = [pool.submit(body, lo, hi) for lo, hi in blocks[1:]]
+    try:
+        body(*blocks[0])
+    except BaseException:
+        for f in futures:
+            if not f.cancel():
+                f.exception()
+        raise
+    for f, (lo, hi) in zip(futures, blocks[1:], strict=True):
+        if f.cancel():
+            body(lo, hi)
+        else:
+            f.result()
+
+
 def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], pool=None, chunks: int | None = None):
     """Run `kernel` on logical `args`, its outer range split into chunks across `pool`."""
     pool = pool or default_pool()

@@ -17,19 +17,76 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from xlapy.backends.cpu.kernel import Kernel, default_pool
+from xlapy.backends.cpu.kernel import Kernel, default_pool, run_blocks
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 
 PARALLEL_MIN_ELEMENTS = 1 << 16
-"""Kernels whose output has more elements than this split their outer range over the pool."""
+"""Kernels that touch more elements than this (the largest of their outputs and inputs) may
+split their outer range over the pool; SplitChoice decides per kernel whether they do."""
+
+
+class SplitChoice:
+    """Whether one kernel runs faster split over the pool or whole on the calling thread,
+    learned from its own run times. Splitting pays a hand-off to the pool's threads (tens
+    of microseconds on a loaded machine) and, for memory-bound kernels whose data sits in a
+    shared cache, often gains nothing; compute-bound kernels gain nearly the core count.
+    Neither can be told from the IR alone, so the first executions alternate the two ways
+    (PROBES each), then the faster by median of its recent times is kept; every REPROBE-th
+    execution tries the other way once, so a change of load is noticed."""
+
+    PROBES = 3
+    REPROBE = 50
+    RECENT = 5
+
+    __slots__ = ("calls", "split", "times")
+
+    def __init__(self):
+        self.calls = 0
+        self.times = (deque(maxlen=self.RECENT), deque(maxlen=self.RECENT))
+        self.split = True
+
+    def next_split(self) -> bool:
+        """Whether the next execution should split."""
+        n = self.calls
+        self.calls = n + 1
+        if n < 2 * self.PROBES:
+            return n % 2 == 1
+        if n % self.REPROBE == 0:
+            return not self.split
+        return self.split
+
+    def record(self, split: bool, seconds: float) -> None:
+        self.times[split].append(seconds)
+        whole, parts = self.times
+        if len(whole) and len(parts):
+            self.split = _median(parts) < _median(whole)
+
+
+def _work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
+    """About how many elements a kernel for `instr` touches: its largest output, or the
+    operand of a reduce it computes (a reduction reads far more than it writes)."""
+    elements = max((s.shape.num_elements for s in outputs), default=0)
+    comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
+    for i in comp.instructions if comp is not None else (instr,):
+        if i.opcode is Opcode.REDUCE:
+            elements = max(elements, i.operands[0].shape.num_elements)
+    return elements
+
+
+def _median(values) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,13 +286,14 @@ class KernelThunk(Thunk):
             for b, i in enumerate(self.inputs)
         )
         self._slots = tuple((s.allocation, s.offset) for s in (*self.outputs, *self.inputs))
-        elements = max((s.shape.num_elements for s in self.outputs), default=0)
+        elements = _work_elements(instr, self.outputs)
         extent = self._extent = kernel.outer_extent
         self.chunks = (
             min(extent, getattr(default_pool(), "_max_workers", 1))
             if elements > PARALLEL_MIN_ELEMENTS and extent > 1
             else 1
         )
+        self.split_choice = SplitChoice() if self.chunks > 1 else None
 
     def run(self, ctx: ExecutionContext) -> None:
         if self.scratch:
@@ -245,18 +303,22 @@ class KernelThunk(Thunk):
             bases = ctx.bases
             ptrs = [bases[a] + offset for a, offset in self._slots]
         extent = self._extent
-        if self.chunks == 1:
+        choice = self.split_choice
+        if choice is None:
             self.kernel.run_raw(ptrs, 0, extent)
         else:
-            bounds = [extent * k // self.chunks for k in range(self.chunks + 1)]
-            pool = default_pool()
-            futures = [
-                pool.submit(self.kernel.run_raw, ptrs, lo, hi)
-                for lo, hi in itertools.pairwise(bounds)
-                if hi > lo
-            ]
-            for f in futures:
-                f.result()
+            split = choice.next_split()
+            start = time.perf_counter()
+            if split:
+                run = self.kernel.run_raw
+                bounds = [extent * k // self.chunks for k in range(self.chunks + 1)]
+                run_blocks(
+                    lambda lo, hi: run(ptrs, lo, hi),
+                    [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo],
+                )
+            else:
+                self.kernel.run_raw(ptrs, 0, extent)
+            choice.record(split, time.perf_counter() - start)
         if self.scratch:
             for o, buf in zip(self.outputs, outs, strict=True):
                 ctx.memory[o.allocation][o.offset : o.offset + o.size] = buf
@@ -265,7 +327,7 @@ class KernelThunk(Thunk):
         head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"
         notes = []
         if self.chunks > 1:
-            notes.append(f"parallel x{self.chunks}")
+            notes.append(f"parallel x{self.chunks} when faster")
         if self.scratch:
             notes.append("in place via scratch")
         if notes:
