@@ -3,15 +3,21 @@
 #
 # Every function takes a scalar `float` or `double` value and returns one of the same type.
 # The recipes:
-#   exp     n = rint(x/ln2), r = x - n*ln2 (two-part ln2), Taylor polynomial of e^r on
-#           |r| <= ln2/2, scaled by 2^n in two steps so results reaching into the denormals
-#           stay exact; clamps give inf / 0 outside the finite range.
+#   exp     x clamped to [lo, hi] (NaN passes), n = rint(x/ln2) by adding 1.5*2^23 (2^52) in
+#           one FMA so its integer sits in the low mantissa bits, r = x - n*ln2 (two-part ln2),
+#           e^r on |r| <= ln2/2 by a degree-6 minimax polynomial (f32, relative error 3.3e-9)
+#           or a 14-term Taylor polynomial (f64), scaled by 2^n in two steps so results
+#           reaching into the denormals stay exact. The clamp ends give inf and 0 by
+#           themselves, and a NaN flows through the arithmetic: no selects.
 #   log     x = m*2^e with m in [sqrt(1/2), sqrt(2)), log(m) = 2*atanh(s), s = (m-1)/(m+1),
 #           odd series in s; denormal inputs are scaled by 2^k first.
 #   log1p, expm1  Goldberg's and Kahan's corrections on top of log / exp (a few ulp near 0).
-#   tanh    f32: |x| clamped to 9 (tanh(9) rounds to 1), tanh(a) = a * P(a^2) / Q(a^2) with
-#           P, Q of degree 4 in a^2 (a rational fit, relative error 2e-8, fitted for xlapy by
-#           iteratively reweighted least squares), evaluated in double: one division, no exp.
+#   tanh    f32, all in float: |x| clamped to 9.02 (tanh rounds to 1 beyond 9.011),
+#           tanh(a) = a * P(a^2) / Q(a^2) with P, Q of degree 4 in a^2 (a rational fit,
+#           relative error 3e-8, fitted for xlapy by reweighted least squares, Q refitted
+#           after rounding P to float), one division, the result clamped to 1, the sign
+#           copied back. Rounding in the two Horner chains dominates: 5.2 ulp at most over
+#           every float (measured exhaustively), as good as a float-only rational gets.
 #           f64: odd Taylor polynomial below 0.2, 1 - 2/(exp(2|x|) + 1) above, the sign
 #           restored; +-1 past saturation.
 #   logistic t = exp(-|x|): 1 / (1 + t) for x >= 0, t / (1 + t) below (no underflow to 0).
@@ -95,6 +101,12 @@ class MathEmitter:
     def select(self, cond, a, b):
         return self.b.select(cond, a, b)
 
+    def clamp(self, x, lo: float, hi: float):
+        """x limited to [lo, hi]; a NaN passes through (one min and one max instruction)."""
+        b, ty = self.b, x.type
+        x = b.select(b.fcmp_ordered("<", x, _c(ty, lo)), _c(ty, lo), x)
+        return b.select(b.fcmp_ordered(">", x, _c(ty, hi)), _c(ty, hi), x)
+
     def isnan(self, x):
         return self.b.fcmp_unordered("uno", x, x)
 
@@ -118,27 +130,29 @@ class MathEmitter:
         return self.b.fmul(x, self.b.bitcast(bits, x.type))
 
     # -- exp / log family ------------------------------------------------------------------
+    _EXP_F32 = (
+        1.0, 1.0, 0.4999999403953552, 0.1666652262210846, 0.04166823625564575,
+        0.008368583396077156, 0.0013824569759890437,
+    )  # fmt: skip
+
     def exp(self, x):
         b, ty = self.b, x.type
         ity = _int_of(ty)
         f32 = ty == F32
         hi, lo = (88.8, -104.0) if f32 else (709.9, -745.2)
-        xs = self.select(self.isnan(x), _c(ty, 0.0), x)
-        xs = self.call("minnum", self.call("maxnum", xs, _c(ty, lo)), _c(ty, hi))
-        n = self.call("rint", b.fmul(xs, _c(ty, 1 / math.log(2))))
+        xs = self.clamp(x, lo, hi)
+        magic = _c(ty, 1.5 * 2.0 ** (23 if f32 else 52))
+        shifted = self.fma(xs, _c(ty, 1 / math.log(2)), magic)
+        n = b.fsub(shifted, magic)
+        ni = b.sub(b.bitcast(shifted, ity), b.bitcast(magic, ity))
         ln2_hi = 0.693145751953125 if f32 else 0.6931471803691238
         ln2_lo = 1.428606765330187e-06 if f32 else 1.9082149292705877e-10
         r = self.fma(n, _c(ty, -ln2_hi), xs)
         r = self.fma(n, _c(ty, -ln2_lo), r)
-        terms = 8 if f32 else 14
-        p = self.horner(r, [1 / math.factorial(k) for k in range(terms)])
-        ni = b.fptosi(n, ity)
+        coeffs = self._EXP_F32 if f32 else [1 / math.factorial(k) for k in range(14)]
+        p = self.horner(r, list(coeffs))
         n1 = b.ashr(ni, ir.Constant(ity, 1))
-        n2 = b.sub(ni, n1)
-        result = self.ldexp(self.ldexp(p, n1), n2)
-        result = self.select(b.fcmp_ordered(">", x, _c(ty, hi)), _c(ty, math.inf), result)
-        result = self.select(b.fcmp_ordered("<", x, _c(ty, lo)), _c(ty, 0.0), result)
-        return self.select(self.isnan(x), x, result)
+        return self.ldexp(self.ldexp(p, n1), b.sub(ni, n1))
 
     def log(self, x):
         b, ty = self.b, x.type
@@ -203,12 +217,12 @@ class MathEmitter:
     )  # fmt: skip
 
     _TANH_P = (
-        0.9999999796451956, 0.13381039857204252, 0.003495602648923215,
-        2.0609230460568772e-05, 1.3354704083382447e-08,
+        1.0, 0.1338144838809967, 0.003495982149615884, 2.0611252693925053e-05,
+        1.3349492178349465e-08,
     )  # fmt: skip
     _TANH_Q = (
-        1.0, 0.46714355542287034, 0.025877043539727477,
-        0.00032856545882548445, 7.77660976447899e-07,
+        1.0, 0.46714767813682556, 0.02587876096367836, 0.0003286093124188483,
+        7.776176289553405e-07,
     )  # fmt: skip
 
     def tanh(self, x):
@@ -226,11 +240,10 @@ class MathEmitter:
 
     def _tanh_f32(self, x):
         b = self.b
-        a = self.call("minnum", self.fabs(self.ext(x)), _c(F64, 9.0))
+        a = self.clamp(self.fabs(x), 0.0, 9.02)
         t = b.fmul(a, a)
-        ratio = b.fdiv(self.horner(t, list(self._TANH_P)), self.horner(t, list(self._TANH_Q)))
-        r = self.copysign(b.fptrunc(b.fmul(a, ratio), F32), x)
-        return self.select(self.isnan(x), x, r)
+        ratio = b.fdiv(b.fmul(a, self.horner(t, list(self._TANH_P))), self.horner(t, self._TANH_Q))
+        return self.copysign(self.clamp(ratio, 0.0, 1.0), x)
 
     def logistic(self, x):
         b, ty = self.b, x.type
