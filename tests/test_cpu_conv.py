@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from xlapy.backends.cpu import lib_dot
+from xlapy.backends.cpu import lib_conv, lib_dot
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.cpu.lib_conv import plan_convolution
 from xlapy.backends.cpu.lib_dot import plan_dot, work_dtype
@@ -281,3 +281,46 @@ ENTRY e {
     by_name = {i.name: i for i in comp.instructions}
     assert plan_dot(by_name["d"]) is None
     assert plan_convolution(by_name["c"]) is not None
+
+
+@pytest.fixture
+def bands_everywhere(monkeypatch):
+    """Make every eligible convolution take the band-row path, however small."""
+    monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 1)
+    monkeypatch.setattr(lib_conv, "_BAND_MIN_ROWS", 1)
+
+
+@pytest.mark.parametrize("name,xdims,kdims,dtype,f", CONVS, ids=[c[0] for c in CONVS])
+def test_band_rows_match_interpreter(bands_everywhere, name, xdims, kdims, dtype, f):
+    rng = np.random.default_rng(zlib.crc32(name.encode()) + 1)
+    x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)
+    check(f, x, k, opcode=Opcode.CONVOLUTION, scale=4.0)
+
+
+@pytest.mark.parametrize(
+    "name,xdims,kdims,strides,padding,groups", GRADS, ids=[g[0] for g in GRADS]
+)
+def test_band_rows_gradients_match_interpreter(
+    bands_everywhere, name, xdims, kdims, strides, padding, groups
+):
+    test_convolution_gradients_match_interpreter(name, xdims, kdims, strides, padding, groups)
+
+
+@pytest.mark.parametrize("banded", [True, False], ids=["bands", "im2col"])
+def test_kept_buffers_give_fresh_results_each_run(monkeypatch, banded):
+    """Work buffers live across runs: a second run on other inputs (padding and base
+    dilation leave zeros that must stay zero) matches the interpreter again."""
+    if not banded:
+        monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 10**9)
+    f = conv("NHWC", "HWIO", window_strides=(1, 1), padding=((2, 1), (1, 2)), lhs_dilation=(2, 1))
+    rng = np.random.default_rng(11)
+    x, k = random(rng, (3, 7, 40, 16), np.float32), random(rng, (3, 3, 16, 5), np.float32)
+    text = jax.jit(f).lower(x, k).as_text(dialect="hlo")
+    calls, banded_body = [], lib_conv._banded
+    monkeypatch.setattr(lib_conv, "_banded", lambda *a: calls.append(banded_body(*a)))
+    program = CpuProgram(parse_module(text))
+    for _ in range(2):
+        x, k = random(rng, x.shape, np.float32), random(rng, k.shape, np.float32)
+        want = evaluate(parse_module(text), [x, k])
+        np.testing.assert_allclose(program.run([x, k]), want, rtol=1e-4, atol=1e-4)
+    assert len(calls) == (2 if banded else 0)

@@ -14,9 +14,17 @@
 # Descending keys use the bitwise complement, which reverses any integer order without
 # overflow. Comparators that do not fit the pattern keep the interpreter's rule.
 #
-# topk takes the k smallest of the (complemented, for largest) keys with ties by lower index:
-# by k rounds of argmin for small k on keys of up to 32 bits, otherwise by a partition around
-# the k-th key plus a stable sort of the k chosen.
+# topk takes the k smallest of the (complemented, for largest) keys with ties by lower index.
+# For 32-bit rows long against k it first prunes: a row is cut into G groups (group g holds the
+# elements g, g + G, g + 2G, ..., so the group extremes are one elementwise max over row
+# slices), and only the groups whose extreme is at least the k-th best extreme can hold a
+# top-k element (the k groups with better extremes hold k elements strictly better than any
+# element of a worse group). The few candidates become 64-bit words (order key << 32 | index),
+# unique, so a partition and a sort of k words per row give values and ties exactly. A float
+# row with a NaN skips the pruning. Otherwise: k rounds of argmin for small k on keys of up
+# to 32 bits, or a partition around the k-th key plus a stable sort of the k chosen. Float
+# keys with a NaN are built from the float64 value, as the interpreter does, so NaNs whose
+# payloads differ only in the quiet bit tie there too.
 
 from __future__ import annotations
 
@@ -33,6 +41,9 @@ from xlapy.ir.opcodes import Opcode
 _SIGNED_OF_WIDTH = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _UNSIGNED_OF_WIDTH = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _SMALL_K = 16
+_GROUPS_PER_K = 16  # pruning groups per wanted element (the candidates: about k groups)
+_MIN_GROUP = 4  # fewer elements per group prune too little to pay for the extra passes
+_PRUNED_TYPES = frozenset({np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint32)})
 
 
 @dataclass(frozen=True)
@@ -330,6 +341,76 @@ def smallest_k(key: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(idx, np.argsort(sub, axis=-1, kind="stable"), axis=-1)
 
 
+def pruning_groups(n: int, k: int) -> int | None:
+    """The group count for pruned top-k on rows of n (see the file comment), or None when no
+    divisor of n fits: at least 2k groups of at least _MIN_GROUP elements."""
+    if k == 0 or n >= 1 << 31:
+        return None
+    target = _GROUPS_PER_K * k
+    fits = [g for g in range(2 * k, min(n // _MIN_GROUP, 4 * target) + 1) if n % g == 0]
+    if not fits:
+        return None
+    return min(fits, key=lambda g: max(g, target) / min(g, target))
+
+
+def _unsigned_order(values: np.ndarray) -> np.ndarray:
+    """uint32 keys in the total order of 32-bit `values` (floats: -0.0 below +0.0)."""
+    bits = values.view(np.uint32)
+    if values.dtype.kind == "u":
+        return bits
+    if values.dtype.kind == "i":
+        return bits ^ np.uint32(1 << 31)
+    negative = (values.view(np.int32) >> 31).view(np.uint32)  # all ones where the sign is set
+    return bits ^ (negative | np.uint32(1 << 31))
+
+
+def pruned_top_k(rows: np.ndarray, k: int, largest: bool, groups: int) -> np.ndarray | None:
+    """Indices of the k largest (smallest) of each row of 32-bit `rows` in total order, best
+    first, ties by lower index; None for a float row with a NaN (see the file comment)."""
+    count, n = rows.shape
+    size = n // groups
+    parts = rows.reshape(count, size, groups)
+    better = np.maximum if largest else np.minimum
+    extreme = better(parts[:, 0], parts[:, 1])
+    for i in range(2, size):
+        better(extreme, parts[:, i], out=extreme)
+    if extreme.dtype.kind == "f" and np.isnan(extreme).any():
+        return None
+    if largest:
+        bound = np.partition(extreme, groups - k, axis=1)[:, groups - k, None]
+        keep = extreme >= bound
+    else:
+        bound = np.partition(extreme, k - 1, axis=1)[:, k - 1, None]
+        keep = extreme <= bound
+    at_row, group = np.divmod(np.flatnonzero(keep), groups)
+    at = group[:, None] + groups * np.arange(size)  # the candidates' places in their rows
+    key = _unsigned_order(rows.reshape(-1).take(at + (n * at_row)[:, None]))
+    if largest:
+        key = ~key
+    words = key.astype(np.uint64) << np.uint64(32)
+    words |= at.astype(np.uint64)
+    kept = keep.sum(axis=1)
+    widest = int(kept.max())
+    if (kept == widest).all():
+        words = words.reshape(count, widest * size)
+    else:
+        padded = np.full((count, widest, size), np.iinfo(np.uint64).max)
+        padded[at_row, (np.cumsum(keep, axis=1) - 1)[at_row, group]] = words
+        words = padded.reshape(count, widest * size)
+    best = np.partition(words, k - 1, axis=1)[:, :k]
+    best.sort(axis=1)
+    return (best & np.uint64(0xFFFFFFFF)).astype(np.intp)
+
+
+def _topk_keys(values: np.ndarray) -> np.ndarray | None:
+    """Ascending total-order keys of `values` as the interpreter's topk orders them (a float
+    NaN through its float64 value)."""
+    small_float = values.dtype.kind == "f" and values.dtype.itemsize < 8
+    if small_float and np.isnan(values.astype(np.float32, copy=False)).any():
+        values = values.astype(np.float64)
+    return order_keys(values, "TOTALORDER")
+
+
 def plan_topk(instr: HloInstruction) -> FastFn | None:
     """topk: the k largest / smallest along the last dimension in total order."""
     k = instr.attrs.get("k")
@@ -339,13 +420,21 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
         return None
     if not instr.shape.is_tuple or len(instr.shape.tuple_shapes) != 2:
         return None
+    n = x.shape.dims[-1]
+    groups = pruning_groups(n, k) if x.shape.dtype in _PRUNED_TYPES else None
 
     def run(values, outs, ctx) -> bool:
         (v,) = values
-        key = order_keys(np.asarray(v), "TOTALORDER")
-        if key is None:
-            return False
-        idx = smallest_k(_descending(key) if largest else key, k)
+        v = np.asarray(v)
+        idx = None
+        if groups is not None and v.size:
+            idx = pruned_top_k(v.reshape(-1, n), k, largest, groups)
+        if idx is None:
+            key = _topk_keys(v)
+            if key is None:
+                return False
+            idx = smallest_k(_descending(key) if largest else key, k)
+        idx = idx.reshape(*v.shape[:-1], k)
         out_values, out_indices = outs
         np.copyto(out_values, np.take_along_axis(v, idx, axis=-1), casting="no")
         np.copyto(out_indices, idx, casting="unsafe")
