@@ -20,6 +20,18 @@
 # _CHUNK_BYTES. A 1x1 window with unit stride, no padding and row-major features needs no
 # im2col copy at all: the input itself is the matrix.
 #
+# Band rows: when the last spatial dim's window row of a window position, K_last * Cg values,
+# is long enough (and the other spatial dims have unit stride), a convolution is instead a sum
+# of products, one per position of the other window dims: a copy of [Nb, P_outer...,
+# O_last, K_last * Cg] band rows (a third of the im2col copy for a 3x3 window) holds every
+# such product's left operand as a row-major matrix at some offset, and OpenBLAS's gemm
+# (raw_gemm in lib_dot.py) accumulates it into the output rows of one batch item and group
+# (beta = 1 after the first product), straight in the result when it is row-major in the
+# work dtype. The products of one batch item run back to back, its bands still in cache.
+#
+# Work buffers (the padded input, the im2col and band blocks) are kept between runs, one set
+# per thread: the padding stays zero, and no run faults in fresh pages.
+#
 # Window reversal flips the kernel's spatial axes (a view). Depthwise convolutions (one
 # input feature per group) skip im2col: a matmul with K... * 1 columns is mostly overhead, so
 # they multiply-accumulate one shifted input view per window position into the output,
@@ -28,7 +40,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -36,6 +50,7 @@ from numpy.lib.stride_tricks import as_strided
 from xlapy.backends.cpu.lib_dot import (
     blas_ready,
     from_work,
+    raw_gemm,
     split_run,
     supported_types,
     work_dtype,
@@ -45,6 +60,9 @@ from xlapy.ir.attributes import ConvDimLabels, Window
 from xlapy.ir.instruction import HloInstruction
 
 _CHUNK_BYTES = 1 << 20
+_BAND_MIN_DEPTH = 32  # shorter band rows make BLAS slower than the full im2col copy costs
+_BAND_MIN_ROWS = 64  # fewer output rows per product: too many small BLAS calls
+_KEEP_BYTES = 1 << 26  # larger work buffers are allocated per run, not kept
 
 
 def _split_axis(x: np.ndarray, axis: int, outer: int) -> np.ndarray:
@@ -62,6 +80,29 @@ def _stored_range(n: int, lo: int, bd: int, padded: int) -> tuple[int, int]:
     j0 = (-lo + bd - 1) // bd if lo < 0 else 0
     j1 = min(n, (padded - 1 - lo) // bd + 1) if padded - 1 - lo >= 0 else 0
     return j0, max(j0, j1)
+
+
+class _Scratch:
+    """Work buffers one convolution keeps between runs, a set per thread (blocks run on the
+    pool's threads). Fresh large allocations come as fresh pages, and faulting them in can
+    cost more than the copy that fills them."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: np.dtype, zero: bool = False):
+        """A buffer of `shape` and `dtype`: the same one every run of this thread (up to
+        _KEEP_BYTES), zeroed at creation only when `zero` (a caller that writes the same
+        elements each run keeps the rest zero)."""
+        make = np.zeros if zero else np.empty
+        if math.prod(shape) * np.dtype(dtype).itemsize > _KEEP_BYTES:
+            return make(shape, dtype)
+        bufs = self._local.__dict__.setdefault("bufs", {})
+        key = (name, shape, np.dtype(dtype))
+        buf = bufs.get(key)
+        if buf is None:
+            buf = bufs[key] = make(shape, dtype)
+        return buf
 
 
 class _Geometry:
@@ -110,6 +151,13 @@ class _Geometry:
         self.pwin = math.prod(self.ksizes)
         self.pointwise = self.plain and all(d.size == 1 and d.stride == 1 for d in window.dims)
         self.depthwise = self.cg == 1 and self.fgc > 1
+        self.banded = (
+            len(self.dims) >= 2
+            and all(d.stride == 1 for d in self.dims[:-1])
+            and self.ksizes[-1] * self.cg >= _BAND_MIN_DEPTH
+            and self.outs[-2] * self.outs[-1] >= _BAND_MIN_ROWS
+            and not self.depthwise
+        )
 
     # -- operands in the canonical form ------------------------------------------------------
     def grouped_input(self, x: np.ndarray) -> np.ndarray:
@@ -121,14 +169,17 @@ class _Geometry:
             return np.moveaxis(_split_axis(xc, xc.ndim - 1, self.g), -2, 0)
         return xc[None]
 
-    def padded_input(self, x5: np.ndarray, work: np.dtype) -> np.ndarray:
+    def padded_input(self, x5: np.ndarray, work: np.dtype, scratch: _Scratch) -> np.ndarray:
         """The input dilated and padded along the spatial axes of `x5`, in `work`."""
         lead = x5.ndim - len(self.dims) - 1  # axes before the spatial ones
         if self.plain:
             if x5.dtype == work and (x5.strides[-1] == x5.itemsize or x5.shape[-1] == 1):
                 return x5
-            return np.ascontiguousarray(x5, dtype=work)
-        buf = np.zeros((*x5.shape[:lead], *self.padded, x5.shape[-1]), work)
+            buf = scratch.get("input", x5.shape, work)
+            np.copyto(buf, x5, casting="unsafe")
+            return buf
+        shape = (*x5.shape[:lead], *self.padded, x5.shape[-1])
+        buf = scratch.get("padded", shape, work, zero=True)  # only stored elements change
         dst, src = [slice(None)] * lead, [slice(None)] * lead
         for d, (j0, j1) in zip(self.dims, self.stored, strict=True):
             start = d.pad_low + j0 * d.base_dilation
@@ -178,6 +229,7 @@ def plan_convolution(instr: HloInstruction):
     geo = _Geometry(instr, labels, window)
     result = instr.shape.element_type
     body = _depthwise if geo.depthwise else _im2col
+    scratch = _Scratch()
 
     def run(values, out, ctx) -> bool:
         x, k = values
@@ -185,7 +237,10 @@ def plan_convolution(instr: HloInstruction):
             return False
         acc = accumulation_dtype(result, x, k)
         work = work_dtype(acc, x, k, geo.pwin * geo.cg)
-        body(geo, x, k, out, acc, work, result)
+        if geo.banded and raw_gemm(work) is not None:
+            _banded(geo, x, k, out, acc, work, result, scratch)
+        else:
+            body(geo, x, k, out, acc, work, result, scratch)
         return True
 
     return run
@@ -219,9 +274,19 @@ def _units(geo: _Geometry, lo: int, hi: int, unit_bytes: int):
         yield from _segments(a, min(hi, a + step), geo.outs[0])
 
 
-def _im2col(geo: _Geometry, x, k, out, acc, work, result) -> None:
+def _matrix_view(part: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """`part` as BLAS-ready matrices of `shape` without a copy (a 1x1 window's input), or
+    None."""
+    try:
+        view = np.reshape(part, shape, copy=False)
+    except ValueError:
+        return None
+    return view if blas_ready(view) is view else None
+
+
+def _im2col(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:
     nsp = len(geo.dims)
-    p = geo.padded_input(geo.grouped_input(x), work)  # [G, Nb, P..., Cg]
+    p = geo.padded_input(geo.grouped_input(x), work, scratch)  # [G, Nb, P..., Cg]
     w = geo.windows(p, 2)  # [G, Nb, O..., K..., Cg]
     kmat = np.ascontiguousarray(geo.kernel(k), dtype=work).reshape(geo.g, geo.pwin * geo.cg, geo.og)
     canon = geo.output(out)  # [Nb, O..., G * Og]
@@ -230,11 +295,18 @@ def _im2col(geo: _Geometry, x, k, out, acc, work, result) -> None:
     rest = geo.pout // geo.outs[0]  # rows per unit
     depth = geo.pwin * geo.cg
 
+    unit_bytes = geo.g * rest * depth * work.itemsize
+
     def block(lo: int, hi: int) -> None:
-        for start, sn, so in _units(geo, lo, hi, geo.g * rest * depth * work.itemsize):
+        step = max(1, _CHUNK_BYTES // max(unit_bytes, 1))
+        whole = scratch.get("cols", (geo.g, min(hi - lo, step) * rest, depth), work)
+        for start, sn, so in _units(geo, lo, hi, unit_bytes):
             part = w[:, sn, so]
             rows = part.shape[1] * part.shape[2] * rest
-            cols = blas_ready(part.reshape(geo.g, rows, depth))
+            cols = _matrix_view(part, (geo.g, rows, depth))
+            if cols is None:
+                cols = whole[:, :rows]
+                np.copyto(np.reshape(cols, part.shape, copy=False), part)
             if direct:
                 np.matmul(cols[0], kmat[0], out=flat[start * rest : start * rest + rows])
                 continue
@@ -246,9 +318,71 @@ def _im2col(geo: _Geometry, x, k, out, acc, work, result) -> None:
     split_run(units, 2.0 * geo.g * geo.nb * geo.pout * depth * geo.og, block)
 
 
-def _depthwise(geo: _Geometry, x, k, out, acc, work, result) -> None:
+def _contiguous_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    return tuple(itemsize * math.prod(shape[i + 1 :]) for i in range(len(shape)))
+
+
+def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:
+    """Convolution as a sum of products with band rows (see the file comment)."""
+    gemm = raw_gemm(work)
+    it = work.itemsize
+    p = geo.padded_input(geo.grouped_input(x), work, scratch)  # [G, Nb, P..., Cg]
+    last = geo.dims[-1]
+    depth = geo.ksizes[-1] * geo.cg
+    st = p.strides
+    bands = as_strided(
+        p,
+        (*p.shape[:-2], geo.outs[-1], geo.ksizes[-1], p.shape[-1]),
+        (*st[:-2], st[-2] * last.stride, st[-2] * last.window_dilation, st[-1]),
+        writeable=False,
+    )  # [G, Nb, P_outer..., O_last, K_last, Cg]
+    kmat = np.ascontiguousarray(geo.kernel(k), dtype=work)
+    kmat = kmat.reshape(geo.g, -1, depth, geo.og)  # [G, K_outer, K_last * Cg, Og]
+    canon = geo.output(out)  # [Nb, O..., G * Og]
+    direct = canon.dtype == work and canon.flags.c_contiguous
+    ldc = geo.g * geo.og
+    rows = geo.outs[-2] * geo.outs[-1]  # one product per output [O_outer_last, O_last] plane
+    shape = (geo.g, *p.shape[2:-2], geo.outs[-1], depth)  # one batch item of the bands
+    n_bytes = math.prod(shape) * it
+    # byte offsets of each product's operands: in a batch item's bands, in the kernel, in a
+    # batch item of the result (shaped [O..., G * Og])
+    band_st = _contiguous_strides(shape, it)
+    out_st = _contiguous_strides((*geo.outs, ldc), it)
+    k_base = kmat.ctypes.data
+    products = []
+    for g, plane in itertools.product(range(geo.g), np.ndindex(*geo.outs[:-2])):
+        c_off = g * geo.og * it + sum(i * s for i, s in zip(plane, out_st, strict=False))
+        for ko, kidx in enumerate(np.ndindex(*geo.ksizes[:-1])):
+            at = [i + j * d.window_dilation for i, j, d in zip((*plane, 0), kidx, geo.dims)]
+            a_off = g * band_st[0] + sum(i * s for i, s in zip(at, band_st[1:], strict=False))
+            b_at = k_base + g * kmat.strides[0] + ko * kmat.strides[1]
+            products.append((a_off, b_at, float(ko > 0), c_off))
+
+    def block(lo: int, hi: int) -> None:
+        step = min(hi - lo, max(1, _CHUNK_BYTES // max(n_bytes, 1)))
+        whole = scratch.get("bands", (step, *bands.shape[:1], *bands.shape[2:]), work)
+        staged = None if direct else scratch.get("out", (step, *geo.outs, ldc), work)
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            band = whole[: b - a]  # [n, G, P_outer..., O_last, K_last, Cg]
+            np.copyto(band, bands[:, a:b].swapaxes(0, 1))
+            target = canon[a:b] if direct else staged[: b - a]
+            band_at, target_at = band.ctypes.data, target.ctypes.data
+            for n in range(b - a):
+                a_n, c_n = band_at + n * n_bytes, target_at + n * out_st[0] * geo.outs[0]
+                for a_off, b_at, beta, c_off in products:
+                    gemm(rows, geo.og, depth, a_n + a_off, depth, b_at, geo.og, beta,
+                         c_n + c_off, ldc)  # fmt: skip
+            if not direct:
+                _store(canon[a:b], target, acc, result)
+
+    flops = 2.0 * geo.g * geo.nb * geo.pout * geo.pwin * geo.cg * geo.og
+    split_run(geo.nb, flops, block)
+
+
+def _depthwise(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:
     xc = x.transpose(geo.xperm)  # [Nb, S..., G]: one feature per group
-    w = geo.windows(geo.padded_input(xc, work), 1)  # [Nb, O..., K..., G]
+    w = geo.windows(geo.padded_input(xc, work, scratch), 1)  # [Nb, O..., K..., G]
     kw = np.ascontiguousarray(geo.kernel(k), dtype=work)  # [G, K..., 1, Og]
     kw = np.ascontiguousarray(np.moveaxis(kw.reshape(geo.g, geo.pwin, geo.og), 0, 1))
     canon = geo.output(out)  # [Nb, O..., G * Og]

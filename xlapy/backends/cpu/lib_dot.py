@@ -24,7 +24,11 @@
 # 2 BLAS threads, 0.9 ms with 1). So these paths run every BLAS call with one OpenBLAS thread
 # (`openblas_set_num_threads_local`, set around the call and restored) and get parallelism
 # the way kernels do: a large product is split into row blocks run on the kernel pool, one
-# block inline on the calling thread.
+# block inline on the calling thread; a block no worker has started by the time the caller is
+# done with its own is taken back and run inline, so the caller never waits on queued work.
+#
+# raw_gemm exposes OpenBLAS's row-major gemm on raw addresses for products np.matmul cannot
+# express (accumulating into a strided block of an existing result, see lib_conv.py).
 
 from __future__ import annotations
 
@@ -34,11 +38,10 @@ import glob
 import itertools
 import math
 import os
-import threading
 
 import numpy as np
 
-from xlapy.backends.cpu.kernel import default_pool
+from xlapy.backends.cpu.kernel import default_pool, run_blocks
 from xlapy.backends.interpreter.rules.contraction import (
     accumulation_dtype,
     to_result,
@@ -51,19 +54,66 @@ PARALLEL_MIN_FLOPS = 1 << 23
 """Products with fewer multiply-adds (x2) than this run on the calling thread alone."""
 
 
-@functools.cache
-def _set_local_threads():
-    """OpenBLAS's `openblas_set_num_threads_local` (NumPy's bundled copy first), or None."""
+def _openblas_symbol(names: tuple[str, ...]):
+    """The first of `names` exported by OpenBLAS (NumPy's bundled copy first), or None."""
     here = os.path.dirname(np.__file__)
     candidates = glob.glob(os.path.join(here, os.pardir, "numpy.libs", "*openblas*.so*"))
     for path in [*candidates, None]:
         try:
-            fn = ctypes.CDLL(path).openblas_set_num_threads_local
-        except (OSError, AttributeError):
+            lib = ctypes.CDLL(path)
+        except OSError:
             continue
-        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-        return fn
+        for name in names:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return name, fn
     return None
+
+
+@functools.cache
+def _set_local_threads():
+    """OpenBLAS's `openblas_set_num_threads_local`, or None."""
+    found = _openblas_symbol(("openblas_set_num_threads_local",))
+    if found is None:
+        return None
+    fn = found[1]
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_ROW_MAJOR, _NO_TRANS = 101, 111
+_GEMM_SCALARS = {
+    np.dtype(np.float32): ("s", ctypes.c_float),
+    np.dtype(np.float64): ("d", ctypes.c_double),
+}
+
+
+@functools.cache
+def raw_gemm(dtype: np.dtype):
+    """OpenBLAS's row-major `C = A @ B + beta * C` for float32 / float64 on raw addresses, as
+    `gemm(m, n, k, a, lda, b, ldb, beta, c, ldc)` (leading dimensions in elements), or None
+    when `dtype` has none or no OpenBLAS is loaded. For products that np.matmul cannot
+    express: accumulating into a strided block of an existing result."""
+    if dtype not in _GEMM_SCALARS:
+        return None
+    letter, scalar = _GEMM_SCALARS[dtype]
+    found = _openblas_symbol(
+        (f"scipy_cblas_{letter}gemm64_", f"cblas_{letter}gemm64_", f"cblas_{letter}gemm")
+    )
+    if found is None:
+        return None
+    name, fn = found
+    index = ctypes.c_int64 if name.endswith("64_") else ctypes.c_int
+    ptr = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, index, index, index, scalar,
+                   ptr, index, ptr, index, scalar, ptr, index]  # fmt: skip
+    fn.restype = None
+
+    def gemm(m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, beta: float,
+             c: int, ldc: int) -> None:  # fmt: skip
+        fn(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+
+    return gemm
 
 
 def _one_blas_thread(body, lo: int, hi: int) -> None:
@@ -79,23 +129,15 @@ def _one_blas_thread(body, lo: int, hi: int) -> None:
 
 
 def split_run(units: int, flops: float, body) -> None:
-    """`body(lo, hi)` over [0, units): in row blocks on the kernel pool when `flops` is large,
-    every block with one BLAS thread (see the file comment)."""
-    pool = default_pool()
+    """`body(lo, hi)` over [0, units): in row blocks on the kernel pool when `flops` is large
+    (kernel.run_blocks: the caller runs one and takes back any no worker started), every
+    block with one BLAS thread (see the file comment)."""
     parts = 1
-    if flops >= PARALLEL_MIN_FLOPS and not threading.current_thread().name.startswith(
-        "xlapy-cpu"
-    ):  # a pool worker waiting on the pool could deadlock it
-        parts = max(1, min(units, getattr(pool, "_max_workers", 1)))
+    if flops >= PARALLEL_MIN_FLOPS:
+        parts = max(1, min(units, getattr(default_pool(), "_max_workers", 1)))
     bounds = [units * i // parts for i in range(parts + 1)]
     blocks = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
-    futures = [pool.submit(_one_blas_thread, body, lo, hi) for lo, hi in blocks[1:]]
-    try:
-        if blocks:
-            _one_blas_thread(body, *blocks[0])
-    finally:
-        for f in futures:
-            f.result()
+    run_blocks(lambda lo, hi: _one_blas_thread(body, lo, hi), blocks)
 
 
 def supported_types(instr: HloInstruction) -> bool:

@@ -6,8 +6,9 @@
 #   result's slice; the operands are transposed views, so BLAS sees the transpose flags
 #   instead of copies wherever the contraction allows. Other dots (mixed precision, integers)
 #   go through RuleThunk, whose fast path is lib_dot.py.
-#   BLAS runs on the executing thread, never inside the kernel pool, so the two thread pools
-#   do not compete for cores beyond what BLAS itself starts.
+#   Every BLAS call runs with one OpenBLAS thread; a large product is split into row (or
+#   batch) blocks over the kernel pool instead (lib_dot.split_run), so BLAS's own threads
+#   never compete with the pool, and a busy machine degrades to one core instead of 5-15x.
 # - DynamicUpdateSliceThunk: writes only the update's window; when buffer assignment put the
 #   result on its operand (in place) nothing else moves.
 # - CustomCallThunk: C targets get pointers into the arena with the nested pointer-table
@@ -29,7 +30,7 @@ import numpy as np
 
 from xlapy.backends.base import replace_leaf
 from xlapy.backends.cpu.lib_conv import plan_convolution
-from xlapy.backends.cpu.lib_dot import plan_dot
+from xlapy.backends.cpu.lib_dot import plan_dot, split_run
 from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
 from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
 from xlapy.backends.cpu.lib_window import plan_reduce_window, plan_select_and_scatter
@@ -147,15 +148,20 @@ class DotThunk(Thunk):
         lhs, rhs = ctx.view(self.lhs), ctx.view(self.rhs)
         a = lhs.transpose([*self.lb, *self.lf, *self.lc]).reshape(self.b, self.m, self.k)
         c = rhs.transpose([*self.rb, *self.rc, *self.rf]).reshape(self.b, self.k, self.n)
-        if self.out_default:
-            out = ctx.physical(self.out).reshape(self.b, self.m, self.n)
-            if self.b == 1:
-                np.matmul(a[0], c[0], out=out[0])
-            else:
-                np.matmul(a, c, out=out)
+        flops = 2 * self.b * self.m * self.n * self.k
+        if not self.out_default:
+            result = np.empty((self.b, self.m, self.n), ctx.view(self.out).dtype)
+            split_run(
+                self.b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=result[lo:hi])
+            )
+            np.copyto(ctx.view(self.out), result.reshape(self.out.shape.dims))
             return
-        result = np.matmul(a, c).reshape(self.out.shape.dims)
-        np.copyto(ctx.view(self.out), result)
+        out = ctx.physical(self.out).reshape(self.b, self.m, self.n)
+        if self.b == 1:
+            a0, c0, out0 = a[0], c[0], out[0]
+            split_run(self.m, flops, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
+        else:
+            split_run(self.b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
 
     def describe(self) -> list[str]:
         return [
