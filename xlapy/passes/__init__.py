@@ -27,6 +27,7 @@ PASS_MODULES = (
     "fusion",
     "fusion_multi_output",
     "inline",
+    "layout_normalize",
     "reshape_to_bitcast",
     "simplify",
     "tuple_simplify",

@@ -19,6 +19,7 @@ from xlapy.passes import (  # noqa: F401  (importing registers the passes)
     donors,
     expanders,
     inline,
+    layout_normalize,
     reshape_to_bitcast,
     simplify,
     tuple_simplify,
@@ -29,6 +30,7 @@ SIMPLIFY = ["algsimp", "constant-folding", "tuple-simplifier", "cse", "dce"]
 
 CPU_PIPELINE: list[str | list[str]] = [
     "call-inliner",
+    "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
     SIMPLIFY,  # a list is a FixedPoint group
@@ -74,7 +76,8 @@ def build(
 
 
 def default_cpu_pipeline(dump_dir: str | Path | None = None, verify: bool = True) -> PassPipeline:
-    """The CPU compiler's pipeline (CPU_PIPELINE): inline, expand, simplify to a fixed point,
+    """The CPU compiler's pipeline (CPU_PIPELINE): inline, make intermediate layouts
+    row-major, expand, simplify to a fixed point,
     turn donors into aliases, then fuse, turn reshapes that move no bytes into bitcasts
     and insert copies."""
     return build("cpu", CPU_PIPELINE, dump_dir, verify)
