@@ -99,3 +99,14 @@ def test_split_choice_follows_a_change_of_load():
     picks = _drive(choice, 5.0, 2.0, 400)  # the other core got busy: splitting got slower
     assert not choice.split
     assert picks[-50:].count(False) > 45
+
+
+def test_split_choice_ignores_the_warm_up_run():
+    """The first run pays first-touch costs; it must not decide anything."""
+    choice = SplitChoice()
+    split = choice.next_split()
+    choice.record(split, 100.0)
+    assert not choice.times[0] and not choice.times[1]
+    picks = _drive(choice, 1.0, 2.0, 2 * SplitChoice.PROBES)
+    assert picks.count(True) == picks.count(False) == SplitChoice.PROBES
+    assert choice.split

@@ -41,11 +41,13 @@ class SplitChoice:
     learned from its own run times. Splitting pays a hand-off to the pool's threads (tens
     of microseconds on a loaded machine) and, for memory-bound kernels whose data sits in a
     shared cache, often gains nothing; compute-bound kernels gain nearly the core count.
-    Neither can be told from the IR alone, so the first executions alternate the two ways
-    (PROBES each), then the faster by median of its recent times is kept; every REPROBE-th
-    execution tries the other way once, so a change of load is noticed."""
+    Neither can be told from the IR alone, so after one untimed warm-up run the first
+    executions alternate the two ways (PROBES each), then the way with the lower best time
+    among its RECENT runs is kept (load only ever adds time, so the minimum is the fairer
+    estimate); every REPROBE-th execution tries the other way once, so a change of load is
+    noticed."""
 
-    PROBES = 3
+    PROBES = 4
     REPROBE = 50
     RECENT = 5
 
@@ -60,17 +62,21 @@ class SplitChoice:
         """Whether the next execution should split."""
         n = self.calls
         self.calls = n + 1
-        if n < 2 * self.PROBES:
-            return n % 2 == 1
+        if n == 0:
+            return True
+        if n <= 2 * self.PROBES:
+            return n % 2 == 0
         if n % self.REPROBE == 0:
             return not self.split
         return self.split
 
     def record(self, split: bool, seconds: float) -> None:
+        if self.calls == 1:
+            return  # the warm-up run: first-touch costs, not the kernel's
         self.times[split].append(seconds)
         whole, parts = self.times
-        if len(whole) and len(parts):
-            self.split = _median(parts) < _median(whole)
+        if whole and parts:
+            self.split = min(parts) < min(whole)
 
 
 def _work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
@@ -82,11 +88,6 @@ def _work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int
         if i.opcode is Opcode.REDUCE:
             elements = max(elements, i.operands[0].shape.num_elements)
     return elements
-
-
-def _median(values) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 @dataclass(frozen=True, slots=True)
