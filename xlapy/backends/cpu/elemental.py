@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from llvmlite import ir
 
@@ -20,6 +21,7 @@ from xlapy.backends.cpu.emitter import (
     KernelEmitter,
     UnsupportedForCodegen,
     emits,
+    reduce_hero,
     reg_type,
 )
 from xlapy.ir.instruction import HloInstruction
@@ -544,7 +546,7 @@ def _reverse(em: KernelEmitter, instr, index):
     return em.gen(instr.operands[0], op_index)
 
 
-def _start_indices(em, instr, operand_dims, sizes, first: int):
+def dynamic_starts(em, instr, operand_dims, sizes, first: int):
     """Clamped start indices of a dynamic-(update-)slice, as i64 values."""
     starts = []
     for k, (dim, size) in enumerate(zip(operand_dims, sizes, strict=True)):
@@ -561,7 +563,7 @@ def _dynamic_slice(em: KernelEmitter, instr, index):
     op = instr.operands[0]
     if len(instr.operands) != 1 + op.shape.rank:
         raise _unsupported(instr, "with a single index-vector operand is not supported")
-    starts = _start_indices(em, instr, op.shape.dims, instr.shape.dims, 1)
+    starts = dynamic_starts(em, instr, op.shape.dims, instr.shape.dims, 1)
     op_index = tuple(em.b.add(i, s) for i, s in zip(index, starts, strict=True))
     return em.gen(op, op_index)
 
@@ -572,7 +574,7 @@ def _dynamic_update_slice(em: KernelEmitter, instr, index):
     if len(instr.operands) != 2 + op.shape.rank:
         raise _unsupported(instr, "with a single index-vector operand is not supported")
     b = em.b
-    starts = _start_indices(em, instr, op.shape.dims, update.shape.dims, 2)
+    starts = dynamic_starts(em, instr, op.shape.dims, update.shape.dims, 2)
     inside = ir.Constant(I1, 1)
     up_index = []
     for i, s, size in zip(index, starts, update.shape.dims, strict=True):
@@ -679,6 +681,12 @@ def _combine(em: KernelEmitter, op: Opcode, t: PrimitiveType, a, c, reassoc: boo
     return _INT_BINARY[op](em, a, c, t.is_signed_integral)
 
 
+def rounds(op: Opcode, t: PrimitiveType) -> bool:
+    """Does combining with `op` on `t` round (float add / multiply)? Only such reducers need
+    the blocked cascade; the others are exact in any order and run as one vector loop."""
+    return t.is_float and op in (Op.ADD, Op.MULTIPLY)
+
+
 CASCADE_BLOCK = 16
 """Partial results of one level summed into the next level's accumulator."""
 
@@ -708,6 +716,108 @@ def emit_cascade(em: KernelEmitter, size: int, blocks, clear, flush, elements) -
             flush(k, top)
 
     level(len(spans) - 1, _c64(0), _c64(size), True)
+
+
+def emit_float_extremum(em: KernelEmitter, op: Opcode, t: PrimitiveType, size: int, value_at):
+    """The maximum (or minimum) of `value_at(i)` for i in [0, size), size > 0, equal to a
+    fold of llvm.maximum (minimum): NaN if any element is NaN, +0 above -0.
+
+    llvm.maximum costs several vector instructions per step on x86. Instead the loop keeps
+    three cheap accumulators that vectorize: a compare-and-select extremum that ignores NaN
+    and the sign of zero, an any-NaN flag, and the AND (OR for minimum) of the elements' bits,
+    whose sign bit says whether every element (any element) is negative. When the extremum
+    is zero, it is -0 exactly when that sign bit is set, because no element lies beyond it."""
+    b = em.b
+    fty = reg_type(t)
+    ity = I64 if isinstance(fty, ir.DoubleType) else I32
+    fast = ("nnan", "nsz")
+    is_max = op is Op.MAXIMUM
+    best = em.alloca(fty, "ext.best")
+    nan = em.alloca(I1, "ext.nan")
+    bits = em.alloca(ity, "ext.bits")
+    b.store(ir.Constant(fty, -math.inf if is_max else math.inf), best)
+    b.store(ir.Constant(I1, 0), nan)
+    b.store(ir.Constant(ity, -1 if is_max else 0), bits)
+    with em.loop(_c64(0), _c64(size), "ext") as i:
+        x = value_at(i)
+        current = b.load(best)
+        beyond = b.fcmp_ordered(">" if is_max else "<", x, current, flags=fast)
+        b.store(b.select(beyond, x, current, flags=fast), best)
+        b.store(b.or_(b.load(nan), b.fcmp_unordered("uno", x, x)), nan)
+        merged = (b.and_ if is_max else b.or_)(b.load(bits), b.bitcast(x, ity))
+        b.store(merged, bits)
+    value = b.load(best)
+    sign = ir.Constant(ity, 1 << (ity.width - 1))
+    zero = b.bitcast(b.and_(b.load(bits), sign), fty)
+    value = b.select(b.fcmp_ordered("==", value, ir.Constant(fty, 0.0)), zero, value)
+    return b.select(b.load(nan), ir.Constant(fty, math.nan), value)
+
+
+FOLD_LANES = 64
+"""Contiguous chunks of a row folded side by side by a selection reducer."""
+
+
+def selection_reducer(comp) -> bool:
+    """Is every result of reducer `comp` a select between its accumulator and element
+    parameters (argmax, argmin, max by key)? Such a reducer never rounds: its result is one
+    of its inputs, whatever the bracketing."""
+    root = comp.root
+    outs = root.operands if root.opcode is Op.TUPLE else [root]
+    n = len(outs)
+    if comp.num_parameters != 2 * n:
+        return False
+    for i, out in enumerate(outs):
+        if out.opcode is not Op.SELECT:
+            return False
+        picks = {id(x) for x in out.operands[1:]}
+        if picks != {id(comp.parameter(i)), id(comp.parameter(n + i))}:
+            return False
+    return all(not x.has_side_effect for x in comp.instructions)
+
+
+def _chunked_fold(em: KernelEmitter, comp, accs, size: int, element_values, src_index, d):
+    """Fold elements [0, size) of dimension d into `accs` with a selection reducer, as
+    FOLD_LANES contiguous chunks folded side by side (each lane starts at its chunk's first
+    element), then the lanes into `accs` in order, then the leftover tail in order. Only the
+    bracketing changes, which XLA allows (the reduction order is unspecified; the reducer is
+    assumed associative): a serial fold is one long dependency chain, while the lanes vectorize.
+    """
+    b = em.b
+    chunk = size // FOLD_LANES
+    lanes = [em.alloca(ir.ArrayType(a.type.pointee, FOLD_LANES), "fold.lanes") for a in accs]
+
+    def slots(k):
+        return [b.gep(arr, [ir.Constant(I32, 0), k], True) for arr in lanes]
+
+    def at(j, k):
+        src_index[d] = b.add(b.mul(k, _c64(chunk), flags=["nsw"]), j, flags=["nsw"])
+        return element_values()
+
+    with em.loop(_c64(0), _c64(FOLD_LANES), "fold.first") as k:
+        for slot, v in zip(slots(k), at(_c64(0), k), strict=True):
+            b.store(v, slot)
+    with (
+        em.loop(_c64(1), _c64(chunk), "fold.step") as j,
+        em.loop(_c64(0), _c64(FOLD_LANES), "fold.lane") as k,
+    ):
+        values = at(j, k)
+        current = slots(k)
+        result = em.call_scalar(comp, [*(b.load(x) for x in current), *values])
+        result = result if isinstance(result, tuple) else (result,)
+        for slot, v in zip(current, result, strict=True):
+            b.store(v, slot)
+
+    def merge(values):
+        result = em.call_scalar(comp, [*(b.load(a) for a in accs), *values])
+        result = result if isinstance(result, tuple) else (result,)
+        for acc, v in zip(accs, result, strict=True):
+            b.store(v, acc)
+
+    with em.loop(_c64(0), _c64(FOLD_LANES), "fold.merge") as k:
+        merge([b.load(x) for x in slots(k)])
+    with em.loop(_c64(chunk * FOLD_LANES), _c64(size), "fold.tail") as i:
+        src_index[d] = i
+        merge(element_values())
 
 
 @emits(Op.REDUCE)
@@ -742,7 +852,9 @@ def _reduce(em: KernelEmitter, instr, index):
             src_index[d] = _c64(0)
 
     def element_values():
-        return [em.gen(x, tuple(src_index)) for x in inputs]
+        values = [em.gen(x, tuple(src_index)) for x in inputs]
+        em.store_input_outputs(instr, tuple(src_index))
+        return values
 
     def general_step():
         values = element_values()
@@ -764,6 +876,9 @@ def _reduce(em: KernelEmitter, instr, index):
     if op is None:
 
         def innermost(d):
+            if selection_reducer(comp) and src.dims[d] >= 4 * FOLD_LANES:
+                _chunked_fold(em, comp, accs, src.dims[d], element_values, src_index, d)
+                return
             with em.loop(_c64(0), _c64(src.dims[d]), f"r{d}") as i:
                 src_index[d] = i
                 general_step()
@@ -794,6 +909,20 @@ def _reduce(em: KernelEmitter, instr, index):
             value = em.b.load(level_acc(k))
             em.b.store(_combine(em, op, t, em.b.load(target), value, False), target)
 
+        if t.is_float and op in (Op.MAXIMUM, Op.MINIMUM):
+
+            def value_at(i):
+                src_index[d] = i
+                return element_values()[0]
+
+            extremum = emit_float_extremum(em, op, t, src.dims[d], value_at)
+            em.b.store(_combine(em, op, t, em.b.load(accs[0]), extremum, False), accs[0])
+            return
+        if not rounds(op, t):
+            em.b.store(identity, level_acc(0))
+            elements(_c64(0), _c64(src.dims[d]))
+            flush(0, True)
+            return
         emit_cascade(
             em,
             src.dims[d],
@@ -829,11 +958,26 @@ COLUMN_BLOCK = 32
 """Rows added into one lane's level-0 partial before it is flushed up the cascade."""
 
 
-def kept_minor_reduces(leaves) -> list[HloInstruction] | None:
-    """The reduce instructions of a kernel whose outputs are all reduces of equally shaped
-    inputs over the same dimensions, keeping the input's contiguous dimension; else None."""
+@dataclass(frozen=True, slots=True)
+class LanePlan:
+    """A kernel run as lanes of outputs that each fold their own reduction (see above)."""
+
+    reduces: tuple[HloInstruction, ...]
+    lane_dim: int
+    width: int
+
+
+def kept_minor_reduces(leaves) -> LanePlan | None:
+    """A LanePlan for a kernel whose outputs are all reduces of equally shaped inputs over
+    the same dimensions (besides outputs over their input, see `reduce_hero`), keeping the
+    input's contiguous dimension: lanes over that dimension, VECTOR_TILE at a time. Else
+    None."""
     reduces: list[HloInstruction] = []
-    for leaf, _element, _shape in leaves:
+    hero = reduce_hero([leaf for leaf, _, _ in leaves])
+    over_input = hero.operands[0].shape.dims if hero is not None else None
+    for leaf, _element, shape in leaves:
+        if leaf.opcode is not Op.REDUCE and shape.dims == over_input:
+            continue
         if leaf.opcode is not Op.REDUCE:
             return None
         if all(leaf is not r for r in reduces):
@@ -854,13 +998,13 @@ def kept_minor_reduces(leaves) -> list[HloInstruction] | None:
     minor = next((d for d in src.layout_or_default.minor_to_major if src.dims[d] > 1), None)
     if minor is None or minor in dims:
         return None
-    return reduces
+    return LanePlan(tuple(reduces), minor, VECTOR_TILE)
 
 
 class _ReduceLanes:
     """Per-lane accumulators of one reduce over a tile of the kept minor dimension."""
 
-    def __init__(self, em: KernelEmitter, instr: HloInstruction):
+    def __init__(self, em: KernelEmitter, instr: HloInstruction, width: int):
         n = len(instr.operands) // 2
         self.instr = instr
         self.inputs, self.inits = instr.operands[:n], instr.operands[n:]
@@ -870,7 +1014,7 @@ class _ReduceLanes:
         if op is not None and _identity(op, self.types[0]) is None:
             op = None
         self.op = op
-        self.tile = [ir.ArrayType(reg_type(t), VECTOR_TILE) for t in self.types]
+        self.tile = [ir.ArrayType(reg_type(t), width) for t in self.types]
         self.totals = [em.alloca(ty, "acc.total") for ty in self.tile]
         self.levels: list = []
         self.em = em
@@ -887,19 +1031,19 @@ class _ReduceLanes:
         return em.b.gep(array, [ir.Constant(I32, 0), lane], True)
 
 
-def emit_kept_minor_reduce(em: KernelEmitter, reduces, out_ptrs, start, end) -> None:
+def emit_kept_minor_reduce(em: KernelEmitter, plan: LanePlan, out_ptrs, start, end) -> None:
     """The loop nest of a kernel made by `kept_minor_reduces` (see the block comment)."""
     b = em.b
+    reduces, minor, width = plan.reduces, plan.lane_dim, plan.width
     src = reduces[0].operands[0].shape
     reduced = tuple(reduces[0].attrs.get("dimensions") or ())
     kept = [d for d in range(src.rank) if d not in reduced]
-    minor = next(d for d in src.layout_or_default.minor_to_major if src.dims[d] > 1)
     m_out = kept.index(minor)
-    out_shape = em.out_leaves[0][2]
+    out_shape = em.loop_shape()
     out_order = list(reversed(out_shape.layout_or_default.minor_to_major))
     red_order = [d for d in reversed(src.layout_or_default.minor_to_major) if d in reduced]
     red_order = [d for d in red_order if src.dims[d] != 1] or red_order[:1]
-    lanes = [_ReduceLanes(em, r) for r in reduces]
+    lanes = [_ReduceLanes(em, r, width) for r in reduces]
     src_index: list = [None] * src.rank
     out_index: list = [None] * out_shape.rank
     for d in reduced:
@@ -931,6 +1075,7 @@ def emit_kept_minor_reduce(em: KernelEmitter, reduces, out_ptrs, start, end) -> 
         return body
 
     def accumulate(lane):
+        em.store_input_outputs(em.hero, tuple(src_index))
         for acc in lanes:
             values = [em.gen(x, tuple(src_index)) for x in acc.inputs]
             if acc.op is not None:
@@ -963,7 +1108,10 @@ def emit_kept_minor_reduce(em: KernelEmitter, reduces, out_ptrs, start, end) -> 
                 values = [em.round_to(values[0], acc.types[0])]
             results[id(acc.instr)] = values
         index = tuple(out_index)
-        for (leaf, element, shape), ptr in zip(em.out_leaves, out_ptrs, strict=True):
+        for k, (leaf, element, shape) in enumerate(em.out_leaves):
+            if k in em.input_outputs:
+                continue
+            ptr = out_ptrs[k]
             value = results[id(leaf)][element or 0]
             addr = b.gep(ptr, [em.offset(shape, index)], True)
             b.store(em.to_mem(value, shape.element_type), addr)
@@ -992,8 +1140,8 @@ def emit_kept_minor_reduce(em: KernelEmitter, reduces, out_ptrs, start, end) -> 
 
     def tile():
         lo, hi = bounds(m_out)
-        with em.loop(lo, hi, "tile", step=VECTOR_TILE) as base:
-            limit = b.add(base, _c64(VECTOR_TILE))
+        with em.loop(lo, hi, "tile", step=width) as base:
+            limit = b.add(base, _c64(width))
             limit = b.select(b.icmp_signed("<", limit, hi), limit, hi)
             lane_loop(base, limit, init_totals)
             reduce_rows(0, base, limit)

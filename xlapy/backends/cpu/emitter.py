@@ -159,17 +159,56 @@ def _precheck(comp: HloComputation) -> None:
     leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
     if root.opcode is Opcode.TUPLE and not leaves:
         raise UnsupportedForCodegen(f"{root.name}: an empty tuple root has nothing to compute")
-    first = leaves[0].shape
+    hero = reduce_hero(leaves)
+    first = hero.shape if hero is not None else leaves[0].shape
     dims = first.tuple_shapes[0].dims if first.is_tuple and first.tuple_shapes else first.dims
     for leaf in leaves:
         if leaf.shape.is_tuple and leaf.opcode is not Opcode.REDUCE:
             raise UnsupportedForCodegen(f"{leaf.name}: nested tuple outputs are not supported")
+        if _over_input(hero, leaf):
+            if _reaches_reduce(leaf):
+                raise UnsupportedForCodegen(
+                    f"{leaf.name}: an output over a reduction's input may not use a reduction"
+                )
+            continue
         shapes = leaf.shape.tuple_shapes if leaf.shape.is_tuple else (leaf.shape,)
         if any(s.dims != dims for s in shapes):
             raise UnsupportedForCodegen(
                 f"{root.name}: multi-output roots need equal dimensions, got "
                 f"{', '.join(str(s) for s in shapes)} and {dims}"
             )
+
+
+def reduce_hero(leaves: Sequence[HloInstruction]) -> HloInstruction | None:
+    """The first output of a kernel that is a reduce over some dimensions, if any: the
+    kernel's loops run over its output, and outputs over its input (XLA's multi-output
+    reduction fusion: an `exp` returned beside the sum of it) are stored from inside its
+    reduction loop, once per input element."""
+    return next(
+        (x for x in leaves if x.opcode is Opcode.REDUCE and x.attrs.get("dimensions")), None
+    )
+
+
+def _over_input(hero: HloInstruction | None, leaf: HloInstruction) -> bool:
+    return (
+        hero is not None
+        and leaf.opcode is not Opcode.REDUCE
+        and leaf.shape.is_array
+        and leaf.shape.dims == hero.operands[0].shape.dims
+    )
+
+
+def _reaches_reduce(instr: HloInstruction) -> bool:
+    stack, seen = [instr], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.opcode is Opcode.REDUCE:
+            return True
+        stack.extend(x.operands)
+    return False
 
 
 def emit_kernel(
@@ -255,6 +294,11 @@ class KernelEmitter:
         self._globals = 0
         self.out_leaves = output_leaves(comp)
         self.params = comp.parameters
+        self.hero = reduce_hero([leaf for leaf, _, _ in self.out_leaves])
+        self.input_outputs = tuple(
+            k for k, (leaf, _, _) in enumerate(self.out_leaves) if _over_input(self.hero, leaf)
+        )
+        self.out_ptrs: list = []
 
     # -- the function --------------------------------------------------------------------
     def emit(self) -> KernelSpec:
@@ -287,7 +331,8 @@ class KernelEmitter:
         start, end = fn.args[n_ptrs], fn.args[n_ptrs + 1]
         start.name, end.name = "start", "end"
 
-        shape0 = self.out_leaves[0][2]
+        self.out_ptrs = out_ptrs
+        shape0 = self.loop_shape()
         order = list(reversed(shape0.layout_or_default.minor_to_major))
         index: list = [None] * shape0.rank
 
@@ -303,16 +348,20 @@ class KernelEmitter:
                 nest(level + 1)
 
         reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
+        window = self._in_place_window() if shape0.rank else None
+        outer = shape0.dims[order[0]] if order else 1
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
                 self._store_outputs((), out_ptrs)
         elif reduces is not None:
             elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
+        elif window is not None:
+            self._store_window(window, order, out_ptrs[0], start, end)
+            outer = window.operands[1].shape.dims[order[0]]
         else:
             nest(0)
         self.b.ret_void()
         self.alloca_builder.branch(body)
-        outer = shape0.dims[order[0]] if order else 1
         return KernelSpec(
             self.name,
             str(self.module),
@@ -322,12 +371,76 @@ class KernelEmitter:
             self.in_place,
         )
 
+    def _in_place_window(self) -> HloInstruction | None:
+        """The root dynamic-update-slice when this kernel updates its operand 0 in place
+        (the output's bytes already hold it): then only the update's window is written."""
+        if len(self.out_leaves) != 1 or self.out_leaves[0][1] is not None:
+            return None
+        root = self.out_leaves[0][0]
+        if root.opcode is not Opcode.DYNAMIC_UPDATE_SLICE:
+            return None
+        target = root.operands[0]
+        if target.opcode is not Opcode.PARAMETER or len(root.operands) != 2 + target.shape.rank:
+            return None
+        if (0, self.params.index(target)) not in self.in_place:
+            return None
+        return root
+
+    def _store_window(self, dus: HloInstruction, order, out_ptr, start, end) -> None:
+        """out[starts + u] = update[u] over the update's index space (outer range
+        [start, end) of its dims in the output's layout order); the rest of the output
+        keeps the operand's bytes, which it already holds."""
+        update = dus.operands[1]
+        out_shape = self.out_leaves[0][2]
+        starts = elemental.dynamic_starts(self, dus, out_shape.dims, update.shape.dims, 2)
+        index: list = [None] * out_shape.rank
+
+        def nest(level: int):
+            if level == len(order):
+                value = self.gen(update, tuple(index))
+                at = tuple(
+                    self.b.add(i, s, flags=["nsw"]) for i, s in zip(index, starts, strict=True)
+                )
+                ptr = self.b.gep(out_ptr, [self.offset(out_shape, at)], True)
+                self.b.store(self.to_mem(value, out_shape.element_type), ptr)
+                return
+            d = order[level]
+            lo = start if level == 0 else ir.Constant(I64, 0)
+            hi = end if level == 0 else ir.Constant(I64, update.shape.dims[d])
+            with self.loop(lo, hi, f"w{d}") as i:
+                index[d] = i
+                nest(level + 1)
+
+        nest(0)
+
+    def loop_shape(self) -> Shape:
+        """The shape the kernel's loop nest (and its [start, end) range) runs over."""
+        if self.hero is None:
+            return self.out_leaves[0][2]
+        shape = self.hero.shape
+        return shape.tuple_shapes[0] if shape.is_tuple else shape
+
+    def store_input_outputs(self, reduce: HloInstruction, index: Index) -> None:
+        """Inside the reduction loop of the hero reduce, at input `index`: store the outputs
+        that run over the reduction's input (see `reduce_hero`)."""
+        if reduce is not self.hero or not self.input_outputs:
+            return
+        values = [self.gen(self.out_leaves[k][0], index) for k in self.input_outputs]
+        for k, value in zip(self.input_outputs, values, strict=True):
+            shape = self.out_leaves[k][2]
+            addr = self.b.gep(self.out_ptrs[k], [self.offset(shape, index)], True)
+            self.b.store(self.to_mem(value, shape.element_type), addr)
+
     def _store_outputs(self, index, out_ptrs):
         values = []
-        for leaf, element, _ in self.out_leaves:
+        stored = []
+        for k, (leaf, element, shape) in enumerate(self.out_leaves):
+            if k in self.input_outputs:
+                continue
             value = self.gen(leaf, index)
             values.append(value if element is None else value[element])
-        for (_, _, shape), ptr, value in zip(self.out_leaves, out_ptrs, values, strict=True):
+            stored.append((shape, out_ptrs[k]))
+        for (shape, ptr), value in zip(stored, values, strict=True):
             offset = self.offset(shape, index)
             self.b.store(self.to_mem(value, shape.element_type), self.b.gep(ptr, [offset], True))
 
