@@ -37,6 +37,7 @@ CPU_PIPELINE: list[str | list[str]] = [
     "buffer-donor-to-alias",
     # -- late stages: fusion, then copy insertion (added when their modules exist) ----------
     "fusion",
+    "multi-output-fusion",  # a shared producer or operand is computed / read once
     "dce",
     "reshape-to-bitcast",  # layout-preserving reshapes/transposes cost no bytes
     "flatten-call-graph",  # copy insertion wants one call site per while body / branch
@@ -45,10 +46,13 @@ CPU_PIPELINE: list[str | list[str]] = [
 
 LATE_MODULES = (
     "xlapy.passes.fusion",
+    "xlapy.passes.fusion_multi_output",
     "xlapy.passes.flatten_call_graph",
     "xlapy.passes.copy_insertion",
 )
-OPTIONAL_PASSES = frozenset({"fusion", "flatten-call-graph", "copy-insertion"})
+OPTIONAL_PASSES = frozenset(
+    {"fusion", "multi-output-fusion", "flatten-call-graph", "copy-insertion"}
+)
 
 
 def _register_late_passes() -> None:
