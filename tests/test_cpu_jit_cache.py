@@ -1,6 +1,8 @@
 """The JIT's disk cache: a second compile of the same program loads the object from the cache
 (timings printed, not asserted), files are written atomically under $XLAPY_CACHE_DIR, and
-different programs get different keys. Also the IR / optimized IR / assembly dumps."""
+different programs get different keys; the kernel cache skips emission on a hit, corrupted
+entries are compiled again, and kernels compiled concurrently match serial ones. Also the
+IR / optimized IR / assembly dumps."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import time
 import numpy as np
 import pytest
 
+from xlapy.backends import execute
 from xlapy.backends.cpu import compile_computation, jit
+from xlapy.backends.cpu import kernel as kernel_mod
+from xlapy.backends.cpu.compiler import clear_kernel_cache, compile_module
 from xlapy.backends.cpu.kernel import clear_loaded_objects
 from xlapy.ir.parser import parse_module
 
@@ -38,9 +43,9 @@ def test_second_compile_hits_the_cache(tmp_path, monkeypatch):
     t2 = time.perf_counter()
     print(f"\ncold compile {1e3 * (t1 - t0):.1f} ms, cached compile {1e3 * (t2 - t1):.1f} ms")
     assert not first.from_cache and second.from_cache
-    files = list(tmp_path.iterdir())
-    assert [f.suffix for f in files] == [".o"], files
-    assert files[0].stem == jit.cache_key(first.spec.llvm_ir)
+    files = sorted(tmp_path.iterdir(), key=lambda f: f.suffix)
+    assert [f.suffix for f in files] == [".kernel", ".o"], files
+    assert files[1].stem == jit.cache_key(first.spec.llvm_ir)
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((2, 32, 64)).astype(np.float32)
     np.testing.assert_array_equal(first(x, y), second(x, y))
@@ -70,3 +75,111 @@ def test_dumps(tmp_path, monkeypatch):
     assert "dump_me" in kernel.asm
     host = jit.host_target()
     assert host.cpu and host.triple
+
+
+def _x_y():
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((2, 32, 64)).astype(np.float32)
+
+
+def test_kernel_cache_hit_skips_emission(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    first = compile_computation(parse_module(TEXT).entry)
+    clear_loaded_objects()
+
+    def no_emission(*args, **kwargs):
+        raise AssertionError("emitted on a kernel cache hit")
+
+    monkeypatch.setattr(kernel_mod, "emit_kernel", no_emission)
+    second = compile_computation(parse_module(TEXT).entry, "again")
+    assert second.from_cache and second._spec is None
+    assert second.outer_extent == first.outer_extent and second.in_place == first.in_place
+    x, y = _x_y()
+    np.testing.assert_array_equal(first(x, y), second(x, y))
+    monkeypatch.undo()
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    assert 'define void @"again"' in second.llvm_ir  # emitted lazily for the dump
+
+
+@pytest.mark.parametrize("suffix", [".o", ".kernel"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+def test_corrupted_entry_is_compiled_again(tmp_path, monkeypatch, suffix, damage):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    want = compile_computation(parse_module(TEXT).entry)
+    (path,) = tmp_path.glob(f"*{suffix}")
+    raw = path.read_bytes()
+    if damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    elif damage == "flip":
+        raw = raw[:-10] + bytes([raw[-10] ^ 0x40]) + raw[-9:]
+    else:
+        raw = b"not a cache entry"
+    path.write_bytes(raw)
+    clear_loaded_objects()
+    got = compile_computation(parse_module(TEXT).entry)
+    assert got._spec is not None  # the kernel cache missed: emitted
+    assert got.from_cache == (suffix == ".kernel")  # the object cache is keyed by the IR
+    x, y = _x_y()
+    np.testing.assert_array_equal(want(x, y), got(x, y))
+    assert jit.read_entry(path.stem, suffix) is not None  # written again
+
+
+def test_entry_of_other_sources_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    compile_computation(parse_module(TEXT).entry)
+    clear_loaded_objects()
+    monkeypatch.setattr(kernel_mod, "source_fingerprint", lambda: "other sources")
+    again = compile_computation(parse_module(TEXT).entry)
+    assert again._spec is not None  # a kernel cache miss: emitted
+    assert len(list(tmp_path.glob("*.kernel"))) == 2
+    assert len(list(tmp_path.glob("*.o"))) == 1  # the same IR: the same object
+
+
+CHAIN = """HloModule chain
+add {
+  p = f32[] parameter(0)
+  q = f32[] parameter(1)
+  ROOT s = f32[] add(p, q)
+}
+
+ENTRY e {
+  x = f32[64,96] parameter(0)
+  y = f32[64,96] parameter(1)
+  z = f32[] constant(0)
+  a = f32[64,96] tanh(x)
+  b = f32[64,96] multiply(a, y)
+  c = f32[64] reduce(b, z), dimensions={1}, to_apply=add
+  d = f32[64,96] broadcast(c), dimensions={0}
+  e = f32[64,96] subtract(x, d)
+  f = f32[96,64] transpose(e), dimensions={1,0}
+  g = f32[96,64] exponential(f)
+  ROOT r = (f32[96,64], f32[64]) tuple(g, c)
+}"""
+
+
+def test_program_compiled_concurrently_matches_the_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    module = parse_module(CHAIN)
+    rng = np.random.default_rng(11)
+    x, y = rng.standard_normal((2, 64, 96)).astype(np.float32)
+    want = execute(module, [x, y])
+    for _ in ("cold", "warm"):
+        clear_kernel_cache()
+        compiled = compile_module(module)
+        assert not compiled.fallbacks, compiled.fallbacks
+        assert compiled.kernels()
+        got = execute(module, [x, y], "cpu")
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
+
+
+def test_threads_compile_the_same_objects(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    texts = [TEXT.replace("tanh", op) for op in ("tanh", "exponential", "sine", "log", "sqrt")]
+    specs = [kernel_mod.emit_kernel(parse_module(t).entry, kernel_mod.SYMBOL) for t in texts]
+    serial = [jit.compile_object(s.llvm_ir, use_cache=False).data for s in specs]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda s: jit.compile_object(s.llvm_ir, False).data, specs * 2))
+    assert threaded == serial * 2

@@ -44,8 +44,8 @@ class Compiler:
         """An Executable for `program` (an HloModule or HLO text); VerifierError or
         HloParseError when the program is invalid."""
         options = options or CompileOptions()
-        module = parse_module(canonical_text(program))
-        return self.compile_canonical(module, options)
+        text = program if isinstance(program, str) else program.to_text()
+        return self.compile_canonical(parse_module(text), options)
 
     def compile_canonical(self, module: HloModule, options: CompileOptions) -> Executable:
         """Compile a module the runtime owns (it is modified)."""

@@ -8,7 +8,8 @@
 #    instruction: forwarding ops, tuples, parameters and constants need no thunk (constants
 #    are written into their allocation once, here); fusions and unfused elementwise / shape /
 #    reduce ops the emitter supports become kernel thunks (each distinct computation is
-#    compiled once per process, and the JIT caches objects on disk); dot goes to BLAS,
+#    compiled once per process, the JIT caches objects on disk, and the LLVM work of the
+#    program's kernels runs on a thread pool while lowering goes on); dot goes to BLAS,
 #    dynamic-update-slice writes its window, one-operand scatters become native in-order
 #    scatter loops (emit_scatter.py), custom calls call their targets on the arena;
 #    control flow nests sequences; anything else, and anything the emitter or LLVM rejects,
@@ -102,19 +103,38 @@ def clear_kernel_cache() -> None:
 
 
 def kernel_for(
-    comp: HloComputation, name: str, in_place: tuple[tuple[int, int], ...] = ()
+    comp: HloComputation,
+    name: str,
+    in_place: tuple[tuple[int, int], ...] = (),
+    defer: bool = False,
 ) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per computation text.
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
-    (the caller has checked emitter.in_place_reason and passes the same slice for both)."""
-    key = (comp.to_text(), tuple(in_place))
+    (the caller has checked emitter.in_place_reason and passes the same slice for both).
+    `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
+    `forget_kernel` when that fails)."""
+    text = comp.to_text()
+    key = (text, tuple(in_place))
     with _kernel_lock:
         kernel = _kernel_cache.get(key)
     if kernel is None:
-        kernel = compile_computation(comp, name, in_place=in_place)
+        kernel = compile_computation(comp, name, in_place=in_place, defer=True, comp_text=text)
         with _kernel_lock:
             kernel = _kernel_cache.setdefault(key, kernel)
-    return kernel
+    if defer:
+        return kernel
+    try:
+        return kernel.wait()
+    except Exception:
+        forget_kernel(kernel)
+        raise
+
+
+def forget_kernel(kernel: Kernel) -> None:
+    """Drop `kernel` (one whose compile failed) from the process's kernel cache."""
+    with _kernel_lock:
+        for key in [k for k, v in _kernel_cache.items() if v is kernel]:
+            del _kernel_cache[key]
 
 
 def in_place_pairs(
@@ -170,6 +190,11 @@ def compile_module(module: HloModule, options: Mapping[str, Any] | None = None) 
     assignment = assign_buffers(module)
     lowering = _Lowering(assignment, options)
     entry = lowering.sequence(module.entry)
+    failed = lowering.wait_for_kernels()
+    if failed:  # lower again, those instructions as rule thunks
+        lowering = _Lowering(assignment, options, failed)
+        entry = lowering.sequence(module.entry)
+        lowering.wait_for_kernels()
     return CompiledModule(
         module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
     )
@@ -200,11 +225,30 @@ def _constant_memory(assignment: BufferAssignment) -> dict[int, np.ndarray]:
 
 
 class _Lowering:
-    def __init__(self, assignment: BufferAssignment, options: dict[str, Any]):
+    def __init__(
+        self,
+        assignment: BufferAssignment,
+        options: dict[str, Any],
+        failed: Mapping[str, str] | None = None,
+    ):
         self.assignment = assignment
         self.dataflow = assignment.dataflow
         self.options = options
         self.fallbacks: dict[str, str] = {}
+        self.failed = dict(failed or {})  # instruction -> why its kernel failed to compile
+        self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
+
+    def wait_for_kernels(self) -> dict[str, str]:
+        """Wait for the kernels this lowering asked for; {instruction: why} of those whose
+        compile failed."""
+        failed = {}
+        for name, kernel in self.kernels:
+            try:
+                kernel.wait()
+            except Exception as e:  # any codegen failure falls back to the rule
+                forget_kernel(kernel)
+                failed[name] = f"kernel compile failed: {type(e).__name__}: {e}"
+        return failed
 
     # -- slices ----------------------------------------------------------------------------
     def slice_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> BufferSlice:
@@ -281,7 +325,7 @@ class _Lowering:
             thunk = scatter_thunk(instr, self.slice_at(instr), inputs)
             if thunk is not None:
                 return thunk
-        why = self.kernel_reason(instr)
+        why = self.failed.get(instr.name) or self.kernel_reason(instr)
         if why is None:
             try:
                 return self.kernel_thunk(instr)
@@ -320,7 +364,8 @@ class _Lowering:
         outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
-        kernel = kernel_for(comp, instr.name, pairs or ())
+        kernel = kernel_for(comp, instr.name, pairs or (), defer=True)
+        self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)
 
     # -- custom calls ----------------------------------------------------------------------

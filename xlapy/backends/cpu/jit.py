@@ -6,9 +6,19 @@
 # object file, and the object file is loaded into an MCJIT execution engine of its own.
 #
 # Compiled objects are cached on disk, keyed by a SHA-256 of the IR text, the CPU name and
-# features, the xlapy and llvmlite versions. Files are written to a temporary name and
-# renamed into place (os.replace), so concurrent compilers never see half a file. The
-# directory is $XLAPY_CACHE_DIR, or ~/.cache/xlapy/kernels.
+# features, the xlapy and llvmlite versions and the cache format. Each file holds a header
+# with the SHA-256 of its payload, so a truncated or corrupted entry reads as a miss (and is
+# compiled and written again). Files are written to a temporary name and renamed into place
+# (os.replace), so concurrent compilers never see half a file. The directory is
+# $XLAPY_CACHE_DIR, or ~/.cache/xlapy/kernels.
+#
+# Threads: optimization and code emission of different modules may run concurrently (each
+# compile parses into an LLVM context of its own and uses a target machine of its own
+# thread, and calls the two long-running C entry points without llvmlite's global lock;
+# ctypes releases the GIL). Loading is serialized; each object gets an execution engine of
+# its own (adding objects to one shared MCJIT engine gave wrong results). Objects are
+# compiled with their kernel function renamed to a name derived from the key
+# (`exported_symbol`).
 
 from __future__ import annotations
 
@@ -29,6 +39,10 @@ import xlapy
 from xlapy.backends.cpu.math import LIBM_FUNCTIONS
 
 _lock = threading.Lock()
+_local = threading.local()
+
+FORMAT = b"xlapy-object 2"
+"""The first line of every cache file; part of every key, so older layouts are never read."""
 
 
 @functools.cache
@@ -90,24 +104,54 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "xlapy" / "kernels"
 
 
-def cache_key(ir_text: str) -> str:
-    """The content hash naming the object compiled from `ir_text` on this machine."""
+def content_key(*parts: str) -> str:
+    """A SHA-256 over `parts`, this machine's CPU and features, the xlapy and llvmlite
+    versions and the cache format: what every cache file is named by."""
     host = host_target()
     h = hashlib.sha256()
-    for part in (ir_text, host.triple, host.cpu, host.features, xlapy.__version__):
+    for part in (*parts, host.triple, host.cpu, host.features, xlapy.__version__):
         h.update(part.encode())
         h.update(b"\0")
     h.update(llvmlite.__version__.encode())
+    h.update(FORMAT)
     return h.hexdigest()
+
+
+def cache_key(ir_text: str) -> str:
+    """The content hash naming the object compiled from `ir_text` on this machine."""
+    return content_key(ir_text)
+
+
+def exported_symbol(key: str) -> str:
+    """The name the kernel function of the object with cache key `key` is compiled under."""
+    return f"xlapy_{key[:40]}"
+
+
+def _thread_target_machine():
+    tm = getattr(_local, "tm", None)
+    if tm is None:
+        tm = _local.tm = new_target_machine()
+    return tm
 
 
 def optimize(ir_text: str) -> llvm.ModuleRef:
     """Parse `ir_text` and run LLVM's O3 pipeline on it for the host CPU."""
-    tm = target_machine()
-    mod = llvm.parse_assembly(ir_text)
+    mod = _parse(ir_text, llvm.get_global_context())
+    _run_pipeline(mod, target_machine(), locked=True)
+    return mod
+
+
+def _parse(ir_text: str, context, rename: tuple[str, str] | None = None) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(ir_text, context)
     mod.triple = host_target().triple
     mod.data_layout = data_layout()
+    if rename is not None:
+        mod.get_function(rename[0]).name = rename[1]
     mod.verify()
+    return mod
+
+
+def _run_pipeline(mod: llvm.ModuleRef, tm, locked: bool) -> None:
     pto = llvm.PipelineTuningOptions(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
@@ -115,8 +159,30 @@ def optimize(ir_text: str) -> llvm.ModuleRef:
     pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm, pto)
     mpm = pb.getModulePassManager()
-    mpm.run(mod, pb)
-    return mod
+    if locked:
+        mpm.run(mod, pb)
+    else:
+        _unlocked("LLVMPY_RunNewModulePassManager")(mpm, mod, pb)
+
+
+def _unlocked(name: str):
+    """The C entry point `name` of llvmlite without llvmlite's process-wide lock. Only for
+    work on a module in a context of its own with a target machine of this thread's: LLVM
+    compiles such modules concurrently."""
+    fn = getattr(llvm.ffi.lib, name)
+    return getattr(fn, "_cfn", fn)  # an llvmlite without the wrapper: the locked call
+
+
+def _emit_object_unlocked(mod: llvm.ModuleRef, tm) -> bytes:
+    with llvm.ffi.OutputString() as err:
+        buf = _unlocked("LLVMPY_TargetMachineEmitToMemory")(tm, mod, 1, err)
+        if not buf:
+            raise RuntimeError(str(err))
+    try:
+        start = llvm.ffi.lib.LLVMPY_GetBufferStart(buf)
+        return ctypes.string_at(start, llvm.ffi.lib.LLVMPY_GetBufferSize(buf))
+    finally:
+        llvm.ffi.lib.LLVMPY_DisposeMemoryBuffer(buf)
 
 
 def assembly(mod: llvm.ModuleRef) -> str:
@@ -132,32 +198,57 @@ class CompiledObject:
     from_cache: bool
 
 
-def compile_object(ir_text: str, use_cache: bool = True) -> CompiledObject:
-    """The native object for `ir_text`, from the disk cache when it is there."""
-    key = cache_key(ir_text)
-    path = cache_dir() / f"{key}.o"
-    if use_cache and path.is_file():
-        try:
-            return CompiledObject(key, path.read_bytes(), True)
-        except OSError:
-            pass
-    with _lock:
-        mod = optimize(ir_text)
-        data = target_machine().emit_object(mod)
+def compile_object(
+    ir_text: str, use_cache: bool = True, symbol: str = "xla_kernel", key: str | None = None
+) -> CompiledObject:
+    """The native object for `ir_text` (whose kernel function is named `symbol`; the object
+    exports it as `exported_symbol(key)`), from the disk cache when it is there. Safe to call
+    from several threads at once."""
+    key = key or cache_key(ir_text)
     if use_cache:
-        _write_atomic(path, data)
+        data = read_entry(key, ".o")
+        if data is not None:
+            return CompiledObject(key, data, True)
+    tm = _thread_target_machine()
+    mod = _parse(ir_text, llvm.create_context(), (symbol, exported_symbol(key)))
+    _run_pipeline(mod, tm, locked=False)
+    data = _emit_object_unlocked(mod, tm)
+    if use_cache:
+        write_entry(key, ".o", data)
     return CompiledObject(key, data, False)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def read_entry(key: str, suffix: str) -> bytes | None:
+    """The payload of cache file `key + suffix`; None when it is missing, unreadable,
+    truncated or does not match its checksum."""
+    try:
+        raw = (cache_dir() / f"{key}{suffix}").read_bytes()
+    except OSError:
+        return None
+    head, _, payload = raw.partition(b"\n")
+    magic, _, digest = head.rpartition(b" ")
+    if magic != FORMAT or hashlib.sha256(payload).hexdigest().encode() != digest:
+        return None
+    return payload
+
+
+def write_entry(key: str, suffix: str, payload: bytes) -> None:
+    """Write cache file `key + suffix` atomically (a full or read-only cache directory is
+    ignored: it only costs the next compile)."""
+    path = cache_dir() / f"{key}{suffix}"
+    head = FORMAT + b" " + hashlib.sha256(payload).hexdigest().encode() + b"\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".o")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=suffix)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(head + payload)
+            os.replace(tmp, path)
+        except OSError:
+            os.unlink(tmp)
+            raise
     except OSError:
-        pass  # a read-only or full cache directory only costs the next compile
+        pass
 
 
 class LoadedObject:
@@ -173,7 +264,8 @@ class LoadedObject:
             self.engine.finalize_object()
 
     def address(self, name: str) -> int:
-        addr = self.engine.get_function_address(name)
+        with _lock:
+            addr = self.engine.get_function_address(name)
         if not addr:
             raise RuntimeError(f"symbol {name} is not in the loaded object")
         return addr

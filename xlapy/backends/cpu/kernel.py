@@ -9,22 +9,35 @@
 # Oversubscription: the pool has one thread per core; a caller mixing kernels with BLAS calls
 # should cap BLAS at one thread inside pool workers (OMP_NUM_THREADS / threadpoolctl), or run
 # BLAS calls outside the pool, so the two never compete for the same cores.
+#
+# Compiling: `compile_computation` first looks the computation up in the kernel cache, keyed
+# by its text, the in-place pairs and a fingerprint of xlapy's sources (so any change to the
+# code generator is a miss). A hit names the object and gives the kernel's signature (outer
+# extent, in-place pairs; outputs and parameters are checked against the computation), and
+# the LLVM IR is emitted again only when a dump asks for it. A miss emits the IR, compiles it
+# (the JIT's object cache is keyed by the IR text) and records the entry. With `defer=True`
+# the LLVM work runs on a small compile pool and the kernel is bound when `wait()` is called,
+# so the kernels of one program compile concurrently while the caller emits the next one.
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import itertools
+import json
 import os
 import re
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.emitter import KernelSpec, emit_kernel
+from xlapy.backends.cpu.emitter import KernelSpec, emit_kernel, output_leaves
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -58,47 +71,162 @@ SYMBOL = "xla_kernel"
 instructions, so structurally equal computations give the same IR text, share one disk cache
 entry and, within a process, one loaded object. Dumps show the kernel's own name instead."""
 
-_loaded: dict[str, tuple[jit.LoadedObject, bool]] = {}
+
+@functools.cache
+def source_fingerprint() -> str:
+    """A SHA-256 of the code generator's Python sources (this package, and the IR whose
+    text keys the cache): part of every kernel cache key, so an entry written by other
+    code generator sources is never used."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in sorted([*here.glob("*.py"), *(root / "ir").glob("*.py")]):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+source_fingerprint()  # at import, the sources this process runs
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What a caller needs of a compiled kernel besides its code."""
+
+    outputs: tuple[Shape, ...]
+    params: tuple[Shape, ...]
+    outer_extent: int
+    in_place: tuple[tuple[int, int], ...] = ()
+
+    @staticmethod
+    def of(spec: KernelSpec) -> Signature:
+        return Signature(spec.outputs, spec.params, spec.outer_extent, spec.in_place)
+
+
+class _Loaded:
+    """A loaded object: the engine holding it and the address of its kernel function."""
+
+    __slots__ = ("address", "engine", "from_cache")
+
+    def __init__(self, engine: jit.LoadedObject, address: int, from_cache: bool):
+        self.engine, self.address, self.from_cache = engine, address, from_cache
+
+
+_objects: dict[str, Future] = {}  # object key -> Future[_Loaded]
+_entries: dict[str, tuple[str, Signature]] = {}  # kernel key -> (object key, signature)
 _loaded_lock = threading.Lock()
 
 
 def clear_loaded_objects() -> None:
-    """Forget the objects loaded in this process (see compiler.clear_kernel_cache)."""
+    """Forget the objects loaded and the kernel entries read in this process (see
+    compiler.clear_kernel_cache); kernels already built keep their code."""
     with _loaded_lock:
-        _loaded.clear()
+        _objects.clear()
+        _entries.clear()
 
 
-def _load(ir_text: str, use_cache: bool) -> tuple[jit.LoadedObject, bool]:
+@functools.cache
+def _compile_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="xlapy-jit")
+
+
+def _load_object(ir_text: str | None, key: str, symbol: str, use_cache: bool) -> _Loaded:
+    """Compile (or read) and load the object `key`; ir_text None: only from the disk cache
+    (KeyError when it is not there)."""
+    if ir_text is None:
+        data = jit.read_entry(key, ".o")
+        if data is None:
+            raise KeyError(key)
+        obj = jit.CompiledObject(key, data, True)
+    else:
+        obj = jit.compile_object(ir_text, use_cache, symbol, key)
+    engine = jit.LoadedObject(obj.data)
+    return _Loaded(engine, engine.address(jit.exported_symbol(key)), obj.from_cache)
+
+
+def _request(ir_text: str | None, key: str, symbol: str, defer: bool) -> tuple[Future, bool]:
+    """(the Future of the loaded object `key`, shared by every request in this process;
+    whether an earlier request made it)."""
     with _loaded_lock:
-        hit = _loaded.get(ir_text) if use_cache else None
-    if hit is not None:
-        return hit[0], True
-    obj = jit.compile_object(ir_text, use_cache)
-    entry = (jit.LoadedObject(obj.data), obj.from_cache)
-    if not use_cache:
-        return entry
-    with _loaded_lock:
-        return _loaded.setdefault(ir_text, entry)
+        future = _objects.get(key)
+        if future is not None:
+            return future, True
+        future = _objects[key] = Future()
+    if defer:
+        _compile_pool().submit(_fulfil, future, ir_text, key, symbol)
+    else:
+        _fulfil(future, ir_text, key, symbol)
+    return future, False
+
+
+def _fulfil(future: Future, ir_text: str | None, key: str, symbol: str) -> None:
+    try:
+        future.set_result(_load_object(ir_text, key, symbol, True))
+    except BaseException as e:
+        with _loaded_lock:
+            if _objects.get(key) is future:
+                del _objects[key]
+        future.set_exception(e)
 
 
 class Kernel:
     """A compiled kernel. Dumps: `llvm_ir` (as emitted), `optimized_ir`, `asm`."""
 
     def __init__(self, spec: KernelSpec, name: str | None = None, use_cache: bool = True):
-        self.spec = spec
+        self._spec: KernelSpec | None = spec
+        self._emit: Callable[[], KernelSpec] | None = None
+        self.signature = Signature.of(spec)
         self.name = name or spec.name
-        self._loaded, self.from_cache = _load(spec.llvm_ir, use_cache)
-        n = len(spec.outputs) + len(spec.params)
-        proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
-        self._fn = proto(self._loaded.address(spec.name))
+        key = jit.cache_key(spec.llvm_ir)
+        if use_cache:
+            self._pending, self._reused = _request(spec.llvm_ir, key, spec.name, defer=False)
+        else:
+            self._reused = False
+            self._pending = Future()
+            self._pending.set_result(_load_object(spec.llvm_ir, key, spec.name, False))
+        self.wait()
+
+    @classmethod
+    def _deferred(
+        cls,
+        signature: Signature,
+        name: str,
+        request: tuple[Future, bool],
+        spec: KernelSpec | None,
+        emit: Callable[[], KernelSpec],
+    ) -> Kernel:
+        kernel = cls.__new__(cls)
+        kernel._spec, kernel._emit, kernel.signature = spec, emit, signature
+        kernel.name, (kernel._pending, kernel._reused) = name, request
+        return kernel
+
+    def wait(self) -> Kernel:
+        """Block until the kernel's code is loaded (re-raising a compile failure)."""
+        if self._pending is not None:
+            loaded = self._pending.result()
+            self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
+            n = len(self.signature.outputs) + len(self.signature.params)
+            proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
+            self._fn = proto(loaded.address)
+            self._pending = None
+        return self
+
+    @property
+    def spec(self) -> KernelSpec:
+        """The emitted kernel (emitted again on first use when the kernel came from the
+        kernel cache)."""
+        if self._spec is None:
+            self._spec = self._emit()
+        return self._spec
 
     @property
     def llvm_ir(self) -> str:
         """The emitted LLVM IR, the function named after the kernel."""
-        if self.name == self.spec.name:
-            return self.spec.llvm_ir
-        return self.spec.llvm_ir.replace(f'@"{self.spec.name}"', f'@"{self.name}"').replace(
-            f'ModuleID = "{self.spec.name}"', f'ModuleID = "{self.name}"'
+        spec = self.spec
+        if self.name == spec.name:
+            return spec.llvm_ir
+        return spec.llvm_ir.replace(f'@"{spec.name}"', f'@"{self.name}"').replace(
+            f'ModuleID = "{spec.name}"', f'ModuleID = "{self.name}"'
         )
 
     @functools.cached_property
@@ -118,12 +246,12 @@ class Kernel:
         """(output leaf, parameter) pairs whose buffers the caller must make the same bytes:
         the kernel reads each such parameter through its output pointer and ignores the
         parameter's own pointer, so a thunk needs no scratch copy for them."""
-        return self.spec.in_place
+        return self.signature.in_place
 
     @property
     def outer_extent(self) -> int:
         """The size of the range [start, end) the kernel's entry point splits on."""
-        return self.spec.outer_extent
+        return self.signature.outer_extent
 
     def vector_types(self) -> set[str]:
         """LLVM vector types (`<8 x float>`) in the optimized IR: evidence of vectorization."""
@@ -136,12 +264,11 @@ class Kernel:
 
     def prepare(self, args: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(output buffers, input buffers) in physical layout for logical `args`."""
-        if len(args) != len(self.spec.params):
-            raise XlapyError(
-                f"kernel {self.name} takes {len(self.spec.params)} arguments, got {len(args)}"
-            )
+        params = self.signature.params
+        if len(args) != len(params):
+            raise XlapyError(f"kernel {self.name} takes {len(params)} arguments, got {len(args)}")
         inputs = []
-        for i, (a, shape) in enumerate(zip(args, self.spec.params, strict=True)):
+        for i, (a, shape) in enumerate(zip(args, params, strict=True)):
             arr = np.asarray(a)
             if arr.shape != shape.dims:
                 raise XlapyError(
@@ -149,7 +276,7 @@ class Kernel:
                     f"got {arr.dtype}{list(arr.shape)}"
                 )
             inputs.append(to_physical(arr, shape))
-        outputs = [np.empty(_physical_dims(s), s.dtype) for s in self.spec.outputs]
+        outputs = [np.empty(_physical_dims(s), s.dtype) for s in self.signature.outputs]
         return outputs, inputs
 
     @staticmethod
@@ -157,7 +284,8 @@ class Kernel:
         return [a.ctypes.data for a in (*outputs, *inputs)]
 
     def finish(self, outputs) -> np.ndarray | tuple[np.ndarray, ...]:
-        results = [from_physical(o, s) for o, s in zip(outputs, self.spec.outputs, strict=True)]
+        outs = self.signature.outputs
+        results = [from_physical(o, s) for o, s in zip(outputs, outs, strict=True)]
         return results[0] if len(results) == 1 else tuple(results)
 
     def __call__(self, *args: np.ndarray):
@@ -172,12 +300,85 @@ def compile_computation(
     name: str = "xla_kernel",
     use_cache: bool = True,
     in_place: Sequence[tuple[int, int]] = (),
+    defer: bool = False,
+    comp_text: str | None = None,
 ) -> Kernel:
-    """Emit, optimize (or fetch from the disk cache) and load the kernel of `comp`.
+    """Emit, optimize (or fetch from the caches) and load the kernel of `comp`.
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
-    emitter.in_place_reason); the kernel reads those parameters through the outputs."""
-    spec = emit_kernel(comp, SYMBOL, in_place)
-    return Kernel(spec, _symbol(name), use_cache)
+    emitter.in_place_reason); the kernel reads those parameters through the outputs.
+    `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
+    `comp_text`: `comp.to_text()` when the caller has it.
+    Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
+    pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
+    symbol = _symbol(name)
+
+    def emit() -> KernelSpec:
+        return emit_kernel(comp, SYMBOL, pairs)
+
+    if not use_cache:
+        return Kernel(emit(), symbol, use_cache=False)
+    key = jit.content_key("kernel", comp_text or comp.to_text(), repr(pairs), source_fingerprint())
+    hit = _read_entry(key, comp)
+    if hit is not None:
+        object_key, signature = hit
+        request = _request(None, object_key, SYMBOL, defer=False)
+        pending = request[0]
+        if not (pending.done() and isinstance(pending.exception(), KeyError)):
+            kernel = Kernel._deferred(signature, symbol, request, None, emit)
+            return kernel if defer else kernel.wait()
+        # the entry outlived its object: compile again
+    spec = emit()
+    object_key = jit.cache_key(spec.llvm_ir)
+    signature = Signature.of(spec)
+    request = _request(spec.llvm_ir, object_key, SYMBOL, defer)
+    if _derived(comp) == (signature.outputs, signature.params):
+        request[0].add_done_callback(
+            lambda f: f.exception() or _write_entry(key, object_key, signature)
+        )
+    kernel = Kernel._deferred(signature, symbol, request, spec, emit)
+    return kernel if defer else kernel.wait()
+
+
+def _derived(comp: HloComputation) -> tuple[tuple[Shape, ...], tuple[Shape, ...]]:
+    """The output and parameter shapes of `comp`'s kernel, as the emitter lays them out."""
+    return tuple(s for _, _, s in output_leaves(comp)), tuple(p.shape for p in comp.parameters)
+
+
+def _read_entry(key: str, comp: HloComputation) -> tuple[str, Signature] | None:
+    with _loaded_lock:
+        hit = _entries.get(key)
+    if hit is not None:
+        return hit
+    payload = jit.read_entry(key, ".kernel")
+    if payload is None:
+        return None
+    try:
+        entry = json.loads(payload)
+        outputs, params = _derived(comp)
+        if entry["outputs"] != [s.to_text() for s in outputs] or entry["params"] != [
+            s.to_text() for s in params
+        ]:
+            return None
+        pairs = tuple((int(o), int(i)) for o, i in entry["in_place"])
+        hit = entry["object"], Signature(outputs, params, int(entry["outer_extent"]), pairs)
+    except (ValueError, KeyError, TypeError):
+        return None
+    with _loaded_lock:
+        _entries[key] = hit
+    return hit
+
+
+def _write_entry(key: str, object_key: str, signature: Signature) -> None:
+    with _loaded_lock:
+        _entries[key] = object_key, signature
+    entry = {
+        "object": object_key,
+        "outputs": [s.to_text() for s in signature.outputs],
+        "params": [s.to_text() for s in signature.params],
+        "outer_extent": signature.outer_extent,
+        "in_place": [list(p) for p in signature.in_place],
+    }
+    jit.write_entry(key, ".kernel", json.dumps(entry).encode())
 
 
 def _symbol(name: str) -> str:
