@@ -285,9 +285,11 @@ ENTRY e {
 
 @pytest.fixture
 def bands_everywhere(monkeypatch):
-    """Make every eligible convolution take the band-row path, however small."""
+    """Make every eligible convolution take the band-row path, however small, its products
+    split into blocks of a few output rows."""
     monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 1)
     monkeypatch.setattr(lib_conv, "_BAND_MIN_ROWS", 1)
+    monkeypatch.setattr(lib_conv, "_BAND_BLOCK_ROWS", 7)
 
 
 @pytest.mark.parametrize("name,xdims,kdims,dtype,f", CONVS, ids=[c[0] for c in CONVS])
@@ -324,3 +326,76 @@ def test_kept_buffers_give_fresh_results_each_run(monkeypatch, banded):
         want = evaluate(parse_module(text), [x, k])
         np.testing.assert_allclose(program.run([x, k]), want, rtol=1e-4, atol=1e-4)
     assert len(calls) == (2 if banded else 0)
+
+
+@pytest.fixture
+def reduce_everywhere(monkeypatch):
+    """Make every eligible convolution take the long-contraction path, however small; count
+    the runs that took it."""
+    monkeypatch.setattr(lib_conv, "_REDUCE_MIN_WINDOW", 1)
+    monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 10**9)
+    calls, body = [], lib_conv._reducing
+    monkeypatch.setattr(lib_conv, "_reducing", lambda *a: calls.append(body(*a)))
+    return calls
+
+
+# not two spatial dims, groups, window dilation along the first spatial dim, complex numbers
+NOT_REDUCING = {"rhs_dilation", "feature_groups", "depthwise", "depthwise_multiplier_strided",
+                "batch_groups", "conv1d_strided", "conv1d_ncw", "conv3d", "conv3d_ndhwc",
+                "complex64", "int32_grouped", "int32_depthwise"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name,xdims,kdims,dtype,f", CONVS, ids=[c[0] for c in CONVS])
+def test_long_contractions_match_interpreter(reduce_everywhere, name, xdims, kdims, dtype, f):
+    rng = np.random.default_rng(zlib.crc32(name.encode()) + 2)
+    x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)
+    check(f, x, k, opcode=Opcode.CONVOLUTION, scale=4.0)
+    assert reduce_everywhere or name in NOT_REDUCING
+
+
+@pytest.mark.parametrize(
+    "name,xdims,kdims,strides,padding,groups", GRADS, ids=[g[0] for g in GRADS]
+)
+def test_long_contraction_gradients_match_interpreter(
+    reduce_everywhere, name, xdims, kdims, strides, padding, groups
+):
+    test_convolution_gradients_match_interpreter(name, xdims, kdims, strides, padding, groups)
+    assert reduce_everywhere or groups > 1
+
+
+# backward-filter convolutions as JAX emits them (batch and features swapped, a window as
+# large as the image), at their natural size: (name, lhs dims, rhs dims, specs, dtype, kwargs)
+FILTER_GRADS = [
+    ("chwn_same", (16, 12, 12, 3), (16, 12, 12, 8), ("CHWN", "IHWO", "HWNC"), np.float32,
+     dict(padding=((1, 1), (1, 1)))),
+    ("chwn_f64_asymmetric_pad", (4, 11, 9, 5), (4, 10, 9, 6), ("CHWN", "IHWO", "HWNC"),
+     np.float64, dict(padding=((0, 1), (2, 2)))),
+    ("rhs_dilated_strided_out", (3, 13, 14, 2), (3, 11, 6, 4), ("CHWN", "IHWO", "HWNC"),
+     np.float32, dict(padding=((1, 2), (0, 1)), window_strides=(2, 1), rhs_dilation=(1, 2))),
+    ("lhs_dilated", (2, 7, 8, 3), (2, 12, 14, 4), ("CHWN", "IHWO", "HWNC"), np.float32,
+     dict(padding=((1, 0), (0, 0)), lhs_dilation=(2, 2))),
+    ("nhwc_labels_int8", (3, 10, 10, 4), (9, 9, 4, 5), ("NHWC", "HWIO", "NHWC"), np.int8,
+     dict(padding=((1, 1), (1, 1)), preferred_element_type=jnp.int32)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,xdims,kdims,specs,dtype,kw", FILTER_GRADS, ids=[c[0] for c in FILTER_GRADS]
+)
+def test_filter_gradient_shapes_take_long_contractions(monkeypatch, name, xdims, kdims, specs,
+                                                       dtype, kw):  # fmt: skip
+    calls, body = [], lib_conv._reducing
+    monkeypatch.setattr(lib_conv, "_reducing", lambda *a: calls.append(body(*a)))
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)
+    kw = {"window_strides": (1, 1), **kw}
+    check(lambda x, k: lax.conv_general_dilated(x, k, dimension_numbers=specs, **kw), x, k,
+          opcode=Opcode.CONVOLUTION, scale=8.0)  # fmt: skip
+    assert calls
+
+
+def test_long_contraction_window_reversal(reduce_everywhere):
+    """A reversed kernel cannot be used in place: the path copies it first."""
+    test_window_reversal_attribute()
+    test_window_reversal_transpose_kernel()
+    assert len(reduce_everywhere) == 2

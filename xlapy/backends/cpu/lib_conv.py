@@ -27,7 +27,20 @@
 # such product's left operand as a row-major matrix at some offset, and OpenBLAS's gemm
 # (raw_gemm in lib_dot.py) accumulates it into the output rows of one batch item and group
 # (beta = 1 after the first product), straight in the result when it is row-major in the
-# work dtype. The products of one batch item run back to back, its bands still in cache.
+# work dtype. The products of one batch item run back to back, its bands still in cache, in
+# blocks of output rows (all window positions of a block, then the next block) so the rows
+# they accumulate stay in cache too.
+#
+# Long contractions: a window far larger than the output (backward-filter convolutions, where
+# JAX swaps batch and features: the window is the image, the output the kernel's size) is a
+# reduction over input features and window positions. With two spatial dims and no groups,
+# per input feature c the rows [P0, K1, O1, Nb] of the padded input (P0 the rows any output
+# reads, O1 and Nb adjacent) are copied once; for an output row o0 the rows from o0 * stride
+# on are then a [K0 * K1, O1 * Nb] matrix, and one transposed-A gemm with the kernel's
+# [K0 * K1, Og] matrix for c (used in place when its strides allow: JAX's output-gradient
+# layout does) accumulates the [O1 * Nb, Og] block of that output row. The padded input
+# keeps the memory order of the operand, so making it is a plain copy. Blocks of input
+# features run in parallel, each into its own partial sum; the partials are added at the end.
 #
 # Work buffers (the padded input, the im2col and band blocks) are kept between runs, one set
 # per thread: the padding stays zero, and no run faults in fresh pages.
@@ -62,7 +75,9 @@ from xlapy.ir.instruction import HloInstruction
 _CHUNK_BYTES = 1 << 20
 _BAND_MIN_DEPTH = 32  # shorter band rows make BLAS slower than the full im2col copy costs
 _BAND_MIN_ROWS = 64  # fewer output rows per product: too many small BLAS calls
+_BAND_BLOCK_ROWS = 512  # output rows per product, at most
 _KEEP_BYTES = 1 << 26  # larger work buffers are allocated per run, not kept
+_REDUCE_MIN_WINDOW = 64  # window positions per output element that make a long contraction
 
 
 def _split_axis(x: np.ndarray, axis: int, outer: int) -> np.ndarray:
@@ -158,6 +173,13 @@ class _Geometry:
             and self.outs[-2] * self.outs[-1] >= _BAND_MIN_ROWS
             and not self.depthwise
         )
+        self.reducing = (
+            len(self.dims) == 2
+            and self.g == 1
+            and self.dims[0].window_dilation == 1
+            and self.pwin >= _REDUCE_MIN_WINDOW
+            and not self.banded
+        )
 
     # -- operands in the canonical form ------------------------------------------------------
     def grouped_input(self, x: np.ndarray) -> np.ndarray:
@@ -169,17 +191,22 @@ class _Geometry:
             return np.moveaxis(_split_axis(xc, xc.ndim - 1, self.g), -2, 0)
         return xc[None]
 
-    def padded_input(self, x5: np.ndarray, work: np.dtype, scratch: _Scratch) -> np.ndarray:
-        """The input dilated and padded along the spatial axes of `x5`, in `work`."""
+    def padded_input(
+        self, x5: np.ndarray, work: np.dtype, scratch: _Scratch, keep_order: bool = False
+    ) -> np.ndarray:
+        """The input dilated and padded along the spatial axes of `x5`, in `work`: a
+        row-major buffer, or with `keep_order` a buffer whose axes lie in memory in the order
+        of `x5`'s (a straight copy, for paths that read any strides)."""
         lead = x5.ndim - len(self.dims) - 1  # axes before the spatial ones
         if self.plain:
-            if x5.dtype == work and (x5.strides[-1] == x5.itemsize or x5.shape[-1] == 1):
+            if x5.dtype == work and (
+                keep_order or x5.strides[-1] == x5.itemsize or x5.shape[-1] == 1
+            ):
                 return x5
-            buf = scratch.get("input", x5.shape, work)
-            np.copyto(buf, x5, casting="unsafe")
-            return buf
+            return _ordered(scratch, "input", x5.shape, work, x5.strides, keep_order, x5)
         shape = (*x5.shape[:lead], *self.padded, x5.shape[-1])
-        buf = scratch.get("padded", shape, work, zero=True)  # only stored elements change
+        # only stored elements change: the rest stays zero
+        buf = _ordered(scratch, "padded", shape, work, x5.strides, keep_order)
         dst, src = [slice(None)] * lead, [slice(None)] * lead
         for d, (j0, j1) in zip(self.dims, self.stored, strict=True):
             start = d.pad_low + j0 * d.base_dilation
@@ -215,6 +242,19 @@ class _Geometry:
         return out.transpose(self.operm)
 
 
+def _ordered(scratch, name, shape, work, strides, keep_order, src=None) -> np.ndarray:
+    """A kept buffer of `shape` (zero at creation unless `src` fills it): row-major, or with
+    `keep_order` laid out with its axes in the memory order that `strides` give."""
+    order = list(range(len(shape)))
+    if keep_order:
+        order.sort(key=lambda i: -abs(strides[i]))
+    buf = scratch.get(name, tuple(shape[i] for i in order), work, zero=src is None)
+    buf = buf.transpose(np.argsort(order))
+    if src is not None:
+        np.copyto(buf, src, casting="unsafe")
+    return buf
+
+
 def plan_convolution(instr: HloInstruction):
     """A fast convolution (see the file comment), or None when the rule should run."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
@@ -239,6 +279,8 @@ def plan_convolution(instr: HloInstruction):
         work = work_dtype(acc, x, k, geo.pwin * geo.cg)
         if geo.banded and raw_gemm(work) is not None:
             _banded(geo, x, k, out, acc, work, result, scratch)
+        elif geo.reducing and raw_gemm(work) is not None:
+            _reducing(geo, x, k, out, acc, work, result, scratch)
         else:
             body(geo, x, k, out, acc, work, result, scratch)
         return True
@@ -349,14 +391,21 @@ def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
     band_st = _contiguous_strides(shape, it)
     out_st = _contiguous_strides((*geo.outs, ldc), it)
     k_base = kmat.ctypes.data
+    # the rows of a plane in blocks of about _BAND_BLOCK_ROWS, each block's products back to
+    # back, so the block of the result they accumulate stays in cache
+    per_block = max(1, min(rows, _BAND_BLOCK_ROWS))
     products = []
     for g, plane in itertools.product(range(geo.g), np.ndindex(*geo.outs[:-2])):
         c_off = g * geo.og * it + sum(i * s for i, s in zip(plane, out_st, strict=False))
-        for ko, kidx in enumerate(np.ndindex(*geo.ksizes[:-1])):
-            at = [i + j * d.window_dilation for i, j, d in zip((*plane, 0), kidx, geo.dims)]
-            a_off = g * band_st[0] + sum(i * s for i, s in zip(at, band_st[1:], strict=False))
-            b_at = k_base + g * kmat.strides[0] + ko * kmat.strides[1]
-            products.append((a_off, b_at, float(ko > 0), c_off))
+        for r0 in range(0, rows, per_block):
+            m = min(per_block, rows - r0)
+            for ko, kidx in enumerate(np.ndindex(*geo.ksizes[:-1])):
+                at = [i + j * d.window_dilation for i, j, d in zip((*plane, 0), kidx, geo.dims)]
+                a_off = g * band_st[0] + sum(i * s for i, s in zip(at, band_st[1:], strict=False))
+                b_at = k_base + g * kmat.strides[0] + ko * kmat.strides[1]
+                products.append(
+                    (m, a_off + r0 * depth * it, b_at, float(ko > 0), c_off + r0 * ldc * it)
+                )
 
     def block(lo: int, hi: int) -> None:
         step = min(hi - lo, max(1, _CHUNK_BYTES // max(n_bytes, 1)))
@@ -370,14 +419,61 @@ def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
             band_at, target_at = band.ctypes.data, target.ctypes.data
             for n in range(b - a):
                 a_n, c_n = band_at + n * n_bytes, target_at + n * out_st[0] * geo.outs[0]
-                for a_off, b_at, beta, c_off in products:
-                    gemm(rows, geo.og, depth, a_n + a_off, depth, b_at, geo.og, beta,
-                         c_n + c_off, ldc)  # fmt: skip
+                for m, a_off, b_at, beta, c_off in products:
+                    gemm(m, geo.og, depth, a_n + a_off, depth, b_at, geo.og, beta, c_n + c_off,
+                         ldc)  # fmt: skip
             if not direct:
                 _store(canon[a:b], target, acc, result)
 
     flops = 2.0 * geo.g * geo.nb * geo.pout * geo.pwin * geo.cg * geo.og
     split_run(geo.nb, flops, block)
+
+
+def _reducing(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:
+    """A large window over a small output as products with a long contraction (see the file
+    comment)."""
+    gemm = raw_gemm(work)
+    it = work.itemsize
+    p = geo.padded_input(geo.grouped_input(x)[0], work, scratch, keep_order=True)
+    d0, d1 = geo.dims
+    (k0, k1), (o0, o1) = geo.ksizes, geo.outs
+    nb, og = geo.nb, geo.og
+    span = (o0 - 1) * d0.stride + k0  # padded rows a product reads
+    st = p.strides  # [Nb, P0, P1, Cg]
+    bands = as_strided(
+        p,
+        (geo.cg, span, k1, o1, nb),
+        (st[3], st[1], st[2] * d1.window_dilation, st[2] * d1.stride, st[0]),
+        writeable=False,
+    )  # [Cg, P0, K1, O1, Nb]
+    kc = geo.kernel(k)[0].transpose(2, 0, 1, 3)  # [Cg, K0, K1, Og]
+    ks = kc.strides
+    if not (kc.dtype == work and ks[3] == it and ks[1] == k1 * ks[2] and ks[2] % it == 0
+            and ks[2] >= og * it):  # fmt: skip
+        kc = _ordered(scratch, "kernel", kc.shape, work, (), False, kc)
+    ldb, k_at = kc.strides[2] // it, kc.ctypes.data
+    m = o1 * nb  # output rows of one product: [O1, Nb] for one O0 position
+    step_a = d0.stride * k1 * m * it
+    partials = []
+
+    def block(lo: int, hi: int) -> None:
+        band = scratch.get("reduce", bands.shape[1:], work)
+        part = scratch.get(f"partial{lo}", (o0, m, og), work)
+        a_at, c_at = band.ctypes.data, part.ctypes.data
+        for c in range(lo, hi):
+            np.copyto(band, bands[c])
+            beta, b_at = float(c > lo), k_at + c * kc.strides[0]
+            for i in range(o0):
+                gemm(m, og, k0 * k1, a_at + i * step_a, m, b_at, ldb, beta,
+                     c_at + i * m * og * it, og, trans_a=True)  # fmt: skip
+        partials.append(part)
+
+    split_run(geo.cg, 2.0 * nb * geo.pout * geo.pwin * geo.cg * og, block)
+    total = partials[0]
+    for part in partials[1:]:
+        total += part
+    y = total.reshape(o0, o1, nb, og).transpose(2, 0, 1, 3)  # [Nb, O0, O1, Og]
+    _store(geo.output(out), y, acc, result)
 
 
 def _depthwise(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:

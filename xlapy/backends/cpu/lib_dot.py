@@ -81,7 +81,7 @@ def _set_local_threads():
     return fn
 
 
-_ROW_MAJOR, _NO_TRANS = 101, 111
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _GEMM_SCALARS = {
     np.dtype(np.float32): ("s", ctypes.c_float),
     np.dtype(np.float64): ("d", ctypes.c_double),
@@ -91,9 +91,10 @@ _GEMM_SCALARS = {
 @functools.cache
 def raw_gemm(dtype: np.dtype):
     """OpenBLAS's row-major `C = A @ B + beta * C` for float32 / float64 on raw addresses, as
-    `gemm(m, n, k, a, lda, b, ldb, beta, c, ldc)` (leading dimensions in elements), or None
-    when `dtype` has none or no OpenBLAS is loaded. For products that np.matmul cannot
-    express: accumulating into a strided block of an existing result."""
+    `gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, trans_a=False)` (leading dimensions in
+    elements; with `trans_a`, A is stored as its [k, m] transpose), or None when `dtype` has
+    none or no OpenBLAS is loaded. For products that np.matmul cannot express: accumulating
+    into a strided block of an existing result."""
     if dtype not in _GEMM_SCALARS:
         return None
     letter, scalar = _GEMM_SCALARS[dtype]
@@ -110,8 +111,9 @@ def raw_gemm(dtype: np.dtype):
     fn.restype = None
 
     def gemm(m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, beta: float,
-             c: int, ldc: int) -> None:  # fmt: skip
-        fn(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+             c: int, ldc: int, trans_a: bool = False) -> None:  # fmt: skip
+        ta = _TRANS if trans_a else _NO_TRANS
+        fn(_ROW_MAJOR, ta, _NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
 
     return gemm
 
