@@ -50,10 +50,11 @@ def per_call_us(fn, calls: int, repeats: int = 7) -> float:
     return per_call_wall_and_cpu_us(fn, calls, repeats)[0]
 
 
-def per_call_wall_and_cpu_us(fn, calls: int, repeats: int = 7) -> tuple[float, float]:
+def per_call_wall_and_cpu_us(fn, calls: int, repeats: int = 7) -> tuple[float, float, float]:
     """(wall, calling thread's CPU) microseconds per call, each the median over `repeats`
-    batches. CPU time leaves out the time the thread waits or is descheduled, so it moves
-    less with the load of other processes; it misses work done on other threads."""
+    batches, and the CPU time of the quietest batch. CPU time leaves out the time the thread
+    waits or is descheduled, so it moves less with the load of other processes; it misses
+    work done on other threads."""
     for _ in range(max(10, calls // 10)):
         fn()
     wall, cpu = [], []
@@ -63,7 +64,7 @@ def per_call_wall_and_cpu_us(fn, calls: int, repeats: int = 7) -> tuple[float, f
             fn()
         wall.append((time.perf_counter() - t) / calls)
         cpu.append((time.thread_time() - c) / calls)
-    return 1e6 * statistics.median(wall), 1e6 * statistics.median(cpu)
+    return 1e6 * statistics.median(wall), 1e6 * statistics.median(cpu), 1e6 * min(cpu)
 
 
 def large_inputs(client: Client, calls: int) -> None:
@@ -144,8 +145,11 @@ def main(argv=None) -> None:
         ("backend", backend),
         ("xla", xla),
     ]:
-        wall, cpu = per_call_wall_and_cpu_us(fn, opts.calls)
-        print(f"{name:10s} {wall:8.1f} us   (calling thread CPU {cpu:6.1f} us)")
+        wall, cpu, quietest = per_call_wall_and_cpu_us(fn, opts.calls)
+        print(
+            f"{name:10s} {wall:8.1f} us   (calling thread CPU {cpu:6.1f} us, "
+            f"quietest batch {quietest:6.1f} us)"
+        )
     worker_client.close()
     large_inputs(client, opts.calls)
     if not opts.profile:

@@ -271,3 +271,127 @@ def test_tuple_parameters_take_the_general_path():
     with pytest.raises(RuntimeApiError, match="expects a tuple of 2"):
         exe.execute([[leaves[0]]])
     client.close()
+
+
+# -- the inline fast path -------------------------------------------------------------------
+
+
+def _warm(exe, client):
+    """Run once so that the program is known to be cheap: later calls may run inline."""
+    for out in exe.execute_portable(_bufs(client), client.devices()[0]):
+        out.block_until_ready()
+
+
+@pytest.mark.parametrize("what,make_args,error,match", BAD_CALLS, ids=[b[0] for b in BAD_CALLS])
+def test_warm_fast_path_raises_the_same_errors(what, make_args, error, match):
+    client = Client("cpu", device_count=2)
+    exe = client.compile(AXPY)
+    _warm(exe, client)
+    with pytest.raises(error, match=match):
+        exe.execute_portable(make_args(client), client.devices()[0])
+    with pytest.raises(error, match=match):
+        exe.execute([make_args(client)])
+    client.close()
+
+
+def test_inline_outputs_are_ready_counted_and_copy_protected():
+    client = Client("cpu")
+    exe = client.compile(AXPY)
+    dev = client.devices()[0]
+    _warm(exe, client)
+    a, x, y = _bufs(client)
+    x_host, before = x.to_numpy(), dev.memory_stats()
+    [out] = exe.execute([[a, x, y]])[0]
+    assert out.ready().done()
+    after = dev.memory_stats()
+    assert after.live_allocations == before.live_allocations + 1
+    assert after.bytes_in_use == before.bytes_in_use + 16
+    np.testing.assert_allclose(out.to_numpy(), 2 * x_host + y.to_numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(x.to_numpy(), x_host)  # aliased, not donated: untouched
+    out.delete()
+    assert dev.memory_stats().bytes_in_use == before.bytes_in_use
+    client.close()
+
+
+def test_inline_failure_releases_memory_and_fails_downstream(x):
+    client, calls, _, _ = _tracing_client()
+    failing, ok = _program(client, "fail"), _program(client, "ok")
+    dev = client.devices()[0]
+    buf = client.buffer_from_pyval(x)
+    for program in (failing, ok):  # timed once (asynchronously): later runs are inline
+        [warm] = program.execute([[buf]])[0]
+        warm.ready().exception()
+        warm.delete()
+    [out] = failing.execute([[buf]])[0]
+    assert calls[-1] == ("fail", threading.current_thread())
+    with pytest.raises(ExecutionError, match="failed on purpose"):
+        out.block_until_ready()
+    [downstream] = ok.execute([[out]])[0]
+    with pytest.raises(ExecutionError, match="an input of trace failed"):
+        downstream.to_numpy()
+    for b in (buf, out, downstream):
+        b.delete()
+    assert dev.memory_stats().bytes_in_use == 0
+    client.close()
+
+
+def test_inline_calls_race_with_deletion_from_another_thread():
+    """One thread runs a warm program on a buffer while another deletes it: each call
+    either runs on the live contents or raises BufferDeletedError; memory returns to 0."""
+    client = Client("cpu")
+    exe = client.compile(AXPY)
+    dev = client.devices()[0]
+    _warm(exe, client)
+    rng = np.random.default_rng(11)
+    problems: list[str] = []
+    for _ in range(20):
+        a, x, y = _bufs(client)
+        expected = 2 * x.to_numpy() + y.to_numpy()
+        deleter = threading.Thread(target=lambda b=x: (sleep_briefly(rng), b.delete()))
+        deleter.start()
+        for _ in range(50):
+            try:
+                [out] = exe.execute([[a, x, y]])[0]
+            except BufferDeletedError:
+                break
+            if not np.array_equal(out.to_numpy(), expected):
+                problems.append("wrong result")
+            out.delete()
+        deleter.join(10)
+        for b in (a, y):
+            b.delete()
+    assert problems == []
+    assert dev.memory_stats().bytes_in_use == 0
+    client.close()
+
+
+def sleep_briefly(rng):
+    """Sleep up to 0.2 ms, so that a deletion lands at varying points of the calls."""
+    threading.Event().wait(float(rng.uniform(0, 2e-4)))
+
+
+def test_many_threads_on_one_device_keep_results_and_memory():
+    client = Client("cpu")
+    exe = client.compile(AXPY)
+    dev = client.devices()[0]
+    _warm(exe, client)
+    failures: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            host = [rng.standard_normal(s).astype(np.float32) for s in ((), (4,), (4,))]
+            bufs = [client.buffer_from_pyval(v) for v in host]
+            [out] = exe.execute([bufs])[0]
+            if not np.allclose(out.to_numpy(), host[0] * host[1] + host[2], rtol=1e-6):
+                failures.append(f"thread {seed}: wrong result")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
+    assert dev.memory_stats().bytes_in_use == 0
+    client.close()

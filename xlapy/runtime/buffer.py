@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,6 @@ from xlapy.runtime.futures import Future
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device, MemorySpace
 
-_REF_LOCK = threading.Lock()
 _IDS = itertools.count()
 
 
@@ -48,33 +46,53 @@ class HostBufferSemantics(enum.Enum):
 
 
 class _Storage:
-    """Memory holding one array, counted by a device allocator, shared by reference count."""
+    """Memory holding one array, counted by a device allocator, shared by reference count.
+    The count is guarded by the device's lock (`lock`)."""
 
-    __slots__ = ("array", "kind", "memory_space", "nbytes", "owned", "refs")
+    __slots__ = ("array", "device", "kind", "lock", "memory_space", "nbytes", "owned", "refs")
 
-    def __init__(self, memory_space: MemorySpace, nbytes: int, owned: bool = True):
+    def __init__(
+        self,
+        memory_space: MemorySpace,
+        nbytes: int,
+        owned: bool = True,
+        array: np.ndarray | None = None,
+        counted: bool = False,
+    ):
+        """`counted`: the caller has already counted the allocation (under the lock)."""
+        device = memory_space.device
         self.memory_space = memory_space
+        self.device = device
+        self.lock = device.lock
         self.kind = memory_space.kind
         self.nbytes = nbytes
         self.owned = owned
-        self.array: np.ndarray | None = None
+        self.array = array
         self.refs = 1
-        memory_space.device.allocator.allocate(nbytes, self.kind)
+        if not counted:
+            device.allocator.allocate(nbytes, self.kind)
 
     def acquire(self) -> _Storage:
-        with _REF_LOCK:
+        with self.lock:
             if self.refs <= 0:
                 raise RuntimeApiError("internal: storage used after it was freed")
             self.refs += 1
         return self
 
     def release(self) -> None:
-        with _REF_LOCK:
+        with self.lock:
             self.refs -= 1
-            last = self.refs == 0
-        if last:
+            if self.refs:
+                return
+            self.device.allocator.free_locked(self.nbytes, self.kind)
+        self.array = None
+
+    def release_locked(self) -> None:
+        """`release` for a caller that holds the lock."""
+        self.refs -= 1
+        if not self.refs:
+            self.device.allocator.free_locked(self.nbytes, self.kind)
             self.array = None
-            self.memory_space.device.allocator.free(self.nbytes, self.kind)
 
 
 class Buffer:
@@ -139,12 +157,16 @@ class Buffer:
 
     def block_until_ready(self) -> Buffer:
         """Wait for the contents; raises the producing execution's error if it failed."""
-        self.ready().result()
+        if self._storage is None:
+            self._live_storage("ready")
+        self._ready.result()
         return self
 
     def to_numpy(self) -> np.ndarray:
         """A host copy of the contents (waits for them; raises their execution's error)."""
-        storage = self._live_storage("to_numpy")
+        storage = self._storage
+        if storage is None:
+            storage = self._live_storage("to_numpy")
         self._ready.result()
         return np.array(storage.array, copy=True)
 

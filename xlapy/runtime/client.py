@@ -36,7 +36,7 @@ from xlapy.runtime.compiler import Compiler, canonical_text
 from xlapy.runtime.device import Device, MemorySpace
 from xlapy.runtime.errors import RuntimeApiError, SerializationError
 from xlapy.runtime.executable import Executable, LoadedExecutable, fingerprint_of
-from xlapy.runtime.futures import Future
+from xlapy.runtime.futures import COMPLETED
 from xlapy.runtime.options import CompileOptions
 
 PLATFORM_VERSION = "xlapy-pjrt 1"
@@ -170,7 +170,7 @@ class Client:
         except KeyError:
             raise RuntimeApiError(f"no xlapy element type holds NumPy dtype {arr.dtype}") from None
         shape = Shape.array(etype, arr.shape)
-        return Buffer(shape, host_storage(arr, space, semantics), Future.completed())
+        return Buffer(shape, host_storage(arr, space, semantics), COMPLETED)
 
     # -- custom calls ----------------------------------------------------------------------
     def register_custom_call(

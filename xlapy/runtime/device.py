@@ -12,6 +12,13 @@ the calling thread instead when the device is idle (nothing queued on the worker
 running inline) and the caller allows it. Order is kept: while an inline task runs, tasks
 started on the device from other threads wait in a backlog that is handed to the worker,
 in order, when the inline task ends; and the worker runs nothing while one is inline.
+
+Locking: each device has one reentrant lock, `Device.lock`, guarding everything about it
+that calls change: the worker state (queued, inline, backlog), the allocator's counters and
+the reference counts of the storages in its memory spaces. So one call takes it once to
+check and take its inputs, count its outputs and reserve the device, and once more to let
+go of the inputs and the device. It is reentrant because a buffer may be garbage collected
+(dropping its storage, which takes the lock) at any allocation, also while it is held.
 """
 
 from __future__ import annotations
@@ -43,8 +50,8 @@ class MemoryStats:
 class Allocator:
     """Counts the memory of one device: every buffer's storage is allocated and freed here."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, lock: threading.RLock | None = None) -> None:
+        self._lock = threading.RLock() if lock is None else lock
         self._in_use = 0
         self._peak = 0
         self._num_allocs = 0
@@ -54,20 +61,28 @@ class Allocator:
 
     def allocate(self, nbytes: int, kind: str) -> None:
         with self._lock:
-            self._in_use += nbytes
-            self._by_kind[kind] += nbytes
-            if self._in_use > self._peak:
-                self._peak = self._in_use
-            self._num_allocs += 1
-            if nbytes > self._largest:
-                self._largest = nbytes
-            self._live += 1
+            self.allocate_locked(nbytes, kind)
 
     def free(self, nbytes: int, kind: str) -> None:
         with self._lock:
-            self._in_use -= nbytes
-            self._by_kind[kind] -= nbytes
-            self._live -= 1
+            self.free_locked(nbytes, kind)
+
+    def allocate_locked(self, nbytes: int, kind: str) -> None:
+        """`allocate` for a caller that holds the device's lock."""
+        self._in_use += nbytes
+        self._by_kind[kind] += nbytes
+        if self._in_use > self._peak:
+            self._peak = self._in_use
+        self._num_allocs += 1
+        if nbytes > self._largest:
+            self._largest = nbytes
+        self._live += 1
+
+    def free_locked(self, nbytes: int, kind: str) -> None:
+        """`free` for a caller that holds the device's lock."""
+        self._in_use -= nbytes
+        self._by_kind[kind] -= nbytes
+        self._live -= 1
 
     def stats(self) -> MemoryStats:
         with self._lock:
@@ -142,14 +157,15 @@ class Device:
         self.kind = kind
         self.process_index = 0
         self.local_hardware_id = id
-        self.allocator = Allocator()
+        self.lock = threading.RLock()
+        """Guards the worker state, the allocator and the storages' reference counts."""
+        self.allocator = Allocator(self.lock)
         self.memory_spaces = tuple(
             MemorySpace(id * len(MEMORY_KINDS) + i, k, self) for i, k in enumerate(MEMORY_KINDS)
         )
         self.inline_execution = getattr(client, "inline_execution", True)
         """Whether `start` may run a task on the calling thread when the device is idle."""
         self._worker: _Worker | None = None
-        self._worker_lock = threading.Lock()
         self._queued = 0  # tasks handed to the worker and not finished
         self._inline = False  # a task is running on some caller's thread
         self._backlog: list[Callable[[], None]] = []  # started while one ran inline
@@ -186,7 +202,7 @@ class Device:
 
     def submit(self, task: Callable[[], None]) -> None:
         """Queue `task` on this device's worker thread (started on first use)."""
-        with self._worker_lock:
+        with self.lock:
             self._enqueue(task)
 
     def start(self, task: Callable[[], None], inline_ok: bool = True) -> bool:
@@ -194,9 +210,8 @@ class Device:
         the calling thread when inline execution is on, `inline_ok` and the device is idle,
         else queue it. Returns whether it reserved the device to run inline; the caller
         must then call `run_inline(task)` (it may first let go of its own locks)."""
-        with self._worker_lock:
-            if inline_ok and self.inline_execution and not self._inline and self._queued == 0:
-                self._inline = True
+        with self.lock:
+            if inline_ok and self.reserve_inline_locked():
                 return True
             self._enqueue(task)
             return False
@@ -207,11 +222,25 @@ class Device:
         try:
             task()
         finally:
-            with self._worker_lock:
-                self._inline = False
-                backlog, self._backlog = self._backlog, []
-                for queued in backlog:
-                    self._enqueue(queued)
+            with self.lock:
+                self.end_inline_locked()
+
+    def reserve_inline_locked(self) -> bool:
+        """With the lock held: reserve the idle device for a run on the calling thread (the
+        caller runs it, then calls `end_inline_locked`). False when inline execution is off
+        or the device is busy."""
+        if self._inline or self._queued or not self.inline_execution:
+            return False
+        self._inline = True
+        return True
+
+    def end_inline_locked(self) -> None:
+        """With the lock held: end an inline run; tasks started meanwhile go to the worker."""
+        self._inline = False
+        if self._backlog:
+            backlog, self._backlog = self._backlog, []
+            for queued in backlog:
+                self._enqueue(queued)
 
     def _enqueue(self, task: Callable[[], None]) -> None:
         if self._inline:
@@ -223,11 +252,11 @@ class Device:
         self._worker.submit(task)
 
     def _task_done(self) -> None:
-        with self._worker_lock:
+        with self.lock:
             self._queued -= 1
 
     def _stop(self) -> None:
-        with self._worker_lock:
+        with self.lock:
             if self._worker is not None:
                 self._worker.stop()
                 self._worker = None

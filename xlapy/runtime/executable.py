@@ -21,7 +21,7 @@ from xlapy.ir.shapes import Shape
 from xlapy.runtime import serialize
 from xlapy.runtime.buffer import Buffer
 from xlapy.runtime.errors import RuntimeApiError
-from xlapy.runtime.execution import CallSignature, commit, plan_call
+from xlapy.runtime.execution import CallSignature, commit, plan_call, run_inline
 from xlapy.runtime.options import CompileOptions
 
 if TYPE_CHECKING:
@@ -188,6 +188,8 @@ class LoadedExecutable(Executable):
             self.name, self._param_shapes, self.output_shape, self._aliases
         )
         self._devices = tuple(client.lookup_device(d) for row in self._assignment for d in row)
+        self._only = (self._devices[0], self._programs[self._devices[0].id])
+        """(device, program) of the call `execute` makes when there is one device."""
 
     def _backend_options(self) -> dict[str, Any]:
         """The options' backend settings plus the client's custom-call registry (which the
@@ -219,6 +221,11 @@ class LoadedExecutable(Executable):
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
+        if type(donate) in (tuple, list) and not donate and len(devices) == 1:
+            device, program = self._only
+            outputs = run_inline(self._signature, program, device, argument_lists[0])
+            if outputs is not None:
+                return [outputs]
         donate, non_donatable = tuple(donate), tuple(non_donatable)
         plans = [
             self._plan(self._programs[d.id], args, d, donate, non_donatable, strict_donation)
@@ -254,6 +261,10 @@ class LoadedExecutable(Executable):
     def _run_one(
         self, program, arguments, device, *, donate=(), non_donatable=(), strict_donation=None
     ) -> list[Buffer]:
+        if type(donate) in (tuple, list) and not donate:
+            outputs = run_inline(self._signature, program, device, arguments)
+            if outputs is not None:
+                return outputs
         plan = self._plan(
             program, arguments, device, tuple(donate), tuple(non_donatable), strict_donation
         )

@@ -23,12 +23,16 @@ Dispatch cost: what can be known before a call (the parameters' leaves, which le
 aliased, the output leaves and their sizes, where each aliased output's memory comes
 from) is computed once per executable in a CallSignature; a call then checks its buffers
 against it with a few attribute reads, and takes the slow, message-building path only to
-report an error.
+report an error. The common call (one device, every parameter one array, nothing donated,
+inputs ready, a cheap program, an idle device) goes through `run_inline`: one hold of the
+device's lock to check and take the inputs, count the outputs and reserve the device, the
+run, and one more hold to let go of the inputs and the device; its outputs share the
+completed future. Anything else, errors included, takes the general path (plan_call, then
+commit), which holds the lock of every device of the call while it commits.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -41,12 +45,10 @@ from xlapy.backends.base import CompiledProgram, LeafAlias
 from xlapy.ir.shapes import Shape, ShapeIndex
 from xlapy.runtime.buffer import Buffer, _Storage
 from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError
-from xlapy.runtime.futures import _DONE, Future
+from xlapy.runtime.futures import _DONE, COMPLETED, Future
 
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device
-
-_COMMIT_LOCK = threading.Lock()
 
 
 class DonationWarning(UserWarning):
@@ -110,6 +112,14 @@ class CallSignature:
         )
         self.protected = tuple(i for i, leaf in enumerate(leaves) if leaf.aliased)
         """Positions of aliased leaves: copied before the run unless donated and owned."""
+        self.num_params = len(self.param_shapes)
+        self.inline_checks = (
+            tuple((leaf.shape.element_type, leaf.shape.dims) for leaf in leaves)
+            if self.simple and not self.has_must_alias
+            else None
+        )
+        """(element type, dims) per argument, for `run_inline`; None when it never applies."""
+        self.single_output = output_shape.is_array
 
 
 @dataclass(slots=True)
@@ -271,8 +281,16 @@ def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) 
 
 def commit(plans: Sequence[CallPlan]) -> list[list[Buffer]]:
     """Donate, allocate outputs and start every planned execution; return their outputs.
-    A single-device call on an idle device with ready inputs runs inline before returning."""
-    with _COMMIT_LOCK:
+    A single-device call on an idle device with ready inputs runs inline before returning.
+    The devices' locks are held (taken in device order) while committing."""
+    if len(plans) == 1:
+        locks = [plans[0].device.lock]
+    else:
+        devices = sorted({p.device.id: p.device for p in plans}.items())
+        locks = [device.lock for _, device in devices]
+    for lock in locks:
+        lock.acquire()
+    try:
         for plan in plans:  # a buffer may have changed since planning (another thread)
             _recheck(plan)
         results = []
@@ -286,9 +304,89 @@ def commit(plans: Sequence[CallPlan]) -> list[list[Buffer]]:
         for device, task, inline_ok in tasks:
             if device.start(task, inline_ok):
                 inline = (device, task)
+    finally:
+        for lock in reversed(locks):
+            lock.release()
     if inline is not None:
         inline[0].run_inline(inline[1])
     return results
+
+
+def run_inline(
+    signature: CallSignature, program: CompiledProgram, device: Device, args: Sequence[Any]
+) -> list[Buffer] | None:
+    """Run the common call on the calling thread and return its outputs: one device, every
+    parameter one array buffer of the right shape on `device`, nothing donated, every input
+    ready, the program known to be cheap and the device idle. Returns None, having touched
+    nothing, when any of that does not hold; the general path then runs the call (or
+    raises the error it finds)."""
+    checks = signature.inline_checks
+    if checks is None or not device.inline_execution or len(args) != signature.num_params:
+        return None
+    last = signature.last_run_seconds
+    if last is None or last >= INLINE_MAX_SECONDS:
+        return None
+    storages, values = [], []
+    for buf, (element_type, dims) in zip(args, checks):
+        if type(buf) is not Buffer:
+            return None
+        storage, shape, ready = buf._storage, buf._shape, buf._ready
+        if (
+            storage is None
+            or storage.device is not device
+            or shape.element_type is not element_type
+            or shape.dims != dims
+            or ready._state != _DONE
+            or ready._error is not None
+        ):
+            return None
+        storages.append(storage)
+        values.append(storage.array)
+    space = device.default_memory_space
+    with device.lock:
+        for buf, storage in zip(args, storages):
+            if buf._storage is not storage:  # deleted or donated by another thread
+                return None
+        if not device.reserve_inline_locked():
+            return None
+        for storage in storages:
+            storage.refs += 1
+        allocate, kind = device.allocator.allocate_locked, space.kind
+        for _, _, nbytes in signature.output_leaves:
+            allocate(nbytes, kind)
+    try:
+        for i in signature.protected:
+            values[i] = np.array(values[i], copy=True)  # copy-protection
+        start = time.perf_counter()
+        try:
+            out = program.run(values, signature.aliased_params)
+        finally:
+            signature.last_run_seconds = time.perf_counter() - start
+        arrays = (out,) if signature.single_output else _output_arrays(signature, out)
+        ready = COMPLETED
+    except BaseException as e:  # every failure travels to the outputs
+        arrays = (None,) * len(signature.output_leaves)
+        error = e if isinstance(e, ExecutionError) else _wrapped(signature.name, device, e)
+        ready = Future.failed(error)
+    finally:
+        with device.lock:
+            for storage in storages:
+                storage.release_locked()
+            device.end_inline_locked()
+    return [
+        Buffer(shape, _Storage(space, nbytes, array=array, counted=True), ready)
+        for (_, shape, nbytes), array in zip(signature.output_leaves, arrays, strict=True)
+    ]
+
+
+def _output_arrays(signature: CallSignature, out: Any) -> list[Any]:
+    arrays = []
+    for index, _, _ in signature.output_leaves:
+        leaf = out
+        for i in index:
+            leaf = leaf[i]
+        arrays.append(leaf)
+    return arrays
 
 
 INLINE_MAX_SECONDS = 1e-3
@@ -372,17 +470,16 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             out = plan.program.run(_argument_values(plan, storages), signature.aliased_params)
         finally:
             signature.last_run_seconds = time.perf_counter() - start
-        for (index, _, _), storage in zip(signature.output_leaves, out_storages, strict=True):
-            leaf = out
-            for i in index:
-                leaf = leaf[i]
-            storage.array = leaf
+        arrays = (out,) if signature.single_output else _output_arrays(signature, out)
+        for storage, array in zip(out_storages, arrays, strict=True):
+            storage.array = array
     except BaseException as e:  # every failure travels to the outputs
-        error = e if isinstance(e, ExecutionError) else _wrapped(plan, e)
+        error = e if isinstance(e, ExecutionError) else _wrapped(plan.name, plan.device, e)
     finally:  # inputs are let go before anyone waiting on the outputs wakes up
-        for storage in storages:
-            if storage is not None and id(storage) not in in_place:
-                storage.release()
+        with plan.device.lock:
+            for storage in storages:
+                if storage is not None and id(storage) not in in_place:
+                    storage.release_locked()
         storages.clear()
     if error is not None:
         ready.set_exception(error)
@@ -390,10 +487,9 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         ready.set_result(None)
 
 
-def _wrapped(plan: CallPlan, error: BaseException) -> ExecutionError:
+def _wrapped(name: str, device: Device, error: BaseException) -> ExecutionError:
     wrapped = ExecutionError(
-        f"execution of {plan.name} on device {plan.device.id} failed: "
-        f"{type(error).__name__}: {error}"
+        f"execution of {name} on device {device.id} failed: {type(error).__name__}: {error}"
     )
     wrapped.__cause__ = error
     return wrapped

@@ -14,7 +14,10 @@
 # to check it, a memory list with the constants already in place (and their addresses),
 # the allocations made fresh per call, and for every output leaf where it comes from. A
 # call copies the template, fills in the argument and output arrays, takes an arena (with
-# its addresses) and runs the thunks.
+# its addresses) and runs the thunks. The common program (every parameter one row-major
+# array that no output aliases, every output a whole fresh allocation of its own) has a
+# shorter path for the common call (C-contiguous NumPy arguments of the right dtypes): a
+# byte view and an address per argument, a fresh allocation per output, then the thunks.
 
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ _STATE_OPTIONS = ("replica_id", "partition_id", "custom_calls", "rng_seed")
 ARENA_POOL_SIZE = 4
 """Idle arenas an executable keeps for reuse."""
 _NO_ARENAS: tuple[list[np.ndarray], list[int]] = ([], [])
+_U8 = np.dtype(np.uint8)
 
 
 def _is_row_major(shape: Shape) -> bool:
@@ -91,6 +95,17 @@ class _OutputLeaf:
         self.dims = physical_dims(shape)
         self.dtype = shape.dtype
         self.end = s.offset + s.size
+
+
+class _SimplePlan:
+    """How `CpuProgram._run_simple` runs: (allocation, parameter number, dims, dtype) per
+    parameter and (allocation, dtype, dims or None when rank 1) per output leaf."""
+
+    __slots__ = ("outputs", "params")
+
+    def __init__(self, params: tuple, outputs: tuple):
+        self.params = params
+        self.outputs = outputs
 
 
 class CpuProgram(CompiledProgram):
@@ -143,6 +158,37 @@ class CpuProgram(CompiledProgram):
             if shape.is_array
         ]
         self._single_output = self.module.entry.root.shape.is_array
+        self._simple = self._simple_plan()
+
+    def _simple_plan(self) -> _SimplePlan | None:
+        """The plan of `_run_simple`, or None when this program needs the general path."""
+        if self.aliases:
+            return None
+        leaves = self._param_leaves
+        if len(leaves) != self._num_params or sorted(leaf.number for leaf in leaves) != list(
+            range(self._num_params)
+        ):
+            return None
+        if any(leaf.index or leaf.writes or not leaf.row_major for leaf in leaves):
+            return None
+        root = self.module.entry.root.shape
+        flat = self._single_output or all(s.is_array for s in root.tuple_shapes)
+        fresh = {index for index, _ in self._fresh}
+        allocations = [out.slice.allocation for out in self._outputs_plan]
+        if (
+            not flat
+            or len(set(allocations)) != len(allocations)
+            or not fresh.issuperset(allocations)
+            or not all(o.handed_whole and o.exact and o.row_major for o in self._outputs_plan)
+        ):
+            return None
+        return _SimplePlan(
+            tuple((leaf.alloc, leaf.number, leaf.dims, leaf.dtype) for leaf in leaves),
+            tuple(
+                (o.slice.allocation, o.dtype, o.dims if len(o.dims) != 1 else None)
+                for o in self._outputs_plan
+            ),
+        )
 
     def _slice(self, index) -> BufferSlice:
         root = self.module.entry.root
@@ -170,6 +216,52 @@ class CpuProgram(CompiledProgram):
     # -- running ---------------------------------------------------------------------------
     def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
         """Execute on `args`; see xlapy.backends.base for the donation contract."""
+        simple = self._simple
+        if simple is not None and len(args) == self._num_params:
+            memory = self._template.copy()
+            bases = self._template_bases.copy()
+            for alloc, number, dims, dtype in simple.params:
+                arg = args[number]
+                if (
+                    type(arg) is not np.ndarray
+                    or arg.shape != dims
+                    or (arg.dtype is not dtype and arg.dtype != dtype)
+                    or not arg.flags.c_contiguous
+                ):
+                    break
+                memory[alloc] = mem = np.frombuffer(arg, _U8)
+                bases[alloc] = address(mem)
+            else:
+                return self._run_simple(simple, memory, bases)
+        return self._run_general(args, donated)
+
+    def _run_simple(self, simple: _SimplePlan, memory: list, bases: list[int]) -> Any:
+        """The thunks on arguments already in `memory`; the outputs are fresh arrays."""
+        for index, size in self._fresh:
+            memory[index] = mem = np.empty(size, _U8)
+            bases[index] = address(mem)
+        if not self._temps:
+            self.compiled.entry.run(ExecutionContext(memory, self.state, bases))
+        else:
+            arenas = self._take_arenas()
+            for index, arena, base in zip(self._temps, arenas[0], arenas[1], strict=True):
+                memory[index] = arena
+                bases[index] = base
+            try:
+                self.compiled.entry.run(ExecutionContext(memory, self.state, bases))
+            finally:
+                self._give_back(arenas)
+        if self._single_output:
+            alloc, dtype, dims = simple.outputs[0]
+            out = memory[alloc].view(dtype)
+            return out if dims is None else out.reshape(dims)
+        outputs = []
+        for alloc, dtype, dims in simple.outputs:
+            out = memory[alloc].view(dtype)
+            outputs.append(out if dims is None else out.reshape(dims))
+        return tuple(outputs)
+
+    def _run_general(self, args: Sequence[Any], donated: frozenset[int]) -> Any:
         if len(args) != self._num_params:
             raise EvaluationError(
                 f"{self.module.name} takes {self._num_params} arguments, {len(args)} were given"
