@@ -6,9 +6,11 @@
 #   result's slice; the operands are transposed views, so BLAS sees the transpose flags
 #   instead of copies wherever the contraction allows. Other dots (mixed precision, integers)
 #   go through RuleThunk, whose fast path is lib_dot.py.
-#   Every BLAS call runs with one OpenBLAS thread; a large product is split into row (or
-#   batch) blocks over the kernel pool instead (lib_dot.split_run), so BLAS's own threads
-#   never compete with the pool, and a busy machine degrades to one core instead of 5-15x.
+#   Every BLAS call runs with one OpenBLAS thread; a large product is split into blocks of
+#   rows, of columns when it is wider than tall (each block then packs only its part of
+#   the right operand), or of the batch, over the kernel pool (lib_dot.split_run), so
+#   BLAS's own threads never compete with the pool, and a busy machine degrades to one
+#   core instead of 5-15x.
 # - DynamicUpdateSliceThunk: writes only the update's window; when buffer assignment put the
 #   result on its operand (in place) nothing else moves.
 # - CustomCallThunk: C targets get pointers into the arena with the nested pointer-table
@@ -157,7 +159,10 @@ class DotThunk(Thunk):
             np.copyto(ctx.view(self.out), result.reshape(self.out.shape.dims))
             return
         out = ctx.physical(self.out).reshape(self.b, self.m, self.n)
-        if self.b == 1:
+        if self.b == 1 and self.n > self.m:  # short and wide: each block packs part of c
+            a0, c0, out0 = a[0], c[0], out[0]
+            split_run(self.n, flops, lambda lo, hi: np.matmul(a0, c0[:, lo:hi], out=out0[:, lo:hi]))
+        elif self.b == 1:
             a0, c0, out0 = a[0], c[0], out[0]
             split_run(self.m, flops, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
         else:
