@@ -29,7 +29,6 @@
 from __future__ import annotations
 
 import math
-import re
 
 from llvmlite import ir
 
@@ -44,7 +43,7 @@ from xlapy.backends.cpu.emitter import (
     reg_type,
     supported,
 )
-from xlapy.backends.cpu.kernel import SYMBOL, Kernel
+from xlapy.backends.cpu.kernel import SYMBOL, Kernel, symbol_name
 from xlapy.backends.cpu.thunks import BufferSlice, KernelThunk, physical_dims
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
@@ -93,19 +92,8 @@ class _ScatterEmitter(KernelEmitter):
             self.extent[od] = self.updates.dims[ud]
 
     def emit(self) -> KernelSpec:
-        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * 4 + [I64, I64])
-        fn = ir.Function(self.module, fnty, self.name)
-        for i, arg in enumerate(fn.args[:4]):
-            arg.name = ("out", "operand", "indices", "updates")[i]
-            if not (self.in_place and i == 1):
-                arg.add_attribute("noalias")
-        fn.attributes.add("nounwind")
-        self.fn = fn
-        entry = fn.append_basic_block("entry")
-        self.alloca_builder = ir.IRBuilder(entry)
-        body = fn.append_basic_block("body")
-        self.b = ir.IRBuilder(body)
-        self.math.b = self.b
+        names = ("out", "operand", "indices", "updates")
+        fn, body = self.begin_function(names, {1} if self.in_place else set())
         t = self.operand.element_type
         self.out_ptr = self.b.bitcast(fn.args[0], mem_type(t).as_pointer())
         self.idx_ptr = self.b.bitcast(fn.args[2], mem_type(self.indices.element_type).as_pointer())
@@ -121,8 +109,7 @@ class _ScatterEmitter(KernelEmitter):
                 self.b.store(ir.Constant(I64, -1), self.pending)
                 self._nest(0, None)
                 self._flush_pending()
-        self.b.ret_void()
-        self.alloca_builder.branch(body)
+        self.end_function(body)
         return KernelSpec(
             self.name,
             str(self.module),
@@ -366,7 +353,7 @@ def scatter_thunk(
     in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
     try:
         spec = emit_scatter(instr, in_place)
-        kernel = Kernel(spec, re.sub(r"[^A-Za-z0-9_]", "_", instr.name) or SYMBOL)
+        kernel = Kernel(spec, symbol_name(instr.name))
     except Exception:  # anything the emitter or LLVM rejects keeps the library path
         return None
     return KernelThunk(instr, kernel, [out], inputs)

@@ -301,25 +301,36 @@ class KernelEmitter:
         self.out_ptrs: list = []
 
     # -- the function --------------------------------------------------------------------
-    def emit(self) -> KernelSpec:
-        n_ptrs = len(self.out_leaves) + len(self.params)
-        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * n_ptrs + [I64, I64])
+    def begin_function(self, names: Sequence[str], aliased: set[int]):
+        """Start the kernel function `void f(i8* names..., i64 start, i64 end)`: pointers
+        are noalias except those in `aliased` (read through another pointer); returns the
+        function and its body block. Allocas go to the entry block, which `end_function`
+        closes."""
+        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * len(names) + [I64, I64])
         fn = ir.Function(self.module, fnty, self.name)
-        unused = {len(self.out_leaves) + param for _, param in self.in_place}
-        for i, arg in enumerate(fn.args[:n_ptrs]):
-            if i not in unused:
+        for i, (arg, name) in enumerate(zip(fn.args, names, strict=False)):
+            arg.name = name
+            if i not in aliased:
                 arg.add_attribute("noalias")
         fn.attributes.add("nounwind")
         self.fn = fn
-        entry = fn.append_basic_block("entry")
-        self.alloca_builder = ir.IRBuilder(entry)
+        self.alloca_builder = ir.IRBuilder(fn.append_basic_block("entry"))
         body = fn.append_basic_block("body")
         self.b = ir.IRBuilder(body)
         self.math.b = self.b
+        return fn, body
+
+    def end_function(self, body) -> None:
+        self.b.ret_void()
+        self.alloca_builder.branch(body)
+
+    def emit(self) -> KernelSpec:
+        n_ptrs = len(self.out_leaves) + len(self.params)
+        names = [f"out{i}" for i in range(len(self.out_leaves))]
+        names += [f"in{k}" for k in range(len(self.params))]
+        unused = {len(self.out_leaves) + param for _, param in self.in_place}
+        fn, body = self.begin_function(names, unused)
         out_ptrs = []
-        for i, arg in enumerate(fn.args[:n_ptrs]):
-            k = i - len(self.out_leaves)
-            arg.name = f"out{i}" if k < 0 else f"in{k}"
         for i, (_, _, shape) in enumerate(self.out_leaves):
             out_ptrs.append(self.b.bitcast(fn.args[i], mem_type(shape.element_type).as_pointer()))
         through = {param: out for out, param in self.in_place}
@@ -360,8 +371,7 @@ class KernelEmitter:
             outer = window.operands[1].shape.dims[order[0]]
         else:
             nest(0)
-        self.b.ret_void()
-        self.alloca_builder.branch(body)
+        self.end_function(body)
         return KernelSpec(
             self.name,
             str(self.module),

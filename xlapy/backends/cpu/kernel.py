@@ -310,7 +310,7 @@ def compile_computation(
     `comp_text`: `comp.to_text()` when the caller has it.
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
     pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
-    symbol = _symbol(name)
+    symbol = symbol_name(name)
 
     def emit() -> KernelSpec:
         return emit_kernel(comp, SYMBOL, pairs)
@@ -381,7 +381,8 @@ def _write_entry(key: str, object_key: str, signature: Signature) -> None:
     jit.write_entry(key, ".kernel", json.dumps(entry).encode())
 
 
-def _symbol(name: str) -> str:
+def symbol_name(name: str) -> str:
+    """`name` as an LLVM symbol: characters other than letters, digits and _ become _."""
     return re.sub(r"[^A-Za-z0-9_]", "_", name) or "xla_kernel"
 
 
