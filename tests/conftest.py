@@ -1,5 +1,7 @@
 """Shared test fixtures."""
 
+import os
+
 import jax
 import pytest
 
@@ -10,6 +12,19 @@ def x64_mode():
     32-bit mode (the JAX programs are checked as users run them)."""
     with jax.enable_x64(True):
         yield
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    """Kernels of one test module compile into a fresh cache directory, not the user's
+    home (use with `pytestmark = pytest.mark.usefixtures("kernel_cache")`)."""
+    old = os.environ.get("XLAPY_CACHE_DIR")
+    os.environ["XLAPY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernels"))
+    yield
+    if old is None:
+        os.environ.pop("XLAPY_CACHE_DIR", None)
+    else:
+        os.environ["XLAPY_CACHE_DIR"] = old
 
 
 @pytest.fixture

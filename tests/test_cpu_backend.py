@@ -25,16 +25,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RNG = np.random.default_rng(7)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    """Kernels compile into a fresh cache directory, not the user's home."""
-    old = os.environ.get("XLAPY_CACHE_DIR")
-    os.environ["XLAPY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernels"))
-    yield
-    if old is None:
-        os.environ.pop("XLAPY_CACHE_DIR", None)
-    else:
-        os.environ["XLAPY_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("kernel_cache")
 
 
 def normal(*shape) -> np.ndarray:

@@ -4,8 +4,6 @@ tolerances, integers, booleans and `exact` programs (random bits) bit for bit.""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from jax_programs import PROGRAMS, hlo_texts
 from test_jax_programs import assert_leaf_matches, leaves
@@ -17,16 +15,7 @@ from xlapy.ir.parser import parse_module
 NAMES = list(PROGRAMS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    """Kernels compile into a fresh cache directory, not the user's home."""
-    old = os.environ.get("XLAPY_CACHE_DIR")
-    os.environ["XLAPY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernels"))
-    yield
-    if old is None:
-        os.environ.pop("XLAPY_CACHE_DIR", None)
-    else:
-        os.environ["XLAPY_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("kernel_cache")
 
 
 @pytest.mark.parametrize("form", ["lowered", "optimized"])

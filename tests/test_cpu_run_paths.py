@@ -5,8 +5,6 @@ interpreter's results; outputs never share memory with arguments or each other."
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -48,16 +46,7 @@ ENTRY e {
 }"""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    """Kernels compile into a fresh cache directory, not the user's home."""
-    old = os.environ.get("XLAPY_CACHE_DIR")
-    os.environ["XLAPY_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernels"))
-    yield
-    if old is None:
-        os.environ.pop("XLAPY_CACHE_DIR", None)
-    else:
-        os.environ["XLAPY_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("kernel_cache")
 
 
 def _leaves(value):
