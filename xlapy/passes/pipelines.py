@@ -37,7 +37,9 @@ CPU_PIPELINE: list[str | list[str]] = [
     "buffer-donor-to-alias",
     # -- late stages: fusion, then copy insertion (added when their modules exist) ----------
     "fusion",
-    "multi-output-fusion",  # a shared producer or operand is computed / read once
+    # "multi-output-fusion" is not in the pipeline: it saves softmax a re-read (~12%) but
+    # makes outputs live together that were not (temp memory geomean 0.60 -> 1.25 of XLA's
+    # over benchmarks/memory_vs_xla.py); it needs a live-range check first.
     "dce",
     "reshape-to-bitcast",  # layout-preserving reshapes/transposes cost no bytes
     "flatten-call-graph",  # copy insertion wants one call site per while body / branch
