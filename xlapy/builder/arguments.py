@@ -10,6 +10,7 @@ import numpy as np
 
 from xlapy.errors import XlapyError
 from xlapy.ir import attributes as A
+from xlapy.ir.module import AliasKind
 from xlapy.ir.parser import parse_shape
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
@@ -91,6 +92,12 @@ def index_text(index) -> str:
 def as_list(ops) -> list:
     """A list of ops from one op or a sequence of them."""
     return list(ops) if isinstance(ops, list | tuple) else [ops]
+
+
+def alias_kind(value, method: str) -> AliasKind:
+    """`value` checked to be one of ALIAS_KINDS."""
+    text = choice(value, ALIAS_KINDS, method, "kind")
+    return "must-alias" if text == "must-alias" else "may-alias"
 
 
 def choice(value, allowed: Sequence[str], method: str, what: str, upper: bool = False) -> str:

@@ -94,7 +94,7 @@ class _Copier:
 def alias_problem(entry: HloComputation, aliases, donors) -> str | None:
     """What is wrong with `aliases` and `donors` for `entry`'s signature, or None."""
     params = {p.parameter_number: p.shape for p in entry.parameters}
-    result = entry.root.shape
+    result = entry.root_instruction().shape
     for e in aliases:
         where = (
             f"set_up_alias(): alias {index_text(e.output_index)}: "

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from xlapy.builder.arguments import (
-    ALIAS_KINDS,
     COMPARE_TYPES,
     DIRECTIONS,
     FFT_TYPES,
@@ -33,6 +32,7 @@ from xlapy.builder.arguments import (
     BuilderError,
     ShapeLike,
     TypeLike,
+    alias_kind,
     api_version_attr,
     as_element_type,
     as_list,
@@ -185,11 +185,13 @@ class XlaBuilder:
             raise BuilderError(
                 f"{method}(): malformed arguments for {opcode.text} ({type(e).__name__}: {e})"
             ) from None
-        keep_declared = shape is not None and shape.without_layout() == inferred.without_layout()
+        result = inferred
+        if shape is not None and shape.without_layout() == inferred.without_layout():
+            result = shape
         instr = HloInstruction(
             name or f"{opcode.text}.{next(_IDS)}",
             opcode,
-            shape if keep_declared else inferred,
+            result,
             instrs,
             attrs,
             literal=literal,
@@ -734,6 +736,7 @@ class XlaBuilder:
             self._computation(c, "conditional", f"branch {i}")
             for i, c in enumerate(branch_computations)
         ]
+        attrs: dict[str, Any]
         if sel.is_scalar and sel.element_type.is_pred and len(comps) == 2:
             attrs = {"true_computation": comps[0], "false_computation": comps[1]}
         else:
@@ -869,9 +872,11 @@ class XlaBuilder:
         """Let output `output_index` share its buffer with parameter `param_number` at
         `param_index` (XLA's SetUpAlias). `kind` is "may-alias" or "must-alias"."""
         self._top_level("set_up_alias")
-        kind = choice(kind, ALIAS_KINDS, "set_up_alias", "kind")
         entry = AliasEntry(
-            shape_index(output_index), int(param_number), shape_index(param_index), kind
+            shape_index(output_index),
+            int(param_number),
+            shape_index(param_index),
+            alias_kind(kind, "set_up_alias"),
         )
         for e in self._aliases:
             if e.output_index == entry.output_index:
@@ -982,7 +987,6 @@ for _opcode in Opcode:
     setattr(XlaBuilder, _name, _method)
     ELEMENTWISE_METHODS[_opcode] = _name
 
-XlaBuilder.neg = XlaBuilder.negate
-XlaBuilder.max = XlaBuilder.maximum
-XlaBuilder.min = XlaBuilder.minimum
-del _opcode, _name, _method, make
+for _name, _target in (("neg", "negate"), ("max", "maximum"), ("min", "minimum")):
+    setattr(XlaBuilder, _name, getattr(XlaBuilder, _target))
+del _opcode, _name, _method, _target, make

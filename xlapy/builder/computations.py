@@ -6,11 +6,12 @@ Each call builds a fresh computation (named after what it does and its type, e.g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from xlapy.builder.builder import BuilderError, TypeLike, XlaBuilder, as_element_type
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.shapes import Shape
+
+TypeLikes = list[TypeLike] | tuple[TypeLike, ...] | TypeLike
+"""One element type, or a list or tuple of them."""
 
 
 def _scalar_binary(kind: str, dtype: TypeLike) -> HloComputation:
@@ -42,10 +43,9 @@ def scalar_min_computation(dtype: TypeLike) -> HloComputation:
     return _scalar_binary("min", dtype)
 
 
-def _comparator(direction: str, dtypes: Sequence[TypeLike] | TypeLike) -> HloComputation:
-    if not isinstance(dtypes, list | tuple):
-        dtypes = [dtypes]
-    types = [as_element_type(t, f"{direction.lower()}_comparator") for t in dtypes]
+def _comparator(direction: str, dtypes: TypeLikes) -> HloComputation:
+    listed = list(dtypes) if isinstance(dtypes, list | tuple) else [dtypes]
+    types = [as_element_type(t, f"{direction.lower()}_comparator") for t in listed]
     if not types:
         raise BuilderError(f"{direction.lower()}_comparator(): needs at least one operand type")
     b = XlaBuilder(f"{direction.lower()}_" + "_".join(t.text for t in types))
@@ -58,12 +58,12 @@ def _comparator(direction: str, dtypes: Sequence[TypeLike] | TypeLike) -> HloCom
     return b.build_computation()
 
 
-def lt_comparator(dtypes: Sequence[TypeLike] | TypeLike) -> HloComputation:
+def lt_comparator(dtypes: TypeLikes) -> HloComputation:
     """A sort comparator for operands of `dtypes`: ascending by the first operand (floats in
     total order, so NaNs sort last). The other operands ride along."""
     return _comparator("LT", dtypes)
 
 
-def gt_comparator(dtypes: Sequence[TypeLike] | TypeLike) -> HloComputation:
+def gt_comparator(dtypes: TypeLikes) -> HloComputation:
     """A sort comparator for operands of `dtypes`: descending by the first operand."""
     return _comparator("GT", dtypes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from xlapy.errors import VerifierError
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import ProgramShape
@@ -64,7 +65,7 @@ class HloComputation:
     def parameters(self) -> list[HloInstruction]:
         """Parameter instructions ordered by parameter number."""
         params = [i for i in self.instructions if i.opcode is Opcode.PARAMETER]
-        return sorted(params, key=lambda p: p.parameter_number)
+        return sorted(params, key=_parameter_number)
 
     def parameter(self, number: int) -> HloInstruction:
         for instr in self.instructions:
@@ -76,9 +77,17 @@ class HloComputation:
     def num_parameters(self) -> int:
         return sum(1 for i in self.instructions if i.opcode is Opcode.PARAMETER)
 
+    def root_instruction(self) -> HloInstruction:
+        """The root, for code that needs one (`root` is None only while a computation is being
+        built); VerifierError naming the computation when it has none."""
+        if self.root is None:
+            raise VerifierError(f"computation {self.name} has no root instruction")
+        return self.root
+
     @property
     def program_shape(self) -> ProgramShape:
-        return ProgramShape(tuple(p.shape for p in self.parameters), self.root.shape)
+        root = self.root_instruction()
+        return ProgramShape(tuple(p.shape for p in self.parameters), root.shape)
 
     def get_instruction(self, name: str) -> HloInstruction:
         for instr in self.instructions:
@@ -137,3 +146,8 @@ class HloComputation:
 
     def __repr__(self) -> str:
         return f"<HloComputation {self.name}: {len(self.instructions)} instructions>"
+
+
+def _parameter_number(param: HloInstruction) -> int:
+    assert param.parameter_number is not None, f"parameter {param.name} has no number"
+    return param.parameter_number

@@ -72,8 +72,8 @@ class Literal:
             return False
         if self.shape.is_tuple:
             return self.elements == other.elements
-        if self.array is None:
-            return other.array is None
+        if self.array is None or other.array is None:
+            return self.array is None and other.array is None
         return self.array.tobytes() == other.array.tobytes()
 
     def __hash__(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal as TypingLiteral
 
+from xlapy.errors import VerifierError
 from xlapy.ir.attributes import FrontendAttributes
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.shapes import ProgramShape, ShapeIndex
@@ -102,9 +103,16 @@ class HloModule:
                 return comp
         raise KeyError(f"module {self.name} has no computation named {name}")
 
+    def entry_computation(self) -> HloComputation:
+        """The entry, for code that needs one (`entry` is None only while a module is being
+        built); VerifierError naming the module when it has none."""
+        if self.entry is None:
+            raise VerifierError(f"module {self.name} has no entry computation")
+        return self.entry
+
     @property
     def program_shape(self) -> ProgramShape:
-        return self.entry.program_shape
+        return self.entry_computation().program_shape
 
     def instructions(self):
         """Every instruction of every computation."""

@@ -31,6 +31,7 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import (
     AliasEntry,
+    AliasKind,
     BufferDonor,
     HloModule,
     ModuleConfig,
@@ -615,7 +616,7 @@ class _Parser:
 
     def io_alias(self) -> tuple[AliasEntry, ...]:
         self.expect("{")
-        entries = []
+        entries: list[AliasEntry] = []
         while not self.accept("}"):
             if entries:
                 self.expect(",", "',' or '}' in input_output_alias")
@@ -625,12 +626,9 @@ class _Parser:
                 param = self.integer("a parameter number")
                 self.expect(",")
                 index = self.shape_index()
-                kind = "may-alias"
+                kind: AliasKind = "may-alias"
                 if self.accept(","):
-                    kind_pos = self.pos
-                    kind = self.ident("'may-alias' or 'must-alias'")
-                    if kind not in ("may-alias", "must-alias"):
-                        raise self.error(f"unknown alias kind '{kind}'", kind_pos)
+                    kind = self.alias_kind()
                 self.expect(")")
             else:
                 param = self.integer("a parameter number or '('")
@@ -639,9 +637,18 @@ class _Parser:
             entries.append(AliasEntry(output, param, index, kind))
         return tuple(entries)
 
+    def alias_kind(self) -> AliasKind:
+        pos = self.pos
+        text = self.ident("'may-alias' or 'must-alias'")
+        if text == "may-alias":
+            return "may-alias"
+        if text == "must-alias":
+            return "must-alias"
+        raise self.error(f"unknown alias kind '{text}'", pos)
+
     def buffer_donors(self) -> tuple[BufferDonor, ...]:
         self.expect("{")
-        donors = []
+        donors: list[BufferDonor] = []
         while not self.accept("}"):
             if donors:
                 self.expect(",", "',' or '}' in buffer_donor")
@@ -781,7 +788,9 @@ class _Parser:
 
     def check_parameters(self, comp: HloComputation) -> None:
         numbers = sorted(
-            i.parameter_number for i in comp.instructions if i.opcode is Opcode.PARAMETER
+            i.parameter_number
+            for i in comp.instructions
+            if i.opcode is Opcode.PARAMETER and i.parameter_number is not None
         )
         if numbers != list(range(len(numbers))):
             raise self.error(

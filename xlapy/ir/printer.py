@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -88,7 +89,7 @@ def print_computation(
     head = "ENTRY " if computation.is_entry else ""
     head += _name(computation.name, opts)
     if opts.signatures and computation.root is not None:
-        head += " " + _signature(computation, opts)
+        head += " " + _signature(computation, computation.root)
     if computation.execution_thread != "main":
         head += f", execution_thread={_quote(computation.execution_thread)}"
     lines = [head + " {"]
@@ -126,6 +127,7 @@ def literal_text(literal: Literal, xla_floats: bool = False) -> str:
     if not shape.is_array:
         return ""
     array = literal.array
+    assert array is not None, "an array literal always holds data (Literal.__post_init__)"
     fmt = _element_formatter(shape.element_type, xla_floats)
     if shape.rank == 0:
         return fmt(array[()])
@@ -150,8 +152,9 @@ def _header(module: HloModule, opts: PrintOptions) -> str:
             f"({d.param_number}, {_index(d.param_index)})" for d in config.buffer_donors
         )
         items.append(f"buffer_donor={{ {donors} }}")
-    if config.entry_computation_layout is not None:
-        items.append(f"entry_computation_layout={{{_program_shape(config)}}}")
+    layout = config.entry_computation_layout
+    if layout is not None:
+        items.append(f"entry_computation_layout={{{_program_shape(layout)}}}")
     if config.replica_count != 1:
         items.append(f"replica_count={config.replica_count}")
     if config.num_partitions != 1:
@@ -162,8 +165,7 @@ def _header(module: HloModule, opts: PrintOptions) -> str:
     return ", ".join(items)
 
 
-def _program_shape(config: ModuleConfig) -> str:
-    layout: ProgramShape = config.entry_computation_layout
+def _program_shape(layout: ProgramShape) -> str:
     params = _indexed([shape_text(p) for p in layout.parameters])
     return f"({params})->{shape_text(layout.result)}"
 
@@ -183,9 +185,9 @@ def _stack_frames(tables: StackFrameTables) -> str:
     return "\n".join(out) + "\n"
 
 
-def _signature(computation: HloComputation, opts: PrintOptions) -> str:
+def _signature(computation: HloComputation, root: HloInstruction) -> str:
     params = ", ".join(f"{p.name}: {shape_text(p.shape, False)}" for p in computation.parameters)
-    return f"({params}) -> {shape_text(computation.root.shape, False)}"
+    return f"({params}) -> {shape_text(root.shape, False)}"
 
 
 def _name(name: str, opts: PrintOptions) -> str:
@@ -481,7 +483,7 @@ def _quote(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-_KIND_PRINTERS = {
+_KIND_PRINTERS: dict[AttrKind, Callable[[Any, PrintOptions], str]] = {
     AttrKind.INT: lambda v, o: str(int(v)),
     AttrKind.FLOAT: _float_attr,
     AttrKind.BOOL: lambda v, o: "true" if v else "false",

@@ -17,7 +17,7 @@ expected and what was found; `infer_shape` prefixes the opcode's name.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from xlapy.errors import ShapeError
 from xlapy.ir.opcodes import VARIADIC, Opcode
@@ -70,7 +70,7 @@ def infer_shape(
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _fail(message: str):
+def _fail(message: str) -> NoReturn:
     raise ShapeError(message)
 
 

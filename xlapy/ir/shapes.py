@@ -21,6 +21,9 @@ UNBOUNDED = -1
 
 ShapeIndex = tuple[int, ...]
 
+IndexedShape = tuple[ShapeIndex, "Shape"]
+"""An (index, sub-shape) pair; named here because `Shape.tuple` hides `tuple` in the class."""
+
 
 @dataclass(frozen=True, slots=True)
 class Tile:
@@ -185,14 +188,14 @@ class Shape:
             return False
         return True
 
-    def subshapes(self) -> Iterator[tuple[ShapeIndex, Shape]]:
+    def subshapes(self) -> Iterator[IndexedShape]:
         """Every (index, sub-shape) in pre-order, the whole shape first."""
         yield (), self
         for i, child in enumerate(self.tuple_shapes):
             for index, sub in child.subshapes():
                 yield (i, *index), sub
 
-    def leaves(self) -> list[tuple[ShapeIndex, Shape]]:
+    def leaves(self) -> list[IndexedShape]:
         """The non-tuple sub-shapes in pre-order (the flattening custom calls and .npz use)."""
         return [(i, s) for i, s in self.subshapes() if not s.is_tuple]
 

@@ -63,9 +63,10 @@ def check_module(module: HloModule) -> Iterator[str]:
         for instr in comp.instructions:
             yield from (f"{_where(instr, comp)}: {p}" for p in _check_instruction(instr))
     yield from _check_call_cycles(comps)
-    if module.entry is not None and module.entry.root is not None:
-        yield from _check_aliases(module)
-        yield from _check_entry_layout(module)
+    entry = module.entry
+    if entry is not None and entry.root is not None:
+        yield from _check_aliases(module, entry, entry.root)
+        yield from _check_entry_layout(module, entry, entry.root)
 
 
 # -- reporting ------------------------------------------------------------------------------
@@ -182,8 +183,7 @@ def _check_instruction(instr: HloInstruction) -> Iterator[str]:
     literal = instr.literal if instr.opcode is Opcode.CONSTANT else None
     if literal is not None and not compatible(literal.shape, instr.shape):
         yield (
-            f"literal has shape {_t(instr.literal.shape)} but the constant is declared "
-            f"{_t(instr.shape)}"
+            f"literal has shape {_t(literal.shape)} but the constant is declared {_t(instr.shape)}"
         )
     if instr.opcode is Opcode.PARAMETER and instr.operands:
         yield f"parameter takes no operands, has {len(instr.operands)}"
@@ -222,10 +222,9 @@ def _check_layouts(shape: Shape, what: str) -> Iterator[str]:
 # -- module config --------------------------------------------------------------------------
 
 
-def _check_aliases(module: HloModule) -> Iterator[str]:
-    entry = module.entry
+def _check_aliases(module: HloModule, entry: HloComputation, root: HloInstruction) -> Iterator[str]:
     params = {p.parameter_number: p.shape for p in entry.parameters}
-    result = entry.root.shape
+    result = root.shape
     where = f"module {module.name}: input_output_alias"
     outputs_seen: set = set()
     params_seen: set = set()
@@ -283,24 +282,22 @@ def _static(shape: Shape) -> bool:
     return not shape.is_unbounded_dynamic
 
 
-def _check_entry_layout(module: HloModule) -> Iterator[str]:
+def _check_entry_layout(
+    module: HloModule, entry: HloComputation, root: HloInstruction
+) -> Iterator[str]:
     layout = module.config.entry_computation_layout
     if layout is None:
         return
     where = f"module {module.name}: entry_computation_layout"
-    params = module.entry.parameters
+    params = entry.parameters
     if len(layout.parameters) != len(params):
         yield (
-            f"{where} has {len(layout.parameters)} parameters but {module.entry.name} takes "
-            f"{len(params)}"
+            f"{where} has {len(layout.parameters)} parameters but {entry.name} takes {len(params)}"
         )
     for i, (declared, p) in enumerate(zip(layout.parameters, params)):
         yield from _check_layouts(declared, f"{where} parameter {i}")
         if not compatible(declared, p.shape):
             yield f"{where} parameter {i} is {_t(declared)} but {p.name} is {_t(p.shape)}"
     yield from _check_layouts(layout.result, f"{where} result")
-    if not compatible(layout.result, module.entry.root.shape):
-        yield (
-            f"{where} result is {_t(layout.result)} but {module.entry.name} returns "
-            f"{_t(module.entry.root.shape)}"
-        )
+    if not compatible(layout.result, root.shape):
+        yield (f"{where} result is {_t(layout.result)} but {entry.name} returns {_t(root.shape)}")

@@ -59,7 +59,7 @@ _NEVER_FOLDED_CATEGORIES = frozenset(
 class _FoldContext:
     """The EvalContext of a fold: evaluates called scalar computations with the rules."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.state: dict[str, Any] = {"replica_id": 0, "partition_id": 0}
 
     def call(self, computation: HloComputation, args: Sequence[Any]):
@@ -120,7 +120,11 @@ class ConstantFolding(HloPass):
 
 
 def _evaluate(instr: HloInstruction, ctx: _FoldContext) -> Literal | None:
-    operands = [o.literal.to_value() for o in instr.operands]
+    operands = []
+    for operand in instr.operands:
+        if operand.literal is None:
+            return None
+        operands.append(operand.literal.to_value())
     try:
         with np.errstate(all="ignore"):
             value = rule_for(instr.opcode)(instr, operands, ctx)

@@ -159,6 +159,8 @@ class CopyInsertion(HloPass):
         liveness = LivenessAnalysis.run(module, dataflow, sequences)
         aliases = AliasAnalysis.run(module, dataflow)
         entry = module.entry
+        if entry is None:
+            return 0
         writable = frozenset(
             dataflow.value_at(entry.parameter(a.param_number), a.param_index)
             for a in module.config.input_output_alias
@@ -166,7 +168,7 @@ class CopyInsertion(HloPass):
         groups = UnionFind()
         members: dict[HloBuffer, list[HloValue]] = {b: list(b.values) for b in aliases.buffers}
         ranges = liveness.ranges
-        outputs = [v for _, v in dataflow.leaf_values(entry.root)]
+        outputs = [v for _, v in dataflow.leaf_values(entry.root_instruction())]
         removed = 0
         candidates = [
             i

@@ -129,8 +129,10 @@ def _expand_inference(e: _Emitter, instr: HloInstruction) -> HloInstruction:
     x, scale, offset, mean, var = instr.operands
     f = instr.attrs["feature_index"]
     eps = e.full(instr.attrs.get("epsilon", 0.0), x)
-    parts = [_per_feature(e, v, x, f) for v in (mean, var, scale, offset)]
-    return _normalize(e, x, *parts, eps)
+    mean_b, var_b, scale_b, offset_b = (
+        _per_feature(e, v, x, f) for v in (mean, var, scale, offset)
+    )
+    return _normalize(e, x, mean_b, var_b, scale_b, offset_b, eps)
 
 
 def _expand_grad(e: _Emitter, instr: HloInstruction) -> HloInstruction:

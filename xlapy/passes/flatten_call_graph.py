@@ -36,7 +36,7 @@ def clone_computation(comp: HloComputation, names: NameUniquer) -> HloComputatio
         )
         mapping[instr] = copy
         clone.add_instruction(copy)
-    clone.root = mapping[comp.root]
+    clone.root = mapping[comp.root_instruction()]
     clone.execution_thread = comp.execution_thread
     return clone
 

@@ -25,13 +25,19 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
-from xlapy.passes.fusion_rules import fused_computation, fusion_kind
+from xlapy.passes.fusion_rules import fused_computation, fusion_body, fusion_kind
 
 
 def root_outputs(comp: HloComputation) -> list[HloInstruction]:
     """The instructions whose values a fused computation returns (the tuple's elements)."""
-    root = comp.root
+    root = comp.root_instruction()
     return list(root.operands) if root.opcode is Opcode.TUPLE else [root]
+
+
+def _operand_of(fusion: HloInstruction, param: HloInstruction) -> HloInstruction:
+    """The operand of `fusion` that its fused parameter `param` reads."""
+    assert param.parameter_number is not None, f"parameter {param.name} has no number"
+    return fusion.operands[param.parameter_number]
 
 
 def fusion_name(comp: HloComputation) -> str:
@@ -149,7 +155,7 @@ class FusionEditor:
             return mapping
         for instr in body.post_order():
             if instr.opcode is Opcode.PARAMETER:
-                mapping[id(instr)] = param_for(source.operands[instr.parameter_number])
+                mapping[id(instr)] = param_for(_operand_of(source, instr))
                 continue
             if instr is body.root and instr.opcode is Opcode.TUPLE:
                 continue
@@ -159,10 +165,10 @@ class FusionEditor:
 
     def _param_finder(self, fusion: HloInstruction):
         """param_for(operand): the fused parameter reading `operand`, made if missing."""
-        comp = fused_computation(fusion)
+        comp = fusion_body(fusion)
         by_operand: dict[int, HloInstruction] = {}
         for param in comp.parameters:
-            by_operand.setdefault(id(fusion.operands[param.parameter_number]), param)
+            by_operand.setdefault(id(_operand_of(fusion, param)), param)
         inside = self._inside.get(id(fusion), {})
 
         def param_for(operand: HloInstruction) -> HloInstruction:
@@ -180,14 +186,14 @@ class FusionEditor:
 
     def _drop_params(self, fusion: HloInstruction, numbers: list[int]) -> None:
         """Remove parameters `numbers` (now unused) and renumber the rest 0..n-1."""
-        comp = fused_computation(fusion)
+        comp = fusion_body(fusion)
         drop = set(numbers)
         for param in list(comp.parameters):
             if param.parameter_number in drop:
                 comp.remove_instruction(param)
         operands = []
         for i, param in enumerate(comp.parameters):
-            operands.append(fusion.operands[param.parameter_number])
+            operands.append(_operand_of(fusion, param))
             if param.parameter_number != i:
                 param.parameter_number = i
                 param.name = self.names.fresh(f"param_{i}")
@@ -196,8 +202,8 @@ class FusionEditor:
     def _set_outputs(self, fusion: HloInstruction, outputs: list[HloInstruction]) -> None:
         """Make `outputs` the fused computation's results (a tuple when several); users of a
         fusion that had a single output read element 0 afterwards."""
-        comp = fused_computation(fusion)
-        old_root = comp.root
+        comp = fusion_body(fusion)
+        old_root = comp.root_instruction()
         was_tuple = fusion.shape.is_tuple
         if len(outputs) == 1:
             root = outputs[0]
@@ -245,7 +251,7 @@ class FusionEditor:
     def _absorb(self, fusion: HloInstruction, producer: HloInstruction, reuse_names: bool):
         """Compute `producer` inside `fusion` instead of reading it; returns the clone of its
         value in the fused computation."""
-        comp = fused_computation(fusion)
+        comp = fusion_body(fusion)
         numbers = [i for i, op in enumerate(fusion.operands) if op is producer]
         param_for = self._param_finder(fusion)
         mapping = self._clone_body(comp, producer, param_for, reuse_names)
@@ -281,7 +287,7 @@ class FusionEditor:
         users read that output. Returns the multi-output fusion."""
         fusion = self.as_fusion(consumer)
         value = self._absorb(fusion, producer, reuse_names=True)
-        outputs = [*root_outputs(fused_computation(fusion)), value]
+        outputs = [*root_outputs(fusion_body(fusion)), value]
         self._set_outputs(fusion, outputs)
         gte = self._gte(fusion, len(outputs) - 1)
         self._replace_uses(producer, gte)
@@ -294,9 +300,9 @@ class FusionEditor:
         a, b = self.as_fusion(a), self.as_fusion(b)
         order = self.comp.instructions
         base, other = (a, b) if order.index(a) > order.index(b) else (b, a)
-        comp = fused_computation(base)
+        comp = fusion_body(base)
         first_outputs = root_outputs(comp)
-        other_body = fused_computation(other)
+        other_body = fusion_body(other)
         mapping = self._clone_body(comp, other, self._param_finder(base), reuse_names=True)
         added = [mapping[id(o)] for o in root_outputs(other_body)]
         self._set_outputs(base, [*first_outputs, *added])
@@ -324,7 +330,7 @@ class FusionEditor:
         for fusion in self.created:
             if fusion.parent is not self.comp:
                 continue
-            comp = fused_computation(fusion)
+            comp = fusion_body(fusion)
             fusion.name = self.names.fresh(fusion_name(comp), plain_first=True)
         self.comp.instructions = self.comp.post_order()
 
@@ -332,7 +338,7 @@ class FusionEditor:
 def _tidy(comp: HloComputation) -> None:
     """Drop instructions the root no longer reaches and order the rest operands-first."""
     live: set[int] = set()
-    work = [comp.root]
+    work = [comp.root_instruction()]
     while work:
         instr = work.pop()
         if id(instr) in live:

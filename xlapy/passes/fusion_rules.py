@@ -21,6 +21,7 @@ index). A cheap producer may be duplicated into several consumers.
 
 from __future__ import annotations
 
+from xlapy.errors import VerifierError
 from xlapy.ir.attributes import Enum
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -88,6 +89,14 @@ def fused_computation(instr: HloInstruction) -> HloComputation | None:
     return instr.attrs.get("calls")
 
 
+def fusion_body(fusion: HloInstruction) -> HloComputation:
+    """The computation `fusion` calls; VerifierError when it is not a fusion that calls one."""
+    comp = fused_computation(fusion)
+    if comp is None:
+        raise VerifierError(f"{fusion.name} is not a fusion with a fused computation")
+    return comp
+
+
 def _plain_array(instr: HloInstruction) -> bool:
     shape = instr.shape
     return shape.is_array and not shape.is_dynamic
@@ -103,7 +112,7 @@ def is_loop_fusible_op(instr: HloInstruction) -> bool:
 
 
 def _root_outputs(comp: HloComputation) -> list[HloInstruction]:
-    root = comp.root
+    root = comp.root_instruction()
     return list(root.operands) if root.opcode is O.TUPLE else [root]
 
 
@@ -118,7 +127,7 @@ def _in_place_root_ok(instr: HloInstruction) -> bool:
 def in_place_root(comp: HloComputation) -> HloInstruction | None:
     """The root of `comp` when it is an in-place root (see the module comment) whose updated
     operand is a parameter, else None."""
-    root = comp.root
+    root = comp.root_instruction()
     if not _in_place_root_ok(root):
         return None
     operand = root.operands[IN_PLACE_ROOT_OPERAND[root.opcode]]
@@ -175,13 +184,10 @@ def has_reduce_output(comp: HloComputation) -> bool:
 def can_be_producer(instr: HloInstruction) -> bool:
     """May `instr` be fused into a consumer (its value computed inside the consumer)?"""
     if instr.opcode is O.FUSION:
-        comp = fused_computation(instr)
-        return (
-            is_fusible_fusion(instr)
-            and _plain_array(instr)
-            and comp.root.opcode is not O.TUPLE
-            and not has_reduce_output(comp)
-        )
+        if not is_fusible_fusion(instr) or not _plain_array(instr):
+            return False
+        comp = fusion_body(instr)
+        return comp.root_instruction().opcode is not O.TUPLE and not has_reduce_output(comp)
     return is_loop_fusible_op(instr)
 
 

@@ -24,7 +24,7 @@ from xlapy.passes import (  # noqa: F401  (importing registers the passes)
     simplify,
     tuple_simplify,
 )
-from xlapy.passes.pass_base import PASSES, FixedPoint, PassPipeline, make_pass
+from xlapy.passes.pass_base import PASSES, FixedPoint, HloPass, PassPipeline, make_pass
 
 SIMPLIFY = ["algsimp", "constant-folding", "tuple-simplifier", "cse", "dce"]
 
@@ -72,7 +72,7 @@ def build(
     """A PassPipeline from a list of pass names (a nested list is a FixedPoint group).
     Optional late passes that are not registered are left out."""
     _register_late_passes()
-    items = []
+    items: list[HloPass | FixedPoint] = []
     for entry in plan:
         if isinstance(entry, list):
             items.append(FixedPoint([make_pass(n) for n in entry], name=f"{name}-simplify"))

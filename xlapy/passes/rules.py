@@ -31,6 +31,7 @@ from xlapy.ir.literal import Literal
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
+from xlapy.passes.hlo_edit import Editor
 
 Op = Opcode
 
@@ -83,7 +84,7 @@ class Match:
     root: HloInstruction
     bindings: dict[str, HloInstruction]
     options: SimplifierOptions
-    editor: object = None  # hlo_edit.Editor; set by the simplifier
+    editor: Editor
     created: list[HloInstruction] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> HloInstruction:
@@ -124,7 +125,9 @@ def splat_value(instr: HloInstruction, memo: dict[int, np.ndarray | None] | None
     if instr.opcode is Op.BROADCAST:
         result = splat_value(instr.operands[0], memo)
     elif instr.opcode is Op.CONSTANT and instr.literal is not None and instr.shape.is_array:
-        flat = instr.literal.array.reshape(-1)
+        array = instr.literal.array
+        assert array is not None, "an array literal always holds data (Literal.__post_init__)"
+        flat = array.reshape(-1)
         if flat.size and _all_same_bits(flat):
             result = flat[:1].reshape(())
     if memo is not None:
@@ -158,7 +161,7 @@ def match(pat: Pat, instr: HloInstruction, bindings: dict, options, memo) -> boo
         bindings[pat.name] = instr
     if pat.operands is None:
         return True
-    for order in _operand_orders(pat, instr):
+    for order in _operand_orders(pat.operands, instr):
         if all(match(p, o, bindings, options, memo) for p, o in zip(pat.operands, order)):
             return True
         bindings.clear()
@@ -170,8 +173,8 @@ def match(pat: Pat, instr: HloInstruction, bindings: dict, options, memo) -> boo
     return False
 
 
-def _operand_orders(pat: Pat, instr: HloInstruction):
-    if len(pat.operands) != len(instr.operands):
+def _operand_orders(operands: tuple[Pat, ...], instr: HloInstruction):
+    if len(operands) != len(instr.operands):
         return
     yield instr.operands
     if instr.opcode in COMMUTATIVE and len(instr.operands) == 2:
@@ -613,5 +616,8 @@ def rules_by_opcode(rules: list[Rule] = RULES) -> dict[Opcode, list[Rule]]:
     """The rules keyed by the opcode of their pattern's root, in table order."""
     table: dict[Opcode, list[Rule]] = {}
     for rule in rules:
-        table.setdefault(rule[1].opcode, []).append(rule)
+        opcode = rule[1].opcode
+        if opcode is None:
+            raise ValueError(f"rule '{rule[0]}' matches any opcode; its root must name one")
+        table.setdefault(opcode, []).append(rule)
     return table
