@@ -56,7 +56,7 @@ def value_bytes(value: HloValue) -> int:
 class UnionFind:
     """Disjoint sets over hashable items, with path halving."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.parent: dict = {}
 
     def find(self, item):
@@ -125,7 +125,12 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
                 for number, operand in enumerate(instr.operands):
                     for index, _ in operand.shape.subshapes():
                         pairs.append((at(callee.parameter(number), index), at(operand, index)))
+    if not module.config.input_output_alias:
+        return pairs
     entry = module.entry
+    if entry is None or entry.root is None:
+        raise DataflowError(f"module {module.name} has no entry computation with a root")
+    root = entry.root
     for alias in module.config.input_output_alias:
         try:
             param = entry.parameter(alias.param_number)
@@ -134,14 +139,14 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
                 f"input_output_alias names parameter {alias.param_number}, which "
                 f"{entry.name} does not have"
             ) from None
-        if not param.shape.has_index(alias.param_index) or not entry.root.shape.has_index(
+        if not param.shape.has_index(alias.param_index) or not root.shape.has_index(
             alias.output_index
         ):
             raise DataflowError(
                 f"input_output_alias {index_text(alias.output_index)}: ({alias.param_number}, "
                 f"{index_text(alias.param_index)}) names a position the program does not have"
             )
-        pairs.append((at(param, alias.param_index), at(entry.root, alias.output_index)))
+        pairs.append((at(param, alias.param_index), at(root, alias.output_index)))
     return pairs
 
 
@@ -160,7 +165,7 @@ class AliasAnalysis:
         groups: dict[HloValue, list[HloValue]] = {}
         for value in dataflow.values:
             groups.setdefault(sets.find(value), []).append(value)
-        buffers = []
+        buffers: list[HloBuffer] = []
         of: dict[HloValue, HloBuffer] = {}
         for members in sorted(groups.values(), key=lambda m: m[0].id):
             buffer = HloBuffer(len(buffers), tuple(members))

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from xlapy.errors import VerifierError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -188,4 +189,6 @@ def computation_cost(comp: HloComputation) -> Cost:
 
 def analyze_cost(module: HloModule) -> Cost:
     """The cost of one run of `module` (its entry computation)."""
+    if module.entry is None:
+        raise VerifierError(f"module {module.name}: has no entry computation")
     return computation_cost(module.entry)

@@ -193,9 +193,10 @@ class DataflowAnalysis:
 
     @staticmethod
     def run(module: HloModule) -> Dataflow:
-        if module.entry is None:
+        entry = module.entry
+        if entry is None:
             raise DataflowError(f"module {module.name} has no entry computation")
-        computations, callers = _sequential_computations(module)
+        computations, callers = _sequential_computations(entry)
         thread_local = _thread_local_computations(module, set(computations))
         builder = _Builder()
         for comp in reversed(computations):  # a call forwards its callee's root
@@ -232,7 +233,7 @@ class DataflowAnalysis:
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self) -> None:
         self.values: list[HloValue] = []
         self.at: dict[tuple[int, ShapeIndex], HloValue] = {}
         self.positions: dict[HloValue, list[Position]] = {}
@@ -281,20 +282,20 @@ class _Builder:
 
 
 def _sequential_computations(
-    module: HloModule,
+    entry: HloComputation,
 ) -> tuple[list[HloComputation], dict[HloComputation, HloInstruction]]:
     """The entry and every computation reached through control flow, callers first, and the
     one call site of each; DataflowError if one has two call sites."""
-    order = [module.entry]
+    order = [entry]
     callers: dict[HloComputation, HloInstruction] = {}
-    pending = [module.entry]
+    pending = [entry]
     while pending:
         comp = pending.pop(0)
         for instr in comp.instructions:
             if instr.opcode not in CONTROL_FLOW_OPCODES:
                 continue
             for called in instr.called_computations():
-                if called in callers or called is module.entry:
+                if called in callers or called is entry:
                     other = callers.get(called)
                     raise DataflowError(
                         f"computation {called.name} is called by both "
@@ -360,23 +361,24 @@ def _fusion_in_place(fusion: HloInstruction) -> list[tuple[ShapeIndex, int, Shap
     if comp is None or comp.root is None:
         return []
     root = comp.root
-    outputs = (
+    outputs: list[tuple[ShapeIndex, HloInstruction]] = (
         [((i,), r) for i, r in enumerate(root.operands)]
         if root.opcode is Opcode.TUPLE
         else [((), root)]
     )
-    result = []
+    result: list[tuple[ShapeIndex, int, ShapeIndex]] = []
     for out_index, inner in outputs:
         if inner.opcode not in (Opcode.DYNAMIC_UPDATE_SLICE, Opcode.SCATTER):
             continue
         target = inner.operands[0]
         while target.opcode is Opcode.BITCAST:
             target = target.operands[0]
-        if target.opcode is not Opcode.PARAMETER:
+        number = target.parameter_number
+        if target.opcode is not Opcode.PARAMETER or number is None:
             continue
-        operand = fusion.operands[target.parameter_number]
+        operand = fusion.operands[number]
         if operand.shape.is_array and operand.shape.byte_size == inner.shape.byte_size:
-            result.append((out_index, target.parameter_number, ()))
+            result.append((out_index, number, ()))
     return result
 
 

@@ -28,7 +28,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from xlapy.analysis.dataflow import CONTROL_FLOW_OPCODES, Dataflow, HloValue, in_place_operands
+from xlapy.analysis.dataflow import (
+    CONTROL_FLOW_OPCODES,
+    Dataflow,
+    DataflowError,
+    HloValue,
+    in_place_operands,
+)
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -159,6 +165,9 @@ class LivenessAnalysis:
     @staticmethod
     def run(module: HloModule, dataflow: Dataflow, sequences: Sequences | None = None) -> Liveness:
         """`sequences` maps each sequential computation to its order (default: post order)."""
+        entry = module.entry
+        if entry is None:
+            raise DataflowError(f"module {module.name} has no entry computation")
         order: list[tuple[int, HloInstruction, str]] = []
         spans: dict[HloInstruction, tuple[int, int]] = {}
         comp_spans: dict[HloComputation, tuple[int, int]] = {}
@@ -186,7 +195,7 @@ class LivenessAnalysis:
                 spans[instr] = (start, tick(instr, "end"))
             comp_spans[comp] = (first, clock[0] - 1)
 
-        visit(module.entry)
+        visit(entry)
         end_time = clock[0] - 1
         ranges: dict[HloValue, tuple[int, int]] = {}
         for value in dataflow.values:

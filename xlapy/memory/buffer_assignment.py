@@ -175,6 +175,13 @@ class BufferAssignment:
     heap_results: dict[int, HeapResult]  # memory space -> packing of its temp arena
     in_place: list[tuple[HloValue, HloValue]]  # accepted (output, operand) pairs
 
+    @property
+    def entry(self) -> HloComputation:
+        """The module's entry computation (assign_buffers refuses a module without one)."""
+        entry = self.module.entry
+        assert entry is not None
+        return entry
+
     # -- queries ---------------------------------------------------------------------------
     def slice_of(self, instr: HloInstruction, index: ShapeIndex = ()) -> Slice:
         """The slice of the value at a position (instruction, shape index)."""
@@ -285,6 +292,11 @@ def assign_buffers(
     one call site per control-flow computation and no interfering must-share buffers (run
     flatten-call-graph and copy-insertion first); MemoryPlanningError otherwise."""
     options = options or AssignmentOptions()
+    entry = module.entry
+    if entry is None or entry.root is None:
+        raise MemoryPlanningError(
+            f"buffer assignment of {module.name}: expected an entry computation with a root"
+        )
     try:
         dataflow = DataflowAnalysis.run(module)
         if schedule is None and options.use_module_schedule and module.config.is_scheduled:
@@ -298,7 +310,7 @@ def assign_buffers(
         aliases = AliasAnalysis.run(module, dataflow)
     except DataflowError as e:
         raise MemoryPlanningError(f"buffer assignment of {module.name}: {e}") from e
-    writable = _writable_parameters(module, dataflow)
+    writable = _writable_parameters(module, entry, dataflow)
     for buffer in aliases.buffers:
         problem = liveness.conflicts(buffer.values, writable)
         if problem is not None:
@@ -311,13 +323,13 @@ def assign_buffers(
         accepted = _accept_in_place(dataflow, aliases, liveness, writable)
         if accepted:
             aliases = AliasAnalysis.run(module, dataflow, accepted)
-    allocations, heap_results = _allocate(module, dataflow, aliases, liveness, options)
+    allocations, heap_results = _allocate(module, entry, dataflow, aliases, liveness, options)
     slices: dict[HloValue, Slice] = {}
     for alloc in allocations:
         for buffer, offset in alloc.buffers:
             for v in buffer.values:
                 slices[v] = Slice(alloc.index, offset, value_bytes(v))
-    entry_schedule = schedule[module.entry]
+    entry_schedule = schedule[entry]
     return BufferAssignment(
         module,
         schedule,
@@ -357,8 +369,9 @@ def prepare_for_buffer_assignment(module: HloModule) -> dict[str, str]:
     return chosen
 
 
-def _writable_parameters(module: HloModule, dataflow: Dataflow) -> frozenset[HloValue]:
-    entry = module.entry
+def _writable_parameters(
+    module: HloModule, entry: HloComputation, dataflow: Dataflow
+) -> frozenset[HloValue]:
     return frozenset(
         dataflow.value_at(entry.parameter(a.param_number), a.param_index)
         for a in module.config.input_output_alias
@@ -387,12 +400,13 @@ def _accept_in_place(
 
 def _allocate(
     module: HloModule,
+    entry: HloComputation,
     dataflow: Dataflow,
     aliases: Aliases,
     liveness: Liveness,
     options: AssignmentOptions,
 ) -> tuple[list[Allocation], dict[int, HeapResult]]:
-    entry = module.entry
+    assert entry.root is not None  # assign_buffers checked
     live_out = {v for _, v in dataflow.values_of(entry.root)}
     allocations: list[Allocation] = []
     temps: dict[int, list[HloBuffer]] = {}

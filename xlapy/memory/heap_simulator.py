@@ -121,26 +121,26 @@ def _check(buffers: Sequence[HeapBuffer]) -> None:
 def _blocks(buffers: Sequence[HeapBuffer]) -> list[_Block]:
     """One block per uncolocated buffer and one per colocation group, in input order."""
     groups: dict[Hashable, list[HeapBuffer]] = {}
-    order: list[tuple[bool, Hashable]] = []
+    order: list[tuple[Hashable | None, list[HeapBuffer]]] = []
     for buf in buffers:
         if buf.colocation is None:
-            order.append((False, buf))
+            order.append((None, [buf]))
             continue
         if buf.colocation not in groups:
             groups[buf.colocation] = []
-            order.append((True, buf.colocation))
+            order.append((buf.colocation, groups[buf.colocation]))
         groups[buf.colocation].append(buf)
     blocks = []
-    for is_group, item in order:
-        if not is_group:
+    for colocation, members in order:
+        if colocation is None:
+            buf = members[0]
             blocks.append(
-                _Block(item.id, int(item.size), item.start, item.end, item.alignment, (item.id,))
+                _Block(buf.id, int(buf.size), buf.start, buf.end, buf.alignment, (buf.id,))
             )
             continue
-        members = groups[item]
         blocks.append(
             _Block(
-                ("colocation", item),
+                ("colocation", colocation),
                 max(int(m.size) for m in members),
                 min(m.start for m in members),
                 max(m.end for m in members),
@@ -173,7 +173,8 @@ def live_bytes_timeline(intervals: Iterable[tuple[int, int, int]]) -> list[tuple
     for start, end, size in intervals:
         changes[start] = changes.get(start, 0) + size
         changes[end + 1] = changes.get(end + 1, 0) - size
-    timeline, live = [], 0
+    timeline: list[tuple[int, int]] = []
+    live = 0
     for step in sorted(changes):
         live += changes[step]
         if not timeline or timeline[-1][1] != live:
@@ -245,7 +246,7 @@ def _global_lifetime(blocks: list[_Block]) -> list[int]:
 class _FreeList:
     """Free holes below the top of the live allocations, as sorted disjoint [lo, hi)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.los: list[int] = []
         self.his: list[int] = []
         self.top = 0

@@ -115,7 +115,7 @@ def plan_memory(
     CopyInsertion(order).run(module)
     options = options or AssignmentOptions()
     assignment = assign_buffers(module, options=options)
-    return MemoryPlan(assignment, chosen.get(module.entry.name, scheduler))
+    return MemoryPlan(assignment, chosen.get(assignment.entry.name, scheduler))
 
 
 def text_order(comp: HloComputation) -> list[HloInstruction]:
@@ -229,7 +229,8 @@ def timeline(a: BufferAssignment) -> Timeline:
     items: list[TimelineBuffer] = []
     for alloc in a.allocations:
         if alloc.is_entry_parameter:
-            param = a.module.entry.parameter(alloc.parameter_number)
+            assert alloc.parameter_number is not None  # set on every parameter allocation
+            param = a.entry.parameter(alloc.parameter_number)
             index = alloc.parameter_index or ()
             label = f"{param.name}{index_text(index)}" if index else param.name
             buffer = alloc.buffers[0][0] if alloc.buffers else None
@@ -246,7 +247,7 @@ def timeline(a: BufferAssignment) -> Timeline:
                 )
             )
         elif alloc.is_temp:
-            ending = {}
+            ending: dict[tuple[int, int], list[HloBuffer]] = {}
             for buffer, offset in alloc.buffers:
                 ending.setdefault((offset, _buffer_range(a, buffer)[1]), []).append(buffer)
             for buffer, offset in alloc.buffers:
@@ -288,6 +289,7 @@ def peak_buffers(
     live.sort(key=lambda b: (-b.size, b.start, b.label))
     peaks = []
     for rank, b in enumerate(live[:top], 1):
+        assert b.buffer is not None  # filtered above
         value = _holder(a, b.buffer, tl.peak_time)
         start, end = a.liveness.live_range(value)
         peaks.append(PeakBuffer(rank, b.size, b.kind, b.allocation, value, start, end))
@@ -373,7 +375,7 @@ def peak_text(a: BufferAssignment, top: int = 10, tl: Timeline | None = None) ->
         f"Peak buffers: {human_bytes(tl.peak_bytes)} ({tl.peak_bytes} bytes) live at step "
         f"{tl.peak_time} of {len(tl.live_bytes)} ({tl.steps[tl.peak_time] if tl.steps else '-'})"
     ]
-    by_kind = {}
+    by_kind: dict[str, int] = {}
     for b in tl.buffers:
         if b.live_at(tl.peak_time):
             by_kind[b.kind] = by_kind.get(b.kind, 0) + b.size

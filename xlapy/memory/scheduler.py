@@ -156,7 +156,7 @@ def _buffers(
         return behind[value]
 
     for instr in _dfs_post_order(comp, deps, comp.instructions):
-        own = (instr,) if size[instr] else ()
+        own: tuple[HloInstruction, ...] = (instr,) if size[instr] else ()
         if instr.opcode in FORWARDING_OPCODES:
             own += tuple(b for op in instr.operands for b in sources(op))
         behind[instr] = tuple(dict.fromkeys(own))

@@ -79,6 +79,14 @@ class _Storage:
             self.refs += 1
         return self
 
+    def contents(self) -> np.ndarray:
+        """The stored array; RuntimeApiError when there is none (not yet written, or freed)."""
+        if self.array is None:
+            raise RuntimeApiError(
+                "internal: storage read before it was written or after it was freed"
+            )
+        return self.array
+
     def release(self) -> None:
         with self.lock:
             self.refs -= 1
@@ -192,7 +200,7 @@ class Buffer:
         """The address of the contents (waits for them)."""
         storage = self._live_storage("unsafe_buffer_pointer")
         self._ready.result()
-        return int(storage.array.__array_interface__["data"][0])
+        return int(storage.contents().__array_interface__["data"][0])
 
     # -- transfers -------------------------------------------------------------------------
     def copy_to_device(self, device: Device) -> Buffer:
@@ -238,7 +246,8 @@ class Buffer:
 
     def _donate(self) -> _Storage:
         """Mark donated and hand over the buffer's reference to its storage."""
-        storage, self._storage = self._storage, None
+        storage = self._live_storage("donate")
+        self._storage = None
         self._state = "donated"
         return storage
 
@@ -255,7 +264,7 @@ class Buffer:
         storage = self._live_storage("external_reference").acquire()
         try:
             self._ready.result()
-            view = storage.array.view()
+            view = storage.contents().view()
             view.flags.writeable = False
             self._ext_refs += 1
         except BaseException:
@@ -284,7 +293,7 @@ class Buffer:
 
     def _array(self) -> np.ndarray:
         """The stored array itself (the runtime's view; callers get copies)."""
-        return self._storage.array
+        return self._live_storage("read").contents()
 
     # -- interop ---------------------------------------------------------------------------
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:

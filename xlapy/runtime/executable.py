@@ -58,11 +58,19 @@ def memory_stats_of(module: HloModule) -> CompiledMemoryStats:
     planned = _buffer_assignment_stats(module)
     if planned is not None:
         return planned
-    entry = module.entry
-    arg = sum(s.byte_size for p in entry.parameters for _, s in p.shape.leaves() if s.is_array)
-    out = sum(s.byte_size for _, s in entry.root.shape.leaves() if s.is_array)
-    alias = sum(entry.root.shape.subshape(a.output_index).byte_size for a in alias_leaves(module))
+    params, result = _entry_shapes(module)
+    arg = sum(s.byte_size for p in params for _, s in p.leaves() if s.is_array)
+    out = sum(s.byte_size for _, s in result.leaves() if s.is_array)
+    alias = sum(result.subshape(a.output_index).byte_size for a in alias_leaves(module))
     return CompiledMemoryStats(arg, out, alias, 0, arg + out - alias, "unavailable")
+
+
+def _entry_shapes(module: HloModule) -> tuple[tuple[Shape, ...], Shape]:
+    """The parameter shapes and the result shape of `module`'s entry computation."""
+    entry = module.entry
+    if entry is None or entry.root is None:
+        raise RuntimeApiError(f"module {module.name} has no entry computation with a root")
+    return tuple(p.shape for p in entry.parameters), entry.root.shape
 
 
 def _buffer_assignment_stats(module: HloModule) -> CompiledMemoryStats | None:
@@ -99,7 +107,7 @@ class Executable:
         self.platform = platform
         self._hlo_text = hlo_text
         self.fingerprint = fingerprint_of(platform, hlo_text, options)
-        self._param_shapes = tuple(p.shape for p in module.entry.parameters)
+        self._param_shapes, self._output_shape = _entry_shapes(module)
         self._memory: CompiledMemoryStats | None = None
         self._cost: dict[str, float] | None = None
 
@@ -121,7 +129,7 @@ class Executable:
 
     @property
     def output_shape(self) -> Shape:
-        return self.module.entry.root.shape
+        return self._output_shape
 
     def hlo_text(self) -> str:
         """The compiled module as HLO text (aliases from buffer donors included)."""

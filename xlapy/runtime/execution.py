@@ -354,6 +354,7 @@ def run_inline(
         allocate, kind = device.allocator.allocate_locked, space.kind
         for _, _, nbytes in signature.output_leaves:
             allocate(nbytes, kind)
+    arrays: Sequence[np.ndarray | None]
     try:
         for i in signature.protected:
             values[i] = np.array(values[i], copy=True)  # copy-protection
@@ -430,7 +431,8 @@ def _commit_one(plan: CallPlan):
         inputs_ready.append(ready)
         if ready._state != _DONE:
             inputs_done = False
-        storages.append(buf._donate() if leaf.param in donated else buf._storage.acquire())
+        held = buf._donate() if leaf.param in donated else buf._live_storage("execute").acquire()
+        storages.append(held)
     space = plan.device.default_memory_space
     out_storages: list[_Storage] = []
     in_place: set[int] = set()
@@ -440,7 +442,7 @@ def _commit_one(plan: CallPlan):
         storage = None
         if source is not None and signature.leaves[source].param in donated:
             src = storages[source]
-            if src.owned:
+            if src is not None and src.owned:
                 storage = src
                 in_place.add(id(src))
         if storage is None:
@@ -502,7 +504,9 @@ def _argument_values(plan: CallPlan, storages: list[_Storage | None]) -> list[An
     values = [None if s is None else s.array for s in storages]
     for i in signature.protected:
         storage = storages[i]
-        writable = signature.leaves[i].param in plan.donated and storage.owned
+        writable = (
+            signature.leaves[i].param in plan.donated and storage is not None and storage.owned
+        )
         if not writable:
             values[i] = np.array(values[i], copy=True)  # copy-protection
     if signature.simple:

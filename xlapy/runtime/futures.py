@@ -139,11 +139,14 @@ def as_completed(futures: Iterable[Future], timeout: float | None = None) -> Ite
             done_order.append(fut)
             cond.notify_all()
 
+    def more_than(n: int) -> Callable[[], bool]:
+        return lambda: len(done_order) > n
+
     for fut in futures:
         fut.add_done_callback(on_done)
     for i in range(len(futures)):
         with cond:
-            if not cond.wait_for(lambda i=i: len(done_order) > i, timeout):
+            if not cond.wait_for(more_than(i), timeout):
                 raise TimeoutError(f"{len(futures) - i} futures not done after {timeout} s")
             fut = done_order[i]
         yield fut

@@ -127,7 +127,7 @@ def fmt(module_path, long_form, no_metadata):
     module = load_module(module_path, verify=False)
     options = PrintOptions.long() if long_form else PrintOptions.short()
     if no_metadata:
-        options = dataclasses.replace(options, print_metadata=False)
+        options = dataclasses.replace(options, metadata=False)
     click.echo(print_module(module, options), nl=False)
 
 

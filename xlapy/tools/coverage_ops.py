@@ -86,6 +86,8 @@ def load_programs(path: Path = DEFAULT_PROGRAMS) -> ModuleType:
     if not path.is_file():
         raise FileNotFoundError(f"no program table at {path}")
     spec = importlib.util.spec_from_file_location("xlapy_jax_programs", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
