@@ -37,7 +37,7 @@ class LeafAlias:
 
 def alias_leaves(module: HloModule) -> tuple[LeafAlias, ...]:
     """The module's input/output aliases, with aliased tuples expanded to their array leaves."""
-    out_shape = module.entry.root.shape
+    out_shape = module.entry_computation().root_instruction().shape
     leaves = []
     for entry in module.config.input_output_alias:
         out_sub = out_shape.subshape(entry.output_index)

@@ -71,6 +71,7 @@ import difflib
 import enum
 import inspect
 import threading
+from _ctypes import CFuncPtr
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,8 +306,11 @@ def function_address(fn, what: str) -> int:
     """The address of a C function given as an int, a ctypes or a cffi function pointer."""
     if isinstance(fn, int) and not isinstance(fn, bool):
         return fn
-    if isinstance(fn, ctypes._CFuncPtr):
-        return ctypes.cast(fn, ctypes.c_void_p).value
+    if isinstance(fn, CFuncPtr):
+        address = ctypes.cast(fn, ctypes.c_void_p).value
+        if address is None:
+            raise CustomCallError(f"{what}: the function pointer is null")
+        return address
     if type(fn).__module__ == "_cffi_backend":
         import cffi
 
@@ -367,7 +371,7 @@ def _pointer_table(pointers: list, keep: list):
 def _infer_version(fn) -> ApiVersion:
     if isinstance(fn, ffi.FfiHandler):
         return ApiVersion.TYPED_FFI
-    if isinstance(fn, int | ctypes._CFuncPtr) or type(fn).__module__ == "_cffi_backend":
+    if isinstance(fn, int | CFuncPtr) or type(fn).__module__ == "_cffi_backend":
         return ApiVersion.ORIGINAL
     return ApiVersion.PYTHON
 
@@ -401,7 +405,7 @@ class CustomCallRegistry:
     """Targets keyed by (name, platform). `version` counts the changes made to it, so a
     cache of compiled programs can tell that a registry changed since it compiled."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._targets: dict[tuple[str, str], CustomCallTarget] = {}
         self.version = 0
 

@@ -216,7 +216,8 @@ class _AttrParser:
 
     @staticmethod
     def _tokenize(text: str) -> list[tuple[str, str]]:
-        tokens, i = [], 0
+        tokens: list[tuple[str, str]] = []
+        i = 0
         while i < len(text):
             if text[i:].strip() == "":
                 break
@@ -224,6 +225,7 @@ class _AttrParser:
             if m is None:
                 raise ValueError(f"unexpected character {text[i:].lstrip()[:1]!r}")
             kind = m.lastgroup
+            assert kind is not None, "every alternative of _TOKEN is a named group"
             tokens.append((kind, m.group(kind)))
             i = m.end()
         return tokens
@@ -300,11 +302,12 @@ class _AttrParser:
     def _array(self) -> np.ndarray:
         self.take("<")
         element = self.take()
-        dtype = _ARRAY_DTYPES.get(element.lstrip("u"))
-        if dtype is None:
+        scalar_type = _ARRAY_DTYPES.get(element.lstrip("u"))
+        if scalar_type is None:
             raise ValueError(f"unsupported array element type {element!r}")
+        dtype = np.dtype(scalar_type)
         if element.startswith("ui"):
-            dtype = np.dtype(dtype).str.replace("i", "u")
+            dtype = np.dtype(dtype.str.replace("i", "u"))
         values = []
         if self.peek()[1] == ":":
             self.take(":")

@@ -28,7 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.backends.base import Backend, CompiledProgram, alias_leaves, leaf_at
+from xlapy.backends.base import (
+    Backend,
+    CompiledProgram,
+    alias_leaves,
+    leaf_at,
+)
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module
 from xlapy.backends.cpu.thunks import (
     BufferSlice,
@@ -116,6 +121,7 @@ class CpuProgram(CompiledProgram):
         self.options = dict(options or {})
         self.compiled: CompiledModule = compile_module(module, self.options)
         self.module = self.compiled.module
+        self._root = self.module.entry_computation().root_instruction()
         self.state = {k: self.options[k] for k in _STATE_OPTIONS if k in self.options}
         self.aliases = alias_leaves(self.module)
         self._alias_by_output = {a.output_index: a for a in self.aliases}
@@ -127,7 +133,7 @@ class CpuProgram(CompiledProgram):
 
     def _prepare_memory_plan(self) -> None:
         allocations = self.compiled.assignment.allocations
-        params = self.module.entry.parameters
+        params = self.module.entry_computation().parameters
         self._num_params = len(params)
         self._template: list[np.ndarray | None] = [None] * len(allocations)
         self._template_bases = [0] * len(allocations)
@@ -138,7 +144,9 @@ class CpuProgram(CompiledProgram):
         fresh = []
         for alloc in allocations:
             if alloc.is_entry_parameter:
-                shape = params[alloc.parameter_number].shape.subshape(alloc.parameter_index)
+                number, leaf_index = alloc.parameter_number, alloc.parameter_index
+                assert number is not None and leaf_index is not None, "parameter allocation"
+                shape = params[number].shape.subshape(leaf_index)
                 if shape.is_array:
                     self._param_leaves.append(_ParamLeaf(alloc, shape))
                     continue
@@ -154,10 +162,10 @@ class CpuProgram(CompiledProgram):
                 self._alias_by_output.get(index),
                 allocations[sl.allocation],
             )
-            for index, shape in self.module.entry.root.shape.leaves()
+            for index, shape in self._root.shape.leaves()
             if shape.is_array
         ]
-        self._single_output = self.module.entry.root.shape.is_array
+        self._single_output = self._root.shape.is_array
         self._simple = self._simple_plan()
 
     def _simple_plan(self) -> _SimplePlan | None:
@@ -171,7 +179,7 @@ class CpuProgram(CompiledProgram):
             return None
         if any(leaf.index or leaf.writes or not leaf.row_major for leaf in leaves):
             return None
-        root = self.module.entry.root.shape
+        root = self._root.shape
         flat = self._single_output or all(s.is_array for s in root.tuple_shapes)
         fresh = {index for index, _ in self._fresh}
         allocations = [out.slice.allocation for out in self._outputs_plan]
@@ -191,7 +199,7 @@ class CpuProgram(CompiledProgram):
         )
 
     def _slice(self, index) -> BufferSlice:
-        root = self.module.entry.root
+        root = self._root
         s = self.compiled.assignment.slice_of(root, index)
         return BufferSlice(s.allocation, s.offset, s.size, root.shape.subshape(index))
 
@@ -358,7 +366,7 @@ class CpuProgram(CompiledProgram):
                 np.copyto(arg, ctx.view(BufferSlice(index, 0, arg.nbytes, shape)))
         if self._single_output:
             return leaves[()]
-        return _build(self.module.entry.root.shape, (), leaves)
+        return _build(self._root.shape, (), leaves)
 
     # -- dumps -----------------------------------------------------------------------------
     def thunk_listing(self) -> str:

@@ -52,6 +52,7 @@ from xlapy.backends.cpu.thunks import (
     WhileThunk,
     physical_dims,
 )
+from xlapy.errors import EvaluationError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -188,12 +189,13 @@ def compile_module(module: HloModule, options: Mapping[str, Any] | None = None) 
         default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
     prepare_for_buffer_assignment(module)
     assignment = assign_buffers(module)
+    entry_comp = module.entry_computation()
     lowering = _Lowering(assignment, options)
-    entry = lowering.sequence(module.entry)
+    entry = lowering.sequence(entry_comp)
     failed = lowering.wait_for_kernels()
     if failed:  # lower again, those instructions as rule thunks
         lowering = _Lowering(assignment, options, failed)
-        entry = lowering.sequence(module.entry)
+        entry = lowering.sequence(entry_comp)
         lowering.wait_for_kernels()
     return CompiledModule(
         module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
@@ -212,8 +214,14 @@ def _constant_memory(assignment: BufferAssignment) -> dict[int, np.ndarray]:
                 if instr.opcode is not Opcode.CONSTANT or not value.shape.is_array:
                     continue
                 literal = instr.literal
+                if literal is None:
+                    raise EvaluationError(
+                        f"{instr.name}: the constant's value was elided from the text "
+                        f"(constant({{...}})), so it cannot be compiled"
+                    )
                 for i in value.index:
                     literal = literal.elements[i]
+                assert literal.array is not None, "an array literal holds its data"
                 shape = value.shape
                 order = tuple(reversed(shape.layout_or_default.minor_to_major))
                 data = np.ascontiguousarray(np.transpose(literal.array, order))
@@ -408,7 +416,7 @@ class _Lowering:
     def lower_conditional(self, instr: HloInstruction) -> ConditionalThunk:
         branches = instr.attrs.get("branch_computations")
         is_pred = branches is None
-        if is_pred:
+        if branches is None:
             branches = (instr.attrs["true_computation"], instr.attrs["false_computation"])
         ins, outs, seqs = [], [], []
         for i, branch in enumerate(branches):

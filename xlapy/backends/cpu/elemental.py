@@ -245,14 +245,14 @@ def _unary(em: KernelEmitter, instr, index):
             return x
         raise _unsupported(instr, "is not defined on pred")
     if t.is_integral:
-        fn = _INT_UNARY.get(instr.opcode)
-        if fn is None:
+        int_fn = _INT_UNARY.get(instr.opcode)
+        if int_fn is None:
             raise _unsupported(instr, f"needs a float operand, got {t}")
-        return fn(em, x, t.is_signed_integral)
-    fn = _FLOAT_UNARY.get(instr.opcode)
-    if fn is None:
+        return int_fn(em, x, t.is_signed_integral)
+    float_fn = _FLOAT_UNARY.get(instr.opcode)
+    if float_fn is None:
         raise _unsupported(instr, f"needs an integer operand, got {t}")
-    return em.round_to(fn(em, x), _et(instr))
+    return em.round_to(float_fn(em, x), _et(instr))
 
 
 @emits(*(set(_FLOAT_BINARY) | set(_INT_BINARY)))
@@ -266,14 +266,14 @@ def _binary(em: KernelEmitter, instr, index):
             raise _unsupported(instr, "is not defined on pred")
         return getattr(em.b, name)(a, c)
     if t.is_integral:
-        fn = _INT_BINARY.get(instr.opcode)
-        if fn is None:
+        int_fn = _INT_BINARY.get(instr.opcode)
+        if int_fn is None:
             raise _unsupported(instr, f"needs float operands, got {t}")
-        return fn(em, a, c, t.is_signed_integral)
-    fn = _FLOAT_BINARY.get(instr.opcode)
-    if fn is None:
+        return int_fn(em, a, c, t.is_signed_integral)
+    float_fn = _FLOAT_BINARY.get(instr.opcode)
+    if float_fn is None:
         raise _unsupported(instr, f"needs integer operands, got {t}")
-    return em.round_to(fn(em, a, c), _et(instr))
+    return em.round_to(float_fn(em, a, c), _et(instr))
 
 
 _FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}

@@ -155,7 +155,7 @@ def _precheck(comp: HloComputation) -> None:
         _check_type(instr, instr.shape)
         for sub in instr.called_computations():
             _precheck(sub)
-    root = comp.root
+    root = comp.root_instruction()
     leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
     if root.opcode is Opcode.TUPLE and not leaves:
         raise UnsupportedForCodegen(f"{root.name}: an empty tuple root has nothing to compute")
@@ -231,9 +231,9 @@ def emit_kernel(
 
 def output_leaves(comp: HloComputation) -> list[tuple[HloInstruction, int | None, Shape]]:
     """The kernel outputs of `comp` in pre-order: (instruction, tuple element or None, shape)."""
-    root = comp.root
+    root = comp.root_instruction()
     leaves = root.operands if root.opcode is Opcode.TUPLE else [root]
-    out = []
+    out: list[tuple[HloInstruction, int | None, Shape]] = []
     for leaf in leaves:
         if leaf.shape.is_tuple:
             out.extend((leaf, i, s) for i, s in enumerate(leaf.shape.tuple_shapes))
@@ -487,6 +487,7 @@ class KernelEmitter:
 
     def _gen_parameter(self, instr: HloInstruction, index: Index):
         if self.scalar_env:
+            assert instr.parameter_number is not None, "a parameter has a number"
             return self.scalar_env[-1][instr.parameter_number]
         ptr = self.param_ptrs[id(instr)]
         addr = self.b.gep(ptr, [self.offset(instr.shape, index)], True)
@@ -511,7 +512,7 @@ class KernelEmitter:
         self.scalar_env.append(dict(enumerate(args)))
         self.scopes.append({})
         try:
-            root = comp.root
+            root = comp.root_instruction()
             if root.opcode is Opcode.TUPLE:
                 return tuple(self.gen(op, ()) for op in root.operands)
             return self.gen(root, ())

@@ -172,6 +172,8 @@ def _fulfil(future: Future, ir_text: str | None, key: str, symbol: str) -> None:
 class Kernel:
     """A compiled kernel. Dumps: `llvm_ir` (as emitted), `optimized_ir`, `asm`."""
 
+    _pending: Future | None
+
     def __init__(self, spec: KernelSpec, name: str | None = None, use_cache: bool = True):
         self._spec: KernelSpec | None = spec
         self._emit: Callable[[], KernelSpec] | None = None
@@ -216,6 +218,7 @@ class Kernel:
         """The emitted kernel (emitted again on first use when the kernel came from the
         kernel cache)."""
         if self._spec is None:
+            assert self._emit is not None, "a kernel without its spec keeps its emitter"
             self._spec = self._emit()
         return self._spec
 
@@ -332,9 +335,12 @@ def compile_computation(
     signature = Signature.of(spec)
     request = _request(spec.llvm_ir, object_key, SYMBOL, defer)
     if _derived(comp) == (signature.outputs, signature.params):
-        request[0].add_done_callback(
-            lambda f: f.exception() or _write_entry(key, object_key, signature)
-        )
+
+        def store_entry(done: Future) -> None:
+            if done.exception() is None:
+                _write_entry(key, object_key, signature)
+
+        request[0].add_done_callback(store_entry)
     kernel = Kernel._deferred(signature, symbol, request, spec, emit)
     return kernel if defer else kernel.wait()
 

@@ -214,7 +214,7 @@ class _Geometry:
                              d.base_dilation))  # fmt: skip
             src.append(slice(j0, j1))
         if all(j1 > j0 for j0, j1 in self.stored):
-            buf[(*dst, Ellipsis)] = x5[(*src, Ellipsis)]
+            buf[tuple(dst)] = x5[tuple(src)]
         return buf
 
     def windows(self, p: np.ndarray, lead: int) -> np.ndarray:
@@ -349,7 +349,7 @@ def _im2col(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
             if cols is None:
                 cols = whole[:, :rows]
                 np.copyto(np.reshape(cols, part.shape, copy=False), part)
-            if direct:
+            if flat is not None:
                 np.matmul(cols[0], kmat[0], out=flat[start * rest : start * rest + rows])
                 continue
             y = np.matmul(cols, kmat).reshape(geo.g, *part.shape[1 : 2 + nsp], geo.og)
@@ -415,7 +415,7 @@ def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
             b = min(hi, a + step)
             band = whole[: b - a]  # [n, G, P_outer..., O_last, K_last, Cg]
             np.copyto(band, bands[:, a:b].swapaxes(0, 1))
-            target = canon[a:b] if direct else staged[: b - a]
+            target = canon[a:b] if staged is None else staged[: b - a]
             band_at, target_at = band.ctypes.data, target.ctypes.data
             for n in range(b - a):
                 a_n, c_n = band_at + n * n_bytes, target_at + n * out_st[0] * geo.outs[0]

@@ -165,7 +165,7 @@ def _key_computation(root: HloInstruction, comparator: HloComputation) -> HloCom
         return new
 
     new_root = copy(root)
-    ordered = []
+    ordered: list[HloInstruction] = []
 
     def visit(instr: HloInstruction) -> None:
         if any(i is instr for i in ordered):
@@ -196,6 +196,8 @@ def match_comparator(comparator: HloComputation) -> list[SortKey] | None:
     seen: dict[int, frozenset] = {}
     keys: list[SortKey] = []
     node = comparator.root
+    if node is None:
+        return None
     while True:
         found = _key_for(node, comparator, seen)
         if found is not None:
@@ -445,7 +447,7 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
 
 def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
     """XLA's "TopK" custom call: the first k of a stable sort by its comparator."""
-    called = instr.attrs.get("called_computations") or ()
+    called: tuple[HloComputation, ...] = instr.attrs.get("called_computations") or ()
     comparator = instr.attrs.get("to_apply") or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or len(instr.operands) != 1:
         return None

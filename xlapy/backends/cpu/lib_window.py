@@ -64,7 +64,10 @@ def plan_reduce_window(instr: HloInstruction):
         return None
     x = instr.operands[0]
     window = instr.attrs.get("window")
-    ufunc = simple_reducer(instr.attrs.get("to_apply"))
+    reducer = instr.attrs.get("to_apply")
+    if reducer is None:
+        return None
+    ufunc = simple_reducer(reducer)
     if window is None or ufunc is None or not x.shape.is_array:
         return None
     dims = x.shape.dims
@@ -222,7 +225,7 @@ def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
         for k in range(1, len(views)):
             val = x[views[k]]
             swap = ~fn(cur, val)
-            if mask is not None:
+            if mask is not None and have is not None:
                 valid = mask[views[k]]
                 swap = valid & ((have & swap) | ~have)
                 have |= valid

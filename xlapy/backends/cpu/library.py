@@ -64,7 +64,7 @@ FAST_CUSTOM_CALL_PLANNERS = {"TopK": plan_xla_topk}
 def plan_fast(instr: HloInstruction):
     """The fast implementation of `instr` (see the file comment), or None."""
     if instr.opcode is Opcode.CUSTOM_CALL:
-        planner = FAST_CUSTOM_CALL_PLANNERS.get(instr.attrs.get("custom_call_target"))
+        planner = FAST_CUSTOM_CALL_PLANNERS.get(instr.attrs.get("custom_call_target", ""))
     else:
         planner = FAST_PLANNERS.get(instr.opcode)
     if planner is None:

@@ -63,8 +63,19 @@ class MathEmitter:
 
     def __init__(self, module: ir.Module):
         self.module = module
-        self.b: ir.IRBuilder | None = None
+        self._b: ir.IRBuilder | None = None
         self._decls: dict[tuple[str, str], ir.Function] = {}
+
+    @property
+    def b(self) -> ir.IRBuilder:
+        """The builder the next instructions go to."""
+        if self._b is None:
+            raise RuntimeError("MathEmitter used before its builder `b` was set")
+        return self._b
+
+    @b.setter
+    def b(self, builder: ir.IRBuilder) -> None:
+        self._b = builder
 
     # -- small helpers -------------------------------------------------------------------
     def intrinsic(self, name: str, ty, nargs: int = 1, ret=None):

@@ -19,7 +19,7 @@ import ctypes
 import itertools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +118,8 @@ class BufferSlice:
         return f"alloc{self.allocation}[{self.offset}:+{self.size}] {self.shape.to_text()}"
 
 
-_char_from_buffer = ctypes.c_char.from_buffer
+# any writable buffer will do; NumPy's stubs call ndarray a Buffer only on Python 3.12+
+_char_from_buffer: Callable[[Any], ctypes.c_char] = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
 
 
@@ -169,7 +170,9 @@ class ExecutionContext:
 
     def physical(self, s: BufferSlice) -> np.ndarray:
         """The slice as a writable dense array in its physical dimension order."""
-        raw = self.memory[s.allocation][s.offset : s.offset + s.size]
+        mem = self.memory[s.allocation]
+        assert mem is not None, "a slice read at run time has memory"
+        raw = mem[s.offset : s.offset + s.size]
         return raw.view(s.shape.dtype).reshape(physical_dims(s.shape))
 
     def view(self, s: BufferSlice) -> np.ndarray:
@@ -205,6 +208,7 @@ class ExecutionContext:
     def copy(self, src: BufferSlice, dst: BufferSlice) -> None:
         """Copy the bytes of `src` into `dst` (layouts must agree)."""
         a, b = self.memory[src.allocation], self.memory[dst.allocation]
+        assert a is not None and b is not None, "copied slices have memory"
         b[dst.offset : dst.offset + dst.size] = a[src.offset : src.offset + src.size]
 
     @property
@@ -322,7 +326,9 @@ class KernelThunk(Thunk):
             choice.record(split, time.perf_counter() - start)
         if self.scratch:
             for o, buf in zip(self.outputs, outs, strict=True):
-                ctx.memory[o.allocation][o.offset : o.offset + o.size] = buf
+                mem = ctx.memory[o.allocation]
+                assert mem is not None, "a kernel output has memory"
+                mem[o.offset : o.offset + o.size] = buf
 
     def describe(self) -> list[str]:
         head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"
@@ -391,6 +397,7 @@ class WhileThunk(Thunk):
     def run(self, ctx: ExecutionContext) -> None:
         _run_copies(ctx, self.init_copies)
         mem = ctx.memory[self.pred.allocation]
+        assert mem is not None, "the loop predicate has memory"
         at = self.pred.offset
         iterations = 0
         while True:

@@ -157,7 +157,7 @@ class _ArenaInterpreter:
 def evaluate_in_arena(assignment: BufferAssignment, args: Sequence[Value], **state) -> ArenaRun:
     """Run the assignment's module on `args` with every value in its assigned bytes."""
     module = assignment.module
-    entry = module.entry
+    entry = module.entry_computation()
     params = entry.parameters
     if len(args) != len(params):
         raise EvaluationError(f"{module.name} takes {len(params)} arguments, {len(args)} given")
@@ -166,4 +166,4 @@ def evaluate_in_arena(assignment: BufferAssignment, args: Sequence[Value], **sta
         value = check_value(param.shape, arg, f"parameter {param.parameter_number}")
         run.store_value(param, (), value)
     run.run(entry)
-    return ArenaRun(run.read(entry.root), run.memory)
+    return ArenaRun(run.read(entry.root_instruction()), run.memory)

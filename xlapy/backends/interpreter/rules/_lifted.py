@@ -67,8 +67,11 @@ def _snapshot(computation: HloComputation) -> tuple:
 
 
 def _widen(computation: HloComputation, dims: tuple[int, ...]) -> HloComputation | None:
+    if computation.root is None:
+        return None
     copies: dict[int, HloInstruction] = {}
     for instr in computation.post_order():
+        shape: Shape | None
         if instr.opcode is Opcode.CONSTANT:
             shape = instr.shape
         else:
@@ -94,7 +97,7 @@ def call_elementwise(ctx, computation: HloComputation, args: Sequence[np.ndarray
     arrays `args`; returns an array (or a tuple of arrays, for a tuple result) of that shape
     with the computation's result types."""
     dims = tuple(np.shape(args[0]))
-    result_shape = computation.root.shape
+    result_shape = computation.root_instruction().shape
     leaf_shapes = result_shape.tuple_shapes if result_shape.is_tuple else (result_shape,)
     wide = lifted(computation, dims)
     if wide is not None:

@@ -296,7 +296,7 @@ def windows(x: np.ndarray, axes: list[int], dims: tuple[WindowDim, ...]) -> np.n
         for a, o in zip(axes, outs, strict=True):
             shape[a] = o
         return np.zeros([*shape, *(d.size for d in dims)], x.dtype)
-    view = np.lib.stride_tricks.sliding_window_view(x, spans, axis=axes)
+    view = np.lib.stride_tricks.sliding_window_view(x, spans, axis=tuple(axes))
     index = [slice(None)] * x.ndim
     for a, d, o in zip(axes, dims, outs, strict=True):
         index[a] = slice(0, (o - 1) * d.stride + 1, d.stride)

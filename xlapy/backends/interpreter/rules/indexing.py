@@ -219,14 +219,14 @@ _REPLACE = "replace"
 def _simple_combiner(comp: HloComputation, dtype: np.dtype):
     """The ufunc (or _REPLACE) a one-operand combiner amounts to, or None."""
     root = comp.root
-    if comp.num_parameters != 2:
+    if comp.num_parameters != 2 or root is None:
         return None
     if root.opcode is Opcode.PARAMETER:
         return _REPLACE if root.parameter_number == 1 else None
     ufunc = _AT_UFUNCS.get(root.opcode)
     if ufunc is None or any(op.opcode is not Opcode.PARAMETER for op in root.operands):
         return None
-    if sorted(op.parameter_number for op in root.operands) != [0, 1]:
+    if [op.parameter_number for op in root.operands] not in ([0, 1], [1, 0]):
         return None
     if dtype.kind not in "biuf" or (dtype.kind == "f" and dtype.itemsize < 4):
         return None  # bf16/f16/f8: round each step in the type, like the general path

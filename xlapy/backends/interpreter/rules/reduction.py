@@ -71,7 +71,7 @@ def _is_elementwise(comp: HloComputation) -> bool:
 
 
 def _leaf_dtypes(comp: HloComputation) -> list[np.dtype]:
-    shape = comp.root.shape
+    shape = comp.root_instruction().shape
     if shape.is_tuple:
         return [s.dtype for s in shape.tuple_shapes]
     return [shape.dtype]
@@ -95,8 +95,8 @@ def call_elementwise(
     outs = [np.empty(n, dt) for dt in dtypes]
     for i in range(n):
         res = ctx.call(comp, [np.asarray(a[i]) for a in args])
-        leaves = res if isinstance(res, tuple) else (res,)
-        for out, v in zip(outs, leaves, strict=True):
+        values = res if isinstance(res, tuple) else (res,)
+        for out, v in zip(outs, values, strict=True):
             out[i] = v
     return outs
 

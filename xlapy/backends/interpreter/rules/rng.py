@@ -46,7 +46,7 @@ def _rotate_left(x: np.ndarray, r: int) -> np.ndarray:
     return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
 
-def threefry2x32(key: tuple[np.uint32, np.uint32], x0: np.ndarray, x1: np.ndarray):
+def threefry2x32(key: tuple[np.ndarray, np.ndarray], x0: np.ndarray, x1: np.ndarray):
     """Threefry-2x32 with 20 rounds on the word pairs (x0, x1); returns the cipher pair."""
     k0, k1 = key
     schedule = (k0, k1, _THREEFRY_PARITY ^ k0 ^ k1)
@@ -62,7 +62,7 @@ def threefry2x32(key: tuple[np.uint32, np.uint32], x0: np.ndarray, x1: np.ndarra
     return x0, x1
 
 
-def philox4x32(key: tuple[np.uint32, np.uint32], counter: tuple[np.ndarray, ...]):
+def philox4x32(key: tuple[np.ndarray, np.ndarray], counter: tuple[np.ndarray, ...]):
     """Philox-4x32 with 10 rounds on counter words (c0, c1, c2, c3); returns four words."""
     k0, k1 = key
     c0, c1, c2, c3 = counter
