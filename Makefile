@@ -29,6 +29,7 @@ demo: $(RUNTIME_STAMP)
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(PY) -m mypy
 
 test: lint loc
 	$(PY) -m pytest -n 2 --dist loadfile
