@@ -32,7 +32,7 @@ from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
 from xlapy.runtime import serialize
 from xlapy.runtime.buffer import Buffer, HostBufferSemantics, host_storage
-from xlapy.runtime.compiler import Compiler, canonical_text
+from xlapy.runtime.compiler import Compiler
 from xlapy.runtime.device import Device, MemorySpace
 from xlapy.runtime.errors import RuntimeApiError, SerializationError
 from xlapy.runtime.executable import Executable, LoadedExecutable, fingerprint_of
@@ -198,7 +198,16 @@ class Client:
         sees (this client's, the global one) has changed since. CustomCallError when a
         custom call's target is unknown or rejects the call."""
         options = options or CompileOptions()
-        text = canonical_text(program)
+        from xlapy.ir.parser import parse_module
+
+        # Text is parsed once; a module the caller passed is printed and compiled from a
+        # copy, so it is never modified.
+        module: HloModule | None = None
+        if isinstance(program, str):
+            module = parse_module(program)
+            text = module.to_text()
+        else:
+            text = program.to_text()
         key = (
             fingerprint_of(self.platform, text, options),
             self.custom_calls.version,
@@ -211,9 +220,9 @@ class Client:
                 self._cache.move_to_end(key)
                 return hit
             self._misses += 1
-        from xlapy.ir.parser import parse_module
-
-        loaded = self.load(self.compiler.compile_canonical(parse_module(text), options))
+        if module is None:
+            module = parse_module(text)
+        loaded = self.load(self.compiler.compile_canonical(module, options))
         with self._cache_lock:
             self._cache[key] = loaded
             while len(self._cache) > self._cache_size:

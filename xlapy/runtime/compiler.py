@@ -18,13 +18,6 @@ from xlapy.passes.donors import BufferDonorToAlias
 from xlapy.runtime.executable import Executable
 from xlapy.runtime.options import CompileOptions
 
-
-def canonical_text(program: HloModule | str) -> str:
-    """The HLO text of `program` as the printer writes it (the cache's notion of "same")."""
-    module = parse_module(program) if isinstance(program, str) else program
-    return module.to_text()
-
-
 # runtime platform -> the custom-call platform its targets are registered for
 CUSTOM_CALL_PLATFORMS = {"interpreter": "Host", "cpu": "Host"}
 
