@@ -50,6 +50,10 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.types import PrimitiveType
 
 _EXACT_F32, _EXACT_F64 = 1 << 24, 1 << 53
+OPENBLAS_SERIAL_FLOPS = 2 * 4 * 65536
+"""Products of at most this many flops (m*n*k <= 4 * 65536) OpenBLAS computes on one
+thread of its own accord: no thread-count change is needed around them."""
+
 PARALLEL_MIN_FLOPS = 1 << 23
 """Products with fewer multiply-adds (x2) than this run on the calling thread alone."""
 
@@ -134,9 +138,13 @@ def split_run(units: int, flops: float, body) -> None:
     """`body(lo, hi)` over [0, units): in row blocks on the kernel pool when `flops` is large
     (kernel.run_blocks: the caller runs one and takes back any no worker started), every
     block with one BLAS thread (see the file comment)."""
-    parts = 1
-    if flops >= PARALLEL_MIN_FLOPS:
-        parts = max(1, min(units, getattr(default_pool(), "_max_workers", 1)))
+    if flops <= OPENBLAS_SERIAL_FLOPS:
+        body(0, units)  # OpenBLAS runs these on the calling thread by itself
+        return
+    if flops < PARALLEL_MIN_FLOPS or units < 2:
+        _one_blas_thread(body, 0, units)
+        return
+    parts = max(1, min(units, getattr(default_pool(), "_max_workers", 1)))
     bounds = [units * i // parts for i in range(parts + 1)]
     blocks = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
     run_blocks(lambda lo, hi: _one_blas_thread(body, lo, hi), blocks)

@@ -27,6 +27,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -125,6 +127,40 @@ def blas_dot_supported(instr: HloInstruction) -> bool:
     return t in _BLAS_TYPES and all(op.shape.element_type is t for op in instr.operands)
 
 
+@dataclass(frozen=True, slots=True)
+class _MatrixView:
+    """How a dot operand's slice is seen as a [batch, rows, cols] array: its bytes as the
+    physical dims, one transpose (the layout's and the dot's dimension order together),
+    one reshape: a view wherever the contraction allows, as BLAS takes transpose flags."""
+
+    allocation: int
+    start: int
+    end: int
+    dtype: np.dtype
+    physical: tuple[int, ...]
+    perm: tuple[int, ...]
+    shape: tuple[int, int, int]
+
+    @staticmethod
+    def of(s: BufferSlice, order: Sequence[int], shape: tuple[int, int, int]) -> _MatrixView:
+        """`order`: the logical dims in the order the [batch, rows, cols] array wants them."""
+        major_to_minor = tuple(reversed(s.shape.layout_or_default.minor_to_major))
+        axis_of = {d: k for k, d in enumerate(major_to_minor)}  # logical dim -> physical axis
+        return _MatrixView(
+            s.allocation,
+            s.offset,
+            s.offset + s.size,
+            s.shape.dtype,
+            tuple(s.shape.dims[d] for d in major_to_minor),
+            tuple(axis_of[d] for d in order),
+            shape,
+        )
+
+    def array(self, memory) -> np.ndarray:
+        raw = memory[self.allocation][self.start : self.end].view(self.dtype)
+        return raw.reshape(self.physical).transpose(self.perm).reshape(self.shape)
+
+
 class DotThunk(Thunk):
     """dot -> matmul into the result slice (see the file comment)."""
 
@@ -133,40 +169,45 @@ class DotThunk(Thunk):
     def __init__(self, instr: HloInstruction, lhs: BufferSlice, rhs: BufferSlice, out):
         self.instr, self.lhs, self.rhs, self.out = instr, lhs, rhs, out
         a = instr.attrs
-        self.lb = tuple(a.get("lhs_batch_dims") or ())
-        self.rb = tuple(a.get("rhs_batch_dims") or ())
-        self.lc = tuple(a.get("lhs_contracting_dims") or ())
-        self.rc = tuple(a.get("rhs_contracting_dims") or ())
+        lb = tuple(a.get("lhs_batch_dims") or ())
+        rb = tuple(a.get("rhs_batch_dims") or ())
+        lc = tuple(a.get("lhs_contracting_dims") or ())
+        rc = tuple(a.get("rhs_contracting_dims") or ())
         ls, rs = lhs.shape.dims, rhs.shape.dims
-        self.lf = [d for d in range(len(ls)) if d not in self.lb and d not in self.lc]
-        self.rf = [d for d in range(len(rs)) if d not in self.rb and d not in self.rc]
-        self.b = math.prod(ls[d] for d in self.lb)
-        self.m = math.prod(ls[d] for d in self.lf)
-        self.k = math.prod(ls[d] for d in self.lc)
-        self.n = math.prod(rs[d] for d in self.rf)
-        self.out_default = out.shape.layout is None or out.shape.layout.is_default
+        lf = [d for d in range(len(ls)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rs)) if d not in rb and d not in rc]
+        self.b = b = math.prod(ls[d] for d in lb)
+        self.m = m = math.prod(ls[d] for d in lf)
+        self.k = k = math.prod(ls[d] for d in lc)
+        self.n = n = math.prod(rs[d] for d in rf)
+        self.flops = 2 * b * m * n * k
+        self._a = _MatrixView.of(lhs, [*lb, *lf, *lc], (b, m, k))
+        self._c = _MatrixView.of(rhs, [*rb, *rc, *rf], (b, k, n))
+        rank = out.shape.rank
+        self._out = (
+            _MatrixView.of(out, range(rank), (b, m, n))
+            if out.shape.layout is None or out.shape.layout.is_default
+            else None
+        )
 
     def run(self, ctx: ExecutionContext) -> None:
-        lhs, rhs = ctx.view(self.lhs), ctx.view(self.rhs)
-        a = lhs.transpose([*self.lb, *self.lf, *self.lc]).reshape(self.b, self.m, self.k)
-        c = rhs.transpose([*self.rb, *self.rc, *self.rf]).reshape(self.b, self.k, self.n)
-        flops = 2 * self.b * self.m * self.n * self.k
-        if not self.out_default:
-            result = np.empty((self.b, self.m, self.n), ctx.view(self.out).dtype)
-            split_run(
-                self.b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=result[lo:hi])
-            )
+        memory = ctx.memory
+        a, c = self._a.array(memory), self._c.array(memory)
+        b, m, n, flops = self.b, self.m, self.n, self.flops
+        if self._out is None:  # a result in another layout: computed, then copied in
+            result = np.empty((b, m, n), self.out.shape.dtype)
+            split_run(b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=result[lo:hi]))
             np.copyto(ctx.view(self.out), result.reshape(self.out.shape.dims))
             return
-        out = ctx.physical(self.out).reshape(self.b, self.m, self.n)
-        if self.b == 1 and self.n > self.m:  # short and wide: each block packs part of c
+        out = self._out.array(memory)
+        if b == 1 and n > m:  # short and wide: each block packs part of c
             a0, c0, out0 = a[0], c[0], out[0]
-            split_run(self.n, flops, lambda lo, hi: np.matmul(a0, c0[:, lo:hi], out=out0[:, lo:hi]))
-        elif self.b == 1:
+            split_run(n, flops, lambda lo, hi: np.matmul(a0, c0[:, lo:hi], out=out0[:, lo:hi]))
+        elif b == 1:
             a0, c0, out0 = a[0], c[0], out[0]
-            split_run(self.m, flops, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
+            split_run(m, flops, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
         else:
-            split_run(self.b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
+            split_run(b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
 
     def describe(self) -> list[str]:
         return [
