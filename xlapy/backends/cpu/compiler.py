@@ -7,7 +7,7 @@
 #    branches, called computations) becomes a ThunkSequence in its schedule's order. Per
 #    instruction: forwarding ops, tuples, parameters and constants need no thunk (constants
 #    are written into their allocation once, here); fusions and unfused elementwise / shape /
-#    reduce ops the emitter supports become kernel thunks (each distinct computation is
+#    reduce / gather ops the emitter supports become kernel thunks (each distinct computation is
 #    compiled once per process, the JIT caches objects on disk, and the LLVM work of the
 #    program's kernels runs on a thread pool while lowering goes on); dot goes to BLAS,
 #    dynamic-update-slice writes its window, one-operand scatters become native in-order
@@ -79,6 +79,7 @@ KERNEL_OPCODES = frozenset(
         Opcode.REVERSE,
         Opcode.REDUCE,
         Opcode.DYNAMIC_SLICE,
+        Opcode.GATHER,
         Opcode.FUSION,
     }
 )

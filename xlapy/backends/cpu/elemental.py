@@ -1161,3 +1161,82 @@ def emit_kept_minor_reduce(em: KernelEmitter, plan: LanePlan, out_ptrs, start, e
             nest(level + 1)
 
     nest(0)
+
+
+# -- gather --------------------------------------------------------------------------------------
+#
+# An output index splits into batch coordinates (the output dims not in offset_dims, in
+# order: the start-indices dims other than index_vector_dim) and window offsets (offset_dims,
+# walking the operand dims that are neither collapsed nor batching, in order). The batch
+# coordinates pick an index vector; start_index_map places its components in the operand
+# start, operand_batching_dims take the matching batch coordinate, every other dim starts at
+# 0. Each start is clamped so the whole slice lies inside the operand (unsigned components
+# never go below 0; those beyond INT64_MAX clamp to the top, as in the interpreter), and the
+# value is operand[start + offset]. Constant positions (index-vector components, unindexed
+# starts) are shared per kernel: gen memoizes by the identity of index values, so a constant
+# freed after one call must not lend its identity to another.
+
+
+def _held_c64(em: KernelEmitter, v: int):
+    return em.scopes[0].setdefault(("gather.c64", v), _c64(v))
+
+
+def _gather_component(em: KernelEmitter, indices, index, t: PrimitiveType, upper: int):
+    """One index-vector component as an i64 clamped to [0, upper]."""
+    b = em.b
+    v = em.gen(indices, index)
+    if t.is_signed_integral:
+        v = convert_value(em, v, t, P.S64) if t is not P.S64 else v
+        return _clamp_index(em, v, 0, upper)
+    if t.bits < 64:
+        v = b.zext(v, I64)
+    return b.select(b.icmp_unsigned(">", v, _c64(upper)), _c64(upper), v)
+
+
+@emits(Op.GATHER)
+def _gather(em: KernelEmitter, instr, index):
+    operand, indices = instr.operands
+    a = instr.attrs
+    dims = operand.shape.dims
+    offset_dims = tuple(a.get("offset_dims", ()))
+    collapsed = tuple(a.get("collapsed_slice_dims", ()))
+    index_map = tuple(a.get("start_index_map", ()))
+    operand_batching = tuple(a.get("operand_batching_dims", ()))
+    indices_batching = tuple(a.get("start_indices_batching_dims", ()))
+    ivd = a.get("index_vector_dim", indices.shape.rank)
+    sizes = tuple(a.get("slice_sizes", ()))
+    t = indices.shape.element_type
+    if not t.is_integral:
+        raise _unsupported(instr, f"needs integer start indices, got {t}")
+    if operand.shape.element_type is not _et(instr):
+        raise _unsupported(instr, "changes the element type; not supported")
+    rank = operand.shape.rank
+    batch_rank = indices.shape.rank - (1 if ivd < indices.shape.rank else 0)
+    components = indices.shape.dims[ivd] if ivd < indices.shape.rank else 1
+    window = [d for d in range(rank) if d not in collapsed and d not in operand_batching]
+    positions = [d for d in range(instr.shape.rank) if d not in offset_dims]
+    if (
+        len(sizes) != rank
+        or len(index_map) != components
+        or len(positions) != batch_rank
+        or len(offset_dims) != len(window)
+        or len(operand_batching) != len(indices_batching)
+        or any(not 0 <= d < rank for d in (*index_map, *collapsed, *operand_batching))
+    ):
+        raise _unsupported(instr, "has inconsistent dimension numbers")
+    if 0 in dims:
+        return em.scalar_constant(0, _et(instr))
+    batch = [index[p] for p in positions]
+    upper = [max(dim - size, 0) for dim, size in zip(dims, sizes, strict=True)]
+    starts: list = [_held_c64(em, 0)] * rank
+    for k, d in enumerate(index_map):
+        at = list(batch)
+        if ivd < indices.shape.rank:
+            at.insert(ivd, _held_c64(em, k))
+        starts[d] = _gather_component(em, indices, tuple(at), t, upper[d])
+    for od, idd in zip(operand_batching, indices_batching, strict=True):
+        starts[od] = _clamp_index(em, batch[idd if idd < ivd else idd - 1], 0, upper[od])
+    op_index = list(starts)
+    for d, p in zip(window, offset_dims, strict=True):
+        op_index[d] = em.b.add(starts[d], index[p], flags=["nsw"])
+    return em.gen(operand, tuple(op_index))

@@ -1,5 +1,6 @@
 # Fast library implementations of gather and scatter for the row pattern JAX emits for
-# `table[ids]`, `x.at[ids].op(u)` and segment sums.
+# `table[ids]`, `x.at[ids].op(u)` and segment sums. Both normally compile to native kernels
+# (the emitter's gather rule, emit_scatter.py); these serve what the kernels decline.
 #
 # The pattern: no batching dimensions; the index vector addresses leading operand dims
 # 0..m-1 (in any component order), each with a window of size 1 that the result collapses

@@ -16,13 +16,14 @@
 # - CustomCallThunk: C targets get pointers into the arena with the nested pointer-table
 #   layout; aliased outputs are the operand's bytes. Python and typed-FFI targets (and
 #   XLA-internal targets) go through the interpreter's rule.
-# - RuleThunk: everything else (sort, fft, rng, gather, scatter, reduce-window, convolution,
-#   ...) evaluates the interpreter's per-opcode rule on views of the operands' slices and
-#   stores the value in the instruction's slices. Where a fast NumPy implementation fits the
-#   instruction (FAST_PLANNERS: recognized sort comparators, topk, prefix-scan and pooling
-#   reduce-windows, row gathers and scatters, convolutions as im2col + matmul; see the lib_*
-#   modules), the thunk runs that instead, writing straight into the result's views; a fast
-#   path may decline at run time (a NaN key under a float compare, say) and the rule runs.
+# - RuleThunk: everything else (sort, fft, rng, reduce-window, convolution, the gathers and
+#   scatters the emitters decline, ...) evaluates the interpreter's per-opcode rule on views
+#   of the operands' slices and stores the value in the instruction's slices. Where a fast
+#   NumPy implementation fits the instruction (FAST_PLANNERS: recognized sort comparators,
+#   topk, prefix-scan and pooling reduce-windows, row gathers and scatters, convolutions as
+#   im2col + matmul; see the lib_* modules), the thunk runs that instead, writing straight
+#   into the result's views; a fast path may decline at run time (a NaN key under a float
+#   compare, say) and the rule runs.
 
 from __future__ import annotations
 
