@@ -101,9 +101,12 @@ def test_kernel_cache_hit_skips_emission(tmp_path, monkeypatch):
     assert 'define void @"again"' in second.llvm_ir  # emitted lazily for the dump
 
 
+@pytest.mark.parametrize("defer", [False, True])
 @pytest.mark.parametrize("suffix", [".o", ".kernel"])
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
-def test_corrupted_entry_is_compiled_again(tmp_path, monkeypatch, suffix, damage):
+def test_corrupted_entry_is_compiled_again(tmp_path, monkeypatch, suffix, damage, defer):
+    """Also when the compile is deferred (as the compiler asks): a kernel-cache hit whose
+    object is damaged is compiled again, never handed over as a failing kernel."""
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
     want = compile_computation(parse_module(TEXT).entry)
     (path,) = tmp_path.glob(f"*{suffix}")
@@ -116,7 +119,7 @@ def test_corrupted_entry_is_compiled_again(tmp_path, monkeypatch, suffix, damage
         raw = b"not a cache entry"
     path.write_bytes(raw)
     clear_loaded_objects()
-    got = compile_computation(parse_module(TEXT).entry)
+    got = compile_computation(parse_module(TEXT).entry, defer=defer).wait()
     assert got._spec is not None  # the kernel cache missed: emitted
     assert got.from_cache == (suffix == ".kernel")  # the object cache is keyed by the IR
     x, y = _x_y()
