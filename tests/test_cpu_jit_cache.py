@@ -190,25 +190,3 @@ def test_threads_compile_the_same_objects(tmp_path, monkeypatch):
     with ThreadPoolExecutor(4) as pool:
         threaded = list(pool.map(lambda s: jit.compile_object(s.llvm_ir, False).data, specs * 2))
     assert threaded == serial * 2
-
-
-def test_warm_kernels_share_one_engine(tmp_path, monkeypatch):
-    """Kernels a compile takes from the cache are loaded into one execution engine, each
-    at its own function, and compute what the interpreter does."""
-    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
-    module = parse_module(CHAIN)
-    clear_kernel_cache()
-    compile_module(module)  # cold: fills this test's cache directory
-    clear_kernel_cache()
-    warm = compile_module(module)
-    kernels = warm.kernels()
-    assert len({k.name for k in kernels}) >= 2, [k.name for k in kernels]
-    assert all(k.from_cache for k in kernels)
-    assert len({id(k._loaded.engine) for k in kernels}) == 1
-    assert len({k._loaded.address for k in kernels}) == len({k.name for k in kernels})
-    rng = np.random.default_rng(12)
-    x, y = rng.standard_normal((2, 64, 96)).astype(np.float32)
-    got = execute(module, [x, y], "cpu")
-    want = execute(module, [x, y])
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)

@@ -252,18 +252,15 @@ def write_entry(key: str, suffix: str, payload: bytes) -> None:
 
 
 class LoadedObject:
-    """Object files loaded into one execution engine of their own (one target machine,
-    one finalization: loading six kernels this way takes ~1.2 ms against ~7 ms one engine
-    each); symbols by address. Objects export distinct names (`exported_symbol`)."""
+    """An object file loaded into its own execution engine; symbols by address."""
 
-    def __init__(self, *objects: bytes):
+    def __init__(self, data: bytes):
         _initialize()
         with _lock:
             empty = llvm.parse_assembly("")
             empty.triple = host_target().triple
             self.engine = llvm.create_mcjit_compiler(empty, new_target_machine())
-            for data in objects:
-                self.engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(data))
             self.engine.finalize_object()
 
     def address(self, name: str) -> int:
