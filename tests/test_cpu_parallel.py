@@ -3,23 +3,18 @@ ones) and SplitChoice (per-kernel choice between split and whole, from measured 
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
 import pytest
 
-from xlapy.backends.cpu.kernel import default_pool, run_blocks
+from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
 from xlapy.backends.cpu.thunks import SplitChoice
-
-
-def _blocks(n, parts):
-    bounds = [n * k // parts for k in range(parts + 1)]
-    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 8])
 def test_run_blocks_covers_every_block_once(parts):
+    assert len(even_blocks(100, parts)) == parts
     seen = np.zeros(100, np.int64)
     lock = threading.Lock()
 
@@ -27,7 +22,7 @@ def test_run_blocks_covers_every_block_once(parts):
         with lock:
             seen[lo:hi] += 1
 
-    run_blocks(body, _blocks(100, parts))
+    run_blocks(body, even_blocks(100, parts))
     assert (seen == 1).all()
 
 
@@ -43,7 +38,7 @@ def test_run_blocks_from_pool_workers_does_not_deadlock():
             seen[lo:hi] += 1
 
     def outer(k):
-        run_blocks(body, [(k * 64 + lo, k * 64 + hi) for lo, hi in _blocks(64, 4)])
+        run_blocks(body, [(k * 64 + lo, k * 64 + hi) for lo, hi in even_blocks(64, 4)])
 
     futures = [default_pool().submit(outer, k) for k in range(workers)]
     for f in futures:
@@ -57,7 +52,7 @@ def test_run_blocks_raises_the_callers_error():
             raise ValueError("block 0 failed")
 
     with pytest.raises(ValueError, match="block 0"):
-        run_blocks(body, _blocks(10, 2))
+        run_blocks(body, even_blocks(10, 2))
 
 
 def test_run_blocks_raises_a_workers_error():
@@ -66,7 +61,7 @@ def test_run_blocks_raises_a_workers_error():
             raise ValueError("a later block failed")
 
     with pytest.raises(ValueError, match="later block"):
-        run_blocks(body, _blocks(10, 3))
+        run_blocks(body, even_blocks(10, 3))
 
 
 def _drive(choice: SplitChoice, split_seconds: float, whole_seconds: float, calls: int):

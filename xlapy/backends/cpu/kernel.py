@@ -415,6 +415,12 @@ def default_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="xlapy-cpu")
 
 
+def even_blocks(extent: int, parts: int) -> list[tuple[int, int]]:
+    """[0, extent) cut into at most `parts` non-empty blocks of nearly equal size."""
+    bounds = [extent * k // parts for k in range(parts + 1)]
+    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
+
 def run_blocks(body, blocks: Sequence[tuple[int, int]]) -> None:
     """`body(lo, hi)` for every block: the first on the calling thread, the others on the
     pool. A block no worker has started by the time the caller is done is taken back and
@@ -439,19 +445,11 @@ def run_blocks(body, blocks: Sequence[tuple[int, int]]) -> None:
             f.result()
 
 
-def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], pool=None, chunks: int | None = None):
-    """Run `kernel` on logical `args`, its outer range split into chunks across `pool`."""
-    pool = pool or default_pool()
+def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None = None):
+    """Run `kernel` on logical `args`, its outer range split into `chunks` blocks (default:
+    one per pool worker) run as run_blocks runs them."""
     outputs, inputs = kernel.prepare(args)
     ptrs = kernel.pointers(outputs, inputs)
-    extent = kernel.outer_extent
-    n = max(1, min(chunks or getattr(pool, "_max_workers", 1), extent))
-    bounds = [extent * k // n for k in range(n + 1)]
-    futures = [
-        pool.submit(kernel.run_raw, ptrs, lo, hi)
-        for lo, hi in itertools.pairwise(bounds)
-        if hi > lo
-    ]
-    for f in futures:
-        f.result()
+    parts = max(1, chunks or getattr(default_pool(), "_max_workers", 1))
+    run_blocks(lambda lo, hi: kernel.run_raw(ptrs, lo, hi), even_blocks(kernel.outer_extent, parts))
     return kernel.finish(outputs)

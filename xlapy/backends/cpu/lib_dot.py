@@ -35,13 +35,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
-import itertools
 import math
 import os
 
 import numpy as np
 
-from xlapy.backends.cpu.kernel import default_pool, run_blocks
+from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
 from xlapy.backends.interpreter.rules.contraction import (
     accumulation_dtype,
     to_result,
@@ -144,10 +143,8 @@ def split_run(units: int, flops: float, body) -> None:
     if flops < PARALLEL_MIN_FLOPS or units < 2:
         _one_blas_thread(body, 0, units)
         return
-    parts = max(1, min(units, getattr(default_pool(), "_max_workers", 1)))
-    bounds = [units * i // parts for i in range(parts + 1)]
-    blocks = [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
-    run_blocks(lambda lo, hi: _one_blas_thread(body, lo, hi), blocks)
+    parts = getattr(default_pool(), "_max_workers", 1)
+    run_blocks(lambda lo, hi: _one_blas_thread(body, lo, hi), even_blocks(units, parts))
 
 
 def supported_types(instr: HloInstruction) -> bool:

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ctypes
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,15 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.backends.cpu.kernel import Kernel, default_pool, run_blocks
+from xlapy.backends.cpu.kernel import Kernel, default_pool, even_blocks, run_blocks
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 
 PARALLEL_MIN_ELEMENTS = 1 << 16
-"""Kernels that touch more elements than this (the largest of their outputs and inputs) may
-split their outer range over the pool; SplitChoice decides per kernel whether they do."""
+"""Kernels that touch more elements than this (their largest output, or the operand of a
+reduce they compute) may split their outer range over the pool; SplitChoice decides per
+kernel whether they do."""
 
 
 class SplitChoice:
@@ -316,11 +316,7 @@ class KernelThunk(Thunk):
             start = time.perf_counter()
             if split:
                 run = self.kernel.run_raw
-                bounds = [extent * k // self.chunks for k in range(self.chunks + 1)]
-                run_blocks(
-                    lambda lo, hi: run(ptrs, lo, hi),
-                    [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo],
-                )
+                run_blocks(lambda lo, hi: run(ptrs, lo, hi), even_blocks(extent, self.chunks))
             else:
                 self.kernel.run_raw(ptrs, 0, extent)
             choice.record(split, time.perf_counter() - start)
