@@ -190,3 +190,57 @@ def test_threads_compile_the_same_objects(tmp_path, monkeypatch):
     with ThreadPoolExecutor(4) as pool:
         threaded = list(pool.map(lambda s: jit.compile_object(s.llvm_ir, False).data, specs * 2))
     assert threaded == serial * 2
+
+
+MEAN_VAR = """HloModule mean_var
+add {
+  p = f32[] parameter(0)
+  q = f32[] parameter(1)
+  ROOT s = f32[] add(p, q)
+}
+
+ENTRY e {
+  x = f32[48,40] parameter(0)
+  zero = f32[] constant(0)
+  n = f32[] constant(48)
+  nb = f32[40] broadcast(n), dimensions={}
+  sum = f32[40] reduce(x, zero), dimensions={0}, to_apply=add
+  mean = f32[40] divide(sum, nb)
+  mb = f32[48,40] broadcast(mean), dimensions={1}
+  d = f32[48,40] subtract(x, mb)
+  sq = f32[48,40] multiply(d, d)
+  ss = f32[40] reduce(sq, zero), dimensions={0}, to_apply=add
+  var = f32[40] divide(ss, nb)
+  t = f32[40] tanh(var)
+  ROOT r = (f32[40], f32[40], f32[40]) tuple(mean, var, t)
+}"""
+
+
+@pytest.mark.parametrize("text", [CHAIN, MEAN_VAR], ids=["chain", "mean_var"])
+def test_warm_kernels_share_one_engine(tmp_path, monkeypatch, text):
+    """Kernels a compile takes from the cache are loaded into one execution engine, each
+    at its own function, and compute what the interpreter does. (Objects compiled
+    position-independent with the large code model reach their constants through the
+    GOT; one MCJIT engine holding several such objects computed wrong values for
+    MEAN_VAR's kernels.)"""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    module = parse_module(text)
+    clear_kernel_cache()
+    compile_module(module)  # cold: fills this test's cache directory
+    clear_kernel_cache()
+    warm = compile_module(module)
+    kernels = warm.kernels()
+    objects = {id(k._loaded): k._loaded for k in kernels}.values()  # equal code: one object
+    assert len(objects) >= 2, [k.name for k in kernels]
+    assert all(k.from_cache for k in kernels)
+    assert len({id(o.engine) for o in objects}) == 1
+    assert len({o.address for o in objects}) == len(objects)
+    rng = np.random.default_rng(12)
+    args = [
+        rng.standard_normal(p.shape.dims).astype(np.float32) + 0.5
+        for p in module.entry_computation().parameters
+    ]
+    got = execute(module, args, "cpu")
+    want = execute(module, args)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
