@@ -15,13 +15,13 @@
 # code generator is a miss). A hit names the object and gives the kernel's signature (outer
 # extent, in-place pairs; outputs and parameters are checked against the computation), and
 # the LLVM IR is emitted again only when a dump asks for it; its object is read from the
-# disk cache at once (checksummed) and queued, and the first kernel that waits for its code
-# loads every queued object into one execution engine (`flush_loads`: one target machine and
-# one finalization for all the kernels a compile takes from the cache, ~0.2 ms each against
-# ~1.2 ms for an engine each). A miss emits the IR, compiles it
-# (the JIT's object cache is keyed by the IR text) and records the entry. With `defer=True`
-# the LLVM work runs on a small compile pool and the kernel is bound when `wait()` is called,
+# disk cache at once (checksummed). A miss emits the IR, compiles it (the JIT's object cache
+# is keyed by the IR text) and records the entry. With `defer=True` the LLVM work runs on a
+# small compile pool and the kernel is bound when `wait()` is called,
 # so the kernels of one program compile concurrently while the caller emits the next one.
+# Objects whose code is ready (read or compiled) are queued, and the first kernel that waits
+# loads every queued object into one execution engine (`flush_loads`: one target machine and
+# one finalization for all of them, ~0.2 ms an object against ~1.2 ms for an engine each).
 
 from __future__ import annotations
 
@@ -117,9 +117,24 @@ class _Loaded:
 
 
 _objects: dict[str, Future] = {}  # object key -> Future[_Loaded]
-_queued: list[tuple[Future, str, bytes]] = []  # cached objects waiting for flush_loads()
 _entries: dict[str, tuple[str, Signature]] = {}  # kernel key -> (object key, signature)
 _loaded_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """An object whose code is ready (read from the disk cache or just compiled) and waits
+    for `flush_loads`; `on_loaded` runs once it is loaded, before its future resolves."""
+
+    future: Future
+    key: str
+    data: bytes
+    from_cache: bool
+    on_loaded: Callable[[], None] | None = None
+
+
+_queued: list[_Queued] = []
+_queue_changed = threading.Condition(_loaded_lock)  # an object queued or a future resolved
 
 
 def clear_loaded_objects() -> None:
@@ -137,10 +152,16 @@ def _compile_pool() -> ThreadPoolExecutor:
 
 def _load_object(ir_text: str, key: str, symbol: str, use_cache: bool) -> _Loaded:
     """Compile `ir_text` (or read its object from the disk cache) and load the object
-    `key` into an engine of its own."""
+    `key` into an engine of its own (for kernels built outside the kernel cache)."""
     obj = jit.compile_object(ir_text, use_cache, symbol, key)
     engine = jit.LoadedObject(obj.data)
     return _Loaded(engine, engine.address(jit.exported_symbol(key)), obj.from_cache)
+
+
+def _enqueue(item: _Queued) -> None:
+    with _queue_changed:
+        _queued.append(item)
+        _queue_changed.notify_all()
 
 
 def _request_cached(key: str) -> tuple[Future, bool] | None:
@@ -159,30 +180,44 @@ def _request_cached(key: str) -> tuple[Future, bool] | None:
         if future is not None:
             return future, True
         future = _objects[key] = Future()
-        _queued.append((future, key, data))
+    _enqueue(_Queued(future, key, data, True))
     return future, False
 
 
 def flush_loads() -> None:
-    """Load every queued cached object into one new execution engine. Called by any
-    kernel that waits for its code, so the kernels a compile takes from the cache share
-    an engine and one finalization."""
+    """Load every queued object into one new execution engine. Called by any kernel that
+    waits for its code, so the kernels of a compile share an engine and one finalization."""
     with _loaded_lock:
         batch = list(_queued)
         _queued.clear()
     if not batch:
         return
     try:
-        engine = jit.LoadedObject(*(data for _, _, data in batch))
+        engine = jit.LoadedObject(*(item.data for item in batch))
     except BaseException as e:
-        for future, key, _ in batch:
-            _fail(future, key, e)
+        for item in batch:
+            _fail(item.future, item.key, e)
         return
-    for future, key, _ in batch:
+    for item in batch:
         try:
-            future.set_result(_Loaded(engine, engine.address(jit.exported_symbol(key)), True))
+            address = engine.address(jit.exported_symbol(item.key))
+            if item.on_loaded is not None:
+                item.on_loaded()
+            item.future.set_result(_Loaded(engine, address, item.from_cache))
         except BaseException as e:
-            _fail(future, key, e)
+            _fail(item.future, item.key, e)
+    with _queue_changed:
+        _queue_changed.notify_all()
+
+
+def _await_loaded(future: Future) -> None:
+    """Block until `future` resolves, loading queued objects (this one's among them once
+    its compile finishes) on the way."""
+    while not future.done():
+        flush_loads()
+        with _queue_changed:
+            while not future.done() and not _queued:
+                _queue_changed.wait()
 
 
 def _fail(future: Future, key: str, error: BaseException) -> None:
@@ -190,6 +225,8 @@ def _fail(future: Future, key: str, error: BaseException) -> None:
         if _objects.get(key) is future:
             del _objects[key]
     future.set_exception(error)
+    with _queue_changed:
+        _queue_changed.notify_all()
 
 
 def _request(
@@ -207,22 +244,21 @@ def _request(
             future.add_done_callback(lambda f: None if f.exception() else callback())
         return future, True
     if defer:
-        _compile_pool().submit(_fulfil, future, ir_text, key, symbol, on_loaded)
+        _compile_pool().submit(_compile_and_queue, future, ir_text, key, symbol, on_loaded)
     else:
-        _fulfil(future, ir_text, key, symbol, on_loaded)
+        _compile_and_queue(future, ir_text, key, symbol, on_loaded)
     return future, False
 
 
-def _fulfil(
+def _compile_and_queue(
     future: Future, ir_text: str, key: str, symbol: str, on_loaded: Callable[[], None] | None
 ) -> None:
     try:
-        loaded = _load_object(ir_text, key, symbol, True)
-        if on_loaded is not None:
-            on_loaded()
-        future.set_result(loaded)
+        obj = jit.compile_object(ir_text, True, symbol, key)
     except BaseException as e:
         _fail(future, key, e)
+        return
+    _enqueue(_Queued(future, key, obj.data, obj.from_cache, on_loaded))
 
 
 class Kernel:
@@ -261,8 +297,7 @@ class Kernel:
     def wait(self) -> Kernel:
         """Block until the kernel's code is loaded (re-raising a compile failure)."""
         if self._pending is not None:
-            if not self._pending.done():
-                flush_loads()
+            _await_loaded(self._pending)
             loaded = self._pending.result()
             self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
             n = len(self.signature.outputs) + len(self.signature.params)
