@@ -299,6 +299,7 @@ class KernelEmitter:
             k for k, (leaf, _, _) in enumerate(self.out_leaves) if _over_input(self.hero, leaf)
         )
         self.out_ptrs: list = []
+        self.flat: Index | None = None  # the index of a flat loop (see _flat_elementwise)
 
     # -- the function --------------------------------------------------------------------
     def begin_function(self, names: Sequence[str], aliased: set[int]):
@@ -364,6 +365,11 @@ class KernelEmitter:
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
                 self._store_outputs((), out_ptrs)
+        elif self._flat_elementwise(shape0):
+            outer = shape0.num_elements
+            with self.loop(start, end, "flat") as i:
+                self.flat = (i,) * shape0.rank
+                self._store_outputs(self.flat, out_ptrs)
         elif reduces is not None:
             elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
         elif window is not None:
@@ -380,6 +386,42 @@ class KernelEmitter:
             outer,
             self.in_place,
         )
+
+    def _flat_elementwise(self, shape0: Shape) -> bool:
+        """Whether the kernel reads every array it touches at the element it writes, in the
+        same layout (elementwise ops over operands laid out like the outputs, scalars
+        broadcast): then it runs as one loop over the flat buffers, [start, end) a range of
+        elements. A nest over the dims would leave a short innermost loop (the feature dim of
+        an NHWC tensor) that LLVM unrolls fully and then vectorizes the loop around it with
+        gathers and scatters."""
+        if self.hero is not None or shape0.rank < 2:
+            return False
+        layout = shape0.layout_or_default.minor_to_major
+
+        def alike(s: Shape) -> bool:
+            if not s.is_array or s.dims != shape0.dims:
+                return False
+            return s.layout_or_default.minor_to_major == layout
+
+        if not all(alike(s) for _, _, s in self.out_leaves):
+            return False
+        root = self.comp.root_instruction()
+        for instr in self.comp.instructions:
+            op, shape = instr.opcode, instr.shape
+            if op is Opcode.PARAMETER:
+                ok = shape.is_array and (shape.rank == 0 or alike(shape))
+            elif op is Opcode.CONSTANT:
+                array = None if instr.literal is None else instr.literal.array
+                ok = array is not None and array.size == 1
+            elif op is Opcode.BROADCAST:
+                ok = instr.operands[0].shape.rank == 0 and shape.dims == shape0.dims
+            elif op.is_elementwise:
+                ok = shape.is_array and (shape.rank == 0 or shape.dims == shape0.dims)
+            else:
+                ok = op is Opcode.TUPLE and instr is root
+            if not ok:
+                return False
+        return True
 
     def _in_place_window(self) -> HloInstruction | None:
         """The root dynamic-update-slice when this kernel updates its operand 0 in place
@@ -495,6 +537,9 @@ class KernelEmitter:
 
     def offset(self, shape: Shape, index: Index):
         """Physical element offset of logical `index` in a buffer of `shape`."""
+        if self.flat is not None and index and index[0] is self.flat[0]:
+            assert index == self.flat, "a flat kernel reads only at the element it writes"
+            return index[0]
         total = ir.Constant(I64, 0)
         for i, stride in zip(index, physical_strides(shape), strict=True):
             if stride == 0:
