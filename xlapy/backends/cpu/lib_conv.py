@@ -78,6 +78,9 @@ _BAND_MIN_ROWS = 64  # fewer output rows per product: too many small BLAS calls
 _BAND_BLOCK_ROWS = 512  # output rows per product, at most
 _KEEP_BYTES = 1 << 26  # larger work buffers are allocated per run, not kept
 _REDUCE_MIN_WINDOW = 64  # window positions per output element that make a long contraction
+_SHIFT_MAX_FEATURES = 8  # more input features per group: band rows or im2col copy well
+_SHIFT_MAX_WASTE = 1.5  # padded positions per output position, at most
+_SHIFT_BLOCK_BYTES = 1 << 18  # transposed im2col block of the shifted-slices path
 
 
 def _split_axis(x: np.ndarray, axis: int, outer: int) -> np.ndarray:
@@ -180,6 +183,13 @@ class _Geometry:
             and self.pwin >= _REDUCE_MIN_WINDOW
             and not self.banded
         )
+        self.shifted = (
+            self.g == 1
+            and self.cg <= _SHIFT_MAX_FEATURES
+            and all(d.stride == 1 for d in self.dims)
+            and math.prod(self.padded) <= _SHIFT_MAX_WASTE * self.pout
+            and not (self.banded or self.reducing or self.pointwise)
+        )
 
     # -- operands in the canonical form ------------------------------------------------------
     def grouped_input(self, x: np.ndarray) -> np.ndarray:
@@ -207,15 +217,23 @@ class _Geometry:
         shape = (*x5.shape[:lead], *self.padded, x5.shape[-1])
         # only stored elements change: the rest stays zero
         buf = _ordered(scratch, "padded", shape, work, x5.strides, keep_order)
-        dst, src = [slice(None)] * lead, [slice(None)] * lead
+        dst, src = self.stored_slices()
+        if dst is not None:
+            buf[(Ellipsis, *dst, slice(None))] = x5[(Ellipsis, *src, slice(None))]
+        return buf
+
+    def stored_slices(self):
+        """(padded-buffer slices, input slices) along the spatial dims for the input elements
+        that land in the padded buffer, or (None, None) when none does."""
+        if not all(j1 > j0 for j0, j1 in self.stored):
+            return None, None
+        dst, src = [], []
         for d, (j0, j1) in zip(self.dims, self.stored, strict=True):
             start = d.pad_low + j0 * d.base_dilation
             dst.append(slice(start, start + (j1 - j0 - 1) * d.base_dilation + 1,
                              d.base_dilation))  # fmt: skip
             src.append(slice(j0, j1))
-        if all(j1 > j0 for j0, j1 in self.stored):
-            buf[tuple(dst)] = x5[tuple(src)]
-        return buf
+        return tuple(dst), tuple(src)
 
     def windows(self, p: np.ndarray, lead: int) -> np.ndarray:
         """[lead..., O..., K..., Cg] view of the windows of the padded input `p`."""
@@ -281,6 +299,8 @@ def plan_convolution(instr: HloInstruction):
             _banded(geo, x, k, out, acc, work, result, scratch)
         elif geo.reducing and raw_gemm(work) is not None:
             _reducing(geo, x, k, out, acc, work, result, scratch)
+        elif geo.shifted and raw_gemm(work) is not None:
+            _shifted(geo, x, k, out, acc, work, result, scratch)
         else:
             body(geo, x, k, out, acc, work, result, scratch)
         return True
@@ -499,3 +519,53 @@ def _depthwise(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) 
 
     flops = 2.0 * geo.nb * geo.pout * geo.pwin * geo.g * geo.og
     split_run(geo.nb * geo.outs[0], flops, block)
+
+
+def _shifted(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:
+    """A unit-stride convolution with few input features as one long product per block of
+    padded positions, its transposed im2col made of shifted slices (see the file comment)."""
+    gemm = raw_gemm(work)
+    it = work.itemsize
+    plane = math.prod(geo.padded)
+    pst = _contiguous_strides(tuple(geo.padded), 1)  # element strides of a padded plane
+    steps = [s * d.window_dilation for s, d in zip(pst, geo.dims, strict=True)]
+    slack = sum((n - 1) * s for n, s in zip(geo.ksizes, steps, strict=True))
+    total = geo.nb * plane
+    # feature-major padded input [Cg, Nb, P...], then `slack` zeros that the last padded
+    # positions (whose outputs are dropped) read
+    buf = scratch.get("shifted", (geo.cg, total + slack), work, zero=True)
+    dst, src = geo.stored_slices()
+    if dst is not None:
+        grid = buf[:, :total].reshape(geo.cg, geo.nb, *geo.padded)
+        xc = np.moveaxis(geo.grouped_input(x)[0], -1, 0)  # [Cg, Nb, S...]
+        np.copyto(grid[(slice(None), slice(None), *dst)], xc[(slice(None), slice(None), *src)])
+    depth = geo.pwin * geo.cg
+    cols = as_strided(
+        buf,
+        (*geo.ksizes, geo.cg, total),
+        (*(s * it for s in steps), buf.strides[0], it),
+        writeable=False,
+    )  # [K..., Cg, position]: each row a shifted slice of one feature's padded input
+    kmat = np.ascontiguousarray(geo.kernel(k)[0], dtype=work).reshape(depth, geo.og)
+    canon = geo.output(out)  # [Nb, O..., Og]
+    og = geo.og
+    step = max(64, _SHIFT_BLOCK_BYTES // (depth * it))  # positions per product
+    valid = (slice(None), *(slice(0, o) for o in geo.outs))
+    per = max(1, _CHUNK_BYTES // (plane * og * it))  # batch items per staged block
+
+    def block(lo: int, hi: int) -> None:
+        t_cols = scratch.get("shifted_cols", (depth, step), work)
+        staged = scratch.get("shifted_out", (min(per, hi - lo) * plane, og), work)
+        c_at, a_at = staged.ctypes.data, t_cols.ctypes.data
+        for a in range(lo, hi, per):
+            b = min(hi, a + per)
+            for t0 in range(a * plane, b * plane, step):
+                m = min(step, b * plane - t0)
+                np.copyto(t_cols[:, :m].reshape(*geo.ksizes, geo.cg, m), cols[..., t0 : t0 + m])
+                gemm(m, og, depth, a_at, step, kmat.ctypes.data, og, 0.0,
+                     c_at + (t0 - a * plane) * og * it, og, trans_a=True)  # fmt: skip
+            y = staged[: (b - a) * plane].reshape(b - a, *geo.padded, og)[valid]
+            _store(canon[a:b], y, acc, result)
+
+    flops = 2.0 * total * depth * og
+    split_run(geo.nb, flops, block)

@@ -9,7 +9,9 @@
 #
 # Pooling windows without padding or base dilation fold the window offsets in row-major
 # order into the output in place (`ufunc(acc, strided view, out=acc)`), again the rule's
-# order, without the padded copies and validity masks the general rule builds.
+# order, without the padded copies and validity masks the general rule builds. A max (min)
+# whose init is -inf (+inf, or the integer extreme) leaves every element unchanged, so the
+# init pass is left out and the first two offsets are combined in the first pass.
 #
 # select-and-scatter (the max-pool gradient) with a select that is one compare of its two
 # parameters and a one-op scatter: the window offsets are visited in row-major order over
@@ -99,20 +101,41 @@ def _prefix_scan(ufunc: np.ufunc, axis: int):
     return run
 
 
+def _identity(ufunc: np.ufunc, init: np.ndarray) -> bool:
+    """Whether `ufunc(init, x)` is `x` bit for bit for every x (NaN included): -inf (the
+    least integer) for max, +inf (the greatest) for min."""
+    if ufunc not in (np.maximum, np.minimum) or init.dtype.kind not in "fiu":
+        return False
+    big = ufunc is np.minimum
+    if init.dtype.kind == "f":
+        return bool(init == (np.inf if big else -np.inf))
+    info = np.iinfo(init.dtype)
+    return bool(init == (info.max if big else info.min))
+
+
 def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
-    offsets = list(itertools.product(*(range(d.size) for d in window.dims)))
+    views = [
+        tuple(
+            slice(o * d.window_dilation, o * d.window_dilation + (n - 1) * d.stride + 1, d.stride)
+            for o, d, n in zip(offset, window.dims, out_dims, strict=True)
+        )
+        for offset in itertools.product(*(range(d.size) for d in window.dims))
+    ]
 
     def run(values, out, ctx) -> bool:
         x, init = values
         if np.may_share_memory(x, out):
             x = x.copy()
-        out[...] = init
-        for offset in offsets:
-            index = tuple(
-                slice(o * d.window_dilation, o * d.window_dilation + (n - 1) * d.stride + 1,
-                      d.stride)
-                for o, d, n in zip(offset, window.dims, out_dims, strict=True)
-            )  # fmt: skip
+        rest = views
+        if not _identity(ufunc, np.asarray(init)):
+            out[...] = init
+        elif len(views) > 1:  # init left out: the first two offsets make the first pass
+            ufunc(x[views[0]], x[views[1]], out=out)
+            rest = views[2:]
+        else:
+            np.copyto(out, x[views[0]])
+            rest = []
+        for index in rest:
             ufunc(out, x[index], out=out)
         return True
 
