@@ -7,6 +7,15 @@ expression at the cursor. HLO's grammar is context sensitive (`b01f_01io->b01f`,
 `0_1x1_1` and `[2,2]<=[4]` only mean something after a particular attribute name), so the
 attribute's kind from ATTRIBUTE_KINDS picks the rule that reads its value.
 
+Speed comes from doing little per character: whitespace and comments are skipped by one
+regular expression, and the common forms (`name = f32[2,3]{1,0} add(a, b), dimensions={0}`)
+are recognized by a few larger ones: the start of an instruction up to its opcode, plain
+operand names, `, key =`, integer lists, a parameter number. Shapes and scalar constants
+are immutable, so each distinct shape text (and scalar constant) is read by the general
+rules once and then reused from a cache. A fast path only ever finds the extent of a
+form whose meaning the general rules fixed; anything else (comments, tuple shapes, first
+sightings, errors) goes through the general rules, which alone produce the error messages.
+
 Names are resolved late: operands and control predecessors once their whole computation
 has been read (XLA allows any text order), called computations once the whole module has
 been read (so forward references work). Every failure is an HloParseError carrying the
@@ -44,18 +53,49 @@ from xlapy.ir.types import Kind, PrimitiveType
 MAX_DEPTH = 64
 """Deepest nesting of braces, parentheses and tuple shapes the parser accepts."""
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*(?:-(?!>)[A-Za-z0-9_.]*)*")
-_NAME = re.compile(r"%?([A-Za-z_][A-Za-z0-9_.]*(?:-(?!>)[A-Za-z0-9_.]*)*)")
+_IDENT_TEXT = r"[A-Za-z_][A-Za-z0-9_.]*(?:-(?!>)[A-Za-z0-9_.]*)*"
+_IDENT = re.compile(_IDENT_TEXT)
+_NAME = re.compile(rf"%?({_IDENT_TEXT})")
 _INT = re.compile(r"[-+]?[0-9]+(?![0-9A-Za-z_.])")
 _FLOAT = re.compile(
     r"[-+]?(?:nan(?:\(0x[0-9a-fA-F]+\))?|inf"
     r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)(?![0-9A-Za-z_.])"
 )
-_WS = re.compile(r"(?:\s+|//[^\n]*)+")
+_WS = re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.DOTALL)
+_GAP = re.compile(r"(?:\s+|//[^\n]*)+")
 _DIM_LABELS = re.compile(r"([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
 _DIGITS = re.compile(r"-?[0-9]+")
 _PAD_DIM = re.compile(r"(-?[0-9]+)_(-?[0-9]+)(?:_(-?[0-9]+))?")
 _ELEMENT_TYPES = {t.text for t in PrimitiveType if t is not PrimitiveType.TUPLE}
+
+# Fast paths. Each regex only finds the extent of a common form; its meaning (and every
+# error) comes from the general rules, so a form outside the fast path is still read right.
+_ARRAY_TEXT = (
+    "(?:"
+    + "|".join(sorted(map(re.escape, _ELEMENT_TYPES), key=len, reverse=True))
+    + r")\[[0-9,<=?]*\](?:\{[0-9,:TES()*]*\}|(?!\{))"
+)
+_ARRAY_SHAPE_TEXT = rf"{_ARRAY_TEXT}|\((?:{_ARRAY_TEXT}(?:, ?{_ARRAY_TEXT})*)?\)"  # or a flat tuple
+_ARRAY_SHAPE = re.compile(_ARRAY_SHAPE_TEXT)
+_COMPUTATION_START = re.compile(rf"\s*(?:(ENTRY)\s+)?(?>%?({_IDENT_TEXT}))\s*\{{")  # [ENTRY] name {
+_INSTRUCTION_START = re.compile(  # `[ROOT] name = shape opcode(`
+    rf"\s*(?:(ROOT)\s+)?(?>%?({_IDENT_TEXT}))\s*=\s*"
+    rf"({_ARRAY_SHAPE_TEXT})[ \t]+(?>({_IDENT_TEXT}))\s*\("
+)
+_OPERAND = re.compile(rf"\s*(?>(%?({_IDENT_TEXT})))\s*([,)])")  # name, then ',' or ')'
+_ATTRIBUTE_KEY = re.compile(  # `, key =` and the whitespace and comments after it
+    rf"\s*,\s*(?>({_IDENT_TEXT}))\s*=(?>(?:\s+|//[^\n]*|(?s:/\*.*?\*/))*)(?!/\*)"
+)
+_PARAMETER_NUMBER = re.compile(r"[ \t]*([0-9]+)[ \t]*\)")
+_INT_LIST = re.compile(r"\s*\{([-+0-9, \t]*)\}")
+_DECIMAL = re.compile(r"[ \t]*[-+]?[0-9]+[ \t]*")
+_SCALAR_TEXT = re.compile(r"[-+.0-9A-Za-z]+(?=\))")
+_SCALARS: dict[tuple[Shape, str], Literal] = {}
+"""Scalar constants read by the general rules, by shape and text (literals are immutable)."""
+_MAX_SCALARS = 4096
+_SHAPES: dict[str, Shape] = {}
+"""Shapes read by the general rules, by their text (shapes are immutable, so shared)."""
+_MAX_SHAPES = 4096
 _TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "0": "\0"}
 
@@ -129,25 +169,19 @@ class _Parser:
 
     # -- low-level scanning ----------------------------------------------------------------
     def skip(self) -> None:
-        text = self.text
-        while True:
-            m = _WS.match(text, self.pos)
-            if m:
-                self.pos = m.end()
-            if text.startswith("/*", self.pos):
-                end = text.find("*/", self.pos + 2)
-                if end < 0:
-                    raise self.error("unterminated comment")
-                self.pos = end + 2
-                continue
-            return
+        ws = _WS.match(self.text, self.pos)
+        assert ws is not None, "the whitespace pattern matches the empty string"
+        pos = self.pos = ws.end()
+        if self.text.startswith("/*", pos):
+            raise self.error("unterminated comment")
 
     def peek(self, s: str) -> bool:
         self.skip()
         return self.text.startswith(s, self.pos)
 
     def accept(self, s: str) -> bool:
-        if self.peek(s):
+        self.skip()
+        if self.text.startswith(s, self.pos):
             self.pos += len(s)
             return True
         return False
@@ -278,12 +312,31 @@ class _Parser:
         if self.text.startswith("[", after):
             return True
         if word in ("token", "opaque"):
-            rest = _WS.match(self.text, after)
+            rest = _GAP.match(self.text, after)
             nxt = rest.end() if rest else after
             return rest is not None and _NAME.match(self.text, nxt) is not None
         return False
 
     def shape(self) -> Shape:
+        m = _ARRAY_SHAPE.match(self.text, self.pos)
+        if m is None:
+            self.skip()
+            m = _ARRAY_SHAPE.match(self.text, self.pos)
+        if m is None:
+            return self.general_shape()
+        text = m.group(0)
+        shape = _SHAPES.get(text)
+        if shape is None:
+            shape = self.general_shape()
+            if self.pos != m.end():
+                return shape
+            if len(_SHAPES) >= _MAX_SHAPES:
+                _SHAPES.clear()
+            _SHAPES[text] = shape
+        self.pos = m.end()
+        return shape
+
+    def general_shape(self) -> Shape:
         self.skip()
         start = self.pos
         if self.accept("("):
@@ -714,21 +767,14 @@ class _Parser:
 
     # -- computations ----------------------------------------------------------------------
     def computation(self) -> tuple[HloComputation, bool]:
-        is_entry = False
-        if self.peek_ident() == "ENTRY":
-            self.pos += len("ENTRY")
-            is_entry = True
-        name = self.name("a computation name")
-        if self.peek("("):
-            self.signature()
-        thread = None
-        if self.accept(","):
-            key = self.ident()
-            if key != "execution_thread":
-                raise self.error(f"unknown computation attribute '{key}'")
-            self.expect("=")
-            thread = self.string()
-        self.expect("{", f"'{{' opening computation '{name}'")
+        head = _COMPUTATION_START.match(self.text, self.pos)
+        if head and (head.group(1) or head.group(2) != "ENTRY"):
+            is_entry = head.group(1) is not None
+            name = head.group(2)
+            thread = None
+            self.pos = head.end()
+        else:
+            is_entry, name, thread = self.computation_head()
         comp = HloComputation(name)
         if thread is not None:
             comp.execution_thread = thread
@@ -736,7 +782,7 @@ class _Parser:
         by_name: dict[str, HloInstruction] = {}
         root: HloInstruction | None = None
         while not self.accept("}"):
-            if self.at_end():
+            if self.pos >= len(self.text):
                 raise self.error(f"unexpected end of input in computation '{name}'")
             start = self.pos
             is_root, item = self.instruction()
@@ -756,6 +802,25 @@ class _Parser:
         comp.root = root or comp.instructions[-1]
         self.check_parameters(comp)
         return comp, is_entry
+
+    def computation_head(self) -> tuple[bool, str, str | None]:
+        """`[ENTRY] name [(params) -> shape] [, execution_thread="..."] {`."""
+        is_entry = False
+        if self.peek_ident() == "ENTRY":
+            self.pos += len("ENTRY")
+            is_entry = True
+        name = self.name("a computation name")
+        if self.peek("("):
+            self.signature()
+        thread = None
+        if self.accept(","):
+            key = self.ident()
+            if key != "execution_thread":
+                raise self.error(f"unknown computation attribute '{key}'")
+            self.expect("=")
+            thread = self.string()
+        self.expect("{", f"'{{' opening computation '{name}'")
+        return is_entry, name, thread
 
     def signature(self) -> None:
         self.expect("(")
@@ -801,43 +866,29 @@ class _Parser:
 
     # -- instructions ----------------------------------------------------------------------
     def instruction(self) -> tuple[bool, _PendingInstr]:
-        is_root = False
-        if self.peek_ident() == "ROOT":
-            save = self.pos
-            self.pos += len("ROOT")
-            if self.peek("="):
-                self.pos = save
-            else:
-                is_root = True
-        name = self.name("an instruction name")
-        self.expect("=", f"'=' after instruction name '{name}'")
-        if not self.shape_starts_here():
+        line = _INSTRUCTION_START.match(self.text, self.pos)
+        shape = _SHAPES.get(line.group(3)) if line else None
+        if line is not None and shape is not None:
+            is_root = line.group(1) is not None
+            name = line.group(2)
+            op_pos = line.start(4)
+            op_text = line.group(4)
+            opcode = self.opcode(op_text, op_pos)
+            self.pos = line.end()
+        else:
+            is_root, name = self.instruction_head()
+            shape = self.instruction_shape(name)
             self.skip()
-            word = self.peek_ident()
-            if word is not None and self.text.startswith("[", self.pos + len(word)):
-                raise self.error(f"unknown element type '{word}'")
-            if word is not None and word not in _ELEMENT_TYPES:
-                raise self.error(f"expected a shape for '{name}', found '{word}'")
-        shape = self.shape()
-        op_pos = self.pos
-        self.skip()
-        op_pos = self.pos
-        op_text = self.ident("an opcode")
-        try:
-            opcode = Opcode.from_text(op_text)
-        except KeyError:
-            raise self.error(f"unknown opcode '{op_text}'", op_pos) from None
+            op_pos = self.pos
+            op_text = self.ident("an opcode")
+            opcode = self.opcode(op_text, op_pos)
+            self.expect("(", f"'(' after opcode '{op_text}'")
         instr = HloInstruction(name, opcode, shape)
         item = _PendingInstr(instr, op_pos, [])
-        self.expect("(", f"'(' after opcode '{op_text}'")
         if opcode is Opcode.CONSTANT:
             self.constant_operand(instr)
         elif opcode is Opcode.PARAMETER:
-            num_pos = self.pos
-            instr.parameter_number = self.integer("a parameter number")
-            if instr.parameter_number < 0:
-                raise self.error("parameter number must not be negative", num_pos)
-            self.expect(")", "')' after parameter number")
+            instr.parameter_number = self.parameter_number()
         else:
             self.operands(item)
         arity = opcode.arity
@@ -848,22 +899,92 @@ class _Parser:
                 f"'{name}' has {len(item.operand_names)}",
                 op_pos,
             )
-        while self.accept(","):
-            self.attribute(item)
-        return is_root, item
+        while True:
+            key = _ATTRIBUTE_KEY.match(self.text, self.pos)
+            if key is None and not self.accept(","):
+                return is_root, item
+            self.attribute(item, key)
+
+    def opcode(self, text: str, pos: int) -> Opcode:
+        try:
+            return Opcode.from_text(text)
+        except KeyError:
+            raise self.error(f"unknown opcode '{text}'", pos) from None
+
+    def instruction_shape(self, name: str) -> Shape:
+        if not self.shape_starts_here():
+            self.skip()
+            word = self.peek_ident()
+            if word is not None and self.text.startswith("[", self.pos + len(word)):
+                raise self.error(f"unknown element type '{word}'")
+            if word is not None and word not in _ELEMENT_TYPES:
+                raise self.error(f"expected a shape for '{name}', found '{word}'")
+        return self.shape()
+
+    def parameter_number(self) -> int:
+        """`N)` after `parameter(`."""
+        m = _PARAMETER_NUMBER.match(self.text, self.pos)
+        if m:
+            self.pos = m.end()
+            return int(m.group(1))
+        num_pos = self.pos
+        number = self.integer("a parameter number")
+        if number < 0:
+            raise self.error("parameter number must not be negative", num_pos)
+        self.expect(")", "')' after parameter number")
+        return number
+
+    def instruction_head(self) -> tuple[bool, str]:
+        """`[ROOT] name =`, where an instruction may itself be named ROOT."""
+        is_root = False
+        if self.peek_ident() == "ROOT":
+            save = self.pos
+            self.pos += len("ROOT")
+            if self.peek("="):
+                self.pos = save
+            else:
+                is_root = True
+        name = self.name("an instruction name")
+        self.expect("=", f"'=' after instruction name '{name}'")
+        return is_root, name
 
     def constant_operand(self, instr: HloInstruction) -> None:
         self.skip()
         if self.text.startswith("{...}", self.pos):
             self.pos += 5
         else:
-            instr.literal = self.literal(instr.shape)
+            instr.literal = self.literal_of(instr.shape)
         self.expect(")", f"')' closing constant '{instr.name}'")
 
+    def literal_of(self, shape: Shape) -> Literal:
+        """A constant's value: scalars read before (literals are immutable) come from a cache."""
+        m = _SCALAR_TEXT.match(self.text, self.pos)
+        if m is None:
+            return self.literal(shape)
+        key = (shape, m.group(0))
+        literal = _SCALARS.get(key)
+        if literal is None:
+            literal = self.literal(shape)
+            if self.pos != m.end():
+                return literal
+            if len(_SCALARS) >= _MAX_SCALARS:
+                _SCALARS.clear()
+            _SCALARS[key] = literal
+        self.pos = m.end()
+        return literal
+
     def operands(self, item: _PendingInstr) -> None:
-        if self.accept(")"):
-            return
+        names = item.operand_names
         while True:
+            m = _OPERAND.match(self.text, self.pos)
+            if m:
+                names.append((m.group(2), m.start(1)))
+                self.pos = m.end()
+                if m.group(3) == ")":
+                    return
+                continue
+            if not names and self.accept(")"):
+                return
             if self.shape_starts_here():
                 self.shape()
             self.skip()
@@ -874,18 +995,26 @@ class _Parser:
             self.expect(",", "',' or ')' after operand")
 
     # -- attributes ------------------------------------------------------------------------
-    def attribute(self, item: _PendingInstr) -> None:
+    def attribute(self, item: _PendingInstr, m: re.Match | None) -> None:
+        """An attribute after its comma; `m` is the `, key =` fast-path match, if any."""
         instr = item.instr
-        self.skip()
-        key_pos = self.pos
-        key = self.ident("an attribute name")
-        self.expect("=", f"'=' after attribute '{key}'")
+        if m:
+            key_pos = m.start(1)
+            key = m.group(1)
+        else:
+            self.skip()
+            key_pos = self.pos
+            key = self.ident("an attribute name")
+            self.expect("=", f"'=' after attribute '{key}'")
         kind = ATTRIBUTE_KINDS.get(key)
         if kind is None:
             raise self.error(f"unknown attribute '{key}' on '{instr.name}'", key_pos)
         if key in instr.attrs or (kind is AttrKind.INSTRUCTION_LIST and item.predecessor_names):
             raise self.error(f"attribute '{key}' given twice on '{instr.name}'", key_pos)
-        self.skip()
+        if m:
+            self.pos = m.end()
+        else:
+            self.skip()
         value_pos = self.pos
         if kind is AttrKind.INSTRUCTION_LIST:
             item.predecessor_names = self.name_list()
@@ -926,6 +1055,15 @@ class _Parser:
         return names
 
     def int_list(self, what: str = "'{' opening an integer list") -> tuple[int, ...]:
+        m = _INT_LIST.match(self.text, self.pos)
+        if m:
+            items = m.group(1).split(",")
+            if all(_DECIMAL.fullmatch(item) for item in items):
+                self.pos = m.end()
+                return tuple(map(int, items))
+            if not m.group(1).strip():
+                self.pos = m.end()
+                return ()
         self.expect("{", what)
         values = []
         if not self.accept("}"):
