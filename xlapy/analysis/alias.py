@@ -31,17 +31,16 @@ class HloBuffer:
 
     id: int
     values: tuple[HloValue, ...]
+    size: int = field(init=False)  # bytes the buffer needs: its largest member's
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", max((value_bytes(v) for v in self.values), default=0))
 
     def __hash__(self) -> int:
         return self.id
 
     def __eq__(self, other) -> bool:
         return self is other
-
-    @property
-    def size(self) -> int:
-        """Bytes the buffer needs: its largest member."""
-        return max(value_bytes(v) for v in self.values)
 
     def __repr__(self) -> str:
         return f"<HloBuffer {self.id}: {', '.join(v.name for v in self.values)}>"

@@ -193,11 +193,7 @@ class DataflowAnalysis:
 
     @staticmethod
     def run(module: HloModule) -> Dataflow:
-        entry = module.entry
-        if entry is None:
-            raise DataflowError(f"module {module.name} has no entry computation")
-        computations, callers = _sequential_computations(entry)
-        thread_local = _thread_local_computations(module, set(computations))
+        computations, callers, thread_local = _split_computations(module)
         builder = _Builder()
         for comp in reversed(computations):  # a call forwards its callee's root
             for instr in comp.post_order():
@@ -213,12 +209,10 @@ class DataflowAnalysis:
             for instr in comp.instructions:
                 if instr.opcode in FORWARDING_OPCODES or instr.opcode is Opcode.TUPLE:
                     continue
-                for number, operand in enumerate(instr.operands):
+                for number, operand in enumerate(instr.operands):  # each Use made once
                     for index, _ in operand.shape.subshapes():
                         value = builder.at[(id(operand), index)]
-                        use = Use(instr, number, index)
-                        if use not in uses[value]:
-                            uses[value].append(use)
+                        uses[value].append(Use(instr, number, index))
         return Dataflow(
             module,
             builder.values,
@@ -279,6 +273,24 @@ class _Builder:
             return
         for index, shape in instr.shape.subshapes():
             self.define(instr, index, shape)
+
+
+def sequential_computations(module: HloModule) -> list[HloComputation]:
+    """The computations the analysis covers (the entry and those reached through control
+    flow, callers first), without analysing them; DataflowError as `run` would raise for
+    a call graph that is not flat."""
+    return _split_computations(module)[0]
+
+
+def _split_computations(
+    module: HloModule,
+) -> tuple[list[HloComputation], dict[HloComputation, HloInstruction], set[HloComputation]]:
+    entry = module.entry
+    if entry is None:
+        raise DataflowError(f"module {module.name} has no entry computation")
+    computations, callers = _sequential_computations(entry)
+    thread_local = _thread_local_computations(module, set(computations))
+    return computations, callers, thread_local
 
 
 def _sequential_computations(

@@ -109,6 +109,8 @@ class HloComputation:
         Keeps the text order where it already satisfies that, and includes instructions not
         reachable from the root (side effects, dead code) in text order.
         """
+        if self._text_order_is_post_order():
+            return list(self.instructions)
         order: list[HloInstruction] = []
         state: dict[int, int] = {}  # id -> 1 visiting, 2 done
         for start in self.instructions:
@@ -134,6 +136,23 @@ class HloComputation:
                 state[id(dep)] = 1
                 stack.append((dep, iter([*dep.operands, *dep.control_predecessors])))
         return order
+
+    def _text_order_is_post_order(self) -> bool:
+        """Whether each instruction is listed once, after its operands and control
+        predecessors, all of this computation (then the depth-first walk keeps the text
+        order)."""
+        seen: set[int] = set()
+        for instr in self.instructions:
+            for dep in instr.operands:
+                if id(dep) not in seen:
+                    return False
+            for dep in instr.control_predecessors:
+                if id(dep) not in seen:
+                    return False
+            if id(instr) in seen:
+                return False
+            seen.add(id(instr))
+        return True
 
     def called_computations(self) -> Iterator[HloComputation]:
         for instr in self.instructions:

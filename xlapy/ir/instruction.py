@@ -19,6 +19,9 @@ from xlapy.ir.shapes import Shape
 if TYPE_CHECKING:
     from xlapy.ir.computation import HloComputation
 
+# computation attribute name -> its place in the attribute order
+_CALL_ORDER = {name: i for i, name in enumerate(COMPUTATION_ATTRIBUTES)}
+
 
 class HloInstruction:
     """A node of the HLO graph. Shapes, literals and attribute values are immutable; the
@@ -67,14 +70,19 @@ class HloInstruction:
 
     def called_computations(self) -> Iterator[HloComputation]:
         """Every computation this instruction calls, in attribute order."""
-        for key in COMPUTATION_ATTRIBUTES:
-            value = self.attrs.get(key)
+        keys = [key for key in self.attrs if key in _CALL_ORDER]
+        if len(keys) > 1:
+            keys.sort(key=_CALL_ORDER.__getitem__)
+        called: list[HloComputation] = []
+        for key in keys:
+            value = self.attrs[key]
             if value is None:
                 continue
             if isinstance(value, tuple):
-                yield from value
+                called.extend(value)
             else:
-                yield value
+                called.append(value)
+        return iter(called)
 
     @property
     def metadata(self) -> Metadata | None:

@@ -172,13 +172,33 @@ def _buffers(
     return _Buffers(size, reads, frozenset(pinned))
 
 
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """The dependences and buffers of one computation under one size function, computed
+    once and shared by every scheduler and peak computation `schedule_computation` runs."""
+
+    deps: dict[HloInstruction, list[HloInstruction]]
+    buffers: _Buffers
+
+
+def _graph(comp: HloComputation, size_fn: SizeFn) -> _Graph:
+    deps = _dependencies(comp)
+    return _Graph(deps, _buffers(comp, size_fn, deps))
+
+
 def live_intervals(
     comp: HloComputation, sequence: Iterable[HloInstruction], size_fn: SizeFn = default_size
 ) -> dict[HloInstruction, tuple[int, int, int]]:
     """(start, end, bytes) per buffer-defining instruction for `sequence`, steps inclusive."""
+    return _live_intervals(comp, sequence, _graph(comp, size_fn))
+
+
+def _live_intervals(
+    comp: HloComputation, sequence: Iterable[HloInstruction], graph: _Graph
+) -> dict[HloInstruction, tuple[int, int, int]]:
     sequence = list(sequence)
-    validate_sequence(comp, sequence)
-    buffers = _buffers(comp, size_fn, _dependencies(comp))
+    _validate_sequence(comp, sequence, graph.deps)
+    buffers = graph.buffers
     step = {instr: i for i, instr in enumerate(sequence)}
     last = len(sequence) - 1
     end = {b: step[b] for b, nbytes in buffers.size.items() if nbytes}
@@ -219,7 +239,14 @@ def heap_buffers(
 def validate_sequence(comp: HloComputation, sequence: Iterable[HloInstruction]) -> None:
     """Raise VerifierError unless `sequence` holds every instruction of `comp` once, after its
     operands, control predecessors and earlier side-effecting instructions."""
-    deps = _dependencies(comp)
+    _validate_sequence(comp, sequence, _dependencies(comp))
+
+
+def _validate_sequence(
+    comp: HloComputation,
+    sequence: Iterable[HloInstruction],
+    deps: dict[HloInstruction, list[HloInstruction]],
+) -> None:
     done: set[HloInstruction] = set()
     for instr in sequence:
         if instr not in deps:
@@ -242,18 +269,23 @@ def validate_sequence(comp: HloComputation, sequence: Iterable[HloInstruction]) 
 
 # -- the schedulers ---------------------------------------------------------------------------
 def post_order_schedule(
-    comp: HloComputation, size_fn: SizeFn = default_size
+    comp: HloComputation, size_fn: SizeFn = default_size, graph: _Graph | None = None
 ) -> list[HloInstruction]:
     """Depth-first post order from the root, operands in order; unreached ones after."""
-    return _dfs_post_order(comp, _dependencies(comp), _roots_first(comp))
+    deps = graph.deps if graph is not None else _dependencies(comp)
+    return _dfs_post_order(comp, deps, _roots_first(comp))
 
 
 _SATURATE = 1 << 62
 
 
-def dfs_schedule(comp: HloComputation, size_fn: SizeFn = default_size) -> list[HloInstruction]:
+def dfs_schedule(
+    comp: HloComputation, size_fn: SizeFn = default_size, graph: _Graph | None = None
+) -> list[HloInstruction]:
     """Depth-first post order visiting the heaviest operand subtree first."""
-    deps = _dependencies(comp)
+    deps = graph.deps if graph is not None else _dependencies(comp)
+    if graph is not None:
+        size_fn = graph.buffers.size.__getitem__
     users: dict[HloInstruction, int] = dict.fromkeys(comp.instructions, 0)
     for instr in comp.instructions:
         for op in dict.fromkeys(instr.operands):
@@ -274,11 +306,13 @@ def dfs_schedule(comp: HloComputation, size_fn: SizeFn = default_size) -> list[H
     return _dfs_post_order(comp, deps, _roots_first(comp), heaviest_first)
 
 
-def list_schedule(comp: HloComputation, size_fn: SizeFn = default_size) -> list[HloInstruction]:
+def list_schedule(
+    comp: HloComputation, size_fn: SizeFn = default_size, graph: _Graph | None = None
+) -> list[HloInstruction]:
     """Greedy: repeatedly run the ready instruction with the largest (bytes it frees - bytes
     it defines), the earliest in text order on a tie."""
-    deps = _dependencies(comp)
-    buffers = _buffers(comp, size_fn, deps)
+    graph = graph or _graph(comp, size_fn)
+    deps, buffers = graph.deps, graph.buffers
     position = {instr: i for i, instr in enumerate(comp.instructions)}
     waiting = {instr: len(before) for instr, before in deps.items()}
     dependents: dict[HloInstruction, list[HloInstruction]] = {i: [] for i in deps}
@@ -337,12 +371,13 @@ def list_schedule(comp: HloComputation, size_fn: SizeFn = default_size) -> list[
     return order
 
 
-SCHEDULERS: dict[str, Callable[[HloComputation, SizeFn], list[HloInstruction]]] = {
+SCHEDULERS: dict[str, Callable[..., list[HloInstruction]]] = {
     "post-order": post_order_schedule,
     "dfs": dfs_schedule,
     "list": list_schedule,
 }
-"""Sequential schedulers by name, in the order pick_best_schedule tries them."""
+"""Sequential schedulers by name, in the order pick_best_schedule tries them; each is called
+as `scheduler(comp, size_fn)`."""
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -389,10 +424,12 @@ def schedule_computation(
         known = ", ".join(["best", *SCHEDULERS])
         raise MemoryPlanningError(f"unknown scheduler {algorithm!r}; expected one of {known}")
     names = list(SCHEDULERS) if algorithm == "best" else [algorithm]
+    graph = _graph(comp, size_fn)
     tried = []
     for name in names:
-        sequence = tuple(SCHEDULERS[name](comp, size_fn))
-        tried.append((name, sequence, peak_memory(comp, sequence, size_fn)))
+        sequence = tuple(SCHEDULERS[name](comp, size_fn, graph))
+        peak = simulate_peak(_live_intervals(comp, sequence, graph).values())[0]
+        tried.append((name, sequence, peak))
     name, sequence, peak = min(tried, key=lambda t: t[2])
     candidates = tuple((n, p) for n, _, p in tried)
     return ComputationSchedule(comp, sequence, name, peak, candidates)

@@ -29,7 +29,7 @@ left rebuilding their own source are simplified away and dead code removed.
 from __future__ import annotations
 
 from xlapy.analysis.alias import AliasAnalysis, HloBuffer, UnionFind
-from xlapy.analysis.dataflow import DataflowAnalysis, HloValue
+from xlapy.analysis.dataflow import DataflowAnalysis, HloValue, sequential_computations
 from xlapy.analysis.liveness import LivenessAnalysis
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -78,11 +78,13 @@ def _rebuilt_source(instr: HloInstruction) -> HloInstruction | None:
     return source if source is not None and source.shape == instr.shape else None
 
 
-def _collapse_rebuilt_tuples(module: HloModule) -> None:
+def _collapse_rebuilt_tuples(module: HloModule, names: NameUniquer) -> None:
     """Use x itself wherever a tuple only rebuilds x (outermost first, so the names of the
     program's own instructions survive the tuple simplifier)."""
     for comp in module.computations:
-        editor = Editor(comp)
+        if not any(i.opcode is Opcode.TUPLE for i in comp.instructions):
+            continue
+        editor = Editor(comp, names)
         for instr in reversed(comp.post_order()):
             source = _rebuilt_source(instr)
             if source is not None and instr.parent is comp:
@@ -108,11 +110,10 @@ class CopyInsertion(HloPass):
         if module.entry is None:
             return False
         names = NameUniquer(module)
-        dataflow = DataflowAnalysis.run(module)
-        added = self._add_copies(module, dataflow.computations, names)
+        added = self._add_copies(module, sequential_computations(module), names)
         removed = self._remove_copies(module)
         if removed:  # the deep copies' tuples that now only rebuild their source go
-            _collapse_rebuilt_tuples(module)
+            _collapse_rebuilt_tuples(module, names)
             TupleSimplifier().run(module)
             DeadCodeElimination().run(module)
         return added > 0 or removed > 0

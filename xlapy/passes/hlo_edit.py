@@ -41,17 +41,32 @@ def has_side_effect_deep(instr: HloInstruction, _memo: dict[int, bool] | None = 
     return False
 
 
+def users_index(comp: HloComputation) -> dict[int, list[HloInstruction]]:
+    """id(instruction) -> the instructions using it (operand or control edge), in text
+    order, each once."""
+    users: dict[int, list[HloInstruction]] = {id(i): [] for i in comp.instructions}
+    for instr in comp.instructions:
+        for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
+            users.setdefault(id(dep), []).append(instr)
+    return users
+
+
 class Editor:
     """Edits one computation while keeping an index of users."""
 
     def __init__(self, comp: HloComputation, namer: NameUniquer | None = None):
         self.comp = comp
         self.namer = namer or NameUniquer(comp.parent)
-        self.users: dict[int, list[HloInstruction]] = {id(i): [] for i in comp.instructions}
-        for instr in comp.instructions:
-            for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
-                self.users.setdefault(id(dep), []).append(instr)
+        self._users: dict[int, list[HloInstruction]] | None = None
         self._side_effect_memo: dict[int, bool] = {}
+
+    @property
+    def users(self) -> dict[int, list[HloInstruction]]:
+        """id(instruction) -> its users, built on first use (a pass that finds nothing to
+        rewrite in a computation never pays for it) and kept current by every edit."""
+        if self._users is None:
+            self._users = users_index(self.comp)
+        return self._users
 
     # -- queries ---------------------------------------------------------------------------
     def users_of(self, instr: HloInstruction) -> list[HloInstruction]:
