@@ -14,6 +14,10 @@
 #    scatter loops (emit_scatter.py), custom calls call their targets on the arena;
 #    control flow nests sequences; anything else, and anything the emitter or LLVM rejects,
 #    falls back to the interpreter's rule for that one instruction.
+# 3. Every thunk gets the byte ranges it reads and writes (its operands' and result's slices;
+#    control flow: its nested sequences' and copies' too), whether it has side effects, and
+#    an estimate of its run time; a sequence with independent thunks worth overlapping gets
+#    a graph plan and runs them concurrently (thunk_graph.py; option `thunk_concurrency`).
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from xlapy.backends.cpu.kernel import (
     compile_computation,
     wrap_instruction,
 )
+from xlapy.backends.cpu.lib_dot import PARALLEL_MIN_FLOPS
 from xlapy.backends.cpu.library import (
     CustomCallThunk,
     DotThunk,
@@ -40,17 +45,20 @@ from xlapy.backends.cpu.library import (
     RuleThunk,
     blas_dot_supported,
 )
+from xlapy.backends.cpu.thunk_graph import Access, concurrency_mode, plan_graph
 from xlapy.backends.cpu.thunks import (
     BufferSlice,
     CallThunk,
     ConditionalThunk,
     CopyThunk,
+    GraphChoice,
     KernelThunk,
     Thunk,
     ThunkSequence,
     ValueTree,
     WhileThunk,
     physical_dims,
+    work_elements,
 )
 from xlapy.errors import EvaluationError
 from xlapy.ir.computation import HloComputation
@@ -245,6 +253,7 @@ class _Lowering:
         self.options = options
         self.fallbacks: dict[str, str] = {}
         self.failed = dict(failed or {})  # instruction -> why its kernel failed to compile
+        self.concurrency = concurrency_mode(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
 
     def wait_for_kernels(self) -> dict[str, str]:
@@ -290,8 +299,50 @@ class _Lowering:
         for instr in self.assignment.schedule.sequence(comp):
             if instr.opcode in NO_THUNK:
                 continue
-            seq.thunks.append(self.lower(instr))
+            thunk = self.lower(instr)
+            if self.concurrency != "off":
+                thunk.access = self.access(instr, thunk)
+                thunk.cost = estimate_cost(thunk)
+            seq.thunks.append(thunk)
+        if self.concurrency != "off":
+            accesses = [t.access for t in seq.thunks]
+            costs = [t.cost for t in seq.thunks]
+            alone = [_runs_alone(t) for t in seq.thunks]
+            seq.plan = plan_graph(accesses, costs, self.concurrency, alone)
+            if seq.plan is not None and self.concurrency == "auto":
+                seq.choice = GraphChoice()
         return seq
+
+    # -- memory each thunk touches ---------------------------------------------------------
+    def access(self, instr: HloInstruction, thunk: Thunk) -> Access | None:
+        """The byte ranges `thunk` reads and writes: its operands' and result's slices (an
+        in-place result is both), and for control flow everything its nested sequences and
+        copies touch (None, a barrier, when any nested thunk's is unknown)."""
+        reads = [_range(s) for o in instr.operands for s in _slices(self.tree_at(o))]
+        writes = [_range(s) for s in _slices(self.tree_at(instr))]
+        ordered = _has_side_effect(instr)
+        if isinstance(thunk, WhileThunk):
+            nested = [*thunk.condition.thunks, *thunk.body.thunks]
+            copies = [
+                *thunk.init_copies,
+                *thunk.cond_copies,
+                *thunk.body_copies,
+                *thunk.back_copies,
+            ]
+            reads += [*writes, _range(thunk.pred)]  # the loop state is read back
+        elif isinstance(thunk, ConditionalThunk):
+            nested = [t for b in thunk.branches for t in b.thunks]
+            copies = [c for cs in (*thunk.in_copies, *thunk.out_copies) for c in cs]
+        elif isinstance(thunk, CallThunk):
+            nested = list(thunk.body.thunks)
+            copies = list(thunk.in_copies)
+            reads += writes
+        else:
+            return Access.of(reads, writes, ordered)
+        reads += [_range(src) for src, _ in copies]
+        writes += [_range(dst) for _, dst in copies]
+        own = Access.of(reads, writes, ordered)
+        return Access.union([own, *(t.access for t in nested)])
 
     def lower(self, instr: HloInstruction) -> Thunk:
         op = instr.opcode
@@ -428,3 +479,98 @@ class _Lowering:
             outs.append(self.leaf_copies(branch.root, instr))
             seqs.append(self.sequence(branch))
         return ConditionalThunk(instr, self.slice_at(instr.operands[0]), seqs, ins, outs, is_pred)
+
+
+def _slices(tree: ValueTree) -> list[BufferSlice]:
+    if isinstance(tree, tuple):
+        return [s for t in tree for s in _slices(t)]
+    return [] if tree is None else [tree]
+
+
+def _range(s: BufferSlice) -> tuple[int, int, int]:
+    return (s.allocation, s.offset, s.offset + s.size)
+
+
+def _has_side_effect(instr: HloInstruction) -> bool:
+    """Whether `instr` (or, for a library rule, a computation it calls) has side effects
+    that must keep their order: rng state, infeed/outfeed, send/recv, custom calls,
+    collectives (their order is the one every replica follows)."""
+    op = instr.opcode
+    if op.has_side_effect or op is Opcode.CUSTOM_CALL or op.category is Category.COLLECTIVE:
+        return True
+    if op in (Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL, Opcode.FUSION):
+        return False  # control flow: its nested thunks say; fusions are pure kernels
+    return any(
+        _has_side_effect(i) for comp in instr.called_computations() for i in comp.instructions
+    )
+
+
+# Run-time estimates in nanoseconds, rough (2-core x86, one thread), for deciding whether
+# overlapping two thunks can pay for handing one to another thread.
+_NS_PER_FLOP = 0.015  # one-thread sgemm
+_NS_PER_KERNEL_ELEMENT = 0.3
+_NS_PER_COPIED_BYTE = 0.1
+_NS_PER_LIBRARY_ELEMENT = 1.0
+_NS_PER_RULE_ELEMENT = 20.0
+_UNKNOWN_TRIP_COUNT = 10
+
+
+def estimate_cost(thunk: Thunk) -> float:
+    """About how many nanoseconds one run of `thunk` takes (see the constants above)."""
+    instr = thunk.instr
+    if isinstance(thunk, DotThunk):
+        return 2_000 + thunk.flops * _NS_PER_FLOP
+    if isinstance(thunk, KernelThunk):
+        elements = work_elements(instr, thunk.outputs)
+        if thunk.kernel.in_place:  # writes the window its other inputs give
+            shared = {i for _, i in thunk.kernel.in_place}
+            others = [s for i, s in enumerate(thunk.inputs) if i not in shared]
+            elements = max((s.shape.num_elements for s in others), default=1)
+        return 1_000 + elements * _NS_PER_KERNEL_ELEMENT
+    if isinstance(thunk, CopyThunk):
+        return 500 + thunk.src.size * _NS_PER_COPIED_BYTE
+    if isinstance(thunk, WhileThunk):
+        trips = _trip_count(instr) or _UNKNOWN_TRIP_COUNT
+        nested = [*thunk.condition.thunks, *thunk.body.thunks]
+        return trips * sum(t.cost for t in nested)
+    if isinstance(thunk, ConditionalThunk):
+        return max((sum(t.cost for t in b.thunks) for b in thunk.branches), default=0.0)
+    if isinstance(thunk, CallThunk):
+        return sum(t.cost for t in thunk.body.thunks)
+    if instr.opcode is Opcode.CONVOLUTION:
+        return 5_000 + _convolution_flops(instr) * _NS_PER_FLOP * 2
+    elements = instr.shape.num_elements if instr.shape.is_array else 0
+    elements += sum(o.shape.num_elements for o in instr.operands if o.shape.is_array)
+    if isinstance(thunk, RuleThunk) and thunk.fast is None:
+        return 20_000 + elements * _NS_PER_RULE_ELEMENT
+    return 5_000 + elements * _NS_PER_LIBRARY_ELEMENT
+
+
+def _runs_alone(thunk: Thunk) -> bool:
+    """Whether `thunk` keeps to the calling thread (so another thread running beside it adds
+    a core's worth of work): not a dot or kernel that splits itself over the pool."""
+    if isinstance(thunk, DotThunk):
+        return thunk.flops < PARALLEL_MIN_FLOPS
+    if isinstance(thunk, KernelThunk):
+        return thunk.chunks == 1
+    return thunk.instr.opcode is not Opcode.CONVOLUTION
+
+
+def _trip_count(instr: HloInstruction) -> int | None:
+    config = instr.attrs.get("backend_config")
+    text = getattr(config, "text", None) or ""
+    marker = '"known_trip_count":{"n":"'
+    at = text.find(marker)
+    if at < 0:
+        return None
+    digits = text[at + len(marker) :].split('"', 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def _convolution_flops(instr: HloInstruction) -> float:
+    labels = instr.attrs.get("dim_labels")
+    kernel = instr.operands[1].shape
+    if labels is None or not instr.shape.is_array:
+        return 0.0
+    per_output = kernel.num_elements / max(kernel.dims[labels.kernel_output_feature], 1)
+    return 2.0 * instr.shape.num_elements * per_output

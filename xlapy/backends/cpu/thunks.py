@@ -12,10 +12,14 @@
 # views of the same bytes. Control flow moves no data when buffer assignment made the loop
 # state, branch operands and results share slices (it does, after copy insertion); where two
 # slices differ the control thunk copies between them, so it stays correct either way.
+#
+# A sequence runs its thunks in schedule order, or, when the compiler found independent
+# thunks worth overlapping (thunk_graph.py), as a dependency graph over the kernel pool.
 
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from xlapy.backends.cpu.kernel import Kernel, default_pool, even_blocks, run_blocks
+from xlapy.backends.cpu.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
@@ -79,7 +84,27 @@ class SplitChoice:
             self.split = min(parts) < min(whole)
 
 
-def _work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
+class GraphChoice(SplitChoice):
+    """SplitChoice for a thunk sequence: "split" runs it as a graph. A graph run that loses
+    can lose badly (a helper thread preempted on a busy machine stalls the caller that
+    waits for its thunk), so the other way is tried less often, and the graph is kept only
+    when its best time beats the in-order runs' by MARGIN."""
+
+    REPROBE = 200
+    MARGIN = 0.95
+
+    __slots__ = ()
+
+    def record(self, split: bool, seconds: float) -> None:
+        if self.calls == 1:
+            return
+        self.times[split].append(seconds)
+        ordered, graph = self.times
+        if ordered and graph:
+            self.split = min(graph) < self.MARGIN * min(ordered)
+
+
+def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
     """About how many elements a kernel for `instr` touches: its largest output, or the
     operand of a reduce it computes (a reduction reads far more than it writes)."""
     elements = max((s.shape.num_elements for s in outputs), default=0)
@@ -147,6 +172,8 @@ def logical_from_physical(buf: np.ndarray, shape: Shape) -> np.ndarray:
 
 
 ValueTree = Any  # BufferSlice | None (token) | tuple[ValueTree, ...]
+
+_interpreter_lock = threading.Lock()
 
 
 class ExecutionContext:
@@ -216,15 +243,21 @@ class ExecutionContext:
         if self._interpreter is None:
             from xlapy.backends.interpreter.evaluator import Interpreter
 
-            self._interpreter = Interpreter(**self.state)
+            with _interpreter_lock:  # thunks of one execution may run on two threads
+                if self._interpreter is None:
+                    self._interpreter = Interpreter(**self.state)
         return self._interpreter
 
 
 class Thunk:
-    """One step of an executable. `instr` is the HLO instruction it implements."""
+    """One step of an executable. `instr` is the HLO instruction it implements; `access`
+    the memory it touches (None: unknown, a barrier) and `cost` its estimated run time in
+    nanoseconds, both set by the compiler for the graph executor (thunk_graph.py)."""
 
     kind = "thunk"
     instr: HloInstruction
+    access: Access | None = None
+    cost: float = 0.0
 
     def run(self, ctx: ExecutionContext) -> None:
         raise NotImplementedError
@@ -239,17 +272,40 @@ class Thunk:
 
 @dataclass
 class ThunkSequence:
-    """The thunks of one computation, in schedule order."""
+    """The thunks of one computation, in schedule order. `plan`, when set, runs the
+    independent ones concurrently (thunk_graph.py); with a `choice` as well, each
+    execution runs as a graph or in order, whichever the choice has found faster (another
+    thread helps only where a core is free, which load on the machine decides)."""
 
     name: str
     thunks: list[Thunk] = field(default_factory=list)
+    plan: GraphPlan | None = None
+    choice: GraphChoice | None = None
 
     def run(self, ctx: ExecutionContext) -> None:
-        for thunk in self.thunks:
-            thunk.run(ctx)
+        plan = self.plan
+        if plan is None:
+            for thunk in self.thunks:
+                thunk.run(ctx)
+            return
+        choice = self.choice
+        if choice is None:
+            run_graph(self.thunks, plan, ctx)
+            return
+        graph = choice.next_split()
+        start = time.perf_counter()
+        if graph:
+            run_graph(self.thunks, plan, ctx)
+        else:
+            for thunk in self.thunks:
+                thunk.run(ctx)
+        choice.record(graph, time.perf_counter() - start)
 
     def describe(self, indent: str = "") -> list[str]:
-        lines = [f"{indent}sequence {self.name} ({len(self.thunks)} thunks)"]
+        head = f"{indent}sequence {self.name} ({len(self.thunks)} thunks)"
+        if self.plan is not None:
+            head += f" ({self.plan.describe()})"
+        lines = [head]
         for thunk in self.thunks:
             text = thunk.describe()
             lines.append(f"{indent}  {text[0]}")
@@ -291,7 +347,7 @@ class KernelThunk(Thunk):
             for b, i in enumerate(self.inputs)
         )
         self._slots = tuple((s.allocation, s.offset) for s in (*self.outputs, *self.inputs))
-        elements = _work_elements(instr, self.outputs)
+        elements = work_elements(instr, self.outputs)
         extent = self._extent = kernel.outer_extent
         self.chunks = (
             min(extent, getattr(default_pool(), "_max_workers", 1))
