@@ -244,3 +244,48 @@ def test_warm_kernels_share_one_engine(tmp_path, monkeypatch, text):
     want = execute(module, args)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
+
+
+_ADD_ONE = """define void @"kernel"(float* noalias %out, float* noalias %x) {
+entry:
+  %v = load float, float* %x
+  %w = fadd float %v, %c
+  store float %w, float* %out
+  ret void
+}"""
+
+
+def _object(constant: float, tmp_path, monkeypatch) -> tuple[str, bytes]:
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    text = _ADD_ONE.replace("%c", repr(constant))
+    obj = jit.compile_object(text, False, "kernel")
+    return obj.key, obj.data
+
+
+def _call(address: int, x: float) -> float:
+    import ctypes
+
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(address)
+    out, inp = np.zeros(1, np.float32), np.array([x], np.float32)
+    fn(out.ctypes.data, inp.ctypes.data)
+    return float(out[0])
+
+
+def test_shared_engine_loads_batches_once_per_key(tmp_path, monkeypatch):
+    """Batches of objects go into one engine; an object already loaded is not loaded
+    again (same address); code of earlier batches keeps working after later ones."""
+    engine = jit.SharedEngine()
+    one, two, three = (_object(c, tmp_path, monkeypatch) for c in (1.0, 2.0, 3.0))
+    first = engine.load([one, two])
+    assert _call(first[one[0]], 5.0) == 6.0 and _call(first[two[0]], 5.0) == 7.0
+    second = engine.load([two, three, three])
+    assert second[two[0]] == first[two[0]]
+    assert _call(second[three[0]], 5.0) == 8.0
+    assert _call(first[one[0]], 1.5) == 2.5
+
+
+def test_shared_engine_names_a_missing_symbol(tmp_path, monkeypatch):
+    key, data = _object(1.0, tmp_path, monkeypatch)
+    other = "0" * 64
+    with pytest.raises(RuntimeError, match=jit.exported_symbol(other)):
+        jit.SharedEngine().load([(other, data)])
