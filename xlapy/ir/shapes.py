@@ -228,6 +228,18 @@ class Shape:
 
     # -- text ------------------------------------------------------------------------------
     def to_text(self, with_layout: bool = True) -> str:
+        """The shape as HLO text prints it (`f32[2,3]{1,0}`); memoized, since equal shapes
+        print alike and a compile prints the same few shapes hundreds of times."""
+        key = (self, with_layout)
+        text = _TEXTS.get(key)
+        if text is None:
+            text = self._text(with_layout)
+            if len(_TEXTS) >= _MAX_TEXTS:
+                _TEXTS.clear()
+            _TEXTS[key] = text
+        return text
+
+    def _text(self, with_layout: bool) -> str:
         if self.is_tuple:
             inner = ", ".join(s.to_text(with_layout) for s in self.tuple_shapes)
             return f"({inner})"
@@ -249,6 +261,10 @@ class Shape:
 
     def __repr__(self) -> str:
         return f"Shape({self.to_text()!r})"
+
+
+_TEXTS: dict[tuple[Shape, bool], str] = {}
+_MAX_TEXTS = 4096
 
 
 @dataclass(frozen=True, slots=True)
