@@ -192,6 +192,21 @@ def test_index_types(index_type):
     _run("partial_window", "add", "f32", index_type)
 
 
+@pytest.mark.parametrize(
+    ("index_type", "huge"),
+    [("u64", 2**63), ("u64", 2**64 - 1), ("u64", 2**63 - 1), ("s64", 2**63 - 1)],
+)
+def test_indices_near_the_64_bit_limits_skip_their_window(index_type, huge):
+    """A start past the operand (even one whose start + window overflows int64) skips its
+    window in the interpreter and the kernel alike."""
+    dtype = {"u64": np.uint64, "s64": np.int64}[index_type]
+    idx = _indices("partial_window", dtype)
+    idx.reshape(-1)[::3] = huge
+    operand, _, updates, _, _ = ARRANGEMENTS["partial_window"]
+    args = [_values(operand, np.float32), idx, _values(updates, np.float32)]
+    _check(_module("partial_window", "add", "f32", index_type), args)
+
+
 def test_column_major_updates():
     _run("partial_window", "add", "f64", layout="{0,1,2}")
 

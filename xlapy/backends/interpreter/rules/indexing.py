@@ -284,7 +284,10 @@ def _scatter(instr, operands, ctx):
     window_sizes = [update_shape[p] for p in window_dims]
     extent = np.ones(rank, dtype=np.int64)
     extent[window_operand_dims] = window_sizes
-    in_bounds = np.all((starts >= 0) & (starts + extent <= np.array(operand_shape)), axis=-1)
+    # (starts <= shape - extent, not starts + extent <= shape: a start near the int64
+    # limit, e.g. a clamped u64 index, would overflow)
+    upper = np.array(operand_shape, dtype=np.int64) - extent
+    in_bounds = np.all((starts >= 0) & (starts <= upper), axis=-1)
 
     index = _operand_indices(
         starts, len(update_shape), scatter_positions, window_operand_dims, window_dims, window_sizes
