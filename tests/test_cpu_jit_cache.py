@@ -285,7 +285,7 @@ def test_shared_engine_loads_batches_once_per_key(tmp_path, monkeypatch):
 
 
 def test_shared_engine_names_a_missing_symbol(tmp_path, monkeypatch):
-    key, data = _object(1.0, tmp_path, monkeypatch)
+    _, data = _object(1.0, tmp_path, monkeypatch)
     other = "0" * 64
     with pytest.raises(RuntimeError, match=jit.exported_symbol(other)):
         jit.SharedEngine().load([(other, data)])
