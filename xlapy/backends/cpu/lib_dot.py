@@ -27,8 +27,11 @@
 # block inline on the calling thread; a block no worker has started by the time the caller is
 # done with its own is taken back and run inline, so the caller never waits on queued work.
 #
-# raw_gemm exposes OpenBLAS's row-major gemm on raw addresses for products np.matmul cannot
-# express (accumulating into a strided block of an existing result, see lib_conv.py).
+# cblas_gemm and raw_gemm expose OpenBLAS's gemm on raw addresses, for DotThunk's planned
+# products and for those np.matmul cannot express (accumulating into a strided block of an
+# existing result, see lib_conv.py). They are called through cffi with addresses as plain
+# ints: ~1 us a call, against ~2 us through ctypes with argtypes and ~1 us for np.matmul's
+# own dispatch.
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import glob
 import math
 import os
 
+import cffi
 import numpy as np
 
 from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
@@ -57,11 +61,17 @@ PARALLEL_MIN_FLOPS = 1 << 23
 """Products with fewer multiply-adds (x2) than this run on the calling thread alone."""
 
 
-def _openblas_symbol(names: tuple[str, ...]):
-    """The first of `names` exported by OpenBLAS (NumPy's bundled copy first), or None."""
+@functools.cache
+def _openblas_paths() -> tuple[str | None, ...]:
     here = os.path.dirname(np.__file__)
-    candidates = glob.glob(os.path.join(here, os.pardir, "numpy.libs", "*openblas*.so*"))
-    for path in [*candidates, None]:
+    found = glob.glob(os.path.join(here, os.pardir, "numpy.libs", "*openblas*.so*"))
+    return (*sorted(found), None)
+
+
+def _openblas_symbol(names: tuple[str, ...]):
+    """(library path, name, ctypes function) for the first of `names` exported by OpenBLAS
+    (NumPy's bundled copy first, then the process), or None."""
+    for path in _openblas_paths():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -69,26 +79,50 @@ def _openblas_symbol(names: tuple[str, ...]):
         for name in names:
             fn = getattr(lib, name, None)
             if fn is not None:
-                return name, fn
+                return path, name, fn
     return None
 
 
 @functools.cache
-def _set_local_threads():
-    """OpenBLAS's `openblas_set_num_threads_local`, or None."""
-    found = _openblas_symbol(("openblas_set_num_threads_local",))
+def _ffi_function(names: tuple[str, ...], signature: str):
+    """The first of `names` that OpenBLAS exports, through cffi: `signature` is its C
+    declaration with `{name}` for the name, and every pointer declared `uintptr_t`, so plain
+    Python ints pass without conversion objects (a cffi call costs ~0.5 us; ctypes with
+    argtypes ~2 us for a gemm's 14 arguments). None when no OpenBLAS is found."""
+    found = _openblas_symbol(names)
     if found is None:
         return None
-    fn = found[1]
-    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-    return fn
+    path, name, _ = found
+    ffi = cffi.FFI()
+    ffi.cdef(signature.format(name=name, index="int64_t" if name.endswith("64_") else "int"))
+    return getattr(ffi.dlopen(path), name)
 
 
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-_GEMM_SCALARS = {
-    np.dtype(np.float32): ("s", ctypes.c_float),
-    np.dtype(np.float64): ("d", ctypes.c_double),
-}
+@functools.cache
+def _set_local_threads():
+    """OpenBLAS's `openblas_set_num_threads_local(n) -> previous`, or None."""
+    return _ffi_function(("openblas_set_num_threads_local",), "int {name}(int);")
+
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+"""cblas's enums: row-major order; an operand as stored; an operand transposed."""
+_GEMM_LETTERS = {np.dtype(np.float32): ("s", "float"), np.dtype(np.float64): ("d", "double")}
+
+
+@functools.cache
+def cblas_gemm(dtype: np.dtype):
+    """OpenBLAS's cblas `?gemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta,
+    c, ldc)` for float32 / float64 with addresses as ints (enums: ROW_MAJOR, NO_TRANS, TRANS),
+    or None when `dtype` has none or no OpenBLAS is loaded."""
+    if dtype not in _GEMM_LETTERS:
+        return None
+    letter, scalar = _GEMM_LETTERS[dtype]
+    names = (f"scipy_cblas_{letter}gemm64_", f"cblas_{letter}gemm64_", f"cblas_{letter}gemm")
+    signature = (
+        "void {name}(int, int, int, {index}, {index}, {index}, SCALAR, uintptr_t, {index},"
+        " uintptr_t, {index}, SCALAR, uintptr_t, {index});"
+    ).replace("SCALAR", scalar)
+    return _ffi_function(names, signature)
 
 
 @functools.cache
@@ -98,30 +132,20 @@ def raw_gemm(dtype: np.dtype):
     elements; with `trans_a`, A is stored as its [k, m] transpose), or None when `dtype` has
     none or no OpenBLAS is loaded. For products that np.matmul cannot express: accumulating
     into a strided block of an existing result."""
-    if dtype not in _GEMM_SCALARS:
+    fn = cblas_gemm(dtype)
+    if fn is None:
         return None
-    letter, scalar = _GEMM_SCALARS[dtype]
-    found = _openblas_symbol(
-        (f"scipy_cblas_{letter}gemm64_", f"cblas_{letter}gemm64_", f"cblas_{letter}gemm")
-    )
-    if found is None:
-        return None
-    name, fn = found
-    index = ctypes.c_int64 if name.endswith("64_") else ctypes.c_int
-    ptr = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, index, index, index, scalar,
-                   ptr, index, ptr, index, scalar, ptr, index]  # fmt: skip
-    fn.restype = None
 
     def gemm(m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, beta: float,
              c: int, ldc: int, trans_a: bool = False) -> None:  # fmt: skip
-        ta = _TRANS if trans_a else _NO_TRANS
-        fn(_ROW_MAJOR, ta, _NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+        ta = TRANS if trans_a else NO_TRANS
+        fn(ROW_MAJOR, ta, NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
 
     return gemm
 
 
-def _one_blas_thread(body, lo: int, hi: int) -> None:
+def one_blas_thread(body, lo: int, hi: int) -> None:
+    """`body(lo, hi)` with OpenBLAS limited to the calling thread (see the file comment)."""
     setter = _set_local_threads()
     if setter is None:
         body(lo, hi)
@@ -141,10 +165,10 @@ def split_run(units: int, flops: float, body) -> None:
         body(0, units)  # OpenBLAS runs these on the calling thread by itself
         return
     if flops < PARALLEL_MIN_FLOPS or units < 2:
-        _one_blas_thread(body, 0, units)
+        one_blas_thread(body, 0, units)
         return
     parts = getattr(default_pool(), "_max_workers", 1)
-    run_blocks(lambda lo, hi: _one_blas_thread(body, lo, hi), even_blocks(units, parts))
+    run_blocks(lambda lo, hi: one_blas_thread(body, lo, hi), even_blocks(units, parts))
 
 
 def supported_types(instr: HloInstruction) -> bool:

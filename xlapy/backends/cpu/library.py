@@ -1,16 +1,21 @@
 # Library thunks: operations the kernel emitter does not generate code for, run on NumPy views
 # of the executable's memory.
 #
-# - DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type goes to
-#   NumPy's matmul (an optimized BLAS: OpenBLAS in NumPy's wheels) writing straight into the
-#   result's slice; the operands are transposed views, so BLAS sees the transpose flags
-#   instead of copies wherever the contraction allows. Other dots (mixed precision, integers)
-#   go through RuleThunk, whose fast path is lib_dot.py.
-#   Every BLAS call runs with one OpenBLAS thread; a large product is split into blocks of
-#   rows, of columns when it is wider than tall (each block then packs only its part of
-#   the right operand), or of the batch, over the kernel pool (lib_dot.split_run), so
-#   BLAS's own threads never compete with the pool, and a busy machine degrades to one
-#   core instead of 5-15x.
+# - DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type. Without a
+#   batch, and where each operand's slice reads as one matrix (its dims merge into rows and
+#   columns with one stride each, as stored or transposed), it is one cblas gemm on arena
+#   addresses planned at compile time (lib_dot.cblas_gemm; a column-major result is computed
+#   as its transpose), so a run only adds the allocation bases: ~1 us of Python per dot, not
+#   the ~5 us of building NumPy views. Other f32/f64/complex dots go to NumPy's matmul on
+#   views of the slices (transpose flags instead of copies wherever the contraction allows).
+#   Mixed precision and integer dots go through RuleThunk, whose fast path is lib_dot.py.
+#   Every BLAS call runs with one OpenBLAS thread; a large product may be split into blocks
+#   of rows, of columns when it is wider than tall (each block then packs only its part of
+#   the right operand; column blocks start on 64-byte lines), or of the batch, over the
+#   kernel pool, so BLAS's own threads never compete with the pool, and a busy machine
+#   degrades to one core instead of 5-15x. Whether a dot splits is learned per dot from its
+#   run times (thunks.SplitChoice): the hand-off to a worker costs tens of microseconds and,
+#   with the other core busy, splitting gains nothing.
 # - DynamicUpdateSliceThunk: writes only the update's window; when buffer assignment put the
 #   result on its operand (in place) nothing else moves.
 # - CustomCallThunk: C targets get pointers into the arena with the nested pointer-table
@@ -27,19 +32,37 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from xlapy.backends.base import replace_leaf
+from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
 from xlapy.backends.cpu.lib_conv import plan_convolution
-from xlapy.backends.cpu.lib_dot import plan_dot, split_run
+from xlapy.backends.cpu.lib_dot import (
+    NO_TRANS,
+    OPENBLAS_SERIAL_FLOPS,
+    PARALLEL_MIN_FLOPS,
+    ROW_MAJOR,
+    TRANS,
+    cblas_gemm,
+    one_blas_thread,
+    plan_dot,
+)
 from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
 from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
 from xlapy.backends.cpu.lib_window import plan_reduce_window, plan_select_and_scatter
-from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, Thunk, ValueTree
+from xlapy.backends.cpu.thunks import (
+    BufferSlice,
+    ExecutionContext,
+    SplitChoice,
+    Thunk,
+    ValueTree,
+)
 from xlapy.backends.interpreter.registry import rule_for
 from xlapy.errors import CustomCallError, EvaluationError
 from xlapy.ir.instruction import HloInstruction
@@ -161,9 +184,104 @@ class _MatrixView:
         raw = memory[self.allocation][self.start : self.end].view(self.dtype)
         return raw.reshape(self.physical).transpose(self.perm).reshape(self.shape)
 
+    def strides(self) -> tuple[int, int, int] | None:
+        """The element strides of the [batch, rows, cols] array when it is a view of the
+        slice (else None: the reshape would copy)."""
+        steps = [1] * len(self.physical)
+        for axis in range(len(self.physical) - 2, -1, -1):
+            steps[axis] = steps[axis + 1] * self.physical[axis + 1]
+        axes = [(self.physical[p], steps[p]) for p in self.perm if self.physical[p] != 1]
+        out = []
+        for size in self.shape:
+            extent, stride = 1, 0
+            while extent < size and axes:
+                dim, step = axes.pop(0)
+                if extent > 1 and stride != step * dim:
+                    return None  # the axes of one group do not merge into one stride
+                extent, stride = extent * dim, step
+            if extent != size:
+                return None
+            out.append(stride)
+        return (out[0], out[1], out[2])
+
+
+@dataclass(frozen=True, slots=True)
+class _BlasMatrix:
+    """A [rows, cols] operand as row-major cblas takes it: its byte offset in its
+    allocation, leading dimension, whether it is stored transposed, and the bytes one row
+    and one column move (for blocks)."""
+
+    allocation: int
+    offset: int
+    ld: int
+    trans: bool
+    row_bytes: int
+    col_bytes: int
+
+    @staticmethod
+    def of(view: _MatrixView, transposed_ok: bool = True) -> _BlasMatrix | None:
+        """The matrix of a batch-1 view, or None when BLAS cannot read it in place."""
+        strides = view.strides()
+        if strides is None:
+            return None
+        _, rows, cols = view.shape
+        _, sr, sc = strides
+        it = view.dtype.itemsize
+        if (cols == 1 or sc == 1) and (rows == 1 or sr >= cols):
+            ld = sr if rows > 1 else max(cols, 1)
+            return _BlasMatrix(view.allocation, view.start, ld, False, sr * it, sc * it)
+        if transposed_ok and (rows == 1 or sr == 1) and (cols == 1 or sc >= rows):
+            ld = sc if cols > 1 else max(rows, 1)
+            return _BlasMatrix(view.allocation, view.start, ld, True, sr * it, sc * it)
+        return None
+
+    def transposed(self) -> _BlasMatrix:
+        """The same bytes read as the [cols, rows] transpose."""
+        return _BlasMatrix(
+            self.allocation, self.offset, self.ld, not self.trans, self.col_bytes, self.row_bytes
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _GemmPlan:
+    """One cblas gemm `out = lhs @ rhs` ([m, k] @ [k, n]) on arena addresses; the result
+    is always row-major (a column-major result is computed as its transpose)."""
+
+    lhs: _BlasMatrix
+    rhs: _BlasMatrix
+    out: _BlasMatrix
+    m: int
+    n: int
+    k: int
+
+    @staticmethod
+    def of(a: _MatrixView, c: _MatrixView, out: _MatrixView) -> _GemmPlan | None:
+        """The plan for a batch-1 product, or None when an operand is no BLAS matrix."""
+        lhs, rhs, res = _BlasMatrix.of(a), _BlasMatrix.of(c), _BlasMatrix.of(out)
+        if lhs is None or rhs is None or res is None:
+            return None
+        _, m, k = a.shape
+        n = c.shape[2]
+        if not res.trans:
+            return _GemmPlan(lhs, rhs, res, m, n, k)
+        return _GemmPlan(rhs.transposed(), lhs.transposed(), res.transposed(), n, m, k)
+
+
+_BLOCK_QUANTUM = 16
+"""Column blocks start at multiples of this many elements, so each block's columns of the
+right operand and the result start on a 64-byte line when the whole matrix does."""
+
+
+def _blocks(extent: int, parts: int, quantum: int) -> list[tuple[int, int]]:
+    if extent < 2 * quantum:
+        return even_blocks(extent, parts)
+    bounds = [0, *(extent * p // parts // quantum * quantum for p in range(1, parts)), extent]
+    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
 
 class DotThunk(Thunk):
-    """dot -> matmul into the result slice (see the file comment)."""
+    """dot -> one cblas gemm on arena addresses, or matmul into the result slice (see the
+    file comment)."""
 
     kind = "blas"
 
@@ -190,29 +308,102 @@ class DotThunk(Thunk):
             if out.shape.layout is None or out.shape.layout.is_default
             else None
         )
+        self._fn = cblas_gemm(out.shape.dtype)
+        self._gemm = self._plan_gemm(out) if self._fn is not None else None
+        splits = self.flops >= PARALLEL_MIN_FLOPS and max(b, m, n) > 1
+        self.split_choice = SplitChoice() if splits else None
+        self._parts = getattr(default_pool(), "_max_workers", 1)
+
+    def _plan_gemm(self, out: BufferSlice) -> _GemmPlan | None:
+        if self.b != 1 or 0 in (self.m, self.n, self.k):
+            return None
+        if out.overlaps(self.lhs) or out.overlaps(self.rhs):
+            return None  # np.matmul copies an overlapping operand first; BLAS would not
+        rank = out.shape.rank
+        res = _MatrixView.of(out, range(rank), (1, self.m, self.n))
+        return _GemmPlan.of(self._a, self._c, res)
 
     def run(self, ctx: ExecutionContext) -> None:
+        choice = self.split_choice
+        if choice is None:
+            self._run(ctx, False)
+            return
+        split = choice.next_split()
+        start = time.perf_counter()
+        self._run(ctx, split)
+        choice.record(split, time.perf_counter() - start)
+
+    def _run(self, ctx: ExecutionContext, split: bool) -> None:
+        if self._gemm is not None:
+            self._run_gemm(ctx, split)
+        else:
+            self._run_matmul(ctx, split)
+
+    def _run_gemm(self, ctx: ExecutionContext, split: bool) -> None:
+        g, fn = self._gemm, self._fn
+        assert g is not None
+        bases = ctx.bases
+        lhs, rhs, out = g.lhs, g.rhs, g.out
+        pa = bases[lhs.allocation] + lhs.offset
+        pb = bases[rhs.allocation] + rhs.offset
+        pc = bases[out.allocation] + out.offset
+        ta, tb = TRANS if lhs.trans else NO_TRANS, TRANS if rhs.trans else NO_TRANS
+        m, n, k, lda, ldb, ldc = g.m, g.n, g.k, lhs.ld, rhs.ld, out.ld
+
+        def rows(lo: int, hi: int) -> None:
+            a, c = pa + lo * lhs.row_bytes, pc + lo * out.row_bytes
+            fn(ROW_MAJOR, ta, tb, hi - lo, n, k, 1.0, a, lda, pb, ldb, 0.0, c, ldc)
+
+        def columns(lo: int, hi: int) -> None:
+            b, c = pb + lo * rhs.col_bytes, pc + lo * out.col_bytes
+            fn(ROW_MAJOR, ta, tb, m, hi - lo, k, 1.0, pa, lda, b, ldb, 0.0, c, ldc)
+
+        if not split and self.flops <= OPENBLAS_SERIAL_FLOPS:
+            rows(0, m)
+        elif not split:
+            one_blas_thread(rows, 0, m)
+        elif n >= m:  # short and wide: each block packs only its columns of rhs
+            blocks = _blocks(n, self._parts, _BLOCK_QUANTUM)
+            run_blocks(lambda lo, hi: one_blas_thread(columns, lo, hi), blocks)
+        else:
+            blocks = even_blocks(m, self._parts)
+            run_blocks(lambda lo, hi: one_blas_thread(rows, lo, hi), blocks)
+
+    def _run_matmul(self, ctx: ExecutionContext, split: bool) -> None:
         memory = ctx.memory
         a, c = self._a.array(memory), self._c.array(memory)
-        b, m, n, flops = self.b, self.m, self.n, self.flops
+        b, m, n = self.b, self.m, self.n
         if self._out is None:  # a result in another layout: computed, then copied in
             result = np.empty((b, m, n), self.out.shape.dtype)
-            split_run(b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=result[lo:hi]))
+            self._split(split, b, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=result[lo:hi]))
             np.copyto(ctx.view(self.out), result.reshape(self.out.shape.dims))
             return
         out = self._out.array(memory)
         if b == 1 and n > m:  # short and wide: each block packs part of c
             a0, c0, out0 = a[0], c[0], out[0]
-            split_run(n, flops, lambda lo, hi: np.matmul(a0, c0[:, lo:hi], out=out0[:, lo:hi]))
+            self._split(split, n, lambda lo, hi: np.matmul(a0, c0[:, lo:hi], out=out0[:, lo:hi]))
         elif b == 1:
             a0, c0, out0 = a[0], c[0], out[0]
-            split_run(m, flops, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
+            self._split(split, m, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
         else:
-            split_run(b, flops, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
+            self._split(split, b, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
+
+    def _split(self, split: bool, units: int, body) -> None:
+        if self.flops <= OPENBLAS_SERIAL_FLOPS:
+            body(0, units)
+        elif not split or units < 2:
+            one_blas_thread(body, 0, units)
+        else:
+            blocks = even_blocks(units, self._parts)
+            run_blocks(lambda lo, hi: one_blas_thread(body, lo, hi), blocks)
 
     def describe(self) -> list[str]:
+        how = "cblas gemm" if self._gemm is not None else "matmul"
+        if self.split_choice is not None:
+            how += f", split x{self._parts} when faster"
         return [
-            f"blas {self.instr.name} = dot [{self.b}x{self.m}x{self.k}] @ [{self.k}x{self.n}]",
+            f"blas {self.instr.name} = dot [{self.b}x{self.m}x{self.k}] @ [{self.k}x{self.n}]"
+            f" ({how})",
             f"lhs: {self.lhs}",
             f"rhs: {self.rhs}",
             f"out: {self.out}",
