@@ -2,7 +2,8 @@
 #
 # 1. The module (a private copy: the caller's is never changed) runs the default CPU pipeline
 #    (simplification, fusion, flatten-call-graph, copy insertion), then is prepared for and
-#    given a buffer assignment.
+#    given a buffer assignment. The prepared module's text is kept on disk
+#    (module_cache.py), so a later compile of the same module skips the passes.
 # 2. Each computation that runs sequentially (the entry, while bodies and conditions,
 #    branches, called computations) becomes a ThunkSequence in its schedule's order. Per
 #    instruction: forwarding ops, tuples, parameters and constants need no thunk (constants
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from xlapy.analysis.dataflow import FORWARDING_OPCODES
+from xlapy.backends.cpu import module_cache
 from xlapy.backends.cpu.emit_scatter import scatter_thunk
 from xlapy.backends.cpu.emitter import in_place_reason, supported
 from xlapy.backends.cpu.kernel import (
@@ -193,10 +195,7 @@ class CompiledModule:
 def compile_module(module: HloModule, options: Mapping[str, Any] | None = None) -> CompiledModule:
     """Optimize a copy of `module`, assign its buffers and lower it to thunks."""
     options = dict(options or {})
-    module = parse_module(module.to_text())
-    if options.get("optimize", True):
-        default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
-    prepare_for_buffer_assignment(module)
+    module = _prepared_module(module.to_text(), options)
     assignment = assign_buffers(module)
     entry_comp = module.entry_computation()
     lowering = _Lowering(assignment, options)
@@ -209,6 +208,21 @@ def compile_module(module: HloModule, options: Mapping[str, Any] | None = None) 
     return CompiledModule(
         module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
     )
+
+
+def _prepared_module(text: str, options: Mapping[str, Any]) -> HloModule:
+    """The module of `text` optimized and prepared for buffer assignment, from the
+    compiled-module cache when an earlier compile made it (module_cache.py)."""
+    key = module_cache.cache_key(text, options)
+    cached = module_cache.read(key)
+    if cached is not None:
+        return parse_module(cached)
+    module = parse_module(text)
+    if options.get("optimize", True):
+        default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
+    prepare_for_buffer_assignment(module)
+    module_cache.write(key, module.to_text())
+    return module
 
 
 def _constant_memory(assignment: BufferAssignment) -> dict[int, np.ndarray]:

@@ -1,0 +1,117 @@
+"""The compiled-module cache: a second compile of a module reads the prepared module from
+disk instead of running the pass pipeline, with the same thunks and results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xlapy.backends import execute
+from xlapy.backends.cpu import jit, module_cache
+from xlapy.backends.cpu.compiler import clear_kernel_cache, compile_module
+from xlapy.ir.parser import parse_module
+
+SOFTMAX = """HloModule softmax
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY e {
+  x = f32[16,40] parameter(0)
+  lo = f32[] constant(-inf)
+  m = f32[16] reduce(x, lo), dimensions={1}, to_apply=max
+  mb = f32[16,40] broadcast(m), dimensions={0}
+  d = f32[16,40] subtract(x, mb)
+  ex = f32[16,40] exponential(d)
+  zero = f32[] constant(0)
+  s = f32[16] reduce(ex, zero), dimensions={1}, to_apply=add
+  sb = f32[16,40] broadcast(s), dimensions={0}
+  ROOT r = f32[16,40] divide(ex, sb)
+}"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache directory, and the keys read from it that were hits."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    clear_kernel_cache()
+    hits: list[str] = []
+    read = module_cache.read
+
+    def counting_read(key):
+        text = read(key)
+        if text is not None:
+            hits.append(key)
+        return text
+
+    monkeypatch.setattr(module_cache, "read", counting_read)
+    return hits
+
+
+def _passes_must_not_run(monkeypatch):
+    import xlapy.backends.cpu.compiler as compiler
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the pass pipeline ran on a cached module")
+
+    monkeypatch.setattr(compiler, "default_cpu_pipeline", fail)
+    monkeypatch.setattr(compiler, "prepare_for_buffer_assignment", fail)
+
+
+def test_second_compile_skips_the_passes(cache, monkeypatch):
+    module = parse_module(SOFTMAX)
+    cold = compile_module(module)
+    assert cache == []
+    clear_kernel_cache()
+    _passes_must_not_run(monkeypatch)
+    warm = compile_module(module)
+    assert len(cache) == 1
+    assert warm.thunk_listing() == cold.thunk_listing()
+    assert warm.module.to_text() == cold.module.to_text()
+    x = np.random.default_rng(3).standard_normal((16, 40)).astype(np.float32)
+    got = execute(module, [x], "cpu")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(execute(module, [x])), rtol=1e-5)
+
+
+def test_options_the_pipeline_reads_are_part_of_the_key(cache):
+    text = parse_module(SOFTMAX).to_text()
+    keys = {
+        module_cache.cache_key(text, {}),
+        module_cache.cache_key(text, {"optimize": False}),
+        module_cache.cache_key(text, {"verify": True}),
+    }
+    assert len(keys) == 3
+    assert module_cache.cache_key(text, {"replica_id": 1}) == module_cache.cache_key(text, {})
+    module = parse_module(SOFTMAX)
+    optimized = compile_module(module)
+    clear_kernel_cache()
+    plain = compile_module(module, {"optimize": False})
+    assert cache == []  # a different key: no hit
+    assert plain.module.to_text() != optimized.module.to_text()
+
+
+def test_sources_are_part_of_the_key(monkeypatch):
+    text = parse_module(SOFTMAX).to_text()
+    before = module_cache.cache_key(text, {})
+    monkeypatch.setattr(module_cache, "package_fingerprint", lambda: "other sources")
+    assert module_cache.cache_key(text, {}) != before
+
+
+def test_damaged_entry_is_a_miss_and_is_written_again(cache, tmp_path):
+    module = parse_module(SOFTMAX)
+    cold = compile_module(module)
+    (path,) = tmp_path.glob(f"*{module_cache.SUFFIX}")
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x20
+    path.write_bytes(bytes(data))
+    clear_kernel_cache()
+    again = compile_module(module)
+    assert cache == []
+    assert again.thunk_listing() == cold.thunk_listing()
+    assert jit.read_entry(path.name[: -len(module_cache.SUFFIX)], module_cache.SUFFIX)
