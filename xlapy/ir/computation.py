@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from xlapy.errors import VerifierError
-from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.instruction import CALL_ATTRIBUTES, HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import ProgramShape
 
@@ -142,21 +142,25 @@ class HloComputation:
         predecessors, all of this computation (then the depth-first walk keeps the text
         order)."""
         seen: set[int] = set()
+        add = seen.add
         for instr in self.instructions:
             for dep in instr.operands:
                 if id(dep) not in seen:
                     return False
-            for dep in instr.control_predecessors:
-                if id(dep) not in seen:
-                    return False
-            if id(instr) in seen:
+            if instr.control_predecessors:
+                for dep in instr.control_predecessors:
+                    if id(dep) not in seen:
+                        return False
+            key = id(instr)
+            if key in seen:
                 return False
-            seen.add(id(instr))
+            add(key)
         return True
 
     def called_computations(self) -> Iterator[HloComputation]:
         for instr in self.instructions:
-            yield from instr.called_computations()
+            if not CALL_ATTRIBUTES.isdisjoint(instr.attrs):
+                yield from instr.called_computations()
 
     def to_text(self, **options) -> str:
         from xlapy.ir.printer import print_computation

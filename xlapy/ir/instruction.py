@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 # computation attribute name -> its place in the attribute order
 _CALL_ORDER = {name: i for i, name in enumerate(COMPUTATION_ATTRIBUTES)}
+# the attribute names that hold called computations
+CALL_ATTRIBUTES = frozenset(COMPUTATION_ATTRIBUTES)
+_NO_CALLS: tuple[HloComputation, ...] = ()
 
 
 class HloInstruction:
@@ -70,6 +73,8 @@ class HloInstruction:
 
     def called_computations(self) -> Iterator[HloComputation]:
         """Every computation this instruction calls, in attribute order."""
+        if CALL_ATTRIBUTES.isdisjoint(self.attrs):  # most instructions call nothing
+            return iter(_NO_CALLS)
         keys = [key for key in self.attrs if key in _CALL_ORDER]
         if len(keys) > 1:
             keys.sort(key=_CALL_ORDER.__getitem__)

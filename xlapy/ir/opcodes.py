@@ -60,7 +60,19 @@ V = VARIADIC
 
 
 class Opcode(enum.Enum):
-    """Every HLO opcode. `Opcode.from_text("add")`; `op.arity`, `op.category`, `op.text`."""
+    """Every HLO opcode. `Opcode.from_text("add")`; `op.arity`, `op.category`, `op.text`,
+    `op.has_side_effect`, `op.is_elementwise`."""
+
+    # Plain per-member attributes copied from the row's OpInfo once, below the class: passes
+    # read them in their inner loops, where an Enum property (a `value` lookup per call) cost
+    # a measurable share of compile time. Members are singletons, so they hash by identity
+    # (Enum's default hashes the name in Python).
+    text: str
+    arity: int
+    category: Category
+    has_side_effect: bool
+    is_elementwise: bool
+    __hash__ = object.__hash__
 
     # elementwise unary
     ABS = _op("abs", 1, U)
@@ -208,32 +220,22 @@ class Opcode(enum.Enum):
         """The opcode spelled `text`; KeyError if there is none."""
         return _BY_TEXT[text]
 
-    @property
-    def text(self) -> str:
-        return self.value.text
-
-    @property
-    def arity(self) -> int:
-        return self.value.arity
-
-    @property
-    def category(self) -> Category:
-        return self.value.category
-
-    @property
-    def has_side_effect(self) -> bool:
-        return self.value.side_effect
-
-    @property
-    def is_elementwise(self) -> bool:
-        return self.value.category in (Category.UNARY, Category.BINARY, Category.TERNARY)
-
     def __str__(self) -> str:
         return self.text
 
     def __repr__(self) -> str:
         return f"Opcode.{self.name}"
 
+
+_ELEMENTWISE = (Category.UNARY, Category.BINARY, Category.TERNARY)
+for _member in Opcode:
+    _info: OpInfo = _member.value
+    _member.text = _info.text
+    _member.arity = _info.arity
+    _member.category = _info.category
+    _member.has_side_effect = _info.side_effect
+    _member.is_elementwise = _info.category in _ELEMENTWISE
+del _member, _info
 
 _BY_TEXT = {op.text: op for op in Opcode}
 

@@ -24,6 +24,10 @@ body passes a state element through unchanged, nothing in that element's buffer 
 written, so the copy of its init goes too, even for a parameter or a constant (read-only
 loop state shares the caller's bytes). Last, as XLA does, the tuples that the deep copies
 left rebuilding their own source are simplified away and dead code removed.
+
+Removing a copy costs the size of its use list, not of its computation: the readers of
+each instruction are indexed once per computation and kept current as copies are bypassed,
+and the schedules drop the removed copies in one pass at the end.
 """
 
 from __future__ import annotations
@@ -93,6 +97,24 @@ def _collapse_rebuilt_tuples(module: HloModule, names: NameUniquer) -> None:
 
 def _users(comp: HloComputation, instr: HloInstruction) -> list[HloInstruction]:
     return [i for i in comp.instructions if instr in i.operands]
+
+
+class _Readers:
+    """id(instruction) -> the instructions of its computation reading it as an operand,
+    indexed per computation on first use."""
+
+    def __init__(self):
+        self._by_comp: dict[int, dict[int, list[HloInstruction]]] = {}
+
+    def of(self, comp: HloComputation) -> dict[int, list[HloInstruction]]:
+        index = self._by_comp.get(id(comp))
+        if index is None:
+            index = {}
+            for instr in comp.instructions:
+                for op in dict.fromkeys(instr.operands):
+                    index.setdefault(id(op), []).append(instr)
+            self._by_comp[id(comp)] = index
+        return index
 
 
 @register_pass
@@ -171,6 +193,8 @@ class CopyInsertion(HloPass):
         ranges = liveness.ranges
         outputs = [v for _, v in dataflow.leaf_values(entry.root_instruction())]
         removed = 0
+        readers = _Readers()
+        dropped: set[int] = set()
         candidates = [
             i
             for c in reversed(dataflow.computations)  # callees first, as XLA does
@@ -198,11 +222,11 @@ class CopyInsertion(HloPass):
             outputs = outs
             groups.union(a, b)
             members[groups.find(a)] = merged
-            sequences[copy.parent].remove(copy)
-            self._apply(module, dataflow, copy, source, copied, kept)
+            dropped.add(id(copy))
+            self._apply(readers.of(copy.parent), dataflow, copy, source, copied, kept)
             removed += 1
         for comp, sequence in sequences.items():
-            comp.instructions = list(sequence)
+            comp.instructions = [i for i in sequence if id(i) not in dropped]
         module.config.is_scheduled = True
         return removed
 
@@ -224,10 +248,15 @@ class CopyInsertion(HloPass):
         return True
 
     @staticmethod
-    def _apply(module, dataflow, copy, source, copied, kept) -> None:
+    def _apply(readers, dataflow, copy, source, copied, kept) -> None:
+        """Bypass and remove `copy`; `readers` is its computation's index (kept current)."""
         comp = copy.parent
-        for user in _users(comp, copy):
+        users = readers.pop(id(copy), [])
+        for user in users:
             user.replace_operand(copy, source)
+        source_users = readers.setdefault(id(source), [])
+        source_users.remove(copy)
+        source_users.extend(u for u in users if u not in source_users)
         if comp.root is copy:
             comp.root = source
         dataflow._positions[kept].extend(dataflow.positions(copied))

@@ -5,14 +5,21 @@ its computation's root or a parameter, and neither it nor any computation it cal
 side effect (so an outfeed, a custom call marked custom_call_has_side_effect, or a while
 loop whose body sends data all stay). Removing one can kill its operands in turn. After
 that, computations the entry can no longer reach are dropped.
+
+Most computations have nothing dead, so each is first checked with a set of the
+instructions that something reads; only one with an unread candidate gets an Editor (and
+its users index).
 """
 
 from __future__ import annotations
 
+from xlapy.ir.computation import HloComputation
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
+from xlapy.ir.opcodes import Opcode
 from xlapy.passes.hlo_edit import (
     Editor,
+    has_side_effect_deep,
     reachable_computations,
     remove_unreachable_computations,
 )
@@ -28,7 +35,24 @@ class DeadCodeElimination(HloPass):
     def run(self, module: HloModule) -> bool:
         namer = NameUniquer(None)
         changed = False
+        side_effects: dict[int, bool] = {}
         for comp in reachable_computations(module):
-            changed |= Editor(comp, namer).remove_dead()
+            if _may_have_dead(comp, side_effects):
+                changed |= Editor(comp, namer).remove_dead()
         changed |= remove_unreachable_computations(module)
         return changed
+
+
+def _may_have_dead(comp: HloComputation, side_effects: dict[int, bool]) -> bool:
+    """Whether some instruction of `comp` is dead by Editor.is_dead's rule (then
+    Editor.remove_dead has work; otherwise it would remove nothing)."""
+    read: set[int] = set()
+    for instr in comp.instructions:
+        read.update(map(id, instr.operands))
+        read.update(map(id, instr.control_predecessors))
+    for instr in comp.instructions:
+        if id(instr) in read or instr is comp.root or instr.opcode is Opcode.PARAMETER:
+            continue
+        if not has_side_effect_deep(instr, side_effects):
+            return True
+    return False

@@ -118,27 +118,28 @@ class LoopFusion(HloPass):
         return changed_any
 
     def _pick_producer(self, editor: FusionEditor, consumer: HloInstruction):
-        if not self._consumer_ok(consumer):
+        if not self._consumer_ok(editor, consumer):
             return None
         for i, producer in enumerate(consumer.operands):
             if self.should_fuse(editor, producer, consumer, i):
                 return producer
         return None
 
-    def _consumer_ok(self, instr: HloInstruction) -> bool:
+    def _consumer_ok(self, editor: FusionEditor, instr: HloInstruction) -> bool:
         comp = fused_computation(instr)
-        ok = can_be_consumer(instr, self.in_place_roots)
+        ok = can_be_consumer(instr, self.in_place_roots, editor.unfusible)
         return ok and (comp is None or id(comp) not in self._shared)
 
-    def _producer_ok(self, instr: HloInstruction) -> bool:
+    def _producer_ok(self, editor: FusionEditor, instr: HloInstruction) -> bool:
         comp = fused_computation(instr)
-        return can_be_producer(instr) and (comp is None or id(comp) not in self._shared)
+        ok = can_be_producer(instr, editor.unfusible)
+        return ok and (comp is None or id(comp) not in self._shared)
 
     def should_fuse(
         self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
     ) -> bool:
         """May operand `i` (`producer`) of `consumer` be computed inside it?"""
-        if not self._producer_ok(producer) or producer.control_predecessors:
+        if not self._producer_ok(editor, producer) or producer.control_predecessors:
             return False
         if any(producer in u.control_predecessors for u in editor.users_of(producer)):
             return False
@@ -167,7 +168,7 @@ class LoopFusion(HloPass):
         if editor.is_root(producer):
             return False
         return all(
-            self._consumer_ok(u) and not any(u is c for c in producer.control_predecessors)
+            self._consumer_ok(editor, u) and not any(u is c for c in producer.control_predecessors)
             for u in others
         )
 

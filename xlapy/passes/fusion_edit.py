@@ -15,9 +15,21 @@ for the fusion's operands, in order. `FusionEditor` works on one computation of 
 A fusion with several outputs has a tuple root; its users read get-tuple-element. The
 editor keeps a users index current across edits, hands out module-unique names, and puts a
 new fused computation just before the computation that calls it (callees print first).
+
+Fusing grows one body a producer at a time, so the editor avoids walking whole bodies per
+edit. Each body it made or edited is *tidy* (every instruction after its operands, nothing
+dead but parameters), and it keeps, per body it was asked about, the list of members that
+are not loop-fusible (fusion_rules.unfusible_members) current as it adds and removes
+instructions. After a producer is spliced into a tidy body, the new order is the one a full
+re-sort would give, computed from the first reader of the replaced parameters on: the part
+before it is unchanged, then comes the producer's work in depth-first order, then the rest.
+Where that shortcut does not provably apply (a body parsed from text, a producer body that
+was never tidied) the editor re-sorts the whole body.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -25,7 +37,13 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
-from xlapy.passes.fusion_rules import fused_computation, fusion_body, fusion_kind
+from xlapy.passes.fusion_rules import (
+    fused_computation,
+    fusion_body,
+    fusion_kind,
+    is_loop_fusible_op,
+    unfusible_members,
+)
 
 
 def root_outputs(comp: HloComputation) -> list[HloInstruction]:
@@ -71,6 +89,10 @@ class FusionEditor:
         # per fusion: id(original) -> (original, its clone inside), so that a producer
         # reached again through another operand is not cloned a second time
         self._inside: dict[int, dict[int, tuple[HloInstruction, HloInstruction]]] = {}
+        # id(body) -> (body, its unfusible members by id), for bodies asked about
+        self._unfusible: dict[int, tuple[HloComputation, dict[int, HloInstruction]]] = {}
+        # id(body) -> body, for the bodies made or edited here (all tidy)
+        self._tidy_bodies: dict[int, HloComputation] = {}
 
     # -- queries ---------------------------------------------------------------------------
     def users_of(self, instr: HloInstruction) -> list[HloInstruction]:
@@ -78,6 +100,74 @@ class FusionEditor:
 
     def is_root(self, instr: HloInstruction) -> bool:
         return self.comp.root is instr
+
+    def unfusible(self, body: HloComputation) -> Iterable[HloInstruction]:
+        """fusion_rules.unfusible_members(body), from the index this editor keeps current."""
+        entry = self._unfusible.get(id(body))
+        if entry is None:
+            entry = (body, {id(i): i for i in unfusible_members(body)})
+            self._unfusible[id(body)] = entry
+        return entry[1].values()
+
+    # -- fused bodies ----------------------------------------------------------------------
+    def _body_add(self, body: HloComputation, instr: HloInstruction) -> HloInstruction:
+        body.add_instruction(instr)
+        entry = self._unfusible.get(id(body))
+        is_param = instr.opcode is Opcode.PARAMETER
+        if entry is not None and not is_param and not is_loop_fusible_op(instr):
+            entry[1][id(instr)] = instr
+        return instr
+
+    def _body_remove(self, body: HloComputation, instr: HloInstruction) -> None:
+        body.remove_instruction(instr)
+        entry = self._unfusible.get(id(body))
+        if entry is not None:
+            entry[1].pop(id(instr), None)
+
+    def _tidy(self, body: HloComputation) -> None:
+        """Drop instructions the root no longer reaches and order the rest operands-first."""
+        live: set[int] = set()
+        work = [body.root_instruction()]
+        while work:
+            instr = work.pop()
+            if id(instr) in live:
+                continue
+            live.add(id(instr))
+            work.extend(instr.operands)
+        for instr in list(body.instructions):
+            if id(instr) not in live and instr.opcode is not Opcode.PARAMETER:
+                self._body_remove(body, instr)
+        body.instructions = body.post_order()
+        self._tidy_bodies[id(body)] = body
+
+    def _tidy_splice(
+        self,
+        body: HloComputation,
+        added: list[HloInstruction],
+        value: HloInstruction,
+        readers: list[HloInstruction],
+        producer_tidy: bool,
+    ) -> None:
+        """`_tidy(body)` after `added` (new parameters and clones, appended in that order)
+        was spliced into `body` as `value`, which `readers` now read in place of the
+        parameters it replaced. Equal to the full re-sort (see the module comment) when the
+        body and the producer's body were tidy; otherwise it does the full re-sort."""
+        order = body.instructions
+        new = {id(i) for i in added}
+        ok = producer_tidy and id(body) in self._tidy_bodies and id(value) in new and readers
+        if not ok or any(id(r) in new for r in readers):
+            self._tidy(body)
+            return
+        old = order[: len(order) - len(added)]
+        first = min(old.index(r) for r in readers)
+        done = set(map(id, old[:first]))
+        spliced = _post_order_from(value, done)
+        if not new <= done:
+            self._tidy(body)
+            return
+        moved_old = any(id(i) not in new for i in spliced)
+        rest = [i for i in old[first:] if id(i) not in done] if moved_old else old[first:]
+        body.instructions = old[:first] + spliced + rest
 
     # -- low-level edits -------------------------------------------------------------------
     def _set_operands(self, instr: HloInstruction, operands: list[HloInstruction]) -> None:
@@ -133,8 +223,7 @@ class FusionEditor:
         param = HloInstruction(
             self.names.fresh(f"param_{number}"), Opcode.PARAMETER, shape, parameter_number=number
         )
-        comp.add_instruction(param)
-        return param
+        return self._body_add(comp, param)
 
     def _clone(self, instr: HloInstruction, operands, reuse_name: bool) -> HloInstruction:
         name = instr.name if reuse_name else self.names.fresh(instr.name)
@@ -151,23 +240,28 @@ class FusionEditor:
         body = fused_computation(source)
         if body is None:
             ops = [param_for(op) for op in source.operands]
-            mapping[id(source)] = comp.add_instruction(self._clone(source, ops, reuse_names))
+            mapping[id(source)] = self._body_add(comp, self._clone(source, ops, reuse_names))
             return mapping
-        for instr in body.post_order():
+        tidy = id(body) in self._tidy_bodies
+        for instr in body.instructions if tidy else body.post_order():
             if instr.opcode is Opcode.PARAMETER:
                 mapping[id(instr)] = param_for(_operand_of(source, instr))
                 continue
             if instr is body.root and instr.opcode is Opcode.TUPLE:
                 continue
             ops = [mapping[id(op)] for op in instr.operands]
-            mapping[id(instr)] = comp.add_instruction(self._clone(instr, ops, reuse_names))
+            mapping[id(instr)] = self._body_add(comp, self._clone(instr, ops, reuse_names))
         return mapping
 
-    def _param_finder(self, fusion: HloInstruction):
-        """param_for(operand): the fused parameter reading `operand`, made if missing."""
+    def _param_finder(self, fusion: HloInstruction, params: list[HloInstruction] | None = None):
+        """param_for(operand): the fused parameter reading `operand`, made if missing.
+        `params`, when given, is the body's parameter list in number order; new parameters
+        are appended to it."""
         comp = fusion_body(fusion)
+        if params is None:
+            params = comp.parameters
         by_operand: dict[int, HloInstruction] = {}
-        for param in comp.parameters:
+        for param in params:
             by_operand.setdefault(id(_operand_of(fusion, param)), param)
         inside = self._inside.get(id(fusion), {})
 
@@ -179,20 +273,27 @@ class FusionEditor:
             if found is None:
                 found = self._new_param(comp, len(fusion.operands), operand.shape)
                 by_operand[id(operand)] = found
+                params.append(found)
                 self._set_operands(fusion, [*fusion.operands, operand])
             return found
 
         return param_for
 
-    def _drop_params(self, fusion: HloInstruction, numbers: list[int]) -> None:
-        """Remove parameters `numbers` (now unused) and renumber the rest 0..n-1."""
+    def _drop_params(
+        self, fusion: HloInstruction, numbers: list[int], params: list[HloInstruction]
+    ) -> None:
+        """Remove parameters `numbers` (now unused) and renumber the rest 0..n-1; `params` is
+        the body's parameter list in number order."""
         comp = fusion_body(fusion)
         drop = set(numbers)
-        for param in list(comp.parameters):
+        kept = []
+        for param in params:
             if param.parameter_number in drop:
-                comp.remove_instruction(param)
+                self._body_remove(comp, param)
+            else:
+                kept.append(param)
         operands = []
-        for i, param in enumerate(comp.parameters):
+        for i, param in enumerate(kept):
             operands.append(_operand_of(fusion, param))
             if param.parameter_number != i:
                 param.parameter_number = i
@@ -210,16 +311,16 @@ class FusionEditor:
         else:
             shape = Shape.tuple(o.shape for o in outputs)
             root = HloInstruction(self.names.fresh("tuple"), Opcode.TUPLE, shape, outputs)
-            comp.add_instruction(root)
+            self._body_add(comp, root)
         comp.root = root
         if old_root.opcode is Opcode.TUPLE and old_root is not root:
-            comp.remove_instruction(old_root)
+            self._body_remove(comp, old_root)
         fusion.shape = root.shape
         fusion.attrs["kind"] = fusion_kind(comp)
         if not was_tuple and fusion.shape.is_tuple:
             first = self._gte(fusion, 0)
             self._replace_uses(fusion, first)
-        _tidy(comp)
+        self._tidy(comp)
 
     # -- fusion-level edits ----------------------------------------------------------------
     def as_fusion(self, instr: HloInstruction) -> HloInstruction:
@@ -235,6 +336,7 @@ class FusionEditor:
         comp.add_instruction(inner)
         comp.root = inner
         comp.parent = self.module
+        self._tidy_bodies[id(comp)] = comp
         self.module.computations.insert(self.module.computations.index(self.comp), comp)
         attrs: dict = {"kind": fusion_kind(comp), "calls": comp}
         if "metadata" in instr.attrs:
@@ -253,21 +355,27 @@ class FusionEditor:
         value in the fused computation."""
         comp = fusion_body(fusion)
         numbers = [i for i, op in enumerate(fusion.operands) if op is producer]
-        param_for = self._param_finder(fusion)
+        params = comp.parameters
+        replaced = [_parameter(comp, params, n) for n in numbers]
+        param_for = self._param_finder(fusion, params)
+        first_new = len(comp.instructions)
         mapping = self._clone_body(comp, producer, param_for, reuse_names)
+        added = comp.instructions[first_new:]
         body = fused_computation(producer)
         value = mapping[id(body.root if body is not None else producer)]
-        for number in numbers:
-            param = comp.parameter(number)
+        readers: list[HloInstruction] = []
+        for param in replaced:
             for user in comp.instructions:
                 if param in user.operands:
                     user.operands = [value if op is param else op for op in user.operands]
+                    readers.append(user)
             if comp.root is param:
                 comp.root = value
-        self._drop_params(fusion, numbers)
+        self._drop_params(fusion, numbers, params)
         fusion.attrs["kind"] = fusion_kind(comp)
         self._inside.setdefault(id(fusion), {})[id(producer)] = (producer, value)
-        _tidy(comp)
+        producer_tidy = body is None or id(body) in self._tidy_bodies
+        self._tidy_splice(comp, added, value, readers, producer_tidy)
         return value
 
     def fuse(self, producer: HloInstruction, consumer: HloInstruction) -> HloInstruction:
@@ -335,17 +443,29 @@ class FusionEditor:
         self.comp.instructions = self.comp.post_order()
 
 
-def _tidy(comp: HloComputation) -> None:
-    """Drop instructions the root no longer reaches and order the rest operands-first."""
-    live: set[int] = set()
-    work = [comp.root_instruction()]
-    while work:
-        instr = work.pop()
-        if id(instr) in live:
+def _parameter(comp: HloComputation, params: list[HloInstruction], number: int):
+    """Parameter `number` of `comp`, whose parameters in number order are `params`."""
+    if number < len(params) and params[number].parameter_number == number:
+        return params[number]
+    return comp.parameter(number)
+
+
+def _post_order_from(start: HloInstruction, done: set[int]) -> list[HloInstruction]:
+    """`start` and what it depends on outside `done`, in the order the depth-first walk of
+    HloComputation.post_order emits them (operands, then control predecessors, in order);
+    adds their ids to `done`."""
+    order: list[HloInstruction] = []
+    done.add(id(start))
+    stack = [(start, iter([*start.operands, *start.control_predecessors]))]
+    while stack:
+        node, deps = stack[-1]
+        dep = next(deps, None)
+        if dep is None:
+            stack.pop()
+            order.append(node)
             continue
-        live.add(id(instr))
-        work.extend(instr.operands)
-    for instr in list(comp.instructions):
-        if id(instr) not in live and instr.opcode is not Opcode.PARAMETER:
-            comp.remove_instruction(instr)
-    comp.instructions = comp.post_order()
+        if id(dep) in done:
+            continue
+        done.add(id(dep))
+        stack.append((dep, iter([*dep.operands, *dep.control_predecessors])))
+    return order

@@ -21,6 +21,8 @@ index). A cheap producer may be duplicated into several consumers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from xlapy.errors import VerifierError
 from xlapy.ir.attributes import Enum
 from xlapy.ir.computation import HloComputation
@@ -104,11 +106,12 @@ def _plain_array(instr: HloInstruction) -> bool:
 
 def is_loop_fusible_op(instr: HloInstruction) -> bool:
     """An op (not a fusion) that may sit anywhere inside a loop fusion."""
-    if instr.has_side_effect or not _plain_array(instr):
+    op = instr.opcode
+    if not (op.is_elementwise or op in LOOP_FUSIBLE_NON_ELEMENTWISE) or op in NEVER_FUSED:
         return False
-    if instr.control_predecessors or instr.opcode in NEVER_FUSED:
+    if instr.has_side_effect or instr.control_predecessors:
         return False
-    return instr.opcode.is_elementwise or instr.opcode in LOOP_FUSIBLE_NON_ELEMENTWISE
+    return _plain_array(instr)
 
 
 def _root_outputs(comp: HloComputation) -> list[HloInstruction]:
@@ -147,25 +150,41 @@ def in_place_operand(instr: HloInstruction) -> int | None:
     return root.operands[IN_PLACE_ROOT_OPERAND[root.opcode]].parameter_number
 
 
-def fusion_body_is_fusible(comp: HloComputation, in_place_roots: bool = False) -> bool:
+def unfusible_members(comp: HloComputation) -> list[HloInstruction]:
+    """The instructions of `comp`, parameters aside, that are not loop-fusible ops: the only
+    ones `fusion_body_is_fusible` has to judge (a root may still excuse them)."""
+    return [
+        i for i in comp.instructions if i.opcode is not O.PARAMETER and not is_loop_fusible_op(i)
+    ]
+
+
+# How the checks below learn a body's unfusible members: by walking it, or from an index
+# that whoever edits the bodies keeps current (FusionEditor.unfusible).
+Unfusible = Callable[[HloComputation], Iterable[HloInstruction]]
+
+
+def fusion_body_is_fusible(
+    comp: HloComputation, in_place_roots: bool = False, unfusible: Unfusible = unfusible_members
+) -> bool:
     """Everything in `comp` is loop-fusible, reduces appear only as outputs, and the root is
     one such instruction or a tuple of them (or, with `in_place_roots`, an in-place root)."""
-    outputs = {id(i) for i in _root_outputs(comp)}
-    for instr in comp.instructions:
-        if instr.opcode is O.PARAMETER:
-            continue
+    outputs: set[int] | None = None
+    for instr in unfusible(comp):
         if in_place_roots and instr is comp.root and in_place_root(comp) is not None:
             continue
         if instr.opcode is O.TUPLE and instr is comp.root:
             continue
+        if outputs is None:
+            outputs = {id(i) for i in _root_outputs(comp)}
         if instr.opcode in ROOT_ONLY and id(instr) in outputs and not instr.shape.is_tuple:
             continue
-        if not is_loop_fusible_op(instr):
-            return False
+        return False
     return True
 
 
-def is_fusible_fusion(instr: HloInstruction, in_place_roots: bool = False) -> bool:
+def is_fusible_fusion(
+    instr: HloInstruction, in_place_roots: bool = False, unfusible: Unfusible = unfusible_members
+) -> bool:
     """A fusion the passes may grow or merge: kLoop/kInput with a fusible body (rooted at an
     in-place dynamic-update-slice only with `in_place_roots`)."""
     comp = fused_computation(instr)
@@ -174,28 +193,30 @@ def is_fusible_fusion(instr: HloInstruction, in_place_roots: bool = False) -> bo
     kind = instr.attrs.get("kind")
     if kind is None or str(kind) not in FUSIBLE_KINDS:
         return False
-    return fusion_body_is_fusible(comp, in_place_roots)
+    return fusion_body_is_fusible(comp, in_place_roots, unfusible)
 
 
 def has_reduce_output(comp: HloComputation) -> bool:
     return any(i.opcode in ROOT_ONLY for i in _root_outputs(comp))
 
 
-def can_be_producer(instr: HloInstruction) -> bool:
+def can_be_producer(instr: HloInstruction, unfusible: Unfusible = unfusible_members) -> bool:
     """May `instr` be fused into a consumer (its value computed inside the consumer)?"""
     if instr.opcode is O.FUSION:
-        if not is_fusible_fusion(instr) or not _plain_array(instr):
+        if not is_fusible_fusion(instr, False, unfusible) or not _plain_array(instr):
             return False
         comp = fusion_body(instr)
         return comp.root_instruction().opcode is not O.TUPLE and not has_reduce_output(comp)
     return is_loop_fusible_op(instr)
 
 
-def can_be_consumer(instr: HloInstruction, in_place_roots: bool = False) -> bool:
+def can_be_consumer(
+    instr: HloInstruction, in_place_roots: bool = False, unfusible: Unfusible = unfusible_members
+) -> bool:
     """May producers be fused into `instr` (which becomes, or is, the fusion)? With
     `in_place_roots`, a dynamic-update-slice may (into every operand but the updated one)."""
     if instr.opcode is O.FUSION:
-        return is_fusible_fusion(instr, in_place_roots)
+        return is_fusible_fusion(instr, in_place_roots, unfusible)
     if not instr.operands:
         return False
     if instr.opcode in IN_PLACE_ROOT_OPERAND:
@@ -247,19 +268,17 @@ def reuses_operand(consumer: HloInstruction, operand_index: int) -> bool:
     comp = fused_computation(consumer)
     if comp is None:
         return _op_reuses(consumer, operand_index)
-    users = comp.users()
     start = comp.parameter(operand_index)
-    work, seen = [start], {id(start)}
-    while work:
-        node = work.pop()
-        for user in users.get(node, []):
-            if user.opcode is O.TUPLE:
-                continue
-            if any(_op_reuses(user, j) for j, op in enumerate(user.operands) if op is node):
-                return True
-            if id(user) not in seen:
-                seen.add(id(user))
-                work.append(user)
+    reached = {id(start)}  # what reads the parameter, directly or not (tuples aside)
+    for instr in comp.post_order():
+        if instr.opcode is O.TUPLE:
+            continue
+        hits = [j for j, op in enumerate(instr.operands) if id(op) in reached]
+        if not hits:
+            continue
+        if any(_op_reuses(instr, j) for j in hits):
+            return True
+        reached.add(id(instr))
     return False
 
 

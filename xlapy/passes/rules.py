@@ -156,11 +156,13 @@ def match(pat: Pat, instr: HloInstruction, bindings: dict, options, memo) -> boo
         bound = bindings.get(pat.name)
         if bound is not None and bound is not instr:
             return False
+    if pat.operands is None:
+        if pat.name is not None:
+            bindings[pat.name] = instr
+        return True
     saved = dict(bindings)
     if pat.name is not None:
         bindings[pat.name] = instr
-    if pat.operands is None:
-        return True
     for order in _operand_orders(pat.operands, instr):
         if all(match(p, o, bindings, options, memo) for p, o in zip(pat.operands, order)):
             return True

@@ -3,7 +3,8 @@
   get-tuple-element(tuple(a, b, ...), i) -> the i-th operand
   tuple(gte(x, 0), ..., gte(x, n-1)) -> x   when x has exactly the tuple's shape
 
-Both rules run in post order until neither fires; what they leave dead is removed.
+Both rules run in post order until neither fires; what they leave dead is removed. A
+computation without tuples or get-tuple-elements (most fused bodies) is not walked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.passes.hlo_edit import Editor, reachable_computations, same_shape
 from xlapy.passes.pass_base import HloPass, register_pass
+
+_TUPLE_OPS = frozenset({Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT})
 
 
 def _forwarded(instr: HloInstruction) -> HloInstruction | None:
@@ -53,6 +56,8 @@ class TupleSimplifier(HloPass):
         namer = NameUniquer(None)
         changed = False
         for comp in reachable_computations(module):
+            if not any(i.opcode in _TUPLE_OPS for i in comp.instructions):
+                continue
             editor = Editor(comp, namer)
             for instr in comp.post_order():
                 if instr.parent is not comp:
