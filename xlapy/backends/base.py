@@ -75,9 +75,14 @@ class Backend(ABC):
 
     @abstractmethod
     def compile(
-        self, module: HloModule, options: Mapping[str, Any] | None = None
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
     ) -> CompiledProgram:
-        """Compile a verified `module`; `options` are backend-specific settings."""
+        """Compile a verified `module`; `options` are backend-specific settings; `text`,
+        when the caller has it, is `module`'s HLO text (saves printing it again)."""
 
 
 def leaf_at(value: Any, index: ShapeIndex) -> Any:

@@ -222,7 +222,7 @@ class Client:
             self._misses += 1
         if module is None:
             module = parse_module(text)
-        loaded = self.load(self.compiler.compile_canonical(module, options))
+        loaded = self.load(self.compiler.compile_canonical(module, options, text))
         with self._cache_lock:
             self._cache[key] = loaded
             while len(self._cache) > self._cache_size:

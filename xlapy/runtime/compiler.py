@@ -40,13 +40,20 @@ class Compiler:
         text = program if isinstance(program, str) else program.to_text()
         return self.compile_canonical(parse_module(text), options)
 
-    def compile_canonical(self, module: HloModule, options: CompileOptions) -> Executable:
-        """Compile a module the runtime owns (it is modified)."""
+    def compile_canonical(
+        self, module: HloModule, options: CompileOptions, text: str | None = None
+    ) -> Executable:
+        """Compile a module the runtime owns (it is modified); `text`, when the caller has
+        it, is `module.to_text()` (used as the executable's text unless donors change the
+        module)."""
         verify(module)
         self.check_custom_calls(module)
         if BufferDonorToAlias().run(module):  # the new aliases are checked too
             verify(module)
-        return Executable(module, options, self.platform, module.to_text())
+            text = None
+        return Executable(
+            module, options, self.platform, module.to_text() if text is None else text
+        )
 
     def load_text(self, hlo_text: str, options: CompileOptions) -> Executable:
         """An Executable from already-compiled HLO text (deserialization)."""

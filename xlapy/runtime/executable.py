@@ -189,7 +189,9 @@ class LoadedExecutable(Executable):
         for r, row in enumerate(self._assignment):
             for p, device_id in enumerate(row):
                 self._programs[device_id] = backend.compile(
-                    self.module, {**self._backend_options(), "replica_id": r, "partition_id": p}
+                    self.module,
+                    {**self._backend_options(), "replica_id": r, "partition_id": p},
+                    text=self.hlo_text(),
                 )
         self._portable: CompiledProgram | None = None
         self._signature = CallSignature(
@@ -263,7 +265,9 @@ class LoadedExecutable(Executable):
         if device.client is not self.client:
             raise RuntimeApiError(f"device {device.id} belongs to another client")
         if self._portable is None:
-            self._portable = self.backend.compile(self.module, self._backend_options())
+            self._portable = self.backend.compile(
+                self.module, self._backend_options(), text=self.hlo_text()
+            )
         return self._run_one(self._portable, arguments, device, **donation)
 
     def _run_one(

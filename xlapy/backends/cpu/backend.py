@@ -117,9 +117,15 @@ class CpuProgram(CompiledProgram):
     """A module compiled to thunks for the host CPU. `dump(dir)` writes the thunk listing,
     the optimized HLO, the buffer assignment and every kernel's LLVM IR and assembly."""
 
-    def __init__(self, module: HloModule, options: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
+    ):
         self.options = dict(options or {})
-        self.compiled: CompiledModule = compile_module(module, self.options)
+        self.compiled: CompiledModule = compile_module(module, self.options, text=text)
         self.module = self.compiled.module
         self._root = self.module.entry_computation().root_instruction()
         self.state = {k: self.options[k] for k in _STATE_OPTIONS if k in self.options}
@@ -417,5 +423,11 @@ class CpuBackend(Backend):
         self.name = name
         self.platform = platform
 
-    def compile(self, module: HloModule, options: Mapping[str, Any] | None = None) -> CpuProgram:
-        return CpuProgram(module, options)
+    def compile(
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
+    ) -> CpuProgram:
+        return CpuProgram(module, options, text=text)

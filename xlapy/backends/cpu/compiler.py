@@ -192,10 +192,13 @@ class CompiledModule:
         return "\n".join(lines) + "\n"
 
 
-def compile_module(module: HloModule, options: Mapping[str, Any] | None = None) -> CompiledModule:
-    """Optimize a copy of `module`, assign its buffers and lower it to thunks."""
+def compile_module(
+    module: HloModule, options: Mapping[str, Any] | None = None, *, text: str | None = None
+) -> CompiledModule:
+    """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
+    the caller has it, is `module.to_text()`."""
     options = dict(options or {})
-    module = _prepared_module(module.to_text(), options)
+    module = _prepared_module(module.to_text() if text is None else text, options)
     assignment = assign_buffers(module)
     entry_comp = module.entry_computation()
     lowering = _Lowering(assignment, options)

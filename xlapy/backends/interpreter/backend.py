@@ -63,6 +63,10 @@ class InterpreterBackend(Backend):
         self.platform = platform
 
     def compile(
-        self, module: HloModule, options: Mapping[str, Any] | None = None
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
     ) -> InterpreterProgram:
         return InterpreterProgram(module, options)
