@@ -172,6 +172,9 @@ class CpuProgram(CompiledProgram):
             if shape.is_array
         ]
         self._single_output = self._root.shape.is_array
+        self._flat_output = self._root.shape.is_tuple and all(
+            t.is_array for t in self._root.shape.tuple_shapes
+        )
         self._simple = self._simple_plan()
 
     def _simple_plan(self) -> _SimplePlan | None:
@@ -290,16 +293,17 @@ class CpuProgram(CompiledProgram):
                 leaf.index
                 or type(arg) is not np.ndarray
                 or arg.shape != leaf.dims
-                or arg.dtype != leaf.dtype
+                or (arg.dtype is not leaf.dtype and arg.dtype != leaf.dtype)
             ):
                 arg = self._argument(args, leaf)
-            if leaf.row_major and arg.flags.c_contiguous:
+            flags = arg.flags
+            if leaf.row_major and flags.c_contiguous:
                 if not leaf.writes:
-                    memory[leaf.alloc] = mem = arg.reshape(-1).view(np.uint8)
+                    memory[leaf.alloc] = mem = np.frombuffer(arg, _U8)
                     bases[leaf.alloc] = address(mem)
                     continue
-                if leaf.number in donated and arg.flags.writeable:
-                    memory[leaf.alloc] = mem = arg.reshape(-1).view(np.uint8)
+                if leaf.number in donated and flags.writeable:
+                    memory[leaf.alloc] = mem = np.frombuffer(arg, _U8)
                     bases[leaf.alloc] = address(mem)
                     in_place[leaf.alloc] = arg
                     continue
@@ -341,14 +345,14 @@ class CpuProgram(CompiledProgram):
 
     def _outputs(self, memory, args, donated, in_place, writeback) -> Any:
         handed: set[int] = set()
-        leaves = {}
+        leaves = []
         for out in self._outputs_plan:
             s, alias = out.slice, out.alias
             if alias is not None and alias.param_number in donated:
                 target = leaf_at(args[alias.param_number], alias.param_index)
                 if in_place.get(s.allocation) is not target:
                     np.copyto(target, _view(memory, out), casting="no")
-                leaves[out.index] = target
+                leaves.append(target)
                 handed.add(s.allocation)
                 continue
             mem = memory[s.allocation]
@@ -357,22 +361,22 @@ class CpuProgram(CompiledProgram):
             if out.handed_whole and s.allocation not in handed:
                 handed.add(s.allocation)
                 if out.row_major:
-                    leaves[out.index] = physical
+                    leaves.append(physical)
                 else:
-                    leaves[out.index] = np.ascontiguousarray(
-                        logical_from_physical(physical, out.shape)
-                    )
+                    leaves.append(np.ascontiguousarray(logical_from_physical(physical, out.shape)))
                 continue
-            leaves[out.index] = np.array(
-                logical_from_physical(physical, out.shape), copy=True, order="C"
-            )
+            logical = logical_from_physical(physical, out.shape)
+            leaves.append(np.array(logical, copy=True, order="C"))
         for arg, index, shape in writeback:
             if index not in handed:
                 ctx = ExecutionContext(memory, self.state)
                 np.copyto(arg, ctx.view(BufferSlice(index, 0, arg.nbytes, shape)))
         if self._single_output:
-            return leaves[()]
-        return _build(self._root.shape, (), leaves)
+            return leaves[0]
+        if self._flat_output:
+            return tuple(leaves)
+        by_index = {out.index: leaf for out, leaf in zip(self._outputs_plan, leaves, strict=True)}
+        return _build(self._root.shape, (), by_index)
 
     # -- dumps -----------------------------------------------------------------------------
     def thunk_listing(self) -> str:

@@ -355,6 +355,12 @@ class Kernel:
         """LLVM vector types (`<8 x float>`) in the optimized IR: evidence of vectorization."""
         return set(re.findall(r"<\d+ x [a-z0-9]+>", self.optimized_ir))
 
+    @property
+    def function(self) -> Callable[..., object]:
+        """The loaded entry point as a ctypes function: (output and parameter addresses...,
+        start, end), what run_raw calls (waiting for the code first)."""
+        return self.wait()._fn
+
     def run_raw(self, pointers: Sequence[int], start: int = 0, end: int | None = None) -> None:
         """Run rows [start, end) of the outer dimension on raw buffer addresses (outputs
         first, then parameters)."""

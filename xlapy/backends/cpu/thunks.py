@@ -15,10 +15,21 @@
 #
 # A sequence runs its thunks in schedule order, or, when the compiler found independent
 # thunks worth overlapping (thunk_graph.py), as a dependency graph over the kernel pool.
+#
+# Per-thunk cost: small kernels take about a microsecond of native time, so the Python around
+# each call matters. A thunk run once per execution works out its addresses from the
+# execution's allocation bases (a kernel through a closure made for its argument count, a
+# copy through memmove). A while loop runs the same thunks on the same addresses every
+# iteration, so it first binds them (`Thunk.bind`): each becomes one callable with its
+# arguments made, a kernel a ctypes call on prebuilt pointer objects. A loop whose condition
+# is one compare of two integer scalars (`i < n`) reads them from memory and compares them
+# in Python instead of calling a kernel and reading back its pred.
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import operator
 import threading
 import time
 from collections import deque
@@ -262,6 +273,11 @@ class Thunk:
     def run(self, ctx: ExecutionContext) -> None:
         raise NotImplementedError
 
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        """A callable that runs this thunk on `ctx`'s memory, for running it many times in
+        one execution (a loop body); None when running it would do nothing."""
+        return functools.partial(self.run, ctx)
+
     def describe(self) -> list[str]:
         """Lines of the thunk listing (the first names the thunk and its instruction)."""
         return [f"{self.kind} {self.instr.name} = {self.instr.opcode.text}"]
@@ -301,6 +317,13 @@ class ThunkSequence:
                 thunk.run(ctx)
         choice.record(graph, time.perf_counter() - start)
 
+    def bind(self, ctx: ExecutionContext) -> list[Callable[[], object]]:
+        """The thunks bound to `ctx` (Thunk.bind), to call in order; a sequence that runs as
+        a graph is one call."""
+        if self.plan is not None:
+            return [functools.partial(self.run, ctx)]
+        return [b for t in self.thunks if (b := t.bind(ctx)) is not None]
+
     def describe(self, indent: str = "") -> list[str]:
         head = f"{indent}sequence {self.name} ({len(self.thunks)} thunks)"
         if self.plan is not None:
@@ -318,6 +341,26 @@ class ThunkSequence:
 
 def _slice_lines(label: str, slices: Sequence[BufferSlice]) -> list[str]:
     return [f"{label}{i}: {s}" for i, s in enumerate(slices)]
+
+
+def _pointer_call(fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int):
+    """A function of an execution's allocation bases that calls kernel entry `fn` on the
+    addresses of `slots` ((allocation, offset) pairs) over its whole outer range. The
+    common argument counts get a closure that adds the addresses up without building a list
+    (several tenths of a microsecond of a small kernel's ~1 us)."""
+    if len(slots) == 1:
+        ((a0, o0),) = slots
+        return lambda b: fn(b[a0] + o0, 0, extent)
+    if len(slots) == 2:
+        (a0, o0), (a1, o1) = slots
+        return lambda b: fn(b[a0] + o0, b[a1] + o1, 0, extent)
+    if len(slots) == 3:
+        (a0, o0), (a1, o1), (a2, o2) = slots
+        return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, 0, extent)
+    if len(slots) == 4:
+        (a0, o0), (a1, o1), (a2, o2), (a3, o3) = slots
+        return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, b[a3] + o3, 0, extent)
+    return lambda b: fn(*[b[a] + offset for a, offset in slots], 0, extent)
 
 
 class KernelThunk(Thunk):
@@ -355,8 +398,28 @@ class KernelThunk(Thunk):
             else 1
         )
         self.split_choice = SplitChoice() if self.chunks > 1 else None
+        self._call: Callable[[list[int]], object] | None = None  # made on first run
 
     def run(self, ctx: ExecutionContext) -> None:
+        call = self._call
+        if call is None:
+            if self.scratch or self.split_choice is not None:
+                self._run_general(ctx)
+                return
+            call = self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
+        call(ctx.bases)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        if self.scratch or self.split_choice is not None:
+            return functools.partial(self._run_general, ctx)
+        bases = ctx.bases
+        args = [ctypes.c_void_p(bases[a] + offset) for a, offset in self._slots]
+        return functools.partial(
+            self.kernel.function, *args, ctypes.c_int64(0), ctypes.c_int64(self._extent)
+        )
+
+    def _run_general(self, ctx: ExecutionContext) -> None:
+        """A run through scratch buffers or with a split choice to make."""
         if self.scratch:
             outs = [np.empty(o.size, np.uint8) for o in self.outputs]
             ptrs = [address(o) for o in outs] + [ctx.ptr(i) for i in self.inputs]
@@ -397,6 +460,32 @@ class KernelThunk(Thunk):
         return [self.kernel]
 
 
+_memmove = ctypes.memmove
+
+RawCopy = tuple[int, int, int, int, int]
+"""A copy as (destination allocation, offset, source allocation, offset, bytes)."""
+
+
+def _raw_copies(copies: Sequence[tuple[BufferSlice, BufferSlice]]) -> tuple[RawCopy, ...]:
+    return tuple(
+        (dst.allocation, dst.offset, src.allocation, src.offset, src.size)
+        for src, dst in copies
+        if src.size and not src.same_bytes(dst)
+    )
+
+
+def _run_copies(bases: list[int], copies: tuple[RawCopy, ...]) -> None:
+    for da, do, sa, so, size in copies:
+        _memmove(bases[da] + do, bases[sa] + so, size)
+
+
+def _bind_copies(bases: list[int], copies: tuple[RawCopy, ...]) -> list[Callable[[], object]]:
+    return [
+        functools.partial(_memmove, bases[da] + do, bases[sa] + so, size)
+        for da, do, sa, so, size in copies
+    ]
+
+
 class CopyThunk(Thunk):
     """A byte copy between two slices of the same shape and layout."""
 
@@ -404,27 +493,80 @@ class CopyThunk(Thunk):
 
     def __init__(self, instr: HloInstruction, src: BufferSlice, dst: BufferSlice):
         self.instr, self.src, self.dst = instr, src, dst
+        self._copies = _raw_copies([(src, dst)])
 
     def run(self, ctx: ExecutionContext) -> None:
-        if not self.src.same_bytes(self.dst):
-            ctx.copy(self.src, self.dst)
+        _run_copies(ctx.bases, self._copies)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        bound = _bind_copies(ctx.bases, self._copies)
+        return bound[0] if bound else None
 
     def describe(self) -> list[str]:
         return [*super().describe(), f"from {self.src}", f"to {self.dst}"]
-
-
-def _run_copies(ctx: ExecutionContext, copies) -> None:
-    for src, dst in copies:
-        ctx.copy(src, dst)
 
 
 def _copy_lines(label: str, copies) -> list[str]:
     return [f"{label}: {s} -> {d}" for s, d in copies]
 
 
+_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "EQ": operator.eq,
+    "NE": operator.ne,
+    "LT": operator.lt,
+    "LE": operator.le,
+    "GT": operator.gt,
+    "GE": operator.ge,
+}
+
+_SCALAR_CTYPES: dict[np.dtype, Any] = {  # ctypes scalar types
+    np.dtype(t): np.ctypeslib.as_ctypes_type(t)
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HostCompare:
+    """A loop condition that is one compare of two integer scalars, evaluated in Python on
+    the scalars read from memory: `op(lhs, rhs)` with each read as `ctype`."""
+
+    op: Callable[[Any, Any], bool]
+    ctype: Any  # a ctypes integer type
+    lhs: BufferSlice
+    rhs: BufferSlice
+
+    @staticmethod
+    def of(condition: ThunkSequence, pred: BufferSlice) -> HostCompare | None:
+        """The host compare `condition` computes into `pred`, or None when it is anything
+        else (several thunks, a fusion, floats, a compare written elsewhere)."""
+        if condition.plan is not None or len(condition.thunks) != 1:
+            return None
+        thunk = condition.thunks[0]
+        if not isinstance(thunk, KernelThunk) or thunk.instr.opcode is not Opcode.COMPARE:
+            return None
+        if thunk.scratch or len(thunk.inputs) != 2 or thunk.outputs != (pred,):
+            return None
+        lhs, rhs = thunk.inputs
+        ctype = _SCALAR_CTYPES.get(lhs.shape.dtype)
+        if ctype is None or lhs.shape.rank or rhs.shape.rank or rhs.shape.dtype != lhs.shape.dtype:
+            return None
+        direction = thunk.instr.attrs.get(
+            "direction", thunk.instr.attrs.get("comparison_direction")
+        )
+        op = _COMPARISONS.get(getattr(direction, "text", str(direction)))
+        return None if op is None else HostCompare(op, ctype, lhs, rhs)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], bool]:
+        read = self.ctype.from_address
+        lhs, rhs, op = read(ctx.ptr(self.lhs)), read(ctx.ptr(self.rhs)), self.op
+        return lambda: op(lhs.value, rhs.value)
+
+
 class WhileThunk(Thunk):
     """Runs the condition, reads its pred from the condition root's slice, runs the body;
-    `*_copies` move the loop state where buffer assignment gave two slices (usually none)."""
+    `*_copies` move the loop state where buffer assignment gave two slices (usually none).
+    Each run binds the nested thunks once for all its iterations (Thunk.bind); a condition
+    that is a compare of two integer scalars runs as a HostCompare."""
 
     kind = "while"
 
@@ -445,31 +587,49 @@ class WhileThunk(Thunk):
         self.init_copies, self.cond_copies = init_copies, cond_copies
         self.body_copies, self.back_copies = body_copies, back_copies
         self.max_iterations = max_iterations
+        self.host_compare = HostCompare.of(condition, pred)
+        self._raw = tuple(
+            _raw_copies(c) for c in (init_copies, cond_copies, body_copies, back_copies)
+        )
 
     def run(self, ctx: ExecutionContext) -> None:
-        _run_copies(ctx, self.init_copies)
-        mem = ctx.memory[self.pred.allocation]
-        assert mem is not None, "the loop predicate has memory"
-        at = self.pred.offset
+        bases = ctx.bases
+        init, cond_copies, body_copies, back_copies = self._raw
+        _run_copies(bases, init)
+        before = _bind_copies(bases, cond_copies)
+        if self.host_compare is not None:
+            test = self.host_compare.bind(ctx)
+        else:
+            before += self.condition.bind(ctx)
+            pred = ctypes.c_uint8.from_address(ctx.ptr(self.pred))
+
+            def test() -> bool:
+                return bool(pred.value)
+
+        after = [
+            *_bind_copies(bases, body_copies),
+            *self.body.bind(ctx),
+            *_bind_copies(bases, back_copies),
+        ]
+        limit = self.max_iterations
         iterations = 0
         while True:
-            _run_copies(ctx, self.cond_copies)
-            self.condition.run(ctx)
-            if not mem[at]:
+            for step in before:
+                step()
+            if not test():
                 return
-            if self.max_iterations is not None and iterations >= self.max_iterations:
-                raise EvaluationError(
-                    f"{self.instr.name}: while loop ran past {self.max_iterations} iterations"
-                )
-            _run_copies(ctx, self.body_copies)
-            self.body.run(ctx)
-            _run_copies(ctx, self.back_copies)
+            if limit is not None and iterations >= limit:
+                raise EvaluationError(f"{self.instr.name}: while loop ran past {limit} iterations")
+            for step in after:
+                step()
             iterations += 1
 
     def describe(self) -> list[str]:
+        lines = [*super().describe(), f"pred: {self.pred}"]
+        if self.host_compare is not None:
+            lines[0] += " (condition compared on the host)"
         return [
-            *super().describe(),
-            f"pred: {self.pred}",
+            *lines,
             *_copy_lines("init copy", self.init_copies),
             *_copy_lines("condition copy", self.cond_copies),
             *_copy_lines("body copy", self.body_copies),
@@ -499,18 +659,22 @@ class ConditionalThunk(Thunk):
     ):
         self.instr, self.selector, self.branches = instr, selector, tuple(branches)
         self.in_copies, self.out_copies, self.is_pred = tuple(in_copies), tuple(out_copies), is_pred
+        self._in = tuple(_raw_copies(c) for c in self.in_copies)
+        self._out = tuple(_raw_copies(c) for c in self.out_copies)
+        self._ctype = ctypes.c_uint8 if is_pred else _SCALAR_CTYPES[selector.shape.dtype]
 
     def run(self, ctx: ExecutionContext) -> None:
-        value = ctx.physical(self.selector).reshape(())
+        value = self._ctype.from_address(ctx.ptr(self.selector)).value
         if self.is_pred:
-            index = 0 if bool(value) else 1
+            index = 0 if value else 1
         else:
-            index = int(value)
+            index = value
             if not 0 <= index < len(self.branches):
                 index = len(self.branches) - 1
-        _run_copies(ctx, self.in_copies[index])
+        bases = ctx.bases
+        _run_copies(bases, self._in[index])
         self.branches[index].run(ctx)
-        _run_copies(ctx, self.out_copies[index])
+        _run_copies(bases, self._out[index])
 
     def describe(self) -> list[str]:
         lines = [*super().describe(), f"selector: {self.selector}"]
@@ -531,9 +695,10 @@ class CallThunk(Thunk):
 
     def __init__(self, instr: HloInstruction, body: ThunkSequence, in_copies):
         self.instr, self.body, self.in_copies = instr, body, tuple(in_copies)
+        self._in = _raw_copies(self.in_copies)
 
     def run(self, ctx: ExecutionContext) -> None:
-        _run_copies(ctx, self.in_copies)
+        _run_copies(ctx.bases, self._in)
         self.body.run(ctx)
 
     def describe(self) -> list[str]:
