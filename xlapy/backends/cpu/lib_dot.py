@@ -99,7 +99,7 @@ def _ffi_function(names: tuple[str, ...], signature: str):
 
 
 @functools.cache
-def _set_local_threads():
+def blas_thread_setter():
     """OpenBLAS's `openblas_set_num_threads_local(n) -> previous`, or None."""
     return _ffi_function(("openblas_set_num_threads_local",), "int {name}(int);")
 
@@ -146,7 +146,7 @@ def raw_gemm(dtype: np.dtype):
 
 def one_blas_thread(body, lo: int, hi: int) -> None:
     """`body(lo, hi)` with OpenBLAS limited to the calling thread (see the file comment)."""
-    setter = _set_local_threads()
+    setter = blas_thread_setter()
     if setter is None:
         body(lo, hi)
         return

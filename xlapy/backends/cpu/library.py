@@ -32,10 +32,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,7 @@ from xlapy.backends.cpu.lib_dot import (
     PARALLEL_MIN_FLOPS,
     ROW_MAJOR,
     TRANS,
+    blas_thread_setter,
     cblas_gemm,
     one_blas_thread,
     plan_dot,
@@ -332,6 +334,67 @@ class DotThunk(Thunk):
         start = time.perf_counter()
         self._run(ctx, split)
         choice.record(split, time.perf_counter() - start)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        """A planned gemm as one pre-built call on `ctx`'s addresses (the whole product, as
+        `_run_gemm` makes it unsplit); with a split choice, the choice still times every
+        call and a call it wants split takes the general path."""
+        whole = self._bind_whole(ctx)
+        if whole is None:
+            return functools.partial(self.run, ctx)
+        choice = self.split_choice
+        if choice is None:
+            return whole
+        clock, next_split, record = time.perf_counter, choice.next_split, choice.record
+        run_gemm = self._run_gemm
+
+        def call() -> None:
+            split = next_split()
+            start = clock()
+            if split:
+                run_gemm(ctx, True)
+            else:
+                whole()
+            record(split, clock() - start)
+
+        return call
+
+    def _bind_whole(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        """The unsplit gemm with its arguments bound, or None without a planned gemm."""
+        g, fn = self._gemm, self._fn
+        if g is None or fn is None:
+            return None
+        bases = ctx.bases
+        lhs, rhs, out = g.lhs, g.rhs, g.out
+        gemm = functools.partial(
+            fn,
+            ROW_MAJOR,
+            TRANS if lhs.trans else NO_TRANS,
+            TRANS if rhs.trans else NO_TRANS,
+            g.m,
+            g.n,
+            g.k,
+            1.0,
+            bases[lhs.allocation] + lhs.offset,
+            lhs.ld,
+            bases[rhs.allocation] + rhs.offset,
+            rhs.ld,
+            0.0,
+            bases[out.allocation] + out.offset,
+            out.ld,
+        )
+        setter = blas_thread_setter()
+        if self.flops <= OPENBLAS_SERIAL_FLOPS or setter is None:
+            return gemm
+
+        def one_thread() -> None:  # one_blas_thread without its call layers
+            previous = setter(1)
+            try:
+                gemm()
+            finally:
+                setter(previous)
+
+        return one_thread
 
     def _run(self, ctx: ExecutionContext, split: bool) -> None:
         if self._gemm is not None:
