@@ -260,25 +260,6 @@ def write_entry(key: str, suffix: str, payload: bytes) -> None:
         pass
 
 
-class LoadedObject:
-    """An object file loaded into an execution engine of its own (for kernels built
-    outside the kernel cache); symbols by address."""
-
-    def __init__(self, data: bytes):
-        _initialize()
-        with _lock:
-            self.engine = _new_engine()
-            self.engine.add_object_file(llvm.ObjectFileRef.from_data(data))
-            self.engine.finalize_object()
-
-    def address(self, name: str) -> int:
-        with _lock:
-            addr = self.engine.get_function_address(name)
-        if not addr:
-            raise RuntimeError(f"symbol {name} is not in the loaded object")
-        return addr
-
-
 def _new_engine() -> llvm.ExecutionEngine:
     empty = llvm.parse_assembly("")
     empty.triple = host_target().triple
@@ -290,7 +271,8 @@ class SharedEngine:
     added in batches, each batch finalized once (MCJIT relocates and protects only the new
     sections, so code already running is untouched). A batch of four objects loads in
     ~0.1 ms, against ~1.2 ms for a new engine (a target machine, an empty module and a
-    finalization each). An object is loaded once per key. Loaded code is never freed: if
+    finalization each). An object is loaded once per key (the same key is the same code,
+    whether it came from the disk cache or not). Loaded code is never freed: if
     a batch fails, the engine is retired (kept alive, its code still in use) and the next
     batch starts a new one."""
 

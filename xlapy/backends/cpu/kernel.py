@@ -112,7 +112,7 @@ class _Loaded:
 
     __slots__ = ("address", "engine", "from_cache")
 
-    def __init__(self, engine: jit.LoadedObject | jit.SharedEngine, address: int, from_cache: bool):
+    def __init__(self, engine: jit.SharedEngine, address: int, from_cache: bool):
         self.engine, self.address, self.from_cache = engine, address, from_cache
 
 
@@ -152,10 +152,10 @@ def _compile_pool() -> ThreadPoolExecutor:
 
 def _load_object(ir_text: str, key: str, symbol: str, use_cache: bool) -> _Loaded:
     """Compile `ir_text` (or read its object from the disk cache) and load the object
-    `key` into an engine of its own (for kernels built outside the kernel cache)."""
+    `key` at once (for kernels built outside the kernel cache)."""
     obj = jit.compile_object(ir_text, use_cache, symbol, key)
-    engine = jit.LoadedObject(obj.data)
-    return _Loaded(engine, engine.address(jit.exported_symbol(key)), obj.from_cache)
+    engine = jit.shared_engine()
+    return _Loaded(engine, engine.load([(key, obj.data)])[key], obj.from_cache)
 
 
 def _enqueue(item: _Queued) -> None:
