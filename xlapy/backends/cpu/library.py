@@ -361,28 +361,9 @@ class DotThunk(Thunk):
 
     def _bind_whole(self, ctx: ExecutionContext) -> Callable[[], object] | None:
         """The unsplit gemm with its arguments bound, or None without a planned gemm."""
-        g, fn = self._gemm, self._fn
-        if g is None or fn is None:
+        if self._gemm is None or self._fn is None:
             return None
-        bases = ctx.bases
-        lhs, rhs, out = g.lhs, g.rhs, g.out
-        gemm = functools.partial(
-            fn,
-            ROW_MAJOR,
-            TRANS if lhs.trans else NO_TRANS,
-            TRANS if rhs.trans else NO_TRANS,
-            g.m,
-            g.n,
-            g.k,
-            1.0,
-            bases[lhs.allocation] + lhs.offset,
-            lhs.ld,
-            bases[rhs.allocation] + rhs.offset,
-            rhs.ld,
-            0.0,
-            bases[out.allocation] + out.offset,
-            out.ld,
-        )
+        gemm = functools.partial(self._fn, *self._gemm_args(ctx.bases))
         setter = blas_thread_setter()
         if self.flops <= OPENBLAS_SERIAL_FLOPS or setter is None:
             return gemm
@@ -402,24 +383,41 @@ class DotThunk(Thunk):
         else:
             self._run_matmul(ctx, split)
 
+    def _gemm_args(self, bases) -> tuple:
+        """The cblas gemm arguments of the whole product on memory at `bases`."""
+        g = self._gemm
+        assert g is not None
+        lhs, rhs, out = g.lhs, g.rhs, g.out
+        return (
+            ROW_MAJOR,
+            TRANS if lhs.trans else NO_TRANS,
+            TRANS if rhs.trans else NO_TRANS,
+            g.m,
+            g.n,
+            g.k,
+            1.0,
+            bases[lhs.allocation] + lhs.offset,
+            lhs.ld,
+            bases[rhs.allocation] + rhs.offset,
+            rhs.ld,
+            0.0,
+            bases[out.allocation] + out.offset,
+            out.ld,
+        )
+
     def _run_gemm(self, ctx: ExecutionContext, split: bool) -> None:
         g, fn = self._gemm, self._fn
         assert g is not None
-        bases = ctx.bases
         lhs, rhs, out = g.lhs, g.rhs, g.out
-        pa = bases[lhs.allocation] + lhs.offset
-        pb = bases[rhs.allocation] + rhs.offset
-        pc = bases[out.allocation] + out.offset
-        ta, tb = TRANS if lhs.trans else NO_TRANS, TRANS if rhs.trans else NO_TRANS
-        m, n, k, lda, ldb, ldc = g.m, g.n, g.k, lhs.ld, rhs.ld, out.ld
+        order, ta, tb, m, n, k, _, pa, lda, pb, ldb, _, pc, ldc = self._gemm_args(ctx.bases)
 
         def rows(lo: int, hi: int) -> None:
             a, c = pa + lo * lhs.row_bytes, pc + lo * out.row_bytes
-            fn(ROW_MAJOR, ta, tb, hi - lo, n, k, 1.0, a, lda, pb, ldb, 0.0, c, ldc)
+            fn(order, ta, tb, hi - lo, n, k, 1.0, a, lda, pb, ldb, 0.0, c, ldc)
 
         def columns(lo: int, hi: int) -> None:
             b, c = pb + lo * rhs.col_bytes, pc + lo * out.col_bytes
-            fn(ROW_MAJOR, ta, tb, m, hi - lo, k, 1.0, pa, lda, b, ldb, 0.0, c, ldc)
+            fn(order, ta, tb, m, hi - lo, k, 1.0, pa, lda, b, ldb, 0.0, c, ldc)
 
         if not split and self.flops <= OPENBLAS_SERIAL_FLOPS:
             rows(0, m)
