@@ -635,3 +635,51 @@ ENTRY e {
     x = np.array([1.25, 1.25, -2.75, np.nan], np.float32)
     r = np.array([0, 2**31, 2**30, 5], np.uint32)
     np.testing.assert_array_equal(run_hlo(text, x, r), [2, 1, -3, 0])
+
+
+# -- 0-d values stay arrays ----------------------------------------------------------------------
+
+# (opcode text, operand type, result type): NumPy returns scalars for 0-d inputs of some
+# ufuncs; a rule must hand back a 0-d ndarray, or a while condition built on it fails.
+SCALAR_OPS = [
+    *[(op, t, t) for op in ("abs", "negate", "sign", "exponential", "floor") for t in ("f32",)],
+    *[(op, t, t) for op in ("not", "popcnt") for t in ("s32", "u8")],
+    ("not", "pred", "pred"),
+    ("is-finite", "f32", "pred"),
+    ("is-finite", "f64", "pred"),
+    *[(op, "pred", "pred") for op in ("and", "or", "xor")],
+    *[(op, "f32", "f32") for op in ("add", "maximum", "power", "atan2", "remainder")],
+]
+
+
+@pytest.mark.parametrize("op,operand,result", SCALAR_OPS, ids=lambda c: str(c))
+def test_scalar_results_are_0d_arrays(op, operand, result):
+    binary = op in ("and", "or", "xor", "add", "maximum", "power", "atan2", "remainder")
+    args = "p, p" if binary else "p"
+    text = f"HloModule m\nENTRY e {{\n  p = {operand}[] parameter(0)\n"
+    text += f"  ROOT r = {result}[] {op}({args})\n}}"
+    dtype = {"pred": np.bool_, "s32": np.int32, "u8": np.uint8, "f32": np.float32}
+    dtype["f64"] = np.float64
+    value = np.asarray(0.75 if operand.startswith("f") else 3).astype(dtype[operand])
+    out = run_hlo(text, value)
+    assert type(out) is np.ndarray and out.shape == ()
+
+
+def test_while_condition_ending_in_not():
+    text = """HloModule m
+cond {
+  s = s32[] parameter(0)
+  ten = s32[] constant(10)
+  ge = pred[] compare(s, ten), direction=GE
+  ROOT keep = pred[] not(ge)
+}
+body {
+  s = s32[] parameter(0)
+  one = s32[] constant(1)
+  ROOT next = s32[] add(s, one)
+}
+ENTRY e {
+  p = s32[] parameter(0)
+  ROOT w = s32[] while(p), condition=cond, body=body
+}"""
+    assert int(run_hlo(text, np.asarray(3, np.int32))) == 10

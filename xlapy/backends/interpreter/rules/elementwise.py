@@ -360,7 +360,7 @@ def _not(instr, operands, ctx):
     x = operands[0]
     t = ptype_of(x)
     if t.is_pred:
-        return np.logical_not(x)
+        return np.asarray(np.logical_not(x))
     if not t.is_integral:
         raise EvaluationError(f"{instr.name}: not needs a pred or integer operand, got {t}")
     return wrap(~wide(x), t)
@@ -403,7 +403,7 @@ def _imag(instr, operands, ctx):
 @evaluates(Opcode.IS_FINITE)
 def _is_finite(instr, operands, ctx):
     x = operands[0]
-    return np.isfinite(x.astype(float_compute_dtype(ptype_of(x))))
+    return np.asarray(np.isfinite(x.astype(float_compute_dtype(ptype_of(x)))))
 
 
 def _round_afz(v):
