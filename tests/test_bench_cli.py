@@ -94,3 +94,13 @@ def test_parse_error_exit_1(run_cli, write):
     code, _, err = run_cli("bench", write("bad.hlo", "HloModule m\nENTRY e {"), "--json")
     assert code == 1
     assert "bad.hlo" in err and "error" in err
+
+
+@pytest.mark.parametrize(
+    "us,text",
+    [(12.34, "12.3 us"), (4567.8, "4.57 ms"), (335511.3, "335.51 ms"), (2.5e6, "2.500 s")],
+)
+def test_times_are_printed_in_a_readable_unit(us, text):
+    from xlapy.tools.bench import format_us
+
+    assert format_us(us) == text

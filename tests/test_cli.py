@@ -45,11 +45,12 @@ def test_run_with_inputs_writes_outputs_in_preorder(run_cli, write, tmp_path):
     a, b = rng.standard_normal((2, 2, 3)).astype(np.float32)
     inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(inputs, param_0=a, param_1=b)
-    code, out, _ = run_cli(
+    code, out, err = run_cli(
         "run", write("m.hlo", ADD), "--inputs", str(inputs), "--output", str(outputs)
     )
     assert code == 0
     assert "output_0: f32[2,3]" in out and "output_1: f32[2,3]" in out
+    assert "compiled in" in err and "ran once in" in err  # compile time is not run time
     with np.load(outputs) as result:
         assert sorted(result.files) == ["output_0", "output_1"]
         np.testing.assert_array_equal(result["output_0"], a + b)

@@ -532,27 +532,34 @@ def plot_timeline(
         )  # fmt: skip
     ax.step(xs, _edge(tl.live_bytes) / scale, where="post", color="black", linewidth=1)
     peak_x = tl.peak_time + 0.5
+    top = max(a.peak_bytes, tl.peak_bytes, 1) / scale
+    ax.set_xlim(0, steps)
+    ax.set_ylim(0, top * 1.3)  # headroom above the curve holds the labels
     ax.axvline(peak_x, color="crimson", linestyle="--", linewidth=1)
+    # The peak label sits in the headroom on the side of the peak line with more room, on a
+    # white box, so it crosses neither the curve nor the assigned-peak line.
+    left_half = peak_x < steps / 2
     ax.annotate(
         f"peak {human_bytes(tl.peak_bytes)}\nstep {tl.peak_time}: {tl.steps[tl.peak_time]}",
-        xy=(peak_x, tl.peak_bytes / scale),
-        xytext=(8, -4),
+        xy=(peak_x, top * 1.27),
+        xytext=(6 if left_half else -6, 0),
         textcoords="offset points",
         color="crimson",
         fontsize=9,
         va="top",
+        ha="left" if left_half else "right",
+        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9, "pad": 1.5},
     )
     ax.axhline(a.peak_bytes / scale, color="0.3", linestyle=":", linewidth=1)
     ax.text(
-        0,
+        steps if left_half else 0,
         a.peak_bytes / scale,
-        f" assigned peak {human_bytes(a.peak_bytes)} (argument + output - alias + temp)",
+        f" assigned peak {human_bytes(a.peak_bytes)} (argument + output - alias + temp) ",
         va="bottom",
+        ha="right" if left_half else "left",
         fontsize=8,
         color="0.3",
     )
-    ax.set_xlim(0, steps)
-    ax.set_ylim(0, max(a.peak_bytes, tl.peak_bytes, 1) / scale * 1.12)
     ax.set_xlabel("schedule step")
     ax.set_ylabel(f"live {unit}")
     ax.set_title(title or f"{a.module.name}: live memory over the schedule")

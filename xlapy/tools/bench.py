@@ -43,10 +43,19 @@ class BenchResult:
         return (
             f"{self.module} on {self.backend}\n"
             f"compile: cold {self.compile_cold_ms:.2f} ms, warm {self.compile_warm_ms:.2f} ms\n"
-            f"run:     median {self.run_median_us:.1f} us, min {self.run_min_us:.1f} us, "
-            f"p10 {self.run_p10_us:.1f} us, p90 {self.run_p90_us:.1f} us "
+            f"run:     median {format_us(self.run_median_us)}, min {format_us(self.run_min_us)}, "
+            f"p10 {format_us(self.run_p10_us)}, p90 {format_us(self.run_p90_us)} "
             f"({self.runs} runs after {self.warmup} warm-up)"
         )
+
+
+def format_us(us: float) -> str:
+    """A duration given in microseconds, in the unit that keeps it readable (us, ms or s)."""
+    if us >= 1e6:
+        return f"{us / 1e6:.3f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us"
 
 
 @contextlib.contextmanager

@@ -89,17 +89,24 @@ def cli():
 @click.option("--backend", default="cpu", show_default=True, help="cpu or interpreter")
 def run(module_path, inputs, random_inputs, seed, output, backend):
     """Run MODULE.hlo and print a summary of each output."""
-    from xlapy.backends import execute
+    from xlapy.backends import get_backend
 
     module = load_module(module_path)
     args = select_inputs(module, inputs, random_inputs, seed)
     start = time.perf_counter()
-    result = execute(module, args, backend)
-    elapsed = time.perf_counter() - start
+    program = get_backend(backend).compile(module)
+    compiled = time.perf_counter()
+    result = program.run(args)
+    ran = time.perf_counter()
     leaves = npz_io.flatten(result)
     for i, leaf in enumerate(leaves):
         click.echo(summarize(f"output_{i}", leaf))
-    click.echo(f"ran {module.name} on {backend} in {elapsed * 1e3:.2f} ms", err=True)
+    click.echo(
+        f"{module.name} on {backend}: compiled in {(compiled - start) * 1e3:.2f} ms, "
+        f"ran once in {(ran - compiled) * 1e3:.2f} ms (first run; `xlapy bench` for steady "
+        "times)",
+        err=True,
+    )
     if output:
         np.savez(output, **npz_io.output_arrays(result))
 
