@@ -8,8 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
+from xlapy.backends.cpu.kernel import default_pool, even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.thunks import SplitChoice
+from xlapy.errors import XlapyError
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 8])
@@ -29,7 +30,7 @@ def test_run_blocks_covers_every_block_once(parts):
 def test_run_blocks_from_pool_workers_does_not_deadlock():
     """Every pool worker calls run_blocks at once: queued blocks no worker can start are
     taken back by their callers."""
-    workers = getattr(default_pool(), "_max_workers", 1)
+    workers = pool_size()
     seen = np.zeros(workers * 64, np.int64)
     lock = threading.Lock()
 
@@ -105,3 +106,21 @@ def test_split_choice_ignores_the_warm_up_run():
     picks = _drive(choice, 1.0, 2.0, 2 * SplitChoice.PROBES)
     assert picks.count(True) == picks.count(False) == SplitChoice.PROBES
     assert choice.split
+
+
+def test_pool_size_follows_the_affinity_mask_not_cpu_count(monkeypatch):
+    pool_size.cache_clear()
+    try:
+        monkeypatch.delenv("XLAPY_NUM_THREADS", raising=False)
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 3, 5})
+        monkeypatch.setattr("os.cpu_count", lambda: 64)
+        assert pool_size() == 3
+        pool_size.cache_clear()
+        monkeypatch.setenv("XLAPY_NUM_THREADS", "2")
+        assert pool_size() == 2
+        pool_size.cache_clear()
+        monkeypatch.setenv("XLAPY_NUM_THREADS", "many")
+        with pytest.raises(XlapyError, match="XLAPY_NUM_THREADS"):
+            pool_size()
+    finally:
+        pool_size.cache_clear()

@@ -145,9 +145,28 @@ def clear_loaded_objects() -> None:
         _entries.clear()
 
 
+THREADS_ENV_VAR = "XLAPY_NUM_THREADS"
+
+
+@functools.cache
+def pool_size() -> int:
+    """Worker threads for the process: the cores this process may run on
+    (`os.sched_getaffinity`, so `taskset` and container CPU sets are honoured, unlike
+    `os.cpu_count()`), or $XLAPY_NUM_THREADS where it is set to a positive integer."""
+    override = os.environ.get(THREADS_ENV_VAR, "").strip()
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise XlapyError(f"${THREADS_ENV_VAR} must be a positive integer, got {override!r}")
+        return int(override)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # platforms without affinity masks
+        return os.cpu_count() or 1
+
+
 @functools.cache
 def _compile_pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="xlapy-jit")
+    return ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="xlapy-jit")
 
 
 def _load_object(ir_text: str, key: str, symbol: str, use_cache: bool) -> _Loaded:
@@ -510,8 +529,8 @@ def compile_instruction(instr: HloInstruction, use_cache: bool = True) -> Kernel
 
 @functools.cache
 def default_pool() -> ThreadPoolExecutor:
-    """The process-wide worker pool (one thread per core)."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="xlapy-cpu")
+    """The process-wide worker pool (`pool_size()` threads)."""
+    return ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="xlapy-cpu")
 
 
 def even_blocks(extent: int, parts: int) -> list[tuple[int, int]]:
@@ -549,6 +568,6 @@ def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None 
     one per pool worker) run as run_blocks runs them."""
     outputs, inputs = kernel.prepare(args)
     ptrs = kernel.pointers(outputs, inputs)
-    parts = max(1, chunks or getattr(default_pool(), "_max_workers", 1))
+    parts = max(1, chunks or pool_size())
     run_blocks(lambda lo, hi: kernel.run_raw(ptrs, lo, hi), even_blocks(kernel.outer_extent, parts))
     return kernel.finish(outputs)

@@ -44,7 +44,7 @@ import os
 import cffi
 import numpy as np
 
-from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
+from xlapy.backends.cpu.kernel import even_blocks, pool_size, run_blocks
 from xlapy.backends.interpreter.rules.contraction import (
     accumulation_dtype,
     to_result,
@@ -167,7 +167,7 @@ def split_run(units: int, flops: float, body) -> None:
     if flops < PARALLEL_MIN_FLOPS or units < 2:
         one_blas_thread(body, 0, units)
         return
-    parts = getattr(default_pool(), "_max_workers", 1)
+    parts = pool_size()
     run_blocks(lambda lo, hi: one_blas_thread(body, lo, hi), even_blocks(units, parts))
 
 

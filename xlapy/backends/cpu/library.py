@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xlapy.backends.base import replace_leaf
-from xlapy.backends.cpu.kernel import default_pool, even_blocks, run_blocks
+from xlapy.backends.cpu.kernel import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.lib_conv import plan_convolution
 from xlapy.backends.cpu.lib_dot import (
     NO_TRANS,
@@ -314,7 +314,7 @@ class DotThunk(Thunk):
         self._gemm = self._plan_gemm(out) if self._fn is not None else None
         splits = self.flops >= PARALLEL_MIN_FLOPS and max(b, m, n) > 1
         self.split_choice = SplitChoice() if splits else None
-        self._parts = getattr(default_pool(), "_max_workers", 1)
+        self._parts = pool_size()
 
     def _plan_gemm(self, out: BufferSlice) -> _GemmPlan | None:
         if self.b != 1 or 0 in (self.m, self.n, self.k):

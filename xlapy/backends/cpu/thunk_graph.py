@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from xlapy.backends.cpu.kernel import default_pool
+from xlapy.backends.cpu.kernel import default_pool, pool_size
 from xlapy.errors import XlapyError
 
 MIN_OVERLAP_NS = 20_000.0
@@ -313,7 +313,7 @@ class _Run:
         self.ready = list(plan.roots)  # a heap of ranks (sorted is a heap)
         self.running = 0
         self.helpers = 0
-        self.max_helpers = max(1, getattr(default_pool(), "_max_workers", 1) - 1)
+        self.max_helpers = max(1, pool_size() - 1)
         self.sleeping = False
         self.failed: list[tuple[int, BaseException]] = []
         self.lock = threading.Lock()

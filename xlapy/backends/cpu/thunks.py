@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.backends.cpu.kernel import Kernel, default_pool, even_blocks, run_blocks
+from xlapy.backends.cpu.kernel import Kernel, even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
@@ -393,9 +393,7 @@ class KernelThunk(Thunk):
         elements = work_elements(instr, self.outputs)
         extent = self._extent = kernel.outer_extent
         self.chunks = (
-            min(extent, getattr(default_pool(), "_max_workers", 1))
-            if elements > PARALLEL_MIN_ELEMENTS and extent > 1
-            else 1
+            min(extent, pool_size()) if elements > PARALLEL_MIN_ELEMENTS and extent > 1 else 1
         )
         self.split_choice = SplitChoice() if self.chunks > 1 else None
         self._call: Callable[[list[int]], object] | None = None  # made on first run
