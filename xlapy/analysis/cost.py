@@ -63,11 +63,6 @@ def _bytes(shape: Shape) -> int:
     return sum(s.byte_size for _, s in shape.leaves() if s.is_array and not s.is_unbounded_dynamic)
 
 
-TRANSCENDENTAL = {
-    Opcode.EXP, Opcode.EXPM1, Opcode.LOG, Opcode.LOG1P, Opcode.LOGISTIC, Opcode.TANH,
-    Opcode.SIN, Opcode.COS, Opcode.TAN, Opcode.SQRT, Opcode.RSQRT, Opcode.CBRT, Opcode.ERF,
-    Opcode.POWER, Opcode.ATAN2,
-}  # fmt: skip
 NO_MEMORY = {
     Opcode.PARAMETER, Opcode.CONSTANT, Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT, Opcode.BITCAST,
     Opcode.AFTER_ALL, Opcode.ADD_DEPENDENCY, Opcode.OPTIMIZATION_BARRIER,
@@ -79,7 +74,7 @@ COST_RULES: dict[Opcode, CostRule] = {}
 
 def _elementwise(instr: HloInstruction) -> Cost:
     n = _elements(instr.shape)
-    if instr.opcode in TRANSCENDENTAL:
+    if instr.opcode.is_transcendental:
         return Cost(transcendentals=n)
     return Cost(flops=n)
 

@@ -32,22 +32,8 @@ from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import CallContext, Opcode
 from xlapy.ir.shapes import Shape, ShapeIndex, index_text
-
-CONTROL_FLOW_OPCODES = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
-"""Opcodes whose called computations run sequentially, in the caller's schedule."""
-
-FORWARDING_OPCODES = frozenset(
-    {
-        Opcode.GET_TUPLE_ELEMENT,
-        Opcode.BITCAST,
-        Opcode.OPTIMIZATION_BARRIER,
-        Opcode.DOMAIN,
-        Opcode.ADD_DEPENDENCY,
-    }
-)
-"""Opcodes whose every position holds the operand-0 value at the matching position."""
 
 
 class DataflowError(XlapyError):
@@ -207,7 +193,7 @@ class DataflowAnalysis:
         uses: dict[HloValue, list[Use]] = {v: [] for v in builder.values}
         for comp in computations:
             for instr in comp.instructions:
-                if instr.opcode in FORWARDING_OPCODES or instr.opcode is Opcode.TUPLE:
+                if instr.opcode.forwards_operand or instr.opcode is Opcode.TUPLE:
                     continue
                 for number, operand in enumerate(instr.operands):  # each Use made once
                     for index, _ in operand.shape.subshapes():
@@ -263,7 +249,7 @@ class _Builder:
         if op is Opcode.GET_TUPLE_ELEMENT:
             self.forward(instr, instr.operands[0], (instr.attrs["index"],))
             return
-        if op in FORWARDING_OPCODES:
+        if op.forwards_operand:
             if op is Opcode.BITCAST and not instr.shape.is_array:
                 raise DataflowError(f"{instr.name}: expected an array-shaped bitcast")
             self.forward(instr, instr.operands[0], ())
@@ -304,7 +290,7 @@ def _sequential_computations(
     while pending:
         comp = pending.pop(0)
         for instr in comp.instructions:
-            if instr.opcode not in CONTROL_FLOW_OPCODES:
+            if instr.opcode.call_context is not CallContext.SEQUENTIAL:
                 continue
             for called in instr.called_computations():
                 if called in callers or called is entry:
@@ -329,7 +315,7 @@ def _thread_local_computations(
         called
         for comp in sequential
         for instr in comp.instructions
-        if instr.opcode not in CONTROL_FLOW_OPCODES
+        if instr.opcode.call_context is not CallContext.SEQUENTIAL
         for called in instr.called_computations()
     ]
     while pending:

@@ -29,7 +29,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from xlapy.analysis.dataflow import (
-    CONTROL_FLOW_OPCODES,
     Dataflow,
     DataflowError,
     HloValue,
@@ -38,7 +37,7 @@ from xlapy.analysis.dataflow import (
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import CallContext, Opcode
 
 Sequences = Mapping[HloComputation, Sequence[HloInstruction]]
 
@@ -185,7 +184,7 @@ class LivenessAnalysis:
                 sequence = comp.post_order()
             first = clock[0]
             for instr in sequence:
-                if instr.opcode not in CONTROL_FLOW_OPCODES:
+                if instr.opcode.call_context is not CallContext.SEQUENTIAL:
                     t = tick(instr, "end")
                     spans[instr] = (t, t)
                     continue

@@ -48,15 +48,16 @@ from xlapy.memory.heap_simulator import (
 
 SizeFn = Callable[[HloInstruction], int]
 
-FORWARDING_OPCODES = frozenset({Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT, Opcode.BITCAST})
-"""Opcodes whose result is (part of) an operand's buffer rather than a new one."""
 
-_NO_BUFFER_OPCODES = FORWARDING_OPCODES | {Opcode.PARAMETER}
+def _reuses_operand_buffers(op: Opcode) -> bool:
+    """Whether the result is (part of) operand buffers rather than a new buffer: a tuple
+    of its operands, or an op that forwards operand 0 (get-tuple-element, bitcast, ...)."""
+    return op.forwards_operand or op is Opcode.TUPLE
 
 
 def default_size(instr: HloInstruction) -> int:
     """Bytes `instr` defines under the simple size model in the module comment."""
-    if instr.opcode in _NO_BUFFER_OPCODES:
+    if instr.opcode is Opcode.PARAMETER or _reuses_operand_buffers(instr.opcode):
         return 0
     shape = instr.shape
     if shape.is_array and shape.is_unbounded_dynamic:
@@ -157,13 +158,13 @@ def _buffers(
 
     for instr in _dfs_post_order(comp, deps, comp.instructions):
         own: tuple[HloInstruction, ...] = (instr,) if size[instr] else ()
-        if instr.opcode in FORWARDING_OPCODES:
+        if _reuses_operand_buffers(instr.opcode):
             own += tuple(b for op in instr.operands for b in sources(op))
         behind[instr] = tuple(dict.fromkeys(own))
     reads = {
         instr: tuple(dict.fromkeys(b for op in instr.operands for b in sources(op)))
         for instr in comp.instructions
-        if instr.opcode not in FORWARDING_OPCODES
+        if not _reuses_operand_buffers(instr.opcode)
     }
     for instr in comp.instructions:
         reads.setdefault(instr, ())

@@ -10,12 +10,12 @@ e.g. as a reducer), recursively, as XLA's FlattenCallGraph does. Thread-local co
 
 from __future__ import annotations
 
-from xlapy.analysis.dataflow import CONTROL_FLOW_OPCODES
 from xlapy.ir.attributes import COMPUTATION_ATTRIBUTES
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
+from xlapy.ir.opcodes import CallContext
 from xlapy.passes.pass_base import HloPass, register_pass
 
 
@@ -54,7 +54,7 @@ class FlattenCallGraph(HloPass):
         inside_ops = {
             called
             for instr in module.instructions()
-            if instr.opcode not in CONTROL_FLOW_OPCODES
+            if instr.opcode.call_context is not CallContext.SEQUENTIAL
             for called in instr.called_computations()
         }
         claimed: set[HloComputation] = {module.entry}
@@ -63,7 +63,7 @@ class FlattenCallGraph(HloPass):
         while pending:
             comp = pending.pop(0)
             for instr in comp.instructions:
-                if instr.opcode not in CONTROL_FLOW_OPCODES:
+                if instr.opcode.call_context is not CallContext.SEQUENTIAL:
                     continue
                 for key in COMPUTATION_ATTRIBUTES:
                     value = instr.attrs.get(key)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import CallContext, Opcode
 from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
     can_be_consumer,
@@ -34,8 +34,6 @@ from xlapy.passes.fusion_rules import (
 )
 from xlapy.passes.pass_base import HloPass, register_pass
 
-SEQUENTIAL_CALLERS = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
-
 
 def fusible_computations(module: HloModule) -> list[HloComputation]:
     """Computations fusion may rewrite: the entry and those called only as control flow."""
@@ -46,7 +44,9 @@ def fusible_computations(module: HloModule) -> list[HloComputation]:
     result = []
     for comp in module.computations:
         ops = callers.get(id(comp))
-        if comp is module.entry or (ops and ops <= SEQUENTIAL_CALLERS):
+        if comp is module.entry or (
+            ops and all(op.call_context is CallContext.SEQUENTIAL for op in ops)
+        ):
             result.append(comp)
     return result
 

@@ -57,28 +57,6 @@ ROOT_ONLY = frozenset({O.REDUCE})
 # Only as the root of a fusion, with this operand a fusion parameter (updated in place).
 IN_PLACE_ROOT_OPERAND = {O.DYNAMIC_UPDATE_SLICE: 0}
 
-EXPENSIVE = frozenset(
-    {
-        O.ATAN2,
-        O.CBRT,
-        O.COS,
-        O.DIVIDE,
-        O.ERF,
-        O.EXP,
-        O.EXPM1,
-        O.LOG,
-        O.LOG1P,
-        O.LOGISTIC,
-        O.POWER,
-        O.REMAINDER,
-        O.RSQRT,
-        O.SIN,
-        O.SQRT,
-        O.TAN,
-        O.TANH,
-    }
-)
-
 LOOP = Enum("kLoop")
 INPUT = Enum("kInput")
 FUSIBLE_KINDS = frozenset({"kLoop", "kInput"})
@@ -236,7 +214,7 @@ def is_expensive(instr: HloInstruction) -> bool:
     comp = fused_computation(instr)
     if comp is not None:
         return any(is_expensive(i) for i in comp.instructions)
-    if instr.opcode in EXPENSIVE:
+    if instr.opcode.is_expensive:
         return True
     if instr.opcode.is_elementwise or instr.opcode in LOOP_FUSIBLE_NON_ELEMENTWISE:
         return False

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import CallContext, Opcode
 from xlapy.ir.shapes import Layout
 from xlapy.passes.pass_base import HloPass, register_pass
 
 LAYOUT_SENSITIVE = frozenset({Opcode.BITCAST, Opcode.CUSTOM_CALL})
 """Opcodes whose results depend on physical layouts: their modules keep every layout."""
 
-CROSSING = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
 """Opcodes whose operands and results are the parameters and roots of other computations."""
 
 
@@ -49,10 +48,13 @@ def _pinned(entry) -> set[int]:
         if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
             stack.extend(instr.operands)
     for instr in entry.instructions:
-        if instr.opcode is Opcode.PARAMETER or instr.opcode in CROSSING:
+        if instr.opcode is Opcode.PARAMETER or instr.opcode.call_context is CallContext.SEQUENTIAL:
             pinned.add(id(instr))
             pinned.update(id(op) for op in instr.operands)
-        if instr.opcode is Opcode.GET_TUPLE_ELEMENT and instr.operands[0].opcode in CROSSING:
+        if (
+            instr.opcode is Opcode.GET_TUPLE_ELEMENT
+            and instr.operands[0].opcode.call_context is CallContext.SEQUENTIAL
+        ):
             pinned.add(id(instr))
     return pinned
 

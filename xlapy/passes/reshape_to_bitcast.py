@@ -26,7 +26,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import CallContext, Opcode
 from xlapy.ir.shapes import Layout, Shape
 from xlapy.passes.hlo_edit import Editor
 from xlapy.passes.pass_base import HloPass, register_pass
@@ -34,7 +34,6 @@ from xlapy.passes.pass_base import HloPass, register_pass
 IOTA_LIMIT = 1 << 20
 """The largest array whose reshape is checked element by element."""
 
-SEQUENTIAL_CALLERS = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
 """Opcodes whose called computations run as thunk sequences of their own."""
 
 
@@ -48,7 +47,7 @@ def sequential_computations(module: HloModule) -> list[HloComputation]:
     while stack:
         comp = stack.pop()
         for instr in comp.instructions:
-            if instr.opcode not in SEQUENTIAL_CALLERS:
+            if instr.opcode.call_context is not CallContext.SEQUENTIAL:
                 continue
             for callee in instr.called_computations():
                 if id(callee) not in seen:

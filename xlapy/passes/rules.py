@@ -35,10 +35,6 @@ from xlapy.passes.hlo_edit import Editor
 
 Op = Opcode
 
-COMMUTATIVE = frozenset(
-    {Op.ADD, Op.MULTIPLY, Op.MAXIMUM, Op.MINIMUM, Op.AND, Op.OR, Op.XOR}
-)  # compare is not: its direction depends on the order
-
 
 @dataclass(frozen=True)
 class SimplifierOptions:
@@ -179,7 +175,7 @@ def _operand_orders(operands: tuple[Pat, ...], instr: HloInstruction):
     if len(operands) != len(instr.operands):
         return
     yield instr.operands
-    if instr.opcode in COMMUTATIVE and len(instr.operands) == 2:
+    if instr.opcode.is_commutative and len(instr.operands) == 2:
         yield instr.operands[::-1]
 
 

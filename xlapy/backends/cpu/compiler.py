@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.analysis.dataflow import FORWARDING_OPCODES
 from xlapy.backends.cpu import module_cache
 from xlapy.backends.cpu.emit_scatter import scatter_thunk
 from xlapy.backends.cpu.emitter import in_place_reason, supported
@@ -76,7 +75,6 @@ from xlapy.memory.buffer_assignment import (
 )
 from xlapy.passes.pipelines import default_cpu_pipeline
 
-_ELEMENTWISE = (Category.UNARY, Category.BINARY, Category.TERNARY)
 KERNEL_OPCODES = frozenset(
     {
         Opcode.BROADCAST,
@@ -95,12 +93,8 @@ KERNEL_OPCODES = frozenset(
 )
 """Unfused opcodes (besides elementwise ones) that become kernels when the emitter can."""
 
-NO_THUNK = FORWARDING_OPCODES | {
-    Opcode.PARAMETER,
-    Opcode.TUPLE,
-    Opcode.CONSTANT,
-    Opcode.AFTER_ALL,
-}
+NO_THUNK = frozenset({Opcode.PARAMETER, Opcode.TUPLE, Opcode.CONSTANT, Opcode.AFTER_ALL})
+"""Opcodes that run no code (besides those that forward their operand's value)."""
 
 _kernel_cache: dict[tuple, Kernel] = {}
 _kernel_lock = threading.Lock()
@@ -314,7 +308,7 @@ class _Lowering:
     def sequence(self, comp: HloComputation) -> ThunkSequence:
         seq = ThunkSequence(comp.name)
         for instr in self.assignment.schedule.sequence(comp):
-            if instr.opcode in NO_THUNK:
+            if instr.opcode in NO_THUNK or instr.opcode.forwards_operand:
                 continue
             thunk = self.lower(instr)
             if self.concurrency != "off":
@@ -425,7 +419,7 @@ class _Lowering:
     def kernel_reason(self, instr: HloInstruction) -> str | None:
         """None when `instr` can be a kernel thunk, else why not."""
         op = instr.opcode
-        if op not in KERNEL_OPCODES and op.category not in _ELEMENTWISE:
+        if op not in KERNEL_OPCODES and not op.is_elementwise:
             return f"no kernel for '{op.text}'"
         if op in (Opcode.RNG, Opcode.STOCHASTIC_CONVERT):
             return f"no kernel for '{op.text}'"

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xlapy.analysis.dataflow import FORWARDING_OPCODES
 from xlapy.backends.interpreter.evaluator import Interpreter, check_value
 from xlapy.backends.interpreter.registry import TOKEN, Value, rule_for
 from xlapy.errors import EvaluationError
@@ -95,7 +94,7 @@ class _ArenaInterpreter:
             return self.read(instr.operands[index[0]], index[1:])
         if op is Opcode.BITCAST:
             return rule_for(op)(instr, [self.read(instr.operands[0])], self.plain)
-        if op in FORWARDING_OPCODES:
+        if op.forwards_operand:
             return self.read(instr.operands[0], index)
         if op is Opcode.CALL:
             return self.read(instr.attrs["to_apply"].root, index)
@@ -109,7 +108,7 @@ class _ArenaInterpreter:
     def run(self, comp: HloComputation) -> None:
         for instr in self.assignment.schedule.sequence(comp):
             op = instr.opcode
-            if op is Opcode.PARAMETER or op is Opcode.TUPLE or op in FORWARDING_OPCODES:
+            if op is Opcode.PARAMETER or op is Opcode.TUPLE or op.forwards_operand:
                 continue
             if op is Opcode.WHILE:
                 self.run_while(instr)
