@@ -18,12 +18,7 @@ from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 from xlapy.ir.shapes import Shape
 from xlapy.passes.pass_base import PASSES, FixedPoint, HloPass, PassPipeline, make_pass
-from xlapy.passes.pipelines import (
-    CPU_PIPELINE,
-    OPTIONAL_PASSES,
-    build,
-    default_cpu_pipeline,
-)
+from xlapy.passes.pipelines import CPU_PIPELINE, build, default_cpu_pipeline
 
 TEXT = """HloModule m
 ENTRY e {
@@ -87,12 +82,21 @@ def test_fixed_point_group_repeats_until_quiet():
     assert [i.opcode for i in module.entry.instructions] == [Opcode.PARAMETER, Opcode.NEGATE]
 
 
-def test_every_listed_pass_is_registered_or_optional():
+def test_every_listed_pass_is_registered():
     names = [n for e in CPU_PIPELINE for n in (e if isinstance(e, list) else [e])]
     for name in names:
-        assert name in PASSES or name in OPTIONAL_PASSES, name
+        assert name in PASSES, name
     with pytest.raises(XlapyError, match="unknown pass 'nope'"):
         make_pass("nope")
+
+
+def test_a_plan_mixes_names_and_pass_objects():
+    dce = make_pass("dce")
+    pipeline = build("mixed", ["algsimp", [make_pass("cse"), "dce"], dce])
+    assert [type(p).__name__ for p in pipeline.passes][-1] == type(dce).__name__
+    assert pipeline.passes[-1] is dce
+    with pytest.raises(XlapyError, match="unknown pass 'nope'"):
+        build("bad", ["algsimp", "nope"])
 
 
 def test_default_pipeline_builds_and_runs_on_a_small_module(tmp_path):
@@ -115,7 +119,7 @@ def lowered_text(name: str) -> str:
 
 
 # The stages before fusion: what the simplification passes may not get wrong.
-EARLY = [e for e in CPU_PIPELINE if isinstance(e, list) or e not in OPTIONAL_PASSES]
+EARLY = CPU_PIPELINE[: CPU_PIPELINE.index("fusion")]
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))

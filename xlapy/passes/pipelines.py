@@ -1,41 +1,30 @@
 """The default compilation pipelines, as plain lists of pass names.
 
 Reading order is running order. A FixedPoint group repeats until no pass in it changes the
-module. Passes are built by name from the registry (pass_base.PASSES), so this file only
-imports the modules that register them. The late stages (fusion, copy insertion) live in
-modules written separately; they join the pipeline when their module exists.
+module. Passes are built by name from the one registry (pass_base.PASSES, filled by
+importing the package `xlapy.passes`, whose PASS_MODULES is the one list of pass modules);
+a pipeline may also hold pass objects built by the caller.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from pathlib import Path
 
-from xlapy.passes import (  # noqa: F401  (importing registers the passes)
-    constant_folding,
-    cse,
-    dce,
-    donors,
-    expanders,
-    inline,
-    layout_normalize,
-    reshape_to_bitcast,
-    simplify,
-    tuple_simplify,
-)
-from xlapy.passes.pass_base import PASSES, FixedPoint, HloPass, PassPipeline, make_pass
+import xlapy.passes  # noqa: F401  (importing the package registers every pass)
+from xlapy.passes.pass_base import FixedPoint, HloPass, PassPipeline, make_pass
 
-SIMPLIFY = ["algsimp", "constant-folding", "tuple-simplifier", "cse", "dce"]
+PlanEntry = str | HloPass | list[str | HloPass]
 
-CPU_PIPELINE: list[str | list[str]] = [
+SIMPLIFY: list[str | HloPass] = ["algsimp", "constant-folding", "tuple-simplifier", "cse", "dce"]
+
+CPU_PIPELINE: list[PlanEntry] = [
     "call-inliner",
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
     SIMPLIFY,  # a list is a FixedPoint group
     "buffer-donor-to-alias",
-    # -- late stages: fusion, then copy insertion (added when their modules exist) ----------
+    # -- late stages: fusion, then copy insertion ---------------------------------------------
     "fusion",
     # "multi-output-fusion" is not in the pipeline: it saves softmax a re-read (~12%) but
     # makes outputs live together that were not (temp memory geomean 0.60 -> 1.25 of XLA's
@@ -46,38 +35,25 @@ CPU_PIPELINE: list[str | list[str]] = [
     "copy-insertion",
 ]
 
-LATE_MODULES = (
-    "xlapy.passes.fusion",
-    "xlapy.passes.fusion_multi_output",
-    "xlapy.passes.flatten_call_graph",
-    "xlapy.passes.copy_insertion",
-)
-OPTIONAL_PASSES = frozenset(
-    {"fusion", "multi-output-fusion", "flatten-call-graph", "copy-insertion"}
-)
 
-
-def _register_late_passes() -> None:
-    for name in LATE_MODULES:
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name)
+def _pass(entry: str | HloPass) -> HloPass:
+    return entry if isinstance(entry, HloPass) else make_pass(entry)
 
 
 def build(
     name: str,
-    plan: list[str | list[str]],
+    plan: list[PlanEntry],
     dump_dir: str | Path | None = None,
     verify: bool = True,
 ) -> PassPipeline:
-    """A PassPipeline from a list of pass names (a nested list is a FixedPoint group).
-    Optional late passes that are not registered are left out."""
-    _register_late_passes()
+    """A PassPipeline from a list of pass names or pass objects (a nested list is a
+    FixedPoint group). An unknown name is an error naming the registered passes."""
     items: list[HloPass | FixedPoint] = []
     for entry in plan:
         if isinstance(entry, list):
-            items.append(FixedPoint([make_pass(n) for n in entry], name=f"{name}-simplify"))
-        elif entry in PASSES or entry not in OPTIONAL_PASSES:
-            items.append(make_pass(entry))
+            items.append(FixedPoint([_pass(e) for e in entry], name=f"{name}-simplify"))
+        else:
+            items.append(_pass(entry))
     return PassPipeline(name, items, verify_between=verify, dump_dir=dump_dir)
 
 

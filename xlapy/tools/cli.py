@@ -199,19 +199,15 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json):
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="write the result here")
 def opt(module_path, pass_names, dump_dir, no_verify, output):
     """Optimize MODULE.hlo and print the result."""
-    from xlapy.passes.pass_base import PassPipeline, make_pass
-    from xlapy.passes.pipelines import default_cpu_pipeline
+    from xlapy.passes.pipelines import CPU_PIPELINE, build
 
+    plan = CPU_PIPELINE
     if pass_names is not None:
-        names = [n.strip() for n in pass_names.split(",") if n.strip()]
-        if not names:
+        plan = [n.strip() for n in pass_names.split(",") if n.strip()]
+        if not plan:
             raise click.UsageError("--passes names no pass")
-        passes = [make_pass(n) for n in names]
+    pipeline = build("opt", plan, dump_dir=dump_dir, verify=not no_verify)
     module = load_module(module_path)
-    if pass_names is None:
-        pipeline = default_cpu_pipeline(dump_dir=dump_dir, verify=not no_verify)
-    else:
-        pipeline = PassPipeline("opt", passes, verify_between=not no_verify, dump_dir=dump_dir)
     start = time.perf_counter()
     pipeline.run(module)
     elapsed = time.perf_counter() - start
