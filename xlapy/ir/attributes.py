@@ -15,7 +15,11 @@ parse an attribute, the printer to print it, and nothing else needs its own list
 from __future__ import annotations
 
 import enum
+import math
+import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from xlapy.ir.shapes import ShapeIndex
 
@@ -276,11 +280,149 @@ class BackendConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshAxis:
+    """One axis reference of a mesh replica-group list: a whole mesh axis (`'x'`), or the
+    sub-axis `'x':(pre)size` (the `size` devices of axis x whose stride is `pre`)."""
+
+    axis: int
+    pre_size: int = 0  # 0: the whole axis
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """A named device mesh, `mesh['x'=2,'y'=4]` or `mesh[...], device_ids=(3,1,2,0,...)`."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    device_ids: tuple[int, ...] | None = None  # None: 0, 1, 2, ... in row-major order
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaGroups:
-    """Explicit groups `{{0,1},{2,3}}`, or the iota form `[2,2]<=[4]` kept as text."""
+    """The devices a collective runs over, in any of the three forms XLA prints:
+
+      explicit  `{{0,1},{2,3}}` (or `{}`: all devices)    `groups`
+      iota      `[2,2]<=[4]`, `[2,2]<=[2,2]T(1,0)`        `iota_text`, kept as written
+      mesh      `mesh['x'=2,'y'=2] {'y'}`                  `mesh` and `mesh_axes`
+
+    `expanded()` gives the explicit groups of every form; the parser has checked that it can.
+    """
 
     groups: tuple[tuple[int, ...], ...] = ()
     iota_text: str | None = None
+    mesh: Mesh | None = None
+    mesh_axes: tuple[MeshAxis, ...] = ()
+
+    def expanded(self) -> tuple[tuple[int, ...], ...]:
+        """The explicit groups: `[2,2]<=[2,2]T(1,0)` is `((0,2),(1,3))`,
+        `mesh['x'=2,'y'=2] {'x'}` is `((0,2),(1,3))`. ValueError for a malformed form."""
+        if self.iota_text is not None:
+            return iota_groups(self.iota_text)
+        if self.mesh is not None:
+            return mesh_groups(self.mesh, self.mesh_axes)
+        return self.groups
+
+    @property
+    def group_size(self) -> int | None:
+        """Devices per group; None for `{}` (every device, a number the module config holds)."""
+        groups = self.expanded()
+        return len(groups[0]) if groups else None
+
+
+_IOTA_GROUPS = re.compile(r"\[([0-9,]*)\]<=\[([0-9,]*)\](?:T\(([0-9,]*)\))?")
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v)
+
+
+def iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
+    """The groups of the iota form `[groups,size]<=[reshape dims]T(permutation)`: the ids
+    0..n-1 laid out in the reshape dims, transposed, and read row by row in `size` chunks."""
+    m = _IOTA_GROUPS.fullmatch(text)
+    if m is None:
+        raise ValueError(f"'{text}' is not an iota device list like [2,2]<=[4]")
+    head, dims = _int_tuple(m.group(1)), _int_tuple(m.group(2))
+    perm = _int_tuple(m.group(3)) if m.group(3) is not None else tuple(range(len(dims)))
+    if len(head) != 2:
+        raise ValueError(f"iota replica groups need [groups,size], got [{m.group(1)}]")
+    if not dims or math.prod(head) != math.prod(dims):
+        raise ValueError(f"[{m.group(1)}] and [{m.group(2)}] hold different numbers of devices")
+    if sorted(perm) != list(range(len(dims))):
+        raise ValueError(f"T({m.group(3)}) is not a permutation of {len(dims)} dimensions")
+    if math.prod(dims) > _MAX_DEVICES:
+        raise ValueError(f"{math.prod(dims)} devices is more than {_MAX_DEVICES}")
+    ids = np.arange(math.prod(dims)).reshape(dims).transpose(perm).reshape(-1)
+    return _chunks(ids, head[1]) if head[1] else ((),) * head[0]
+
+
+_MAX_DEVICES = 1 << 20
+
+
+def _chunks(ids, size: int) -> tuple[tuple[int, ...], ...]:
+    flat = [int(v) for v in ids]
+    return tuple(tuple(flat[i : i + size]) for i in range(0, len(flat), size))
+
+
+def mesh_groups(mesh: Mesh, axes: tuple[MeshAxis, ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups of a mesh replica-group list: the devices that differ only along `axes`.
+
+    Each mesh axis that sub-axes refer to is split into (stride, size, rest) pieces; the
+    device array, reshaped to all pieces, is transposed so the grouped pieces come last and
+    read in chunks of the group size."""
+    rank = len(mesh.sizes)
+    if rank == 0 or len(mesh.names) != rank or len(set(mesh.names)) != rank:
+        raise ValueError("a mesh needs one distinct name per axis")
+    if any(s < 1 for s in mesh.sizes):
+        raise ValueError("mesh axis sizes must be positive")
+    total = math.prod(mesh.sizes)
+    if total > _MAX_DEVICES:
+        raise ValueError(f"{total} devices is more than {_MAX_DEVICES}")
+    if mesh.device_ids is None:
+        ids = np.arange(total)
+    elif sorted(mesh.device_ids) != list(range(total)):
+        raise ValueError(f"device_ids must be a permutation of 0..{total - 1}")
+    else:
+        ids = np.array(mesh.device_ids)
+    if not axes:
+        raise ValueError("a mesh replica-group list names at least one axis")
+    dims: list[int] = []
+    grouped: list[int] = []
+    for i, full in enumerate(mesh.sizes):
+        refs = [a for a in axes if a.axis == i]
+        offset = len(dims)
+        if not refs:
+            dims.append(full)
+            continue
+        if len(refs) == 1 and not refs[0].pre_size:
+            dims.append(full)
+            grouped.append(offset)
+            continue
+        if any(not r.pre_size for r in refs):
+            raise ValueError(f"axis '{mesh.names[i]}' is named whole and as a sub-axis")
+        order = sorted(range(len(refs)), key=lambda k: refs[k].pre_size)
+        position = [0] * len(refs)
+        prefix = 1
+        for k in order:
+            ref = refs[k]
+            if ref.size < 2 or ref.pre_size % prefix or full % (ref.pre_size * ref.size):
+                raise ValueError(f"sub-axis ({ref.pre_size}){ref.size} does not fit axis {full}")
+            if ref.pre_size != prefix:
+                dims.append(ref.pre_size // prefix)
+                prefix = ref.pre_size
+            position[k] = len(dims)
+            dims.append(ref.size)
+            prefix *= ref.size
+        if prefix != full:
+            dims.append(full // prefix)
+        grouped.extend(position)
+    if any(a.axis < 0 or a.axis >= rank for a in axes) or len(set(grouped)) != len(grouped):
+        raise ValueError("mesh axes repeat or are out of range")
+    size = math.prod(dims[g] for g in grouped)
+    rest = [d for d in range(len(dims)) if d not in grouped]
+    ids = ids.reshape(dims).transpose(rest + grouped).reshape(-1)
+    return _chunks(ids, size)
 
 
 @dataclass(frozen=True, slots=True)

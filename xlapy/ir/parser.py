@@ -64,8 +64,9 @@ _FLOAT = re.compile(
 _WS = re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.DOTALL)
 _GAP = re.compile(r"(?:\s+|//[^\n]*)+")
 _DIM_LABELS = re.compile(r"([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
-_DIGITS = re.compile(r"-?[0-9]+")
-_PAD_DIM = re.compile(r"(-?[0-9]+)_(-?[0-9]+)(?:_(-?[0-9]+))?")
+_DIGITS = re.compile(r"-?[0-9]{1,19}(?![0-9])")
+_PAD_DIM = re.compile(r"(-?[0-9]{1,19})_(-?[0-9]{1,19})(?:_(-?[0-9]{1,19}))?(?![0-9])")
+_MAX_INT_CHARS = 21  # a sign and the 20 digits of 2**64 - 1
 _ELEMENT_TYPES = {t.text for t in PrimitiveType if t is not PrimitiveType.TUPLE}
 
 # Fast paths. Each regex only finds the extent of a common form; its meaning (and every
@@ -86,9 +87,10 @@ _OPERAND = re.compile(rf"\s*(?>(%?({_IDENT_TEXT})))\s*([,)])")  # name, then ','
 _ATTRIBUTE_KEY = re.compile(  # `, key =` and the whitespace and comments after it
     rf"\s*,\s*(?>({_IDENT_TEXT}))\s*=(?>(?:\s+|//[^\n]*|(?s:/\*.*?\*/))*)(?!/\*)"
 )
-_PARAMETER_NUMBER = re.compile(r"[ \t]*([0-9]+)[ \t]*\)")
+_PARAMETER_NUMBER = re.compile(r"[ \t]*([0-9]{1,9})[ \t]*\)")
 _INT_LIST = re.compile(r"\s*\{([-+0-9, \t]*)\}")
 _DECIMAL = re.compile(r"[ \t]*[-+]?[0-9]+[ \t]*")
+_IOTA_LIST = re.compile(r"\[[0-9,]*\]<=\[[0-9,]*\](?:T\([0-9,]*\))?")
 _SCALAR_TEXT = re.compile(r"[-+.0-9A-Za-z]+(?=\))")
 _SCALARS: dict[tuple[Shape, str], Literal] = {}
 """Scalar constants read by the general rules, by shape and text (literals are immutable)."""
@@ -222,7 +224,11 @@ class _Parser:
         m = self.match(_INT)
         if not m:
             raise self.expected(what)
-        return int(m.group(0))
+        text = m.group(0)
+        if len(text) > _MAX_INT_CHARS:  # also keeps Python's 4300-digit int() limit away
+            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
+            raise self.error(f"value {shown} is out of range", m.start())
+        return int(text)
 
     def boolean(self) -> bool:
         word = self.peek_ident()
@@ -341,14 +347,16 @@ class _Parser:
         start = self.pos
         if self.accept("("):
             self.enter()
-            elements = []
-            if not self.accept(")"):
-                while True:
-                    elements.append(self.shape())
-                    if self.accept(")"):
-                        break
-                    self.expect(",", "',' or ')' in tuple shape")
-            self.leave()
+            try:
+                elements = []
+                if not self.accept(")"):
+                    while True:
+                        elements.append(self.shape())
+                        if self.accept(")"):
+                            break
+                        self.expect(",", "',' or ')' in tuple shape")
+            finally:
+                self.leave()
             return Shape.tuple(elements)
         word = self.peek_ident()
         if word is None:
@@ -1058,7 +1066,7 @@ class _Parser:
         m = _INT_LIST.match(self.text, self.pos)
         if m:
             items = m.group(1).split(",")
-            if all(_DECIMAL.fullmatch(item) for item in items):
+            if all(_DECIMAL.fullmatch(item) for item in items) and len(m.group(1)) < 4000:
                 self.pos = m.end()
                 return tuple(map(int, items))
             if not m.group(1).strip():
@@ -1241,14 +1249,82 @@ class _Parser:
         raise self.expected("a quoted string or '{' for backend_config")
 
     def replica_groups(self) -> A.ReplicaGroups:
+        self.skip()
+        start = self.pos
         if self.peek("["):
-            self.skip()
-            m = re.compile(r"\[[0-9,]*\]<=\[[0-9,]*\](?:T\([0-9,]*\))?").match(self.text, self.pos)
+            m = _IOTA_LIST.match(self.text, self.pos)
             if not m:
                 raise self.expected("replica groups like [2,2]<=[4]")
             self.pos = m.end()
-            return A.ReplicaGroups(iota_text=m.group(0))
-        return A.ReplicaGroups(groups=self.nested_int_lists())
+            groups = A.ReplicaGroups(iota_text=m.group(0))
+        elif self.peek_ident() == "mesh":
+            self.pos += len("mesh")
+            groups = self.mesh_replica_groups()
+        else:
+            groups = A.ReplicaGroups(groups=self.nested_int_lists())
+        try:
+            groups.expanded()
+        except ValueError as e:
+            raise self.error(f"bad replica groups: {e}", start) from None
+        return groups
+
+    def mesh_replica_groups(self) -> A.ReplicaGroups:
+        """`mesh['x'=2,'y'=4][, device_ids=(...)] {'y', 'x':(1)2}` after `mesh`."""
+        self.expect("[", "'[' after mesh")
+        names: list[str] = []
+        sizes: list[int] = []
+        while True:
+            names.append(self.axis_name())
+            self.expect("=", "'=' after a mesh axis name")
+            sizes.append(self.integer("a mesh axis size"))
+            if self.accept("]"):
+                break
+            self.expect(",", "',' or ']' in mesh axes")
+        device_ids = None
+        if self.accept(","):
+            if self.peek_ident() != "device_ids":
+                raise self.expected("device_ids=(...)")
+            self.pos += len("device_ids")
+            self.expect("=")
+            self.expect("(")
+            ids = [self.integer("a device id")]
+            while self.accept(","):
+                ids.append(self.integer("a device id"))
+            self.expect(")", "')' closing device_ids")
+            device_ids = tuple(ids)
+        self.expect("{", "'{' opening the mesh axes of the groups")
+        axes: list[A.MeshAxis] = []
+        while True:
+            pos = self.pos
+            name = self.axis_name()
+            if name not in names:
+                raise self.error(f"mesh has no axis '{name}'", pos)
+            pre = size = 0
+            if self.accept(":"):
+                self.expect("(", "'(' opening a sub-axis like :(1)2")
+                pre = self.integer("a sub-axis stride")
+                self.expect(")")
+                size = self.integer("a sub-axis size")
+                if pre < 1 or size < 2:
+                    raise self.error("a sub-axis needs stride >= 1 and size >= 2", pos)
+            axes.append(A.MeshAxis(names.index(name), pre, size))
+            if self.accept("}"):
+                break
+            self.expect(",", "',' or '}' in mesh axes")
+        mesh = A.Mesh(tuple(names), tuple(sizes), device_ids)
+        return A.ReplicaGroups(mesh=mesh, mesh_axes=tuple(axes))
+
+    def axis_name(self) -> str:
+        """A mesh axis name: `'x'` (as XLA prints it) or a bare identifier."""
+        self.skip()
+        if self.text.startswith("'", self.pos):
+            end = self.text.find("'", self.pos + 1)
+            if end < 0 or "\n" in self.text[self.pos : end]:
+                raise self.error("unterminated axis name")
+            name = self.text[self.pos + 1 : end]
+            self.pos = end + 1
+            return name
+        return self.ident("a mesh axis name")
 
     def pairs(self) -> tuple[tuple[int, ...], ...]:
         groups = self.nested_int_lists()

@@ -457,6 +457,17 @@ def _backend_config(config: A.BackendConfig | str, opts: PrintOptions) -> str:
 def _replica_groups(groups: A.ReplicaGroups, opts: PrintOptions) -> str:
     if groups.iota_text is not None:
         return groups.iota_text
+    mesh = groups.mesh
+    if mesh is not None:
+        axes = ",".join(f"'{n}'={s}" for n, s in zip(mesh.names, mesh.sizes))
+        ids = ""
+        if mesh.device_ids is not None:
+            ids = f", device_ids=({','.join(map(str, mesh.device_ids))})"
+        refs = ",".join(
+            f"'{mesh.names[a.axis]}'" + (f":({a.pre_size}){a.size}" if a.pre_size else "")
+            for a in groups.mesh_axes
+        )
+        return f"mesh[{axes}]{ids} {{{refs}}}"
     return "{" + ",".join(_ints(g) for g in groups.groups) + "}"
 
 

@@ -1306,16 +1306,19 @@ def _rng_state(operands, attrs, declared):
 
 
 def _group_size(attrs) -> int | None:
+    """Devices per replica group; None when the groups are `{}` (all devices) or absent."""
     groups = attrs.get("replica_groups")
     if groups is None:
         return None
-    if groups.groups:
-        return len(groups.groups[0])
-    if groups.iota_text:
-        head = groups.iota_text.split("<=")[0].strip().strip("[]")
-        parts = [int(p) for p in head.split(",") if p.strip()]
-        return parts[-1] if parts else None
-    return None
+    try:
+        expanded = groups.expanded()
+    except ValueError as e:
+        _fail(f"bad replica_groups: {e}")
+    if expanded and any(len(g) != len(expanded[0]) for g in expanded):
+        _fail("replica groups must all have the same size")
+    if expanded and not expanded[0]:
+        _fail("replica groups must not be empty")
+    return len(expanded[0]) if expanded else None
 
 
 def _gather_like(operands, attrs, declared, scatter: bool) -> Shape:
@@ -1346,7 +1349,8 @@ def _gather_like(operands, attrs, declared, scatter: bool) -> Shape:
                     f"result {i} ({_t(r)}) must match operand {i} ({_t(s)}) except in dimension {d}"
                 )
             size, out = s.dims[d], r.dims[d]
-            ok = (size % out == 0) if scatter else (out % size == 0 if size else out == 0)
+            small, big = (out, size) if scatter else (size, out)
+            ok = big % small == 0 if small else big == 0
             if not ok:
                 _fail(
                     f"result {i} dimension {d} (size {out}) is not a whole multiple/fraction "
