@@ -48,6 +48,7 @@ class AttrKind(enum.Enum):
     SHAPE_LIST = "shape list"  # {f32[2]{0}, s32[]}
     SHAPE = "shape"  # f32[2]{0}
     OUTPUT_OPERAND_ALIASING = "output to operand aliasing"  # {{0}: (1, {})}
+    LITERAL = "literal"  # s32[2]{0} {1, 2}, or a tuple ( f32[] 1, pred[] true )
     RAW = "raw"  # any balanced text, kept verbatim (attributes xlapy does not interpret)
 
 
@@ -126,6 +127,7 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "is_composite": AttrKind.BOOL,
     # custom calls
     "custom_call_target": AttrKind.STRING,
+    "literal": AttrKind.LITERAL,
     "api_version": AttrKind.ENUM,  # API_VERSION_ORIGINAL ... API_VERSION_TYPED_FFI
     "custom_call_has_side_effect": AttrKind.BOOL,
     "custom_call_schedule": AttrKind.ENUM,

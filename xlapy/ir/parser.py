@@ -1373,6 +1373,24 @@ class _Parser:
                 self.expect(",", "',' or '}' in output_to_operand_aliasing")
         return tuple(entries)
 
+    def shaped_literal(self) -> Literal:
+        """A literal with its shape, `s32[2]{0} {1, 2}`, or a tuple of them in parentheses."""
+        self.enter()
+        try:
+            if not self.accept("("):
+                shape = self.shape()
+                return self.literal(shape)
+            elements = []
+            if not self.accept(")"):
+                while True:
+                    elements.append(self.shaped_literal())
+                    if self.accept(")"):
+                        break
+                    self.expect(",", "',' or ')' in a tuple literal")
+            return Literal(Shape.tuple([e.shape for e in elements]), elements=tuple(elements))
+        finally:
+            self.leave()
+
     def raw(self) -> A.Raw:
         return A.Raw(self.balanced())
 
@@ -1442,6 +1460,7 @@ _ATTRIBUTE_READERS = {
     AttrKind.SHAPE_LIST: _Parser.shape_list,
     AttrKind.SHAPE: lambda p: p.shape(),
     AttrKind.OUTPUT_OPERAND_ALIASING: _Parser.output_operand_aliasing,
+    AttrKind.LITERAL: _Parser.shaped_literal,
     AttrKind.RAW: _Parser.raw,
 }
 

@@ -120,19 +120,35 @@ def shape_text(shape: Shape, layouts: bool = True) -> str:
 
 
 def literal_text(literal: Literal, xla_floats: bool = False) -> str:
-    """A literal's value without its shape: `{ {1, 2}, {3, 4} }`, `(1, 2)`, `nan`."""
+    """A literal's value without its shape, as XLA prints it on one line: `{1, 2}`,
+    `{ { 1, 2 }, { 3, 4 } }`, `(1, 2)`, `nan`; pred arrays as 0 and 1, and a `/*i0=2*/`
+    comment opening each block of a rank > 3 array."""
     shape = literal.shape
     if shape.is_tuple:
-        return "(" + ", ".join(literal_text(e, xla_floats) for e in literal.elements) + ")"
+        return "( " + ", ".join(literal_text(e, xla_floats) for e in literal.elements) + " )"
     if not shape.is_array:
         return ""
     array = literal.array
     assert array is not None, "an array literal always holds data (Literal.__post_init__)"
-    fmt = _element_formatter(shape.element_type, xla_floats)
     if shape.rank == 0:
-        return fmt(array[()])
-    flat = [fmt(v) for v in array.reshape(-1)]
-    return _nest(flat, shape.dims)
+        return _element_formatter(shape.element_type, xla_floats)(array[()])
+    if shape.element_type.kind is Kind.PRED:
+        flat = ["1" if v else "0" for v in array.reshape(-1)]
+    else:
+        fmt = _element_formatter(shape.element_type, xla_floats)
+        flat = [fmt(v) for v in array.reshape(-1)]
+    if shape.rank == 1:
+        return "{" + ", ".join(flat) + "}"
+    return _nest(flat, shape.dims, ())
+
+
+def shaped_literal_text(literal: Literal, xla_floats: bool = False) -> str:
+    """A literal with its shape, as XLA's Literal::ToString: `s32[2]{0} {1, 2}`,
+    `( f32[] 1, pred[2]{0} {0, 1} )`."""
+    if literal.shape.is_tuple:
+        inner = ", ".join(shaped_literal_text(e, xla_floats) for e in literal.elements)
+        return f"( {inner} )" if inner else "( )"
+    return f"{shape_text(literal.shape)} {literal_text(literal, xla_floats)}"
 
 
 # -- module pieces -------------------------------------------------------------------------
@@ -228,12 +244,16 @@ def _element_count(literal: Literal) -> int:
 
 
 # -- literals ------------------------------------------------------------------------------
-def _nest(flat: list[str], dims: tuple[int, ...]) -> str:
+def _nest(flat: list[str], dims: tuple[int, ...], index: tuple[int, ...]) -> str:
+    """Block `index` of a rank >= 2 array: innermost rows `{ 1, 2 }` (`{1}` when one long),
+    outer blocks `{ row, row }`, each outer block of a rank > 3 array tagged `/*iK=v*/`."""
     if len(dims) == 1:
-        return "{" + ", ".join(flat) + "}"
+        return "{ " + ", ".join(flat) + " }" if dims[0] > 1 else "{" + "".join(flat) + "}"
+    rank = len(dims) + len(index)
+    tag = f" /*i{len(index) - 1}={index[-1]}*/" if rank > 3 and index else ""
     step = len(flat) // dims[0] if dims[0] else 0
-    inner = [_nest(flat[i * step : (i + 1) * step], dims[1:]) for i in range(dims[0])]
-    return "{ " + ", ".join(inner) + " }" if inner else "{  }"
+    inner = [_nest(flat[i * step : (i + 1) * step], dims[1:], (*index, i)) for i in range(dims[0])]
+    return "{" + tag + " " + ", ".join(inner) + " }" if inner else "{" + tag + " }"
 
 
 def _element_formatter(etype: PrimitiveType, xla_floats: bool):
@@ -249,46 +269,35 @@ def _element_formatter(etype: PrimitiveType, xla_floats: bool):
     return lambda v: f"({text(v.real, part)}, {text(v.imag, part)})"
 
 
-_NATIVE_FLOATS = {
-    PrimitiveType.F16: np.float16,
-    PrimitiveType.F32: np.float32,
-    PrimitiveType.F64: np.float64,
-}
-
-
 def float_text(value, etype: PrimitiveType) -> str:
-    """The shortest text that parses back to exactly `value` as an `etype` element."""
+    """A float as XLA prints it, text that parses back to exactly `value` as an `etype`:
+    f32 with `%.6g` (`%.9g` when 6 digits do not round-trip), f64 with `%.15g` (or `%.17g`),
+    the narrower types with the `max_digits10` of their type (bf16 `%.4g`: 500 is `500`)."""
     value = np.asarray(value, dtype=etype.dtype)
     with np.errstate(all="ignore"):
-        is_nan = np.isnan(value.astype(np.float64))
-    if is_nan:
+        wide = float(value.astype(np.float64))
+    if np.isnan(wide):
         return _nan_text(value, etype)
-    native = _NATIVE_FLOATS.get(etype)
-    if native is not None:
-        text = str(native(value.astype(native)))
-        return text[:-2] if text.endswith(".0") else text
-    wide = float(value.astype(np.float64))
     if np.isinf(wide):
-        return str(wide)
-    for digits in range(1, 10):
-        text = f"{wide:.{digits}g}"
-        if np.array(float(text)).astype(etype.dtype).tobytes() == value.tobytes():
-            return text
-    return f"{wide:.9g}"
+        return "-inf" if wide < 0 else "inf"
+    if etype is PrimitiveType.F64:
+        text = f"{wide:.15g}"
+        return text if float(text) == wide else f"{wide:.17g}"
+    if etype is PrimitiveType.F32:
+        text = f"{wide:.6g}"
+        return text if np.float32(float(text)) == value else f"{wide:.9g}"
+    return f"{wide:.{_max_digits10(etype)}g}"
 
 
-_XLA_DIGITS = {PrimitiveType.F64: 17, PrimitiveType.F16: 5, PrimitiveType.BF16: 4}
+def _max_digits10(etype: PrimitiveType) -> int:
+    """C++'s numeric_limits<T>::max_digits10 of a float type: 2 + digits * log10(2)."""
+    digits = ml_dtypes.finfo(etype.dtype).nmant + 1
+    return 2 + digits * 30103 // 100000
 
 
 def _xla_float_text(value, etype: PrimitiveType) -> str:
-    """XLA's own spelling: a fixed number of significant digits per type."""
-    value = np.asarray(value, dtype=etype.dtype)
-    with np.errstate(all="ignore"):
-        is_nan = np.isnan(value.astype(np.float64))
-    if is_nan:
-        return _nan_text(value, etype)
-    digits = _XLA_DIGITS.get(etype, 9)
-    return f"{float(value.astype(np.float64)):.{digits}g}"
+    """The same as float_text (kept for PrintOptions.xla_floats, which it once changed)."""
+    return float_text(value, etype)
 
 
 def _nan_text(value: np.ndarray, etype: PrimitiveType) -> str:
@@ -425,8 +434,9 @@ def _padding(padding: A.Padding, opts: PrintOptions) -> str:
 
 
 def _slice(spec: A.SliceSpec, opts: PrintOptions) -> str:
+    strided = any(stride != 1 for _, _, stride in spec.dims)  # then XLA prints every stride
     ranges = [
-        f"[{start}:{limit}:{stride}]" if stride != 1 else f"[{start}:{limit}]"
+        f"[{start}:{limit}:{stride}]" if strided else f"[{start}:{limit}]"
         for start, limit, stride in spec.dims
     ]
     return "{" + ", ".join(ranges) + "}"
@@ -479,16 +489,27 @@ def _aliasing(entries, opts: PrintOptions) -> str:
     return "{" + ", ".join(items) + "}"
 
 
-_ESCAPE = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPE = {
+    '"': '\\"',
+    "'": "\\'",
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+}
+_PLAIN = re.compile(r"[^\"'\\\x00-\x1f\x7f]*\Z")
 
 
 def _quote(text: str) -> str:
+    """`text` quoted as XLA's CEscape writes it: `\\"`, `\\'`, `\\n`, other controls octal."""
+    if _PLAIN.match(text):
+        return '"' + text + '"'
     out = []
     for ch in text:
         if ch in _ESCAPE:
             out.append(_ESCAPE[ch])
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
+            out.append(f"\\{ord(ch):03o}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
@@ -518,6 +539,7 @@ _KIND_PRINTERS: dict[AttrKind, Callable[[Any, PrintOptions], str]] = {
     AttrKind.SHAPE_LIST: lambda v, o: "{" + ", ".join(shape_text(s) for s in v) + "}",
     AttrKind.SHAPE: lambda v, o: shape_text(v),
     AttrKind.OUTPUT_OPERAND_ALIASING: _aliasing,
+    AttrKind.LITERAL: lambda v, o: shaped_literal_text(v, o.xla_floats),
     AttrKind.RAW: lambda v, o: v.text if isinstance(v, A.Raw) else str(v),
 }
 
