@@ -125,6 +125,9 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "called_computations": AttrKind.COMPUTATION_LIST,
     "kind": AttrKind.ENUM,  # fusion kind: kLoop kInput kOutput kCustom
     "is_composite": AttrKind.BOOL,
+    "has_dynamic_root": AttrKind.BOOL,
+    "is_reverse": AttrKind.BOOL,  # scan
+    "is_associative": AttrKind.BOOL,  # scan
     # custom calls
     "custom_call_target": AttrKind.STRING,
     "literal": AttrKind.LITERAL,
@@ -216,6 +219,8 @@ class ConvDimLabels:
     output_batch: int
     output_feature: int
     output_spatial: tuple[int, ...]
+    ranks: tuple[int, ...] = ()
+    """(input, kernel, output) label lengths when some are `?` (unlabeled), else ()."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +245,7 @@ class Metadata:
     are unescaped Python strings, numbers are ints.
     """
 
-    items: tuple[tuple[str, str | int], ...]
+    items: tuple[tuple[str, str | int | tuple[int, ...]], ...]
 
     def get(self, key: str, default=None):
         for k, v in self.items:

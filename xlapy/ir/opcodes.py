@@ -165,6 +165,7 @@ class Opcode(enum.Enum):
     FUSION = _op("fusion", V, CTL)
     MAP = _op("map", V, CTL)
     WHILE = _op("while", 1, CTL)
+    SCAN = _op("scan", V, CTL)
     # random numbers
     RNG = _op("rng", V, Category.RNG, side_effect=True)
     RNG_BIT_GENERATOR = _op("rng-bit-generator", 1, Category.RNG)

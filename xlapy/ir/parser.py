@@ -46,7 +46,7 @@ from xlapy.ir.module import (
     ModuleConfig,
     StackFrameTables,
 )
-from xlapy.ir.opcodes import VARIADIC, Opcode
+from xlapy.ir.opcodes import VARIADIC, Category, Opcode
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
 from xlapy.ir.types import Kind, PrimitiveType
 
@@ -63,7 +63,7 @@ _FLOAT = re.compile(
 )
 _WS = re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.DOTALL)
 _GAP = re.compile(r"(?:\s+|//[^\n]*)+")
-_DIM_LABELS = re.compile(r"([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
+_DIM_LABELS = re.compile(r"([0-9a-z?]+)_([0-9a-z?]+)->([0-9a-z?]+)")
 _DIGITS = re.compile(r"-?[0-9]{1,19}(?![0-9])")
 _PAD_DIM = re.compile(r"(-?[0-9]{1,19})_(-?[0-9]{1,19})(?:_(-?[0-9]{1,19}))?(?![0-9])")
 _MAX_INT_CHARS = 21  # a sign and the 20 digits of 2**64 - 1
@@ -113,6 +113,17 @@ class _PendingInstr:
 
 
 @dataclass(slots=True)
+class _AsyncSugar:
+    """`custom-call-start(x), custom_call_target="f"` (or -update, -done): an async op whose
+    wrapped computation (parameters and `wrapped` as root) is built once operands resolve."""
+
+    instr: HloInstruction
+    wrapped: Opcode
+    pos: int
+    root: HloInstruction | None = None  # the wrapped instruction, for a -start
+
+
+@dataclass(slots=True)
 class _ComputationRef:
     """A called computation named before the whole module is read."""
 
@@ -128,6 +139,10 @@ class _Parser:
         self.depth = 0
         self._line_starts: list[int] | None = None
         self.computation_refs: list[tuple[HloInstruction, str, Any]] = []
+        self.multiline_strings = False  # header strings may span lines
+        self.sugar: tuple[Opcode, Opcode] | None = None  # set by opcode(): (async op, wrapped)
+        self.async_wrappers: list[_AsyncSugar] = []
+        self.wrapper_computations: list[HloComputation] = []
 
     # -- errors ----------------------------------------------------------------------------
     def error(self, message: str, pos: int | None = None) -> HloParseError:
@@ -250,6 +265,10 @@ class _Parser:
             while j < len(text) and text[j] not in '"\\\n':
                 j += 1
             out.append(text[i:j])
+            if j < len(text) and text[j] == "\n" and self.multiline_strings:
+                out.append("\n")
+                i = j + 1
+                continue
             if j >= len(text) or text[j] == "\n":
                 raise self.error("unterminated string", start)
             if text[j] == '"':
@@ -565,9 +584,12 @@ class _Parser:
             return np.array(values, dtype=np.bool_).reshape(shape.dims)
         if kind in (Kind.SIGNED, Kind.UNSIGNED):
             info = ml_dtypes.iinfo(dtype)
-            for v, p in zip(values, positions):
-                if not info.min <= v <= info.max:
+            low = -(2**63) if etype is PrimitiveType.U64 else info.min  # XLA reads an int64
+            for k, (v, p) in enumerate(zip(values, positions)):
+                if not low <= v <= info.max:
                     raise self.error(f"value {v} is out of range for {etype.text}", p)
+                if v < 0 and etype is PrimitiveType.U64:
+                    values[k] = v + 2**64
             return np.array(values, dtype=dtype).reshape(shape.dims)
         if kind is Kind.FLOAT:
             return self.float_array(values, positions, dtype, etype).reshape(shape.dims)
@@ -618,7 +640,10 @@ class _Parser:
             raise self.expected("'HloModule'")
         self.pos += len(word)
         module = HloModule(self.name("a module name"))
+        self.accept(":")  # the old `HloModule name:` form
+        self.multiline_strings = True
         self.header(module.config)
+        self.multiline_strings = False
         module.stack_frames = self.stack_frame_tables()
         computations: dict[str, HloComputation] = {}
         entry: HloComputation | None = None
@@ -635,6 +660,12 @@ class _Parser:
                     raise self.error("more than one ENTRY computation", start)
                 entry = comp
         entry = entry or list(computations.values())[-1]
+        for wrapper in self.wrapper_computations:
+            name = wrapper.name
+            while name in computations:
+                name += "_"
+            wrapper.name = name
+            module.add_computation(wrapper)
         for comp in computations.values():
             module.add_computation(comp, entry=comp is entry)
         self.resolve_computations(computations)
@@ -789,6 +820,7 @@ class _Parser:
         pending: list[_PendingInstr] = []
         by_name: dict[str, HloInstruction] = {}
         root: HloInstruction | None = None
+        first_sugar = len(self.async_wrappers)
         while not self.accept("}"):
             if self.pos >= len(self.text):
                 raise self.error(f"unexpected end of input in computation '{name}'")
@@ -807,6 +839,8 @@ class _Parser:
         if not comp.instructions:
             raise self.error(f"computation '{name}' has no instructions")
         self.resolve_operands(comp, pending, by_name)
+        if len(self.async_wrappers) > first_sugar:
+            self.build_async_wrappers(comp, first_sugar)
         comp.root = root or comp.instructions[-1]
         self.check_parameters(comp)
         return comp, is_entry
@@ -891,6 +925,7 @@ class _Parser:
             op_text = self.ident("an opcode")
             opcode = self.opcode(op_text, op_pos)
             self.expect("(", f"'(' after opcode '{op_text}'")
+        sugar = self.sugar
         instr = HloInstruction(name, opcode, shape)
         item = _PendingInstr(instr, op_pos, [])
         if opcode is Opcode.CONSTANT:
@@ -910,14 +945,81 @@ class _Parser:
         while True:
             key = _ATTRIBUTE_KEY.match(self.text, self.pos)
             if key is None and not self.accept(","):
-                return is_root, item
+                break
             self.attribute(item, key)
+        if sugar is not None:
+            self.async_sugar(instr, sugar[1], op_pos)
+        return is_root, item
+
+    def async_sugar(self, instr: HloInstruction, wrapped: Opcode, pos: int) -> None:
+        """Move the wrapped op's attributes off a shorthand async op (a -start keeps only
+        the async op's own ones, an -update or -done none but those) and note it."""
+        own = {k: v for k, v in instr.attrs.items() if k in _ASYNC_OWN_ATTRIBUTES}
+        moved = {k: v for k, v in instr.attrs.items() if k not in _ASYNC_OWN_ATTRIBUTES}
+        instr.attrs = own
+        root = None
+        if instr.opcode is Opcode.ASYNC_START:
+            shape = instr.shape
+            if not shape.is_tuple or len(shape.tuple_shapes) < 2:
+                raise self.error(
+                    f"'{instr.name}' must have an (operands, result, ...) tuple shape", pos
+                )
+            root = HloInstruction(instr.name + ".wrapped", wrapped, shape.tuple_shapes[1])
+            root.attrs = moved
+        for i, (target, key, value) in enumerate(self.computation_refs):
+            if target is instr and key in moved:  # a -start's wrapped op calls it
+                self.computation_refs[i] = (root, key, value) if root else (target, "", value)
+        self.computation_refs = [r for r in self.computation_refs if r[1]]
+        self.async_wrappers.append(_AsyncSugar(instr, wrapped, pos, root))
+
+    def build_async_wrappers(self, comp: HloComputation, first: int) -> None:
+        """The wrapped computations of the shorthand async ops read in `comp` (from index
+        `first` of self.async_wrappers), now that their operands are resolved."""
+        for sugar in self.async_wrappers[first:]:
+            instr = sugar.instr
+            if sugar.root is None:
+                start = instr.operands[0] if instr.operands else None
+                while start is not None and start.opcode is Opcode.ASYNC_UPDATE:
+                    start = start.operands[0] if start.operands else None
+                wrapped = _wrapped_opcode(start)
+                if start is None or start.opcode is not Opcode.ASYNC_START:
+                    raise self.error(f"'{instr.name}' must follow an async start", sugar.pos)
+                if wrapped is not sugar.wrapped:
+                    raise self.error(
+                        f"'{instr.name}' is {sugar.wrapped.text}-{instr.opcode.text[6:]} but "
+                        f"'{start.name}' starts {wrapped.text if wrapped else 'no'} op",
+                        sugar.pos,
+                    )
+                continue
+            wrapper = HloComputation(f"{instr.name}.async_computation")
+            for i, operand in enumerate(instr.operands):
+                param = HloInstruction(
+                    f"{instr.name}.param_{i}", Opcode.PARAMETER, operand.shape, parameter_number=i
+                )
+                wrapper.add_instruction(param)
+                sugar.root.operands.append(param)
+            wrapper.add_instruction(sugar.root)
+            wrapper.root = sugar.root
+            thread = instr.attrs.get("async_execution_thread")
+            if isinstance(thread, str):
+                wrapper.execution_thread = thread
+            instr.attrs["calls"] = wrapper
+            self.wrapper_computations.append(wrapper)
 
     def opcode(self, text: str, pos: int) -> Opcode:
-        try:
-            return Opcode.from_text(text)
-        except KeyError:
-            raise self.error(f"unknown opcode '{text}'", pos) from None
+        """The opcode spelled `text`; `<op>-start`, `-update` and `-done` of an op without
+        async opcodes of its own are async-start/update/done wrapping op (self.sugar)."""
+        self.sugar = None
+        opcode = _OPCODES.get(text)
+        if opcode is not None:
+            return opcode
+        base, _, suffix = text.rpartition("-")
+        wrapped = _OPCODES.get(base)
+        async_op = _ASYNC_SUFFIXES.get(suffix)
+        if wrapped is None or async_op is None or wrapped in _NOT_WRAPPABLE:
+            raise self.error(f"unknown opcode '{text}'", pos)
+        self.sugar = (async_op, wrapped)
+        return async_op
 
     def instruction_shape(self, name: str) -> Shape:
         if not self.shape_starts_here():
@@ -1038,6 +1140,8 @@ class _Parser:
             instr.attrs[key] = refs
             return
         reader = _ATTRIBUTE_READERS[kind]
+        if key == "slice_sizes" and instr.opcode in _PERMUTES:
+            reader = _Parser.nested_int_lists  # one size list per permuted slice
         try:
             instr.attrs[key] = reader(self)
         except HloParseError as e:
@@ -1183,7 +1287,8 @@ class _Parser:
             raise self.error(f"bad dim_labels '{m.group(0)}': {e}", start) from None
         if not len(ls) == len(ks) == len(os_):
             raise self.error(f"dim_labels '{m.group(0)}' disagree on spatial rank", start)
-        return A.ConvDimLabels(b, f, ls, i, o, ks, ob, of, os_)
+        ranks = (len(lhs), len(rhs), len(out)) if "?" in m.group(0) else ()
+        return A.ConvDimLabels(b, f, ls, i, o, ks, ob, of, os_, ranks)
 
     def slice_spec(self) -> A.SliceSpec:
         self.expect("{")
@@ -1209,14 +1314,18 @@ class _Parser:
 
     def metadata(self) -> A.Metadata:
         self.expect("{")
-        items: list[tuple[str, str | int]] = []
+        items: list[tuple[str, str | int | tuple[int, ...]]] = []
         while not self.accept("}"):
+            if items:
+                self.accept(",")  # XLA separates fields by spaces; it also reads commas
             key = self.ident("a metadata field")
             self.expect("=", f"'=' after metadata field '{key}'")
             if self.peek('"'):
                 items.append((key, self.string()))
+            elif self.peek("{"):
+                items.append((key, self.int_list()))  # profile_type={1,2}
             else:
-                items.append((key, self.integer("a string or integer")))
+                items.append((key, self.integer("a string, integer or {integers}")))
         return A.Metadata(tuple(items))
 
     def frontend_attributes(self) -> A.FrontendAttributes:
@@ -1437,6 +1546,27 @@ class _Parser:
                     stack.append((callee, iter(list(callee.called_computations()))))
 
 
+_OPCODES = {op.text: op for op in Opcode}
+_PERMUTES = (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START)
+_ASYNC_SUFFIXES = {
+    "start": Opcode.ASYNC_START,
+    "update": Opcode.ASYNC_UPDATE,
+    "done": Opcode.ASYNC_DONE,
+}
+_NOT_WRAPPABLE = frozenset(
+    op for op in Opcode if op.category is Category.ASYNC or op.text + "-start" in _OPCODES
+) | {Opcode.PARAMETER, Opcode.CONSTANT}
+_ASYNC_OWN_ATTRIBUTES = frozenset(
+    ("async_execution_thread", "metadata", "control-predecessors", "frontend_attributes")
+)
+"""Attributes of a shorthand async op that belong to the async op, not to the op it wraps."""
+
+
+def _wrapped_opcode(start: HloInstruction | None) -> Opcode | None:
+    calls = start.attrs.get("calls") if start is not None else None
+    return calls.root.opcode if isinstance(calls, HloComputation) and calls.root else None
+
+
 _WINDOW_FIELDS = ("size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal")
 
 _ATTRIBUTE_READERS = {
@@ -1481,7 +1611,8 @@ def _labels(text: str, pair: str) -> tuple[int, int, tuple[int, ...]]:
     digits = [c for c in text if c.isdigit()]
     if sorted(digits) != [str(i) for i in range(len(digits))] or len(digits) > 10:
         raise ValueError(f"spatial digits of '{text}' are not 0..n-1")
-    if len(text) != len(digits) + 2 or text.count(pair[0]) != 1 or text.count(pair[1]) != 1:
+    known = len(text) - text.count("?")
+    if known != len(digits) + 2 or text.count(pair[0]) != 1 or text.count(pair[1]) != 1:
         raise ValueError(f"'{text}' has unexpected letters")
     spatial = tuple(text.index(str(i)) for i in range(len(digits)))
     return first, second, spatial

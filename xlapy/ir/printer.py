@@ -48,6 +48,7 @@ class PrintOptions:
     layouts: bool = True
     xla_floats: bool = False  # XLA's fixed `%.9g` style instead of the shortest text
     elide_constants_over: int | None = None  # print larger constants as `{...}`
+    async_sugar: bool = True  # `custom-call-start(x), ...` for an async op wrapping one op
 
     @staticmethod
     def short() -> PrintOptions:
@@ -77,7 +78,10 @@ def print_module(module: HloModule, options: PrintOptions | None = None, **overr
     parts = [_header(module, opts) + "\n"]
     if opts.stack_frames and not module.stack_frames.empty:
         parts.append(_stack_frames(module.stack_frames))
-    parts.extend(print_computation(c, opts) + "\n" for c in module.computations)
+    wrapped = _sugared_computations(module) if opts.async_sugar else set()
+    parts.extend(
+        print_computation(c, opts) + "\n" for c in module.computations if id(c) not in wrapped
+    )
     return "\n".join(parts) + "\n"
 
 
@@ -105,9 +109,56 @@ def print_instruction(
     opts = _options(options, overrides)
     root = "ROOT " if instr.is_root else ""
     text = f"{root}{_name(instr.name, opts)} = {shape_text(instr.shape, opts.layouts)} "
-    text += f"{instr.opcode.text}({_operands(instr, opts)})"
-    attrs = _attribute_texts(instr, opts)
+    wrapped = _sugar_root(instr) if opts.async_sugar else None
+    if wrapped is None:
+        text += f"{instr.opcode.text}({_operands(instr, opts)})"
+        attrs = _attribute_texts(instr, opts)
+    else:  # custom-call-start(x), custom_call_target="f": the op the async op wraps
+        text += f"{wrapped.opcode.text}-{instr.opcode.text[6:]}({_operands(instr, opts)})"
+        attrs = _attribute_texts(instr, opts, skip="calls")
+        if instr.opcode is Opcode.ASYNC_START:
+            attrs += _attribute_texts(wrapped, opts)
     return text + "".join(", " + a for a in attrs)
+
+
+def _sugar_root(instr: HloInstruction) -> HloInstruction | None:
+    """The instruction an async op wraps, when XLA prints the op as `<op>-start` and so on:
+    the wrapped computation is that instruction applied to its parameters in order."""
+    if instr.opcode not in _ASYNC_OPS:
+        return None
+    start: HloInstruction | None = instr
+    while start is not None and start.opcode is not Opcode.ASYNC_START:
+        start = start.operands[0] if start.operands else None
+    calls = start.attrs.get("calls") if start is not None else None
+    if not isinstance(calls, HloComputation) or not _expands_to_one_op(calls):
+        return None
+    return calls.root
+
+
+_ASYNC_OPS = (Opcode.ASYNC_START, Opcode.ASYNC_UPDATE, Opcode.ASYNC_DONE)
+
+
+def _expands_to_one_op(comp: HloComputation) -> bool:
+    root = comp.root
+    if root is None or root.opcode is Opcode.PARAMETER or root.control_predecessors:
+        return False
+    params = comp.parameters
+    if len(comp.instructions) != len(params) + 1 or len(root.operands) != len(params):
+        return False
+    return all(op.parameter_number == i for i, op in enumerate(root.operands))
+
+
+def _sugared_computations(module: HloModule) -> set[int]:
+    """ids of the computations printed inside their async ops' shorthand."""
+    sugared: set[int] = set()
+    other_callers: set[int] = set()
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode is Opcode.ASYNC_START and _sugar_root(instr) is not None:
+                sugared.add(id(instr.attrs["calls"]))
+            elif instr.opcode not in _ASYNC_OPS:
+                other_callers.update(id(c) for c in instr.called_computations())
+    return sugared - other_callers
 
 
 def shape_text(shape: Shape, layouts: bool = True) -> str:
@@ -319,10 +370,12 @@ def _nan_text(value: np.ndarray, etype: PrimitiveType) -> str:
 _TRAILING = ("metadata", "frontend_attributes", "backend_config", "statistics", "original_value")
 
 
-def _attribute_texts(instr: HloInstruction, opts: PrintOptions) -> list[str]:
+def _attribute_texts(instr: HloInstruction, opts: PrintOptions, skip: str = "") -> list[str]:
     out = []
     predecessors = instr.control_predecessors
     for key, value in instr.attrs.items():
+        if key == skip:
+            continue
         if predecessors and key in _TRAILING:
             out.append(_predecessors(predecessors, opts))
             predecessors = []
@@ -379,6 +432,10 @@ def _ints(values: Iterable[int]) -> str:
     return "{" + ",".join(str(int(v)) for v in values) + "}"
 
 
+def _int_lists(lists) -> str:
+    return "{" + ",".join(_ints(v) for v in lists) + "}"
+
+
 def _index(index) -> str:
     return _ints(index)
 
@@ -411,18 +468,24 @@ def _window(window: A.Window, opts: PrintOptions) -> str:
 
 
 def _dim_labels(labels: A.ConvDimLabels, opts: PrintOptions) -> str:
-    def spell(pair, first, second, spatial):
-        chars = [""] * (len(spatial) + 2)
+    ranks = labels.ranks or (len(labels.input_spatial) + 2,) * 3
+
+    def spell(pair, first, second, spatial, rank=0):
+        chars = ["?"] * rank
         chars[first], chars[second] = pair
         for i, dim in enumerate(spatial):
             chars[dim] = str(i)
         return "".join(chars)
 
-    lhs = spell("bf", labels.input_batch, labels.input_feature, labels.input_spatial)
+    lhs = spell("bf", labels.input_batch, labels.input_feature, labels.input_spatial, ranks[0])
     rhs = spell(
-        "io", labels.kernel_input_feature, labels.kernel_output_feature, labels.kernel_spatial
+        "io",
+        labels.kernel_input_feature,
+        labels.kernel_output_feature,
+        labels.kernel_spatial,
+        ranks[1],
     )
-    out = spell("bf", labels.output_batch, labels.output_feature, labels.output_spatial)
+    out = spell("bf", labels.output_batch, labels.output_feature, labels.output_spatial, ranks[2])
     return f"{lhs}_{rhs}->{out}"
 
 
@@ -443,7 +506,10 @@ def _slice(spec: A.SliceSpec, opts: PrintOptions) -> str:
 
 
 def _metadata(meta: A.Metadata, opts: PrintOptions) -> str:
-    items = [f"{k}={_quote(v) if isinstance(v, str) else v}" for k, v in meta.items]
+    items = [
+        f"{k}={_quote(v) if isinstance(v, str) else _ints(v) if isinstance(v, tuple) else v}"
+        for k, v in meta.items
+    ]
     return "{" + " ".join(items) + "}"
 
 
@@ -521,7 +587,7 @@ _KIND_PRINTERS: dict[AttrKind, Callable[[Any, PrintOptions], str]] = {
     AttrKind.BOOL: lambda v, o: "true" if v else "false",
     AttrKind.STRING: lambda v, o: _quote(str(v)),
     AttrKind.ENUM: lambda v, o: str(v),
-    AttrKind.INT_LIST: lambda v, o: _ints(v),
+    AttrKind.INT_LIST: lambda v, o: _int_lists(v) if v and isinstance(v[0], tuple) else _ints(v),
     AttrKind.COMPUTATION: lambda v, o: _name(v.name, o),
     AttrKind.COMPUTATION_LIST: _computations,
     AttrKind.INSTRUCTION_LIST: _computations,
