@@ -110,6 +110,8 @@ class _PendingInstr:
     pos: int
     operand_names: list[tuple[str, int]]
     predecessor_names: list[tuple[str, int]] = field(default_factory=list)
+    operand_shapes: dict[int, Shape] = field(default_factory=dict)  # as written, if written
+    tuple_index: int | None = None  # a `p#2` get-tuple-element: shape known once p is
 
 
 @dataclass(slots=True)
@@ -142,6 +144,8 @@ class _Parser:
         self.multiline_strings = False  # header strings may span lines
         self.sugar: tuple[Opcode, Opcode] | None = None  # set by opcode(): (async op, wrapped)
         self.async_wrappers: list[_AsyncSugar] = []
+        self.nested: list[_PendingInstr] = []  # instructions written inside operand lists
+        self.inline_computations: list[HloComputation] = []  # to_apply={...}
         self.wrapper_computations: list[HloComputation] = []
 
     # -- errors ----------------------------------------------------------------------------
@@ -635,20 +639,27 @@ class _Parser:
     def module(self) -> HloModule:
         if self.at_end():
             raise self.error("empty input: expected 'HloModule'")
-        word = self.peek_ident()
-        if word != "HloModule":
-            raise self.expected("'HloModule'")
-        self.pos += len(word)
-        module = HloModule(self.name("a module name"))
-        self.accept(":")  # the old `HloModule name:` form
-        self.multiline_strings = True
-        self.header(module.config)
-        self.multiline_strings = False
-        module.stack_frames = self.stack_frame_tables()
         computations: dict[str, HloComputation] = {}
         entry: HloComputation | None = None
-        if self.at_end():
-            raise self.error("module has no computations")
+        if self.peek_ident() != "HloModule":  # computations, or one instruction, alone
+            module = HloModule(_UNNAMED)
+            if _SINGLE_INSTRUCTION.match(self.text, self.pos):
+                entry = self.computation_body(_UNNAMED, single=True)
+                if not self.at_end():
+                    raise self.expected("end of input after a single instruction")
+                computations[entry.name] = entry
+            elif not _COMPUTATION_HEAD.match(self.text, self.pos):
+                raise self.expected("'HloModule', a computation or an instruction")
+        else:
+            self.pos += len("HloModule")
+            module = HloModule(self.name("a module name"))
+            self.accept(":")  # the old `HloModule name:` form
+            self.multiline_strings = True
+            self.header(module.config)
+            self.multiline_strings = False
+            module.stack_frames = self.stack_frame_tables()
+            if self.at_end():
+                raise self.error("module has no computations")
         while not self.at_end():
             start = self.pos
             comp, is_entry = self.computation()
@@ -660,12 +671,15 @@ class _Parser:
                     raise self.error("more than one ENTRY computation", start)
                 entry = comp
         entry = entry or list(computations.values())[-1]
-        for wrapper in self.wrapper_computations:
-            name = wrapper.name
-            while name in computations:
-                name += "_"
-            wrapper.name = name
-            module.add_computation(wrapper)
+        taken = set(computations)
+        for extra in [*self.inline_computations, *self.wrapper_computations]:
+            name, n = extra.name, 0  # made by the parser: named apart from the written ones
+            while name in taken:
+                n += 1
+                name = f"{extra.name}.{n}"
+            extra.name = name
+            taken.add(name)
+            module.add_computation(extra)
         for comp in computations.values():
             module.add_computation(comp, entry=comp is entry)
         self.resolve_computations(computations)
@@ -814,36 +828,88 @@ class _Parser:
             self.pos = head.end()
         else:
             is_entry, name, thread = self.computation_head()
-        comp = HloComputation(name)
+        comp = self.computation_body(name)
         if thread is not None:
             comp.execution_thread = thread
+        return comp, is_entry
+
+    def computation_body(self, name: str, single: bool = False) -> HloComputation:
+        """The instructions of computation `name` after its '{', through its '}' (or, with
+        `single`, one instruction whose undefined operands become parameters)."""
+        comp = HloComputation(name)
         pending: list[_PendingInstr] = []
         by_name: dict[str, HloInstruction] = {}
         root: HloInstruction | None = None
         first_sugar = len(self.async_wrappers)
-        while not self.accept("}"):
+        outer_nested, self.nested = self.nested, []
+        while not (single and pending) and not self.accept("}"):
             if self.pos >= len(self.text):
                 raise self.error(f"unexpected end of input in computation '{name}'")
             start = self.pos
             is_root, item = self.instruction()
-            instr = item.instr
-            if instr.name in by_name:
-                raise self.error(f"duplicate instruction name '{instr.name}'", start)
-            by_name[instr.name] = instr
-            comp.add_instruction(instr)
-            pending.append(item)
+            for nested in [*self.nested, item]:
+                instr = nested.instr
+                if instr.name in by_name:
+                    raise self.error(f"duplicate instruction name '{instr.name}'", start)
+                by_name[instr.name] = instr
+                comp.add_instruction(instr)
+                pending.append(nested)
+            self.nested = []
             if is_root:
                 if root is not None:
                     raise self.error(f"computation '{name}' has more than one ROOT", start)
-                root = instr
+                root = item.instr
+        self.nested = outer_nested
         if not comp.instructions:
             raise self.error(f"computation '{name}' has no instructions")
+        if single:
+            self.add_missing_parameters(comp, pending, by_name)
         self.resolve_operands(comp, pending, by_name)
+        self.name_nested(comp)
         if len(self.async_wrappers) > first_sugar:
             self.build_async_wrappers(comp, first_sugar)
         comp.root = root or comp.instructions[-1]
         self.check_parameters(comp)
-        return comp, is_entry
+        return comp
+
+    def add_missing_parameters(self, comp: HloComputation, pending, by_name) -> None:
+        """A lone instruction's operands that nothing defines, `add(f32[] x, f32[] y)`,
+        become parameters 0, 1, ... of the shapes written with them."""
+        params: list[HloInstruction] = []
+        for item in pending:
+            for k, (op_name, pos) in enumerate(item.operand_names):
+                if op_name in by_name:
+                    continue
+                shape = item.operand_shapes.get(k)
+                if shape is None:
+                    raise self.error(
+                        f"operand '{op_name}' is not defined (give its shape to make it a "
+                        "parameter)",
+                        pos,
+                    )
+                param = HloInstruction(
+                    op_name, Opcode.PARAMETER, shape, parameter_number=len(params)
+                )
+                params.append(param)
+                by_name[op_name] = param
+        comp.instructions[:0] = params
+        for param in params:
+            param.parent = comp
+
+    def name_nested(self, comp: HloComputation) -> None:
+        """Name the instructions written inside another's operands after their opcodes, as
+        XLA's name uniquer does: `parameter`, `parameter.1`, ..."""
+        taken = {i.name for i in comp.instructions if not i.name.startswith(_NESTED)}
+        for instr in comp.instructions:
+            if not instr.name.startswith(_NESTED):
+                continue
+            base = instr.opcode.text
+            name, n = base, 0
+            while name in taken:
+                n += 1
+                name = f"{base}.{n}"
+            taken.add(name)
+            instr.name = name
 
     def computation_head(self) -> tuple[bool, str, str | None]:
         """`[ENTRY] name [(params) -> shape] [, execution_thread="..."] {`."""
@@ -892,6 +958,20 @@ class _Parser:
                             pos,
                         )
                     target.append(operand)
+            if item.tuple_index is not None:
+                self.type_tuple_access(item)
+
+    def type_tuple_access(self, item: _PendingInstr) -> None:
+        source = item.instr.operands[0]
+        index = item.tuple_index
+        assert index is not None
+        if not source.shape.is_tuple or index >= len(source.shape.tuple_shapes):
+            raise self.error(
+                f"'{source.name}#{index}': {source.name} has shape {source.shape}, which has "
+                f"no tuple element {index}",
+                item.pos,
+            )
+        item.instr.shape = source.shape.tuple_shapes[index]
 
     def check_parameters(self, comp: HloComputation) -> None:
         numbers = sorted(
@@ -925,6 +1005,19 @@ class _Parser:
             op_text = self.ident("an opcode")
             opcode = self.opcode(op_text, op_pos)
             self.expect("(", f"'(' after opcode '{op_text}'")
+        return is_root, self.instruction_rhs(name, shape, opcode, op_text, op_pos)
+
+    def instruction_rhs(
+        self,
+        name: str,
+        shape: Shape,
+        opcode: Opcode,
+        op_text: str,
+        op_pos: int,
+        attributes: bool = True,
+    ) -> _PendingInstr:
+        """An instruction after its `opcode(`: operands, then (unless nested in another's
+        operand list) attributes."""
         sugar = self.sugar
         instr = HloInstruction(name, opcode, shape)
         item = _PendingInstr(instr, op_pos, [])
@@ -942,14 +1035,14 @@ class _Parser:
                 f"'{name}' has {len(item.operand_names)}",
                 op_pos,
             )
-        while True:
+        while attributes:
             key = _ATTRIBUTE_KEY.match(self.text, self.pos)
             if key is None and not self.accept(","):
                 break
             self.attribute(item, key)
         if sugar is not None:
             self.async_sugar(instr, sugar[1], op_pos)
-        return is_root, item
+        return item
 
     def async_sugar(self, instr: HloInstruction, wrapped: Opcode, pos: int) -> None:
         """Move the wrapped op's attributes off a shorthand async op (a -start keeps only
@@ -1005,6 +1098,7 @@ class _Parser:
                 wrapper.execution_thread = thread
             instr.attrs["calls"] = wrapper
             self.wrapper_computations.append(wrapper)
+        del self.async_wrappers[first:]
 
     def opcode(self, text: str, pos: int) -> Opcode:
         """The opcode spelled `text`; `<op>-start`, `-update` and `-done` of an op without
@@ -1095,14 +1189,42 @@ class _Parser:
                 continue
             if not names and self.accept(")"):
                 return
-            if self.shape_starts_here():
-                self.shape()
+            shape = self.shape() if self.shape_starts_here() else None
             self.skip()
             pos = self.pos
-            item.operand_names.append((self.name("an operand name"), pos))
+            name = self.name("an operand name")
+            if shape is not None and self.text.startswith("(", self.pos):
+                name = self.nested_instruction(shape, name, pos)  # add(f32[] parameter(0), ..)
+            elif self.text.startswith("#", self.pos):
+                name = self.tuple_access(name, pos)  # p#0: get-tuple-element(p), index=0
+            if shape is not None:
+                item.operand_shapes[len(names)] = shape
+            names.append((name, pos))
             if self.accept(")"):
                 return
             self.expect(",", "',' or ')' after operand")
+
+    def nested_instruction(self, shape: Shape, op_text: str, op_pos: int) -> str:
+        """An instruction written in place of an operand (its shape and opcode read); it
+        joins the computation before the one using it, under a name given later."""
+        opcode = self.opcode(op_text, op_pos)
+        self.pos += 1  # '('
+        name = f"{_NESTED}{len(self.nested)}.{op_pos}"
+        item = self.instruction_rhs(name, shape, opcode, op_text, op_pos, attributes=False)
+        self.nested.append(item)
+        return name
+
+    def tuple_access(self, tuple_name: str, pos: int) -> str:
+        self.pos += 1  # '#'
+        index = self.integer("a tuple index after '#'")
+        if index < 0:
+            raise self.error("tuple index must not be negative", pos)
+        name = f"{_NESTED}{len(self.nested)}.{pos}"
+        gte = HloInstruction(
+            name, Opcode.GET_TUPLE_ELEMENT, Shape.tuple([]), attrs={"index": index}
+        )
+        self.nested.append(_PendingInstr(gte, pos, [(tuple_name, pos)], tuple_index=index))
+        return name
 
     # -- attributes ------------------------------------------------------------------------
     def attribute(self, item: _PendingInstr, m: re.Match | None) -> None:
@@ -1128,6 +1250,12 @@ class _Parser:
         value_pos = self.pos
         if kind is AttrKind.INSTRUCTION_LIST:
             item.predecessor_names = self.name_list()
+            return
+        if kind is AttrKind.COMPUTATION and self.text.startswith("{", self.pos):
+            self.pos += 1  # to_apply={ a = f32[] parameter(0) ... }: a computation in place
+            inline = self.computation_body("_")
+            self.inline_computations.append(inline)
+            instr.attrs[key] = inline
             return
         if kind is AttrKind.COMPUTATION:
             ref = _ComputationRef(self.name("a computation name"), value_pos)
@@ -1546,6 +1674,10 @@ class _Parser:
                     stack.append((callee, iter(list(callee.called_computations()))))
 
 
+_NESTED = "\x00nested"  # the provisional name prefix of nested instructions
+_UNNAMED = "_"  # XLA's name for a module without a header and for an inline computation
+_COMPUTATION_HEAD = re.compile(rf"\s*(?:ENTRY\s+)?%?{_IDENT_TEXT}\s*[{{(,]")
+_SINGLE_INSTRUCTION = re.compile(rf"\s*(?:ROOT\s+)?%?{_IDENT_TEXT}\s*=")
 _OPCODES = {op.text: op for op in Opcode}
 _PERMUTES = (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START)
 _ASYNC_SUFFIXES = {
