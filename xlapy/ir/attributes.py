@@ -166,6 +166,143 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "parameter_replication": AttrKind.RAW,
 }
 
+COMMON_ATTRIBUTES = frozenset(
+    (
+        "metadata",
+        "sharding",
+        "frontend_attributes",
+        "backend_config",
+        "control-predecessors",
+        "statistics",
+        "original_value",
+        "origin",
+    )
+)
+"""Attributes any instruction may carry."""
+
+_DOT = (
+    "lhs_batch_dims rhs_batch_dims lhs_contracting_dims rhs_contracting_dims operand_precision "
+    "algorithm sparsity"
+)
+_CONV = "window dim_labels feature_group_count batch_group_count operand_precision algorithm"
+_REPLICAS = "replica_groups channel_id use_global_device_ids constrain_layout"
+_SEND_RECV = "channel_id is_host_transfer"
+_GATHER = (
+    "offset_dims collapsed_slice_dims start_index_map operand_batching_dims "
+    "start_indices_batching_dims index_vector_dim slice_sizes indices_are_sorted"
+)
+_SCATTER = (
+    "update_window_dims inserted_window_dims scatter_dims_to_operand_dims input_batching_dims "
+    "scatter_indices_batching_dims index_vector_dim indices_are_sorted unique_indices to_apply"
+)
+_UNARY_MATH = "result_accuracy"  # the transcendental ops' accuracy request
+
+OPCODE_ATTRIBUTES: dict[str, frozenset[str]] = {
+    text: frozenset(names.split())
+    for texts, names in (
+        (
+            "abs cbrt ceil count-leading-zeros convert bitcast-convert copy cosine erf "
+            "exponential exponential-minus-one floor imag is-finite log log-plus-one logistic "
+            "negate not popcnt real round-nearest-afz round-nearest-even rsqrt sign sine sqrt "
+            "tan tanh",
+            _UNARY_MATH,
+        ),
+        (
+            "add and atan2 complex divide maximum minimum multiply or power remainder "
+            "shift-left shift-right-arithmetic shift-right-logical stochastic-convert subtract "
+            "xor clamp select tuple after-all add-dependency opt-barrier dynamic-update-slice "
+            "dynamic-reshape partition-id replica-id all-reduce-done all-gather-done "
+            "collective-permute-done copy-done",
+            "",
+        ),
+        ("compare", "direction comparison_direction type"),
+        ("reduce-precision", "exponent_bits mantissa_bits"),
+        ("constant", ""),
+        ("parameter", "parameter_replication"),
+        ("iota", "iota_dimension"),
+        ("broadcast transpose reverse concatenate", "dimensions"),
+        ("get-dimension-size set-dimension-size", "dimensions"),
+        ("reshape", "inferred_dimension"),
+        ("bitcast", ""),
+        ("slice", "slice"),
+        ("dynamic-slice", "dynamic_slice_sizes"),
+        ("pad", "padding"),
+        ("reduce", "dimensions to_apply"),
+        ("reduce-window", "window to_apply"),
+        ("select-and-scatter", "window select scatter"),
+        ("dot scaled-dot", _DOT),
+        ("ragged-dot", _DOT + " lhs_ragged_dims rhs_group_dims"),
+        ("convolution", _CONV),
+        ("fft", "fft_type fft_length"),
+        ("gather", _GATHER),
+        ("scatter", _SCATTER),
+        ("sort", "dimensions is_stable to_apply"),
+        ("topk", "k largest to_apply"),
+        ("call", "to_apply is_composite has_dynamic_root"),
+        ("conditional", "true_computation false_computation branch_computations"),
+        ("while", "condition body"),
+        ("scan", "dimensions to_apply is_reverse is_associative"),
+        ("fusion", "kind calls output_to_operand_aliasing"),
+        ("map", "dimensions to_apply"),
+        (
+            "custom-call",
+            _CONV + " custom_call_target custom_call_has_side_effect custom_call_schedule schedule "
+            "api_version operand_layout_constraints output_to_operand_aliasing literal "
+            "called_computations to_apply padding_type",
+        ),
+        ("rng", "distribution"),
+        ("rng-bit-generator", "algorithm"),
+        ("rng-get-and-update-state", "delta"),
+        ("all-gather all-gather-start", _REPLICAS + " dimensions"),
+        ("all-reduce all-reduce-start", _REPLICAS + " to_apply"),
+        ("reduce-scatter", _REPLICAS + " to_apply dimensions"),
+        ("all-to-all", _REPLICAS + " dimensions split_dimension"),
+        ("ragged-all-to-all", _REPLICAS),
+        ("collective-broadcast", _REPLICAS),
+        (
+            "collective-permute collective-permute-start",
+            "channel_id source_target_pairs slice_sizes",
+        ),
+        ("copy-start", "cross_program_prefetch_index"),
+        ("infeed", "infeed_config"),
+        ("outfeed", "outfeed_config outfeed_shape"),
+        ("send recv send-done recv-done", _SEND_RECV),
+        ("async-start async-update async-done", "calls async_execution_thread"),
+        ("cholesky", "lower"),
+        ("triangular-solve", "left_side lower unit_diagonal transpose_a"),
+        ("batch-norm-grad batch-norm-inference batch-norm-training", "epsilon feature_index"),
+        ("get-tuple-element", "index"),
+        ("domain", "domain"),
+    )
+    for text in texts.split()
+}
+"""The attributes each opcode takes besides COMMON_ATTRIBUTES (XLA refuses the others)."""
+
+ENUM_VALUES: dict[str, frozenset[str]] = {
+    key: frozenset(values.split())
+    for key, values in (
+        ("direction", "EQ NE LT LE GT GE"),
+        ("comparison_direction", "EQ NE LT LE GT GE"),
+        ("type", "FLOAT TOTALORDER SIGNED UNSIGNED PARTIALORDER"),
+        ("fft_type", "FFT IFFT RFFT IRFFT"),
+        ("distribution", "rng_uniform rng_normal"),
+        ("transpose_a", "NO_TRANSPOSE TRANSPOSE ADJOINT"),
+        ("kind", "kLoop kInput kOutput kCustom"),
+        (
+            "api_version",
+            "API_VERSION_ORIGINAL API_VERSION_STATUS_RETURNING "
+            "API_VERSION_STATUS_RETURNING_UNIFIED API_VERSION_TYPED_FFI",
+        ),
+        ("custom_call_schedule", "SCHEDULE_NONE SCHEDULE_LATEST SCHEDULE_EARLIEST"),
+        ("schedule", "SCHEDULE_NONE SCHEDULE_LATEST SCHEDULE_EARLIEST"),
+        ("padding_type", "PADDING_INVALID PADDING_VALID PADDING_SAME"),
+    )
+}
+"""The values XLA reads for an enum attribute (others are errors). `algorithm` is absent: it
+names rng-bit-generator's algorithm or a dot algorithm, a list that keeps growing."""
+
+PRECISIONS = frozenset(("default", "high", "highest", "DEFAULT", "HIGH", "HIGHEST"))
+
 COMPUTATION_ATTRIBUTES = tuple(
     name
     for name, kind in ATTRIBUTE_KINDS.items()

@@ -47,6 +47,7 @@ from xlapy.ir.module import (
     StackFrameTables,
 )
 from xlapy.ir.opcodes import VARIADIC, Category, Opcode
+from xlapy.ir.shape_inference import compatible
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
 from xlapy.ir.types import Kind, PrimitiveType
 
@@ -112,6 +113,7 @@ class _PendingInstr:
     predecessor_names: list[tuple[str, int]] = field(default_factory=list)
     operand_shapes: dict[int, Shape] = field(default_factory=dict)  # as written, if written
     tuple_index: int | None = None  # a `p#2` get-tuple-element: shape known once p is
+    wrapped: Opcode | None = None  # the op a shorthand async op wraps (its attributes)
 
 
 @dataclass(slots=True)
@@ -123,6 +125,15 @@ class _AsyncSugar:
     wrapped: Opcode
     pos: int
     root: HloInstruction | None = None  # the wrapped instruction, for a -start
+
+
+@dataclass(slots=True)
+class _Signature:
+    """A computation's written `(params) -> result`, and where it starts."""
+
+    pos: int
+    parameters: list[Shape]
+    result: Shape
 
 
 @dataclass(slots=True)
@@ -468,15 +479,27 @@ class _Parser:
         dims = []
         if not self.accept(")"):
             while True:
-                dims.append(Tile.COMBINE_DIM if self.accept("*") else self.integer("tile size"))
+                if self.accept("*"):
+                    dims.append(Tile.COMBINE_DIM)
+                else:
+                    pos = self.pos
+                    size = self.integer("tile size")
+                    if size < 1:
+                        raise self.error(f"tile size {size} must be positive", pos)
+                    dims.append(size)
                 if self.accept(")"):
                     break
                 self.expect(",", "',' or ')' in tile")
         return Tile(tuple(dims))
 
     def paren_int(self) -> int:
+        """`(n)` of a layout's E(n) or S(n): a count or a memory space, never negative."""
         self.expect("(")
+        self.skip()
+        pos = self.pos
         value = self.integer()
+        if value < 0:
+            raise self.error(f"{value} must not be negative", pos)
         self.expect(")")
         return value
 
@@ -607,6 +630,9 @@ class _Parser:
 
     def float_array(self, texts: list[str], positions, dtype, etype) -> np.ndarray:
         wide = np.array([_float_of(t) for t in texts], dtype=np.float64)
+        for i, value in enumerate(wide):  # 1.8e308 reads as inf in Python; XLA refuses it
+            if np.isinf(value) and "inf" not in texts[i]:
+                raise self.error(f"value {texts[i]} is out of range for {etype.text}", positions[i])
         with np.errstate(all="ignore"):
             narrow = wide.astype(dtype)
         back = narrow.astype(np.float64)
@@ -827,11 +853,14 @@ class _Parser:
             thread = None
             self.pos = head.end()
         else:
-            is_entry, name, thread = self.computation_head()
-        comp = self.computation_body(name)
-        if thread is not None:
-            comp.execution_thread = thread
-        return comp, is_entry
+            is_entry, name, thread, signature = self.computation_head()
+            comp = self.computation_body(name)
+            if signature is not None:
+                self.check_signature(comp, signature)
+            if thread is not None:
+                comp.execution_thread = thread
+            return comp, is_entry
+        return self.computation_body(name), is_entry
 
     def computation_body(self, name: str, single: bool = False) -> HloComputation:
         """The instructions of computation `name` after its '{', through its '}' (or, with
@@ -911,15 +940,14 @@ class _Parser:
             taken.add(name)
             instr.name = name
 
-    def computation_head(self) -> tuple[bool, str, str | None]:
+    def computation_head(self) -> tuple[bool, str, str | None, _Signature | None]:
         """`[ENTRY] name [(params) -> shape] [, execution_thread="..."] {`."""
         is_entry = False
         if self.peek_ident() == "ENTRY":
             self.pos += len("ENTRY")
             is_entry = True
         name = self.name("a computation name")
-        if self.peek("("):
-            self.signature()
+        signature = self.signature() if self.peek("(") else None
         thread = None
         if self.accept(","):
             key = self.ident()
@@ -928,20 +956,48 @@ class _Parser:
             self.expect("=")
             thread = self.string()
         self.expect("{", f"'{{' opening computation '{name}'")
-        return is_entry, name, thread
+        return is_entry, name, thread, signature
 
-    def signature(self) -> None:
+    def signature(self) -> _Signature:
+        """`(p: f32[2], q: s32[]) -> f32[2]`, checked against the body once it is read."""
+        self.skip()
+        signature = _Signature(self.pos, [], Shape.tuple([]))
         self.expect("(")
         if not self.accept(")"):
             while True:
                 self.name("a parameter name")
                 self.expect(":", "':' after parameter name")
-                self.shape()
+                signature.parameters.append(self.shape())
                 if self.accept(")"):
                     break
                 self.expect(",", "',' or ')' in computation signature")
         self.expect("->", "'->' in computation signature")
-        self.shape()
+        signature.result = self.shape()
+        return signature
+
+    def check_signature(self, comp: HloComputation, signature: _Signature) -> None:
+        params = comp.parameters
+        declared = signature.parameters
+        problem = None
+        if len(declared) != len(params):
+            problem = f"{len(declared)} parameters, the body has {len(params)}"
+        else:
+            for i, (shape, param) in enumerate(zip(declared, params)):
+                if not compatible(shape, param.shape):
+                    problem = f"parameter {i} is {shape.to_text(False)}, {param.name} is " + (
+                        param.shape.to_text(False)
+                    )
+                    break
+        root = comp.root
+        if problem is None and root is not None and not compatible(signature.result, root.shape):
+            problem = (
+                f"result is {signature.result.to_text(False)}, the root {root.name} is "
+                f"{root.shape.to_text(False)}"
+            )
+        if problem:
+            raise self.error(
+                f"signature of '{comp.name}' disagrees with its body: {problem}", signature.pos
+            )
 
     def resolve_operands(self, comp, pending: list[_PendingInstr], by_name) -> None:
         for item in pending:
@@ -958,6 +1014,15 @@ class _Parser:
                             pos,
                         )
                     target.append(operand)
+            for k, written in item.operand_shapes.items():
+                actual = item.instr.operands[k].shape
+                if not compatible(written, actual):
+                    name, pos = item.operand_names[k]
+                    raise self.error(
+                        f"operand '{name}' is written as {written.to_text(False)} but is "
+                        f"{actual.to_text(False)}",
+                        pos,
+                    )
             if item.tuple_index is not None:
                 self.type_tuple_access(item)
 
@@ -1020,7 +1085,7 @@ class _Parser:
         operand list) attributes."""
         sugar = self.sugar
         instr = HloInstruction(name, opcode, shape)
-        item = _PendingInstr(instr, op_pos, [])
+        item = _PendingInstr(instr, op_pos, [], wrapped=sugar[1] if sugar else None)
         if opcode is Opcode.CONSTANT:
             self.constant_operand(instr)
         elif opcode is Opcode.PARAMETER:
@@ -1241,6 +1306,11 @@ class _Parser:
         kind = ATTRIBUTE_KINDS.get(key)
         if kind is None:
             raise self.error(f"unknown attribute '{key}' on '{instr.name}'", key_pos)
+        if key not in A.COMMON_ATTRIBUTES and key not in _ALLOWED[instr.opcode]:
+            wrapped = item.wrapped
+            if wrapped is None or key not in _ALLOWED[wrapped]:
+                op = f"{wrapped.text}-{instr.opcode.text[6:]}" if wrapped else instr.opcode.text
+                raise self.error(f"'{op}' does not take attribute '{key}'", key_pos)
         if key in instr.attrs or (kind is AttrKind.INSTRUCTION_LIST and item.predecessor_names):
             raise self.error(f"attribute '{key}' given twice on '{instr.name}'", key_pos)
         if m:
@@ -1271,7 +1341,9 @@ class _Parser:
         if key == "slice_sizes" and instr.opcode in _PERMUTES:
             reader = _Parser.nested_int_lists  # one size list per permuted slice
         try:
-            instr.attrs[key] = reader(self)
+            value = instr.attrs[key] = reader(self)
+            if kind is AttrKind.ENUM or kind is AttrKind.PRECISION_LIST or key in _CHECKED_RAW:
+                self.check_value(instr, key, value, value_pos)
         except HloParseError as e:
             raise HloParseError(
                 f"in attribute '{key}' ({kind.value}): {e.message}",
@@ -1280,6 +1352,26 @@ class _Parser:
                 e.source_line,
                 e.filename,
             ) from None
+
+    def check_value(self, instr: HloInstruction, key: str, value, pos: int) -> None:
+        """Enum values XLA knows, precisions, and result_accuracy's two forms."""
+        if isinstance(value, A.Enum):
+            allowed = A.ENUM_VALUES.get(key)
+            if key == "algorithm" and instr.opcode is Opcode.RNG_BIT_GENERATOR:
+                allowed = _RNG_ALGORITHMS
+            if allowed is not None and value.text not in allowed:
+                raise self.error(
+                    f"'{value.text}' is not a {key}; expected one of {', '.join(sorted(allowed))}",
+                    pos,
+                )
+        elif isinstance(value, tuple):
+            for p in value:
+                if p.text not in A.PRECISIONS:
+                    raise self.error(f"'{p.text}' is not a precision (default, high, highest)", pos)
+        elif key == "result_accuracy" and not _RESULT_ACCURACY.fullmatch(value.text):
+            raise self.error(
+                "expected {mode=default|highest} or {tolerance={atol=..,rtol=..,ulps=..}}", pos
+            )
 
     def name_list(self) -> list[tuple[str, int]]:
         self.expect("{")
@@ -1476,7 +1568,13 @@ class _Parser:
         self.skip()
         if not self.peek("{"):
             raise self.expected("'{' opening a sharding")
-        return A.Sharding(self.balanced()[1:-1])
+        start = self.pos
+        sharding = A.Sharding(self.balanced()[1:-1])
+        for m in _TILED.finditer(sharding.text):
+            problem = _tile_assignment_problem(m)
+            if problem:
+                raise self.error(f"sharding {m.group(0)}: {problem}", start + 1 + m.start())
+        return sharding
 
     def backend_config(self) -> A.BackendConfig:
         if self.peek('"'):
@@ -1679,6 +1777,14 @@ _UNNAMED = "_"  # XLA's name for a module without a header and for an inline com
 _COMPUTATION_HEAD = re.compile(rf"\s*(?:ENTRY\s+)?%?{_IDENT_TEXT}\s*[{{(,]")
 _SINGLE_INSTRUCTION = re.compile(rf"\s*(?:ROOT\s+)?%?{_IDENT_TEXT}\s*=")
 _OPCODES = {op.text: op for op in Opcode}
+_ALLOWED = {op: A.OPCODE_ATTRIBUTES.get(op.text, frozenset(ATTRIBUTE_KINDS)) for op in Opcode}
+_RNG_ALGORITHMS = frozenset(("rng_default", "rng_three_fry", "rng_philox"))
+_CHECKED_RAW = frozenset(("result_accuracy",))
+_NUMBER_TEXT = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_RESULT_ACCURACY = re.compile(
+    r"\{\s*(?:mode\s*=\s*(?:default|highest|DEFAULT|HIGHEST)"
+    rf"|tolerance\s*=\s*\{{\s*(?:(?:atol|rtol|ulps)\s*=\s*{_NUMBER_TEXT}\s*,?\s*)*\}})\s*\}}"
+)
 _PERMUTES = (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START)
 _ASYNC_SUFFIXES = {
     "start": Opcode.ASYNC_START,
@@ -1725,6 +1831,36 @@ _ATTRIBUTE_READERS = {
     AttrKind.LITERAL: _Parser.shaped_literal,
     AttrKind.RAW: _Parser.raw,
 }
+
+
+_TILED = re.compile(r"devices=\[([0-9,]*)\](?:<=\[([0-9,]*)\](?:T\(([0-9,]*)\))?|([0-9,]*))")
+
+
+def _tile_assignment_problem(m: re.Match) -> str | None:
+    """What is wrong with `devices=[2,2]0,1,2,3` or `devices=[2,2]<=[4]`, if anything."""
+    dims = [int(d) for d in m.group(1).split(",") if d]
+    if not dims or any(d < 1 for d in dims):
+        return "tile dimensions must be positive"
+    count = 1
+    for d in dims:
+        count *= d
+    if m.group(2) is not None:
+        reshape = [int(d) for d in m.group(2).split(",") if d]
+        total = 1
+        for d in reshape:
+            total *= d
+        if total != count:
+            return f"{count} tiles but {total} devices"
+        perm = [int(p) for p in m.group(3).split(",") if p] if m.group(3) is not None else None
+        if perm is not None and sorted(perm) != list(range(len(reshape))):
+            return "the transpose is not a permutation of the device dimensions"
+        return None
+    ids = [int(d) for d in m.group(4).split(",") if d]
+    if len(ids) != count:
+        return f"{count} tiles but {len(ids)} device ids"
+    if len(set(ids)) != len(ids):
+        return "a device appears twice"
+    return None
 
 
 def _reference_position(parser: _Parser, name: str) -> int:

@@ -1433,6 +1433,11 @@ def _all_to_all(operands, attrs, declared):
     if not operands:
         _fail("needs at least 1 operand")
     split = attrs.get("split_dimension")
+    dims = attrs.get("dimensions")
+    if dims is not None:  # XLA's array all-to-all: dimensions={split dimension}
+        if len(dims) != 1:
+            _fail(f"dimensions must hold one dimension, got {list(dims)}")
+        split = dims[0]
     if split is not None:
         if len(operands) != 1:
             _fail(f"with split_dimension takes 1 operand, got {len(operands)}")
