@@ -123,3 +123,34 @@ def test_mesh_groups_parse_and_print_as_xla_does():
     assert module.entry.root.attrs["replica_groups"].expanded() == ((0, 1), (2, 3))
     sub = text.replace("{'axis_1'}", "{'axis_0':(1)2}").replace("'axis_0'=2", "'axis_0'=4")
     assert parse_module(sub).to_text().strip() == sub.strip()
+
+
+# -- mutants the fuzzer found: invalid modules whose printed text must still read back --------
+ASYNC_CHAIN = """HloModule m
+
+w {
+  a = f32[3] parameter(0)
+  ROOT n = f32[3] ROOT_OP
+}
+
+ENTRY e {
+  x = f32[3] parameter(0)
+  s = ((f32[3]), f32[3], s32[]) async-start(x), calls=w
+  u = ((f32[3]), f32[3], s32[]) MIDDLE(s)
+  ROOT d = f32[3] async-done(u)
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "root_op, middle",
+    [
+        ("negate(a)", "log"),  # a done whose operand is no async op: printed in long form
+        ("async-start(a)", "async-update"),  # an async op wrapping an async op: long form
+    ],
+)
+def test_broken_async_chains_print_long_and_read_back(root_op, middle):
+    from hlo_fuzz import check_one
+
+    text = ASYNC_CHAIN.replace("ROOT_OP", root_op).replace("MIDDLE", middle)
+    assert check_one(text) is None

@@ -10,6 +10,7 @@ import os
 
 import pytest
 from hlo_fuzz import check_one, corpus, fuzz
+from test_hlo_grammar import LONG, READS, SHORT
 
 MUTANTS = int(os.environ.get("XLAPY_FUZZ_MUTANTS", "4000"))
 SEED = int(os.environ.get("XLAPY_FUZZ_SEED", "20261126"))
@@ -17,11 +18,12 @@ SEED = int(os.environ.get("XLAPY_FUZZ_SEED", "20261126"))
 
 @pytest.fixture(scope="module")
 def modules():
-    return corpus()
+    tables = [*LONG.values(), *SHORT.values(), *(text for text, _ in READS.values())]
+    return corpus(tables)
 
 
 def test_corpus_holds_the_suites_modules_and_each_round_trips(modules):
-    assert len(modules) >= 100
+    assert len(modules) >= 200
     problems = [(p, t) for t in modules if (p := check_one(t)) is not None]
     assert not problems, problems[:3]
 

@@ -240,4 +240,16 @@ del _member, _info
 
 _BY_TEXT = {op.text: op for op in Opcode}
 
+
+def has_async_shorthand(op: Opcode) -> bool:
+    """Whether async-start/update/done wrapping `op` are written `<op>-start` and so on:
+    any op but the async wrappers, ops with async opcodes of their own (all-reduce-start),
+    parameters and constants."""
+    return (
+        op.category is not Category.ASYNC
+        and op.text + "-start" not in _BY_TEXT
+        and op not in (Opcode.PARAMETER, Opcode.CONSTANT)
+    )
+
+
 del U, B, T, SH, RED, CON, IDX, CTL, COL, IO, ASY, LIN, CST, TUP, OTH, V

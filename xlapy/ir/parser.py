@@ -46,7 +46,7 @@ from xlapy.ir.module import (
     ModuleConfig,
     StackFrameTables,
 )
-from xlapy.ir.opcodes import VARIADIC, Category, Opcode
+from xlapy.ir.opcodes import VARIADIC, Opcode, has_async_shorthand
 from xlapy.ir.shape_inference import compatible
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
 from xlapy.ir.types import Kind, PrimitiveType
@@ -1175,7 +1175,7 @@ class _Parser:
         base, _, suffix = text.rpartition("-")
         wrapped = _OPCODES.get(base)
         async_op = _ASYNC_SUFFIXES.get(suffix)
-        if wrapped is None or async_op is None or wrapped in _NOT_WRAPPABLE:
+        if wrapped is None or async_op is None or not has_async_shorthand(wrapped):
             raise self.error(f"unknown opcode '{text}'", pos)
         self.sugar = (async_op, wrapped)
         return async_op
@@ -1791,9 +1791,6 @@ _ASYNC_SUFFIXES = {
     "update": Opcode.ASYNC_UPDATE,
     "done": Opcode.ASYNC_DONE,
 }
-_NOT_WRAPPABLE = frozenset(
-    op for op in Opcode if op.category is Category.ASYNC or op.text + "-start" in _OPCODES
-) | {Opcode.PARAMETER, Opcode.CONSTANT}
 _ASYNC_OWN_ATTRIBUTES = frozenset(
     ("async_execution_thread", "metadata", "control-predecessors", "frontend_attributes")
 )

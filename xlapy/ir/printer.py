@@ -28,7 +28,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule, ModuleConfig, StackFrameTables
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Opcode, has_async_shorthand
 from xlapy.ir.shapes import ProgramShape, Shape
 from xlapy.ir.types import Kind, PrimitiveType
 
@@ -126,10 +126,12 @@ def _sugar_root(instr: HloInstruction) -> HloInstruction | None:
     the wrapped computation is that instruction applied to its parameters in order."""
     if instr.opcode not in _ASYNC_OPS:
         return None
-    start: HloInstruction | None = instr
-    while start is not None and start.opcode is not Opcode.ASYNC_START:
-        start = start.operands[0] if start.operands else None
-    calls = start.attrs.get("calls") if start is not None else None
+    start = instr
+    while start.opcode is not Opcode.ASYNC_START:  # done -> update ... -> start
+        if not start.operands or start.operands[0].opcode not in _ASYNC_OPS[:2]:
+            return None
+        start = start.operands[0]
+    calls = start.attrs.get("calls")
     if not isinstance(calls, HloComputation) or not _expands_to_one_op(calls):
         return None
     return calls.root
@@ -140,7 +142,7 @@ _ASYNC_OPS = (Opcode.ASYNC_START, Opcode.ASYNC_UPDATE, Opcode.ASYNC_DONE)
 
 def _expands_to_one_op(comp: HloComputation) -> bool:
     root = comp.root
-    if root is None or root.opcode is Opcode.PARAMETER or root.control_predecessors:
+    if root is None or not has_async_shorthand(root.opcode) or root.control_predecessors:
         return False
     params = comp.parameters
     if len(comp.instructions) != len(params) + 1 or len(root.operands) != len(params):
