@@ -56,6 +56,7 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     # shape ops and reductions
     "dimensions": AttrKind.INT_LIST,
     "iota_dimension": AttrKind.INT,
+    "inferred_dimension": AttrKind.INT,  # reshape
     "index": AttrKind.INT,
     "slice": AttrKind.SLICE,
     "padding": AttrKind.PADDING,
@@ -255,13 +256,13 @@ OPCODE_ATTRIBUTES: dict[str, frozenset[str]] = {
         ("rng-get-and-update-state", "delta"),
         ("all-gather all-gather-start", _REPLICAS + " dimensions"),
         ("all-reduce all-reduce-start", _REPLICAS + " to_apply"),
-        ("reduce-scatter", _REPLICAS + " to_apply dimensions"),
+        ("reduce-scatter", _REPLICAS + " to_apply dimensions scatter_dimension"),
         ("all-to-all", _REPLICAS + " dimensions split_dimension"),
         ("ragged-all-to-all", _REPLICAS),
         ("collective-broadcast", _REPLICAS),
         (
             "collective-permute collective-permute-start",
-            "channel_id source_target_pairs slice_sizes",
+            "channel_id source_target_pairs slice_sizes slice_sizes_list",
         ),
         ("copy-start", "cross_program_prefetch_index"),
         ("infeed", "infeed_config"),
