@@ -245,10 +245,10 @@ CASES = [
     ),
     (
         "missing_shape",
-        E(P + "  ROOT r = negate(p)"),
+        E(P + "  ROOT r = reshape(p)"),
         5,
         12,
-        "expected a shape for 'r', found 'negate'",
+        "cannot infer the shape of 'r': reshape: needs a result shape",
     ),
     (
         "missing_paren",

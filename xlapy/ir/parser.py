@@ -32,7 +32,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from xlapy.errors import HloParseError
+from xlapy.errors import HloParseError, ShapeError
 from xlapy.ir import attributes as A
 from xlapy.ir.attributes import ATTRIBUTE_KINDS, AttrKind
 from xlapy.ir.computation import HloComputation
@@ -47,7 +47,7 @@ from xlapy.ir.module import (
     StackFrameTables,
 )
 from xlapy.ir.opcodes import VARIADIC, Opcode, has_async_shorthand
-from xlapy.ir.shape_inference import compatible
+from xlapy.ir.shape_inference import compatible, infer_shape
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
 from xlapy.ir.types import Kind, PrimitiveType
 
@@ -114,6 +114,7 @@ class _PendingInstr:
     operand_shapes: dict[int, Shape] = field(default_factory=dict)  # as written, if written
     tuple_index: int | None = None  # a `p#2` get-tuple-element: shape known once p is
     wrapped: Opcode | None = None  # the op a shorthand async op wraps (its attributes)
+    infer: bool = False  # written without a shape: inferred once operands resolve
 
 
 @dataclass(slots=True)
@@ -894,6 +895,8 @@ class _Parser:
         if single:
             self.add_missing_parameters(comp, pending, by_name)
         self.resolve_operands(comp, pending, by_name)
+        if any(item.infer for item in pending):
+            self.infer_shapes(comp, pending)
         self.name_nested(comp)
         if len(self.async_wrappers) > first_sugar:
             self.build_async_wrappers(comp, first_sugar)
@@ -1026,6 +1029,31 @@ class _Parser:
             if item.tuple_index is not None:
                 self.type_tuple_access(item)
 
+    def infer_shapes(self, comp: HloComputation, pending: list[_PendingInstr]) -> None:
+        """Shapes of instructions written without one, in operand order, as XLA infers
+        them for the ops whose result follows from operands and attributes."""
+        items = {id(item.instr): item for item in pending if item.infer}
+        try:
+            order = comp.post_order()
+        except ValueError as e:
+            raise self.error(f"computation '{comp.name}': {e}") from None
+        for instr in order:
+            item = items.get(id(instr))
+            if item is None:
+                continue
+            if any(_calls(v) for v in instr.attrs.values()):
+                raise self.error(
+                    f"write the shape of '{instr.name}': it calls a computation", item.pos
+                )
+            try:
+                instr.shape = infer_shape(
+                    instr.opcode, [o.shape for o in instr.operands], instr.attrs
+                )
+            except (ShapeError, KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+                raise self.error(
+                    f"cannot infer the shape of '{instr.name}': {e}", item.pos
+                ) from None
+
     def type_tuple_access(self, item: _PendingInstr) -> None:
         source = item.instr.operands[0]
         index = item.tuple_index
@@ -1064,12 +1092,17 @@ class _Parser:
             self.pos = line.end()
         else:
             is_root, name = self.instruction_head()
-            shape = self.instruction_shape(name)
+            written = self.instruction_shape(name)
             self.skip()
             op_pos = self.pos
             op_text = self.ident("an opcode")
             opcode = self.opcode(op_text, op_pos)
             self.expect("(", f"'(' after opcode '{op_text}'")
+            if written is None:  # `r = add(x, y)`: the shape follows from the operands
+                item = self.instruction_rhs(name, Shape.tuple([]), opcode, op_text, op_pos)
+                item.infer = True
+                return is_root, item
+            shape = written
         return is_root, self.instruction_rhs(name, shape, opcode, op_text, op_pos)
 
     def instruction_rhs(
@@ -1180,10 +1213,13 @@ class _Parser:
         self.sugar = (async_op, wrapped)
         return async_op
 
-    def instruction_shape(self, name: str) -> Shape:
+    def instruction_shape(self, name: str) -> Shape | None:
+        """The shape after `name =`; None when an opcode follows at once (`add(x, y)`)."""
         if not self.shape_starts_here():
             self.skip()
             word = self.peek_ident()
+            if word is not None and self.text.startswith("(", self.pos + len(word)):
+                return None
             if word is not None and self.text.startswith("[", self.pos + len(word)):
                 raise self.error(f"unknown element type '{word}'")
             if word is not None and word not in _ELEMENT_TYPES:
@@ -1795,6 +1831,12 @@ _ASYNC_OWN_ATTRIBUTES = frozenset(
     ("async_execution_thread", "metadata", "control-predecessors", "frontend_attributes")
 )
 """Attributes of a shorthand async op that belong to the async op, not to the op it wraps."""
+
+
+def _calls(value) -> bool:
+    if isinstance(value, tuple):
+        return any(_calls(v) for v in value)
+    return isinstance(value, _ComputationRef | HloComputation)
 
 
 def _wrapped_opcode(start: HloInstruction | None) -> Opcode | None:
