@@ -17,9 +17,7 @@ from xlapy.ir.parser import parse_module
 from xlapy.ir.printer import PrintOptions, print_module
 from xlapy.ir.verifier import verify
 
-LONG_OPTIONS = PrintOptions(
-    percent_names=True, signatures=True, operand_shapes=True, index_comments=True
-)
+LONG_OPTIONS = PrintOptions.verbose()
 
 ADD_F32 = """%sum (sum.x: f32[], sum.y: f32[]) -> f32[] {
   %sum.x = f32[] parameter(0)

@@ -61,6 +61,14 @@ class PrintOptions:
         return PrintOptions(percent_names=True, signatures=True, index_comments=True)
 
     @staticmethod
+    def verbose() -> PrintOptions:
+        """XLA's HloModule::ToString() with default HloPrintOptions: the long form with each
+        operand's shape, `add(f32[2]{0} %a, f32[2]{0} %b)` (XLA's parser tests use it)."""
+        return PrintOptions(
+            percent_names=True, signatures=True, operand_shapes=True, index_comments=True
+        )
+
+    @staticmethod
     def fingerprint() -> PrintOptions:
         """Only what determines the computation: no metadata, no stack frames."""
         return PrintOptions(metadata=False, stack_frames=False)
