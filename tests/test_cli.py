@@ -168,3 +168,20 @@ def test_fmt_is_a_fixed_point(run_cli, write):
     assert once == twice
     code, long_form, _ = run_cli("fmt", "--long", write("m3.hlo", ADD))
     assert "ENTRY %main (a: f32[2,3], b: f32[2,3])" in long_form
+
+
+def test_internal_errors_print_one_line_and_traceback_on_request(run_cli, write, monkeypatch):
+    import xlapy.tools.cli as cli_module
+
+    def broken(path, verify=True):
+        raise ZeroDivisionError("integer modulo by zero")
+
+    monkeypatch.setattr(cli_module, "load_module", broken)
+    path = write("m.hlo", ADD)
+    code, out, err = run_cli("check", path)
+    assert code == 2 and out == ""
+    assert err.strip().count("\n") == 0
+    assert "internal error: ZeroDivisionError: integer modulo by zero" in err
+    assert "Traceback" not in err and "--traceback" in err
+    with pytest.raises(ZeroDivisionError):
+        run_cli("--traceback", "check", path)

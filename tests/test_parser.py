@@ -41,7 +41,7 @@ ENTRY main {
   i = s32[] parameter(2)
   zero = f32[] constant(0)
   r = f32[3]{0} reduce(x, zero), dimensions={0}, to_apply=add
-  big = f32[2,3]{1,0} constant({ {1, 2.5, -3}, {nan, inf, -inf} })
+  big = f32[2,3]{1,0} constant({ { 1, 2.5, -3 }, { nan, inf, -inf } })
   m = f32[2,3]{1,0} multiply(x, big), metadata={op_type="mul" op_name="jit(f)/mul" source_file="f.py" source_line=7}
   cc = f32[3]{0} custom-call(r, y), custom_call_target="my_target", api_version=API_VERSION_TYPED_FFI, backend_config={"opaque": [1, 2]}, output_to_operand_aliasing={{}: (0, {})}
   ar = f32[3]{0} all-reduce(cc), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=add

@@ -24,10 +24,10 @@ CASES = [
     ("blank", "   \n  \n", 3, 1, "empty input: expected 'HloModule'"),
     (
         "no_header",
-        "ENTRY main {\n  p = f32[] parameter(0)\n}\n",
+        "HloModul m\nENTRY main {\n  p = f32[] parameter(0)\n}\n",
         1,
         1,
-        "expected 'HloModule', found 'ENTRY'",
+        "expected 'HloModule', a computation or an instruction, found 'HloModul'",
     ),
     ("no_computations", "HloModule m\n", 2, 1, "module has no computations"),
     (
@@ -245,10 +245,10 @@ CASES = [
     ),
     (
         "missing_shape",
-        E(P + "  ROOT r = negate(p)"),
+        E(P + "  ROOT r = reshape(p)"),
         5,
         12,
-        "expected a shape for 'r', found 'negate'",
+        "cannot infer the shape of 'r': reshape: needs a result shape",
     ),
     (
         "missing_paren",

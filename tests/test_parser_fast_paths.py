@@ -82,8 +82,8 @@ def test_a_cached_form_does_not_admit_a_wrong_one(good, bad, message):
 def test_unterminated_comment_after_attribute_key():
     text = (
         "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n"
-        "  ROOT r = f32[2] negate(p), dimensions= /* x\n}\n"
+        "  ROOT r = f32[2] reverse(p), dimensions= /* x\n}\n"
     )
     with pytest.raises(HloParseError, match="unterminated comment") as err:
         parse_module(text)
-    assert (err.value.line, err.value.column) == (4, 42)
+    assert (err.value.line, err.value.column) == (4, 43)

@@ -195,14 +195,14 @@ def scaled_argmax(x, out, idx, *, scale, shift, label):
 
 FFI_CALL = """HloModule typed
 ENTRY e {
-  x = TYPE[3,5] parameter(0)
+  x = ELEM[3,5] parameter(0)
   ROOT c = (f32[3,5], s32[3]) custom-call(x), custom_call_target="scaled_argmax",
       api_version=API_VERSION_TYPED_FFI, backend_config={ATTRS}
 }"""
 
 
 def ffi_call(attrs="scale = 2.5 : f32, shift = 3 : i64", dtype="f32"):
-    return FFI_CALL.replace("TYPE", dtype).replace("ATTRS", attrs)
+    return FFI_CALL.replace("ELEM", dtype).replace("ATTRS", attrs)
 
 
 def test_typed_ffi_handler_with_attributes(client):

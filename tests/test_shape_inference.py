@@ -401,6 +401,7 @@ GOOD = [
     ("topk", ["f32[3,10]"], {"k": 4, "largest": True}, None, "(f32[3,4], s32[3,4])"),
     # control flow and calls
     ("call", ["f32[3]"], {"to_apply": C["neg3"]}, None, "f32[3]"),
+    ("scan", ["f32[3]", "f32[]"], {"to_apply": C["neg3"]}, "(f32[3], f32[])", "(f32[3], f32[])"),
     ("fusion", ["f32[3]"], {"calls": C["s32_3"], "kind": Enum("kLoop")}, None, "s32[3]"),
     ("map", ["f32[3]", "f32[3]"], {"to_apply": C["add_f32"], "dimensions": (0,)}, None, "f32[3]"),
     (

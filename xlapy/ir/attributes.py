@@ -15,7 +15,11 @@ parse an attribute, the printer to print it, and nothing else needs its own list
 from __future__ import annotations
 
 import enum
+import math
+import re
 from dataclasses import dataclass
+
+import numpy as np
 
 from xlapy.ir.shapes import ShapeIndex
 
@@ -44,6 +48,7 @@ class AttrKind(enum.Enum):
     SHAPE_LIST = "shape list"  # {f32[2]{0}, s32[]}
     SHAPE = "shape"  # f32[2]{0}
     OUTPUT_OPERAND_ALIASING = "output to operand aliasing"  # {{0}: (1, {})}
+    LITERAL = "literal"  # s32[2]{0} {1, 2}, or a tuple ( f32[] 1, pred[] true )
     RAW = "raw"  # any balanced text, kept verbatim (attributes xlapy does not interpret)
 
 
@@ -51,6 +56,7 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     # shape ops and reductions
     "dimensions": AttrKind.INT_LIST,
     "iota_dimension": AttrKind.INT,
+    "inferred_dimension": AttrKind.INT,  # reshape
     "index": AttrKind.INT,
     "slice": AttrKind.SLICE,
     "padding": AttrKind.PADDING,
@@ -120,8 +126,12 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "called_computations": AttrKind.COMPUTATION_LIST,
     "kind": AttrKind.ENUM,  # fusion kind: kLoop kInput kOutput kCustom
     "is_composite": AttrKind.BOOL,
+    "has_dynamic_root": AttrKind.BOOL,
+    "is_reverse": AttrKind.BOOL,  # scan
+    "is_associative": AttrKind.BOOL,  # scan
     # custom calls
     "custom_call_target": AttrKind.STRING,
+    "literal": AttrKind.LITERAL,
     "api_version": AttrKind.ENUM,  # API_VERSION_ORIGINAL ... API_VERSION_TYPED_FFI
     "custom_call_has_side_effect": AttrKind.BOOL,
     "custom_call_schedule": AttrKind.ENUM,
@@ -156,6 +166,143 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "domain": AttrKind.RAW,
     "parameter_replication": AttrKind.RAW,
 }
+
+COMMON_ATTRIBUTES = frozenset(
+    (
+        "metadata",
+        "sharding",
+        "frontend_attributes",
+        "backend_config",
+        "control-predecessors",
+        "statistics",
+        "original_value",
+        "origin",
+    )
+)
+"""Attributes any instruction may carry."""
+
+_DOT = (
+    "lhs_batch_dims rhs_batch_dims lhs_contracting_dims rhs_contracting_dims operand_precision "
+    "algorithm sparsity"
+)
+_CONV = "window dim_labels feature_group_count batch_group_count operand_precision algorithm"
+_REPLICAS = "replica_groups channel_id use_global_device_ids constrain_layout"
+_SEND_RECV = "channel_id is_host_transfer"
+_GATHER = (
+    "offset_dims collapsed_slice_dims start_index_map operand_batching_dims "
+    "start_indices_batching_dims index_vector_dim slice_sizes indices_are_sorted"
+)
+_SCATTER = (
+    "update_window_dims inserted_window_dims scatter_dims_to_operand_dims input_batching_dims "
+    "scatter_indices_batching_dims index_vector_dim indices_are_sorted unique_indices to_apply"
+)
+_UNARY_MATH = "result_accuracy"  # the transcendental ops' accuracy request
+
+OPCODE_ATTRIBUTES: dict[str, frozenset[str]] = {
+    text: frozenset(names.split())
+    for texts, names in (
+        (
+            "abs cbrt ceil count-leading-zeros convert bitcast-convert copy cosine erf "
+            "exponential exponential-minus-one floor imag is-finite log log-plus-one logistic "
+            "negate not popcnt real round-nearest-afz round-nearest-even rsqrt sign sine sqrt "
+            "tan tanh",
+            _UNARY_MATH,
+        ),
+        (
+            "add and atan2 complex divide maximum minimum multiply or power remainder "
+            "shift-left shift-right-arithmetic shift-right-logical stochastic-convert subtract "
+            "xor clamp select tuple after-all add-dependency opt-barrier dynamic-update-slice "
+            "dynamic-reshape partition-id replica-id all-reduce-done all-gather-done "
+            "collective-permute-done copy-done",
+            "",
+        ),
+        ("compare", "direction comparison_direction type"),
+        ("reduce-precision", "exponent_bits mantissa_bits"),
+        ("constant", ""),
+        ("parameter", "parameter_replication"),
+        ("iota", "iota_dimension"),
+        ("broadcast transpose reverse concatenate", "dimensions"),
+        ("get-dimension-size set-dimension-size", "dimensions"),
+        ("reshape", "inferred_dimension"),
+        ("bitcast", ""),
+        ("slice", "slice"),
+        ("dynamic-slice", "dynamic_slice_sizes"),
+        ("pad", "padding"),
+        ("reduce", "dimensions to_apply"),
+        ("reduce-window", "window to_apply"),
+        ("select-and-scatter", "window select scatter"),
+        ("dot scaled-dot", _DOT),
+        ("ragged-dot", _DOT + " lhs_ragged_dims rhs_group_dims"),
+        ("convolution", _CONV),
+        ("fft", "fft_type fft_length"),
+        ("gather", _GATHER),
+        ("scatter", _SCATTER),
+        ("sort", "dimensions is_stable to_apply"),
+        ("topk", "k largest to_apply"),
+        ("call", "to_apply is_composite has_dynamic_root"),
+        ("conditional", "true_computation false_computation branch_computations"),
+        ("while", "condition body"),
+        ("scan", "dimensions to_apply is_reverse is_associative"),
+        ("fusion", "kind calls output_to_operand_aliasing"),
+        ("map", "dimensions to_apply"),
+        (
+            "custom-call",
+            _CONV + " custom_call_target custom_call_has_side_effect custom_call_schedule schedule "
+            "api_version operand_layout_constraints output_to_operand_aliasing literal "
+            "called_computations to_apply padding_type",
+        ),
+        ("rng", "distribution"),
+        ("rng-bit-generator", "algorithm"),
+        ("rng-get-and-update-state", "delta"),
+        ("all-gather all-gather-start", _REPLICAS + " dimensions"),
+        ("all-reduce all-reduce-start", _REPLICAS + " to_apply"),
+        ("reduce-scatter", _REPLICAS + " to_apply dimensions scatter_dimension"),
+        ("all-to-all", _REPLICAS + " dimensions split_dimension"),
+        ("ragged-all-to-all", _REPLICAS),
+        ("collective-broadcast", _REPLICAS),
+        (
+            "collective-permute collective-permute-start",
+            "channel_id source_target_pairs slice_sizes slice_sizes_list",
+        ),
+        ("copy-start", "cross_program_prefetch_index"),
+        ("infeed", "infeed_config"),
+        ("outfeed", "outfeed_config outfeed_shape"),
+        ("send recv send-done recv-done", _SEND_RECV),
+        ("async-start async-update async-done", "calls async_execution_thread"),
+        ("cholesky", "lower"),
+        ("triangular-solve", "left_side lower unit_diagonal transpose_a"),
+        ("batch-norm-grad batch-norm-inference batch-norm-training", "epsilon feature_index"),
+        ("get-tuple-element", "index"),
+        ("domain", "domain"),
+    )
+    for text in texts.split()
+}
+"""The attributes each opcode takes besides COMMON_ATTRIBUTES (XLA refuses the others)."""
+
+ENUM_VALUES: dict[str, frozenset[str]] = {
+    key: frozenset(values.split())
+    for key, values in (
+        ("direction", "EQ NE LT LE GT GE"),
+        ("comparison_direction", "EQ NE LT LE GT GE"),
+        ("type", "FLOAT TOTALORDER SIGNED UNSIGNED PARTIALORDER"),
+        ("fft_type", "FFT IFFT RFFT IRFFT"),
+        ("distribution", "rng_uniform rng_normal"),
+        ("transpose_a", "NO_TRANSPOSE TRANSPOSE ADJOINT"),
+        ("kind", "kLoop kInput kOutput kCustom"),
+        (
+            "api_version",
+            "API_VERSION_ORIGINAL API_VERSION_STATUS_RETURNING "
+            "API_VERSION_STATUS_RETURNING_UNIFIED API_VERSION_TYPED_FFI",
+        ),
+        ("custom_call_schedule", "SCHEDULE_NONE SCHEDULE_LATEST SCHEDULE_EARLIEST"),
+        ("schedule", "SCHEDULE_NONE SCHEDULE_LATEST SCHEDULE_EARLIEST"),
+        ("padding_type", "PADDING_INVALID PADDING_VALID PADDING_SAME"),
+    )
+}
+"""The values XLA reads for an enum attribute (others are errors). `algorithm` is absent: it
+names rng-bit-generator's algorithm or a dot algorithm, a list that keeps growing."""
+
+PRECISIONS = frozenset(("default", "high", "highest", "DEFAULT", "HIGH", "HIGHEST"))
 
 COMPUTATION_ATTRIBUTES = tuple(
     name
@@ -210,6 +357,8 @@ class ConvDimLabels:
     output_batch: int
     output_feature: int
     output_spatial: tuple[int, ...]
+    ranks: tuple[int, ...] = ()
+    """(input, kernel, output) label lengths when some are `?` (unlabeled), else ()."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +383,7 @@ class Metadata:
     are unescaped Python strings, numbers are ints.
     """
 
-    items: tuple[tuple[str, str | int], ...]
+    items: tuple[tuple[str, str | int | tuple[int, ...]], ...]
 
     def get(self, key: str, default=None):
         for k, v in self.items:
@@ -276,11 +425,149 @@ class BackendConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshAxis:
+    """One axis reference of a mesh replica-group list: a whole mesh axis (`'x'`), or the
+    sub-axis `'x':(pre)size` (the `size` devices of axis x whose stride is `pre`)."""
+
+    axis: int
+    pre_size: int = 0  # 0: the whole axis
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """A named device mesh, `mesh['x'=2,'y'=4]` or `mesh[...], device_ids=(3,1,2,0,...)`."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    device_ids: tuple[int, ...] | None = None  # None: 0, 1, 2, ... in row-major order
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaGroups:
-    """Explicit groups `{{0,1},{2,3}}`, or the iota form `[2,2]<=[4]` kept as text."""
+    """The devices a collective runs over, in any of the three forms XLA prints:
+
+      explicit  `{{0,1},{2,3}}` (or `{}`: all devices)    `groups`
+      iota      `[2,2]<=[4]`, `[2,2]<=[2,2]T(1,0)`        `iota_text`, kept as written
+      mesh      `mesh['x'=2,'y'=2] {'y'}`                  `mesh` and `mesh_axes`
+
+    `expanded()` gives the explicit groups of every form; the parser has checked that it can.
+    """
 
     groups: tuple[tuple[int, ...], ...] = ()
     iota_text: str | None = None
+    mesh: Mesh | None = None
+    mesh_axes: tuple[MeshAxis, ...] = ()
+
+    def expanded(self) -> tuple[tuple[int, ...], ...]:
+        """The explicit groups: `[2,2]<=[2,2]T(1,0)` is `((0,2),(1,3))`,
+        `mesh['x'=2,'y'=2] {'x'}` is `((0,2),(1,3))`. ValueError for a malformed form."""
+        if self.iota_text is not None:
+            return iota_groups(self.iota_text)
+        if self.mesh is not None:
+            return mesh_groups(self.mesh, self.mesh_axes)
+        return self.groups
+
+    @property
+    def group_size(self) -> int | None:
+        """Devices per group; None for `{}` (every device, a number the module config holds)."""
+        groups = self.expanded()
+        return len(groups[0]) if groups else None
+
+
+_IOTA_GROUPS = re.compile(r"\[([0-9,]*)\]<=\[([0-9,]*)\](?:T\(([0-9,]*)\))?")
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v)
+
+
+def iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
+    """The groups of the iota form `[groups,size]<=[reshape dims]T(permutation)`: the ids
+    0..n-1 laid out in the reshape dims, transposed, and read row by row in `size` chunks."""
+    m = _IOTA_GROUPS.fullmatch(text)
+    if m is None:
+        raise ValueError(f"'{text}' is not an iota device list like [2,2]<=[4]")
+    head, dims = _int_tuple(m.group(1)), _int_tuple(m.group(2))
+    perm = _int_tuple(m.group(3)) if m.group(3) is not None else tuple(range(len(dims)))
+    if len(head) != 2:
+        raise ValueError(f"iota replica groups need [groups,size], got [{m.group(1)}]")
+    if not dims or math.prod(head) != math.prod(dims):
+        raise ValueError(f"[{m.group(1)}] and [{m.group(2)}] hold different numbers of devices")
+    if sorted(perm) != list(range(len(dims))):
+        raise ValueError(f"T({m.group(3)}) is not a permutation of {len(dims)} dimensions")
+    if math.prod(dims) > _MAX_DEVICES:
+        raise ValueError(f"{math.prod(dims)} devices is more than {_MAX_DEVICES}")
+    ids = np.arange(math.prod(dims)).reshape(dims).transpose(perm).reshape(-1)
+    return _chunks(ids, head[1]) if head[1] else ((),) * head[0]
+
+
+_MAX_DEVICES = 1 << 20
+
+
+def _chunks(ids, size: int) -> tuple[tuple[int, ...], ...]:
+    flat = [int(v) for v in ids]
+    return tuple(tuple(flat[i : i + size]) for i in range(0, len(flat), size))
+
+
+def mesh_groups(mesh: Mesh, axes: tuple[MeshAxis, ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups of a mesh replica-group list: the devices that differ only along `axes`.
+
+    Each mesh axis that sub-axes refer to is split into (stride, size, rest) pieces; the
+    device array, reshaped to all pieces, is transposed so the grouped pieces come last and
+    read in chunks of the group size."""
+    rank = len(mesh.sizes)
+    if rank == 0 or len(mesh.names) != rank or len(set(mesh.names)) != rank:
+        raise ValueError("a mesh needs one distinct name per axis")
+    if any(s < 1 for s in mesh.sizes):
+        raise ValueError("mesh axis sizes must be positive")
+    total = math.prod(mesh.sizes)
+    if total > _MAX_DEVICES:
+        raise ValueError(f"{total} devices is more than {_MAX_DEVICES}")
+    if mesh.device_ids is None:
+        ids = np.arange(total)
+    elif sorted(mesh.device_ids) != list(range(total)):
+        raise ValueError(f"device_ids must be a permutation of 0..{total - 1}")
+    else:
+        ids = np.array(mesh.device_ids)
+    if not axes:
+        raise ValueError("a mesh replica-group list names at least one axis")
+    dims: list[int] = []
+    grouped: list[int] = []
+    for i, full in enumerate(mesh.sizes):
+        refs = [a for a in axes if a.axis == i]
+        offset = len(dims)
+        if not refs:
+            dims.append(full)
+            continue
+        if len(refs) == 1 and not refs[0].pre_size:
+            dims.append(full)
+            grouped.append(offset)
+            continue
+        if any(not r.pre_size for r in refs):
+            raise ValueError(f"axis '{mesh.names[i]}' is named whole and as a sub-axis")
+        order = sorted(range(len(refs)), key=lambda k: refs[k].pre_size)
+        position = [0] * len(refs)
+        prefix = 1
+        for k in order:
+            ref = refs[k]
+            if ref.size < 2 or ref.pre_size % prefix or full % (ref.pre_size * ref.size):
+                raise ValueError(f"sub-axis ({ref.pre_size}){ref.size} does not fit axis {full}")
+            if ref.pre_size != prefix:
+                dims.append(ref.pre_size // prefix)
+                prefix = ref.pre_size
+            position[k] = len(dims)
+            dims.append(ref.size)
+            prefix *= ref.size
+        if prefix != full:
+            dims.append(full // prefix)
+        grouped.extend(position)
+    if any(a.axis < 0 or a.axis >= rank for a in axes) or len(set(grouped)) != len(grouped):
+        raise ValueError("mesh axes repeat or are out of range")
+    size = math.prod(dims[g] for g in grouped)
+    rest = [d for d in range(len(dims)) if d not in grouped]
+    ids = ids.reshape(dims).transpose(rest + grouped).reshape(-1)
+    return _chunks(ids, size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,6 +198,7 @@ class Opcode(enum.Enum):
     FUSION = _op("fusion", V, CTL, EMB)
     MAP = _op("map", V, CTL, EMB)
     WHILE = _op("while", 1, CTL, SEQ)
+    SCAN = _op("scan", V, CTL, EMB)
     # random numbers
     RNG = _op("rng", V, Category.RNG, SIDE)
     RNG_BIT_GENERATOR = _op("rng-bit-generator", 1, Category.RNG)
@@ -282,6 +283,18 @@ for _member in Opcode:
 del _member, _info
 
 _BY_TEXT = {op.text: op for op in Opcode}
+
+
+def has_async_shorthand(op: Opcode) -> bool:
+    """Whether async-start/update/done wrapping `op` are written `<op>-start` and so on:
+    any op but the async wrappers, ops with async opcodes of their own (all-reduce-start),
+    parameters and constants."""
+    return (
+        op.category is not Category.ASYNC
+        and op.text + "-start" not in _BY_TEXT
+        and op not in (Opcode.PARAMETER, Opcode.CONSTANT)
+    )
+
 
 del U, B, T, SH, RED, CON, IDX, CTL, COL, IO, ASY, LIN, CST, TUP, OTH, V
 del SIDE, COMM, FWD, TRANS, SEQ, EMB

@@ -32,7 +32,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from xlapy.errors import HloParseError
+from xlapy.errors import HloParseError, ShapeError
 from xlapy.ir import attributes as A
 from xlapy.ir.attributes import ATTRIBUTE_KINDS, AttrKind
 from xlapy.ir.computation import HloComputation
@@ -46,7 +46,8 @@ from xlapy.ir.module import (
     ModuleConfig,
     StackFrameTables,
 )
-from xlapy.ir.opcodes import VARIADIC, Opcode
+from xlapy.ir.opcodes import VARIADIC, Opcode, has_async_shorthand
+from xlapy.ir.shape_inference import compatible, infer_shape
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
 from xlapy.ir.types import Kind, PrimitiveType
 
@@ -63,9 +64,10 @@ _FLOAT = re.compile(
 )
 _WS = re.compile(r"(?:\s+|//[^\n]*|/\*.*?\*/)*", re.DOTALL)
 _GAP = re.compile(r"(?:\s+|//[^\n]*)+")
-_DIM_LABELS = re.compile(r"([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)")
-_DIGITS = re.compile(r"-?[0-9]+")
-_PAD_DIM = re.compile(r"(-?[0-9]+)_(-?[0-9]+)(?:_(-?[0-9]+))?")
+_DIM_LABELS = re.compile(r"([0-9a-z?]+)_([0-9a-z?]+)->([0-9a-z?]+)")
+_DIGITS = re.compile(r"-?[0-9]{1,19}(?![0-9])")
+_PAD_DIM = re.compile(r"(-?[0-9]{1,19})_(-?[0-9]{1,19})(?:_(-?[0-9]{1,19}))?(?![0-9])")
+_MAX_INT_CHARS = 21  # a sign and the 20 digits of 2**64 - 1
 _ELEMENT_TYPES = {t.text for t in PrimitiveType if t is not PrimitiveType.TUPLE}
 
 # Fast paths. Each regex only finds the extent of a common form; its meaning (and every
@@ -86,9 +88,10 @@ _OPERAND = re.compile(rf"\s*(?>(%?({_IDENT_TEXT})))\s*([,)])")  # name, then ','
 _ATTRIBUTE_KEY = re.compile(  # `, key =` and the whitespace and comments after it
     rf"\s*,\s*(?>({_IDENT_TEXT}))\s*=(?>(?:\s+|//[^\n]*|(?s:/\*.*?\*/))*)(?!/\*)"
 )
-_PARAMETER_NUMBER = re.compile(r"[ \t]*([0-9]+)[ \t]*\)")
+_PARAMETER_NUMBER = re.compile(r"[ \t]*([0-9]{1,9})[ \t]*\)")
 _INT_LIST = re.compile(r"\s*\{([-+0-9, \t]*)\}")
 _DECIMAL = re.compile(r"[ \t]*[-+]?[0-9]+[ \t]*")
+_IOTA_LIST = re.compile(r"\[[0-9,]*\]<=\[[0-9,]*\](?:T\([0-9,]*\))?")
 _SCALAR_TEXT = re.compile(r"[-+.0-9A-Za-z]+(?=\))")
 _SCALARS: dict[tuple[Shape, str], Literal] = {}
 """Scalar constants read by the general rules, by shape and text (literals are immutable)."""
@@ -108,6 +111,30 @@ class _PendingInstr:
     pos: int
     operand_names: list[tuple[str, int]]
     predecessor_names: list[tuple[str, int]] = field(default_factory=list)
+    operand_shapes: dict[int, Shape] = field(default_factory=dict)  # as written, if written
+    tuple_index: int | None = None  # a `p#2` get-tuple-element: shape known once p is
+    wrapped: Opcode | None = None  # the op a shorthand async op wraps (its attributes)
+    infer: bool = False  # written without a shape: inferred once operands resolve
+
+
+@dataclass(slots=True)
+class _AsyncSugar:
+    """`custom-call-start(x), custom_call_target="f"` (or -update, -done): an async op whose
+    wrapped computation (parameters and `wrapped` as root) is built once operands resolve."""
+
+    instr: HloInstruction
+    wrapped: Opcode
+    pos: int
+    root: HloInstruction | None = None  # the wrapped instruction, for a -start
+
+
+@dataclass(slots=True)
+class _Signature:
+    """A computation's written `(params) -> result`, and where it starts."""
+
+    pos: int
+    parameters: list[Shape]
+    result: Shape
 
 
 @dataclass(slots=True)
@@ -126,6 +153,12 @@ class _Parser:
         self.depth = 0
         self._line_starts: list[int] | None = None
         self.computation_refs: list[tuple[HloInstruction, str, Any]] = []
+        self.multiline_strings = False  # header strings may span lines
+        self.sugar: tuple[Opcode, Opcode] | None = None  # set by opcode(): (async op, wrapped)
+        self.async_wrappers: list[_AsyncSugar] = []
+        self.nested: list[_PendingInstr] = []  # instructions written inside operand lists
+        self.inline_computations: list[HloComputation] = []  # to_apply={...}
+        self.wrapper_computations: list[HloComputation] = []
 
     # -- errors ----------------------------------------------------------------------------
     def error(self, message: str, pos: int | None = None) -> HloParseError:
@@ -222,7 +255,11 @@ class _Parser:
         m = self.match(_INT)
         if not m:
             raise self.expected(what)
-        return int(m.group(0))
+        text = m.group(0)
+        if len(text) > _MAX_INT_CHARS:  # also keeps Python's 4300-digit int() limit away
+            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
+            raise self.error(f"value {shown} is out of range", m.start())
+        return int(text)
 
     def boolean(self) -> bool:
         word = self.peek_ident()
@@ -244,6 +281,10 @@ class _Parser:
             while j < len(text) and text[j] not in '"\\\n':
                 j += 1
             out.append(text[i:j])
+            if j < len(text) and text[j] == "\n" and self.multiline_strings:
+                out.append("\n")
+                i = j + 1
+                continue
             if j >= len(text) or text[j] == "\n":
                 raise self.error("unterminated string", start)
             if text[j] == '"':
@@ -341,14 +382,16 @@ class _Parser:
         start = self.pos
         if self.accept("("):
             self.enter()
-            elements = []
-            if not self.accept(")"):
-                while True:
-                    elements.append(self.shape())
-                    if self.accept(")"):
-                        break
-                    self.expect(",", "',' or ')' in tuple shape")
-            self.leave()
+            try:
+                elements = []
+                if not self.accept(")"):
+                    while True:
+                        elements.append(self.shape())
+                        if self.accept(")"):
+                            break
+                        self.expect(",", "',' or ')' in tuple shape")
+            finally:
+                self.leave()
             return Shape.tuple(elements)
         word = self.peek_ident()
         if word is None:
@@ -437,15 +480,27 @@ class _Parser:
         dims = []
         if not self.accept(")"):
             while True:
-                dims.append(Tile.COMBINE_DIM if self.accept("*") else self.integer("tile size"))
+                if self.accept("*"):
+                    dims.append(Tile.COMBINE_DIM)
+                else:
+                    pos = self.pos
+                    size = self.integer("tile size")
+                    if size < 1:
+                        raise self.error(f"tile size {size} must be positive", pos)
+                    dims.append(size)
                 if self.accept(")"):
                     break
                 self.expect(",", "',' or ')' in tile")
         return Tile(tuple(dims))
 
     def paren_int(self) -> int:
+        """`(n)` of a layout's E(n) or S(n): a count or a memory space, never negative."""
         self.expect("(")
+        self.skip()
+        pos = self.pos
         value = self.integer()
+        if value < 0:
+            raise self.error(f"{value} must not be negative", pos)
         self.expect(")")
         return value
 
@@ -557,9 +612,12 @@ class _Parser:
             return np.array(values, dtype=np.bool_).reshape(shape.dims)
         if kind in (Kind.SIGNED, Kind.UNSIGNED):
             info = ml_dtypes.iinfo(dtype)
-            for v, p in zip(values, positions):
-                if not info.min <= v <= info.max:
+            low = -(2**63) if etype is PrimitiveType.U64 else info.min  # XLA reads an int64
+            for k, (v, p) in enumerate(zip(values, positions)):
+                if not low <= v <= info.max:
                     raise self.error(f"value {v} is out of range for {etype.text}", p)
+                if v < 0 and etype is PrimitiveType.U64:
+                    values[k] = v + 2**64
             return np.array(values, dtype=dtype).reshape(shape.dims)
         if kind is Kind.FLOAT:
             return self.float_array(values, positions, dtype, etype).reshape(shape.dims)
@@ -573,6 +631,9 @@ class _Parser:
 
     def float_array(self, texts: list[str], positions, dtype, etype) -> np.ndarray:
         wide = np.array([_float_of(t) for t in texts], dtype=np.float64)
+        for i, value in enumerate(wide):  # 1.8e308 reads as inf in Python; XLA refuses it
+            if np.isinf(value) and "inf" not in texts[i]:
+                raise self.error(f"value {texts[i]} is out of range for {etype.text}", positions[i])
         with np.errstate(all="ignore"):
             narrow = wide.astype(dtype)
         back = narrow.astype(np.float64)
@@ -605,17 +666,27 @@ class _Parser:
     def module(self) -> HloModule:
         if self.at_end():
             raise self.error("empty input: expected 'HloModule'")
-        word = self.peek_ident()
-        if word != "HloModule":
-            raise self.expected("'HloModule'")
-        self.pos += len(word)
-        module = HloModule(self.name("a module name"))
-        self.header(module.config)
-        module.stack_frames = self.stack_frame_tables()
         computations: dict[str, HloComputation] = {}
         entry: HloComputation | None = None
-        if self.at_end():
-            raise self.error("module has no computations")
+        if self.peek_ident() != "HloModule":  # computations, or one instruction, alone
+            module = HloModule(_UNNAMED)
+            if _SINGLE_INSTRUCTION.match(self.text, self.pos):
+                entry = self.computation_body(_UNNAMED, single=True)
+                if not self.at_end():
+                    raise self.expected("end of input after a single instruction")
+                computations[entry.name] = entry
+            elif not _COMPUTATION_HEAD.match(self.text, self.pos):
+                raise self.expected("'HloModule', a computation or an instruction")
+        else:
+            self.pos += len("HloModule")
+            module = HloModule(self.name("a module name"))
+            self.accept(":")  # the old `HloModule name:` form
+            self.multiline_strings = True
+            self.header(module.config)
+            self.multiline_strings = False
+            module.stack_frames = self.stack_frame_tables()
+            if self.at_end():
+                raise self.error("module has no computations")
         while not self.at_end():
             start = self.pos
             comp, is_entry = self.computation()
@@ -627,6 +698,15 @@ class _Parser:
                     raise self.error("more than one ENTRY computation", start)
                 entry = comp
         entry = entry or list(computations.values())[-1]
+        taken = set(computations)
+        for extra in [*self.inline_computations, *self.wrapper_computations]:
+            name, n = extra.name, 0  # made by the parser: named apart from the written ones
+            while name in taken:
+                n += 1
+                name = f"{extra.name}.{n}"
+            extra.name = name
+            taken.add(name)
+            module.add_computation(extra)
         for comp in computations.values():
             module.add_computation(comp, entry=comp is entry)
         self.resolve_computations(computations)
@@ -774,44 +854,103 @@ class _Parser:
             thread = None
             self.pos = head.end()
         else:
-            is_entry, name, thread = self.computation_head()
+            is_entry, name, thread, signature = self.computation_head()
+            comp = self.computation_body(name)
+            if signature is not None:
+                self.check_signature(comp, signature)
+            if thread is not None:
+                comp.execution_thread = thread
+            return comp, is_entry
+        return self.computation_body(name), is_entry
+
+    def computation_body(self, name: str, single: bool = False) -> HloComputation:
+        """The instructions of computation `name` after its '{', through its '}' (or, with
+        `single`, one instruction whose undefined operands become parameters)."""
         comp = HloComputation(name)
-        if thread is not None:
-            comp.execution_thread = thread
         pending: list[_PendingInstr] = []
         by_name: dict[str, HloInstruction] = {}
         root: HloInstruction | None = None
-        while not self.accept("}"):
+        first_sugar = len(self.async_wrappers)
+        outer_nested, self.nested = self.nested, []
+        while not (single and pending) and not self.accept("}"):
             if self.pos >= len(self.text):
                 raise self.error(f"unexpected end of input in computation '{name}'")
             start = self.pos
             is_root, item = self.instruction()
-            instr = item.instr
-            if instr.name in by_name:
-                raise self.error(f"duplicate instruction name '{instr.name}'", start)
-            by_name[instr.name] = instr
-            comp.add_instruction(instr)
-            pending.append(item)
+            for nested in [*self.nested, item]:
+                instr = nested.instr
+                if instr.name in by_name:
+                    raise self.error(f"duplicate instruction name '{instr.name}'", start)
+                by_name[instr.name] = instr
+                comp.add_instruction(instr)
+                pending.append(nested)
+            self.nested = []
             if is_root:
                 if root is not None:
                     raise self.error(f"computation '{name}' has more than one ROOT", start)
-                root = instr
+                root = item.instr
+        self.nested = outer_nested
         if not comp.instructions:
             raise self.error(f"computation '{name}' has no instructions")
+        if single:
+            self.add_missing_parameters(comp, pending, by_name)
         self.resolve_operands(comp, pending, by_name)
+        if any(item.infer for item in pending):
+            self.infer_shapes(comp, pending)
+        self.name_nested(comp)
+        if len(self.async_wrappers) > first_sugar:
+            self.build_async_wrappers(comp, first_sugar)
         comp.root = root or comp.instructions[-1]
         self.check_parameters(comp)
-        return comp, is_entry
+        return comp
 
-    def computation_head(self) -> tuple[bool, str, str | None]:
+    def add_missing_parameters(self, comp: HloComputation, pending, by_name) -> None:
+        """A lone instruction's operands that nothing defines, `add(f32[] x, f32[] y)`,
+        become parameters 0, 1, ... of the shapes written with them."""
+        params: list[HloInstruction] = []
+        for item in pending:
+            for k, (op_name, pos) in enumerate(item.operand_names):
+                if op_name in by_name:
+                    continue
+                shape = item.operand_shapes.get(k)
+                if shape is None:
+                    raise self.error(
+                        f"operand '{op_name}' is not defined (give its shape to make it a "
+                        "parameter)",
+                        pos,
+                    )
+                param = HloInstruction(
+                    op_name, Opcode.PARAMETER, shape, parameter_number=len(params)
+                )
+                params.append(param)
+                by_name[op_name] = param
+        comp.instructions[:0] = params
+        for param in params:
+            param.parent = comp
+
+    def name_nested(self, comp: HloComputation) -> None:
+        """Name the instructions written inside another's operands after their opcodes, as
+        XLA's name uniquer does: `parameter`, `parameter.1`, ..."""
+        taken = {i.name for i in comp.instructions if not i.name.startswith(_NESTED)}
+        for instr in comp.instructions:
+            if not instr.name.startswith(_NESTED):
+                continue
+            base = instr.opcode.text
+            name, n = base, 0
+            while name in taken:
+                n += 1
+                name = f"{base}.{n}"
+            taken.add(name)
+            instr.name = name
+
+    def computation_head(self) -> tuple[bool, str, str | None, _Signature | None]:
         """`[ENTRY] name [(params) -> shape] [, execution_thread="..."] {`."""
         is_entry = False
         if self.peek_ident() == "ENTRY":
             self.pos += len("ENTRY")
             is_entry = True
         name = self.name("a computation name")
-        if self.peek("("):
-            self.signature()
+        signature = self.signature() if self.peek("(") else None
         thread = None
         if self.accept(","):
             key = self.ident()
@@ -820,20 +959,48 @@ class _Parser:
             self.expect("=")
             thread = self.string()
         self.expect("{", f"'{{' opening computation '{name}'")
-        return is_entry, name, thread
+        return is_entry, name, thread, signature
 
-    def signature(self) -> None:
+    def signature(self) -> _Signature:
+        """`(p: f32[2], q: s32[]) -> f32[2]`, checked against the body once it is read."""
+        self.skip()
+        signature = _Signature(self.pos, [], Shape.tuple([]))
         self.expect("(")
         if not self.accept(")"):
             while True:
                 self.name("a parameter name")
                 self.expect(":", "':' after parameter name")
-                self.shape()
+                signature.parameters.append(self.shape())
                 if self.accept(")"):
                     break
                 self.expect(",", "',' or ')' in computation signature")
         self.expect("->", "'->' in computation signature")
-        self.shape()
+        signature.result = self.shape()
+        return signature
+
+    def check_signature(self, comp: HloComputation, signature: _Signature) -> None:
+        params = comp.parameters
+        declared = signature.parameters
+        problem = None
+        if len(declared) != len(params):
+            problem = f"{len(declared)} parameters, the body has {len(params)}"
+        else:
+            for i, (shape, param) in enumerate(zip(declared, params)):
+                if not compatible(shape, param.shape):
+                    problem = f"parameter {i} is {shape.to_text(False)}, {param.name} is " + (
+                        param.shape.to_text(False)
+                    )
+                    break
+        root = comp.root
+        if problem is None and root is not None and not compatible(signature.result, root.shape):
+            problem = (
+                f"result is {signature.result.to_text(False)}, the root {root.name} is "
+                f"{root.shape.to_text(False)}"
+            )
+        if problem:
+            raise self.error(
+                f"signature of '{comp.name}' disagrees with its body: {problem}", signature.pos
+            )
 
     def resolve_operands(self, comp, pending: list[_PendingInstr], by_name) -> None:
         for item in pending:
@@ -850,6 +1017,54 @@ class _Parser:
                             pos,
                         )
                     target.append(operand)
+            for k, written in item.operand_shapes.items():
+                actual = item.instr.operands[k].shape
+                if not compatible(written, actual):
+                    name, pos = item.operand_names[k]
+                    raise self.error(
+                        f"operand '{name}' is written as {written.to_text(False)} but is "
+                        f"{actual.to_text(False)}",
+                        pos,
+                    )
+            if item.tuple_index is not None:
+                self.type_tuple_access(item)
+
+    def infer_shapes(self, comp: HloComputation, pending: list[_PendingInstr]) -> None:
+        """Shapes of instructions written without one, in operand order, as XLA infers
+        them for the ops whose result follows from operands and attributes."""
+        items = {id(item.instr): item for item in pending if item.infer}
+        try:
+            order = comp.post_order()
+        except ValueError as e:
+            raise self.error(f"computation '{comp.name}': {e}") from None
+        for instr in order:
+            item = items.get(id(instr))
+            if item is None:
+                continue
+            if any(_calls(v) for v in instr.attrs.values()):
+                raise self.error(
+                    f"write the shape of '{instr.name}': it calls a computation", item.pos
+                )
+            try:
+                instr.shape = infer_shape(
+                    instr.opcode, [o.shape for o in instr.operands], instr.attrs
+                )
+            except (ShapeError, KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+                raise self.error(
+                    f"cannot infer the shape of '{instr.name}': {e}", item.pos
+                ) from None
+
+    def type_tuple_access(self, item: _PendingInstr) -> None:
+        source = item.instr.operands[0]
+        index = item.tuple_index
+        assert index is not None
+        if not source.shape.is_tuple or index >= len(source.shape.tuple_shapes):
+            raise self.error(
+                f"'{source.name}#{index}': {source.name} has shape {source.shape}, which has "
+                f"no tuple element {index}",
+                item.pos,
+            )
+        item.instr.shape = source.shape.tuple_shapes[index]
 
     def check_parameters(self, comp: HloComputation) -> None:
         numbers = sorted(
@@ -877,14 +1092,33 @@ class _Parser:
             self.pos = line.end()
         else:
             is_root, name = self.instruction_head()
-            shape = self.instruction_shape(name)
+            written = self.instruction_shape(name)
             self.skip()
             op_pos = self.pos
             op_text = self.ident("an opcode")
             opcode = self.opcode(op_text, op_pos)
             self.expect("(", f"'(' after opcode '{op_text}'")
+            if written is None:  # `r = add(x, y)`: the shape follows from the operands
+                item = self.instruction_rhs(name, Shape.tuple([]), opcode, op_text, op_pos)
+                item.infer = True
+                return is_root, item
+            shape = written
+        return is_root, self.instruction_rhs(name, shape, opcode, op_text, op_pos)
+
+    def instruction_rhs(
+        self,
+        name: str,
+        shape: Shape,
+        opcode: Opcode,
+        op_text: str,
+        op_pos: int,
+        attributes: bool = True,
+    ) -> _PendingInstr:
+        """An instruction after its `opcode(`: operands, then (unless nested in another's
+        operand list) attributes."""
+        sugar = self.sugar
         instr = HloInstruction(name, opcode, shape)
-        item = _PendingInstr(instr, op_pos, [])
+        item = _PendingInstr(instr, op_pos, [], wrapped=sugar[1] if sugar else None)
         if opcode is Opcode.CONSTANT:
             self.constant_operand(instr)
         elif opcode is Opcode.PARAMETER:
@@ -899,22 +1133,93 @@ class _Parser:
                 f"'{name}' has {len(item.operand_names)}",
                 op_pos,
             )
-        while True:
+        while attributes:
             key = _ATTRIBUTE_KEY.match(self.text, self.pos)
             if key is None and not self.accept(","):
-                return is_root, item
+                break
             self.attribute(item, key)
+        if sugar is not None:
+            self.async_sugar(instr, sugar[1], op_pos)
+        return item
+
+    def async_sugar(self, instr: HloInstruction, wrapped: Opcode, pos: int) -> None:
+        """Move the wrapped op's attributes off a shorthand async op (a -start keeps only
+        the async op's own ones, an -update or -done none but those) and note it."""
+        own = {k: v for k, v in instr.attrs.items() if k in _ASYNC_OWN_ATTRIBUTES}
+        moved = {k: v for k, v in instr.attrs.items() if k not in _ASYNC_OWN_ATTRIBUTES}
+        instr.attrs = own
+        root = None
+        if instr.opcode is Opcode.ASYNC_START:
+            shape = instr.shape
+            if not shape.is_tuple or len(shape.tuple_shapes) < 2:
+                raise self.error(
+                    f"'{instr.name}' must have an (operands, result, ...) tuple shape", pos
+                )
+            root = HloInstruction(instr.name + ".wrapped", wrapped, shape.tuple_shapes[1])
+            root.attrs = moved
+        for i, (target, key, value) in enumerate(self.computation_refs):
+            if target is instr and key in moved:  # a -start's wrapped op calls it
+                self.computation_refs[i] = (root, key, value) if root else (target, "", value)
+        self.computation_refs = [r for r in self.computation_refs if r[1]]
+        self.async_wrappers.append(_AsyncSugar(instr, wrapped, pos, root))
+
+    def build_async_wrappers(self, comp: HloComputation, first: int) -> None:
+        """The wrapped computations of the shorthand async ops read in `comp` (from index
+        `first` of self.async_wrappers), now that their operands are resolved."""
+        for sugar in self.async_wrappers[first:]:
+            instr = sugar.instr
+            if sugar.root is None:
+                start = instr.operands[0] if instr.operands else None
+                while start is not None and start.opcode is Opcode.ASYNC_UPDATE:
+                    start = start.operands[0] if start.operands else None
+                wrapped = _wrapped_opcode(start)
+                if start is None or start.opcode is not Opcode.ASYNC_START:
+                    raise self.error(f"'{instr.name}' must follow an async start", sugar.pos)
+                if wrapped is not sugar.wrapped:
+                    raise self.error(
+                        f"'{instr.name}' is {sugar.wrapped.text}-{instr.opcode.text[6:]} but "
+                        f"'{start.name}' starts {wrapped.text if wrapped else 'no'} op",
+                        sugar.pos,
+                    )
+                continue
+            wrapper = HloComputation(f"{instr.name}.async_computation")
+            for i, operand in enumerate(instr.operands):
+                param = HloInstruction(
+                    f"{instr.name}.param_{i}", Opcode.PARAMETER, operand.shape, parameter_number=i
+                )
+                wrapper.add_instruction(param)
+                sugar.root.operands.append(param)
+            wrapper.add_instruction(sugar.root)
+            wrapper.root = sugar.root
+            thread = instr.attrs.get("async_execution_thread")
+            if isinstance(thread, str):
+                wrapper.execution_thread = thread
+            instr.attrs["calls"] = wrapper
+            self.wrapper_computations.append(wrapper)
+        del self.async_wrappers[first:]
 
     def opcode(self, text: str, pos: int) -> Opcode:
-        try:
-            return Opcode.from_text(text)
-        except KeyError:
-            raise self.error(f"unknown opcode '{text}'", pos) from None
+        """The opcode spelled `text`; `<op>-start`, `-update` and `-done` of an op without
+        async opcodes of its own are async-start/update/done wrapping op (self.sugar)."""
+        self.sugar = None
+        opcode = _OPCODES.get(text)
+        if opcode is not None:
+            return opcode
+        base, _, suffix = text.rpartition("-")
+        wrapped = _OPCODES.get(base)
+        async_op = _ASYNC_SUFFIXES.get(suffix)
+        if wrapped is None or async_op is None or not has_async_shorthand(wrapped):
+            raise self.error(f"unknown opcode '{text}'", pos)
+        self.sugar = (async_op, wrapped)
+        return async_op
 
-    def instruction_shape(self, name: str) -> Shape:
+    def instruction_shape(self, name: str) -> Shape | None:
+        """The shape after `name =`; None when an opcode follows at once (`add(x, y)`)."""
         if not self.shape_starts_here():
             self.skip()
             word = self.peek_ident()
+            if word is not None and self.text.startswith("(", self.pos + len(word)):
+                return None
             if word is not None and self.text.startswith("[", self.pos + len(word)):
                 raise self.error(f"unknown element type '{word}'")
             if word is not None and word not in _ELEMENT_TYPES:
@@ -985,14 +1290,42 @@ class _Parser:
                 continue
             if not names and self.accept(")"):
                 return
-            if self.shape_starts_here():
-                self.shape()
+            shape = self.shape() if self.shape_starts_here() else None
             self.skip()
             pos = self.pos
-            item.operand_names.append((self.name("an operand name"), pos))
+            name = self.name("an operand name")
+            if shape is not None and self.text.startswith("(", self.pos):
+                name = self.nested_instruction(shape, name, pos)  # add(f32[] parameter(0), ..)
+            elif self.text.startswith("#", self.pos):
+                name = self.tuple_access(name, pos)  # p#0: get-tuple-element(p), index=0
+            if shape is not None:
+                item.operand_shapes[len(names)] = shape
+            names.append((name, pos))
             if self.accept(")"):
                 return
             self.expect(",", "',' or ')' after operand")
+
+    def nested_instruction(self, shape: Shape, op_text: str, op_pos: int) -> str:
+        """An instruction written in place of an operand (its shape and opcode read); it
+        joins the computation before the one using it, under a name given later."""
+        opcode = self.opcode(op_text, op_pos)
+        self.pos += 1  # '('
+        name = f"{_NESTED}{len(self.nested)}.{op_pos}"
+        item = self.instruction_rhs(name, shape, opcode, op_text, op_pos, attributes=False)
+        self.nested.append(item)
+        return name
+
+    def tuple_access(self, tuple_name: str, pos: int) -> str:
+        self.pos += 1  # '#'
+        index = self.integer("a tuple index after '#'")
+        if index < 0:
+            raise self.error("tuple index must not be negative", pos)
+        name = f"{_NESTED}{len(self.nested)}.{pos}"
+        gte = HloInstruction(
+            name, Opcode.GET_TUPLE_ELEMENT, Shape.tuple([]), attrs={"index": index}
+        )
+        self.nested.append(_PendingInstr(gte, pos, [(tuple_name, pos)], tuple_index=index))
+        return name
 
     # -- attributes ------------------------------------------------------------------------
     def attribute(self, item: _PendingInstr, m: re.Match | None) -> None:
@@ -1009,6 +1342,11 @@ class _Parser:
         kind = ATTRIBUTE_KINDS.get(key)
         if kind is None:
             raise self.error(f"unknown attribute '{key}' on '{instr.name}'", key_pos)
+        if key not in A.COMMON_ATTRIBUTES and key not in _ALLOWED[instr.opcode]:
+            wrapped = item.wrapped
+            if wrapped is None or key not in _ALLOWED[wrapped]:
+                op = f"{wrapped.text}-{instr.opcode.text[6:]}" if wrapped else instr.opcode.text
+                raise self.error(f"'{op}' does not take attribute '{key}'", key_pos)
         if key in instr.attrs or (kind is AttrKind.INSTRUCTION_LIST and item.predecessor_names):
             raise self.error(f"attribute '{key}' given twice on '{instr.name}'", key_pos)
         if m:
@@ -1018,6 +1356,12 @@ class _Parser:
         value_pos = self.pos
         if kind is AttrKind.INSTRUCTION_LIST:
             item.predecessor_names = self.name_list()
+            return
+        if kind is AttrKind.COMPUTATION and self.text.startswith("{", self.pos):
+            self.pos += 1  # to_apply={ a = f32[] parameter(0) ... }: a computation in place
+            inline = self.computation_body("_")
+            self.inline_computations.append(inline)
+            instr.attrs[key] = inline
             return
         if kind is AttrKind.COMPUTATION:
             ref = _ComputationRef(self.name("a computation name"), value_pos)
@@ -1030,8 +1374,12 @@ class _Parser:
             instr.attrs[key] = refs
             return
         reader = _ATTRIBUTE_READERS[kind]
+        if key == "slice_sizes" and instr.opcode in _PERMUTES:
+            reader = _Parser.nested_int_lists  # one size list per permuted slice
         try:
-            instr.attrs[key] = reader(self)
+            value = instr.attrs[key] = reader(self)
+            if kind is AttrKind.ENUM or kind is AttrKind.PRECISION_LIST or key in _CHECKED_RAW:
+                self.check_value(instr, key, value, value_pos)
         except HloParseError as e:
             raise HloParseError(
                 f"in attribute '{key}' ({kind.value}): {e.message}",
@@ -1040,6 +1388,26 @@ class _Parser:
                 e.source_line,
                 e.filename,
             ) from None
+
+    def check_value(self, instr: HloInstruction, key: str, value, pos: int) -> None:
+        """Enum values XLA knows, precisions, and result_accuracy's two forms."""
+        if isinstance(value, A.Enum):
+            allowed = A.ENUM_VALUES.get(key)
+            if key == "algorithm" and instr.opcode is Opcode.RNG_BIT_GENERATOR:
+                allowed = _RNG_ALGORITHMS
+            if allowed is not None and value.text not in allowed:
+                raise self.error(
+                    f"'{value.text}' is not a {key}; expected one of {', '.join(sorted(allowed))}",
+                    pos,
+                )
+        elif isinstance(value, tuple):
+            for p in value:
+                if p.text not in A.PRECISIONS:
+                    raise self.error(f"'{p.text}' is not a precision (default, high, highest)", pos)
+        elif key == "result_accuracy" and not _RESULT_ACCURACY.fullmatch(value.text):
+            raise self.error(
+                "expected {mode=default|highest} or {tolerance={atol=..,rtol=..,ulps=..}}", pos
+            )
 
     def name_list(self) -> list[tuple[str, int]]:
         self.expect("{")
@@ -1058,7 +1426,7 @@ class _Parser:
         m = _INT_LIST.match(self.text, self.pos)
         if m:
             items = m.group(1).split(",")
-            if all(_DECIMAL.fullmatch(item) for item in items):
+            if all(_DECIMAL.fullmatch(item) for item in items) and len(m.group(1)) < 4000:
                 self.pos = m.end()
                 return tuple(map(int, items))
             if not m.group(1).strip():
@@ -1175,7 +1543,8 @@ class _Parser:
             raise self.error(f"bad dim_labels '{m.group(0)}': {e}", start) from None
         if not len(ls) == len(ks) == len(os_):
             raise self.error(f"dim_labels '{m.group(0)}' disagree on spatial rank", start)
-        return A.ConvDimLabels(b, f, ls, i, o, ks, ob, of, os_)
+        ranks = (len(lhs), len(rhs), len(out)) if "?" in m.group(0) else ()
+        return A.ConvDimLabels(b, f, ls, i, o, ks, ob, of, os_, ranks)
 
     def slice_spec(self) -> A.SliceSpec:
         self.expect("{")
@@ -1201,14 +1570,18 @@ class _Parser:
 
     def metadata(self) -> A.Metadata:
         self.expect("{")
-        items: list[tuple[str, str | int]] = []
+        items: list[tuple[str, str | int | tuple[int, ...]]] = []
         while not self.accept("}"):
+            if items:
+                self.accept(",")  # XLA separates fields by spaces; it also reads commas
             key = self.ident("a metadata field")
             self.expect("=", f"'=' after metadata field '{key}'")
             if self.peek('"'):
                 items.append((key, self.string()))
+            elif self.peek("{"):
+                items.append((key, self.int_list()))  # profile_type={1,2}
             else:
-                items.append((key, self.integer("a string or integer")))
+                items.append((key, self.integer("a string, integer or {integers}")))
         return A.Metadata(tuple(items))
 
     def frontend_attributes(self) -> A.FrontendAttributes:
@@ -1231,7 +1604,13 @@ class _Parser:
         self.skip()
         if not self.peek("{"):
             raise self.expected("'{' opening a sharding")
-        return A.Sharding(self.balanced()[1:-1])
+        start = self.pos
+        sharding = A.Sharding(self.balanced()[1:-1])
+        for m in _TILED.finditer(sharding.text):
+            problem = _tile_assignment_problem(m)
+            if problem:
+                raise self.error(f"sharding {m.group(0)}: {problem}", start + 1 + m.start())
+        return sharding
 
     def backend_config(self) -> A.BackendConfig:
         if self.peek('"'):
@@ -1241,14 +1620,82 @@ class _Parser:
         raise self.expected("a quoted string or '{' for backend_config")
 
     def replica_groups(self) -> A.ReplicaGroups:
+        self.skip()
+        start = self.pos
         if self.peek("["):
-            self.skip()
-            m = re.compile(r"\[[0-9,]*\]<=\[[0-9,]*\](?:T\([0-9,]*\))?").match(self.text, self.pos)
+            m = _IOTA_LIST.match(self.text, self.pos)
             if not m:
                 raise self.expected("replica groups like [2,2]<=[4]")
             self.pos = m.end()
-            return A.ReplicaGroups(iota_text=m.group(0))
-        return A.ReplicaGroups(groups=self.nested_int_lists())
+            groups = A.ReplicaGroups(iota_text=m.group(0))
+        elif self.peek_ident() == "mesh":
+            self.pos += len("mesh")
+            groups = self.mesh_replica_groups()
+        else:
+            groups = A.ReplicaGroups(groups=self.nested_int_lists())
+        try:
+            groups.expanded()
+        except ValueError as e:
+            raise self.error(f"bad replica groups: {e}", start) from None
+        return groups
+
+    def mesh_replica_groups(self) -> A.ReplicaGroups:
+        """`mesh['x'=2,'y'=4][, device_ids=(...)] {'y', 'x':(1)2}` after `mesh`."""
+        self.expect("[", "'[' after mesh")
+        names: list[str] = []
+        sizes: list[int] = []
+        while True:
+            names.append(self.axis_name())
+            self.expect("=", "'=' after a mesh axis name")
+            sizes.append(self.integer("a mesh axis size"))
+            if self.accept("]"):
+                break
+            self.expect(",", "',' or ']' in mesh axes")
+        device_ids = None
+        if self.accept(","):
+            if self.peek_ident() != "device_ids":
+                raise self.expected("device_ids=(...)")
+            self.pos += len("device_ids")
+            self.expect("=")
+            self.expect("(")
+            ids = [self.integer("a device id")]
+            while self.accept(","):
+                ids.append(self.integer("a device id"))
+            self.expect(")", "')' closing device_ids")
+            device_ids = tuple(ids)
+        self.expect("{", "'{' opening the mesh axes of the groups")
+        axes: list[A.MeshAxis] = []
+        while True:
+            pos = self.pos
+            name = self.axis_name()
+            if name not in names:
+                raise self.error(f"mesh has no axis '{name}'", pos)
+            pre = size = 0
+            if self.accept(":"):
+                self.expect("(", "'(' opening a sub-axis like :(1)2")
+                pre = self.integer("a sub-axis stride")
+                self.expect(")")
+                size = self.integer("a sub-axis size")
+                if pre < 1 or size < 2:
+                    raise self.error("a sub-axis needs stride >= 1 and size >= 2", pos)
+            axes.append(A.MeshAxis(names.index(name), pre, size))
+            if self.accept("}"):
+                break
+            self.expect(",", "',' or '}' in mesh axes")
+        mesh = A.Mesh(tuple(names), tuple(sizes), device_ids)
+        return A.ReplicaGroups(mesh=mesh, mesh_axes=tuple(axes))
+
+    def axis_name(self) -> str:
+        """A mesh axis name: `'x'` (as XLA prints it) or a bare identifier."""
+        self.skip()
+        if self.text.startswith("'", self.pos):
+            end = self.text.find("'", self.pos + 1)
+            if end < 0 or "\n" in self.text[self.pos : end]:
+                raise self.error("unterminated axis name")
+            name = self.text[self.pos + 1 : end]
+            self.pos = end + 1
+            return name
+        return self.ident("a mesh axis name")
 
     def pairs(self) -> tuple[tuple[int, ...], ...]:
         groups = self.nested_int_lists()
@@ -1297,6 +1744,24 @@ class _Parser:
                 self.expect(",", "',' or '}' in output_to_operand_aliasing")
         return tuple(entries)
 
+    def shaped_literal(self) -> Literal:
+        """A literal with its shape, `s32[2]{0} {1, 2}`, or a tuple of them in parentheses."""
+        self.enter()
+        try:
+            if not self.accept("("):
+                shape = self.shape()
+                return self.literal(shape)
+            elements = []
+            if not self.accept(")"):
+                while True:
+                    elements.append(self.shaped_literal())
+                    if self.accept(")"):
+                        break
+                    self.expect(",", "',' or ')' in a tuple literal")
+            return Literal(Shape.tuple([e.shape for e in elements]), elements=tuple(elements))
+        finally:
+            self.leave()
+
     def raw(self) -> A.Raw:
         return A.Raw(self.balanced())
 
@@ -1343,6 +1808,42 @@ class _Parser:
                     stack.append((callee, iter(list(callee.called_computations()))))
 
 
+_NESTED = "\x00nested"  # the provisional name prefix of nested instructions
+_UNNAMED = "_"  # XLA's name for a module without a header and for an inline computation
+_COMPUTATION_HEAD = re.compile(rf"\s*(?:ENTRY\s+)?%?{_IDENT_TEXT}\s*[{{(,]")
+_SINGLE_INSTRUCTION = re.compile(rf"\s*(?:ROOT\s+)?%?{_IDENT_TEXT}\s*=")
+_OPCODES = {op.text: op for op in Opcode}
+_ALLOWED = {op: A.OPCODE_ATTRIBUTES.get(op.text, frozenset(ATTRIBUTE_KINDS)) for op in Opcode}
+_RNG_ALGORITHMS = frozenset(("rng_default", "rng_three_fry", "rng_philox"))
+_CHECKED_RAW = frozenset(("result_accuracy",))
+_NUMBER_TEXT = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_RESULT_ACCURACY = re.compile(
+    r"\{\s*(?:mode\s*=\s*(?:default|highest|DEFAULT|HIGHEST)"
+    rf"|tolerance\s*=\s*\{{\s*(?:(?:atol|rtol|ulps)\s*=\s*{_NUMBER_TEXT}\s*,?\s*)*\}})\s*\}}"
+)
+_PERMUTES = (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START)
+_ASYNC_SUFFIXES = {
+    "start": Opcode.ASYNC_START,
+    "update": Opcode.ASYNC_UPDATE,
+    "done": Opcode.ASYNC_DONE,
+}
+_ASYNC_OWN_ATTRIBUTES = frozenset(
+    ("async_execution_thread", "metadata", "control-predecessors", "frontend_attributes")
+)
+"""Attributes of a shorthand async op that belong to the async op, not to the op it wraps."""
+
+
+def _calls(value) -> bool:
+    if isinstance(value, tuple):
+        return any(_calls(v) for v in value)
+    return isinstance(value, _ComputationRef | HloComputation)
+
+
+def _wrapped_opcode(start: HloInstruction | None) -> Opcode | None:
+    calls = start.attrs.get("calls") if start is not None else None
+    return calls.root.opcode if isinstance(calls, HloComputation) and calls.root else None
+
+
 _WINDOW_FIELDS = ("size", "stride", "pad", "lhs_dilate", "rhs_dilate", "rhs_reversal")
 
 _ATTRIBUTE_READERS = {
@@ -1366,8 +1867,39 @@ _ATTRIBUTE_READERS = {
     AttrKind.SHAPE_LIST: _Parser.shape_list,
     AttrKind.SHAPE: lambda p: p.shape(),
     AttrKind.OUTPUT_OPERAND_ALIASING: _Parser.output_operand_aliasing,
+    AttrKind.LITERAL: _Parser.shaped_literal,
     AttrKind.RAW: _Parser.raw,
 }
+
+
+_TILED = re.compile(r"devices=\[([0-9,]*)\](?:<=\[([0-9,]*)\](?:T\(([0-9,]*)\))?|([0-9,]*))")
+
+
+def _tile_assignment_problem(m: re.Match) -> str | None:
+    """What is wrong with `devices=[2,2]0,1,2,3` or `devices=[2,2]<=[4]`, if anything."""
+    dims = [int(d) for d in m.group(1).split(",") if d]
+    if not dims or any(d < 1 for d in dims):
+        return "tile dimensions must be positive"
+    count = 1
+    for d in dims:
+        count *= d
+    if m.group(2) is not None:
+        reshape = [int(d) for d in m.group(2).split(",") if d]
+        total = 1
+        for d in reshape:
+            total *= d
+        if total != count:
+            return f"{count} tiles but {total} devices"
+        perm = [int(p) for p in m.group(3).split(",") if p] if m.group(3) is not None else None
+        if perm is not None and sorted(perm) != list(range(len(reshape))):
+            return "the transpose is not a permutation of the device dimensions"
+        return None
+    ids = [int(d) for d in m.group(4).split(",") if d]
+    if len(ids) != count:
+        return f"{count} tiles but {len(ids)} device ids"
+    if len(set(ids)) != len(ids):
+        return "a device appears twice"
+    return None
 
 
 def _reference_position(parser: _Parser, name: str) -> int:
@@ -1386,7 +1918,8 @@ def _labels(text: str, pair: str) -> tuple[int, int, tuple[int, ...]]:
     digits = [c for c in text if c.isdigit()]
     if sorted(digits) != [str(i) for i in range(len(digits))] or len(digits) > 10:
         raise ValueError(f"spatial digits of '{text}' are not 0..n-1")
-    if len(text) != len(digits) + 2 or text.count(pair[0]) != 1 or text.count(pair[1]) != 1:
+    known = len(text) - text.count("?")
+    if known != len(digits) + 2 or text.count(pair[0]) != 1 or text.count(pair[1]) != 1:
         raise ValueError(f"'{text}' has unexpected letters")
     spatial = tuple(text.index(str(i)) for i in range(len(digits)))
     return first, second, spatial

@@ -28,7 +28,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule, ModuleConfig, StackFrameTables
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Opcode, has_async_shorthand
 from xlapy.ir.shapes import ProgramShape, Shape
 from xlapy.ir.types import Kind, PrimitiveType
 
@@ -48,6 +48,7 @@ class PrintOptions:
     layouts: bool = True
     xla_floats: bool = False  # XLA's fixed `%.9g` style instead of the shortest text
     elide_constants_over: int | None = None  # print larger constants as `{...}`
+    async_sugar: bool = True  # `custom-call-start(x), ...` for an async op wrapping one op
 
     @staticmethod
     def short() -> PrintOptions:
@@ -58,6 +59,14 @@ class PrintOptions:
     def long() -> PrintOptions:
         """XLA's optimized-dump style."""
         return PrintOptions(percent_names=True, signatures=True, index_comments=True)
+
+    @staticmethod
+    def verbose() -> PrintOptions:
+        """XLA's HloModule::ToString() with default HloPrintOptions: the long form with each
+        operand's shape, `add(f32[2]{0} %a, f32[2]{0} %b)` (XLA's parser tests use it)."""
+        return PrintOptions(
+            percent_names=True, signatures=True, operand_shapes=True, index_comments=True
+        )
 
     @staticmethod
     def fingerprint() -> PrintOptions:
@@ -77,7 +86,10 @@ def print_module(module: HloModule, options: PrintOptions | None = None, **overr
     parts = [_header(module, opts) + "\n"]
     if opts.stack_frames and not module.stack_frames.empty:
         parts.append(_stack_frames(module.stack_frames))
-    parts.extend(print_computation(c, opts) + "\n" for c in module.computations)
+    wrapped = _sugared_computations(module) if opts.async_sugar else set()
+    parts.extend(
+        print_computation(c, opts) + "\n" for c in module.computations if id(c) not in wrapped
+    )
     return "\n".join(parts) + "\n"
 
 
@@ -105,9 +117,58 @@ def print_instruction(
     opts = _options(options, overrides)
     root = "ROOT " if instr.is_root else ""
     text = f"{root}{_name(instr.name, opts)} = {shape_text(instr.shape, opts.layouts)} "
-    text += f"{instr.opcode.text}({_operands(instr, opts)})"
-    attrs = _attribute_texts(instr, opts)
+    wrapped = _sugar_root(instr) if opts.async_sugar else None
+    if wrapped is None:
+        text += f"{instr.opcode.text}({_operands(instr, opts)})"
+        attrs = _attribute_texts(instr, opts)
+    else:  # custom-call-start(x), custom_call_target="f": the op the async op wraps
+        text += f"{wrapped.opcode.text}-{instr.opcode.text[6:]}({_operands(instr, opts)})"
+        attrs = _attribute_texts(instr, opts, skip="calls")
+        if instr.opcode is Opcode.ASYNC_START:
+            attrs += _attribute_texts(wrapped, opts)
     return text + "".join(", " + a for a in attrs)
+
+
+def _sugar_root(instr: HloInstruction) -> HloInstruction | None:
+    """The instruction an async op wraps, when XLA prints the op as `<op>-start` and so on:
+    the wrapped computation is that instruction applied to its parameters in order."""
+    if instr.opcode not in _ASYNC_OPS:
+        return None
+    start = instr
+    while start.opcode is not Opcode.ASYNC_START:  # done -> update ... -> start
+        if not start.operands or start.operands[0].opcode not in _ASYNC_OPS[:2]:
+            return None
+        start = start.operands[0]
+    calls = start.attrs.get("calls")
+    if not isinstance(calls, HloComputation) or not _expands_to_one_op(calls):
+        return None
+    return calls.root
+
+
+_ASYNC_OPS = (Opcode.ASYNC_START, Opcode.ASYNC_UPDATE, Opcode.ASYNC_DONE)
+
+
+def _expands_to_one_op(comp: HloComputation) -> bool:
+    root = comp.root
+    if root is None or not has_async_shorthand(root.opcode) or root.control_predecessors:
+        return False
+    params = comp.parameters
+    if len(comp.instructions) != len(params) + 1 or len(root.operands) != len(params):
+        return False
+    return all(op.parameter_number == i for i, op in enumerate(root.operands))
+
+
+def _sugared_computations(module: HloModule) -> set[int]:
+    """ids of the computations printed inside their async ops' shorthand."""
+    sugared: set[int] = set()
+    other_callers: set[int] = set()
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode is Opcode.ASYNC_START and _sugar_root(instr) is not None:
+                sugared.add(id(instr.attrs["calls"]))
+            elif instr.opcode not in _ASYNC_OPS:
+                other_callers.update(id(c) for c in instr.called_computations())
+    return sugared - other_callers
 
 
 def shape_text(shape: Shape, layouts: bool = True) -> str:
@@ -120,19 +181,35 @@ def shape_text(shape: Shape, layouts: bool = True) -> str:
 
 
 def literal_text(literal: Literal, xla_floats: bool = False) -> str:
-    """A literal's value without its shape: `{ {1, 2}, {3, 4} }`, `(1, 2)`, `nan`."""
+    """A literal's value without its shape, as XLA prints it on one line: `{1, 2}`,
+    `{ { 1, 2 }, { 3, 4 } }`, `(1, 2)`, `nan`; pred arrays as 0 and 1, and a `/*i0=2*/`
+    comment opening each block of a rank > 3 array."""
     shape = literal.shape
     if shape.is_tuple:
-        return "(" + ", ".join(literal_text(e, xla_floats) for e in literal.elements) + ")"
+        return "( " + ", ".join(literal_text(e, xla_floats) for e in literal.elements) + " )"
     if not shape.is_array:
         return ""
     array = literal.array
     assert array is not None, "an array literal always holds data (Literal.__post_init__)"
-    fmt = _element_formatter(shape.element_type, xla_floats)
     if shape.rank == 0:
-        return fmt(array[()])
-    flat = [fmt(v) for v in array.reshape(-1)]
-    return _nest(flat, shape.dims)
+        return _element_formatter(shape.element_type, xla_floats)(array[()])
+    if shape.element_type.kind is Kind.PRED:
+        flat = ["1" if v else "0" for v in array.reshape(-1)]
+    else:
+        fmt = _element_formatter(shape.element_type, xla_floats)
+        flat = [fmt(v) for v in array.reshape(-1)]
+    if shape.rank == 1:
+        return "{" + ", ".join(flat) + "}"
+    return _nest(flat, shape.dims, ())
+
+
+def shaped_literal_text(literal: Literal, xla_floats: bool = False) -> str:
+    """A literal with its shape, as XLA's Literal::ToString: `s32[2]{0} {1, 2}`,
+    `( f32[] 1, pred[2]{0} {0, 1} )`."""
+    if literal.shape.is_tuple:
+        inner = ", ".join(shaped_literal_text(e, xla_floats) for e in literal.elements)
+        return f"( {inner} )" if inner else "( )"
+    return f"{shape_text(literal.shape)} {literal_text(literal, xla_floats)}"
 
 
 # -- module pieces -------------------------------------------------------------------------
@@ -228,12 +305,16 @@ def _element_count(literal: Literal) -> int:
 
 
 # -- literals ------------------------------------------------------------------------------
-def _nest(flat: list[str], dims: tuple[int, ...]) -> str:
+def _nest(flat: list[str], dims: tuple[int, ...], index: tuple[int, ...]) -> str:
+    """Block `index` of a rank >= 2 array: innermost rows `{ 1, 2 }` (`{1}` when one long),
+    outer blocks `{ row, row }`, each outer block of a rank > 3 array tagged `/*iK=v*/`."""
     if len(dims) == 1:
-        return "{" + ", ".join(flat) + "}"
+        return "{ " + ", ".join(flat) + " }" if dims[0] > 1 else "{" + "".join(flat) + "}"
+    rank = len(dims) + len(index)
+    tag = f" /*i{len(index) - 1}={index[-1]}*/" if rank > 3 and index else ""
     step = len(flat) // dims[0] if dims[0] else 0
-    inner = [_nest(flat[i * step : (i + 1) * step], dims[1:]) for i in range(dims[0])]
-    return "{ " + ", ".join(inner) + " }" if inner else "{  }"
+    inner = [_nest(flat[i * step : (i + 1) * step], dims[1:], (*index, i)) for i in range(dims[0])]
+    return "{" + tag + " " + ", ".join(inner) + " }" if inner else "{" + tag + " }"
 
 
 def _element_formatter(etype: PrimitiveType, xla_floats: bool):
@@ -249,46 +330,35 @@ def _element_formatter(etype: PrimitiveType, xla_floats: bool):
     return lambda v: f"({text(v.real, part)}, {text(v.imag, part)})"
 
 
-_NATIVE_FLOATS = {
-    PrimitiveType.F16: np.float16,
-    PrimitiveType.F32: np.float32,
-    PrimitiveType.F64: np.float64,
-}
-
-
 def float_text(value, etype: PrimitiveType) -> str:
-    """The shortest text that parses back to exactly `value` as an `etype` element."""
+    """A float as XLA prints it, text that parses back to exactly `value` as an `etype`:
+    f32 with `%.6g` (`%.9g` when 6 digits do not round-trip), f64 with `%.15g` (or `%.17g`),
+    the narrower types with the `max_digits10` of their type (bf16 `%.4g`: 500 is `500`)."""
     value = np.asarray(value, dtype=etype.dtype)
     with np.errstate(all="ignore"):
-        is_nan = np.isnan(value.astype(np.float64))
-    if is_nan:
+        wide = float(value.astype(np.float64))
+    if np.isnan(wide):
         return _nan_text(value, etype)
-    native = _NATIVE_FLOATS.get(etype)
-    if native is not None:
-        text = str(native(value.astype(native)))
-        return text[:-2] if text.endswith(".0") else text
-    wide = float(value.astype(np.float64))
     if np.isinf(wide):
-        return str(wide)
-    for digits in range(1, 10):
-        text = f"{wide:.{digits}g}"
-        if np.array(float(text)).astype(etype.dtype).tobytes() == value.tobytes():
-            return text
-    return f"{wide:.9g}"
+        return "-inf" if wide < 0 else "inf"
+    if etype is PrimitiveType.F64:
+        text = f"{wide:.15g}"
+        return text if float(text) == wide else f"{wide:.17g}"
+    if etype is PrimitiveType.F32:
+        text = f"{wide:.6g}"
+        return text if np.float32(float(text)) == value else f"{wide:.9g}"
+    return f"{wide:.{_max_digits10(etype)}g}"
 
 
-_XLA_DIGITS = {PrimitiveType.F64: 17, PrimitiveType.F16: 5, PrimitiveType.BF16: 4}
+def _max_digits10(etype: PrimitiveType) -> int:
+    """C++'s numeric_limits<T>::max_digits10 of a float type: 2 + digits * log10(2)."""
+    digits = ml_dtypes.finfo(etype.dtype).nmant + 1
+    return 2 + digits * 30103 // 100000
 
 
 def _xla_float_text(value, etype: PrimitiveType) -> str:
-    """XLA's own spelling: a fixed number of significant digits per type."""
-    value = np.asarray(value, dtype=etype.dtype)
-    with np.errstate(all="ignore"):
-        is_nan = np.isnan(value.astype(np.float64))
-    if is_nan:
-        return _nan_text(value, etype)
-    digits = _XLA_DIGITS.get(etype, 9)
-    return f"{float(value.astype(np.float64)):.{digits}g}"
+    """The same as float_text (kept for PrintOptions.xla_floats, which it once changed)."""
+    return float_text(value, etype)
 
 
 def _nan_text(value: np.ndarray, etype: PrimitiveType) -> str:
@@ -310,10 +380,12 @@ def _nan_text(value: np.ndarray, etype: PrimitiveType) -> str:
 _TRAILING = ("metadata", "frontend_attributes", "backend_config", "statistics", "original_value")
 
 
-def _attribute_texts(instr: HloInstruction, opts: PrintOptions) -> list[str]:
+def _attribute_texts(instr: HloInstruction, opts: PrintOptions, skip: str = "") -> list[str]:
     out = []
     predecessors = instr.control_predecessors
     for key, value in instr.attrs.items():
+        if key == skip:
+            continue
         if predecessors and key in _TRAILING:
             out.append(_predecessors(predecessors, opts))
             predecessors = []
@@ -370,6 +442,10 @@ def _ints(values: Iterable[int]) -> str:
     return "{" + ",".join(str(int(v)) for v in values) + "}"
 
 
+def _int_lists(lists) -> str:
+    return "{" + ",".join(_ints(v) for v in lists) + "}"
+
+
 def _index(index) -> str:
     return _ints(index)
 
@@ -402,18 +478,24 @@ def _window(window: A.Window, opts: PrintOptions) -> str:
 
 
 def _dim_labels(labels: A.ConvDimLabels, opts: PrintOptions) -> str:
-    def spell(pair, first, second, spatial):
-        chars = [""] * (len(spatial) + 2)
+    ranks = labels.ranks or (len(labels.input_spatial) + 2,) * 3
+
+    def spell(pair, first, second, spatial, rank=0):
+        chars = ["?"] * rank
         chars[first], chars[second] = pair
         for i, dim in enumerate(spatial):
             chars[dim] = str(i)
         return "".join(chars)
 
-    lhs = spell("bf", labels.input_batch, labels.input_feature, labels.input_spatial)
+    lhs = spell("bf", labels.input_batch, labels.input_feature, labels.input_spatial, ranks[0])
     rhs = spell(
-        "io", labels.kernel_input_feature, labels.kernel_output_feature, labels.kernel_spatial
+        "io",
+        labels.kernel_input_feature,
+        labels.kernel_output_feature,
+        labels.kernel_spatial,
+        ranks[1],
     )
-    out = spell("bf", labels.output_batch, labels.output_feature, labels.output_spatial)
+    out = spell("bf", labels.output_batch, labels.output_feature, labels.output_spatial, ranks[2])
     return f"{lhs}_{rhs}->{out}"
 
 
@@ -425,15 +507,19 @@ def _padding(padding: A.Padding, opts: PrintOptions) -> str:
 
 
 def _slice(spec: A.SliceSpec, opts: PrintOptions) -> str:
+    strided = any(stride != 1 for _, _, stride in spec.dims)  # then XLA prints every stride
     ranges = [
-        f"[{start}:{limit}:{stride}]" if stride != 1 else f"[{start}:{limit}]"
+        f"[{start}:{limit}:{stride}]" if strided else f"[{start}:{limit}]"
         for start, limit, stride in spec.dims
     ]
     return "{" + ", ".join(ranges) + "}"
 
 
 def _metadata(meta: A.Metadata, opts: PrintOptions) -> str:
-    items = [f"{k}={_quote(v) if isinstance(v, str) else v}" for k, v in meta.items]
+    items = [
+        f"{k}={_quote(v) if isinstance(v, str) else _ints(v) if isinstance(v, tuple) else v}"
+        for k, v in meta.items
+    ]
     return "{" + " ".join(items) + "}"
 
 
@@ -457,6 +543,17 @@ def _backend_config(config: A.BackendConfig | str, opts: PrintOptions) -> str:
 def _replica_groups(groups: A.ReplicaGroups, opts: PrintOptions) -> str:
     if groups.iota_text is not None:
         return groups.iota_text
+    mesh = groups.mesh
+    if mesh is not None:
+        axes = ",".join(f"'{n}'={s}" for n, s in zip(mesh.names, mesh.sizes))
+        ids = ""
+        if mesh.device_ids is not None:
+            ids = f", device_ids=({','.join(map(str, mesh.device_ids))})"
+        refs = ",".join(
+            f"'{mesh.names[a.axis]}'" + (f":({a.pre_size}){a.size}" if a.pre_size else "")
+            for a in groups.mesh_axes
+        )
+        return f"mesh[{axes}]{ids} {{{refs}}}"
     return "{" + ",".join(_ints(g) for g in groups.groups) + "}"
 
 
@@ -468,16 +565,27 @@ def _aliasing(entries, opts: PrintOptions) -> str:
     return "{" + ", ".join(items) + "}"
 
 
-_ESCAPE = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_ESCAPE = {
+    '"': '\\"',
+    "'": "\\'",
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+}
+_PLAIN = re.compile(r"[^\"'\\\x00-\x1f\x7f]*\Z")
 
 
 def _quote(text: str) -> str:
+    """`text` quoted as XLA's CEscape writes it: `\\"`, `\\'`, `\\n`, other controls octal."""
+    if _PLAIN.match(text):
+        return '"' + text + '"'
     out = []
     for ch in text:
         if ch in _ESCAPE:
             out.append(_ESCAPE[ch])
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
+            out.append(f"\\{ord(ch):03o}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
@@ -489,7 +597,7 @@ _KIND_PRINTERS: dict[AttrKind, Callable[[Any, PrintOptions], str]] = {
     AttrKind.BOOL: lambda v, o: "true" if v else "false",
     AttrKind.STRING: lambda v, o: _quote(str(v)),
     AttrKind.ENUM: lambda v, o: str(v),
-    AttrKind.INT_LIST: lambda v, o: _ints(v),
+    AttrKind.INT_LIST: lambda v, o: _int_lists(v) if v and isinstance(v[0], tuple) else _ints(v),
     AttrKind.COMPUTATION: lambda v, o: _name(v.name, o),
     AttrKind.COMPUTATION_LIST: _computations,
     AttrKind.INSTRUCTION_LIST: _computations,
@@ -507,6 +615,7 @@ _KIND_PRINTERS: dict[AttrKind, Callable[[Any, PrintOptions], str]] = {
     AttrKind.SHAPE_LIST: lambda v, o: "{" + ", ".join(shape_text(s) for s in v) + "}",
     AttrKind.SHAPE: lambda v, o: shape_text(v),
     AttrKind.OUTPUT_OPERAND_ALIASING: _aliasing,
+    AttrKind.LITERAL: lambda v, o: shaped_literal_text(v, o.xla_floats),
     AttrKind.RAW: lambda v, o: v.text if isinstance(v, A.Raw) else str(v),
 }
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from xlapy.errors import ShapeError
+from xlapy.ir.attributes import Window
 from xlapy.ir.opcodes import VARIADIC, Opcode
 from xlapy.ir.shapes import UNBOUNDED, Shape
 from xlapy.ir.types import PrimitiveType
@@ -679,6 +680,13 @@ def _reduce(operands, attrs, declared):
     return _tuple_or_single(results)
 
 
+def _window_of(attrs, rank: int):
+    """The window attribute; a scalar's may be left out (XLA prints none for it)."""
+    if rank == 0 and "window" not in attrs:
+        return Window(())
+    return _attr(attrs, "window")
+
+
 def _window_output(sizes: Sequence[int], window, what: str) -> list[int]:
     if len(window.dims) != len(sizes):
         _fail(f"window has {len(window.dims)} dimensions but {what} has rank {len(sizes)}")
@@ -700,7 +708,7 @@ def _reduce_window(operands, attrs, declared):
     types = _check_reducer(
         comp.name, program, [s.element_type for s in inits], [s.element_type for s in inputs]
     )
-    dims = _window_output(inputs[0].dims, _attr(attrs, "window"), "input 0")
+    dims = _window_output(inputs[0].dims, _window_of(attrs, inputs[0].rank), "input 0")
     return _tuple_or_single([Shape.array(t, dims) for t in types])
 
 
@@ -715,7 +723,7 @@ def _select_and_scatter(operands, attrs, declared):
             f"operand, source and init value need one element type, got {_t(x)}, "
             f"{_t(source)}, {_t(init)}"
         )
-    expected = _window_output(x.dims, _attr(attrs, "window"), "operand 0")
+    expected = _window_output(x.dims, _window_of(attrs, x.rank), "operand 0")
     if list(source.dims) != expected:
         _fail(f"source has shape {_t(source)} but the window over operand 0 gives {list(expected)}")
     scalar = Shape.scalar(x.element_type)
@@ -830,6 +838,8 @@ def _convolution(operands, attrs, declared):
     fgc = attrs.get("feature_group_count", 1)
     bgc = attrs.get("batch_group_count", 1)
     n = len(labels.input_spatial)
+    if labels.ranks:
+        _fail(f"dim_labels leave dimensions unlabeled ('?'): {labels.ranks} labels, {n} spatial")
     if lhs.rank != n + 2 or rhs.rank != n + 2:
         _fail(
             f"dim_labels have {n} spatial dimensions but input is {_t(lhs)} and kernel is {_t(rhs)}"
@@ -1306,16 +1316,19 @@ def _rng_state(operands, attrs, declared):
 
 
 def _group_size(attrs) -> int | None:
+    """Devices per replica group; None when the groups are `{}` (all devices) or absent."""
     groups = attrs.get("replica_groups")
     if groups is None:
         return None
-    if groups.groups:
-        return len(groups.groups[0])
-    if groups.iota_text:
-        head = groups.iota_text.split("<=")[0].strip().strip("[]")
-        parts = [int(p) for p in head.split(",") if p.strip()]
-        return parts[-1] if parts else None
-    return None
+    try:
+        expanded = groups.expanded()
+    except ValueError as e:
+        _fail(f"bad replica_groups: {e}")
+    if expanded and any(len(g) != len(expanded[0]) for g in expanded):
+        _fail("replica groups must all have the same size")
+    if expanded and not expanded[0]:
+        _fail("replica groups must not be empty")
+    return len(expanded[0]) if expanded else None
 
 
 def _gather_like(operands, attrs, declared, scatter: bool) -> Shape:
@@ -1346,7 +1359,8 @@ def _gather_like(operands, attrs, declared, scatter: bool) -> Shape:
                     f"result {i} ({_t(r)}) must match operand {i} ({_t(s)}) except in dimension {d}"
                 )
             size, out = s.dims[d], r.dims[d]
-            ok = (size % out == 0) if scatter else (out % size == 0 if size else out == 0)
+            small, big = (out, size) if scatter else (size, out)
+            ok = big % small == 0 if small else big == 0
             if not ok:
                 _fail(
                     f"result {i} dimension {d} (size {out}) is not a whole multiple/fraction "
@@ -1419,6 +1433,11 @@ def _all_to_all(operands, attrs, declared):
     if not operands:
         _fail("needs at least 1 operand")
     split = attrs.get("split_dimension")
+    dims = attrs.get("dimensions")
+    if dims is not None:  # XLA's array all-to-all: dimensions={split dimension}
+        if len(dims) != 1:
+            _fail(f"dimensions must hold one dimension, got {list(dims)}")
+        split = dims[0]
     if split is not None:
         if len(operands) != 1:
             _fail(f"with split_dimension takes 1 operand, got {len(operands)}")
@@ -1456,21 +1475,50 @@ def _collective_broadcast(operands, attrs, declared):
     return _tuple_or_single([_without_layouts(s) for s in operands])
 
 
+def _in_place_permute(operands, attrs) -> bool:
+    """The in-place form `collective-permute(input, output, input_starts, output_starts)`:
+    slice_sizes given, or four operands whose last two are start indices."""
+    if "slice_sizes" in attrs:
+        return True
+    if len(operands) != 4:
+        return False
+    return all(
+        all(leaf.is_array and leaf.element_type.is_integral for _, leaf in s.leaves())
+        for s in operands[2:]
+    )
+
+
 @infers(Opcode.COLLECTIVE_PERMUTE)
 def _collective_permute(operands, attrs, declared):
-    if len(operands) == 4:
+    if not operands:
+        _fail("needs at least 1 operand")
+    if _in_place_permute(operands, attrs):
+        if len(operands) != 4:
+            _fail(f"in-place form takes 4 operands, got {len(operands)}")
         return _without_layouts(operands[1])
-    if len(operands) != 1:
-        _fail(f"expects 1 operand (or 4 in the in-place form), got {len(operands)}")
-    return _without_layouts(operands[0])
+    for i, s in enumerate(operands):
+        _array(s, f"operand {i}")
+    return _tuple_or_single([_without_layouts(s) for s in operands])
+
+
+@infers(Opcode.SCAN)
+def _scan(operands, attrs, declared):
+    target = _needs(declared, "the scan's outputs and final carries")
+    if "to_apply" in attrs:
+        _program_shape(attrs, "to_apply")
+    return _without_layouts(target)
 
 
 @infers(Opcode.COLLECTIVE_PERMUTE_START)
 def _collective_permute_start(operands, attrs, declared):
-    if len(operands) not in (1, 4):
-        _fail(f"expects 1 operand (or 4 in the in-place form), got {len(operands)}")
-    x = _without_layouts(operands[0])
-    out = _without_layouts(operands[1] if len(operands) == 4 else operands[0])
+    if not operands:
+        _fail("needs at least 1 operand")
+    if _in_place_permute(operands, attrs):
+        if len(operands) != 4:
+            _fail(f"in-place form takes 4 operands, got {len(operands)}")
+        x, out = _without_layouts(operands[0]), _without_layouts(operands[1])
+    else:
+        x = out = _tuple_or_single([_without_layouts(s) for s in operands])
     if declared is not None and declared.is_tuple and len(declared.tuple_shapes) > 2:
         extra = [_without_layouts(s) for s in declared.tuple_shapes[2:]]
         return Shape.tuple([x, out, *extra])

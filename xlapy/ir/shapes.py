@@ -252,8 +252,11 @@ class Shape:
             else:
                 dims.append(f"<={size}" if dyn else str(size))
         text = f"{self.element_type.text}[{','.join(dims)}]"
-        if with_layout and self.layout is not None and self.dims:
-            text += str(self.layout)
+        layout = self.layout
+        if not with_layout or layout is None:
+            return text
+        if self.dims or layout.tiles or layout.memory_space:
+            text += str(layout)  # a scalar shows only a memory space or tiles: u32[]{:S(2)}
         return text
 
     def __str__(self) -> str:

@@ -63,6 +63,7 @@ def check_module(module: HloModule) -> Iterator[str]:
         for instr in comp.instructions:
             yield from (f"{_where(instr, comp)}: {p}" for p in _check_instruction(instr))
     yield from _check_call_cycles(comps)
+    yield from _check_async_computations(comps)
     entry = module.entry
     if entry is not None and entry.root is not None:
         yield from _check_aliases(module, entry, entry.root)
@@ -146,6 +147,22 @@ def _check_computation(comp: HloComputation, comp_ids: set[int]) -> Iterator[str
             comp.post_order()
         except ValueError as e:
             yield f"{comp.name}: {e}"
+
+
+def _check_async_computations(comps: list[HloComputation]) -> Iterator[str]:
+    """Each async computation belongs to one async-start (XLA's async op chain owns it)."""
+    starts: dict[int, HloInstruction] = {}
+    for comp in comps:
+        for instr in comp.instructions:
+            called = instr.attrs.get("calls") if instr.opcode is Opcode.ASYNC_START else None
+            if not isinstance(called, HloComputation):
+                continue
+            first = starts.setdefault(id(called), instr)
+            if first is not instr:
+                yield (
+                    f"{_where(instr, comp)}: async computation {called.name} is already "
+                    f"called by {_where(first)}"
+                )
 
 
 def _check_call_cycles(comps: list[HloComputation]) -> Iterator[str]:

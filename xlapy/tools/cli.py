@@ -76,7 +76,8 @@ def summarize(name: str, value) -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="xlapy")
-def cli():
+@click.option("--traceback", is_flag=True, help="show the Python traceback of an internal error")
+def cli(traceback):
     """xlapy: XLA, the machine-learning compiler, written in Python."""
 
 
@@ -246,6 +247,17 @@ def main(argv=None) -> int:
     except RecursionError:
         click.echo("xlapy: error: the program is nested too deeply to process", err=True)
         return 1
+    except Exception as e:  # a bug in xlapy, not in the input: one line, traceback on request
+        args = sys.argv[1:] if argv is None else argv
+        if "--traceback" in args[: args.index("--") if "--" in args else len(args)]:
+            raise
+        message = " ".join(str(e).split())[:300]
+        click.echo(
+            f"xlapy: internal error: {type(e).__name__}: {message} (this is a bug in xlapy; "
+            "run 'xlapy --traceback ...' to see where)",
+            err=True,
+        )
+        return 2
     return 0
 
 
