@@ -13,3 +13,11 @@ def __getattr__(name: str):
 
         return Client
     raise AttributeError(f"module 'xlapy' has no attribute {name!r}")
+
+
+def load(source, filename: str | None = None):
+    """An HloModule from HLO text, StableHLO text or bytes (MLIR bytecode, a portable
+    artifact, a jax.export serialization), or a path to any of them; see xlapy.stablehlo."""
+    from xlapy.stablehlo import load as load_source
+
+    return load_source(source, filename)
