@@ -695,8 +695,10 @@ class Reader:
                 else:
                     op.keywords.append(word)
             first = False
+            end = self.pos
             if not self.accept(","):
-                self.skip()
+                if "\n" in self.text[end : self.pos]:  # the next line is the next op
+                    return
                 if self.pos < len(self.text) and self.text[self.pos] in "%[(@":
                     continue
                 if self.peek_ident() not in (None, "loc") and not self.peek(":"):
