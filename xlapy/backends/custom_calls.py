@@ -581,8 +581,8 @@ def _check_failure(target: str, got: np.ndarray, want: np.ndarray, bad: np.ndarr
     index = np.unravel_index(first, got.shape) if got.shape else ()
     return (
         f"{target} failed: {where.size} of {got.size} elements differ; first at index "
-        f"{list(map(int, index))}: got {got.reshape(-1)[first]!r}, expected "
-        f"{want.reshape(-1)[first]!r}"
+        f"{list(map(int, index))}: got {got.reshape(-1)[first].item()!r}, expected "
+        f"{want.reshape(-1)[first].item()!r}"
     )
 
 
