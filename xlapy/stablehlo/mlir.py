@@ -462,7 +462,7 @@ class Reader:
             attrs = op.attrs
             if len(op.regions) != 1:
                 raise self.error("builtin.module takes one region", op.pos)
-            funcs = [generic_func(self, f) for f in op.regions[0].ops]
+            funcs = [generic_func(self, f) for f in op.regions[0].ops if f.name != "sdy.mesh"]
         elif self.keyword("module"):
             if self.peek("@"):
                 name = self.symbol()
