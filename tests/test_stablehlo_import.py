@@ -272,6 +272,19 @@ def test_spec_style_programs_run(backend):
         assert bool(np.asarray(out)) is True
 
 
+SPEC_PROGRAMS = [
+    chunk
+    for chunk in (DATA / "spec_programs.mlir").read_text().split("// -----")
+    if "func.func" in chunk
+]
+
+
+@pytest.mark.parametrize("index", range(len(SPEC_PROGRAMS)))
+def test_spec_program_table(index):
+    name = re.search(r"func\.func @(\w+)", SPEC_PROGRAMS[index]).group(1)
+    evaluate(import_text(SPEC_PROGRAMS[index], f"{name}.mlir"), [])
+
+
 def test_failing_check_raises_a_clear_error():
     bad = SPEC_STYLE.replace("[-1.0, 3.25, 9.0]", "[-1.0, 3.5, 9.0]")
     with pytest.raises(CustomCallError, match=r"check.expect_close failed: 1 of 6 .*\[1, 1\]"):

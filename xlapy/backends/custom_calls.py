@@ -625,6 +625,18 @@ def _not_close(got: np.ndarray, want: np.ndarray, opaque: str) -> np.ndarray:
         return ~((np.abs(a - b) <= limit) | (np.isnan(a) & np.isnan(b)) | (a == b))
 
 
+def _expect_almost_eq(ins, opaque):
+    """Every element within `tolerance` (default 1e-4, from the opaque `tolerance=...`)."""
+    got, want = _check_pair("check.expect_almost_eq", ins)
+    tolerance = float(opaque.split("=", 1)[1]) if opaque.startswith("tolerance=") else 1e-4
+    a, b = got.astype(np.complex128), want.astype(np.complex128)
+    with np.errstate(invalid="ignore"):
+        ok = (np.abs(a - b) <= tolerance) | (a == b) | (np.isnan(a) & np.isnan(b))
+    if not ok.all():
+        raise CustomCallError(_check_failure("check.expect_almost_eq", got, want, ~ok))
+    return ()
+
+
 def _expect_eq(ins, opaque):
     got, want = _check_pair("check.expect_eq", ins)
     bad = _differs(got, want)
@@ -648,7 +660,7 @@ def _check_eq(ins, opaque):
 
 CHECK_TARGETS = {
     "check.expect_eq": _expect_eq,
-    "check.expect_almost_eq": _expect_close,
+    "check.expect_almost_eq": _expect_almost_eq,
     "check.expect_close": _expect_close,
     "check.eq": _check_eq,
 }

@@ -419,6 +419,26 @@ def _next_after(conv: Converter, op: Op, scope: Scope, operands):
     return [conv.add(scope, "select", shape, [either_nan, nan, out])]
 
 
+@rule("chlo.mulhi")
+def _mulhi(conv: Converter, op: Op, scope: Scope, operands):
+    """The high half of the double-width product, through a 64-bit multiply."""
+    (a, shape), (b, _) = operands
+    et = shape.element_type
+    if et.kind.value not in ("signed", "unsigned") or et.bits > 32:
+        raise conv.error(f"chlo.mulhi on {et.text} is not supported (integers up to 32 bits)")
+    wide_type = PrimitiveType.S64 if et.kind.value == "signed" else PrimitiveType.U64
+    wide = Shape.array(wide_type, shape.dims)
+    product = conv.add(
+        scope,
+        "multiply",
+        wide,
+        [conv.add(scope, "convert", wide, [a])[0], conv.add(scope, "convert", wide, [b])[0]],
+    )[0]
+    bits = conv.scalar(scope, et.bits, wide)[0]
+    high = conv.add(scope, "shift-right-arithmetic", wide, [product, bits])[0]
+    return [conv.add(scope, "convert", shape, [high])]
+
+
 @rule("chlo.top_k")
 def _top_k(conv: Converter, op: Op, scope: Scope, operands):
     k = op.attrs.get("k", 1)

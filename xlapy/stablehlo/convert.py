@@ -189,8 +189,14 @@ def dense_array(attr: DenseAttr, shape: Shape | None) -> np.ndarray:
         values = np.array([_float_token(t, dtype) for t in tokens], dtype=np.float64)
     elif kind == "pred":
         values = np.array([t == "true" or (t not in ("false",) and int(t, 0) != 0) for t in tokens])
-    else:
-        values = [int(t, 0) for t in tokens]
+    else:  # integers: wrap into the type's width, so 2^64 - 1 is a valid ui64
+        width = 8 * np.dtype(dtype).itemsize
+        unsigned = np.dtype(f"u{np.dtype(dtype).itemsize}")
+        wrapped = [int(t, 0) % (1 << width) for t in tokens]
+        if shape.element_type.bits < 8:
+            values = np.array([int(t, 0) for t in tokens], dtype=np.int64)
+        else:
+            values = np.array(wrapped, dtype=unsigned).view(dtype)
     arr = np.asarray(values).astype(dtype)
     if arr.size == 1 and count != 1:
         return np.full(dims, arr.reshape(()), dtype=dtype)
@@ -410,6 +416,13 @@ class Converter:
         )
         return value
 
+    def constant_of(self, value: tuple[str, Shape], what: str) -> np.ndarray:
+        """The data of an operand that must be a constant (the static case of a dynamic op)."""
+        array = self.literals.get(value[0])
+        if array is None:
+            raise self.error(f"{what} must be a constant (dynamic shapes are not supported)")
+        return array
+
     def scalar(self, scope: Scope, value, like: Shape) -> tuple[str, Shape]:
         """A constant of `like`'s element type and dims holding `value` everywhere."""
         s = Shape.array(like.element_type, ())
@@ -584,9 +597,11 @@ class Converter:
         types = op.operand_types
         if not types or not operands:
             return
+        if op.name in _TYPE_IS_RESULT:
+            return
         if len(types) == len(operands):
             pairs = list(zip(operands, types, op.operands, strict=True))
-        elif len(types) == 1 and not op.result_types and op.name != "stablehlo.complex":
+        elif len(types) == 1 and not op.result_types:
             pairs = [(v, types[0], o) for v, o in zip(operands, op.operands, strict=True)]
         elif len(types) == 2 and op.name == "stablehlo.select":
             pairs = [(operands[0], types[0], op.operands[0])] + [
@@ -685,6 +700,10 @@ class Converter:
         if partitions != 1:
             items.append(f"num_partitions={partitions}")
         return ", ".join(items)
+
+
+# ops whose short form `: T` names the result type, not the operands'
+_TYPE_IS_RESULT = ("stablehlo.complex", "stablehlo.tuple")
 
 
 def _same(a: Shape, b: Shape) -> bool:
@@ -903,11 +922,18 @@ def _dynamic_update_slice(conv: Converter, op: Op, scope: Scope, operands):
     return [conv.add(scope, "dynamic-update-slice", shape, [n for n, _ in operands])]
 
 
-@rule("stablehlo.pad")
+@rule("stablehlo.pad", "stablehlo.dynamic_pad")
 def _pad(conv: Converter, op: Op, scope: Scope, operands):
-    low = ints(attr(op, "low", "edge_padding_low"))
-    high = ints(attr(op, "high", "edge_padding_high"))
-    interior = ints(attr(op, "interior", "interior_padding")) or (0,) * len(low)
+    if op.name == "stablehlo.dynamic_pad":
+        low, high, interior = (
+            tuple(int(v) for v in conv.constant_of(x, name).reshape(-1))
+            for x, name in zip(operands[2:5], ("low", "high", "interior"), strict=True)
+        )
+        operands = operands[:2]
+    else:
+        low = ints(attr(op, "low", "edge_padding_low"))
+        high = ints(attr(op, "high", "edge_padding_high"))
+        interior = ints(attr(op, "interior", "interior_padding")) or (0,) * len(low)
     text = "x".join(f"{a}_{b}_{c}" for a, b, c in zip(low, high, interior, strict=False))
     shape = conv.result_shape(op, operands)
     return [conv.add(scope, "pad", shape, [n for n, _ in operands], f", padding={text or '{}'}")]
@@ -1133,8 +1159,10 @@ def _gather(conv: Converter, op: Op, scope: Scope, operands):
             text += f", {hlo}={int_list(ints(f.get(key)))}"
     text += f", index_vector_dim={ival(f.get('index_vector_dim', 0))}"
     if op.name == "stablehlo.dynamic_gather":
-        raise conv.error("dynamic_gather is not supported (use gather with static sizes)")
-    text += f", slice_sizes={int_list(ints(attr(op, 'slice_sizes')))}"
+        sizes = tuple(int(v) for v in conv.constant_of(operands[2], "slice_sizes").reshape(-1))
+    else:
+        sizes = ints(attr(op, "slice_sizes"))
+    text += f", slice_sizes={int_list(sizes)}"
     if ival(attr(op, "indices_are_sorted", default=False)) is True:
         text += ", indices_are_sorted=true"
     shape = conv.result_shape(op, operands)
@@ -1567,9 +1595,9 @@ def _check(conv: Converter, op: Op, scope: Scope, operands):
         except (TypeProblem, ValueError) as e:
             raise conv.error(f"bad constant: {e}", value.pos) from None
     config = ""
-    ulps = attr(op, "max_ulp_difference")
-    if ulps is not None:
-        config = f", backend_config={_quote(f'max_ulp_difference={ival(ulps)}')}"
+    for key in ("max_ulp_difference", "tolerance"):
+        if key in op.attrs:
+            config = f", backend_config={_quote(f'{key}={ival(op.attrs[key])}')}"
     conv.add(
         scope,
         "custom-call",
@@ -1665,8 +1693,12 @@ def _collective_broadcast(conv: Converter, op: Op, scope: Scope, operands):
     ]
 
 
-@rule("stablehlo.convolution")
+@rule("stablehlo.convolution", "stablehlo.dynamic_conv")
 def _convolution(conv: Converter, op: Op, scope: Scope, operands):
+    if op.name == "stablehlo.dynamic_conv":
+        padding = conv.constant_of(operands[2], "padding").reshape(-1, 2)
+        op.attrs["padding"] = [[int(a), int(b)] for a, b in padding]
+        operands = operands[:2]
     numbers = attr(op, "dimension_numbers")
     body = numbers.body if isinstance(numbers, DialectAttr) else ""
     m = re.fullmatch(r"\s*\[([^\]]*)\]x\[([^\]]*)\]->\[([^\]]*)\]\s*", body)

@@ -719,6 +719,8 @@ class Reader:
             if self.keyword("x"):
                 return (first, self.attr_list())
             return first
+        if m := self.match(_FLOAT):
+            return float(m.group(0))
         if m := self.match(_INT):
             return int(m.group(0), 0)
         return self.attribute()
