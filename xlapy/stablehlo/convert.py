@@ -3,8 +3,9 @@
 Each function becomes an HLO computation and each op one or a few HLO instructions, written
 as HLO text and read back by xlapy's own HLO parser, so that every attribute means exactly
 what it means in HLO text and there is one reader of it. Constants are written elided
-(`constant({...})`) and their values set on the parsed instructions afterwards, so large
-weights never go through text twice.
+(`constant({...})`) and their values, like the op metadata from `loc(...)`, are set on the
+parsed instructions afterwards, so large weights and long source paths never go through
+text twice.
 
 StableHLO regions may use values defined outside them (a branch of `case` reads the
 enclosing function's values); HLO computations may not. A region is therefore converted in
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from xlapy.errors import HloParseError, VerifierError, XlapyError
+from xlapy.ir.attributes import Metadata
 from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
@@ -237,22 +239,23 @@ class Locations:
 
     def __init__(self, aliases: dict[str, str]):
         self.aliases = aliases
-        self.cache: dict[str, str] = {}
+        self.cache: dict[str, Metadata | None] = {}
 
-    def metadata(self, loc: str | None) -> str:
+    def metadata(self, loc: str | None) -> Metadata | None:
+        """The op metadata of a location (op_name, source_file, source_line), or None."""
         if not loc:
-            return ""
-        text = self.cache.get(loc)
-        if text is None:
-            name, file, line = self.resolve(loc, 0)
-            items = []
-            if name:
-                items.append(f"op_name={_quote(name)}")
-            if file:
-                items.append(f"source_file={_quote(file)} source_line={line}")
-            text = f", metadata={{{' '.join(items)}}}" if items else ""
-            self.cache[loc] = text
-        return text
+            return None
+        if loc in self.cache:
+            return self.cache[loc]
+        name, file, line = self.resolve(loc, 0)
+        items: list[tuple[str, str | int]] = []
+        if name:
+            items.append(("op_name", name))
+        if file:
+            items += [("source_file", file), ("source_line", line)]
+        meta = Metadata(tuple(items)) if items else None
+        self.cache[loc] = meta
+        return meta
 
     def resolve(self, loc: str, depth: int) -> tuple[str | None, str | None, int]:
         """(op name, source file, source line) of a location; None where it has none."""
@@ -369,6 +372,8 @@ class Converter:
         self.func_comps: dict[str, tuple[Comp, list[Shape]]] = {}
         self.counter = 0
         self.literals: dict[str, np.ndarray] = {}
+        # set on the parsed instructions, not written as text: large and slow to read back
+        self.metadata: dict[str, Metadata] = {}
         self.locs = Locations(module.aliases)
         self.positions: dict[str, int] = {}  # HLO instruction name -> StableHLO position
         self.op: Op | None = None
@@ -401,9 +406,12 @@ class Converter:
     ) -> tuple[str, Shape]:
         op = self.op
         name = self.fresh(opcode.replace("-", "_") if opcode != "parameter" else "param")
-        meta = self.locs.metadata(op.loc) if (metadata and op is not None) else ""
+        if metadata and op is not None and op.loc:
+            meta = self.locs.metadata(op.loc)
+            if meta is not None:
+                self.metadata[name] = meta
         args = ", ".join(operands)
-        text = f"{name} = {shape.to_text(False)} {opcode}({args}){attrs}{meta}"
+        text = f"{name} = {shape.to_text(False)} {opcode}({args}){attrs}"
         pos = op.pos if op is not None else 0
         scope.comp.lines.append(Line(text, pos))
         self.positions[name] = pos
@@ -660,10 +668,14 @@ class Converter:
         except HloParseError as e:
             pos = line_pos[e.line - 1] if e.line - 1 < len(line_pos) else 0
             raise self.error(f"{e.message}", pos) from None
+        literals, metadata = self.literals, self.metadata
         for computation in module.computations:
             for instr in computation.instructions:
-                if instr.opcode is Opcode.CONSTANT and instr.name in self.literals:
-                    instr.literal = Literal(instr.shape, self.literals[instr.name])
+                meta = metadata.get(instr.name)
+                if meta is not None:
+                    instr.attrs["metadata"] = meta
+                if instr.opcode is Opcode.CONSTANT and instr.name in literals:
+                    instr.literal = Literal(instr.shape, literals[instr.name])
         try:
             verify(module)
         except VerifierError as e:

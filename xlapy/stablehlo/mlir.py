@@ -31,6 +31,7 @@ from xlapy.errors import HloParseError
 MAX_DEPTH = 64
 
 _WS = re.compile(r"(?:\s+|//[^\n]*)*")
+_SPACE_OR_COMMENT = frozenset(" \t\n\r\f\v/")
 _VALUE = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#[0-9]+)?")
 _SYMBOL = re.compile(r'@(?:[A-Za-z0-9_$.\-]+|"(?:[^"\\]|\\.)*")')
 _HASH = re.compile(r"#[A-Za-z_][A-Za-z0-9_$.]*")
@@ -40,6 +41,45 @@ _INT = re.compile(r"[-+]?(?:0x[0-9A-Fa-f]+|[0-9]+)(?![0-9A-Za-z_.])")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|inf|nan)")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BLOCK = re.compile(r"\^[A-Za-z0-9_$.\-]+")
+_TENSOR_TEXT = r"tensor<[0-9x]*(?:[a-z][a-z0-9]*|f8E[0-9A-Z]+|complex<f(?:32|64)>)>"
+_TENSOR = re.compile(_TENSOR_TEXT)
+# `%r = stablehlo.op %a, %b[, dims = [..]] : T` or `: (T, T) -> T`, then `loc(..)` and the
+# end of the line: most ops JAX prints. Anything else goes through the general rules.
+_FAST_OP = re.compile(
+    r"(%[A-Za-z0-9_$.\-]+) = ((?:stablehlo|chlo)\.[a-z_]+) "
+    r"(%[A-Za-z0-9_$.\-]+(?:#[0-9]+)?(?:, %[A-Za-z0-9_$.\-]+(?:#[0-9]+)?)*)"
+    r"(?:, (dims) = \[([0-9, ]*)\])?"
+    rf" : (?:\(({_TENSOR_TEXT}(?:, {_TENSOR_TEXT})*)\) -> )?({_TENSOR_TEXT})"
+    r"(?: loc\(([^()\n]*)\))?[ \t]*(?=\n)"
+)
+_FAST_HEAD = re.compile(r"%[A-Za-z0-9_$.\-]+ = ((?:stablehlo|chlo)\.[a-z_]+)[ (]")
+_LOC_END = r"(?: loc\((?P<loc>[^()\n]*)\))?[ \t]*(?=\n)"
+_V = r"%[A-Za-z0-9_$.\-]+(?:#[0-9]+)?"
+_INTS = r"[0-9, ]*"
+_FAST_RULES = {
+    "stablehlo.constant": re.compile(
+        r"(%[A-Za-z0-9_$.\-]+) = (stablehlo\.constant) "
+        rf"dense<(?P<body>[^<>\"\n]*)> : (?P<type>{_TENSOR_TEXT}){_LOC_END}"
+    ),
+    "stablehlo.dot_general": re.compile(
+        rf"(%[A-Za-z0-9_$.\-]+) = (stablehlo\.dot_general) (?P<a>{_V}), (?P<b>{_V}), "
+        rf"(?:batching_dims = \[(?P<lb>{_INTS})\] x \[(?P<rb>{_INTS})\], )?"
+        rf"contracting_dims = \[(?P<lc>{_INTS})\] x \[(?P<rc>{_INTS})\]"
+        r"(?:, precision = \[(?P<precision>[A-Z, ]*)\])? : "
+        rf"\((?P<ta>{_TENSOR_TEXT}), (?P<tb>{_TENSOR_TEXT})\) -> (?P<tr>{_TENSOR_TEXT}){_LOC_END}"
+    ),
+    "stablehlo.reduce": re.compile(
+        rf"(%[A-Za-z0-9_$.\-]+) = (stablehlo\.reduce)\((?P<a>{_V}) init: (?P<b>{_V})\) "
+        rf"applies (?P<applies>stablehlo\.[a-z_]+) across dimensions = \[(?P<dims>{_INTS})\] : "
+        rf"\((?P<ta>{_TENSOR_TEXT}), (?P<tb>{_TENSOR_TEXT})\) -> (?P<tr>{_TENSOR_TEXT}){_LOC_END}"
+    ),
+}
+
+
+def _int_items(text: str) -> list[int]:
+    return [int(d) for d in text.split(",") if d.strip()]
+
+
 _TYPE_START = re.compile(
     r"(?:tensor|tuple|complex|vector|memref|index|none|[iuf][0-9]|ui[0-9]|si[0-9]|bf16|tf32"
     r"|f8E|f4E|f6E)|!"
@@ -173,7 +213,10 @@ class Reader:
 
     # -- tokens ----------------------------------------------------------------------------
     def skip(self) -> None:
-        m = _WS.match(self.text, self.pos)
+        pos = self.pos
+        if pos < len(self.text) and self.text[pos] not in _SPACE_OR_COMMENT:
+            return
+        m = _WS.match(self.text, pos)
         assert m is not None  # the pattern matches the empty string
         self.pos = m.end()
 
@@ -585,6 +628,12 @@ class Reader:
     def op(self) -> Op:
         self.skip()
         start = self.pos
+        head = _FAST_HEAD.match(self.text, start)
+        if head is not None:
+            special = _FAST_RULES.get(head.group(1))
+            fast = (special or _FAST_OP).match(self.text, start)
+            if fast is not None:
+                return self.fast_special(head.group(1), fast) if special else self.fast_op(fast)
         results: list[str] = []
         if self.text.startswith("%", self.pos):
             while True:
@@ -614,6 +663,54 @@ class Reader:
         op.results = results
         if start != pos and not results:
             raise self.error("expected result names", start)
+        return op
+
+    def fast_op(self, m: re.Match) -> Op:
+        """An op of the most common pretty form (see _FAST_OP), read by one match."""
+        op = Op(m.group(2), m.start(2), results=[m.group(1)], loc=m.group(8))
+        base = m.start(3)
+        op.operands = [(v.group(0), base + v.start()) for v in _VALUE.finditer(m.group(3))]
+        if m.group(4) is not None:
+            op.attrs[m.group(4)] = [int(d) for d in m.group(5).split(",") if d.strip()]
+        if m.group(6) is not None:
+            base = m.start(6)
+            op.operand_types = [
+                Type(t.group(0), base + t.start()) for t in _TENSOR.finditer(m.group(6))
+            ]
+            op.result_types = [Type(m.group(7), m.start(7))]
+        else:
+            op.operand_types = [Type(m.group(7), m.start(7))]
+        self.pos = m.end()
+        return op
+
+    def fast_special(self, name: str, m: re.Match) -> Op:
+        """constant, dot_general and reduce-with-applies in their common pretty forms."""
+        op = Op(name, m.start(2), results=[m.group(1)], loc=m.group("loc"))
+        groups = m.groupdict()
+        if name == "stablehlo.constant":
+            typ = Type(groups["type"], m.start("type"))
+            op.attrs["value"] = DenseAttr(groups["body"], typ, m.start("body") - 6)
+            op.result_types = [typ]
+        else:
+            op.operands = [(groups["a"], m.start("a")), (groups["b"], m.start("b"))]
+            op.operand_types = [
+                Type(groups["ta"], m.start("ta")),
+                Type(groups["tb"], m.start("tb")),
+            ]
+            op.result_types = [Type(groups["tr"], m.start("tr"))]
+            if name == "stablehlo.reduce":
+                op.attrs["applies"] = groups["applies"]
+                op.attrs["dimensions"] = _int_items(groups["dims"])
+            else:
+                if groups["lb"] is not None:
+                    op.attrs["batching_dims"] = (
+                        _int_items(groups["lb"]),
+                        _int_items(groups["rb"]),
+                    )
+                op.attrs["contracting_dims"] = (_int_items(groups["lc"]), _int_items(groups["rc"]))
+                if groups["precision"] is not None:
+                    op.attrs["precision"] = [w.strip() for w in groups["precision"].split(",")]
+        self.pos = m.end()
         return op
 
     def generic_op(self, name: str, pos: int) -> Op:
