@@ -12,6 +12,10 @@ def __getattr__(name: str):
         from xlapy.runtime import Client
 
         return Client
+    if name == "stablehlo":
+        import xlapy.stablehlo
+
+        return xlapy.stablehlo
     raise AttributeError(f"module 'xlapy' has no attribute {name!r}")
 
 
