@@ -253,6 +253,27 @@ def test_custom_call_attributes():
     assert "sharding={replicated}" in text
 
 
+def test_shardy_shardings_become_hlo_shardings():
+    """JAX's Shardy output for a 2x4 mesh; the shardings XLA gives the same program."""
+    module = import_text((DATA / "sharded.mlir").read_text(), "sharded.mlir")
+    assert module.config.num_partitions == 8
+    text = module.to_text()
+    assert "parameter(0), sharding={devices=[2,4]<=[8]}" in text
+    assert "parameter(1), sharding={replicated}" in text
+    constraint = (
+        'custom_call_target="Sharding", '
+        "sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}"
+    )
+    assert constraint in text
+    outputs = (
+        "sharding={{devices=[8,1]<=[2,4]T(1,0)}, {devices=[2,1,4]<=[8] last_tile_dim_replicate}}"
+    )
+    assert outputs in text
+    x, w = f32(8, 16), f32(16, 4)
+    got = evaluate(module, [x, w])
+    np.testing.assert_allclose(got[0], np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+
+
 # -- StableHLO's test-suite style ----------------------------------------------------------
 
 SPEC_STYLE = (DATA / "spec_style.mlir").read_text()

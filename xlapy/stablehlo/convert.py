@@ -297,6 +297,75 @@ def _quote(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+# -- shardings ----------------------------------------------------------------------------
+
+_SDY_SHARDING = re.compile(r"\s*@([A-Za-z0-9_$.\-]+)\s*,\s*\[(.*)\]", re.DOTALL)
+_SDY_AXIS = re.compile(r'"([^"]+)"(:\([0-9]+\)[0-9]+)?')
+_SDY_MESH_AXIS = re.compile(r'"([^"]+)"\s*=\s*([0-9]+)')
+
+
+def hlo_sharding(value: Any, meshes: dict[str, str]) -> str | None:
+    """HLO sharding text for `mhlo.sharding` (already HLO text) or a Shardy
+    `#sdy.sharding<@mesh, [{"x"}, {}]>` / `#sdy.sharding_per_value<[<...>]>` attribute; None
+    for anything else. TypeProblem for Shardy forms HLO text cannot express."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, DialectAttr) or not value.name.startswith("sdy.sharding"):
+        return None
+    body = value.body.strip()
+    if value.name == "sdy.sharding_per_value":
+        parts = _split_top(body.strip()[1:-1])
+        texts = [sdy_sharding(p.strip()[1:-1], meshes) for p in parts]
+        return texts[0] if len(texts) == 1 else "{" + ", ".join(texts) + "}"
+    return sdy_sharding(body, meshes)
+
+
+def sdy_sharding(body: str, meshes: dict[str, str]) -> str:
+    """`@mesh, [{"x"}, {"y", "z"}, {}]` on mesh `["x"=2, "y"=2, "z"=2]` as HLO's iota tile
+    assignment: the devices of the mesh, transposed so that the axes each dimension is
+    split over come in dimension order and the unused axes last (as replication)."""
+    m = _SDY_SHARDING.match(body)
+    if m is None:
+        raise TypeProblem(f"cannot read the Shardy sharding '{body}'")
+    mesh_text = meshes.get(m.group(1))
+    if mesh_text is None:
+        raise TypeProblem(f"sharding names an unknown mesh '@{m.group(1)}'")
+    axes = [(name, int(size)) for name, size in _SDY_MESH_AXIS.findall(mesh_text)]
+    if "device_ids" in mesh_text:
+        ids = re.search(r"device_ids\s*=\s*\[([0-9, ]*)\]", mesh_text)
+        if not axes and ids is not None and len(ids.group(1).split(",")) == 1:
+            return f"{{maximal device={int(ids.group(1))}}}"
+        raise TypeProblem("Shardy meshes with explicit device_ids are not supported")
+    size = dict(axes)
+    dims: list[list[str]] = []
+    for dim in re.findall(r"\{([^{}]*)\}", m.group(2)):
+        names = []
+        for axis in _SDY_AXIS.finditer(dim):
+            if axis.group(2):
+                raise TypeProblem(f"Shardy sub-axis '{axis.group(0)}' is not supported")
+            if axis.group(1) not in size:
+                raise TypeProblem(f"sharding uses axis '{axis.group(1)}', not in the mesh")
+            names.append(axis.group(1))
+        dims.append(names)
+    tiles = [int(np.prod([size[a] for a in dim])) if dim else 1 for dim in dims]
+    if all(t == 1 for t in tiles):
+        return "{replicated}"
+    used = [a for dim in dims for a in dim]
+    unused = [a for a, _ in axes if a not in used]
+    order = {a: i for i, (a, _) in enumerate(axes)}
+    perm = [order[a] for a in used + unused]
+    replicas = int(np.prod([size[a] for a in unused])) if unused else 1
+    tile_dims = tiles + ([replicas] if replicas > 1 else [])
+    total = int(np.prod([n for _, n in axes]))
+    if perm == sorted(perm):
+        devices = f"<=[{total}]"
+    else:
+        sizes = ",".join(str(n) for _, n in axes)
+        devices = f"<=[{sizes}]T({','.join(map(str, perm))})"
+    last = " last_tile_dim_replicate" if replicas > 1 else ""
+    return f"{{devices=[{','.join(map(str, tile_dims))}]{devices}{last}}}"
+
+
 # -- the converter ------------------------------------------------------------------------
 
 
@@ -470,8 +539,8 @@ class Converter:
         saved, self.op = self.op, None
         for i, (arg, typ, attrs) in enumerate(func.args):
             shape = self.shape(typ)
-            sharding = attrs.get("mhlo.sharding")
-            extra = f", sharding={sharding}" if isinstance(sharding, str) else ""
+            sharding = self.sharding(attrs, typ.pos)
+            extra = f", sharding={sharding}" if sharding else ""
             pname = self.fresh(_clean(arg[1:]))
             comp.lines.append(
                 Line(f"{pname} = {shape.to_text(False)} parameter({i}){extra}", func.pos)
@@ -481,7 +550,23 @@ class Converter:
         self.op = saved
         declared = [self.shape(t) for t, _ in func.results]
         self.check_types([s for _, s in outs], declared, func.pos, f"function '@{name}' returns")
-        self.finish(scope, outs, tuple_always=len(outs) != 1)
+        shardings = [self.sharding(attrs, t.pos) for t, attrs in func.results]
+        if any(shardings) and len(outs) == 1:  # an identity carrying the output's sharding
+            outs = [
+                self.add(
+                    scope,
+                    "custom-call",
+                    outs[0][1],
+                    [outs[0][0]],
+                    f', custom_call_target="Sharding", sharding={shardings[0]}',
+                )
+            ]
+            shardings = []
+        tuple_sharding = ""
+        if any(shardings):
+            texts = ", ".join(s or "{replicated}" for s in shardings)
+            tuple_sharding = f", sharding={{{texts}}}"
+        self.finish(scope, outs, tuple_always=len(outs) != 1, attrs=tuple_sharding)
         self.comps.append(comp)
         self.func_comps[name] = (comp, declared)
         return comp, declared
@@ -495,12 +580,24 @@ class Converter:
             self.convert_op(scope, op)
         raise self.error("a region does not end in a return", pos)
 
-    def finish(self, scope: Scope, outs, tuple_always: bool) -> None:
+    def finish(self, scope: Scope, outs, tuple_always: bool, attrs: str = "") -> None:
         if len(outs) == 1 and not tuple_always:
             scope.comp.root = outs[0][0]
             return
-        root = self.add(scope, "tuple", Shape.tuple(s for _, s in outs), [n for n, _ in outs])
+        root = self.add(
+            scope, "tuple", Shape.tuple(s for _, s in outs), [n for n, _ in outs], attrs
+        )
         scope.comp.root = root[0]
+
+    def sharding(self, attrs: dict, pos: int) -> str | None:
+        """The HLO sharding text of an `mhlo.sharding` or `sdy.sharding` attribute."""
+        value = attrs.get("mhlo.sharding", attrs.get("sdy.sharding"))
+        if value is None:
+            return None
+        try:
+            return hlo_sharding(value, self.module.meshes)
+        except TypeProblem as e:
+            raise self.error(str(e), pos) from None
 
     def region_comp(
         self, parent: Scope, block: mlir.Block, op: Op, arg_shapes: list[Shape], stem: str
@@ -598,8 +695,20 @@ class Converter:
                         f"{_mlir_type(shape)}",
                         typ.pos,
                     )
+        if len(outs) == 1 and ("mhlo.sharding" in op.attrs or "sdy.sharding" in op.attrs):
+            self.attach_sharding(scope, outs[0][0], self.sharding(op.attrs, op.pos))
         for name, value in zip(op.results, outs, strict=True):
             scope.values[name] = value
+
+    def attach_sharding(self, scope: Scope, name: str, sharding: str | None) -> None:
+        """Add `sharding=` to the line defining `name` (if it has none yet)."""
+        if not sharding:
+            return
+        for line in reversed(scope.comp.lines):
+            if line.text.startswith(f"{name} ="):
+                if ", sharding=" not in line.text:
+                    line.text += f", sharding={sharding}"
+                return
 
     def check_operand_types(self, op: Op, operands) -> None:
         types = op.operand_types
@@ -1574,8 +1683,8 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
         names = [conv.func_comp(c.name, op.pos)[0].name for c in called if isinstance(c, Symbol)]
         conv.op = op
         text += f", called_computations={{{', '.join(names)}}}"
-    sharding = attr(op, "mhlo.sharding")
-    if isinstance(sharding, str):
+    sharding = conv.sharding(op.attrs, op.pos)
+    if sharding:
         text += f", sharding={sharding}"
     shapes = conv.result_shapes(op)
     shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
@@ -1585,6 +1694,16 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     if not op.results:
         return []
     return conv.tuple_parts(scope, value)
+
+
+@rule("sdy.sharding_constraint")
+def _sharding_constraint(conv: Converter, op: Op, scope: Scope, operands):
+    sharding = conv.sharding({"sdy.sharding": op.attrs.get("sharding")}, op.pos)
+    if sharding is None:
+        raise conv.error("sdy.sharding_constraint needs a sharding", op.pos)
+    (x, shape) = operands[0]
+    text = f', custom_call_target="Sharding", sharding={sharding}'
+    return [conv.add(scope, "custom-call", shape, [x], text)]
 
 
 @rule(

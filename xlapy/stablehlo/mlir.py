@@ -179,6 +179,7 @@ class Module:
     attrs: dict[str, Any]
     funcs: list[Func]
     aliases: dict[str, str]  # `#loc3 = loc(...)` and other attribute aliases, as text
+    meshes: dict[str, str] = field(default_factory=dict)  # sdy.mesh name -> `["x"=2, ...]`
 
 
 class Reader:
@@ -498,6 +499,7 @@ class Reader:
         name: str | None = None
         attrs: dict[str, Any] = {}
         funcs: list[Func] = []
+        meshes: dict[str, str] = {}
         self.top_level_aliases()
         if self.peek('"builtin.module"'):
             op = self.generic_op(self.string(), self.pos)
@@ -505,6 +507,10 @@ class Reader:
             attrs = op.attrs
             if len(op.regions) != 1:
                 raise self.error("builtin.module takes one region", op.pos)
+            for mesh in (f for f in op.regions[0].ops if f.name == "sdy.mesh"):
+                body = mesh.attrs.get("mesh")
+                if isinstance(body, DialectAttr) and isinstance(mesh.attrs.get("sym_name"), str):
+                    meshes[mesh.attrs["sym_name"]] = body.body
             funcs = [generic_func(self, f) for f in op.regions[0].ops if f.name != "sdy.mesh"]
         elif self.keyword("module"):
             if self.peek("@"):
@@ -516,8 +522,13 @@ class Reader:
                 self.skip()
                 if self.pos >= len(self.text):
                     raise self.error("the module body is never closed ('}' missing)")
-                if self.peek_ident() == "sdy.mesh":  # a mesh declaration: nothing to run
-                    self.skip_line()
+                if self.keyword("sdy.mesh"):  # `sdy.mesh @name = <["x"=2, ...]> {...}`
+                    mesh_name = self.symbol()
+                    self.expect("=", "'=' after the mesh name")
+                    meshes[mesh_name] = self.balanced("<", ">")
+                    if self.peek("{"):
+                        self.attr_dict()
+                    self.location()
                     continue
                 funcs.append(self.func())
             self.location()
@@ -533,7 +544,7 @@ class Reader:
             raise self.expected("the end of the module")
         if not funcs:
             raise self.error("no func.func in the module", 0)
-        return Module(name, attrs, funcs, self.aliases)
+        return Module(name, attrs, funcs, self.aliases, meshes)
 
     def top_level_aliases(self) -> None:
         """`#name = ...` and `!name = ...` lines before or after the module."""
@@ -548,10 +559,6 @@ class Reader:
             end = len(self.text) if end < 0 else end
             self.pos = end
             self.aliases[m.group(1)[1:]] = self.text[start:end].strip()
-
-    def skip_line(self) -> None:
-        end = self.text.find("\n", self.pos)
-        self.pos = len(self.text) if end < 0 else end
 
     def func(self) -> Func:
         self.skip()
@@ -783,6 +790,8 @@ class Reader:
                 op.attrs["callee"] = Symbol(self.symbol())
             elif c == '"' and first:
                 op.attrs["name"] = self.string()
+            elif c == "<":  # sdy.sharding_constraint %x <@mesh, [{"x"}, {}]>
+                op.attrs["sharding"] = DialectAttr("sdy.sharding", self.balanced("<", ">"), {})
             elif self.peek_ident() in ("dense", "array"):
                 op.attrs["value"] = self.attribute()
             else:
@@ -796,7 +805,7 @@ class Reader:
             if not self.accept(","):
                 if "\n" in self.text[end : self.pos]:  # the next line is the next op
                     return
-                if self.pos < len(self.text) and self.text[self.pos] in "%[(@":
+                if self.pos < len(self.text) and self.text[self.pos] in "%[(@<":
                     continue
                 if self.peek_ident() not in (None, "loc") and not self.peek(":"):
                     continue
