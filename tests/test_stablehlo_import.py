@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import re
+import sys
 from pathlib import Path
 
 import jax
@@ -14,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 import xlapy
@@ -395,6 +398,32 @@ def test_bad_input_gives_one_positioned_error(name):
     assert str(error).rstrip().endswith("^")
 
 
+_FUZZ_TEXTS = [
+    (DATA / "spec_style.mlir").read_text(),
+    (DATA / "custom_call.mlir").read_text(),
+    SPEC_PROGRAMS[0],
+    SPEC_PROGRAMS[3],
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    which=st.integers(0, len(_FUZZ_TEXTS) - 1),
+    cut=st.integers(0, 10**6),
+    length=st.integers(0, 40),
+    insert=st.sampled_from(["", "%", "{", "}", "(", ")", "<", ">", ",", ":", '"', "#", "@", "!"]),
+)
+def test_damaged_text_gives_an_xlapy_error(which, cut, length, insert):
+    """Truncated, cut or spliced text: an XlapyError (with a position), never a traceback."""
+    text = _FUZZ_TEXTS[which]
+    cut %= len(text)
+    damaged = text[:cut] + insert + text[cut + length :]
+    try:
+        import_text(damaged, "damaged.mlir")
+    except XlapyError as e:
+        assert "damaged.mlir:" in str(e) or not isinstance(e, HloParseError)
+
+
 # -- bytes, load, Client.compile, the command line -----------------------------------------
 
 
@@ -420,6 +449,13 @@ def test_bytecode_and_portable_artifact():
         assert xlapy.load(data).to_text() == module.to_text()
     with pytest.raises(XlapyError, match="cannot read StableHLO bytecode"):
         import_bytes(b"ML\xefR" + b"\x00garbage")
+
+
+def test_bytes_without_jax_say_what_to_install(monkeypatch):
+    data = _bytecode(_lowered())
+    monkeypatch.setitem(sys.modules, "jax._src.interpreters.mlir", None)
+    with pytest.raises(XlapyError, match=r"needs jax and jaxlib \(pip install jax\)"):
+        import_bytes(data)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flatbuffers") is None, reason="needs flatbuffers")

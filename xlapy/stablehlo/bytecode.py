@@ -9,6 +9,7 @@ does not need jax otherwise, so each of these says plainly what to install when 
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 
@@ -34,8 +35,8 @@ def bytes_to_text(data: bytes) -> str:
                 "not StableHLO bytecode: the data does not start with MLIR's magic 'ML\\xefR'"
             )
     try:
-        from jax._src.interpreters import mlir as jax_mlir
-        from jax._src.lib import _jax
+        jax_mlir = importlib.import_module("jax._src.interpreters.mlir")
+        _jax = importlib.import_module("jax._src.lib")._jax
     except ImportError as e:
         raise StableHloBytesError(
             f"reading StableHLO bytecode needs jax and jaxlib (pip install jax): {e}"

@@ -1868,6 +1868,10 @@ def import_module(text: str, filename: str | None = None) -> HloModule:
         raise
     except RecursionError:
         raise converter.error("the program nests too deeply") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
+        # an attribute of a form no rule expects: still one positioned error, no traceback
+        what = f"'{converter.op.name}'" if converter.op is not None else "the module"
+        raise converter.error(f"cannot convert {what}: {type(e).__name__}: {e}") from None
 
 
 __all__ = ["import_module"]

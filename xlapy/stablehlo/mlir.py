@@ -334,7 +334,8 @@ class Reader:
             raise self.expected("a type")
         if self.text.startswith("!", pos):
             m = self.match(_BANG)
-            assert m is not None
+            if m is None:
+                raise self.expected("a type such as !stablehlo.token")
             if self.peek("<"):
                 self.balanced("<", ">")
             return Type(self.text[pos : self.pos], pos)
@@ -476,7 +477,8 @@ class Reader:
 
     def hash_attr(self) -> Any:
         m = self.match(_HASH)
-        assert m is not None
+        if m is None:
+            raise self.expected("an attribute such as #stablehlo<...>")
         name = m.group(0)[1:]
         if not self.text.startswith("<", self.pos):
             if name in self.aliases:
@@ -1092,3 +1094,5 @@ def read_module(text: str, filename: str | None = None) -> Module:
         return reader.module()
     except RecursionError:
         raise reader.error(f"nesting deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
+        raise reader.error(f"cannot read this: {type(e).__name__}: {e}") from None
