@@ -235,3 +235,92 @@ func.func private @double(%a: tensor<2xf32>) -> tensor<2xf32> {
   %r = stablehlo.add %a, %a : tensor<2xf32>
   func.return %r : tensor<2xf32>
 }
+
+// -----
+
+func.func @atan2_logistic_tan() {
+  %y = stablehlo.constant dense<[1.0, -1.0]> : tensor<2xf64>
+  %x = stablehlo.constant dense<[1.0, 0.0]> : tensor<2xf64>
+  %a = stablehlo.atan2 %y, %x : tensor<2xf64>
+  check.expect_almost_eq_const %a, dense<[0.78539816339744828, -1.5707963267948966]> : tensor<2xf64>
+  %z = stablehlo.constant dense<[0.0]> : tensor<1xf32>
+  %l = stablehlo.logistic %z : tensor<1xf32>
+  check.expect_eq_const %l, dense<[0.5]> : tensor<1xf32>
+  %t = chlo.tan %x : tensor<2xf64> -> tensor<2xf64>
+  check.expect_almost_eq_const %t, dense<[1.5574077246549023, 0.0]> : tensor<2xf64>
+  func.return
+}
+
+// -----
+
+func.func @dot_map_batch_norm() {
+  %a = stablehlo.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32>
+  %d = "stablehlo.dot"(%a, %a) : (tensor<3xf32>, tensor<3xf32>) -> tensor<f32>
+  check.expect_eq_const %d, dense<14.0> : tensor<f32>
+  %m = "stablehlo.map"(%a, %a) <{dimensions = array<i64: 0>}> ({
+  ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+    %r = stablehlo.multiply %p, %q : tensor<f32>
+    stablehlo.return %r : tensor<f32>
+  }) : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+  check.expect_eq_const %m, dense<[1.0, 4.0, 9.0]> : tensor<3xf32>
+  %x = stablehlo.constant dense<[[1.0, 2.0], [3.0, 6.0]]> : tensor<2x2xf32>
+  %scale = stablehlo.constant dense<[1.0, 2.0]> : tensor<2xf32>
+  %offset = stablehlo.constant dense<[0.0, 1.0]> : tensor<2xf32>
+  %mean = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %var = stablehlo.constant dense<[1.0, 4.0]> : tensor<2xf32>
+  %bn = "stablehlo.batch_norm_inference"(%x, %scale, %offset, %mean, %var) <{epsilon = 0.0 : f32, feature_index = 1 : i64}> : (tensor<2x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<2x2xf32>
+  check.expect_almost_eq_const %bn, dense<[[-1.0, -1.0], [1.0, 3.0]]> : tensor<2x2xf32>
+  %n, %bm, %bv = "stablehlo.batch_norm_training"(%x, %scale, %offset) <{epsilon = 0.0 : f32, feature_index = 1 : i64}> : (tensor<2x2xf32>, tensor<2xf32>, tensor<2xf32>) -> (tensor<2x2xf32>, tensor<2xf32>, tensor<2xf32>)
+  check.expect_almost_eq_const %n, dense<[[-1.0, -1.0], [1.0, 3.0]]> : tensor<2x2xf32>
+  check.expect_almost_eq_const %bm, dense<[2.0, 4.0]> : tensor<2xf32>
+  check.expect_almost_eq_const %bv, dense<[1.0, 4.0]> : tensor<2xf32>
+  func.return
+}
+
+// -----
+
+func.func @dynamic_ops_with_constant_shapes() {
+  %x = stablehlo.constant dense<[1, 2]> : tensor<2xi32>
+  %shape = stablehlo.constant dense<[3, 2]> : tensor<2xi64>
+  %b = stablehlo.dynamic_broadcast_in_dim %x, %shape, dims = [1] : (tensor<2xi32>, tensor<2xi64>) -> tensor<3x2xi32>
+  check.expect_eq_const %b, dense<[[1, 2], [1, 2], [1, 2]]> : tensor<3x2xi32>
+  %n = stablehlo.constant dense<[4]> : tensor<1xi64>
+  %i = stablehlo.dynamic_iota %n, dim = 0 : (tensor<1xi64>) -> tensor<4xi32>
+  check.expect_eq_const %i, dense<[0, 1, 2, 3]> : tensor<4xi32>
+  %s = stablehlo.constant dense<[2, 1]> : tensor<2xi64>
+  %r = stablehlo.dynamic_reshape %x, %s : (tensor<2xi32>, tensor<2xi64>) -> tensor<2x1xi32>
+  check.expect_eq_const %r, dense<[[1], [2]]> : tensor<2x1xi32>
+  %d = stablehlo.get_dimension_size %b, dim = 0 : (tensor<3x2xi32>) -> tensor<i32>
+  check.expect_eq_const %d, dense<3> : tensor<i32>
+  %op = stablehlo.constant dense<[10, 20, 30, 40]> : tensor<4xi32>
+  %idx = stablehlo.constant dense<[[2]]> : tensor<1x1xi32>
+  %sizes = stablehlo.constant dense<[2]> : tensor<1xi64>
+  %g = "stablehlo.dynamic_gather"(%op, %idx, %sizes) {dimension_numbers = #stablehlo.gather<offset_dims = [1], start_index_map = [0], index_vector_dim = 1>} : (tensor<4xi32>, tensor<1x1xi32>, tensor<1xi64>) -> tensor<1x2xi32>
+  check.expect_eq_const %g, dense<[[30, 40]]> : tensor<1x2xi32>
+  %lhs = stablehlo.constant dense<[[[[1.0], [2.0], [3.0]]]]> : tensor<1x1x3x1xf32>
+  %rhs = stablehlo.constant dense<1.0> : tensor<1x2x1x1xf32>
+  %pad = stablehlo.constant dense<[[0, 0], [1, 0]]> : tensor<2x2xi64>
+  %c = "stablehlo.dynamic_conv"(%lhs, %rhs, %pad) {dimension_numbers = #stablehlo.conv<[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]>, batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x1x3x1xf32>, tensor<1x2x1x1xf32>, tensor<2x2xi64>) -> tensor<1x1x3x1xf32>
+  check.expect_eq_const %c, dense<[[[[1.0], [3.0], [5.0]]]]> : tensor<1x1x3x1xf32>
+  func.return
+}
+
+// -----
+
+func.func @one_device_collectives_and_rng() {
+  %x = stablehlo.constant dense<[[1.0, 2.0]]> : tensor<1x2xf32>
+  %a = "stablehlo.all_to_all"(%x) <{split_dimension = 1 : i64, concat_dimension = 1 : i64, split_count = 1 : i64, replica_groups = dense<[[0]]> : tensor<1x1xi64>}> : (tensor<1x2xf32>) -> tensor<1x2xf32>
+  check.expect_eq_const %a, dense<[[1.0, 2.0]]> : tensor<1x2xf32>
+  %b = "stablehlo.collective_broadcast"(%x) <{replica_groups = dense<[[0]]> : tensor<1x1xi64>}> : (tensor<1x2xf32>) -> tensor<1x2xf32>
+  check.expect_eq_const %b, dense<[[1.0, 2.0]]> : tensor<1x2xf32>
+  %id = stablehlo.replica_id : tensor<ui32>
+  check.expect_eq_const %id, dense<0> : tensor<ui32>
+  %token = stablehlo.after_all : !stablehlo.token
+  %lo = stablehlo.constant dense<-1.0> : tensor<f32>
+  %hi = stablehlo.constant dense<1.0> : tensor<f32>
+  %shape = stablehlo.constant dense<[3]> : tensor<1xi64>
+  %u = stablehlo.rng %lo, %hi, %shape, distribution = UNIFORM : (tensor<f32>, tensor<f32>, tensor<1xi64>) -> tensor<3xf32>
+  %clamped = stablehlo.clamp %lo, %u, %hi : (tensor<f32>, tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
+  check.expect_eq %clamped, %u : tensor<3xf32>
+  func.return
+}
