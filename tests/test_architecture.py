@@ -7,11 +7,12 @@ from xlapy.ir.opcodes import Opcode
 
 ROOT = Path(__file__).resolve().parent.parent / "xlapy"
 
-# A package may import packages of a lower rank (and itself); builder and analysis are
-# siblings that both stand directly on ir.
+# A package may import packages of a lower rank (and itself); builder, stablehlo (the
+# frontends) and analysis are siblings that all stand directly on ir.
 RANK = {
     "ir": 0,
     "builder": 1,
+    "stablehlo": 1,
     "analysis": 1,
     "passes": 2,
     "memory": 3,

@@ -12,4 +12,16 @@ def __getattr__(name: str):
         from xlapy.runtime import Client
 
         return Client
+    if name == "stablehlo":
+        import xlapy.stablehlo
+
+        return xlapy.stablehlo
     raise AttributeError(f"module 'xlapy' has no attribute {name!r}")
+
+
+def load(source, filename: str | None = None):
+    """An HloModule from HLO text, StableHLO text or bytes (MLIR bytecode, a portable
+    artifact, a jax.export serialization), or a path to any of them; see xlapy.stablehlo."""
+    from xlapy.stablehlo import load as load_source
+
+    return load_source(source, filename)

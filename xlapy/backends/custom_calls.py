@@ -76,6 +76,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from xlapy.backends import ffi
 from xlapy.errors import CustomCallError
 from xlapy.ir.opcodes import Opcode
@@ -568,6 +570,102 @@ BUILTIN_IDENTITY_TARGETS = (
 for _name in BUILTIN_IDENTITY_TARGETS:
     for _platform in PLATFORMS:
         GLOBAL_REGISTRY.register(_name, _identity, _platform)
+
+
+# The checks of StableHLO's test suite (`check.expect_eq(%got, %want)` and friends, and
+# `check.eq`, which returns whether they are equal): a program of that style runs on any
+# backend and fails with a message naming the first differing element.
+def _check_failure(target: str, got: np.ndarray, want: np.ndarray, bad: np.ndarray) -> str:
+    where = np.flatnonzero(bad)
+    first = int(where[0])
+    index = np.unravel_index(first, got.shape) if got.shape else ()
+    return (
+        f"{target} failed: {where.size} of {got.size} elements differ; first at index "
+        f"{list(map(int, index))}: got {got.reshape(-1)[first].item()!r}, expected "
+        f"{want.reshape(-1)[first].item()!r}"
+    )
+
+
+def _check_pair(target: str, ins) -> tuple[np.ndarray, np.ndarray]:
+    if len(ins) != 2:
+        raise CustomCallError(f"{target} takes 2 operands (result, expected), got {len(ins)}")
+    got, want = np.asarray(ins[0]), np.asarray(ins[1])
+    if got.shape != want.shape:
+        raise CustomCallError(f"{target}: shapes differ: {got.shape} and {want.shape}")
+    return got, want
+
+
+def _differs(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    if got.dtype.kind in "fcV" or got.dtype.name.startswith(("bfloat", "float")):
+        a, b = got.astype(np.complex128), want.astype(np.complex128)
+        return ~((a == b) | (np.isnan(a) & np.isnan(b)))
+    return got != want
+
+
+def _not_close(got: np.ndarray, want: np.ndarray, opaque: str) -> np.ndarray:
+    """Outside max_ulp_difference ulps (default 3) and outside a relative tolerance fitting
+    the element type."""
+    if not (got.dtype.kind in "fc" or got.dtype.name.startswith(("bfloat", "float"))):
+        return got != want
+    ulps = 3
+    if opaque.startswith("max_ulp_difference="):
+        ulps = int(opaque.split("=", 1)[1])
+    bits = got.dtype.itemsize * 8
+    eps = {8: 2.0**-2, 16: 2.0**-7 if "bfloat" in got.dtype.name else 2.0**-10}.get(bits, 1e-5)
+    if got.dtype.kind == "c" or bits == 64:
+        eps = 1e-5 if bits <= 64 and got.dtype.kind == "c" else 1e-12
+    a, b = got.astype(np.complex128), want.astype(np.complex128)
+    spacing = (
+        np.spacing(np.abs(want.astype(np.float64)).astype(np.float64))
+        if got.dtype.kind != "c"
+        else 0
+    )
+    limit = np.maximum(ulps * eps * np.abs(b), ulps * np.abs(spacing)) + 1e-30
+    with np.errstate(invalid="ignore"):
+        return ~((np.abs(a - b) <= limit) | (np.isnan(a) & np.isnan(b)) | (a == b))
+
+
+def _expect_almost_eq(ins, opaque):
+    """Every element within `tolerance` (default 1e-4, from the opaque `tolerance=...`)."""
+    got, want = _check_pair("check.expect_almost_eq", ins)
+    tolerance = float(opaque.split("=", 1)[1]) if opaque.startswith("tolerance=") else 1e-4
+    a, b = got.astype(np.complex128), want.astype(np.complex128)
+    with np.errstate(invalid="ignore"):
+        ok = (np.abs(a - b) <= tolerance) | (a == b) | (np.isnan(a) & np.isnan(b))
+    if not ok.all():
+        raise CustomCallError(_check_failure("check.expect_almost_eq", got, want, ~ok))
+    return ()
+
+
+def _expect_eq(ins, opaque):
+    got, want = _check_pair("check.expect_eq", ins)
+    bad = _differs(got, want)
+    if bad.any():
+        raise CustomCallError(_check_failure("check.expect_eq", got, want, bad))
+    return ()
+
+
+def _expect_close(ins, opaque):
+    got, want = _check_pair("check.expect_close", ins)
+    bad = _not_close(got, want, opaque)
+    if bad.any():
+        raise CustomCallError(_check_failure("check.expect_close", got, want, bad))
+    return ()
+
+
+def _check_eq(ins, opaque):
+    got, want = _check_pair("check.eq", ins)
+    return np.asarray(not _differs(got, want).any())
+
+
+CHECK_TARGETS = {
+    "check.expect_eq": _expect_eq,
+    "check.expect_almost_eq": _expect_almost_eq,
+    "check.expect_close": _expect_close,
+    "check.eq": _check_eq,
+}
+for _name, _fn in CHECK_TARGETS.items():
+    GLOBAL_REGISTRY.register(_name, _fn, "Host")
 
 
 def _register_lapack() -> None:

@@ -191,20 +191,22 @@ class Client:
 
     # -- compilation -----------------------------------------------------------------------
     def compile(
-        self, program: HloModule | str, options: CompileOptions | None = None
+        self, program: HloModule | str | bytes, options: CompileOptions | None = None
     ) -> LoadedExecutable:
-        """A LoadedExecutable for `program`, from the compile cache when the same program
+        """A LoadedExecutable for `program` (a module, or HLO / StableHLO text or bytes as
+        xlapy.load takes them), from the compile cache when the same program
         text, platform and options were compiled before and no custom-call registry it
         sees (this client's, the global one) has changed since. CustomCallError when a
         custom call's target is unknown or rejects the call."""
         options = options or CompileOptions()
         from xlapy.ir.parser import parse_module
+        from xlapy.stablehlo import load
 
         # Text is parsed once; a module the caller passed is printed and compiled from a
         # copy, so it is never modified.
         module: HloModule | None = None
-        if isinstance(program, str):
-            module = parse_module(program)
+        if isinstance(program, str | bytes | bytearray):  # HLO or StableHLO, text or bytes
+            module = load(program)
             text = module.to_text()
         else:
             text = program.to_text()

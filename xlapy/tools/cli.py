@@ -1,8 +1,9 @@
 """The `xlapy` command line: run, check, format and optimize HLO modules; report their memory.
 
-Every command reads a module from HLO text. Errors in the user's input (malformed text, an
-invalid program, inputs that do not match) print the message and exit with status 1; they
-never print a traceback.
+Every command reads a module from HLO text, StableHLO text (.mlir), StableHLO bytecode
+(.mlirbc, portable artifacts) or a serialized jax.export artifact, found by content. Errors
+in the user's input (malformed text, an invalid program, inputs that do not match) print the
+message and exit with status 1; they never print a traceback.
 """
 
 from __future__ import annotations
@@ -21,17 +22,15 @@ from xlapy.tools.bench import bench
 
 
 def load_module(path: str, verify: bool = True):
-    """Parse (and verify) the module in `path`."""
-    from xlapy.ir.parser import parse_module
+    """Read (and verify) the module in `path`: HLO text, StableHLO text or bytes."""
     from xlapy.ir.verifier import verify as verify_module
+    from xlapy.stablehlo import load
 
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise click.FileError(path, hint=e.strerror) from e
-    except UnicodeDecodeError as e:
-        raise XlapyError(f"{path}: not a text file ({e.reason})") from e
-    module = parse_module(text, filename=path)
+    module = load(data, filename=path)
     if verify:
         verify_module(module)
     return module

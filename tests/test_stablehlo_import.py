@@ -1,0 +1,508 @@
+"""The StableHLO importer beyond the jax_programs table: ops the table does not reach, the
+chlo expansions' accuracy, the attributes JAX attaches, StableHLO's test-suite style
+(`check.*`), bad input, bytes, `xlapy.load`, Client.compile and the command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special as ss
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import xlapy
+from xlapy.backends.interpreter import evaluate
+from xlapy.errors import CustomCallError, HloParseError, XlapyError
+from xlapy.ir.opcodes import Opcode
+from xlapy.stablehlo import import_bytes, import_text
+
+RNG = np.random.default_rng(7)
+DATA = Path(__file__).parent / "stablehlo_data"
+
+
+def f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+_SPD = (lambda a: (a @ a.T + 4 * np.eye(4)).astype(np.float32))(f32(4, 4))
+
+# name -> (function, arguments): ops and forms the jax_programs table does not reach
+EXTRA = {
+    "cholesky": (lax.linalg.cholesky, [_SPD]),
+    "triangular_solve": (
+        lambda a, b: lax.linalg.triangular_solve(a, b, left_side=True, lower=True),
+        [np.tril(_SPD), f32(4, 3)],
+    ),
+    "fft": (lambda x: jnp.fft.fft(x), [f32(8)]),
+    "rfft_irfft": (lambda x: jnp.fft.irfft(jnp.fft.rfft(x)), [f32(8)]),
+    "reduce_precision": (lambda x: lax.reduce_precision(x, 5, 10), [f32(6)]),
+    "select_and_scatter": (
+        jax.grad(lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (2, 2), (2, 2), "VALID").sum()),
+        [f32(4, 4)],
+    ),
+    "top_k": (lambda x: lax.top_k(x, 3), [f32(5, 7)]),
+    "rng_bit_generator": (
+        lambda k: lax.rng_bit_generator(k, (3, 4))[1],
+        [np.array([1, 2, 3, 4], np.uint32)],
+    ),
+    "popcnt_clz": (
+        lambda x: (lax.population_count(x), lax.clz(x)),
+        [RNG.integers(1, 2**20, 8).astype(np.int32)],
+    ),
+    "bitcast_convert": (lambda x: lax.bitcast_convert_type(x, jnp.int32), [f32(4)]),
+    "int4": (
+        lambda x: x.astype(jnp.int4).astype(jnp.int32),
+        [RNG.integers(-8, 8, 6).astype(np.int32)],
+    ),
+    "f8e4m3fn": (lambda x: x.astype(jnp.float8_e4m3fn).astype(jnp.float32), [f32(6)]),
+    "f8e5m2": (lambda x: x.astype(jnp.float8_e5m2).astype(jnp.float32), [f32(6)]),
+    "bf16": (lambda x: x.astype(jnp.bfloat16) * 3, [f32(6)]),
+    "complex": (lambda x, y: lax.complex(x, y) * lax.complex(y, x), [f32(5), f32(5)]),
+    "conv_dilated_grouped": (
+        lambda x, w: lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", rhs_dilation=(2, 1), feature_group_count=2
+        ),
+        [f32(1, 4, 6, 6), f32(4, 2, 3, 3)],
+    ),
+    "dot_highest": (
+        lambda a, b: jnp.dot(a, b, precision=lax.Precision.HIGHEST),
+        [f32(3, 4), f32(4, 2)],
+    ),
+    "while_captures": (
+        lambda x, y: lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * y), (0, x))[1],
+        [f32(3), f32(3)],
+    ),
+    "cond_two_results": (
+        lambda p, x: lax.cond(p > 0, lambda x: (x, x * 2), lambda x: (x - 1, x), x),
+        [np.float32(1.0), f32(3)],
+    ),
+    "dynamic_slices": (
+        lambda x, i: lax.dynamic_update_slice(x, lax.dynamic_slice(x, (i, 0), (2, 3)) * 2, (0, i)),
+        [f32(5, 6), np.int32(1)],
+    ),
+    "scatter_add": (
+        lambda x, i, u: x.at[i].add(u),
+        [f32(6), np.array([0, 2, 2], np.int32), f32(3)],
+    ),
+    "cumsum_cummax": (lambda x: (jnp.cumsum(x), lax.cummax(x)), [f32(8)]),
+    "composite": (
+        lambda x: lax.composite(lambda x: jnp.sin(x) * 2, name="my.sin2")(x),
+        [f32(4)],
+    ),
+    "sort_two_operands": (lambda x: lax.sort((x, jnp.arange(6)), num_keys=1), [f32(6)]),
+    "clamp_pad_rev": (
+        lambda x: lax.rev(lax.pad(jnp.clip(x, -0.5, 0.5), 0.0, [(1, 2, 1)]), (0,)),
+        [f32(4)],
+    ),
+    "reduce_two_operands": (
+        lambda x: lax.reduce((x, x * 2), (0.0, 0.0), lambda a, b: (a[0] + b[0], a[1] + b[1]), (0,)),
+        [f32(5)],
+    ),
+    "shifts": (
+        lambda x: (
+            lax.shift_left(x, 2),
+            lax.shift_right_arithmetic(x, 1),
+            lax.shift_right_logical(x, 1),
+        ),
+        [RNG.integers(-100, 100, 5).astype(np.int32)],
+    ),
+}
+
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("name", list(EXTRA))
+def test_extra_ops_match_jax(name):
+    fn, args = EXTRA[name]
+    module = import_text(jax.jit(fn).lower(*args).as_text(), f"{name}.mlir")
+    got, want = leaves(evaluate(module, args)), leaves(jax.jit(fn)(*args))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g.astype(w.dtype), w, rtol=2e-5, atol=1e-5)
+
+
+# -- chlo: accuracy against an f64 reference, and agreement with JAX ----------------------
+
+
+def _wide(n=500):
+    return np.concatenate(
+        [RNG.uniform(-5, 5, n), RNG.uniform(-40, 40, n), RNG.standard_normal(n) * 1e-3]
+    ).astype(np.float32)
+
+
+def _gamma_args(n=500):
+    return np.concatenate([RNG.uniform(-10, 10, n), RNG.uniform(0.01, 100, n)]).astype(np.float32)
+
+
+def _unit(n=1000):
+    return RNG.uniform(-0.999, 0.999, n).astype(np.float32)
+
+
+# name -> (jax function, f64 reference, arguments, max ulps vs reference, rtol vs JAX)
+CHLO = {
+    "erf": (lax.erf, ss.erf, [_wide()], 1, 1e-6),
+    "erfc": (lax.erfc, ss.erfc, [_wide()], 1, 1e-4),
+    "erf_inv": (lax.erf_inv, ss.erfinv, [_unit()], 2, 1e-5),
+    "lgamma": (lax.lgamma, ss.gammaln, [_gamma_args()], 1, 1e-3),
+    "digamma": (lax.digamma, ss.digamma, [_gamma_args()], 1, 1e-3),
+    "asin": (lax.asin, np.arcsin, [_unit()], 1, 1e-6),
+    "acos": (lax.acos, np.arccos, [_unit()], 1, 1e-6),
+    "atan": (lax.atan, np.arctan, [_wide()], 1, 1e-6),
+    "sinh": (lax.sinh, np.sinh, [_wide()], 1, 1e-5),
+    "cosh": (lax.cosh, np.cosh, [_wide()], 1, 1e-5),
+    "asinh": (lax.asinh, np.arcsinh, [_wide()], 1, 1e-6),
+    "acosh": (lax.acosh, np.arccosh, [RNG.uniform(1, 100, 1000).astype(np.float32)], 1, 1e-6),
+    "atanh": (lax.atanh, np.arctanh, [_unit()], 1, 1e-6),
+    "bessel_i1e": (lax.bessel_i1e, ss.i1e, [_wide()], 2, 1e-5),
+    "zeta": (
+        lax.zeta,
+        ss.zeta,
+        [
+            RNG.uniform(1.1, 10, 500).astype(np.float32),
+            RNG.uniform(0.1, 20, 500).astype(np.float32),
+        ],
+        4,
+        1e-5,
+    ),
+    "polygamma": (
+        lax.polygamma,
+        lambda n, x: ss.polygamma(n.astype(int), x),
+        [RNG.integers(0, 5, 500).astype(np.float32), RNG.uniform(0.1, 20, 500).astype(np.float32)],
+        4,
+        1e-4,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CHLO))
+def test_chlo_decomposition_accuracy(name):
+    fn, ref, args, max_ulps, rtol = CHLO[name]
+    text = jax.jit(fn).lower(*args).as_text()
+    assert "chlo." in text or name == "erf"
+    got = np.asarray(evaluate(import_text(text, f"{name}.mlir"), args)).astype(np.float64)
+    want = ref(*[a.astype(np.float64) for a in args])
+    finite = np.isfinite(want) & (np.abs(want) < 3e38) & (np.abs(want) > 1e-30)
+    spacing = np.spacing(np.abs(want[finite]).astype(np.float32)).astype(np.float64)
+    ulps = np.abs(got[finite] - want[finite]) / spacing
+    assert ulps.max() <= max_ulps, f"{name}: {ulps.max():.1f} ulps from the f64 reference"
+    assert np.array_equal(np.isnan(got), np.isnan(want.astype(np.float32)))
+    xla = np.asarray(jax.jit(fn)(*args)).astype(np.float64)
+    scale = np.maximum(np.abs(xla), 1e-3)
+    close = np.isclose(got, xla, rtol=rtol, atol=0, equal_nan=True) | (
+        np.abs(got - xla) <= rtol * scale
+    )
+    assert close.all(), f"{name}: differs from JAX at {np.flatnonzero(~close)[:5]}"
+
+
+def test_next_after_is_bit_exact():
+    x, y = _wide(), _wide()[::-1].copy()
+    x[:3], y[:3] = 0.0, [1.0, -1.0, 0.0]
+    text = jax.jit(lax.nextafter).lower(x, y).as_text()
+    got = np.asarray(evaluate(import_text(text), [x, y]))
+    assert got.tobytes() == np.asarray(jax.jit(lax.nextafter)(x, y)).tobytes()
+
+
+# -- attributes JAX attaches ---------------------------------------------------------------
+
+
+def test_aliasing_donors_metadata_and_partitions():
+    def f(x, y):
+        return jnp.sin(x) * 2 + y, x.sum()
+
+    lowered = jax.jit(f, donate_argnums=(0,)).lower(jnp.ones(4), jnp.ones(4))
+    module = import_text(lowered.as_text(debug_info=True))
+    (alias,) = module.config.input_output_alias
+    assert (alias.output_index, alias.param_number) == ((0,), 0)
+    sine = next(i for i in module.instructions() if i.opcode is Opcode.SIN)
+    assert sine.metadata.op_name == "jit(f)/sin"
+    assert sine.metadata.get("source_file") == __file__
+    assert isinstance(sine.metadata.get("source_line"), int)
+
+    text = lowered.as_text().replace("mhlo.num_partitions = 1", "mhlo.num_partitions = 4")
+    text = text.replace("{tf.aliasing_output = 0 : i32}", "{jax.buffer_donor = true}")
+    module = import_text(text)
+    assert module.config.num_partitions == 4
+    assert [d.param_number for d in module.config.buffer_donors] == [0]
+
+
+CUSTOM = (DATA / "custom_call.mlir").read_text()
+
+
+def test_custom_call_attributes():
+    module = import_text(CUSTOM)
+    assert module.config.replica_count == 2
+    text = module.to_text()
+    assert 'custom_call_target="my_target"' in text
+    assert "api_version=API_VERSION_STATUS_RETURNING," in text
+    assert 'backend_config="opaque bytes"' in text
+    assert "custom_call_has_side_effect=true" in text
+    assert "output_to_operand_aliasing={{}: (0, {})}" in text
+    assert "api_version=API_VERSION_TYPED_FFI" in text
+    assert re.search(r'backend_config=\{n = 3 : i64, name = "x"\}', text)
+    assert re.search(r"called_computations=\{helper\.\d+\}", text)
+    assert "sharding={devices=[2]<=[2]}" in text
+    assert "sharding={replicated}" in text
+
+
+def test_shardy_shardings_become_hlo_shardings():
+    """JAX's Shardy output for a 2x4 mesh; the shardings XLA gives the same program."""
+    module = import_text((DATA / "sharded.mlir").read_text(), "sharded.mlir")
+    assert module.config.num_partitions == 8
+    text = module.to_text()
+    assert "parameter(0), sharding={devices=[2,4]<=[8]}" in text
+    assert "parameter(1), sharding={replicated}" in text
+    constraint = (
+        'custom_call_target="Sharding", '
+        "sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}"
+    )
+    assert constraint in text
+    outputs = (
+        "sharding={{devices=[8,1]<=[2,4]T(1,0)}, {devices=[2,1,4]<=[8] last_tile_dim_replicate}}"
+    )
+    assert outputs in text
+    x, w = f32(8, 16), f32(16, 4)
+    got = evaluate(module, [x, w])
+    np.testing.assert_allclose(got[0], np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+
+
+# -- StableHLO's test-suite style ----------------------------------------------------------
+
+SPEC_STYLE = (DATA / "spec_style.mlir").read_text()
+
+CHECK_DIALECT = (DATA / "check_dialect.mlir").read_text()
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_spec_style_programs_run(backend):
+    module = import_text(SPEC_STYLE, "spec.mlir")
+    if backend == "interpreter":
+        assert bool(evaluate(module, [])) is True
+        evaluate(import_text(CHECK_DIALECT, "check.mlir"), [])
+    else:
+        client = xlapy.Client("cpu")
+        (out,) = client.compile(module).execute([[]])[0]
+        assert bool(np.asarray(out)) is True
+
+
+SPEC_PROGRAMS = [
+    chunk
+    for chunk in (DATA / "spec_programs.mlir").read_text().split("// -----")
+    if "func.func" in chunk
+]
+
+
+@pytest.mark.parametrize("index", range(len(SPEC_PROGRAMS)))
+def test_spec_program_table(index):
+    name = re.search(r"func\.func @(\w+)", SPEC_PROGRAMS[index]).group(1)
+    evaluate(import_text(SPEC_PROGRAMS[index], f"{name}.mlir"), [])
+
+
+def test_failing_check_raises_a_clear_error():
+    bad = SPEC_STYLE.replace("[-1.0, 3.25, 9.0]", "[-1.0, 3.5, 9.0]")
+    with pytest.raises(CustomCallError, match=r"check.expect_close failed: 1 of 6 .*\[1, 1\]"):
+        evaluate(import_text(bad), [])
+    bad = CHECK_DIALECT.replace("dense<[2, 0, 2]>", "dense<[2, 1, 2]>")
+    with pytest.raises(CustomCallError, match=r"check.expect_eq failed: .*index \[1\]: got 0"):
+        evaluate(import_text(bad), [])
+
+
+# -- bad input: one clean error each ---------------------------------------------------------
+
+OK = """module @m {
+  func.func public @main(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.add %arg0, %arg0 : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}
+"""
+REDUCE_ONE_ARG = """func.func @main(%a: tensor<4xf32>) -> tensor<f32> {
+  %c = stablehlo.constant dense<0.0> : tensor<f32>
+  %r = "stablehlo.reduce"(%a, %c) <{dimensions = array<i64: 0>}> ({
+  ^bb0(%x: tensor<f32>):
+    stablehlo.return %x : tensor<f32>
+  }) : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
+  return %r : tensor<f32>
+}"""
+
+# name -> (text, line, column, message pattern)
+BAD = {
+    "truncated": (OK[: OK.index("return")], 4, 5, "never closed"),
+    "truncated_type": (OK[: OK.index("xf32>) ->")], 2, 39, "'<' is never closed"),
+    "unknown_op": (
+        OK.replace("stablehlo.add %arg0, %arg0", "stablehlo.frob %arg0, %arg0"),
+        3,
+        10,
+        "unsupported op 'stablehlo.frob'",
+    ),
+    "unknown_dialect": (
+        OK.replace("stablehlo.add %arg0, %arg0", "tosa.add %arg0, %arg0"),
+        3,
+        10,
+        "unknown dialect 'tosa'",
+    ),
+    "operand_type_mismatch": (
+        OK.replace(": tensor<4xf32>\n    return", ": tensor<3xf32>\n    return"),
+        3,
+        24,
+        "type mismatch: '%arg0' has type tensor<4xf32>",
+    ),
+    "return_type_mismatch": (
+        OK.replace("return %0 : tensor<4xf32>", "return %0, %0 : tensor<4xf32>, tensor<4xf32>"),
+        2,
+        3,
+        "returns 2 values, expected 1",
+    ),
+    "undefined_value": (OK.replace("%arg0, %arg0", "%arg0, %nope"), 3, 31, "undefined value"),
+    "quantized": (
+        OK.replace("tensor<4xf32>) -> tensor", "tensor<4x!quant.uniform<i8:f32, 1.0>>) -> tensor"),
+        2,
+        33,
+        "quantized type",
+    ),
+    "dynamic_shape": (OK.replace("%arg0: tensor<4xf32>", "%arg0: tensor<?xf32>"), 2, 33, "dynamic"),
+    "region_arity": (REDUCE_ONE_ARG, 3, 8, "takes 1 arguments, expected 2"),
+    "bad_constant": (
+        OK.replace(
+            "stablehlo.add %arg0, %arg0 : tensor<4xf32>",
+            "stablehlo.constant dense<[1.0, 2.0]> : tensor<4xf32>",
+        ),
+        3,
+        29,
+        "2 values, its type needs 4",
+    ),
+    "garbage": ("hello world", 1, 1, "expected 'func.func'"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_gives_one_positioned_error(name):
+    text, line, column, pattern = BAD[name]
+    with pytest.raises(HloParseError) as info:
+        import_text(text, "bad.mlir")
+    error = info.value
+    assert (error.line, error.column) == (line, column), str(error)
+    assert re.search(pattern, error.message), error.message
+    assert str(error).startswith(f"bad.mlir:{line}:{column}: error: ")
+    assert str(error).rstrip().endswith("^")
+
+
+_FUZZ_TEXTS = [
+    (DATA / "spec_style.mlir").read_text(),
+    (DATA / "custom_call.mlir").read_text(),
+    SPEC_PROGRAMS[0],
+    SPEC_PROGRAMS[3],
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    which=st.integers(0, len(_FUZZ_TEXTS) - 1),
+    cut=st.integers(0, 10**6),
+    length=st.integers(0, 40),
+    insert=st.sampled_from(["", "%", "{", "}", "(", ")", "<", ">", ",", ":", '"', "#", "@", "!"]),
+)
+def test_damaged_text_gives_an_xlapy_error(which, cut, length, insert):
+    """Truncated, cut or spliced text: an XlapyError (with a position), never a traceback."""
+    text = _FUZZ_TEXTS[which]
+    cut %= len(text)
+    damaged = text[:cut] + insert + text[cut + length :]
+    try:
+        import_text(damaged, "damaged.mlir")
+    except XlapyError as e:
+        assert "damaged.mlir:" in str(e) or not isinstance(e, HloParseError)
+
+
+# -- bytes, load, Client.compile, the command line -----------------------------------------
+
+
+def _lowered():
+    return jax.jit(lambda x: jnp.tanh(x) * 3).lower(np.ones(5, np.float32))
+
+
+def _bytecode(lowered) -> bytes:
+    buffer = io.BytesIO()
+    lowered.compiler_ir("stablehlo").operation.write_bytecode(buffer)
+    return buffer.getvalue()
+
+
+def test_bytecode_and_portable_artifact():
+    from jax._src.lib import _jax
+
+    lowered = _lowered()
+    portable = _jax.mlir.serialize_portable_artifact(lowered.as_text(), "1.0.0")
+    x = f32(5)
+    for data in (_bytecode(lowered), bytes(portable)):
+        module = import_bytes(data)
+        np.testing.assert_allclose(evaluate(module, [x]), np.tanh(x) * 3, rtol=1e-6)
+        assert xlapy.load(data).to_text() == module.to_text()
+    with pytest.raises(XlapyError, match="cannot read StableHLO bytecode"):
+        import_bytes(b"ML\xefR" + b"\x00garbage")
+
+
+def test_bytes_without_jax_say_what_to_install(monkeypatch):
+    data = _bytecode(_lowered())
+    monkeypatch.setitem(sys.modules, "jax._src.interpreters.mlir", None)
+    with pytest.raises(XlapyError, match=r"needs jax and jaxlib \(pip install jax\)"):
+        import_bytes(data)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flatbuffers") is None, reason="needs flatbuffers")
+def test_jax_export_serialization_loads():
+    from jax import export
+
+    exported = export.export(jax.jit(lambda x: jnp.sin(x) * 2))(np.ones(3, np.float32))
+    module = xlapy.load(exported.serialize())
+    x = f32(3)
+    np.testing.assert_allclose(evaluate(module, [x]), np.sin(x) * 2, rtol=1e-6)
+
+
+def test_load_detects_the_format(tmp_path):
+    lowered = _lowered()
+    hlo, mlir = lowered.as_text(dialect="hlo"), lowered.as_text()
+    x = f32(5)
+    for source in (hlo, mlir, mlir.encode()):
+        np.testing.assert_allclose(evaluate(xlapy.load(source), [x]), np.tanh(x) * 3, rtol=1e-6)
+    path = tmp_path / "m.mlir"
+    path.write_text(mlir)
+    assert xlapy.load(str(path)).to_text() == xlapy.load(mlir).to_text()
+    with pytest.raises(XlapyError, match="neither text nor StableHLO bytecode"):
+        xlapy.load(b"\xff\xfe\x00binary")
+
+
+def test_client_compiles_stablehlo_text_and_bytes():
+    client = xlapy.Client("cpu")
+    lowered = _lowered()
+    x = f32(5)
+    for program in (lowered.as_text(), lowered.as_text().encode()):
+        (out,) = client.compile(program).execute([[client.buffer_from_pyval(x)]])[0]
+        np.testing.assert_allclose(np.asarray(out), np.tanh(x) * 3, rtol=1e-5)
+
+
+def test_cli_reads_mlir_files(run_cli, write, tmp_path):
+    path = write("m.mlir", _lowered().as_text())
+    code, out, _ = run_cli("fmt", path)
+    assert code == 0
+    assert out.startswith("HloModule jit__lambda")
+    assert "tanh(" in out
+    assert run_cli("check", path)[0] == 0
+    code, out, _ = run_cli("run", path, "--random-inputs")
+    assert code == 0, out
+    bytecode = tmp_path / "m.mlirbc"
+    bytecode.write_bytes(_bytecode(_lowered()))
+    assert run_cli("check", str(bytecode))[0] == 0
+    code, out, err = run_cli("fmt", write("bad.mlir", OK.replace("add", "frob")))
+    assert code == 1
+    assert "bad.mlir:3:10: error: unsupported op 'stablehlo.frob'" in out + err
+    assert "Traceback" not in out + err
