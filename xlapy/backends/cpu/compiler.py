@@ -62,7 +62,7 @@ from xlapy.backends.cpu.thunks import (
     physical_dims,
     work_elements,
 )
-from xlapy.errors import EvaluationError
+from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -198,7 +198,7 @@ def compile_module(
     """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
     the caller has it, is `module.to_text()`."""
     options = dict(options or {})
-    module = _prepared_module(module.to_text() if text is None else text, options)
+    module = _prepared_module(module.to_text() if text is None else text, options, module)
     assignment = assign_buffers(module)
     entry_comp = module.entry_computation()
     lowering = _Lowering(assignment, options)
@@ -213,19 +213,34 @@ def compile_module(
     )
 
 
-def _prepared_module(text: str, options: Mapping[str, Any]) -> HloModule:
-    """The module of `text` optimized and prepared for buffer assignment, from the
-    compiled-module cache when an earlier compile made it (module_cache.py)."""
+def _prepared_module(text: str, options: Mapping[str, Any], original: HloModule) -> HloModule:
+    """The module of `text` (`original` printed) optimized and prepared for buffer
+    assignment, from the compiled-module cache when an earlier compile made it
+    (module_cache.py) and it has `original`'s parameter and result shapes."""
     key = module_cache.cache_key(text, options)
     cached = module_cache.read(key)
     if cached is not None:
-        return parse_module(cached)
+        try:
+            module = parse_module(cached)
+        except XlapyError:
+            module = None
+        if module is not None and _entry_signature(module) == _entry_signature(original):
+            return module
     module = parse_module(text)
     if options.get("optimize", True):
         default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
     prepare_for_buffer_assignment(module)
     module_cache.write(key, module.to_text())
     return module
+
+
+def _entry_signature(module: HloModule) -> tuple[str, ...] | None:
+    """The entry computation's parameter and result shapes, as text without layouts."""
+    entry = module.entry
+    if entry is None or entry.root is None:
+        return None
+    shapes = [p.shape for p in entry.parameters] + [entry.root.shape]
+    return tuple(s.to_text(with_layout=False) for s in shapes)
 
 
 def _constant_memory(assignment: BufferAssignment) -> dict[int, np.ndarray]:

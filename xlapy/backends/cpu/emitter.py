@@ -229,6 +229,11 @@ def emit_kernel(
     return KernelEmitter(comp, name, pairs).emit()
 
 
+def outer_extent_of(comp: HloComputation, in_place: tuple[tuple[int, int], ...] = ()) -> int:
+    """The outer extent of `comp`'s kernel (KernelSpec.outer_extent), without emitting it."""
+    return KernelEmitter(comp, "xla_kernel", in_place).outer_extent()
+
+
 def output_leaves(comp: HloComputation) -> list[tuple[HloInstruction, int | None, Shape]]:
     """The kernel outputs of `comp` in pre-order: (instruction, tuple element or None, shape)."""
     root = comp.root_instruction()
@@ -361,12 +366,10 @@ class KernelEmitter:
 
         reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
         window = self._in_place_window() if shape0.rank else None
-        outer = shape0.dims[order[0]] if order else 1
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
                 self._store_outputs((), out_ptrs)
         elif self._flat_elementwise(shape0):
-            outer = shape0.num_elements
             with self.loop(start, end, "flat") as i:
                 self.flat = (i,) * shape0.rank
                 self._store_outputs(self.flat, out_ptrs)
@@ -374,7 +377,6 @@ class KernelEmitter:
             elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
         elif window is not None:
             self._store_window(window, order, out_ptrs[0], start, end)
-            outer = window.operands[1].shape.dims[order[0]]
         else:
             nest(0)
         self.end_function(body)
@@ -383,9 +385,25 @@ class KernelEmitter:
             str(self.module),
             tuple(s for _, _, s in self.out_leaves),
             tuple(p.shape for p in self.params),
-            outer,
+            self.outer_extent(),
             self.in_place,
         )
+
+    def outer_extent(self) -> int:
+        """The size of the range [start, end) the kernel's entry point splits on: what
+        `emit` lays the outermost loop over (also computed alone, without emitting, to
+        check a cached kernel's signature)."""
+        shape0 = self.loop_shape()
+        if shape0.rank == 0:
+            return 1
+        order = list(reversed(shape0.layout_or_default.minor_to_major))
+        if self._flat_elementwise(shape0):
+            return shape0.num_elements
+        if elemental.kept_minor_reduces(self.out_leaves) is None:
+            window = self._in_place_window()
+            if window is not None:
+                return window.operands[1].shape.dims[order[0]]
+        return shape0.dims[order[0]]
 
     def _flat_elementwise(self, shape0: Shape) -> bool:
         """Whether the kernel reads every array it touches at the element it writes, in the

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.emitter import KernelSpec, emit_kernel, output_leaves
+from xlapy.backends.cpu.emitter import KernelSpec, emit_kernel, outer_extent_of, output_leaves
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -422,7 +422,7 @@ def compile_computation(
     if not use_cache:
         return Kernel(emit(), symbol, use_cache=False)
     key = jit.content_key("kernel", comp_text or comp.to_text(), repr(pairs), source_fingerprint())
-    hit = _read_entry(key, comp)
+    hit = _read_entry(key, comp, pairs)
     if hit is not None:
         object_key, signature = hit
         request = _request_cached(object_key)
@@ -449,7 +449,15 @@ def _derived(comp: HloComputation) -> tuple[tuple[Shape, ...], tuple[Shape, ...]
     return tuple(s for _, _, s in output_leaves(comp)), tuple(p.shape for p in comp.parameters)
 
 
-def _read_entry(key: str, comp: HloComputation) -> tuple[str, Signature] | None:
+_OBJECT_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _read_entry(
+    key: str, comp: HloComputation, in_place: tuple[tuple[int, int], ...]
+) -> tuple[str, Signature] | None:
+    """The object key and signature of cached kernel entry `key` for `comp`: the shapes,
+    the in-place pairs and the outer extent are those of `comp`, recomputed here; an entry
+    that says otherwise is a miss."""
     with _loaded_lock:
         hit = _entries.get(key)
     if hit is not None:
@@ -457,16 +465,21 @@ def _read_entry(key: str, comp: HloComputation) -> tuple[str, Signature] | None:
     payload = jit.read_entry(key, ".kernel")
     if payload is None:
         return None
-    try:
+    try:  # authenticated (disk_cache.py), and still checked against `comp`:
         entry = json.loads(payload)
         outputs, params = _derived(comp)
-        if entry["outputs"] != [s.to_text() for s in outputs] or entry["params"] != [
-            s.to_text() for s in params
-        ]:
+        pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
+        signature = Signature(outputs, params, outer_extent_of(comp, pairs), pairs)
+        if (
+            entry["outputs"] != [s.to_text() for s in outputs]
+            or entry["params"] != [s.to_text() for s in params]
+            or entry["outer_extent"] != signature.outer_extent
+            or [tuple(p) for p in entry["in_place"]] != list(pairs)
+            or not _OBJECT_KEY.fullmatch(entry["object"])
+        ):
             return None
-        pairs = tuple((int(o), int(i)) for o, i in entry["in_place"])
-        hit = entry["object"], Signature(outputs, params, int(entry["outer_extent"]), pairs)
-    except (ValueError, KeyError, TypeError):
+        hit = entry["object"], signature
+    except (ValueError, KeyError, TypeError, XlapyError):
         return None
     with _loaded_lock:
         _entries[key] = hit
