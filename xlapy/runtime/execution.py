@@ -442,7 +442,7 @@ def _commit_one(plan: CallPlan):
         storage = None
         if source is not None and signature.leaves[source].param in donated:
             src = storages[source]
-            if src is not None and src.owned:
+            if src is not None and src.owned and not src.holds:  # no host read in progress
                 storage = src
                 in_place.add(id(src))
         if storage is None:
@@ -471,7 +471,8 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         signature = plan.signature
         start = time.perf_counter()
         try:
-            out = plan.program.run(_argument_values(plan, storages), signature.aliased_params)
+            values = _argument_values(plan, storages, in_place)
+            out = plan.program.run(values, signature.aliased_params)
         finally:
             signature.last_run_seconds = time.perf_counter() - start
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
@@ -499,15 +500,13 @@ def _wrapped(name: str, device: Device, error: BaseException) -> ExecutionError:
     return wrapped
 
 
-def _argument_values(plan: CallPlan, storages: list[_Storage | None]) -> list[Any]:
+def _argument_values(
+    plan: CallPlan, storages: list[_Storage | None], in_place: set[int]
+) -> list[Any]:
     signature = plan.signature
     values = [None if s is None else s.array for s in storages]
     for i in signature.protected:
-        storage = storages[i]
-        writable = (
-            signature.leaves[i].param in plan.donated and storage is not None and storage.owned
-        )
-        if not writable:
+        if id(storages[i]) not in in_place:  # an output took over this memory
             values[i] = np.array(values[i], copy=True)  # copy-protection
     if signature.simple:
         return values
