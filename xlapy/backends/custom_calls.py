@@ -66,13 +66,14 @@ runs when a GPU backend exists; the interpreter does not call GPU C targets.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import difflib
 import enum
 import inspect
 import threading
 from _ctypes import CFuncPtr
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,6 +322,26 @@ def function_address(fn, what: str) -> int:
     )
 
 
+_calls = threading.local()
+
+
+@contextlib.contextmanager
+def calling(name: str) -> Iterator[None]:
+    """Mark the calling thread as running custom-call target `name` (see `current_call`)."""
+    outer = getattr(_calls, "name", None)
+    _calls.name = name
+    try:
+        yield
+    finally:
+        _calls.name = outer
+
+
+def current_call() -> str | None:
+    """The custom-call target the calling thread is running, or None: the runtime bounds the
+    waits such code makes, since what it waits for may be queued behind the call itself."""
+    return getattr(_calls, "name", None)
+
+
 def call_cpu_c_target(
     target: CustomCallTarget,
     operands: Sequence,
@@ -336,9 +357,10 @@ def call_cpu_c_target(
     out = _pointer(target, result, keep)
     version = target.api_version
     if version is ApiVersion.ORIGINAL:
-        target.fn(out, ins)
+        with calling(target.name):
+            target.fn(out, ins)
         return
-    with _status() as status:
+    with _status() as status, calling(target.name):
         if version is ApiVersion.STATUS_RETURNING:
             target.fn(out, ins, status)
         else:

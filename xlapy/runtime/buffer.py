@@ -33,7 +33,7 @@ import numpy as np
 
 from xlapy.ir.shapes import Shape
 from xlapy.runtime.errors import BufferDeletedError, BufferDonatedError, RuntimeApiError
-from xlapy.runtime.futures import Future
+from xlapy.runtime.futures import _DONE, Future
 
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device, MemorySpace
@@ -135,6 +135,8 @@ class Buffer:
         self._ready = ready
         self._state = "live"
         self._ext_refs = 0
+        if ready._state != _DONE and ready._producer is None:
+            ready._producer = storage.device  # waits on it check for re-entry
 
     # -- description -----------------------------------------------------------------------
     @property

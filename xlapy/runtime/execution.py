@@ -191,6 +191,7 @@ def plan_call(
 ) -> CallPlan:
     """Check one device's arguments and donation request; raise before touching anything."""
     name = signature.name
+    device.check_not_running_here(f"executing {name}")
     if len(args) != len(signature.param_shapes):
         raise RuntimeApiError(
             f"{name} takes {len(signature.param_shapes)} arguments, {len(args)} were given"
