@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xlapy.ir.shapes import Shape
-from xlapy.runtime.errors import BufferDeletedError, BufferDonatedError, RuntimeApiError
+from xlapy.runtime.errors import (
+    BufferDeletedError,
+    BufferDonatedError,
+    RuntimeApiError,
+    released,
+)
 from xlapy.runtime.futures import _DONE, Future
 
 if TYPE_CHECKING:
@@ -208,12 +213,16 @@ class Buffer:
         def on_ready(fut: Future) -> None:
             try:
                 error = fut.exception()
-                if error is not None:
-                    result.set_exception(error)
-                else:
-                    result.set_result(np.array(storage.array, copy=True))
+                if error is None:
+                    copy = np.array(storage.array, copy=True)
+            except BaseException as e:  # MemoryError: the copy's future fails
+                error = released(e)
             finally:
                 _unhold(storage)
+            if error is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(copy)
 
         self._ready.add_done_callback(on_ready)
         return result
@@ -242,6 +251,8 @@ class Buffer:
                 error = fut.exception()
                 if error is None:
                     target.array = np.array(source.array, copy=True)
+            except BaseException as e:  # MemoryError: the copy's buffer fails, not the caller
+                error = released(e)
             finally:
                 _unhold(source)
             if error is not None:
@@ -355,13 +366,12 @@ def _unhold(storage: _Storage, external_of: Buffer | None = None) -> None:
 def host_storage(
     array: np.ndarray, memory_space: MemorySpace, semantics: HostBufferSemantics
 ) -> _Storage:
-    """Storage in `memory_space` holding `array` (copied, or shared for zero-copy)."""
+    """Storage in `memory_space` holding `array` (copied, or shared for zero-copy). The
+    bytes are counted once the copy exists, so a failed copy (MemoryError) counts nothing."""
     zero_copy = semantics is HostBufferSemantics.IMMUTABLE_ZERO_COPY and array.flags.c_contiguous
-    storage = _Storage(memory_space, array.nbytes, owned=not zero_copy)
     if zero_copy:
-        view = array.view()
-        view.flags.writeable = False
-        storage.array = view
+        contents = array.view()
+        contents.flags.writeable = False
     else:
-        storage.array = np.array(array, copy=True, order="C")
-    return storage
+        contents = np.array(array, copy=True, order="C")
+    return _Storage(memory_space, array.nbytes, owned=not zero_copy, array=contents)

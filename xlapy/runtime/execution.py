@@ -44,7 +44,7 @@ import numpy as np
 from xlapy.backends.base import CompiledProgram, LeafAlias
 from xlapy.ir.shapes import Shape, ShapeIndex
 from xlapy.runtime.buffer import Buffer, _Storage
-from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError
+from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError, released
 from xlapy.runtime.futures import _DONE, COMPLETED, Future
 
 if TYPE_CHECKING:
@@ -366,10 +366,14 @@ def run_inline(
             signature.last_run_seconds = time.perf_counter() - start
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         ready = COMPLETED
+    except (KeyboardInterrupt, SystemExit):  # the caller's own: raised, nothing kept
+        with device.lock:
+            for _, _, nbytes in signature.output_leaves:
+                device.allocator.free_locked(nbytes, kind)
+        raise
     except BaseException as e:  # every failure travels to the outputs
         arrays = (None,) * len(signature.output_leaves)
-        error = e if isinstance(e, ExecutionError) else _wrapped(signature.name, device, e)
-        ready = Future.failed(error)
+        ready = Future.failed(_failure(signature.name, device, e))
     finally:
         with device.lock:
             for storage in storages:
@@ -480,7 +484,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         for storage, array in zip(out_storages, arrays, strict=True):
             storage.array = array
     except BaseException as e:  # every failure travels to the outputs
-        error = e if isinstance(e, ExecutionError) else _wrapped(plan.name, plan.device, e)
+        error = _failure(plan.name, plan.device, e)
     finally:  # inputs are let go before anyone waiting on the outputs wakes up
         with plan.device.lock:
             for storage in storages:
@@ -491,6 +495,14 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         ready.set_exception(error)
     else:
         ready.set_result(None)
+
+
+def _failure(name: str, device: Device, error: BaseException) -> BaseException:
+    """What the outputs of a failed run raise: the error wrapped in an ExecutionError
+    (KeyboardInterrupt and SystemExit as they are), tracebacks released (errors.released)."""
+    if not isinstance(error, ExecutionError | KeyboardInterrupt | SystemExit):
+        error = _wrapped(name, device, error)
+    return released(error)
 
 
 def _wrapped(name: str, device: Device, error: BaseException) -> ExecutionError:

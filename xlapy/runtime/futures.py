@@ -13,6 +13,7 @@ touches a lock or an event.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -61,13 +62,35 @@ class Future:
         return self._state == _DONE
 
     def result(self, timeout: float | None = None) -> Any:
-        """Wait (at most `timeout` seconds) and return the result, or raise its error.
-        TimeoutError if it is not done in time."""
+        """Wait (at most `timeout` seconds) and return the result, or raise its error (a
+        copy: see `_raise`). TimeoutError if it is not done in time."""
         if self._state != _DONE:
             self._wait(timeout)
         if self._error is not None:
-            raise self._error
+            self._raise()
         return self._result
+
+    def _raise(self) -> None:
+        """Raise a copy of the stored error (same type, arguments, notes, cause and
+        context). Raising the stored error itself would record the waiter's frames in its
+        traceback, and those frames hold the buffer whose future holds the error: a cycle
+        that kept a failed execution's memory until the cyclic GC ran."""
+        error = self._error
+        assert error is not None
+        try:
+            fresh = copy.copy(error)
+        except Exception:  # an exception type that cannot be rebuilt from its arguments
+            fresh = None
+        if type(fresh) is not type(error) or fresh is error:
+            raise error.with_traceback(None)
+        fresh.__cause__ = error.__cause__
+        fresh.__context__ = error.__context__
+        fresh.__suppress_context__ = error.__suppress_context__
+        fresh.__traceback__ = None
+        try:
+            raise fresh
+        finally:
+            del fresh, error
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait and return the error, or None if it succeeded."""
