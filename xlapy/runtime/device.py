@@ -183,6 +183,7 @@ class Device:
         self._inline = False  # a task is running on some caller's thread
         self._inline_thread: int | None = None  # which one
         self._backlog: list[Callable[[], None]] = []  # started while one ran inline
+        self._closed = False  # its client was closed: nothing new starts
 
     @property
     def platform(self) -> str:
@@ -241,7 +242,7 @@ class Device:
         """With the lock held: reserve the idle device for a run on the calling thread (the
         caller runs it, then calls `end_inline_locked`). False when inline execution is off
         or the device is busy."""
-        if self._inline or self._queued or not self.inline_execution:
+        if self._inline or self._queued or not self.inline_execution or self._closed:
             return False
         self._inline = True
         self._inline_thread = threading.get_ident()
@@ -264,6 +265,16 @@ class Device:
             return True
         worker = self._worker
         return worker is not None and worker.ident == ident
+
+    def check_can_start(self, what: str) -> None:
+        """RuntimeApiError when `what` (an execution) cannot start on this device: its
+        client is closed, or the calling thread runs the device's current task."""
+        if self._closed:
+            raise RuntimeApiError(
+                f"{what} on device {self.id}: the client was closed (client.close()); "
+                "make a new Client"
+            )
+        self.check_not_running_here(what)
 
     def check_not_running_here(self, what: str) -> None:
         """RuntimeApiError when the calling thread runs this device's current task: `what`
@@ -292,6 +303,7 @@ class Device:
 
     def _stop(self) -> None:
         with self.lock:
+            self._closed = True
             if self._worker is not None:
                 self._worker.stop()
                 self._worker = None

@@ -169,7 +169,14 @@ def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterato
 def _check_leaf(name: str, leaf: _LeafSpec, buf: Buffer, device: Device) -> None:
     where = _where(name, leaf.param, leaf.index)
     storage = buf._live_storage(where)
-    if storage.memory_space.device is not device:
+    owner = storage.memory_space.device
+    if owner.client is not device.client:
+        raise RuntimeApiError(
+            f"{where}: {buf.name} belongs to another client ({owner.client!r} at "
+            f"{id(owner.client):#x}) than this execution's ({device.client!r} at "
+            f"{id(device.client):#x}); copy it over with to_numpy and buffer_from_pyval"
+        )
+    if owner is not device:
         raise RuntimeApiError(
             f"{where}: {buf.name} is on device {storage.memory_space.device.id}, but "
             f"this execution runs on device {device.id}; use copy_to_device first"
@@ -191,7 +198,7 @@ def plan_call(
 ) -> CallPlan:
     """Check one device's arguments and donation request; raise before touching anything."""
     name = signature.name
-    device.check_not_running_here(f"executing {name}")
+    device.check_can_start(f"executing {name}")
     if len(args) != len(signature.param_shapes):
         raise RuntimeApiError(
             f"{name} takes {len(signature.param_shapes)} arguments, {len(args)} were given"
@@ -227,7 +234,12 @@ def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) 
     name, num_params = signature.name, len(signature.param_shapes)
     requested: list[int] = []
     for p in donate:
-        if not isinstance(p, int | np.integer) or not 0 <= p < num_params:
+        if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
+            raise DonationError(
+                f"{name}: donate lists parameter numbers, got {p!r} "
+                f"({type(p).__name__}); e.g. donate=[0] donates parameter 0"
+            )
+        if not 0 <= p < num_params:
             raise DonationError(
                 f"{name}: donate names parameter {p}, which does not exist "
                 f"(the program has {num_params})"
