@@ -38,7 +38,7 @@ from xlapy.runtime.errors import (
     RuntimeApiError,
     released,
 )
-from xlapy.runtime.futures import _DONE, Future
+from xlapy.runtime.futures import Future
 
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device, MemorySpace
@@ -140,8 +140,6 @@ class Buffer:
         self._ready = ready
         self._state = "live"
         self._ext_refs = 0
-        if ready._state != _DONE and ready._producer is None:
-            ready._producer = storage.device  # waits on it check for re-entry
 
     # -- description -----------------------------------------------------------------------
     @property
@@ -209,6 +207,7 @@ class Buffer:
         """Start copying the contents to the host; the future's result is a NumPy array."""
         storage = self._hold("copy_to_host")
         result = Future()
+        result._producer = self._ready._producer  # done when the contents are
 
         def on_ready(fut: Future) -> None:
             try:
@@ -244,6 +243,7 @@ class Buffer:
         source = self._hold("copy_to_memory_space")
         target = _Storage(memory_space, source.nbytes)
         ready = Future()
+        ready._producer = self._ready._producer  # done when the contents are
         out = Buffer(self._shape, target, ready)
 
         def on_ready(fut: Future) -> None:

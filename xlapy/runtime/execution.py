@@ -81,8 +81,11 @@ class CallSignature:
         self.name = name
         self.param_shapes = tuple(param_shapes)
         self.aliases = aliases
-        # How long the last run took; only programs known to be cheap run inline.
+        # How long the last run took, and how cheap runs have been: only programs known to
+        # be cheap run inline (see `record_run`).
         self.last_run_seconds: float | None = None
+        self.cheap_streak = 0  # runs in a row under INLINE_MAX_SECONDS
+        self.streak_needed = 1  # before the next run may be inline
         self.aliased_params = frozenset(a.param_number for a in aliases)
         self.has_must_alias = any(a.must_alias for a in aliases)
         aliased_leaves = {(a.param_number, a.param_index) for a in aliases}
@@ -336,8 +339,7 @@ def run_inline(
     checks = signature.inline_checks
     if checks is None or not device.inline_execution or len(args) != signature.num_params:
         return None
-    last = signature.last_run_seconds
-    if last is None or last >= INLINE_MAX_SECONDS:
+    if signature.cheap_streak < signature.streak_needed:
         return None
     storages, values = [], []
     for buf, (element_type, dims) in zip(args, checks):
@@ -375,7 +377,7 @@ def run_inline(
         try:
             out = program.run(values, signature.aliased_params)
         finally:
-            signature.last_run_seconds = time.perf_counter() - start
+            _record_run(signature, time.perf_counter() - start)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         ready = COMPLETED
     except (KeyboardInterrupt, SystemExit):  # the caller's own: raised, nothing kept
@@ -412,12 +414,34 @@ INLINE_MAX_SECONDS = 5e-3
 them the hand-off to the device worker (two thread wake-ups: 50-170 us per call measured on
 a shared 2-core machine, 100 us for a 4 MiB relu that itself takes 110 us) costs more than
 the overlap it could buy, or a noticeable share of it. A program runs asynchronously until
-it has been timed once, and always when it takes longer."""
+it has been timed once, and always when it takes longer (see `_record_run`)."""
+
+INLINE_BACKOFF = 8
+"""After a run over INLINE_MAX_SECONDS, the cheap runs in a row a program needs before it
+runs inline again are multiplied by this (up to INLINE_MAX_STREAK)."""
+INLINE_MAX_STREAK = 4096
+
+
+def _record_run(signature: CallSignature, seconds: float) -> None:
+    """Note a run's time. A program runs inline once `streak_needed` runs in a row were
+    cheap (1 at first). A run that turns out slow (its time depends on its data: a while
+    loop, a custom call) once the program was taken for cheap may have blocked its caller;
+    so each such run multiplies the cheap runs needed by INLINE_BACKOFF. A program
+    alternating cheap and slow runs thus blocks its callers ever more rarely (after 1, 8,
+    64, ... cheap runs, which run asynchronously meanwhile), while a one-off hiccup costs
+    a cheap program a few asynchronous calls, not inline execution for good."""
+    signature.last_run_seconds = seconds
+    if seconds < INLINE_MAX_SECONDS:
+        signature.cheap_streak += 1
+        return
+    if _is_cheap(signature):  # it was taken for cheap: callers may have been blocked
+        needed = signature.streak_needed * INLINE_BACKOFF
+        signature.streak_needed = min(needed, INLINE_MAX_STREAK)
+    signature.cheap_streak = 0
 
 
 def _is_cheap(signature: CallSignature) -> bool:
-    last = signature.last_run_seconds
-    return last is not None and last < INLINE_MAX_SECONDS
+    return signature.cheap_streak >= signature.streak_needed
 
 
 def _recheck(plan: CallPlan) -> None:
@@ -466,6 +490,7 @@ def _commit_one(plan: CallPlan):
             storage = _Storage(space, nbytes)
         out_storages.append(storage)
     ready = Future()
+    ready._producer = plan.device  # waits on it from the device's own thread: re-entry
     outputs = [
         Buffer(shape, storage, ready)
         for (_, shape, _), storage in zip(signature.output_leaves, out_storages, strict=True)
@@ -491,7 +516,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             values = _argument_values(plan, storages, in_place)
             out = plan.program.run(values, signature.aliased_params)
         finally:
-            signature.last_run_seconds = time.perf_counter() - start
+            _record_run(signature, time.perf_counter() - start)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         for storage, array in zip(out_storages, arrays, strict=True):
             storage.array = array
