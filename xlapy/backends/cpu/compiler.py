@@ -32,7 +32,7 @@ import numpy as np
 from xlapy.analysis.dataflow import FORWARDING_OPCODES
 from xlapy.backends.cpu import module_cache
 from xlapy.backends.cpu.emit_scatter import scatter_thunk
-from xlapy.backends.cpu.emitter import in_place_reason, supported
+from xlapy.backends.cpu.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.kernel import (
     Kernel,
     clear_loaded_objects,
@@ -119,18 +119,26 @@ def kernel_for(
     name: str,
     in_place: tuple[tuple[int, int], ...] = (),
     defer: bool = False,
+    flush_denormals: bool = True,
 ) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per computation text.
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
     (the caller has checked emitter.in_place_reason and passes the same slice for both).
     `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
-    `forget_kernel` when that fails)."""
+    `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`."""
     text = comp.to_text()
-    key = (text, tuple(in_place))
+    key = (text, tuple(in_place), flush_denormals)
     with _kernel_lock:
         kernel = _kernel_cache.get(key)
     if kernel is None:
-        kernel = compile_computation(comp, name, in_place=in_place, defer=True, comp_text=text)
+        kernel = compile_computation(
+            comp,
+            name,
+            in_place=in_place,
+            defer=True,
+            comp_text=text,
+            flush_denormals=flush_denormals,
+        )
         with _kernel_lock:
             kernel = _kernel_cache.setdefault(key, kernel)
     if defer:
@@ -286,6 +294,7 @@ class _Lowering:
         self.fallbacks: dict[str, str] = {}
         self.failed = dict(failed or {})  # instruction -> why its kernel failed to compile
         self.concurrency = concurrency_mode(options)
+        self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
 
     def wait_for_kernels(self) -> dict[str, str]:
@@ -456,7 +465,7 @@ class _Lowering:
         outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
-        kernel = kernel_for(comp, instr.name, pairs or (), defer=True)
+        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals)
         self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)
 

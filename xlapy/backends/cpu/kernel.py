@@ -41,7 +41,13 @@ from pathlib import Path
 import numpy as np
 
 from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.emitter import KernelSpec, emit_kernel, outer_extent_of, output_leaves
+from xlapy.backends.cpu.emitter import (
+    KernelSpec,
+    denormals_flushed,
+    emit_kernel,
+    outer_extent_of,
+    output_leaves,
+)
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -406,22 +412,33 @@ def compile_computation(
     in_place: Sequence[tuple[int, int]] = (),
     defer: bool = False,
     comp_text: str | None = None,
+    flush_denormals: bool | None = None,
 ) -> Kernel:
     """Emit, optimize (or fetch from the caches) and load the kernel of `comp`.
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
     emitter.in_place_reason); the kernel reads those parameters through the outputs.
     `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
     `comp_text`: `comp.to_text()` when the caller has it.
+    `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
+    None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
     pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
     symbol = symbol_name(name)
+    if flush_denormals is None:
+        flush_denormals = denormals_flushed({})
 
     def emit() -> KernelSpec:
-        return emit_kernel(comp, SYMBOL, pairs)
+        return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
 
     if not use_cache:
         return Kernel(emit(), symbol, use_cache=False)
-    key = jit.content_key("kernel", comp_text or comp.to_text(), repr(pairs), source_fingerprint())
+    key = jit.content_key(
+        "kernel",
+        comp_text or comp.to_text(),
+        repr(pairs),
+        "flush-denormals" if flush_denormals else "ieee-denormals",
+        source_fingerprint(),
+    )
     hit = _read_entry(key, comp, pairs)
     if hit is not None:
         object_key, signature = hit
