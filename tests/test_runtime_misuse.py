@@ -111,6 +111,15 @@ def test_donate_takes_parameter_numbers_not_flags(client, donate):
     assert not buf.is_deleted
 
 
+@pytest.mark.parametrize("veto", [[True], [0.0], ["0"]])
+def test_non_donatable_takes_parameter_numbers(client, veto):
+    exe = client.compile(INCREMENT)
+    buf = client.buffer_from_pyval(np.float32(1))
+    with pytest.raises(DonationError, match="parameter numbers"):
+        exe.execute([[buf]], donate=[0], non_donatable=veto)
+    assert not buf.is_deleted
+
+
 def test_nothing_starts_after_close():
     client = Client("cpu")
     exe = client.compile(NEG)

@@ -250,6 +250,9 @@ def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) 
         if p in requested:
             raise DonationError(f"{name}: parameter {p} is donated twice in one call")
         requested.append(int(p))
+    for p in non_donatable:
+        if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
+            raise DonationError(f"{name}: non_donatable lists parameter numbers, got {p!r}")
     vetoed = {int(p) for p in non_donatable}
     donated = set()
     for p in requested:
