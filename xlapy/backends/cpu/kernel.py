@@ -12,13 +12,14 @@
 #
 # Compiling: `compile_computation` first looks the computation up in the kernel cache, keyed
 # by its text, the in-place pairs and a fingerprint of xlapy's sources (so any change to the
-# code generator is a miss). A hit names the object and gives the kernel's signature (outer
-# extent, in-place pairs; outputs and parameters are checked against the computation), and
-# the LLVM IR is emitted again only when a dump asks for it; its object is read from the
-# disk cache at once (checksummed). A miss emits the IR, compiles it (the JIT's object cache
-# is keyed by the IR text) and records the entry. With `defer=True` the LLVM work runs on a
-# small compile pool and the kernel is bound when `wait()` is called,
-# so the kernels of one program compile concurrently while the caller emits the next one.
+# code generator is a miss). A hit names the object; the kernel's signature (outputs,
+# parameters, in-place pairs, outer extent) is recomputed from the computation and must
+# match the entry. The LLVM IR is emitted again only when a dump asks for it; the object is
+# read from the disk cache at once (authenticated, disk_cache.py). A miss emits the IR,
+# compiles it (the JIT's object cache is keyed by the IR text) and records the entry. With
+# `defer=True` the LLVM work runs on a small compile pool and the kernel is bound when
+# `wait()` is called, so the kernels of one program compile concurrently while the caller
+# emits the next one.
 # Objects whose code is ready (read or compiled) are queued, and the first kernel that waits
 # loads every queued object into the process's shared execution engine (`flush_loads`: one
 # finalization for the batch, ~0.1 ms for four objects against ~1.2 ms for an engine each).
@@ -173,7 +174,7 @@ def _enqueue(item: _Queued) -> None:
 def _request_cached(key: str) -> tuple[Future, bool] | None:
     """(the Future of the loaded object `key`, whether an earlier request made it), the
     object read from the disk cache now and queued for flush_loads(); None when it is not
-    in the cache (missing, or damaged: its checksum is checked here)."""
+    in the cache (missing, or damaged or forged: its MAC is checked here)."""
     with _loaded_lock:
         future = _objects.get(key)
         if future is not None:
