@@ -29,6 +29,9 @@ from xlapy.ir.parser import parse_module
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kernels"))
+    # Kernels are checked against NumPy's IEEE arithmetic, subnormals included; flushing
+    # them (the default, as XLA:CPU does) is tested in test_cpu_denormals.py.
+    monkeypatch.setenv("XLAPY_CPU_DENORMALS", "ieee")
 
 
 RNG = np.random.default_rng(1234)

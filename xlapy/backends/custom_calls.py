@@ -66,13 +66,14 @@ runs when a GPU backend exists; the interpreter does not call GPU C targets.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import difflib
 import enum
 import inspect
 import threading
 from _ctypes import CFuncPtr
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,22 +306,66 @@ class _status:
 
 
 def function_address(fn, what: str) -> int:
-    """The address of a C function given as an int, a ctypes or a cffi function pointer."""
+    """The address of a C function given as an int, a ctypes or a cffi function pointer,
+    checked to lie in executable memory of this process (CustomCallError otherwise: a NULL
+    or made-up address would crash the process when the program runs)."""
     if isinstance(fn, int) and not isinstance(fn, bool):
-        return fn
-    if isinstance(fn, CFuncPtr):
+        address: int | None = fn
+    elif isinstance(fn, CFuncPtr):
         address = ctypes.cast(fn, ctypes.c_void_p).value
-        if address is None:
-            raise CustomCallError(f"{what}: the function pointer is null")
-        return address
-    if type(fn).__module__ == "_cffi_backend":
+    elif type(fn).__module__ == "_cffi_backend":
         import cffi
 
-        return int(cffi.FFI().cast("uintptr_t", fn))
-    raise CustomCallError(
-        f"{what}: {fn!r} is not a C function pointer (give a ctypes or cffi function "
-        f"pointer or an integer address)"
-    )
+        address = int(cffi.FFI().cast("uintptr_t", fn))
+    else:
+        raise CustomCallError(
+            f"{what}: {fn!r} is not a C function pointer (give a ctypes or cffi function "
+            f"pointer or an integer address)"
+        )
+    if not address:
+        raise CustomCallError(f"{what}: the function pointer is null")
+    if not 0 < address < 1 << 64 or executable_address(address) is False:
+        raise CustomCallError(
+            f"{what}: {address:#x} is not the address of code in this process (no executable "
+            "mapping holds it); give the function pointer of a loaded library's function"
+        )
+    return address
+
+
+def executable_address(address: int) -> bool | None:
+    """Whether `address` lies in an executable mapping of this process (/proc/self/maps);
+    None where the maps cannot be read (then only NULL is rejected)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.readlines()
+    except OSError:
+        return None
+    for line in lines:
+        span, perms = line.split(maxsplit=2)[:2]
+        lo, _, hi = span.partition("-")
+        if int(lo, 16) <= address < int(hi, 16):
+            return "x" in perms
+    return False
+
+
+_calls = threading.local()
+
+
+@contextlib.contextmanager
+def calling(name: str) -> Iterator[None]:
+    """Mark the calling thread as running custom-call target `name` (see `current_call`)."""
+    outer = getattr(_calls, "name", None)
+    _calls.name = name
+    try:
+        yield
+    finally:
+        _calls.name = outer
+
+
+def current_call() -> str | None:
+    """The custom-call target the calling thread is running, or None: the runtime bounds the
+    waits such code makes, since what it waits for may be queued behind the call itself."""
+    return getattr(_calls, "name", None)
 
 
 def call_cpu_c_target(
@@ -338,9 +383,10 @@ def call_cpu_c_target(
     out = _pointer(target, result, keep)
     version = target.api_version
     if version is ApiVersion.ORIGINAL:
-        target.fn(out, ins)
+        with calling(target.name):
+            target.fn(out, ins)
         return
-    with _status() as status:
+    with _status() as status, calling(target.name):
         if version is ApiVersion.STATUS_RETURNING:
             target.fn(out, ins, status)
         else:

@@ -64,6 +64,7 @@ def check_module(module: HloModule) -> Iterator[str]:
             yield from (f"{_where(instr, comp)}: {p}" for p in _check_instruction(instr))
     yield from _check_call_cycles(comps)
     yield from _check_async_computations(comps)
+    yield from _check_total_bytes(module)
     entry = module.entry
     if entry is not None and entry.root is not None:
         yield from _check_aliases(module, entry, entry.root)
@@ -197,6 +198,7 @@ def _check_call_cycles(comps: list[HloComputation]) -> Iterator[str]:
 
 def _check_instruction(instr: HloInstruction) -> Iterator[str]:
     yield from _check_layouts(instr.shape, "shape")
+    yield from _check_byte_sizes(instr.shape)
     literal = instr.literal if instr.opcode is Opcode.CONSTANT else None
     if literal is not None and not compatible(literal.shape, instr.shape):
         yield (
@@ -220,6 +222,35 @@ def _check_instruction(instr: HloInstruction) -> Iterator[str]:
         yield (
             f"declared shape {_t(instr.shape)} does not match the shape {instr.opcode.text} "
             f"produces, {_t(inferred)}"
+        )
+
+
+MAX_BYTES = (1 << 63) - 1
+"""The most bytes one buffer, or all the buffers of a program together, may take: memory
+planning counts bytes in int64."""
+
+
+def _check_byte_sizes(shape: Shape) -> Iterator[str]:
+    for _, sub in shape.leaves():
+        if sub.is_array and _static(sub) and sub.byte_size > MAX_BYTES:
+            yield (
+                f"shape {_t(sub)} takes {sub.byte_size} bytes, more than the {MAX_BYTES} "
+                "an int64 byte count holds"
+            )
+
+
+def _check_total_bytes(module: HloModule) -> Iterator[str]:
+    total = sum(
+        sub.byte_size
+        for comp in module.computations
+        for instr in comp.instructions
+        for _, sub in instr.shape.leaves()
+        if sub.is_array and _static(sub)
+    )
+    if total > MAX_BYTES:
+        yield (
+            f"module {module.name}: its buffers take {total} bytes together, more than the "
+            f"{MAX_BYTES} an int64 byte count holds"
         )
 
 

@@ -7,6 +7,14 @@ external reference holds one, so memory is returned to the allocator only when t
 user lets go. Deleting, donating or garbage-collecting a buffer drops its reference; a
 donated buffer hands its reference to the output that reuses its memory.
 
+Host reads (`to_numpy`, `copy_to_host`, `copy_to_memory_space`, `external_reference`)
+take a usage hold, as PJRT's do: under the device's lock they check that the buffer is
+still live (else BufferDonatedError / BufferDeletedError) and count themselves on its
+storage (`holds`) until they are done. An execution that is given the buffer as a donation
+meanwhile still invalidates it, but writes its output into fresh memory instead of the held
+one, so a read in progress never sees the bytes change. The count of external references
+is taken under the same lock, so a donation either sees it (DonationError) or came first.
+
 A buffer may not be ready yet: an execution's outputs are returned at once and filled in by
 the device's worker (or already filled, when the execution ran inline on the caller's
 thread). `ready()` is the future that says when; an error of the execution is
@@ -24,7 +32,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xlapy.ir.shapes import Shape
-from xlapy.runtime.errors import BufferDeletedError, BufferDonatedError, RuntimeApiError
+from xlapy.runtime.errors import (
+    BufferDeletedError,
+    BufferDonatedError,
+    RuntimeApiError,
+    released,
+)
 from xlapy.runtime.futures import Future
 
 if TYPE_CHECKING:
@@ -49,7 +62,17 @@ class _Storage:
     """Memory holding one array, counted by a device allocator, shared by reference count.
     The count is guarded by the device's lock (`lock`)."""
 
-    __slots__ = ("array", "device", "kind", "lock", "memory_space", "nbytes", "owned", "refs")
+    __slots__ = (
+        "array",
+        "device",
+        "holds",
+        "kind",
+        "lock",
+        "memory_space",
+        "nbytes",
+        "owned",
+        "refs",
+    )
 
     def __init__(
         self,
@@ -69,6 +92,7 @@ class _Storage:
         self.owned = owned
         self.array = array
         self.refs = 1
+        self.holds = 0  # host reads in progress (each also holds a reference)
         if not counted:
             device.allocator.allocate(nbytes, self.kind)
 
@@ -172,26 +196,32 @@ class Buffer:
 
     def to_numpy(self) -> np.ndarray:
         """A host copy of the contents (waits for them; raises their execution's error)."""
-        storage = self._storage
-        if storage is None:
-            storage = self._live_storage("to_numpy")
-        self._ready.result()
-        return np.array(storage.array, copy=True)
+        storage = self._hold("to_numpy")
+        try:
+            self._ready.result()
+            return np.array(storage.contents(), copy=True)
+        finally:
+            _unhold(storage)
 
     def copy_to_host(self) -> Future:
         """Start copying the contents to the host; the future's result is a NumPy array."""
-        storage = self._live_storage("copy_to_host").acquire()
+        storage = self._hold("copy_to_host")
         result = Future()
+        result._producer = self._ready._producer  # done when the contents are
 
         def on_ready(fut: Future) -> None:
             try:
                 error = fut.exception()
-                if error is not None:
-                    result.set_exception(error)
-                else:
-                    result.set_result(np.array(storage.array, copy=True))
+                if error is None:
+                    copy = np.array(storage.array, copy=True)
+            except BaseException as e:  # MemoryError: the copy's future fails
+                error = released(e)
             finally:
-                storage.release()
+                _unhold(storage)
+            if error is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(copy)
 
         self._ready.add_done_callback(on_ready)
         return result
@@ -210,9 +240,10 @@ class Buffer:
     def copy_to_memory_space(self, memory_space: MemorySpace) -> Buffer:
         """A new buffer with the same contents in `memory_space` (a copy, even on the same
         device, so the two buffers never share memory)."""
-        source = self._live_storage("copy_to_memory_space").acquire()
+        source = self._hold("copy_to_memory_space")
         target = _Storage(memory_space, source.nbytes)
         ready = Future()
+        ready._producer = self._ready._producer  # done when the contents are
         out = Buffer(self._shape, target, ready)
 
         def on_ready(fut: Future) -> None:
@@ -220,8 +251,10 @@ class Buffer:
                 error = fut.exception()
                 if error is None:
                     target.array = np.array(source.array, copy=True)
+            except BaseException as e:  # MemoryError: the copy's buffer fails, not the caller
+                error = released(e)
             finally:
-                source.release()
+                _unhold(source)
             if error is not None:
                 ready.set_exception(error)
             else:
@@ -261,24 +294,37 @@ class Buffer:
     def external_reference(self) -> Iterator[np.ndarray]:
         """Lend the contents as a read-only NumPy view without a copy. While held the memory
         stays allocated (even if the buffer is deleted) and the buffer cannot be donated."""
-        storage = self._live_storage("external_reference").acquire()
+        storage = self._hold("external_reference", external=True)
         try:
             self._ready.result()
             view = storage.contents().view()
             view.flags.writeable = False
-            self._ext_refs += 1
         except BaseException:
-            storage.release()
+            _unhold(storage, self)
             raise
         try:
             yield view
         finally:
-            self._ext_refs -= 1
-            storage.release()
+            _unhold(storage, self)
 
     @property
     def has_external_references(self) -> bool:
         return self._ext_refs > 0
+
+    def _hold(self, what: str, external: bool = False) -> _Storage:
+        """A usage hold on the storage for a host read (see the module docstring), taken
+        under the device's lock; `external`: also count an external reference."""
+        storage = self._storage
+        if storage is None:
+            return self._live_storage(what)  # raises
+        with storage.lock:
+            if self._storage is not storage:  # donated or deleted by another thread
+                self._live_storage(what)
+            storage.refs += 1
+            storage.holds += 1
+            if external:
+                self._ext_refs += 1
+        return storage
 
     def _live_storage(self, what: str) -> _Storage:
         storage = self._storage
@@ -307,16 +353,25 @@ class Buffer:
         return (1, 0)  # kDLCPU, device 0: the contents live in host memory
 
 
+def _unhold(storage: _Storage, external_of: Buffer | None = None) -> None:
+    """Let go of a usage hold taken by `Buffer._hold` (and of the external reference of
+    `external_of`)."""
+    with storage.lock:
+        storage.holds -= 1
+        if external_of is not None:
+            external_of._ext_refs -= 1
+        storage.release_locked()
+
+
 def host_storage(
     array: np.ndarray, memory_space: MemorySpace, semantics: HostBufferSemantics
 ) -> _Storage:
-    """Storage in `memory_space` holding `array` (copied, or shared for zero-copy)."""
+    """Storage in `memory_space` holding `array` (copied, or shared for zero-copy). The
+    bytes are counted once the copy exists, so a failed copy (MemoryError) counts nothing."""
     zero_copy = semantics is HostBufferSemantics.IMMUTABLE_ZERO_COPY and array.flags.c_contiguous
-    storage = _Storage(memory_space, array.nbytes, owned=not zero_copy)
     if zero_copy:
-        view = array.view()
-        view.flags.writeable = False
-        storage.array = view
+        contents = array.view()
+        contents.flags.writeable = False
     else:
-        storage.array = np.array(array, copy=True, order="C")
-    return storage
+        contents = np.array(array, copy=True, order="C")
+    return _Storage(memory_space, array.nbytes, owned=not zero_copy, array=contents)

@@ -77,6 +77,7 @@ class Client:
         self._cache_lock = threading.Lock()
         self._hits = 0
         self._misses = 0
+        self._closed = False
 
     # -- devices and memory ----------------------------------------------------------------
     @property
@@ -156,6 +157,7 @@ class Client:
     ) -> Buffer:
         """A buffer holding `array` (NumPy or anything with the buffer protocol) on `device`
         (or in a memory space; default: device 0's default memory space)."""
+        self._check_open("buffer_from_pyval")
         if device is None:
             space = self._devices[0].default_memory_space
         elif isinstance(device, MemorySpace):
@@ -198,6 +200,7 @@ class Client:
         text, platform and options were compiled before and no custom-call registry it
         sees (this client's, the global one) has changed since. CustomCallError when a
         custom call's target is unknown or rejects the call."""
+        self._check_open("compile")
         options = options or CompileOptions()
         from xlapy.ir.parser import parse_module
         from xlapy.stablehlo import load
@@ -234,6 +237,7 @@ class Client:
     def load(self, executable: Executable) -> LoadedExecutable:
         """Bind a compiled executable to this client's devices; its custom calls are
         checked against this client's registry (CustomCallError)."""
+        self._check_open("load")
         if executable.platform != self.platform:
             raise RuntimeApiError(
                 f"executable {executable.name} was compiled for platform "
@@ -273,9 +277,17 @@ class Client:
         return self.load(executable)
 
     def close(self) -> None:
-        """Stop the device worker threads (queued work finishes first)."""
+        """Stop the device worker threads (queued work finishes first). Later compiles,
+        transfers and executions raise RuntimeApiError; existing buffers stay readable."""
+        self._closed = True
         for d in self._devices:
             d._stop()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeApiError(
+                f"{what}: the client was closed (client.close()); make a new Client"
+            )
 
     def __repr__(self) -> str:
         return f"Client(platform={self.platform!r}, device_count={len(self._devices)})"

@@ -19,6 +19,13 @@ the reference counts of the storages in its memory spaces. So one call takes it 
 check and take its inputs, count its outputs and reserve the device, and once more to let
 go of the inputs and the device. It is reentrant because a buffer may be garbage collected
 (dropping its storage, which takes the lock) at any allocation, also while it is held.
+
+Re-entry: code that runs inside an execution (a custom call, a callback on a future the
+worker completes) runs on the thread that holds the device. If it starts an execution on
+that device, or waits for a result that device has yet to produce, the device can never get
+to it: it would wait for ever. `check_not_running_here` (called when an execution is
+planned, and by every wait on a future the device produces) raises RuntimeApiError instead,
+naming the device and what was asked of it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from xlapy.runtime.errors import RuntimeApiError
 
 if TYPE_CHECKING:
     from xlapy.runtime.client import Client
@@ -130,6 +139,10 @@ class _Worker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
+
     def submit(self, task: Callable[[], None]) -> None:
         self._queue.put(task)
 
@@ -168,7 +181,9 @@ class Device:
         self._worker: _Worker | None = None
         self._queued = 0  # tasks handed to the worker and not finished
         self._inline = False  # a task is running on some caller's thread
+        self._inline_thread: int | None = None  # which one
         self._backlog: list[Callable[[], None]] = []  # started while one ran inline
+        self._closed = False  # its client was closed: nothing new starts
 
     @property
     def platform(self) -> str:
@@ -184,8 +199,6 @@ class Device:
 
     def memory_space(self, kind: str) -> MemorySpace:
         """This device's memory space of `kind`."""
-        from xlapy.runtime.errors import RuntimeApiError
-
         for space in self.memory_spaces:
             if space.kind == kind:
                 return space
@@ -229,18 +242,51 @@ class Device:
         """With the lock held: reserve the idle device for a run on the calling thread (the
         caller runs it, then calls `end_inline_locked`). False when inline execution is off
         or the device is busy."""
-        if self._inline or self._queued or not self.inline_execution:
+        if self._inline or self._queued or not self.inline_execution or self._closed:
             return False
         self._inline = True
+        self._inline_thread = threading.get_ident()
         return True
 
     def end_inline_locked(self) -> None:
         """With the lock held: end an inline run; tasks started meanwhile go to the worker."""
         self._inline = False
+        self._inline_thread = None
         if self._backlog:
             backlog, self._backlog = self._backlog, []
             for queued in backlog:
                 self._enqueue(queued)
+
+    def runs_on_current_thread(self) -> bool:
+        """Whether the calling thread is the one running this device's current task (its
+        worker, or the caller of an inline run)."""
+        ident = threading.get_ident()
+        if self._inline_thread == ident:
+            return True
+        worker = self._worker
+        return worker is not None and worker.ident == ident
+
+    def check_can_start(self, what: str) -> None:
+        """RuntimeApiError when `what` (an execution) cannot start on this device: its
+        client is closed, or the calling thread runs the device's current task."""
+        if self._closed:
+            raise RuntimeApiError(
+                f"{what} on device {self.id}: the client was closed (client.close()); "
+                "make a new Client"
+            )
+        self.check_not_running_here(what)
+
+    def check_not_running_here(self, what: str) -> None:
+        """RuntimeApiError when the calling thread runs this device's current task: `what`
+        (starting an execution on the device, waiting for a result it has yet to produce)
+        could then never happen (see the module docstring)."""
+        if self.runs_on_current_thread():
+            raise RuntimeApiError(
+                f"{what} on device {self.id} was asked for from inside an execution running "
+                f"on that device (a custom call or callback calling back into the runtime); "
+                f"the device cannot do it before that execution ends, so it would wait for "
+                f"ever. Do it after the execution, or on another device"
+            )
 
     def _enqueue(self, task: Callable[[], None]) -> None:
         if self._inline:
@@ -257,6 +303,7 @@ class Device:
 
     def _stop(self) -> None:
         with self.lock:
+            self._closed = True
             if self._worker is not None:
                 self._worker.stop()
                 self._worker = None

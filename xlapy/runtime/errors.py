@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 from xlapy.errors import XlapyError
 
 
@@ -30,3 +32,24 @@ class ExecutionError(RuntimeApiError):
 
 class SerializationError(RuntimeApiError):
     """Serialized executable bytes are truncated, corrupted, of another version or platform."""
+
+
+def released(error: BaseException) -> BaseException:
+    """`error`, its causes and contexts with their tracebacks turned into a note (text) and
+    dropped. A failed execution's error is kept by its outputs' future; a traceback would
+    keep the frames of the run alive, and through their locals the buffers and the future
+    itself: a reference cycle holding the outputs' memory until the cyclic GC ran."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        if tb is not None:
+            text = "".join(traceback.format_tb(tb)).rstrip()
+            exc.add_note(f"Traceback of the failure (frames released):\n{text}")
+            exc.__traceback__ = None
+        pending += [exc.__cause__, exc.__context__]
+    return error

@@ -44,7 +44,7 @@ import numpy as np
 from xlapy.backends.base import CompiledProgram, LeafAlias
 from xlapy.ir.shapes import Shape, ShapeIndex
 from xlapy.runtime.buffer import Buffer, _Storage
-from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError
+from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError, released
 from xlapy.runtime.futures import _DONE, COMPLETED, Future
 
 if TYPE_CHECKING:
@@ -81,8 +81,11 @@ class CallSignature:
         self.name = name
         self.param_shapes = tuple(param_shapes)
         self.aliases = aliases
-        # How long the last run took; only programs known to be cheap run inline.
+        # How long the last run took, and how cheap runs have been: only programs known to
+        # be cheap run inline (see `record_run`).
         self.last_run_seconds: float | None = None
+        self.cheap_streak = 0  # runs in a row under INLINE_MAX_SECONDS
+        self.streak_needed = 1  # before the next run may be inline
         self.aliased_params = frozenset(a.param_number for a in aliases)
         self.has_must_alias = any(a.must_alias for a in aliases)
         aliased_leaves = {(a.param_number, a.param_index) for a in aliases}
@@ -169,7 +172,14 @@ def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterato
 def _check_leaf(name: str, leaf: _LeafSpec, buf: Buffer, device: Device) -> None:
     where = _where(name, leaf.param, leaf.index)
     storage = buf._live_storage(where)
-    if storage.memory_space.device is not device:
+    owner = storage.memory_space.device
+    if owner.client is not device.client:
+        raise RuntimeApiError(
+            f"{where}: {buf.name} belongs to another client ({owner.client!r} at "
+            f"{id(owner.client):#x}) than this execution's ({device.client!r} at "
+            f"{id(device.client):#x}); copy it over with to_numpy and buffer_from_pyval"
+        )
+    if owner is not device:
         raise RuntimeApiError(
             f"{where}: {buf.name} is on device {storage.memory_space.device.id}, but "
             f"this execution runs on device {device.id}; use copy_to_device first"
@@ -191,6 +201,7 @@ def plan_call(
 ) -> CallPlan:
     """Check one device's arguments and donation request; raise before touching anything."""
     name = signature.name
+    device.check_can_start(f"executing {name}")
     if len(args) != len(signature.param_shapes):
         raise RuntimeApiError(
             f"{name} takes {len(signature.param_shapes)} arguments, {len(args)} were given"
@@ -226,7 +237,12 @@ def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) 
     name, num_params = signature.name, len(signature.param_shapes)
     requested: list[int] = []
     for p in donate:
-        if not isinstance(p, int | np.integer) or not 0 <= p < num_params:
+        if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
+            raise DonationError(
+                f"{name}: donate lists parameter numbers, got {p!r} "
+                f"({type(p).__name__}); e.g. donate=[0] donates parameter 0"
+            )
+        if not 0 <= p < num_params:
             raise DonationError(
                 f"{name}: donate names parameter {p}, which does not exist "
                 f"(the program has {num_params})"
@@ -234,6 +250,9 @@ def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) 
         if p in requested:
             raise DonationError(f"{name}: parameter {p} is donated twice in one call")
         requested.append(int(p))
+    for p in non_donatable:
+        if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
+            raise DonationError(f"{name}: non_donatable lists parameter numbers, got {p!r}")
     vetoed = {int(p) for p in non_donatable}
     donated = set()
     for p in requested:
@@ -323,8 +342,7 @@ def run_inline(
     checks = signature.inline_checks
     if checks is None or not device.inline_execution or len(args) != signature.num_params:
         return None
-    last = signature.last_run_seconds
-    if last is None or last >= INLINE_MAX_SECONDS:
+    if signature.cheap_streak < signature.streak_needed:
         return None
     storages, values = [], []
     for buf, (element_type, dims) in zip(args, checks):
@@ -362,13 +380,17 @@ def run_inline(
         try:
             out = program.run(values, signature.aliased_params)
         finally:
-            signature.last_run_seconds = time.perf_counter() - start
+            _record_run(signature, time.perf_counter() - start)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         ready = COMPLETED
+    except (KeyboardInterrupt, SystemExit):  # the caller's own: raised, nothing kept
+        with device.lock:
+            for _, _, nbytes in signature.output_leaves:
+                device.allocator.free_locked(nbytes, kind)
+        raise
     except BaseException as e:  # every failure travels to the outputs
         arrays = (None,) * len(signature.output_leaves)
-        error = e if isinstance(e, ExecutionError) else _wrapped(signature.name, device, e)
-        ready = Future.failed(error)
+        ready = Future.failed(_failure(signature.name, device, e))
     finally:
         with device.lock:
             for storage in storages:
@@ -395,12 +417,34 @@ INLINE_MAX_SECONDS = 5e-3
 them the hand-off to the device worker (two thread wake-ups: 50-170 us per call measured on
 a shared 2-core machine, 100 us for a 4 MiB relu that itself takes 110 us) costs more than
 the overlap it could buy, or a noticeable share of it. A program runs asynchronously until
-it has been timed once, and always when it takes longer."""
+it has been timed once, and always when it takes longer (see `_record_run`)."""
+
+INLINE_BACKOFF = 8
+"""After a run over INLINE_MAX_SECONDS, the cheap runs in a row a program needs before it
+runs inline again are multiplied by this (up to INLINE_MAX_STREAK)."""
+INLINE_MAX_STREAK = 4096
+
+
+def _record_run(signature: CallSignature, seconds: float) -> None:
+    """Note a run's time. A program runs inline once `streak_needed` runs in a row were
+    cheap (1 at first). A run that turns out slow (its time depends on its data: a while
+    loop, a custom call) once the program was taken for cheap may have blocked its caller;
+    so each such run multiplies the cheap runs needed by INLINE_BACKOFF. A program
+    alternating cheap and slow runs thus blocks its callers ever more rarely (after 1, 8,
+    64, ... cheap runs, which run asynchronously meanwhile), while a one-off hiccup costs
+    a cheap program a few asynchronous calls, not inline execution for good."""
+    signature.last_run_seconds = seconds
+    if seconds < INLINE_MAX_SECONDS:
+        signature.cheap_streak += 1
+        return
+    if _is_cheap(signature):  # it was taken for cheap: callers may have been blocked
+        needed = signature.streak_needed * INLINE_BACKOFF
+        signature.streak_needed = min(needed, INLINE_MAX_STREAK)
+    signature.cheap_streak = 0
 
 
 def _is_cheap(signature: CallSignature) -> bool:
-    last = signature.last_run_seconds
-    return last is not None and last < INLINE_MAX_SECONDS
+    return signature.cheap_streak >= signature.streak_needed
 
 
 def _recheck(plan: CallPlan) -> None:
@@ -442,13 +486,14 @@ def _commit_one(plan: CallPlan):
         storage = None
         if source is not None and signature.leaves[source].param in donated:
             src = storages[source]
-            if src is not None and src.owned:
+            if src is not None and src.owned and not src.holds:  # no host read in progress
                 storage = src
                 in_place.add(id(src))
         if storage is None:
             storage = _Storage(space, nbytes)
         out_storages.append(storage)
     ready = Future()
+    ready._producer = plan.device  # waits on it from the device's own thread: re-entry
     outputs = [
         Buffer(shape, storage, ready)
         for (_, shape, _), storage in zip(signature.output_leaves, out_storages, strict=True)
@@ -471,14 +516,15 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         signature = plan.signature
         start = time.perf_counter()
         try:
-            out = plan.program.run(_argument_values(plan, storages), signature.aliased_params)
+            values = _argument_values(plan, storages, in_place)
+            out = plan.program.run(values, signature.aliased_params)
         finally:
-            signature.last_run_seconds = time.perf_counter() - start
+            _record_run(signature, time.perf_counter() - start)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         for storage, array in zip(out_storages, arrays, strict=True):
             storage.array = array
     except BaseException as e:  # every failure travels to the outputs
-        error = e if isinstance(e, ExecutionError) else _wrapped(plan.name, plan.device, e)
+        error = _failure(plan.name, plan.device, e)
     finally:  # inputs are let go before anyone waiting on the outputs wakes up
         with plan.device.lock:
             for storage in storages:
@@ -491,6 +537,14 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         ready.set_result(None)
 
 
+def _failure(name: str, device: Device, error: BaseException) -> BaseException:
+    """What the outputs of a failed run raise: the error wrapped in an ExecutionError
+    (KeyboardInterrupt and SystemExit as they are), tracebacks released (errors.released)."""
+    if not isinstance(error, ExecutionError | KeyboardInterrupt | SystemExit):
+        error = _wrapped(name, device, error)
+    return released(error)
+
+
 def _wrapped(name: str, device: Device, error: BaseException) -> ExecutionError:
     wrapped = ExecutionError(
         f"execution of {name} on device {device.id} failed: {type(error).__name__}: {error}"
@@ -499,15 +553,13 @@ def _wrapped(name: str, device: Device, error: BaseException) -> ExecutionError:
     return wrapped
 
 
-def _argument_values(plan: CallPlan, storages: list[_Storage | None]) -> list[Any]:
+def _argument_values(
+    plan: CallPlan, storages: list[_Storage | None], in_place: set[int]
+) -> list[Any]:
     signature = plan.signature
     values = [None if s is None else s.array for s in storages]
     for i in signature.protected:
-        storage = storages[i]
-        writable = (
-            signature.leaves[i].param in plan.donated and storage is not None and storage.owned
-        )
-        if not writable:
+        if id(storages[i]) not in in_place:  # an output took over this memory
             values[i] = np.array(values[i], copy=True)  # copy-protection
     if signature.simple:
         return values

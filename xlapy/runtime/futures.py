@@ -13,17 +13,26 @@ touches a lock or an event.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from xlapy.backends.custom_calls import current_call
+
+if TYPE_CHECKING:
+    from xlapy.runtime.device import Device
 
 _PENDING, _DONE = 0, 1
+
+CUSTOM_CALL_WAIT_SECONDS = 60.0
+"""The longest a custom call may wait for a future it gave no timeout (see Future._wait)."""
 
 
 class Future:
     """The eventual result of asynchronous work (PJRT's PjRtFuture)."""
 
-    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_result", "_state")
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_producer", "_result", "_state")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -32,6 +41,7 @@ class Future:
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Future], None]] | None = None
         self._event: threading.Event | None = None
+        self._producer: Device | None = None  # the device whose execution completes it
 
     @classmethod
     def completed(cls, value: Any = None) -> Future:
@@ -52,13 +62,35 @@ class Future:
         return self._state == _DONE
 
     def result(self, timeout: float | None = None) -> Any:
-        """Wait (at most `timeout` seconds) and return the result, or raise its error.
-        TimeoutError if it is not done in time."""
+        """Wait (at most `timeout` seconds) and return the result, or raise its error (a
+        copy: see `_raise`). TimeoutError if it is not done in time."""
         if self._state != _DONE:
             self._wait(timeout)
         if self._error is not None:
-            raise self._error
+            self._raise()
         return self._result
+
+    def _raise(self) -> None:
+        """Raise a copy of the stored error (same type, arguments, notes, cause and
+        context). Raising the stored error itself would record the waiter's frames in its
+        traceback, and those frames hold the buffer whose future holds the error: a cycle
+        that kept a failed execution's memory until the cyclic GC ran."""
+        error = self._error
+        assert error is not None
+        try:
+            fresh = copy.copy(error)
+        except Exception:  # an exception type that cannot be rebuilt from its arguments
+            fresh = None
+        if type(fresh) is not type(error) or fresh is error:
+            raise error.with_traceback(None)
+        fresh.__cause__ = error.__cause__
+        fresh.__context__ = error.__context__
+        fresh.__suppress_context__ = error.__suppress_context__
+        fresh.__traceback__ = None
+        try:
+            raise fresh
+        finally:
+            del fresh, error
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait and return the error, or None if it succeeded."""
@@ -99,14 +131,28 @@ class Future:
                 fn(self)
 
     def _wait(self, timeout: float | None) -> None:
+        producer = self._producer
+        if producer is not None and producer.runs_on_current_thread():
+            producer.check_not_running_here("waiting for a result of an execution")
+        call = current_call()
+        if call is not None and timeout is None:
+            timeout = CUSTOM_CALL_WAIT_SECONDS
         with self._lock:
             if self._state == _DONE:
                 return
             event = self._event
             if event is None:
                 event = self._event = threading.Event()
-        if not event.wait(timeout):
-            raise TimeoutError(f"future not done after {timeout} s")
+        if event.wait(timeout):
+            return
+        what = "a result" if producer is None else f"a result of device {producer.id}"
+        if call is not None:
+            raise TimeoutError(
+                f"custom-call target {call!r} waited {timeout} s for {what}, which may be "
+                "queued behind the execution running the custom call itself; calling back "
+                "into the runtime from a custom call is not supported"
+            )
+        raise TimeoutError(f"{what} was not ready after {timeout} s")
 
     def __repr__(self) -> str:
         if not self.done():

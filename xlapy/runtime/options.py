@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,29 @@ def _pairs(values: Mapping[str, OptionValue] | tuple | None, what: str) -> tuple
             )
         pairs.append((key, value))
     return tuple(sorted(pairs))
+
+
+def _integer(value: Any, what: str) -> int:
+    """`value` as an int; RuntimeApiError when it is not an integer (bools, floats and
+    strings are not)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise RuntimeApiError(f"{what} must be an integer, got {value!r}")
+    return operator.index(value)
+
+
+def _assignment(rows: Any) -> tuple[tuple[int, ...], ...]:
+    """A device assignment (rows of device ids) as nested tuples of ints, checked."""
+    if isinstance(rows, str | bytes) or not isinstance(rows, Iterable):
+        raise RuntimeApiError(f"device_assignment must be rows of device ids, got {rows!r}")
+    assignment = []
+    for row in rows:
+        if isinstance(row, str | bytes) or not isinstance(row, Iterable):
+            raise RuntimeApiError(f"device_assignment rows must hold device ids, got {row!r}")
+        ids = tuple(_integer(d, "a device id in device_assignment") for d in row)
+        if any(d < 0 for d in ids):
+            raise RuntimeApiError(f"device_assignment has a negative device id: {ids}")
+        assignment.append(ids)
+    return tuple(assignment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +79,8 @@ class CompileOptions:
         strict_donation: bool = False,
     ) -> CompileOptions:
         """Options from plain Python values (dicts, nested lists); checks them."""
+        num_replicas = _integer(num_replicas, "num_replicas")
+        num_partitions = _integer(num_partitions, "num_partitions")
         if num_replicas < 1 or num_partitions < 1:
             raise RuntimeApiError(
                 f"num_replicas and num_partitions must be >= 1, got {num_replicas} and "
@@ -62,7 +88,7 @@ class CompileOptions:
             )
         assignment = None
         if device_assignment is not None:
-            assignment = tuple(tuple(int(d) for d in row) for row in device_assignment)
+            assignment = _assignment(device_assignment)
             if len(assignment) != num_replicas or any(
                 len(row) != num_partitions for row in assignment
             ):

@@ -51,6 +51,11 @@ def encode(metadata: dict[str, Any], hlo_text: str) -> bytes:
 
 def decode(data: bytes) -> SerializedExecutable:
     """Check and split serialized bytes; SerializationError saying what is wrong."""
+    if isinstance(data, str) or not isinstance(data, bytes | bytearray | memoryview):
+        raise SerializationError(
+            f"serialized executable must be bytes (what Executable.serialize() returned), "
+            f"got {type(data).__name__}"
+        )
     data = bytes(data)
     if len(data) < _HEADER.size + _DIGEST:
         raise SerializationError(
@@ -69,9 +74,9 @@ def decode(data: bytes) -> SerializedExecutable:
         )
     expected = _HEADER.size + meta_len + hlo_len + _DIGEST
     if len(data) != expected:
-        what = "truncated" if len(data) < expected else "has trailing bytes"
+        what = "is truncated" if len(data) < expected else "has trailing bytes"
         raise SerializationError(
-            f"serialized executable is {what}: {len(data)} bytes, the header says {expected}"
+            f"serialized executable {what}: {len(data)} bytes, the header says {expected}"
         )
     body, digest = data[:-_DIGEST], data[-_DIGEST:]
     if hashlib.sha256(body).digest() != digest:
@@ -79,9 +84,15 @@ def decode(data: bytes) -> SerializedExecutable:
     start = _HEADER.size
     try:
         metadata = json.loads(data[start : start + meta_len].decode())
-        hlo_text = data[start + meta_len : start + meta_len + hlo_len].decode()
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SerializationError(f"serialized executable has unreadable metadata: {e}") from e
+    try:
+        hlo_text = data[start + meta_len : start + meta_len + hlo_len].decode()
+    except UnicodeDecodeError as e:
+        raise SerializationError(
+            f"serialized executable's HLO text is not UTF-8: {e.reason} at byte {e.start} "
+            f"of the text"
+        ) from e
     if not isinstance(metadata, dict):
         raise SerializationError("serialized executable metadata is not a JSON object")
     return SerializedExecutable(metadata, hlo_text)

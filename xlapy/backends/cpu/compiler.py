@@ -31,7 +31,7 @@ import numpy as np
 
 from xlapy.backends.cpu import module_cache
 from xlapy.backends.cpu.emit_scatter import scatter_thunk
-from xlapy.backends.cpu.emitter import in_place_reason, supported
+from xlapy.backends.cpu.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.kernel import (
     Kernel,
     clear_loaded_objects,
@@ -61,7 +61,7 @@ from xlapy.backends.cpu.thunks import (
     physical_dims,
     work_elements,
 )
-from xlapy.errors import EvaluationError
+from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -113,18 +113,26 @@ def kernel_for(
     name: str,
     in_place: tuple[tuple[int, int], ...] = (),
     defer: bool = False,
+    flush_denormals: bool = True,
 ) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per computation text.
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
     (the caller has checked emitter.in_place_reason and passes the same slice for both).
     `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
-    `forget_kernel` when that fails)."""
+    `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`."""
     text = comp.to_text()
-    key = (text, tuple(in_place))
+    key = (text, tuple(in_place), flush_denormals)
     with _kernel_lock:
         kernel = _kernel_cache.get(key)
     if kernel is None:
-        kernel = compile_computation(comp, name, in_place=in_place, defer=True, comp_text=text)
+        kernel = compile_computation(
+            comp,
+            name,
+            in_place=in_place,
+            defer=True,
+            comp_text=text,
+            flush_denormals=flush_denormals,
+        )
         with _kernel_lock:
             kernel = _kernel_cache.setdefault(key, kernel)
     if defer:
@@ -192,7 +200,7 @@ def compile_module(
     """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
     the caller has it, is `module.to_text()`."""
     options = dict(options or {})
-    module = _prepared_module(module.to_text() if text is None else text, options)
+    module = _prepared_module(module.to_text() if text is None else text, options, module)
     assignment = assign_buffers(module)
     entry_comp = module.entry_computation()
     lowering = _Lowering(assignment, options)
@@ -207,19 +215,34 @@ def compile_module(
     )
 
 
-def _prepared_module(text: str, options: Mapping[str, Any]) -> HloModule:
-    """The module of `text` optimized and prepared for buffer assignment, from the
-    compiled-module cache when an earlier compile made it (module_cache.py)."""
+def _prepared_module(text: str, options: Mapping[str, Any], original: HloModule) -> HloModule:
+    """The module of `text` (`original` printed) optimized and prepared for buffer
+    assignment, from the compiled-module cache when an earlier compile made it
+    (module_cache.py) and it has `original`'s parameter and result shapes."""
     key = module_cache.cache_key(text, options)
     cached = module_cache.read(key)
     if cached is not None:
-        return parse_module(cached)
+        try:
+            module = parse_module(cached)
+        except XlapyError:
+            module = None
+        if module is not None and _entry_signature(module) == _entry_signature(original):
+            return module
     module = parse_module(text)
     if options.get("optimize", True):
         default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
     prepare_for_buffer_assignment(module)
     module_cache.write(key, module.to_text())
     return module
+
+
+def _entry_signature(module: HloModule) -> tuple[str, ...] | None:
+    """The entry computation's parameter and result shapes, as text without layouts."""
+    entry = module.entry
+    if entry is None or entry.root is None:
+        return None
+    shapes = [p.shape for p in entry.parameters] + [entry.root.shape]
+    return tuple(s.to_text(with_layout=False) for s in shapes)
 
 
 def _constant_memory(assignment: BufferAssignment) -> dict[int, np.ndarray]:
@@ -265,6 +288,7 @@ class _Lowering:
         self.fallbacks: dict[str, str] = {}
         self.failed = dict(failed or {})  # instruction -> why its kernel failed to compile
         self.concurrency = concurrency_mode(options)
+        self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
 
     def wait_for_kernels(self) -> dict[str, str]:
@@ -435,7 +459,7 @@ class _Lowering:
         outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
-        kernel = kernel_for(comp, instr.name, pairs or (), defer=True)
+        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals)
         self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)
 

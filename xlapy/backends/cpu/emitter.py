@@ -29,11 +29,20 @@
 # max, min, and, or) sum blocks of the innermost reduced dimension into a partial result
 # (which LLVM vectorizes into several vector accumulators) and add the partials to the
 # total, so float32 sums do not degrade like one long serial chain.
+#
+# Subnormals: like XLA:CPU, kernels flush them to zero by default (flush_denormals=True): on
+# x86 the kernel sets the MXCSR's flush-to-zero and denormals-are-zero bits on entry and
+# restores the caller's MXCSR on exit (constants LLVM folds at compile time are folded in
+# IEEE arithmetic, as XLA folds them). With flush_denormals=False (backend option
+# `denormals="ieee"`) kernels keep IEEE subnormals. Other architectures keep them too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import platform
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from llvmlite import ir
@@ -211,8 +220,29 @@ def _reaches_reduce(instr: HloInstruction) -> bool:
     return False
 
 
+DENORMALS = ("flush", "ieee")
+DENORMALS_ENV = "XLAPY_CPU_DENORMALS"
+
+
+def denormals_flushed(options: Mapping[str, Any]) -> bool:
+    """Whether kernels flush subnormals to zero: backend option `denormals`, else
+    $XLAPY_CPU_DENORMALS, else "flush" (what XLA:CPU does; "ieee" keeps them)."""
+    mode = str(options.get("denormals") or os.environ.get(DENORMALS_ENV) or "flush").lower()
+    if mode not in DENORMALS:
+        raise XlapyError(f"denormals must be one of {', '.join(DENORMALS)}, got {mode!r}")
+    return mode == "flush"
+
+
+MXCSR_FLUSH = 0x8040
+"""The MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) bits."""
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 def emit_kernel(
-    comp: HloComputation, name: str = "xla_kernel", in_place: Sequence[tuple[int, int]] = ()
+    comp: HloComputation,
+    name: str = "xla_kernel",
+    in_place: Sequence[tuple[int, int]] = (),
+    flush_denormals: bool | None = None,
 ) -> KernelSpec:
     """Lower `comp` to an LLVM module holding one kernel function (see the file comment).
     `in_place` lists (output leaf, parameter) pairs the caller will pass the same bytes for.
@@ -226,7 +256,14 @@ def emit_kernel(
         why = in_place_reason(comp, out, param)
         if why is not None:
             raise UnsupportedForCodegen(why)
-    return KernelEmitter(comp, name, pairs).emit()
+    if flush_denormals is None:
+        flush_denormals = denormals_flushed({})
+    return KernelEmitter(comp, name, pairs, flush_denormals).emit()
+
+
+def outer_extent_of(comp: HloComputation, in_place: tuple[tuple[int, int], ...] = ()) -> int:
+    """The outer extent of `comp`'s kernel (KernelSpec.outer_extent), without emitting it."""
+    return KernelEmitter(comp, "xla_kernel", in_place).outer_extent()
 
 
 def output_leaves(comp: HloComputation) -> list[tuple[HloInstruction, int | None, Shape]]:
@@ -282,10 +319,14 @@ def in_place_reason(comp: HloComputation, out: int, param: int) -> str | None:
 class KernelEmitter:
     """Builds the LLVM IR of one kernel; rules in EMIT_RULES call back into it."""
 
-    def __init__(self, comp: HloComputation, name: str, in_place: tuple = ()):
+    def __init__(
+        self, comp: HloComputation, name: str, in_place: tuple = (), flush_denormals: bool = True
+    ):
         self.comp = comp
         self.name = name
         self.in_place = in_place
+        self.flush_denormals = flush_denormals
+        self._saved_mxcsr: ir.Value | None = None
         self.module = ir.Module(name=name)
         self.math = MathEmitter(self.module)
         self.scopes: list[dict] = [{}]
@@ -319,11 +360,36 @@ class KernelEmitter:
         body = fn.append_basic_block("body")
         self.b = ir.IRBuilder(body)
         self.math.b = self.b
+        if self.flush_denormals:
+            self._flush_denormals_on_entry()
         return fn, body
 
     def end_function(self, body) -> None:
+        if self._saved_mxcsr is not None:  # the caller's floating-point mode again
+            self.b.call(self._mxcsr_intrinsic("ldmxcsr"), [self._saved_mxcsr])
         self.b.ret_void()
         self.alloca_builder.branch(body)
+
+    def _mxcsr_intrinsic(self, which: str) -> ir.Function:
+        name = f"llvm.x86.sse.{which}"
+        if name in self.module.globals:
+            return self.module.globals[name]
+        return ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
+
+    def _flush_denormals_on_entry(self) -> None:
+        """On x86, set the MXCSR's FTZ and DAZ bits for the kernel's run (the caller's MXCSR
+        is saved here and restored in end_function)."""
+        if not _X86:
+            return
+        b = self.alloca_builder
+        saved = b.alloca(I32, name="mxcsr.saved")
+        flushing = b.alloca(I32, name="mxcsr.flush")
+        saved_ptr = b.bitcast(saved, I8.as_pointer())
+        flushing_ptr = b.bitcast(flushing, I8.as_pointer())
+        b.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
+        b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+        b.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
+        self._saved_mxcsr = saved_ptr
 
     def emit(self) -> KernelSpec:
         n_ptrs = len(self.out_leaves) + len(self.params)
@@ -361,12 +427,10 @@ class KernelEmitter:
 
         reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
         window = self._in_place_window() if shape0.rank else None
-        outer = shape0.dims[order[0]] if order else 1
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
                 self._store_outputs((), out_ptrs)
         elif self._flat_elementwise(shape0):
-            outer = shape0.num_elements
             with self.loop(start, end, "flat") as i:
                 self.flat = (i,) * shape0.rank
                 self._store_outputs(self.flat, out_ptrs)
@@ -374,7 +438,6 @@ class KernelEmitter:
             elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
         elif window is not None:
             self._store_window(window, order, out_ptrs[0], start, end)
-            outer = window.operands[1].shape.dims[order[0]]
         else:
             nest(0)
         self.end_function(body)
@@ -383,9 +446,25 @@ class KernelEmitter:
             str(self.module),
             tuple(s for _, _, s in self.out_leaves),
             tuple(p.shape for p in self.params),
-            outer,
+            self.outer_extent(),
             self.in_place,
         )
+
+    def outer_extent(self) -> int:
+        """The size of the range [start, end) the kernel's entry point splits on: what
+        `emit` lays the outermost loop over (also computed alone, without emitting, to
+        check a cached kernel's signature)."""
+        shape0 = self.loop_shape()
+        if shape0.rank == 0:
+            return 1
+        order = list(reversed(shape0.layout_or_default.minor_to_major))
+        if self._flat_elementwise(shape0):
+            return shape0.num_elements
+        if elemental.kept_minor_reduces(self.out_leaves) is None:
+            window = self._in_place_window()
+            if window is not None:
+                return window.operands[1].shape.dims[order[0]]
+        return shape0.dims[order[0]]
 
     def _flat_elementwise(self, shape0: Shape) -> bool:
         """Whether the kernel reads every array it touches at the element it writes, in the

@@ -15,11 +15,10 @@
 # 32-bit relative offsets would instead assume that code and data lie within 2 GiB.)
 #
 # Compiled objects are cached on disk, keyed by a SHA-256 of the IR text, the CPU name and
-# features, the xlapy and llvmlite versions and the cache format. Each file holds a header
-# with the SHA-256 of its payload, so a truncated or corrupted entry reads as a miss (and is
-# compiled and written again). Files are written to a temporary name and renamed into place
-# (os.replace), so concurrent compilers never see half a file. The directory is
-# $XLAPY_CACHE_DIR, or ~/.cache/xlapy/kernels.
+# features, the xlapy and llvmlite versions and the cache format. The files are read and
+# written by disk_cache.py: a private directory, every entry authenticated with a per-user
+# secret key (HMAC), regular files of bounded size only; anything else reads as a miss (and
+# is compiled and written again).
 #
 # Threads: optimization and code emission of different modules may run concurrently (each
 # compile parses into an LLVM context of its own and uses a target machine of its own
@@ -34,23 +33,19 @@ import ctypes
 import ctypes.util
 import functools
 import hashlib
-import os
-import tempfile
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
 
 import xlapy
+from xlapy.backends.cpu.disk_cache import FORMAT, read_entry, write_entry
+from xlapy.backends.cpu.disk_cache import cache_dir as cache_dir  # where the files are
 from xlapy.backends.cpu.math import LIBM_FUNCTIONS
 
 _lock = threading.Lock()
 _local = threading.local()
-
-FORMAT = b"xlapy-object 3"
-"""The first line of every cache file; part of every key, so older layouts are never read."""
 
 
 @functools.cache
@@ -103,14 +98,6 @@ def new_target_machine():
 def data_layout() -> str:
     """The host target's data layout string."""
     return str(target_machine().target_data)
-
-
-def cache_dir() -> Path:
-    """Where compiled objects are kept: $XLAPY_CACHE_DIR or ~/.cache/xlapy/kernels."""
-    env = os.environ.get("XLAPY_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "xlapy" / "kernels"
 
 
 def content_key(*parts: str) -> str:
@@ -225,39 +212,6 @@ def compile_object(
     if use_cache:
         write_entry(key, ".o", data)
     return CompiledObject(key, data, False)
-
-
-def read_entry(key: str, suffix: str) -> bytes | None:
-    """The payload of cache file `key + suffix`; None when it is missing, unreadable,
-    truncated or does not match its checksum."""
-    try:
-        raw = (cache_dir() / f"{key}{suffix}").read_bytes()
-    except OSError:
-        return None
-    head, _, payload = raw.partition(b"\n")
-    magic, _, digest = head.rpartition(b" ")
-    if magic != FORMAT or hashlib.sha256(payload).hexdigest().encode() != digest:
-        return None
-    return payload
-
-
-def write_entry(key: str, suffix: str, payload: bytes) -> None:
-    """Write cache file `key + suffix` atomically (a full or read-only cache directory is
-    ignored: it only costs the next compile)."""
-    path = cache_dir() / f"{key}{suffix}"
-    head = FORMAT + b" " + hashlib.sha256(payload).hexdigest().encode() + b"\n"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=suffix)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(head + payload)
-            os.replace(tmp, path)
-        except OSError:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
 
 
 def _new_engine() -> llvm.ExecutionEngine:

@@ -12,13 +12,14 @@
 #
 # Compiling: `compile_computation` first looks the computation up in the kernel cache, keyed
 # by its text, the in-place pairs and a fingerprint of xlapy's sources (so any change to the
-# code generator is a miss). A hit names the object and gives the kernel's signature (outer
-# extent, in-place pairs; outputs and parameters are checked against the computation), and
-# the LLVM IR is emitted again only when a dump asks for it; its object is read from the
-# disk cache at once (checksummed). A miss emits the IR, compiles it (the JIT's object cache
-# is keyed by the IR text) and records the entry. With `defer=True` the LLVM work runs on a
-# small compile pool and the kernel is bound when `wait()` is called,
-# so the kernels of one program compile concurrently while the caller emits the next one.
+# code generator is a miss). A hit names the object; the kernel's signature (outputs,
+# parameters, in-place pairs, outer extent) is recomputed from the computation and must
+# match the entry. The LLVM IR is emitted again only when a dump asks for it; the object is
+# read from the disk cache at once (authenticated, disk_cache.py). A miss emits the IR,
+# compiles it (the JIT's object cache is keyed by the IR text) and records the entry. With
+# `defer=True` the LLVM work runs on a small compile pool and the kernel is bound when
+# `wait()` is called, so the kernels of one program compile concurrently while the caller
+# emits the next one.
 # Objects whose code is ready (read or compiled) are queued, and the first kernel that waits
 # loads every queued object into the process's shared execution engine (`flush_loads`: one
 # finalization for the batch, ~0.1 ms for four objects against ~1.2 ms for an engine each).
@@ -41,7 +42,13 @@ from pathlib import Path
 import numpy as np
 
 from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.emitter import KernelSpec, emit_kernel, output_leaves
+from xlapy.backends.cpu.emitter import (
+    KernelSpec,
+    denormals_flushed,
+    emit_kernel,
+    outer_extent_of,
+    output_leaves,
+)
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -186,7 +193,7 @@ def _enqueue(item: _Queued) -> None:
 def _request_cached(key: str) -> tuple[Future, bool] | None:
     """(the Future of the loaded object `key`, whether an earlier request made it), the
     object read from the disk cache now and queued for flush_loads(); None when it is not
-    in the cache (missing, or damaged: its checksum is checked here)."""
+    in the cache (missing, or damaged or forged: its MAC is checked here)."""
     with _loaded_lock:
         future = _objects.get(key)
         if future is not None:
@@ -425,23 +432,34 @@ def compile_computation(
     in_place: Sequence[tuple[int, int]] = (),
     defer: bool = False,
     comp_text: str | None = None,
+    flush_denormals: bool | None = None,
 ) -> Kernel:
     """Emit, optimize (or fetch from the caches) and load the kernel of `comp`.
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
     emitter.in_place_reason); the kernel reads those parameters through the outputs.
     `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
     `comp_text`: `comp.to_text()` when the caller has it.
+    `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
+    None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
     pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
     symbol = symbol_name(name)
+    if flush_denormals is None:
+        flush_denormals = denormals_flushed({})
 
     def emit() -> KernelSpec:
-        return emit_kernel(comp, SYMBOL, pairs)
+        return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
 
     if not use_cache:
         return Kernel(emit(), symbol, use_cache=False)
-    key = jit.content_key("kernel", comp_text or comp.to_text(), repr(pairs), source_fingerprint())
-    hit = _read_entry(key, comp)
+    key = jit.content_key(
+        "kernel",
+        comp_text or comp.to_text(),
+        repr(pairs),
+        "flush-denormals" if flush_denormals else "ieee-denormals",
+        source_fingerprint(),
+    )
+    hit = _read_entry(key, comp, pairs)
     if hit is not None:
         object_key, signature = hit
         request = _request_cached(object_key)
@@ -468,7 +486,15 @@ def _derived(comp: HloComputation) -> tuple[tuple[Shape, ...], tuple[Shape, ...]
     return tuple(s for _, _, s in output_leaves(comp)), tuple(p.shape for p in comp.parameters)
 
 
-def _read_entry(key: str, comp: HloComputation) -> tuple[str, Signature] | None:
+_OBJECT_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _read_entry(
+    key: str, comp: HloComputation, in_place: tuple[tuple[int, int], ...]
+) -> tuple[str, Signature] | None:
+    """The object key and signature of cached kernel entry `key` for `comp`: the shapes,
+    the in-place pairs and the outer extent are those of `comp`, recomputed here; an entry
+    that says otherwise is a miss."""
     with _loaded_lock:
         hit = _entries.get(key)
     if hit is not None:
@@ -476,16 +502,21 @@ def _read_entry(key: str, comp: HloComputation) -> tuple[str, Signature] | None:
     payload = jit.read_entry(key, ".kernel")
     if payload is None:
         return None
-    try:
+    try:  # authenticated (disk_cache.py), and still checked against `comp`:
         entry = json.loads(payload)
         outputs, params = _derived(comp)
-        if entry["outputs"] != [s.to_text() for s in outputs] or entry["params"] != [
-            s.to_text() for s in params
-        ]:
+        pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
+        signature = Signature(outputs, params, outer_extent_of(comp, pairs), pairs)
+        if (
+            entry["outputs"] != [s.to_text() for s in outputs]
+            or entry["params"] != [s.to_text() for s in params]
+            or entry["outer_extent"] != signature.outer_extent
+            or [tuple(p) for p in entry["in_place"]] != list(pairs)
+            or not _OBJECT_KEY.fullmatch(entry["object"])
+        ):
             return None
-        pairs = tuple((int(o), int(i)) for o, i in entry["in_place"])
-        hit = entry["object"], Signature(outputs, params, int(entry["outer_extent"]), pairs)
-    except (ValueError, KeyError, TypeError):
+        hit = entry["object"], signature
+    except (ValueError, KeyError, TypeError, XlapyError):
         return None
     with _loaded_lock:
         _entries[key] = hit

@@ -21,11 +21,15 @@
 #           f64: odd Taylor polynomial below 0.2, 1 - 2/(exp(2|x|) + 1) above, the sign
 #           restored; +-1 past saturation.
 #   logistic t = exp(-|x|): 1 / (1 + t) for x >= 0, t / (1 + t) below (no underflow to 0).
-#   sin, cos, tan (f32)  computed in double: k = rint(x*2/pi), r = x - k*pi/2 with pi/2 split
-#           Cody-Waite style into three parts (k*P1, k*P2 exact while |k| < 2^25, i.e.
-#           |x| < 5.2e7); Taylor polynomials of sin and cos on |r| <= pi/4. Beyond the bound the
-#           reduction loses accuracy: results stay in [-1, 1] but are not accurate (measured
-#           in tests/test_cpu_math.py).
+#   sin, cos, tan (f32)  computed in double, for every finite float (1e20, FLT_MAX): the
+#           argument reduction is Payne-Hanek's idea without its loop, since a float has 24
+#           bits. x = M * 2^E with M an integer below 2^24, so x*2/pi mod 4 = M * F(E) mod 4
+#           where F(E) = 2^E * 2/pi mod 4 is precomputed for every float exponent (a table
+#           of 256 double-double values, `two_over_pi_table`, exact to 2^-106 relative).
+#           M * F(E) is formed exactly with one FMA (hi + lo) plus M * F_lo; k = rint(hi),
+#           r = ((hi - k) + lo) * pi/2, quadrant k mod 4. Branch-free (one table load per
+#           half, which vectorizes as a gather); Taylor polynomials of sin and cos on
+#           |r| <= pi/4.
 #   atan2 (f32)  in double: octant reduction to |t| <= tan(pi/8), odd Taylor series of atan.
 #   erf (f32)    in double: Taylor series for |x| < 1.5, 1 - exp(-x^2) * g(x) / x on
 #           [1.5, 4) with g = x*erfcx(x) fitted by a Chebyshev least-squares polynomial,
@@ -37,7 +41,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from fractions import Fraction
 
 from llvmlite import ir
 
@@ -263,15 +269,36 @@ class MathEmitter:
         return self.select(b.fcmp_unordered("<", x, _c(ty, 0.0)), b.fmul(t, r), r)
 
     # -- functions computed in double for f32 ------------------------------------------------
-    def _sincos_reduce(self, xd):
+    def _table(self, name: str, values: tuple[float, ...]) -> ir.GlobalVariable:
+        if name in self.module.globals:
+            return self.module.globals[name]
+        ty = ir.ArrayType(F64, len(values))
+        table = ir.GlobalVariable(self.module, ty, name)
+        table.global_constant = True
+        table.linkage = "internal"
+        table.initializer = ir.Constant(ty, list(values))
+        return table
+
+    def _sincos_reduce(self, x):
+        """(r, q) for float `x`: x = (4n + q + r*2/pi) * pi/2 with |r| <= pi/4 (about),
+        r in double (see the file comment)."""
         b = self.b
-        k = self.call("rint", b.fmul(xd, _c(F64, 2 / math.pi)))
-        p1 = 1.5707963109016418  # pi/2 to 28 bits
-        p2 = 1.5893254712295857e-08  # the next 28 bits
-        p3 = 6.123233995736766e-17 - 1.5893254712295857e-08 + (math.pi / 2 - 1.5707963109016418)
-        r = self.fma(k, _c(F64, -p1), xd)
-        r = self.fma(k, _c(F64, -p2), r)
-        r = self.fma(k, _c(F64, -p3), r)
+        bits = b.bitcast(x, I32)
+        biased = b.and_(b.lshr(bits, ir.Constant(I32, 23)), ir.Constant(I32, 0xFF))
+        mant = b.and_(bits, ir.Constant(I32, 0x7FFFFF))
+        normal = b.icmp_unsigned("!=", biased, ir.Constant(I32, 0))
+        m = self.select(normal, b.or_(mant, ir.Constant(I32, 0x800000)), mant)
+        md = b.sitofp(m, F64)
+        md = self.select(b.icmp_signed("<", bits, ir.Constant(I32, 0)), b.fneg(md), md)
+        hi_table, lo_table = two_over_pi_table()
+        index = [ir.Constant(I32, 0), biased]
+        f_hi = b.load(b.gep(self._table("xlapy.two_over_pi.hi", hi_table), index))
+        f_lo = b.load(b.gep(self._table("xlapy.two_over_pi.lo", lo_table), index))
+        hi = b.fmul(md, f_hi)
+        lo = self.call("fma", md, f_hi, b.fneg(hi))  # exact: the product's low part
+        lo = self.call("fma", md, f_lo, lo)
+        k = self.call("rint", hi)
+        r = b.fmul(b.fadd(b.fsub(hi, k), lo), _c(F64, math.pi / 2))
         q = b.and_(b.fptosi(k, I64), ir.Constant(I64, 3))
         return r, q
 
@@ -287,8 +314,7 @@ class MathEmitter:
     def _sincos(self, x, want_sin: bool):
         b, ty = self.b, x.type
         xd = self.ext(x)
-        xs = self.select(b.fcmp_ordered("<", self.fabs(xd), _c(F64, math.inf)), xd, _c(F64, 0))
-        r, q = self._sincos_reduce(xs)
+        r, q = self._sincos_reduce(x)
         s, c = self._sin_poly(r), self._cos_poly(r)
         if not want_sin:
             q = b.add(q, ir.Constant(I64, 1))
@@ -318,8 +344,7 @@ class MathEmitter:
             return self.libm("tan", x)
         b = self.b
         xd = self.ext(x)
-        xs = self.select(b.fcmp_ordered("<", self.fabs(xd), _c(F64, math.inf)), xd, _c(F64, 0))
-        r, q = self._sincos_reduce(xs)
+        r, q = self._sincos_reduce(x)
         s, c = self._sin_poly(r), self._cos_poly(r)
         odd = b.icmp_unsigned("!=", b.and_(q, ir.Constant(I64, 1)), ir.Constant(I64, 0))
         t = self.select(odd, b.fdiv(b.fneg(c), s), b.fdiv(s, c))
@@ -449,3 +474,41 @@ class MathEmitter:
 
 LIBM_FUNCTIONS = frozenset(_LIBM_F64)
 """The libm symbols f64 kernels may call (the JIT resolves them in the process)."""
+
+
+def _pi_fixed(bits: int) -> int:
+    """floor(pi * 2^bits), by Machin's formula in integers."""
+
+    def atan_inv(n: int, one: int) -> int:
+        total, term, k, sign = 0, one // n, 1, 1
+        while term:
+            total += sign * (term // k)
+            term //= n * n
+            k += 2
+            sign = -sign
+        return total
+
+    guard = 64
+    one = 1 << (bits + guard)
+    return (16 * atan_inv(5, one) - 4 * atan_inv(239, one)) >> guard
+
+
+@functools.cache
+def two_over_pi_table() -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """F(E) = 2^E * 2/pi mod 4 as double-double (hi, lo) tables indexed by a float's biased
+    exponent field b: E = b - 150 (the exponent of its 24-bit integer mantissa), E = -149
+    for b = 0 (subnormals); entry 255 (inf, NaN) is 0."""
+    precision = 480
+    two_over_pi = Fraction(2 << (2 * precision), _pi_fixed(precision) << precision)
+    his, los = [], []
+    for biased in range(256):
+        if biased == 255:
+            his.append(0.0)
+            los.append(0.0)
+            continue
+        e = -149 if biased == 0 else biased - 150
+        f = (two_over_pi * Fraction(2) ** e) % 4
+        hi = float(f)
+        his.append(hi)
+        los.append(float(f - Fraction(hi)))
+    return tuple(his), tuple(los)

@@ -7,8 +7,9 @@
 # the prepared module, in the kernel cache's directory (jit.cache_dir()), keyed by the
 # input module's text, the options the pipeline reads and a SHA-256 of every Python source
 # of xlapy (any change to a pass, the parser or the printer is a miss). Buffer assignment
-# and lowering run as always on the parsed text; the file is checksummed and written
-# atomically like every cache file (jit.read_entry / jit.write_entry).
+# and lowering run as always on the parsed text; the file is authenticated (HMAC under the
+# user's key) and written atomically like every cache file (disk_cache.py), and a cached
+# module is used only when it has the compiled program's parameter and result shapes.
 #
 # This is XLA's persistent compilation cache in miniature; unlike XLA's, it keeps the
 # optimized HLO rather than the executable, so the thunks, the arena layout and the kernel

@@ -18,6 +18,7 @@ from xlapy.backends.custom_calls import (
     XLA_INTERNAL_TARGET_NAMES,
     ApiVersion,
     call_cpu_c_target,
+    calling,
     find,
 )
 from xlapy.backends.interpreter.registry import evaluates
@@ -165,6 +166,12 @@ def _custom_call(instr, operands, ctx):
     config = instr.attrs.get("backend_config")
     opaque = config.text if config is not None else ""
     outs = _preallocated_outs(instr, operands)
+    with calling(name):
+        return _call_target(instr, target, operands, outs, opaque)
+
+
+def _call_target(instr, target, operands, outs, opaque):
+    name = target.name
     if target.api_version is ApiVersion.TYPED_FFI:
         ins = tuple(_readonly(leaf) for leaf in flatten(tuple(operands)))
         ffi.call_handler(target.fn, instr, ins, outs)

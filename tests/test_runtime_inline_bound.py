@@ -1,0 +1,60 @@
+"""Inline execution is bounded: a program that was cheap and turns out slow (its run time
+depends on its data) blocks the caller of execute ever more rarely, not on every slow run
+that follows a cheap one."""
+
+import threading
+import time
+
+import numpy as np
+
+from xlapy.runtime import Client
+
+SOMETIMES_SLOW = """HloModule sometimes_slow
+ENTRY e {
+  x = f32[4] parameter(0)
+  ROOT c = f32[4] custom-call(x), custom_call_target="maybe_sleep"
+}"""
+SLEEP = 0.15
+
+
+def test_a_program_turning_slow_stops_blocking_its_callers():
+    client = Client("cpu")
+
+    def maybe_sleep(ins, opaque):
+        if ins[0][0] > 0:
+            time.sleep(SLEEP)
+        return np.asarray(ins[0]) + 1
+
+    client.register_custom_call("maybe_sleep", maybe_sleep)
+    exe = client.compile(SOMETIMES_SLOW)
+    fast = client.buffer_from_pyval(np.zeros(4, np.float32))
+    slow = client.buffer_from_pyval(np.ones(4, np.float32))
+    blocked = 0
+    for _ in range(6):
+        for _ in range(3):  # cheap runs: the program looks cheap again
+            exe.execute([[fast]])[0][0].block_until_ready()
+        start = time.perf_counter()
+        [out] = exe.execute([[slow]])[0]
+        if time.perf_counter() - start > SLEEP / 2:
+            blocked += 1
+        np.testing.assert_array_equal(out.to_numpy(), np.full(4, 2, np.float32))
+    assert blocked <= 1, f"execute blocked its caller for a slow run {blocked} times of 6"
+    client.close()
+
+
+def test_a_cheap_program_still_runs_inline_after_its_first_run():
+    client = Client("cpu")
+    threads = []
+
+    def record(ins, opaque):
+        threads.append(threading.current_thread())
+        return np.asarray(ins[0]) + 1
+
+    client.register_custom_call("maybe_sleep", record)
+    exe = client.compile(SOMETIMES_SLOW)
+    x = client.buffer_from_pyval(np.zeros(4, np.float32))
+    for _ in range(3):
+        exe.execute([[x]])[0][0].block_until_ready()
+    assert threads[0] is not threading.current_thread()
+    assert threads[-1] is threading.current_thread()
+    client.close()

@@ -1,0 +1,153 @@
+"""Misuse that must fail with a typed xlapy error saying what is wrong (not an untyped
+Python error, a silent misreading, or a misleading message)."""
+
+import hashlib
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from xlapy.errors import VerifierError, XlapyError
+from xlapy.ir.parser import parse_module
+from xlapy.ir.verifier import verify
+from xlapy.runtime import Client, CompileOptions, DonationError, RuntimeApiError
+from xlapy.runtime.errors import SerializationError
+
+INCREMENT = """HloModule increment, input_output_alias={ {}: 0 }
+ENTRY entry {
+  p = f32[] parameter(0)
+  c = f32[] constant(1)
+  ROOT out = f32[] add(p, c)
+}"""
+NEG = """HloModule neg
+ENTRY e {
+  x = f32[4] parameter(0)
+  ROOT n = f32[4] negate(x)
+}"""
+
+
+@pytest.fixture
+def client():
+    c = Client("cpu")
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "dims",
+    ["4611686018427387904,4", "9223372036854775807", "2305843009213693952"],
+)
+def test_byte_size_beyond_int64_is_a_verifier_error(client, dims):
+    text = f"""HloModule big
+ENTRY e {{
+  p = f32[{dims}] parameter(0)
+  ROOT n = f32[{dims}] negate(p)
+}}"""
+    with pytest.raises(VerifierError, match="int64"):
+        verify(parse_module(text))
+    with pytest.raises(XlapyError, match="int64"):
+        client.compile(text)
+
+
+def test_buffers_together_beyond_int64_is_a_verifier_error():
+    big = "f32[1152921504606846976]"  # 2^62 bytes each: fine alone, not together
+    text = f"""HloModule big
+ENTRY e {{
+  p = {big} parameter(0)
+  n = {big} negate(p)
+  ROOT m = {big} negate(n)
+}}"""
+    with pytest.raises(VerifierError, match="together"):
+        verify(parse_module(text))
+
+
+@pytest.mark.parametrize("data", ["XLAPYEXE....", 42, None, [1, 2]])
+def test_deserializing_what_is_not_bytes_is_a_serialization_error(client, data):
+    with pytest.raises(SerializationError, match="must be bytes"):
+        client.deserialize_executable(data)
+
+
+def test_trailing_bytes_message_reads(client):
+    data = client.compile(NEG).serialize() + b"x"
+    with pytest.raises(SerializationError) as info:
+        client.deserialize_executable(data)
+    assert "executable has trailing bytes" in str(info.value)
+    assert "is has" not in str(info.value)
+
+
+def test_non_utf8_hlo_text_is_reported_as_such(client):
+    meta = json.dumps({"platform": "cpu"}).encode()
+    text = b"HloModule m\xff"
+    header = struct.pack("<8sIIQ", b"XLAPYEXE", 1, len(meta), len(text))
+    body = header + meta + text
+    with pytest.raises(SerializationError, match="HLO text is not UTF-8") as info:
+        client.deserialize_executable(body + hashlib.sha256(body).digest())
+    assert "metadata" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "assignment",
+    [[["a"]], [[0.5]], [[None]], [[True]], "0", [0], [[-1]]],
+    ids=["str", "float", "none", "bool", "text", "flat", "negative"],
+)
+def test_bad_device_assignment_is_a_runtime_error(assignment):
+    with pytest.raises(RuntimeApiError, match="device"):
+        CompileOptions.make(device_assignment=assignment)
+
+
+@pytest.mark.parametrize("count", ["2", 1.0, None, True])
+def test_non_integer_replica_count_is_a_runtime_error(count):
+    with pytest.raises(RuntimeApiError, match="num_replicas must be an integer"):
+        CompileOptions.make(num_replicas=count)
+
+
+@pytest.mark.parametrize("donate", [[True], [False], [np.True_]])
+def test_donate_takes_parameter_numbers_not_flags(client, donate):
+    exe = client.compile(INCREMENT)
+    buf = client.buffer_from_pyval(np.float32(1))
+    with pytest.raises(DonationError, match="parameter numbers"):
+        exe.execute([[buf]], donate=donate)
+    assert not buf.is_deleted
+
+
+@pytest.mark.parametrize("veto", [[True], [0.0], ["0"]])
+def test_non_donatable_takes_parameter_numbers(client, veto):
+    exe = client.compile(INCREMENT)
+    buf = client.buffer_from_pyval(np.float32(1))
+    with pytest.raises(DonationError, match="parameter numbers"):
+        exe.execute([[buf]], donate=[0], non_donatable=veto)
+    assert not buf.is_deleted
+
+
+def test_nothing_starts_after_close():
+    client = Client("cpu")
+    exe = client.compile(NEG)
+    buf = client.buffer_from_pyval(np.ones(4, np.float32))
+    for _ in range(2):  # warm: the second call would run inline
+        exe.execute([[buf]])[0][0].block_until_ready()
+    client.close()
+    with pytest.raises(RuntimeApiError, match="client was closed"):
+        exe.execute([[buf]])
+    with pytest.raises(RuntimeApiError, match="client was closed"):
+        exe.execute([[buf]], donate=[0])
+    with pytest.raises(RuntimeApiError, match="client was closed"):
+        client.compile(NEG)
+    with pytest.raises(RuntimeApiError, match="client was closed"):
+        client.compile(INCREMENT)
+    with pytest.raises(RuntimeApiError, match="client was closed"):
+        client.buffer_from_pyval(np.ones(4, np.float32))
+    np.testing.assert_array_equal(buf.to_numpy(), np.ones(4, np.float32))
+
+
+def test_another_clients_buffer_is_named_as_such():
+    one, two = Client("cpu"), Client("cpu")
+    exe = one.compile(NEG)
+    buf = two.buffer_from_pyval(np.ones(4, np.float32))
+    with pytest.raises(RuntimeApiError) as info:
+        exe.execute([[buf]])
+    message = str(info.value)
+    assert "another client" in message
+    assert "runs on device 0" not in message
+    one.close()
+    two.close()
