@@ -15,6 +15,8 @@ parse an attribute, the printer to print it, and nothing else needs its own list
 from __future__ import annotations
 
 import enum
+import math
+import re
 from dataclasses import dataclass
 
 from xlapy.ir.shapes import ShapeIndex
@@ -281,6 +283,34 @@ class ReplicaGroups:
 
     groups: tuple[tuple[int, ...], ...] = ()
     iota_text: str | None = None
+
+    def expanded(self) -> tuple[tuple[int, ...], ...]:
+        """The groups as explicit id lists: an iota form `[a,b]<=[n]` (optionally with a
+        reshape and transpose, `[2,2]<=[2,2]T(1,0)`) becomes a groups of b ids each."""
+        if self.iota_text is None:
+            return self.groups
+        m = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", self.iota_text)
+        if m is None:
+            raise ValueError(f"cannot read replica groups '{self.iota_text}'")
+        shape = [int(v) for v in m.group(1).split(",")]
+        reshape = [int(v) for v in m.group(2).split(",")]
+        total = math.prod(reshape)
+        if math.prod(shape) != total:
+            raise ValueError(f"replica groups '{self.iota_text}': {shape} holds a different count")
+        ids = list(range(total))
+        if m.group(3):
+            perm = [int(v) for v in m.group(3).split(",")]
+            strides = [math.prod(reshape[i + 1 :]) for i in range(len(reshape))]
+            dims = [reshape[p] for p in perm]
+            ids = []
+            for flat in range(total):
+                rest, offset = flat, 0
+                for axis in reversed(range(len(dims))):
+                    rest, i = divmod(rest, dims[axis])
+                    offset += i * strides[perm[axis]]
+                ids.append(offset)
+        width = shape[-1] if len(shape) > 1 else total
+        return tuple(tuple(ids[i : i + width]) for i in range(0, total, width))
 
 
 @dataclass(frozen=True, slots=True)

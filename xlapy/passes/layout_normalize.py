@@ -10,7 +10,7 @@ row-major order instead of being read back transposed by the update.
 
 This pass does the discarding: every array instruction of the entry computation that is not
 a parameter, does not feed the result (directly or through tuples), and does not cross into
-another computation (operands and results of while / conditional / call) gets the default
+another computation (operands and results of while / conditional / call / fusion) gets the default
 row-major layout. The simplifier then sees transposes as real data movement and folds them
 into dots (rules.py: transpose(dot) and dot(transpose) rules), and reshape-to-bitcast later
 turns back into bitcasts the reshapes and transposes that still move no bytes.
@@ -31,8 +31,9 @@ from xlapy.passes.pass_base import HloPass, register_pass
 LAYOUT_SENSITIVE = frozenset({Opcode.BITCAST, Opcode.CUSTOM_CALL})
 """Opcodes whose results depend on physical layouts: their modules keep every layout."""
 
-CROSSING = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL})
-"""Opcodes whose operands and results are the parameters and roots of other computations."""
+CROSSING = frozenset({Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL, Opcode.FUSION})
+"""Opcodes whose operands and results are the parameters and roots of other computations
+(a fusion's fused parameters and root carry the layouts its kernel reads and writes)."""
 
 
 def _pinned(entry) -> set[int]:

@@ -70,6 +70,8 @@ class Client:
         self.process_index = 0
         self._inline_execution = bool(inline_execution)
         self._devices = tuple(Device(self, i, kind) for i in range(device_count))
+        self._transport = None
+        """How collectives reach devices of other processes (a distributed client)."""
         self.custom_calls = CustomCallRegistry()
         self.compiler = Compiler(platform, self.custom_calls)
         self._cache: OrderedDict[tuple[str, int, int], LoadedExecutable] = OrderedDict()
@@ -108,6 +110,10 @@ class Client:
 
     def memory_spaces(self) -> list[MemorySpace]:
         return [s for d in self._devices for s in d.memory_spaces]
+
+    def _is_local_device(self, device_id: int) -> bool:
+        """Whether device `device_id` belongs to this process."""
+        return self.lookup_device(device_id).process_index == self.process_index
 
     def lookup_device(self, device_id: int) -> Device:
         """The device with id `device_id`."""

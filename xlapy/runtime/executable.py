@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xlapy.backends.base import Backend, CompiledProgram, alias_leaves
+from xlapy.backends.collectives import DEFAULT_TIMEOUT_SECONDS, CollectiveRun, DeviceGrid
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
 from xlapy.runtime import serialize
@@ -186,18 +188,30 @@ class LoadedExecutable(Executable):
         self._aliases = alias_leaves(self.module)
         self._assignment = client._device_assignment(self.options)
         self._programs: dict[int, CompiledProgram] = {}
+        self._positions: dict[int, tuple[int, int]] = {}
+        """device id -> (replica, partition)."""
+        shared: CompiledProgram | None = None
         for r, row in enumerate(self._assignment):
             for p, device_id in enumerate(row):
-                self._programs[device_id] = backend.compile(
-                    self.module,
-                    {**self._backend_options(), "replica_id": r, "partition_id": p},
-                    text=self.hlo_text(),
-                )
+                self._positions[device_id] = (r, p)
+                if not client._is_local_device(device_id):
+                    continue
+                if shared is None:  # one program; each run gets its ids from its DeviceCollectives
+                    shared = backend.compile(
+                        self.module,
+                        {**self._backend_options(), "replica_id": r, "partition_id": p},
+                        text=self.hlo_text(),
+                    )
+                self._programs[device_id] = shared
+        self._runs = itertools.count()
         self._portable: CompiledProgram | None = None
         self._signature = CallSignature(
             self.name, self._param_shapes, self.output_shape, self._aliases
         )
-        self._devices = tuple(client.lookup_device(d) for row in self._assignment for d in row)
+        self._devices = tuple(
+            client.lookup_device(d) for row in self._assignment for d in row if d in self._programs
+        )
+        self._multi_device = len(self._positions) > 1
         self._only = (self._devices[0], self._programs[self._devices[0].id])
         """(device, program) of the call `execute` makes when there is one device."""
 
@@ -241,7 +255,23 @@ class LoadedExecutable(Executable):
             self._plan(self._programs[d.id], args, d, donate, non_donatable, strict_donation)
             for d, args in zip(devices, argument_lists, strict=True)
         ]
+        if self._multi_device:
+            run = self._collective_run()
+            for plan in plans:
+                plan.collectives = run.for_device(*self._positions[plan.device.id])
         return commit(plans)
+
+    def _collective_run(self) -> CollectiveRun:
+        """What the devices of one execution share to meet in collectives. Every process
+        of a distributed client numbers its executions of this executable alike, so the
+        run id names the same execution everywhere."""
+        timeout = dict(self.options.backend_options).get("collective_timeout")
+        return CollectiveRun(
+            (self.fingerprint[:16], next(self._runs)),
+            DeviceGrid(self._assignment),
+            DEFAULT_TIMEOUT_SECONDS if timeout is None else float(timeout),
+            self.client._transport,
+        )
 
     def execute_sharded(self, arguments: Sequence[Any], device: Device, **donation) -> list[Buffer]:
         """Run only the replica/partition assigned to `device`."""
@@ -251,7 +281,18 @@ class LoadedExecutable(Executable):
                 f"{self.name} is not assigned to device {device.id}; its devices are "
                 f"{[d.id for d in self.addressable_devices]}"
             )
-        return self._run_one(program, arguments, device, **donation)
+        if not self._multi_device:
+            return self._run_one(program, arguments, device, **donation)
+        plan = self._plan(
+            program,
+            arguments,
+            device,
+            tuple(donation.get("donate", ())),
+            tuple(donation.get("non_donatable", ())),
+            donation.get("strict_donation"),
+        )
+        plan.collectives = self._collective_run().for_device(*self._positions[device.id])
+        return commit([plan])[0]
 
     def execute_portable(
         self, arguments: Sequence[Any], device: Device, **donation
