@@ -249,8 +249,12 @@ class Transport(Protocol):
     def exchange(
         self, run: CollectiveRun, key: tuple, members: Sequence[int], local: dict[int, Any]
     ) -> dict[int, Any]:
-        """Send the local members' contributions (device -> arrays) to the processes of the
-        other members; return every remote member's contribution."""
+        """Send the local members' contributions (device -> Contribution) to the processes
+        of the other members; return every remote member's (without outputs)."""
+        ...
+
+    def abort(self, run_id: Any, device: int, error: BaseException) -> None:
+        """Tell the other processes that local device `device` failed in run `run_id`."""
         ...
 
 
@@ -287,9 +291,12 @@ class CollectiveRun:
     def abort(self, device: int, error: BaseException) -> None:
         """Device `device` failed: wake every device waiting in this run with its error."""
         with self._cond:
-            if self.error is None:
+            first = self.error is None
+            if first:
                 self.error = (device, error)
             self._cond.notify_all()
+        if first and self.transport is not None and self.transport.is_local(device):
+            self.transport.abort(self.run_id, device, error)
 
     def _raise_if_aborted(self, what: str) -> None:
         if self.error is not None:
@@ -365,7 +372,7 @@ class CollectiveRun:
 
 
 @dataclass(frozen=True, slots=True)
-class _Contribution:
+class Contribution:
     """What a participant publishes: its operands, its results (None when remote) and a
     description of both to check against the others'."""
 
@@ -417,7 +424,7 @@ class DeviceCollectives:
         if len(members) == 1:
             _COMPUTE[op](instr, [tuple(inputs)], 0, [tuple(outputs)], True)
             return
-        mine = _Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
+        mine = Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
         values = self.run.meet(key, what, members, rank, mine)
         try:
             _check_signatures(what, members, values)
@@ -452,7 +459,7 @@ class DeviceCollectives:
         rank = ids.index(me)
         what = f"{instr.opcode.text} {instr.name} on device {self.device}"
         key = self._key(instr, members)
-        mine = _Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
+        mine = Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
         values = self.run.meet(key, what, members, rank, mine)
         try:
             _check_signatures(what, members, values)
@@ -467,7 +474,7 @@ class DeviceCollectives:
             self.run.leave(key, what, members)
 
 
-def _check_signatures(what: str, members: Sequence[int], values: Sequence[_Contribution]) -> None:
+def _check_signatures(what: str, members: Sequence[int], values: Sequence[Contribution]) -> None:
     first = values[0].signature
     for device, v in zip(members, values, strict=True):
         if v.signature != first:

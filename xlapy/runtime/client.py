@@ -46,7 +46,9 @@ PLATFORMS = {"interpreter": ("interpreter", "interpreter"), "cpu": ("cpu", "cpu"
 
 
 class Client:
-    """Devices of one platform and everything that runs on them."""
+    """Devices of one platform and everything that runs on them. `distributed="mpi"`
+    makes one client of the processes of an MPI job, `device_count` devices each (see
+    xlapy.runtime.distributed)."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class Client:
         device_count: int = 1,
         cache_size: int = 256,
         inline_execution: bool = True,
+        distributed: str | None = None,
     ):
         if platform not in PLATFORMS:
             raise RuntimeApiError(
@@ -69,9 +72,22 @@ class Client:
         self.platform_version = f"{PLATFORM_VERSION} ({self.backend.name} backend)"
         self.process_index = 0
         self._inline_execution = bool(inline_execution)
-        self._devices = tuple(Device(self, i, kind) for i in range(device_count))
         self._transport = None
         """How collectives reach devices of other processes (a distributed client)."""
+        processes = 1
+        if distributed is not None:
+            if distributed != "mpi":
+                raise RuntimeApiError(
+                    f"unknown distributed mode {distributed!r}; the one there is is 'mpi'"
+                )
+            from xlapy.runtime.distributed import MpiTransport
+
+            self._transport = MpiTransport(device_count)
+            self.process_index = self._transport.process_index
+            processes = self._transport.process_count
+        self._devices = tuple(Device(self, i, kind) for i in range(device_count * processes))
+        for device in self._devices:
+            device.process_index = device.id // device_count
         self.custom_calls = CustomCallRegistry()
         self.compiler = Compiler(platform, self.custom_calls)
         self._cache: OrderedDict[tuple[str, int, int], LoadedExecutable] = OrderedDict()
