@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -69,17 +70,34 @@ def load_case(name: str):
     except HloParseError:
         text = _explicit_mesh_groups(text)
     data = np.load(HERE / f"{name}.npz")
-    n = int(data["num_partitions"])
-    count = lambda prefix: len({k.split("_")[0] for k in data.files if k.startswith(prefix)})  # noqa: E731
-    args = [[data[f"arg{i}_{p}"] for i in range(count("arg"))] for p in range(n)]
-    outs = [[data[f"out{i}_{p}"] for i in range(count("out"))] for p in range(n)]
-    return text, n, args, outs
+    replicas = int(data["num_replicas"]) if "num_replicas" in data.files else 1
+    partitions = int(data["num_partitions"])
+    n = replicas * partitions
+    args = [[_array(data, f"arg{i}_{p}") for i in range(_count(data, "arg"))] for p in range(n)]
+    outs = [[_array(data, f"out{i}_{p}") for i in range(_count(data, "out"))] for p in range(n)]
+    return text, (replicas, partitions), args, outs
+
+
+def _count(data, prefix: str) -> int:
+    return len({k.split("_")[0] for k in data.files if k.startswith(prefix)})
+
+
+def _array(data, key: str) -> np.ndarray:
+    """An array of the npz; bfloat16 ones are kept as uint16 bits (generate.py)."""
+    if f"dtype__{key}" in data.files:
+        return data[key].view(ml_dtypes.bfloat16)
+    return data[key]
 
 
 def run_case(name: str, platform: str):
-    text, n, args, want = load_case(name)
+    text, (replicas, partitions), args, want = load_case(name)
+    n = replicas * partitions
     client = Client(platform, device_count=n)
-    options = CompileOptions.make(num_partitions=n, backend_options={"collective_timeout": 60})
+    options = CompileOptions.make(
+        num_replicas=replicas,
+        num_partitions=partitions,
+        backend_options={"collective_timeout": 60},
+    )
     exe = client.compile(text, options)
     devices = client.devices()
     buffers = [[client.buffer_from_pyval(a, devices[p]) for a in row] for p, row in enumerate(args)]

@@ -6,7 +6,8 @@ Each case is a JAX program over 2, 4 or 8 CPU devices (shard_map and NamedShardi
 XLA compiles it and partitions it, and this script writes NAME.hlo (the compiled module's
 text, `compiled.as_text()`) and NAME.npz (for every partition, the shard of every argument
 and of every output that JAX's own run produced, as `arg{i}_{partition}` and
-`out{i}_{partition}`) plus the partition count. The tests run NAME.hlo with xlapy on as
+`out{i}_{partition}`) plus the partition count (for pmap programs, one partition and a
+replica per device, `arg{i}_{replica}`). The tests run NAME.hlo with xlapy on as
 many devices and compare with the outputs bit for bit.
 
 It runs JAX in its own process with XLA_FLAGS=--xla_force_host_platform_device_count=8
@@ -162,13 +163,83 @@ def cases():
     yield ("named_sharding_2x4", f8, [rand(16, (8, 16))], m24)
 
 
+def more_cases():
+    m4 = mesh((4,), ("x",))
+
+    # a loop whose body holds collectives: each trip meets the peers again
+    def looped(x):
+        def body(i, carry):
+            s = jax.lax.psum(carry, "x")
+            r = jax.lax.ppermute(carry, "x", [(j, (j + 1) % 4) for j in range(4)])
+            return r * 0.5 + s * 0.125 + i
+
+        return jax.lax.fori_loop(0, 3, body, x)
+
+    yield ("loop_collectives_4", smap(looped, m4, P("x"), P("x")), [rand(17, (8, 5))], m4)
+
+    def low_precision(x, y):
+        return jax.lax.psum(x, "x"), jax.lax.pmax(y, "x"), jax.lax.psum(y.astype(jnp.int8), "x")
+
+    yield (
+        "low_precision_4",
+        smap(low_precision, m4, (P("x"), P("x")), (P(), P(), P())),
+        [rand(18, (16, 8)).astype(jnp.bfloat16), rand(19, (16, 3)).astype(np.float16)],
+        m4,
+    )
+
+
+def pmap_cases():
+    """pmap: device r gets row r of every argument (as a leading axis of size 1). Older
+    JAX compiles a replicated program (replica_count = devices); newer JAX lowers pmap
+    through shard_map to one partition per device."""
+
+    def f(x, y):
+        s = jax.lax.psum(x, "i")
+        g = jax.lax.all_gather(y, "i")
+        p = jax.lax.ppermute(x, "i", [(j, (j + 1) % 4) for j in range(4)])
+        return s, g, p, jax.lax.axis_index("i") * 1.0 + jax.lax.pmin(x, "i")
+
+    yield (
+        "pmap_4",
+        jax.pmap(f, axis_name="i", devices=jax.devices()[:4]),
+        [
+            rand(20, (4, 6)),
+            rand(21, (4, 2, 3)),
+        ],
+    )
+
+
+def pmap_main(only: list[str]) -> None:
+    for name, fn, args in pmap_cases():
+        if only and name not in only:
+            continue
+        text = fn.lower(*args).compile().as_text()
+        outs = jax.tree_util.tree_leaves(fn(*args))
+        n = args[0].shape[0]
+        replicated = "replica_count=" in text.split("\n", 1)[0]
+        data: dict[str, np.ndarray] = {
+            "num_partitions": np.array(1 if replicated else n),
+            "num_replicas": np.array(n if replicated else 1),
+        }
+        for i, a in enumerate(args):
+            for r in range(n):
+                data[f"arg{i}_{r}"] = np.asarray(a[r : r + 1])
+        for i, out in enumerate(outs):
+            for r in range(n):
+                data[f"out{i}_{r}"] = np.asarray(out[r : r + 1])
+        (HERE / f"{name}.hlo").write_text(text)
+        np.savez_compressed(HERE / f"{name}.npz", **data)
+        print(f"{name}: {n} devices, {len(text)} chars")
+
+
 def shards_by_partition(array, devices):
     by_device = {s.device: np.asarray(s.data) for s in array.addressable_shards}
     return [by_device[d] for d in devices]
 
 
 def main(only: list[str]) -> None:
-    for name, fn, args, m in cases():
+    pmap_main(only)
+    for name, fn, args, m in (*cases(), *more_cases()):
         if only and name not in only:
             continue
         devices = list(m.devices.flat)
@@ -186,8 +257,20 @@ def main(only: list[str]) -> None:
             for p, shard in enumerate(shards_by_partition(out, devices)):
                 data[f"out{i}_{p}"] = shard
         (HERE / f"{name}.hlo").write_text(text)
-        np.savez_compressed(HERE / f"{name}.npz", **data)
+        np.savez_compressed(HERE / f"{name}.npz", **_storable(data))
         print(f"{name}: {len(devices)} devices, {len(text)} chars")
+
+
+def _storable(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """bfloat16 arrays as their uint16 bits plus `dtype__KEY` (npz keeps no ml_dtypes)."""
+    out = {}
+    for key, value in data.items():
+        if value.dtype == jnp.bfloat16:
+            out[key] = value.view(np.uint16)
+            out[f"dtype__{key}"] = np.array("bfloat16")
+        else:
+            out[key] = value
+    return out
 
 
 if __name__ == "__main__":
