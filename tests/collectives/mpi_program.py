@@ -75,8 +75,30 @@ def fault(client: Client) -> None:
     print(f"ok fault process {client.process_index}", flush=True)
 
 
+def one_device_each() -> None:
+    """One device per process: every call of a 2-device program meets the other process
+    (a call on one local device must not take the single-device fast path)."""
+    client = Client("cpu", device_count=1, distributed="mpi")
+    me = client.process_index
+    text = (
+        FAULT.replace("num_partitions=4", "num_partitions=2")
+        .replace('  c = f32[8] custom-call(x), custom_call_target="check"\n', "")
+        .replace("all-reduce(c)", "all-reduce(x)")
+    )
+    exe = client.compile(text, CompileOptions.make(num_partitions=2))
+    device = client.addressable_devices()[0]
+    for call in range(3):
+        x = np.full(8, me + call, np.float32)
+        (out,) = exe.execute([[client.buffer_from_pyval(x, device)]])[0]
+        assert np.asarray(out).tolist() == [2.0 * call + 1] * 8, (call, np.asarray(out))
+    print(f"ok one-device process {me}", flush=True)
+
+
 def main() -> None:
     cases = sys.argv[1:] or CASES
+    if cases == ["one-device"]:
+        one_device_each()
+        return
     distributed = Client("cpu", device_count=2, distributed="mpi")
     me = distributed.process_index
     if cases == ["fault"]:

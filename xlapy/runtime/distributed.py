@@ -17,14 +17,16 @@
 #
 # Exchange. A collective whose participants live in several processes first meets the local
 # participants (as in one process); the last local one to arrive then sends the local
-# operands to every other process taking part and receives theirs. Messages carry the
-# rendezvous key (execution, instruction, occurrence, devices), so collectives that run
-# concurrently on different devices never take each other's data; a receiver thread per
-# process files incoming messages by key (polling with a short sleep: MPICH's blocking
-# receive spins a core). Each device then computes its whole result from the gathered
-# operands, in the same order as in one process, so the bits are the same. A device that
-# fails sends an abort to the other processes, whose devices waiting in that execution
-# fail with its error instead of waiting for the timeout.
+# operands to every other process taking part (non-blocking sends of the raw bytes, after a
+# small header naming the rendezvous key: execution, instruction, occurrence, devices) and
+# receives theirs, so collectives that run concurrently on different devices never take
+# each other's data. There is no receiver thread: a thread waiting for data pumps the
+# incoming messages (one at a time, a header then its arrays from the same sender, which
+# MPI keeps in order) into a mailbox keyed by rendezvous, sleeping a little between polls
+# (MPICH's blocking receive would spin a core). Each device then computes its whole result
+# from the gathered operands, in the same order as in one process, so the bits are the
+# same. A device that fails sends an abort to the other processes, whose devices waiting in
+# that execution fail with its error instead of waiting for the timeout.
 
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ import numpy as np
 from xlapy.backends.collectives import CollectiveError, CollectiveRun, Contribution
 from xlapy.runtime.errors import RuntimeApiError
 
-_TAG = 7411
-_POLL_MIN, _POLL_MAX = 2e-5, 1e-3
+_TAG, _DATA_TAG = 7411, 7412
+_POLL_MIN, _POLL_MAX = 2e-5, 2e-4
 
 
 def _mpi():
@@ -63,13 +65,14 @@ class MpiTransport:
         self.process_index = self.comm.Get_rank()
         self.process_count = self.comm.Get_size()
         self.local_device_count = local_device_count
+        self._byte = MPI.BYTE
         self._cond = threading.Condition()
-        self._mail: dict[tuple, Any] = {}  # (key, process) -> operands
+        self._mail: dict[tuple, Any] = {}  # (key, process) -> {device: Contribution}
         self._aborted: dict[Any, tuple[int, str]] = {}  # run id -> (device, message)
-        self._closed = False
         self._send_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._receive, name="xlapy-mpi", daemon=True)
-        self._thread.start()
+        self._pump_lock = threading.Lock()
+        self._pending: list = []  # sends not known to be complete: (request, buffers)
+        self._status = MPI.Status()
         atexit.register(self.close)
 
     def process_of(self, device: int) -> int:
@@ -78,29 +81,57 @@ class MpiTransport:
     def is_local(self, device: int) -> bool:
         return self.process_of(device) == self.process_index
 
-    # -- receiving --------------------------------------------------------------------------
-    def _receive(self) -> None:
-        pause = _POLL_MIN
-        while not self._closed:
-            message = self.comm.improbe(tag=_TAG)
-            if message is None:
-                time.sleep(pause)
-                pause = min(pause * 2, _POLL_MAX)
-                continue
-            pause = _POLL_MIN
-            kind, *body = message.recv()
-            with self._cond:
-                if kind == "data":
-                    key, process, payload = body
-                    self._mail[(key, process)] = payload
-                else:
-                    run_id, device, text = body
-                    self._aborted.setdefault(run_id, (device, text))
-                self._cond.notify_all()
+    # -- moving bytes -----------------------------------------------------------------------
+    def _send(self, process: int, header: tuple, arrays: Sequence[np.ndarray] = ()) -> None:
+        """Post a header and its arrays to `process`, in that order (non-blocking)."""
+        raw = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+        with self._send_lock:
+            requests: list[tuple[Any, Any]] = [
+                (self.comm.isend(header, dest=process, tag=_TAG), None)
+            ]
+            for buf in raw:
+                requests.append((self.comm.Isend([buf, self._byte], process, _DATA_TAG), buf))
+            self._pending.extend(requests)
 
-    def _send(self, message: tuple, process: int) -> None:
-        with self._send_lock:  # whole messages, one at a time per process
-            self.comm.send(message, dest=process, tag=_TAG)
+    def _pump(self) -> bool:
+        """File every message that has arrived; whether there was any. One thread at a time
+        (a header and its arrays are received together)."""
+        if not self._pump_lock.acquire(blocking=False):
+            return False
+        got = False
+        try:
+            while True:
+                message = self.comm.improbe(tag=_TAG, status=self._status)
+                if message is None:
+                    break
+                got = True
+                status_source = self._status.Get_source()
+                kind, *body = message.recv()
+                if kind == "abort":
+                    run_id, device, text = body
+                    with self._cond:
+                        self._aborted.setdefault(run_id, (device, text))
+                    continue
+                key, process, layout = body
+                received = {}
+                for device, shapes, signature in layout:
+                    inputs = []
+                    for dtype, shape in shapes:
+                        arr = np.empty(shape, np.dtype(dtype))
+                        buf = arr.reshape(-1).view(np.uint8)
+                        self.comm.Recv([buf, self._byte], source=status_source, tag=_DATA_TAG)
+                        inputs.append(arr)
+                    received[device] = Contribution(tuple(inputs), None, signature)
+                with self._cond:
+                    self._mail[(key, process)] = received
+            with self._send_lock:
+                self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+        finally:
+            self._pump_lock.release()
+        if got:
+            with self._cond:
+                self._cond.notify_all()
+        return got
 
     # -- the Transport protocol -------------------------------------------------------------
     def exchange(
@@ -109,32 +140,40 @@ class MpiTransport:
         """Send the local members' operands to the other processes of `members`; return the
         remote members' contributions (operands only)."""
         processes = sorted({self.process_of(d) for d in members} - {self.process_index})
-        payload = {
-            d: (tuple(np.array(a, order="C") for a in c.inputs), c.signature)
-            for d, c in local.items()
-        }
+        layout, arrays = [], []
+        for d, c in local.items():
+            layout.append((d, [(a.dtype.str, a.shape) for a in c.inputs], c.signature))
+            arrays.extend(c.inputs)
         for p in processes:
-            self._send(("data", key, self.process_index, payload), p)
+            self._send(p, ("data", key, self.process_index, layout), arrays)
         received: dict[int, Any] = {}
         deadline = time.monotonic() + run.timeout
-        with self._cond:
-            for p in processes:
-                while (key, p) not in self._mail:
-                    self._raise_if_aborted(run, key)
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        missing = [d for d in members if self.process_of(d) == p]
-                        raise CollectiveError(
-                            f"{key[1]}: devices {missing} (process {p}) did not arrive "
-                            f"within {run.timeout:g} s"
-                        )
-                    self._cond.wait(min(left, 0.5))
-                for d, (inputs, signature) in self._mail.pop((key, p)).items():
-                    received[d] = Contribution(inputs, None, signature)
+        pause = 0.0
+        for p in processes:
+            while True:
+                with self._cond:
+                    found = self._mail.pop((key, p), None)
+                if found is not None:
+                    received.update(found)
+                    break
+                self._raise_if_aborted(run, key)
+                if time.monotonic() > deadline:
+                    missing = [d for d in members if self.process_of(d) == p]
+                    raise CollectiveError(
+                        f"{key[1]}: devices {missing} (process {p}) did not arrive "
+                        f"within {run.timeout:g} s"
+                    )
+                if self._pump():
+                    pause = 0.0
+                    continue
+                with self._cond:
+                    self._cond.wait(pause)
+                pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
         return received
 
     def _raise_if_aborted(self, run: CollectiveRun, key: tuple) -> None:
-        found = self._aborted.get(run.run_id)
+        with self._cond:
+            found = self._aborted.get(run.run_id)
         if found is not None:
             device, text = found
             raise CollectiveError(
@@ -147,10 +186,11 @@ class MpiTransport:
         text = f"{type(error).__name__}: {error}"
         for p in range(self.process_count):
             if p != self.process_index:
-                self._send(("abort", run_id, device, text), p)
+                self._send(p, ("abort", run_id, device, text))
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._thread.join(1.0)
+        """Wait (briefly) for the sends still in flight."""
+        deadline = time.monotonic() + 5.0
+        while self._pending and time.monotonic() < deadline:
+            self._pump()
+            time.sleep(_POLL_MIN)

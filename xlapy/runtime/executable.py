@@ -245,7 +245,7 @@ class LoadedExecutable(Executable):
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
-        if type(donate) in (tuple, list) and not donate and len(devices) == 1:
+        if type(donate) in (tuple, list) and not donate and not self._multi_device:
             device, program = self._only
             outputs = run_inline(self._signature, program, device, argument_lists[0])
             if outputs is not None:
