@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from xlapy.backends import collectives
 from xlapy.backends.collectives import CollectiveError, CollectiveRun, DeviceGrid
 from xlapy.errors import XlapyError
 from xlapy.ir.parser import parse_module
@@ -20,6 +21,16 @@ from xlapy.runtime import Client
 from xlapy.runtime.options import CompileOptions
 
 PLATFORMS = ["cpu", "interpreter"]
+
+
+@pytest.fixture(autouse=True, params=["led", "parallel"])
+def way(request, monkeypatch):
+    """Run every test both ways: small collectives computed by the last device to arrive,
+    and every device computing its own part (what large ones do)."""
+    if request.param == "parallel":
+        monkeypatch.setattr(collectives, "LEAD_MAX_BYTES", -1)
+    return request.param
+
 
 REGIONS = """
 add {

@@ -17,8 +17,10 @@
 # DeviceCollectives for its (replica, partition). A collective is a rendezvous keyed by (the
 # instruction, how many times this device has run it, the participating devices): each
 # participant publishes its operand and result arrays (views of its own memory: nothing is
-# copied to meet), waits until every participant has arrived, computes its part of the result
-# reading the others' operands in place, and waits again until every participant is done
+# copied to meet). Small collectives (LEAD_MAX_BYTES of results per device) are computed by
+# the last participant to arrive, for every participant, while the others wait for it: one
+# thread wake-up each. Larger ones wait until every participant has arrived, each computes
+# its part reading the others' operands in place, and all wait again until every one is done
 # before anyone's memory may change. Waiting is bounded: past the timeout the error names the
 # collective and the devices that did not arrive; when any device of the execution fails, the
 # run is aborted and every device waiting in it fails with that device's error.
@@ -51,6 +53,10 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+LEAD_MAX_BYTES = 1 << 18
+"""Collectives whose results on one device are at most this many bytes are computed by the
+last participant to arrive for all of them (one thread wake-up each instead of two); larger
+ones have every participant compute its own part in parallel."""
 
 
 class CollectiveError(EvaluationError):
@@ -263,6 +269,8 @@ class _Slot:
     values: dict[int, Any] = field(default_factory=dict)  # rank -> contribution
     remote_done: bool = False
     leaving: int = 0
+    finished: bool = False  # led: the last to arrive has computed every part
+    error: BaseException | None = None  # led: what the last to arrive raised
 
 
 class CollectiveRun:
@@ -350,6 +358,51 @@ class CollectiveRun:
                 self._cond.wait(min(left, 1.0))
             return [slot.values[i] for i in range(n)]
 
+    def meet_led(
+        self,
+        key: tuple,
+        what: str,
+        members: Sequence[int],
+        rank: int,
+        value: Any,
+        lead: Callable[[list], None],
+    ) -> None:
+        """Publish `value` as member `rank`; the last member to arrive calls `lead` with
+        every member's value (in rank order) while the others wait for it to finish: one
+        wake-up per member instead of two (every member local)."""
+        n = len(members)
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            self._raise_if_aborted(what)
+            slot = self._slots.setdefault(key, _Slot())
+            slot.values[rank] = value
+            values = [slot.values[i] for i in range(n)] if len(slot.values) == n else None
+            while values is None and not slot.finished:
+                self._raise_if_aborted(what)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [members[i] for i in range(n) if i not in slot.values]
+                    raise CollectiveError(
+                        f"{what}: devices {missing} did not arrive within {self.timeout:g} s "
+                        f"(devices {list(members)} take part)"
+                    )
+                self._cond.wait(min(left, 1.0))
+        if values is None:
+            if slot.error is not None:
+                raise CollectiveError(f"{what}: {slot.error}") from slot.error
+            return
+        error: BaseException | None = None
+        try:
+            lead(values)
+        except BaseException as e:
+            error = e
+        with self._cond:
+            slot.error, slot.finished = error, True
+            del self._slots[key]
+            self._cond.notify_all()
+        if error is not None:
+            raise error
+
     def leave(self, key: tuple, what: str, members: Sequence[int]) -> None:
         """Wait until every local member is done with the others' memory."""
         local = sum(1 for d in members if self._is_local(d))
@@ -424,20 +477,36 @@ class DeviceCollectives:
         if len(members) == 1:
             _COMPUTE[op](instr, [tuple(inputs)], 0, [tuple(outputs)], True)
             return
+        compute = _COMPUTE[op]
+
+        def part(values: list[Contribution], r: int) -> None:
+            local = all(v.outputs is not None for v in values)
+            compute(instr, [v.inputs for v in values], r, [v.outputs for v in values], local)
+
+        self._together(key, what, members, rank, inputs, outputs, part)
+
+    def _together(self, key, what, members, rank, inputs, outputs, part) -> None:
+        """Meet the other members and have `part(values, r)` compute member r's results:
+        the last to arrive computes every member's when all are local and the results are
+        small, else each member its own (see the file comment)."""
+        run = self.run
         mine = Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
-        values = self.run.meet(key, what, members, rank, mine)
+        small = sum(o.nbytes for o in outputs) <= LEAD_MAX_BYTES
+        if small and all(run._is_local(d) for d in members):
+
+            def lead(values: list[Contribution]) -> None:
+                _check_signatures(what, members, values)
+                for r in range(len(values)):
+                    part(values, r)
+
+            run.meet_led(key, what, members, rank, mine, lead)
+            return
+        values = run.meet(key, what, members, rank, mine)
         try:
             _check_signatures(what, members, values)
-            local = all(v.outputs is not None for v in values)
-            _COMPUTE[op](
-                instr,
-                [v.inputs for v in values],
-                rank,
-                [v.outputs for v in values],
-                local,
-            )
+            part(values, rank)
         finally:
-            self.run.leave(key, what, members)
+            run.leave(key, what, members)
 
     def _permute(self, instr, inputs, outputs) -> None:
         if len(instr.operands) == 4 and len(inputs) == 4 and instr.attrs.get("slice_sizes"):
@@ -448,30 +517,31 @@ class DeviceCollectives:
         grid = self.run.grid
         me, position, pairs = permute_ids(instr, self.replica, self.partition, grid)
         ids = sorted({i for pair in pairs for i in pair})
-        sources = [s for s, t in pairs if t == me]
-        if len(sources) > 1:
-            raise EvaluationError(f"{instr.name}: id {me} receives from {sources}")
+        source: dict[int, int] = {}
+        for s, t in pairs:
+            if t in source:
+                raise EvaluationError(f"{instr.name}: id {t} receives from {source[t]} and {s}")
+            source[t] = s
         if me not in ids:
             for out in outputs:
                 out[...] = 0
             return
         members = tuple(grid.device(*position(i)) for i in ids)
-        rank = ids.index(me)
         what = f"{instr.opcode.text} {instr.name} on device {self.device}"
         key = self._key(instr, members)
-        mine = Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
-        values = self.run.meet(key, what, members, rank, mine)
-        try:
-            _check_signatures(what, members, values)
-            if not sources:
-                for out in outputs:
+
+        def part(values: list[Contribution], r: int) -> None:
+            outs = values[r].outputs
+            assert outs is not None, "a member's own results are local"
+            src = source.get(ids[r])
+            if src is None:
+                for out in outs:
                     out[...] = 0
-            else:
-                src = values[ids.index(sources[0])]
-                for out, x in zip(outputs, src.inputs, strict=True):
-                    np.copyto(out, x, casting="no")
-        finally:
-            self.run.leave(key, what, members)
+                return
+            for out, x in zip(outs, values[ids.index(src)].inputs, strict=True):
+                np.copyto(out, x, casting="no")
+
+        self._together(key, what, members, ids.index(me), inputs, outputs, part)
 
 
 def _check_signatures(what: str, members: Sequence[int], values: Sequence[Contribution]) -> None:
