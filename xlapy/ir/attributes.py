@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from xlapy.ir.shapes import ShapeIndex
+from xlapy.ir.sharding import HloSharding as Sharding  # noqa: F401  (re-exported)
 
 
 class AttrKind(enum.Enum):
@@ -38,7 +39,7 @@ class AttrKind(enum.Enum):
     SLICE = "slice"  # {[0:4:2], [1:3]}
     METADATA = "metadata"  # {op_name="..." source_line=3}
     FRONTEND_ATTRIBUTES = "frontend attributes"  # {key="value"}
-    SHARDING = "sharding"  # {replicated} (kept as text)
+    SHARDING = "sharding"  # {replicated}, {devices=[2,1]<=[2]}: an HloSharding
     BACKEND_CONFIG = "backend config"  # "opaque" or {json}
     REPLICA_GROUPS = "replica groups"  # {{0,1},{2,3}} or [2,2]<=[4]
     PAIRS = "pairs"  # {{0,1},{1,2}}
@@ -260,13 +261,6 @@ class FrontendAttributes:
             if k == key:
                 return v
         return default
-
-
-@dataclass(frozen=True, slots=True)
-class Sharding:
-    """A sharding annotation, kept as the text between its braces (`replicated`, ...)."""
-
-    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from xlapy.ir.module import (
 )
 from xlapy.ir.opcodes import VARIADIC, Opcode
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
+from xlapy.ir.sharding import ShardingSyntaxError, parse_sharding
 from xlapy.ir.types import Kind, PrimitiveType
 
 MAX_DEPTH = 64
@@ -1228,10 +1229,16 @@ class _Parser:
         return A.FrontendAttributes(tuple(items))
 
     def sharding(self) -> A.Sharding:
+        """The one entry for `sharding={...}` (xlapy.ir.sharding reads the value)."""
         self.skip()
         if not self.peek("{"):
             raise self.expected("'{' opening a sharding")
-        return A.Sharding(self.balanced()[1:-1])
+        start = self.pos
+        text = self.balanced()
+        try:
+            return parse_sharding(text)
+        except ShardingSyntaxError as e:
+            raise self.error(f"bad sharding: {e}", start + e.offset) from None
 
     def backend_config(self) -> A.BackendConfig:
         if self.peek('"'):
