@@ -1,0 +1,11 @@
+"""SPMD partitioning: shardings as tilings, per-op dimension labels, and the partitioner
+that turns an annotated global program into the program each device runs."""
+
+from xlapy.passes.spmd.partitioner import (
+    PartitionError,
+    PartitionReport,
+    SpmdPartitioner,
+    partition,
+)
+
+__all__ = ["PartitionError", "PartitionReport", "SpmdPartitioner", "partition"]

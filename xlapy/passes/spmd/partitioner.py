@@ -1,0 +1,876 @@
+"""The SPMD partitioner: one annotated global program -> the program each device runs.
+
+GSPMD's design, kept small. The input is a module whose values may carry `sharding=`
+annotations (JAX's in/out shardings, with_sharding_constraint, shard_map's manual regions);
+the output is the per-device program of `num_partitions` devices: every array has its local
+shape, and collectives move data where the global program needed it.
+
+Sharding propagation and partitioning happen in one forward walk over the entry (calls are
+inlined first). Every value's tiling (xlapy.passes.spmd.tiling) is known when its users are
+reached: parameters take their annotation (none: replicated), constants and iotas are
+replicated (any tiling of them is a free local slice). An op with a dimension-label rule
+(xlapy.passes.spmd.labels) chooses a tiling of its iteration space among candidates:
+
+  * each operand's tiling, read through the operand's labels;
+  * the tiling its result is wanted in (its own annotation, or that of the Sharding
+    custom call / annotated root consuming it);
+  * every pairwise merge of those (x sharded by rows on one mesh axis and w by columns
+    on the other merge into a dot tiled both ways);
+  * replicated.
+
+Cost rule (the conflict rule): a candidate costs the bytes each device receives to bring
+its operands into the candidate's tiling (all-gathers; slicing a held value is free), plus
+the all-reduce of a partial result when it cuts contracted labels (2(g-1)/g of the local
+result), plus the all-gathers to bring the result into its wanted tiling. The cheapest
+wins; ties go to the candidate that cuts the iteration space into more pieces (less work
+per device), then to the earlier candidate (operand 0 first). A user annotation is a
+constraint: the annotated value is resharded to it whatever it costs.
+
+Resharding a value from tiling A to B: all-gather every dimension A cuts differently from B,
+then dynamic-slice what B cuts, at offsets read from a table by partition-id (XLA's way
+from replicated to sharded). A dimension A cuts on dim i and B on dim j alone, the same
+devices, becomes one all-to-all.
+
+Ops without a rule (while, conditional, custom calls, rng, ...) fall back: their operands
+are replicated (all-gathered) and the op runs whole on every device. That is always
+correct; `PartitionReport.fallbacks` lists each one with the reason. Manual values (inside
+shard_map: SPMDFullToShardShape / xla.sdy.GlobalToLocalShape to the matching
+ShardToFull / LocalToGlobalShape) keep their ops as written; only the conversions at the
+region's edges map shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xlapy.errors import XlapyError
+from xlapy.ir import attributes as A
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.literal import Literal
+from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import ProgramShape, Shape
+from xlapy.ir.sharding import HloSharding
+from xlapy.passes.inline import CallInliner
+from xlapy.passes.pass_base import HloPass, register_pass
+from xlapy.passes.spmd.labels import OpLabels, op_labels
+from xlapy.passes.spmd.tiling import Tiling, merge
+
+
+class PartitionError(XlapyError):
+    """The module cannot be partitioned as annotated (the message says what to change)."""
+
+
+@dataclass
+class Fallback:
+    name: str
+    opcode: str
+    reason: str
+
+
+@dataclass
+class PartitionReport:
+    """What the partitioner did: ops partitioned natively (by opcode), the ops that fell
+    back to running whole on every device, and the collectives it added."""
+
+    num_partitions: int = 1
+    native: dict[str, int] = field(default_factory=dict)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    collectives: dict[str, int] = field(default_factory=dict)
+
+    def text(self) -> str:
+        lines = [f"spmd-partitioner: {self.num_partitions} partitions"]
+        if self.native:
+            lines.append(
+                "  partitioned: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.native.items()))
+            )
+        if self.collectives:
+            lines.append(
+                "  collectives added: "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(self.collectives.items()))
+            )
+        if not self.fallbacks:
+            lines.append("  no op fell back to replication")
+        for f in self.fallbacks:
+            lines.append(f"  replicated: {f.name} ({f.opcode}): {f.reason}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Local:
+    """A global value's per-device form: the instruction computing it, its tiling (a tuple
+    of them for a tuple value; None for tokens) and whether it is manual (shard_map data)."""
+
+    instr: HloInstruction
+    tiling: Any  # Tiling | tuple[<tiling>, ...] | None
+    manual: bool = False
+
+
+_PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
+
+
+@register_pass
+class SpmdPartitioner(HloPass):
+    """Partition the entry for `num_partitions` devices (the module's num_partitions when
+    None); sets num_partitions in the config. `report` holds the last run's report."""
+
+    name = "spmd-partitioner"
+
+    def __init__(self, num_partitions: int | None = None):
+        self.num_partitions = num_partitions
+        self.report = PartitionReport()
+
+    def run(self, module: HloModule) -> bool:
+        n = self.num_partitions or module.config.num_partitions
+        if n < 1:
+            raise PartitionError(f"cannot partition for {n} devices")
+        CallInliner().run(module)
+        self.report = PartitionReport(num_partitions=n)
+        _Partitioner(module, n, self.report).run()
+        return True
+
+
+def partition(module: HloModule, num_partitions: int | None = None) -> PartitionReport:
+    """Partition `module` in place; returns the report."""
+    p = SpmdPartitioner(num_partitions)
+    p.run(module)
+    return p.report
+
+
+class _Partitioner:
+    def __init__(self, module: HloModule, n: int, report: PartitionReport):
+        self.module = module
+        self.n = n
+        self.report = report
+        self.namer = NameUniquer(module)
+        self.entry = module.entry_computation()
+        self.out: list[HloInstruction] = []
+        self.params: list[HloInstruction] = []
+        self.values: dict[int, Local] = {}
+        self.channel = 1 + max(
+            (i.attrs.get("channel_id", 0) for i in module.instructions()), default=0
+        )
+        self._pid: HloInstruction | None = None
+        self._offsets: dict[tuple[int, ...], HloInstruction] = {}
+        self._zero: HloInstruction | None = None
+        self._adders: dict[str, HloComputation] = {}
+        self.mesh_axes = _sdy_mesh(module)
+        self.wanted = self._wanted_tilings()
+
+    # -- driver ----------------------------------------------------------------------------
+    def run(self) -> None:
+        entry = self.entry
+        for instr in entry.post_order():
+            self.values[id(instr)] = self.visit(instr)
+        root = entry.root_instruction()
+        result = self.finish_root(root)
+        comp = HloComputation(entry.name + "_spmd")
+        for instr in self.out:
+            comp.add_instruction(instr)
+        comp.root = result.instr
+        self._drop_dead(comp)
+        module = self.module
+        module.computations = [c for c in module.computations if c is not entry]
+        module.add_computation(comp, entry=True)
+        cfg = module.config
+        cfg.num_partitions = self.n
+        if cfg.entry_computation_layout is not None:
+            cfg.entry_computation_layout = ProgramShape(
+                tuple(p.shape for p in comp.parameters), comp.root_instruction().shape
+            )
+        cfg.input_output_alias = tuple(
+            e
+            for e in cfg.input_output_alias
+            if comp.root_instruction().shape.subshape(e.output_index).dims
+            == comp.parameter(e.param_number).shape.subshape(e.param_index).dims
+        )
+
+    def _drop_dead(self, comp: HloComputation) -> None:
+        live: set[int] = set()
+        stack = [comp.root_instruction(), *comp.parameters]
+        stack += [i for i in comp.instructions if i.has_side_effect]
+        while stack:
+            i = stack.pop()
+            if id(i) in live:
+                continue
+            live.add(id(i))
+            stack.extend(i.operands)
+            stack.extend(i.control_predecessors)
+        comp.instructions = [i for i in comp.instructions if id(i) in live]
+
+    # -- emitting --------------------------------------------------------------------------
+    def emit(self, opcode, shape, operands=(), attrs=None, base=None, **kw) -> HloInstruction:
+        instr = HloInstruction(
+            self.namer.fresh(base or opcode.text), opcode, shape, operands, attrs, **kw
+        )
+        instr.parent = None
+        self.out.append(instr)
+        return instr
+
+    def count(self, kind: str) -> None:
+        self.report.collectives[kind] = self.report.collectives.get(kind, 0) + 1
+
+    def next_channel(self) -> int:
+        self.channel += 1
+        return self.channel - 1
+
+    def partition_id(self) -> HloInstruction:
+        if self._pid is None:
+            self._pid = self.emit(Opcode.PARTITION_ID, Shape.scalar("u32"))
+        return self._pid
+
+    def zero(self) -> HloInstruction:
+        if self._zero is None:
+            self._zero = self.constant(np.zeros((), np.int32))
+        return self._zero
+
+    def constant(self, array: np.ndarray) -> HloInstruction:
+        lit = Literal.from_array(array)
+        return self.emit(Opcode.CONSTANT, lit.shape, literal=lit)
+
+    def offset(self, offsets: list[int]) -> HloInstruction:
+        """This device's entry of `offsets` (one per partition), as an s32 scalar."""
+        key = tuple(offsets)
+        if len(set(key)) == 1:
+            return self.zero() if key[0] == 0 else self.constant(np.array(key[0], np.int32))
+        if key not in self._offsets:
+            table = self.constant(np.array(key, np.int32))
+            one = self.emit(
+                Opcode.DYNAMIC_SLICE,
+                Shape.array("s32", (1,)),
+                [table, self.partition_id()],
+                {"dynamic_slice_sizes": (1,)},
+            )
+            self._offsets[key] = self.emit(Opcode.RESHAPE, Shape.array("s32", ()), [one])
+        return self._offsets[key]
+
+    def adder(self, element_type) -> HloComputation:
+        key = element_type.text if hasattr(element_type, "text") else str(element_type)
+        if key not in self._adders:
+            scalar = Shape.scalar(element_type)
+            a = HloInstruction(self.namer.fresh("x"), Opcode.PARAMETER, scalar, parameter_number=0)
+            b = HloInstruction(self.namer.fresh("y"), Opcode.PARAMETER, scalar, parameter_number=1)
+            s = HloInstruction(self.namer.fresh("add"), Opcode.ADD, scalar, [a, b])
+            comp = HloComputation(self.namer.fresh(f"spmd_add_{key}"), [a, b, s], s)
+            self.module.add_computation(comp)
+            self._adders[key] = comp
+        return self._adders[key]
+
+    # -- resharding ------------------------------------------------------------------------
+    def reshard(self, value: HloInstruction, src: Tiling, dst: Tiling, dims) -> HloInstruction:
+        """`value`, a local piece under `src` of an array of global `dims`, as its piece
+        under `dst`."""
+        gather = [i for i in range(src.rank) if src.tiles[i] > 1 and not src.same_axis(dst, i)]
+        a2a = self._all_to_all_move(src, dst, gather)
+        if a2a is not None:
+            (i, j) = a2a
+            return self.all_to_all(value, src, i, j)
+        cur = src
+        for i in gather:
+            value = self.all_gather(value, cur, i, dims)
+            cur = cur.with_axes_whole([i])
+        cut = [i for i in range(dst.rank) if dst.tiles[i] > 1 and cur.tiles[i] == 1]
+        if not cut:
+            return value
+        starts = [
+            self.offset(dst.offsets(i, dims[i])) if i in cut else self.zero()
+            for i in range(dst.rank)
+        ]
+        local = [dims[i] // dst.tiles[i] if i in cut else s for i, s in enumerate(value.shape.dims)]
+        return self.emit(
+            Opcode.DYNAMIC_SLICE,
+            _resized(value.shape, tuple(local)),
+            [value, *starts],
+            {"dynamic_slice_sizes": tuple(local)},
+        )
+
+    def _all_to_all_move(self, src: Tiling, dst: Tiling, gather: list[int]):
+        """(i, j) when going from src to dst moves one cut from dimension i to j alone,
+        over the same device groups: one all-to-all does it."""
+        if len(gather) != 1:
+            return None
+        i = gather[0]
+        if dst.tiles[i] != 1:
+            return None
+        moved = [j for j in range(dst.rank) if j != i and dst.tiles[j] > 1 and src.tiles[j] == 1]
+        if len(moved) != 1 or dst.tiles[moved[0]] != src.tiles[i]:
+            return None
+        j = moved[0]
+        for k in range(dst.rank):
+            if k not in (i, j) and not src.same_axis(dst, k):
+                return None
+        # the device holding piece c along i must hold piece c along j
+        if any(a[i] != b[j] for a, b in zip(src.coords, dst.coords, strict=True)):
+            return None
+        return i, j
+
+    def all_to_all(self, value, src: Tiling, i: int, j: int) -> HloInstruction:
+        """Move the cut of dimension i to dimension j: XLA's array all-to-all splits and
+        concatenates along one dimension, so j is reshaped into [g, j/g], exchanged along
+        the new dimension, which then folds into i."""
+        groups = src.groups([i])
+        g = src.tiles[i]
+        local = list(value.shape.dims)
+        local[i] *= g
+        local[j] //= g
+        dims = list(value.shape.dims)
+        split = [*dims[:j], g, dims[j] // g, *dims[j + 1 :]]
+        v = self.emit(Opcode.RESHAPE, _resized(value.shape, tuple(split)).without_layout(), [value])
+        v = self.emit(
+            Opcode.ALL_TO_ALL,
+            v.shape,
+            [v],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "dimensions": (j,),
+                "use_global_device_ids": True,
+            },
+        )
+        # now axis j of `split` indexes the source device: move it next to i and merge
+        order = list(range(len(split)))
+        order.remove(j)
+        ii = i if i < j else i + 1  # position of dimension i in `split`
+        pos = order.index(ii)
+        order.insert(pos, j)
+        t_dims = tuple(split[k] for k in order)
+        v = self.emit(
+            Opcode.TRANSPOSE,
+            _resized(v.shape, t_dims).without_layout(),
+            [v],
+            {"dimensions": tuple(order)},
+        )
+        self.count("all-to-all")
+        return self.emit(Opcode.RESHAPE, _resized(value.shape, tuple(local)), [v])
+
+    def all_gather(self, value, cur: Tiling, i: int, dims) -> HloInstruction:
+        groups = cur.groups([i])
+        local = list(value.shape.dims)
+        local[i] *= cur.tiles[i]
+        self.count("all-gather")
+        return self.emit(
+            Opcode.ALL_GATHER,
+            _resized(value.shape, tuple(local)),
+            [value],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "dimensions": (i,),
+                "use_global_device_ids": True,
+            },
+        )
+
+    def all_reduce(self, value, groups, reducer: HloComputation) -> HloInstruction:
+        self.count("all-reduce")
+        return self.emit(
+            Opcode.ALL_REDUCE,
+            value.shape,
+            [value],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "use_global_device_ids": True,
+                "to_apply": reducer,
+            },
+        )
+
+    def as_tiling(self, value: Local, dst, shape: Shape) -> HloInstruction:
+        """`value` resharded to `dst` (a Tiling, or a tuple of them for a tuple)."""
+        if value.manual:
+            raise PartitionError(f"{value.instr.name}: a manual value used outside its region")
+        if isinstance(dst, Tiling):
+            return self.reshard(value.instr, value.tiling, dst, shape.dims)
+        if dst is None or value.tiling == dst:
+            return value.instr
+        parts = []
+        for k, (src_t, dst_t) in enumerate(zip(value.tiling, dst, strict=True)):
+            sub = shape.tuple_shapes[k]
+            elem = self.emit(
+                Opcode.GET_TUPLE_ELEMENT,
+                _local_shape(sub, src_t),
+                [value.instr],
+                {"index": k},
+            )
+            parts.append(self.as_tiling(Local(elem, src_t), dst_t, sub))
+        return self.emit(Opcode.TUPLE, Shape.tuple([p.shape for p in parts]), parts)
+
+    def replicated_of(self, shape: Shape):
+        if shape.is_tuple:
+            return tuple(self.replicated_of(s) for s in shape.tuple_shapes)
+        if shape.is_array:
+            return Tiling.replicated(shape.rank, self.n)
+        return None
+
+    # -- annotations -----------------------------------------------------------------------
+    def tiling_of(self, sharding: HloSharding, shape: Shape):
+        if shape.is_tuple:
+            elems = (
+                sharding.elements if sharding.is_tuple else (sharding,) * len(shape.tuple_shapes)
+            )
+            return tuple(
+                self.tiling_of(e, s) for e, s in zip(elems, shape.tuple_shapes, strict=True)
+            )
+        if not shape.is_array:
+            return None
+        try:
+            t = Tiling.from_sharding(sharding, shape.rank, self.n)
+        except ValueError as e:
+            raise PartitionError(str(e)) from None
+        return t
+
+    def _wanted_tilings(self) -> dict[int, Tiling]:
+        """Where a value's result is wanted: its own annotation, or that of a Sharding
+        custom call or annotated root using it."""
+        wanted: dict[int, Tiling] = {}
+        users = self.entry.users()
+        for instr in self.entry.instructions:
+            s = instr.attrs.get("sharding")
+            if not isinstance(s, HloSharding) or s.is_manual or not instr.shape.is_array:
+                continue
+            if s.kind == "tuple":
+                continue
+            try:
+                t = Tiling.from_sharding(s, instr.shape.rank, self.n)
+            except ValueError:
+                continue
+            wanted[id(instr)] = t
+            target = instr
+            while (
+                target.opcode in (Opcode.CUSTOM_CALL, Opcode.GET_TUPLE_ELEMENT)
+                or target.opcode is Opcode.TUPLE
+            ) and target.operands:
+                src = target.operands[0]
+                if len(users.get(src, [])) != 1 or src.opcode is Opcode.PARAMETER:
+                    break
+                wanted.setdefault(id(src), t)
+                if src.opcode is not Opcode.CUSTOM_CALL:
+                    break
+                target = src
+        return wanted
+
+    # -- visiting --------------------------------------------------------------------------
+    def visit(self, instr: HloInstruction) -> Local:
+        op = instr.opcode
+        if op is Opcode.PARAMETER:
+            return self.parameter(instr)
+        operands = [self.values[id(o)] for o in instr.operands]
+        if op is Opcode.CUSTOM_CALL:
+            special = self.custom_call(instr, operands)
+            if special is not None:
+                return self.constrain(instr, special)
+        if any(v.manual for v in operands):
+            return self.manual_op(instr, operands)
+        if op is Opcode.TUPLE:
+            new = self.emit(
+                Opcode.TUPLE,
+                Shape.tuple([v.instr.shape for v in operands]),
+                [v.instr for v in operands],
+            )
+            return Local(new, tuple(v.tiling for v in operands))
+        if op is Opcode.GET_TUPLE_ELEMENT:
+            src = operands[0]
+            k = instr.attrs["index"]
+            new = self.emit(
+                op, src.instr.shape.tuple_shapes[k], [src.instr], dict(instr.attrs), base=instr.name
+            )
+            return self.constrain(instr, Local(new, src.tiling[k]))
+        if op in (Opcode.CONSTANT, Opcode.IOTA, Opcode.PARTITION_ID, Opcode.REPLICA_ID):
+            new = self.clone(instr, [], instr.shape)
+            return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
+        labels = op_labels(instr)
+        multi = (Opcode.SORT, Opcode.REDUCE, Opcode.REDUCE_WINDOW)
+        if labels is not None and (instr.shape.is_array or op in multi):
+            return self.constrain(instr, self.labelled(instr, operands, labels))
+        return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
+
+    def _why(self, instr: HloInstruction) -> str:
+        if instr.opcode is Opcode.CUSTOM_CALL:
+            return f"custom call {instr.attrs.get('custom_call_target')!r} has no partitioning rule"
+        if instr.opcode in (Opcode.WHILE, Opcode.CONDITIONAL):
+            return "control flow runs whole on every device"
+        return "no partitioning rule for this opcode"
+
+    def constrain(self, instr: HloInstruction, value: Local) -> Local:
+        """A user annotation is a constraint: reshard the value to it."""
+        s = instr.attrs.get("sharding")
+        if not isinstance(s, HloSharding) or value.manual or instr.opcode is Opcode.PARAMETER:
+            return value
+        if s.is_manual or not instr.shape.is_array or s.is_tuple:
+            return value
+        dst = self.tiling_of(s, instr.shape)
+        if dst == value.tiling:
+            return value
+        return Local(self.as_tiling(value, dst, instr.shape), dst)
+
+    def clone(self, instr: HloInstruction, operands, shape: Shape, attrs=None) -> HloInstruction:
+        return self.emit(
+            instr.opcode,
+            shape,
+            operands,
+            {
+                k: v
+                for k, v in (attrs if attrs is not None else instr.attrs).items()
+                if k != "sharding"
+            },
+            base=instr.name,
+            literal=instr.literal,
+        )
+
+    def parameter(self, instr: HloInstruction) -> Local:
+        s = instr.attrs.get("sharding")
+        tiling = (
+            self.tiling_of(s, instr.shape)
+            if isinstance(s, HloSharding)
+            else self.replicated_of(instr.shape)
+        )
+        if isinstance(s, HloSharding) and s.is_manual:
+            tiling = self.replicated_of(instr.shape)
+        shape = _local_shape(instr.shape, tiling, instr.name)
+        new = self.emit(
+            Opcode.PARAMETER,
+            shape,
+            attrs=dict(instr.attrs),
+            base=instr.name,
+            parameter_number=instr.parameter_number,
+        )
+        new.name = instr.name
+        self.params.append(new)
+        return Local(new, tiling)
+
+    def fallback(self, instr: HloInstruction, operands: list[Local], reason: str) -> Local:
+        self.report.fallbacks.append(Fallback(instr.name, instr.opcode.text, reason))
+        ops = [
+            self.as_tiling(v, self.replicated_of(o.shape), o.shape)
+            for v, o in zip(operands, instr.operands, strict=True)
+        ]
+        new = self.clone(instr, ops, instr.shape)
+        return Local(new, self.replicated_of(instr.shape))
+
+    def manual_op(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        ops = [
+            v.instr if v.manual else self.as_tiling(v, self.replicated_of(o.shape), o.shape)
+            for v, o in zip(operands, instr.operands, strict=True)
+        ]
+        return Local(self.clone(instr, ops, instr.shape), None, manual=True)
+
+    # -- custom calls: annotations and manual regions --------------------------------------
+    def custom_call(self, instr: HloInstruction, operands: list[Local]) -> Local | None:
+        target = instr.attrs.get("custom_call_target")
+        s = instr.attrs.get("sharding")
+        if target == "Sharding" and len(operands) == 1:
+            v = operands[0]
+            if v.manual or (isinstance(s, HloSharding) and s.is_manual):
+                return v
+            return v  # `constrain` reshards to the annotation
+        if target in _PASS_THROUGH_TARGETS and len(operands) == 1:
+            return operands[0]
+        if target in ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"):
+            return self.to_manual(instr, operands)
+        if target in ("SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"):
+            return self.from_manual(instr, operands)
+        return None
+
+    def _manual_sharding(self, instr: HloInstruction, key: str) -> HloSharding | None:
+        if instr.attrs.get("custom_call_target", "").startswith("xla.sdy."):
+            fa = instr.attrs.get("frontend_attributes")
+            text = fa.get(key) if fa is not None else None
+            if text is None:
+                return None
+            return _sdy_sharding(text, self.mesh_axes, instr.shape.rank)
+        return None
+
+    def to_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        (v,) = operands
+        src_instr = instr.operands[0]
+        s = self._manual_sharding(instr, "xla.sdy.in_shardings")
+        if s is None:
+            s = src_instr.attrs.get("sharding")
+        if isinstance(s, HloSharding) and (s.is_manual or s.subgroups):
+            raise PartitionError(
+                f"{instr.name}: shard_map over part of the mesh (partially manual shardings) "
+                "is not supported yet"
+            )
+        dst = (
+            self.tiling_of(s, src_instr.shape)
+            if isinstance(s, HloSharding)
+            else self.replicated_of(src_instr.shape)
+        )
+        local = self.as_tiling(v, dst, src_instr.shape)
+        if local.shape.dims != instr.shape.dims:
+            raise PartitionError(
+                f"{instr.name}: the manual shape {instr.shape} is not the local shape "
+                f"{local.shape} of its operand's sharding"
+            )
+        self.report.native["shard_map region"] = self.report.native.get("shard_map region", 0) + 1
+        return Local(local, None, manual=True)
+
+    def from_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        (v,) = operands
+        s = self._manual_sharding(instr, "xla.sdy.out_shardings")
+        if s is None:
+            s = instr.attrs.get("sharding")
+        tiling = (
+            self.tiling_of(s, instr.shape)
+            if isinstance(s, HloSharding)
+            else self.replicated_of(instr.shape)
+        )
+        if _local_shape(instr.shape, tiling, instr.name).dims != v.instr.shape.dims:
+            raise PartitionError(
+                f"{instr.name}: the manual result {v.instr.shape} is not the local shape of "
+                f"{instr.shape} under its sharding"
+            )
+        return Local(v.instr, tiling)
+
+    # -- ops with dimension labels ---------------------------------------------------------
+    def labelled(self, instr: HloInstruction, operands: list[Local], L: OpLabels) -> Local:
+        n_labels = L.num_labels
+        cands: list[Tiling] = []
+        for v, dims in zip(operands, L.operands, strict=True):
+            if isinstance(v.tiling, Tiling) and not v.tiling.is_replicated:
+                cands.append(_label_tiling(v.tiling, dims, n_labels))
+        wanted = self.wanted.get(id(instr))
+        if wanted is not None and len(L.results) == 1:
+            cands.append(_label_tiling(wanted, L.results[0], n_labels))
+        base = list(cands)
+        for a in range(len(base)):
+            for b in range(len(base)):
+                if a != b:
+                    m = merge(base[a], base[b])
+                    if m is not None:
+                        cands.append(m)
+                        for c in range(len(base)):
+                            if c not in (a, b):
+                                m2 = merge(m, base[c])
+                                if m2 is not None:
+                                    cands.append(m2)
+        cands.append(Tiling.replicated(n_labels, self.n))
+        best: tuple | None = None
+        for order, cand in enumerate(cands):
+            if not self._fits(instr, L, cand):
+                continue
+            cost = self._cost(instr, operands, L, cand, wanted)
+            key = (cost, -math.prod(cand.tiles), order)
+            if best is None or key < best[0]:
+                best = (key, cand)
+        assert best is not None
+        chosen: Tiling = best[1]
+        return self._emit_labelled(instr, operands, L, chosen)
+
+    def _fits(self, instr: HloInstruction, L: OpLabels, cand: Tiling) -> bool:
+        shapes = [o.shape for o in instr.operands]
+        results = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        for dims, shape in [*zip(L.operands, shapes, strict=True), *zip(L.results, results)]:
+            for label, size in zip(dims, shape.dims, strict=True):
+                if label is not None and size % cand.tiles[label]:
+                    return False
+        for label in range(cand.rank):
+            if cand.tiles[label] > 1 and label not in L.sizes:
+                return False
+        return True
+
+    def _cost(self, instr, operands, L: OpLabels, cand: Tiling, wanted) -> float:
+        cost = 0.0
+        for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
+            if isinstance(v.tiling, Tiling):
+                cost += _gather_bytes(v.tiling, cand.project(dims), o.shape)
+        cut = [x for x in L.contracted if cand.tiles[x] > 1]
+        out_shape = instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape
+        out_t = cand.project(L.results[0])
+        if cut:
+            g = math.prod(cand.tiles[x] for x in cut)
+            local = out_shape.byte_size / math.prod(out_t.tiles)
+            cost += 2 * (g - 1) / g * local
+            if wanted is not None and not wanted.is_replicated:
+                cost -= (g - 1) / g * local * _scatter_share(out_t, wanted)
+        if wanted is not None:
+            cost += _gather_bytes(out_t, wanted, out_shape)
+        return cost
+
+    def _emit_labelled(self, instr, operands: list[Local], L: OpLabels, cand: Tiling) -> Local:
+        new_ops = []
+        for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
+            new_ops.append(self.as_tiling(v, cand.project(dims), o.shape))
+        results = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        out_tilings = [cand.project(d) for d in L.results]
+        local_results = [
+            _resized(s, t.local_dims(s.dims)) for s, t in zip(results, out_tilings, strict=True)
+        ]
+        shape = Shape.tuple(local_results) if instr.shape.is_tuple else local_results[0]
+        attrs = _local_attrs(instr, new_ops, shape)
+        new = self.clone(instr, new_ops, shape, attrs)
+        key = instr.opcode.text
+        self.report.native[key] = self.report.native.get(key, 0) + 1
+        cut = [x for x in L.contracted if cand.tiles[x] > 1]
+        if cut:
+            reducer = (
+                instr.attrs["to_apply"]
+                if instr.opcode is Opcode.REDUCE
+                else self.adder(shape.element_type)
+            )
+            new = self.all_reduce(new, cand.groups(cut), reducer)
+            cand_out = cand.with_axes_whole(cut)
+            out_tilings = [cand_out.project(d) for d in L.results]
+        if instr.shape.is_tuple:
+            return Local(new, tuple(out_tilings))
+        return Local(new, out_tilings[0])
+
+    # -- the result ------------------------------------------------------------------------
+    def finish_root(self, root: HloInstruction) -> Local:
+        value = self.values[id(root)]
+        if value.manual:
+            raise PartitionError(f"{root.name}: the program returns a manual value")
+        s = root.attrs.get("sharding")
+        if isinstance(s, HloSharding) and root.shape.is_tuple and s.is_tuple:
+            dst = self.tiling_of(s, root.shape)
+            new = self.as_tiling(value, dst, root.shape)
+            value = Local(new, dst)
+        value.instr.attrs["sharding"] = _sharding_attr(value.tiling, root.shape)
+        return value
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _label_tiling(t: Tiling, dims, n_labels: int) -> Tiling:
+    """The label-space tiling a value's tiling implies through its dimension labels."""
+    where: dict[int, int] = {}
+    for d, label in enumerate(dims):
+        if label is not None and label not in where and t.tiles[d] > 1:
+            where[label] = d
+    return t.project([where.get(label) for label in range(n_labels)])
+
+
+def _gather_bytes(src: Tiling, dst: Tiling, shape: Shape) -> float:
+    """Bytes each device receives to go from src to dst (all-gathers; slicing is free)."""
+    gather = [i for i in range(src.rank) if src.tiles[i] > 1 and not src.same_axis(dst, i)]
+    if not gather:
+        return 0.0
+    before = shape.byte_size / math.prod(src.tiles)
+    after = before * math.prod(src.tiles[i] for i in gather)
+    return after - before
+
+
+def _scatter_share(out_t: Tiling, wanted: Tiling) -> float:
+    """1 when the wanted result cuts a dimension the partial result holds whole (an
+    all-reduce followed by a slice there is a reduce-scatter's worth of traffic)."""
+    return 1.0 if any(w > 1 and o == 1 for w, o in zip(wanted.tiles, out_t.tiles)) else 0.0
+
+
+def _local_shape(shape: Shape, tiling, name: str = "") -> Shape:
+    if shape.is_tuple:
+        return Shape.tuple(
+            [_local_shape(s, t, name) for s, t in zip(shape.tuple_shapes, tiling, strict=True)]
+        )
+    if not isinstance(tiling, Tiling):
+        return shape
+    if not tiling.divides(shape.dims):
+        raise PartitionError(
+            f"{name}: {shape} does not split evenly into {list(tiling.tiles)} tiles "
+            "(uneven shardings are not supported yet)"
+        )
+    return _resized(shape, tiling.local_dims(shape.dims))
+
+
+def _resized(shape: Shape, dims) -> Shape:
+    """`shape` with new dimension sizes, keeping its layout when the rank is unchanged."""
+    out = shape.with_dims(tuple(dims))
+    if shape.layout is not None and len(dims) == shape.rank:
+        out = out.with_layout(shape.layout)
+    return out
+
+
+def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
+    """Attributes that spell out sizes, adjusted to the local shapes."""
+    attrs = dict(instr.attrs)
+    op = instr.opcode
+    if op is Opcode.SLICE:
+        attrs["slice"] = A.SliceSpec(
+            tuple(
+                (s, e, st) if (s, e, st) != (0, g, 1) else (0, loc, 1)
+                for (s, e, st), g, loc in zip(
+                    instr.attrs["slice"].dims,
+                    instr.operand(0).shape.dims,
+                    new_ops[0].shape.dims,
+                    strict=True,
+                )
+            )
+        )
+    elif op is Opcode.DYNAMIC_SLICE:
+        attrs["dynamic_slice_sizes"] = shape.dims
+    elif op is Opcode.GATHER:
+        sizes = list(instr.attrs["slice_sizes"])
+        for d, (g, loc) in enumerate(
+            zip(instr.operand(0).shape.dims, new_ops[0].shape.dims, strict=True)
+        ):
+            if sizes[d] == g and g != loc:
+                sizes[d] = loc
+        attrs["slice_sizes"] = tuple(sizes)
+    return attrs
+
+
+def _sharding_attr(tiling, shape: Shape) -> HloSharding:
+    if isinstance(tiling, tuple):
+        return HloSharding(
+            "tuple",
+            elements=tuple(
+                _sharding_attr(t, s) for t, s in zip(tiling, shape.tuple_shapes, strict=True)
+            ),
+        )
+    if isinstance(tiling, Tiling):
+        return tiling.to_sharding()
+    return HloSharding.replicated()
+
+
+# -- Shardy's spelling -----------------------------------------------------------------------
+
+_MESH = re.compile(r"(\w+)\s*=\s*#sdy\.mesh<\[([^\]]*)\](?:,\s*device_ids=\[([\d,\s]*)\])?>")
+
+
+def _sdy_mesh(module: HloModule) -> dict[str, tuple[list[tuple[str, int]], list[int] | None]]:
+    """Meshes named in the module's `xla.sdy.meshes` frontend attribute: name -> (axes,
+    device ids or None for iota)."""
+    fa = module.config.frontend_attributes
+    raw = fa.get("xla.sdy.meshes") if fa is not None else None
+    if raw is None:
+        return {}
+    text = raw.text if isinstance(raw, A.Raw) else str(raw)
+    text = text.replace('\\"', '"')
+    meshes = {}
+    for m in _MESH.finditer(text):
+        axes = [(a, int(s)) for a, s in re.findall(r'"(\w+)"\s*=\s*(\d+)', m.group(2))]
+        ids = [int(x) for x in m.group(3).split(",")] if m.group(3) else None
+        meshes[m.group(1)] = (axes, ids)
+    return meshes
+
+
+def _sdy_sharding(text: str, meshes, rank: int) -> HloSharding | None:
+    """The GSPMD sharding of the first value of a `#sdy.sharding_per_value<[<@mesh,
+    [{"x"}, {}]>]>` (or `#sdy.sharding<...>`) text."""
+    m = re.search(r"<@(\w+),\s*\[(.*?)\]\s*(?:,|>)", text.replace('\\"', '"'))
+    if m is None or m.group(1) not in meshes:
+        return None
+    axes, ids = meshes[m.group(1)]
+    dims = re.findall(r"\{([^}]*)\}", m.group(2))
+    sizes = dict(axes)
+    names = [a for a, _ in axes]
+    per_dim = [[x for x in re.findall(r'"(\w+)"', d)] for d in dims]
+    if len(per_dim) != rank:
+        return None
+    used = [a for d in per_dim for a in d]
+    rest = [a for a in names if a not in used]
+    n = math.prod(sizes.values())
+    devs = np.arange(n) if ids is None else np.array(ids)
+    devs = devs.reshape([sizes[a] for a in names])
+    devs = devs.transpose([names.index(a) for a in used + rest])
+    tiles = [math.prod(sizes[a] for a in d) for d in per_dim]
+    r = math.prod(sizes[a] for a in rest)
+    if math.prod(tiles) == 1:
+        return HloSharding.replicated()
+    return HloSharding.tile([*tiles, r] if r > 1 else tiles, devs.reshape(-1).tolist(), r > 1)
