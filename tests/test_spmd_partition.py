@@ -18,6 +18,7 @@ from xlapy.ir.sharding import HloSharding
 from xlapy.ir.verifier import verify
 from xlapy.passes.spmd import partition
 from xlapy.passes.spmd.tiling import Tiling
+from xlapy.passes.spmd.traffic import collective_traffic
 from xlapy.runtime import Client
 from xlapy.runtime.options import CompileOptions
 
@@ -88,3 +89,30 @@ def test_partitioned_matches_jax_and_oracle(name):
             np.testing.assert_allclose(
                 g, oracle[i], rtol=2e-4, atol=2e-5, err_msg=f"output {i} vs 1 device"
             )
+
+
+@pytest.mark.parametrize("name", ["transformer_step_2x4", "mlp_tp_2x4", "embedding_grad_4"])
+def test_collective_bytes_at_most_xla(name):
+    """Per-device bytes moved by collectives: xlapy's partitioning <= XLA's (same rule)."""
+    text, _, _, n = load(name)
+    module = parse_module(text)
+    partition(module, n)
+    mine = collective_traffic(module.to_text(), n)
+    xla = collective_traffic((HERE / f"{name}.xla.hlo").read_text(), n)
+    assert mine.total <= xla.total, f"xlapy {mine.text()}; XLA {xla.text()}"
+
+
+def test_traffic_rules():
+    text = """
+  a = f32[8,4]{1,0} all-reduce(x), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=add
+  b = f32[8,4]{1,0} all-gather(y), replica_groups=[2,4]<=[8], dimensions={0}
+  c = f32[2,4]{1,0} reduce-scatter(z), replica_groups=mesh['a'=2,'b'=2] {'b'}, dimensions={0}
+  ROOT d = f32[4]{0} collective-permute(w), source_target_pairs={{0,1}}
+"""
+    t = collective_traffic(text, 8)
+    assert t.by_op == {
+        "all-reduce": 2 * 3 / 4 * 128,
+        "all-gather": 3 / 4 * 128,
+        "reduce-scatter": 32.0,
+        "collective-permute": 16.0,
+    }

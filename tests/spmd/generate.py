@@ -7,7 +7,7 @@ Run from the repository root (it needs 8 host devices, so it sets XLA_FLAGS itse
 For each program it writes `<name>.hlo` (the annotated global module JAX hands a compiler,
 GSPMD `sharding=` form), `<name>.sdy.hlo` for some (the Shardy form, JAX's default), and
 `<name>.npz` holding the global inputs (`arg<i>`), JAX's global outputs (`out<i>`) and the
-device count (`num_partitions`). For the transformer step it also writes `<name>.xla.hlo`,
+device count (`num_partitions`). It also writes `<name>.xla.hlo`,
 XLA's own partitioned module, to compare the bytes moved by collectives.
 """
 
@@ -38,7 +38,7 @@ def mesh(shape, names):
     )
 
 
-def save(name, fn, args, in_specs, out_specs, m, sdy=False, xla=False):
+def save(name, fn, args, in_specs, out_specs, m, sdy=False, xla=True):
     shard = [NamedSharding(m, s) for s in in_specs]
     outs = None if out_specs is None else tuple(NamedSharding(m, s) for s in out_specs)
     if outs is not None and len(outs) == 1:
@@ -196,7 +196,7 @@ def main():
     block += [rnd(27, 4, 8, d)]
     specs = [P(None, "model")] * 3 + [P("model", None), P(None, "model"), P("model", None)]
     specs += [P(), P("data")]
-    save("transformer_step_2x4", block_step, block, specs, None, m24, xla=True)
+    save("transformer_step_2x4", block_step, block, specs, None, m24)
     return 0
 
 
