@@ -190,7 +190,14 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json):
 )
 @click.option("--no-verify", is_flag=True, help="do not run the verifier between passes")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="write the result here")
-def opt(module_path, pass_names, dump_dir, no_verify, output):
+@click.option(
+    "--partition",
+    "num_partitions",
+    type=click.IntRange(min=1),
+    help="SPMD-partition the sharded module for N devices first (then only the --passes "
+    "given run); the report of ops that fell back to replication goes to stderr",
+)
+def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions):
     """Optimize MODULE.hlo and print the result."""
     from xlapy.passes.pass_base import PassPipeline, make_pass
     from xlapy.passes.pipelines import default_cpu_pipeline
@@ -201,7 +208,13 @@ def opt(module_path, pass_names, dump_dir, no_verify, output):
             raise click.UsageError("--passes names no pass")
         passes = [make_pass(n) for n in names]
     module = load_module(module_path)
-    if pass_names is None:
+    if num_partitions is not None:
+        from xlapy.passes.spmd import partition
+
+        click.echo(partition(module, num_partitions).text(), err=True)
+        if pass_names is None:
+            passes = []
+    if pass_names is None and num_partitions is None:
         pipeline = default_cpu_pipeline(dump_dir=dump_dir, verify=not no_verify)
     else:
         pipeline = PassPipeline("opt", passes, verify_between=not no_verify, dump_dir=dump_dir)

@@ -160,6 +160,7 @@ class _Partitioner:
         self._pid: HloInstruction | None = None
         self._offsets: dict[tuple[int, ...], HloInstruction] = {}
         self._zero: HloInstruction | None = None
+        self._resharded: dict[tuple[int, Tiling], HloInstruction] = {}
         self._adders: dict[str, HloComputation] = {}
         self.mesh_axes = _sdy_mesh(module)
         self.wanted = self._wanted_tilings()
@@ -266,7 +267,15 @@ class _Partitioner:
     # -- resharding ------------------------------------------------------------------------
     def reshard(self, value: HloInstruction, src: Tiling, dst: Tiling, dims) -> HloInstruction:
         """`value`, a local piece under `src` of an array of global `dims`, as its piece
-        under `dst`."""
+        under `dst` (made once per value and tiling)."""
+        if src == dst:
+            return value
+        key = (id(value), dst)
+        if key not in self._resharded:
+            self._resharded[key] = self._reshard(value, src, dst, dims)
+        return self._resharded[key]
+
+    def _reshard(self, value: HloInstruction, src: Tiling, dst: Tiling, dims) -> HloInstruction:
         gather = [i for i in range(src.rank) if src.tiles[i] > 1 and not src.same_axis(dst, i)]
         a2a = self._all_to_all_move(src, dst, gather)
         if a2a is not None:
