@@ -24,8 +24,17 @@ from xlapy.runtime.options import CompileOptions
 
 HERE = Path(__file__).resolve().parent / "spmd"
 CASES = sorted(p.name.removesuffix(".hlo") for p in HERE.glob("*.hlo") if ".xla." not in p.name)
-MANUAL = {"shard_map_psum_4", "shard_map_psum_4.sdy", "shard_map_ring_8"}
+MANUAL = {
+    "shard_map_psum_4",
+    "shard_map_psum_4.sdy",
+    "shard_map_ring_8",
+    "shard_map_2x2",
+    "shard_map_2x2.sdy",
+}
 """shard_map programs: their collectives need the devices, so there is no 1-device oracle."""
+
+FALLBACKS = {"scan_4": {"while"}}
+"""Programs with ops that run whole on every device (the rest partition natively)."""
 
 
 def _tiling(instr, shape, n):
@@ -49,7 +58,7 @@ def run_partitioned(text: str, args, n: int, platform: str = "interpreter"):
     for d in range(n):
         row = []
         for p, a in zip(params, args, strict=True):
-            piece = np.ascontiguousarray(a[_tiling(p, a.shape, n).slices(a.shape)[d]])
+            piece = np.array(a[_tiling(p, a.shape, n).slices(a.shape)[d]])
             row.append(client.buffer_from_pyval(piece, devices[d]))
         rows.append(row)
     got = [[np.asarray(b) for b in row] for row in exe.execute(rows)]
@@ -80,7 +89,7 @@ def test_partitioned_matches_jax_and_oracle(name):
     text, args, want, n = load(name)
     got, report, _ = run_partitioned(text, args, n)
     assert len(got) == len(want)
-    assert not report.fallbacks, report.text()
+    assert {f.opcode for f in report.fallbacks} == FALLBACKS.get(name, set()), report.text()
     oracle = None if name in MANUAL else evaluate(parse_module(text), args)
     oracle = None if oracle is None else (oracle if isinstance(oracle, tuple) else (oracle,))
     for i, (g, w) in enumerate(zip(got, want, strict=True)):

@@ -190,6 +190,76 @@ def main():
     smap = jax.shard_map(ring, mesh=m8, in_specs=P("x"), out_specs=P("x"))
     save("shard_map_ring_8", smap, [rnd(19, 16, 4)], [P("x")], None, m8)
 
+    def constrained(x):
+        y = jax.lax.with_sharding_constraint(x * 2, NamedSharding(m4, P(None, "x")))
+        return jnp.sin(y) + 1
+
+    save("constraint_4", constrained, [rnd(30, 8, 8)], [P("x")], None, m4, sdy=True)
+
+    def psum_pmax(a):
+        return jax.lax.psum(a * 2, "model") + jax.lax.pmax(a, "data")
+
+    smap = jax.shard_map(
+        psum_pmax, mesh=m22, in_specs=P("data", "model"), out_specs=P("data", "model")
+    )
+    save("shard_map_2x2", smap, [rnd(31, 8, 8)], [P("data", "model")], None, m22, sdy=True)
+
+    def scan(w, x):
+        return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=3)[0]
+
+    save("scan_4", scan, [rnd(32, 8, 8, scale=0.3), rnd(33, 8, 8)], [P(), P("x")], None, m4)
+
+    def argmax(x):
+        return jnp.argmax(x, axis=1), jnp.max(x, axis=0)
+
+    save("argmax_2x2", argmax, [rnd(34, 8, 8)], [P("data", "model")], None, m22)
+
+    def sort_topk(x):
+        return jnp.sort(x, axis=1), jax.lax.top_k(x, 3)[0]
+
+    save("sort_topk_4", sort_topk, [rnd(35, 8, 8)], [P("x")], None, m4)
+
+    def cumsum(x):
+        return jnp.cumsum(x, axis=1) + jnp.cumsum(x, axis=0)
+
+    save("cumsum_2x2", cumsum, [rnd(36, 8, 8)], [P("data", "model")], None, m22)
+
+    def xent(logits, labels):
+        logp = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    labels = np.random.default_rng(37).integers(0, 16, size=(8,)).astype(np.int32)
+    save(
+        "cross_entropy_grad_2x2",
+        jax.value_and_grad(xent),
+        [rnd(38, 8, 16), labels],
+        [P("data", "model"), P("data")],
+        None,
+        m22,
+    )
+
+    def dyn(x, i):
+        return jax.lax.dynamic_slice_in_dim(x, i, 2, axis=1) * 3
+
+    save("dynamic_slice_4", dyn, [rnd(39, 8, 8), np.int32(3)], [P("x"), P()], None, m4)
+    reversed_mesh = jax.make_mesh(
+        (2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:4][::-1]
+    )
+    save(
+        "reversed_mesh_2x2",
+        lambda a, b: a @ b,
+        [rnd(40, 8, 8), rnd(41, 8, 8)],
+        [P("data", "model"), P("model", None)],
+        [P("data", None)],
+        reversed_mesh,
+        sdy=True,
+    )
+
+    def max_pool(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    save("max_pool_4", max_pool, [rnd(42, 4, 8, 8, 4)], [P(None, "x")], None, m4)
+
     d, f = 16, 32
     block = [rnd(20 + i, d, d, scale=0.2) for i in range(4)]
     block += [rnd(24, d, f, scale=0.2), rnd(25, f, d, scale=0.2), rnd(26, d) + 1.0]

@@ -348,6 +348,12 @@ def _sort(instr: HloInstruction) -> OpLabels:
     return _finish(instr, (labels,) * len(instr.operands), results)
 
 
+def _topk(instr: HloInstruction) -> OpLabels:
+    rank = instr.operand(0).shape.rank
+    labels = tuple(None if i == rank - 1 else i for i in range(rank))
+    return _finish(instr, (labels,), (labels, labels))
+
+
 RULES: dict[Opcode, Callable[[HloInstruction], OpLabels]] = {
     Opcode.BROADCAST: _broadcast,
     Opcode.TRANSPOSE: _transpose,
@@ -366,6 +372,7 @@ RULES: dict[Opcode, Callable[[HloInstruction], OpLabels]] = {
     Opcode.DYNAMIC_SLICE: _dynamic_slice,
     Opcode.DYNAMIC_UPDATE_SLICE: _dynamic_update_slice,
     Opcode.SORT: _sort,
+    Opcode.TOPK: _topk,
     Opcode.MAP: _same,
 }
 _NOT_ELEMENTWISE_HERE = {Opcode.BITCAST_CONVERT, Opcode.RNG, Opcode.STOCHASTIC_CONVERT}

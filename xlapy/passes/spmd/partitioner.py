@@ -494,7 +494,7 @@ class _Partitioner:
             new = self.clone(instr, [], instr.shape)
             return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
         labels = op_labels(instr)
-        multi = (Opcode.SORT, Opcode.REDUCE, Opcode.REDUCE_WINDOW)
+        multi = (Opcode.SORT, Opcode.TOPK, Opcode.REDUCE, Opcode.REDUCE_WINDOW)
         if labels is not None and (instr.shape.is_array or op in multi):
             return self.constrain(instr, self.labelled(instr, operands, labels))
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
