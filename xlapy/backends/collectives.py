@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -171,6 +172,19 @@ def permute_ids(instr: HloInstruction, replica: int, partition: int, grid: Devic
     return replica, (lambda i: (i, partition)), pairs
 
 
+_PAIR = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
+
+
+def send_recv_pairs(instr: HloInstruction) -> tuple[tuple[int, int], ...] | None:
+    """The (source, target) pairs of a send or recv between devices (XLA's frontend
+    attribute `_xla_send_recv_source_target_pairs`), or None (a host transfer)."""
+    attrs = instr.attrs.get("frontend_attributes")
+    text = dict(getattr(attrs, "items", ())).get("_xla_send_recv_source_target_pairs")
+    if text is None:
+        return None
+    return tuple((int(a), int(b)) for a, b in _PAIR.findall(text))
+
+
 # -- reductions ---------------------------------------------------------------------------
 
 
@@ -291,6 +305,7 @@ class CollectiveRun:
         self.transport = transport
         self._cond = threading.Condition()
         self._slots: dict[tuple, _Slot] = {}
+        self._mail: dict[tuple, Any] = {}  # send/recv: key -> the data sent
         self.error: tuple[int, BaseException] | None = None
 
     def for_device(self, replica: int, partition: int) -> DeviceCollectives:
@@ -357,6 +372,26 @@ class CollectiveRun:
                     )
                 self._cond.wait(min(left, 1.0))
             return [slot.values[i] for i in range(n)]
+
+    def post(self, key: tuple, value: Any) -> None:
+        """Leave `value` for the device that will `take` it under `key` (send)."""
+        with self._cond:
+            self._mail[key] = value
+            self._cond.notify_all()
+
+    def take(self, key: tuple, what: str, source: int) -> Any:
+        """Wait for the value posted under `key` by device `source` (recv)."""
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while key not in self._mail:
+                self._raise_if_aborted(what)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CollectiveError(
+                        f"{what}: device {source} did not send within {self.timeout:g} s"
+                    )
+                self._cond.wait(min(left, 1.0))
+            return self._mail.pop(key)
 
     def meet_led(
         self,
@@ -484,6 +519,44 @@ class DeviceCollectives:
             compute(instr, [v.inputs for v in values], r, [v.outputs for v in values], local)
 
         self._together(key, what, members, rank, inputs, outputs, part)
+
+    def _channel(self, instr: HloInstruction, kind: str):
+        """(this device's id among the pairs, id -> device, pairs, the key's prefix) of a
+        send or recv: ids are partition ids when the program has partitions, else replica
+        ids; the k-th send of a channel from one device meets the k-th recv on the other."""
+        pairs = send_recv_pairs(instr) or ()
+        grid = self.run.grid
+        channel = instr.attrs.get("channel_id", 0)
+        count = self._counts.get(f"{kind}:{channel}", 0)
+        self._counts[f"{kind}:{channel}"] = count + 1
+        if grid.num_partitions > 1:
+            me, device = self.partition, (lambda i: grid.device(self.replica, i))
+        else:
+            me, device = self.replica, (lambda i: grid.device(i, self.partition))
+        return me, device, pairs, (self.run.run_id, "channel", channel, count)
+
+    def send(self, instr: HloInstruction, value: np.ndarray) -> None:
+        """A send to the devices its pairs name (a copy: the sender may reuse its memory)."""
+        me, device, pairs, key = self._channel(instr, "send")
+        for s, t in pairs:
+            if s == me:
+                target = device(t)
+                if not self.run._is_local(target):
+                    raise EvaluationError(
+                        f"{instr.name}: send to device {target} in another process is not "
+                        "supported (use collective-permute)"
+                    )
+                self.run.post((*key, self.device, target), np.array(value, copy=True))
+
+    def recv(self, instr: HloInstruction, shape) -> np.ndarray:
+        """What the device its pairs name sent (zeros when none sends to this one)."""
+        me, device, pairs, key = self._channel(instr, "recv")
+        sources = [s for s, t in pairs if t == me]
+        if not sources:
+            return np.zeros(shape.dims, shape.dtype)
+        source = device(sources[0])
+        what = f"recv {instr.name} on device {self.device}"
+        return self.run.take((*key, source, self.device), what, source)
 
     def _together(self, key, what, members, rank, inputs, outputs, part) -> None:
         """Meet the other members and have `part(values, r)` compute member r's results:
