@@ -280,6 +280,7 @@ class Transport(Protocol):
 
 @dataclass
 class _Slot:
+    cond: threading.Condition  # on the run's lock: wakes only this rendezvous's members
     values: dict[int, Any] = field(default_factory=dict)  # rank -> contribution
     remote_done: bool = False
     leaving: int = 0
@@ -303,7 +304,8 @@ class CollectiveRun:
         self.grid = grid
         self.timeout = timeout
         self.transport = transport
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # send/recv mail, aborts
         self._slots: dict[tuple, _Slot] = {}
         self._mail: dict[tuple, Any] = {}  # send/recv: key -> the data sent
         self.error: tuple[int, BaseException] | None = None
@@ -318,6 +320,8 @@ class CollectiveRun:
             if first:
                 self.error = (device, error)
             self._cond.notify_all()
+            for slot in self._slots.values():
+                slot.cond.notify_all()
         if first and self.transport is not None and self.transport.is_local(device):
             self.transport.abort(self.run_id, device, error)
 
@@ -328,6 +332,13 @@ class CollectiveRun:
                 f"{what}: device {device} failed, so the collective cannot complete: "
                 f"{type(error).__name__}: {error}"
             ) from error
+
+    def _slot(self, key: tuple) -> _Slot:
+        """The rendezvous under `key` (with the run's lock held)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot(threading.Condition(self._lock))
+        return slot
 
     def _is_local(self, device: int) -> bool:
         return self.transport is None or self.transport.is_local(device)
@@ -340,12 +351,12 @@ class CollectiveRun:
         deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_if_aborted(what)
-            slot = self._slots.setdefault(key, _Slot())
+            slot = self._slot(key)
             slot.values[rank] = value
             if len(slot.values) == n or (
                 not slot.remote_done and all(i in slot.values for i in local_ranks)
             ):
-                self._cond.notify_all()
+                slot.cond.notify_all()
             while len(slot.values) < n:
                 self._raise_if_aborted(what)
                 if not slot.remote_done and all(i in slot.values for i in local_ranks):
@@ -360,7 +371,7 @@ class CollectiveRun:
                     for i, d in enumerate(members):
                         if d in remote:
                             slot.values[i] = remote[d]
-                    self._cond.notify_all()
+                    slot.cond.notify_all()
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -370,7 +381,7 @@ class CollectiveRun:
                         f"(devices {list(members)} take part; arrived: "
                         f"{sorted(members[i] for i in slot.values)})"
                     )
-                self._cond.wait(min(left, 1.0))
+                slot.cond.wait(min(left, 1.0))
             return [slot.values[i] for i in range(n)]
 
     def post(self, key: tuple, value: Any) -> None:
@@ -409,7 +420,7 @@ class CollectiveRun:
         deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_if_aborted(what)
-            slot = self._slots.setdefault(key, _Slot())
+            slot = self._slot(key)
             slot.values[rank] = value
             values = [slot.values[i] for i in range(n)] if len(slot.values) == n else None
             while values is None and not slot.finished:
@@ -421,7 +432,7 @@ class CollectiveRun:
                         f"{what}: devices {missing} did not arrive within {self.timeout:g} s "
                         f"(devices {list(members)} take part)"
                     )
-                self._cond.wait(min(left, 1.0))
+                slot.cond.wait(min(left, 1.0))
         if values is None:
             if slot.error is not None:
                 raise CollectiveError(f"{what}: {slot.error}") from slot.error
@@ -434,7 +445,7 @@ class CollectiveRun:
         with self._cond:
             slot.error, slot.finished = error, True
             del self._slots[key]
-            self._cond.notify_all()
+            slot.cond.notify_all()
         if error is not None:
             raise error
 
@@ -447,7 +458,7 @@ class CollectiveRun:
             slot.leaving += 1
             if slot.leaving == local:
                 del self._slots[key]
-                self._cond.notify_all()
+                slot.cond.notify_all()
                 return
             while slot.leaving < local:
                 self._raise_if_aborted(what)
@@ -456,7 +467,7 @@ class CollectiveRun:
                     raise CollectiveError(
                         f"{what}: not every device finished within {self.timeout:g} s"
                     )
-                self._cond.wait(min(left, 1.0))
+                slot.cond.wait(min(left, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
