@@ -38,6 +38,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 import threading
@@ -125,6 +126,7 @@ class DeviceGrid:
         return self.ids[replica][partition]
 
 
+@functools.lru_cache(maxsize=4096)
 def participants(
     instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid
 ) -> tuple[tuple[int, int], ...]:
@@ -211,6 +213,7 @@ _BINARY_KINDS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def reduction_kind(instr: HloInstruction) -> str | None:
     """The reduction ("add", "multiply", "min", "max"; "and"/"or" on pred become min/max) when
     `instr`'s computation is that one binary op on its two parameters; else None."""
