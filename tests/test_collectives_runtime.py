@@ -310,3 +310,22 @@ def test_devices_that_disagree_on_shapes_get_a_clear_error():
         assert isinstance(e, CollectiveError)
         assert "disagree on the operands" in str(e) and "f32[2, 6]" not in str(e)
         assert "float32[4, 6]" in str(e) and "float32[2, 6]" in str(e)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_send_recv_between_devices(platform):
+    pairs = 'frontend_attributes={_xla_send_recv_source_target_pairs="{{0,1},{1,2},{2,0}}"}'
+    text = module(
+        ", num_partitions=4",
+        P,
+        "  t = token[] after-all()\n"
+        f"  s = (f32[4,6], u32[], token[]) send(x, t), channel_id=5, {pairs}\n"
+        f"  r = (f32[4,6], u32[], token[]) recv(t), channel_id=5, {pairs}\n"
+        "  sd = token[] send-done(s), channel_id=5\n"
+        "  rd = (f32[4,6], token[]) recv-done(r), channel_id=5\n"
+        "  ROOT o = f32[4,6] get-tuple-element(rd), index=0",
+    )
+    got = run(platform, text, [[X[d]] for d in range(4)], 1, 4)
+    for d, source in enumerate([2, 0, 1, None]):
+        want = np.zeros((4, 6), np.float32) if source is None else X[source]
+        np.testing.assert_array_equal(got[d][0], want)

@@ -9,6 +9,7 @@ tolerance (xlapy's kernels round differently from XLA's, collectives or not).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -127,3 +128,23 @@ def test_mesh_groups_rewrite():
     assert _explicit_mesh_groups(text) == "x, replica_groups={{0,1},{2,3}}, y"
     text = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}"
     assert _explicit_mesh_groups(text) == "replica_groups={{0,1,2,3},{4,5,6,7}}"
+
+
+def test_bench_and_memory_report_per_device():
+    from click.testing import CliRunner
+
+    from xlapy.tools.cli import cli
+
+    path = str(HERE / "reductions_8.hlo")
+    runner = CliRunner()
+    done = runner.invoke(cli, ["bench", path, "--random-inputs", "--runs", "2", "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    assert report["devices"] == 8 and len(report["device_median_us"]) == 8
+    done = runner.invoke(cli, ["memory", path, "--json"])
+    assert done.exit_code == 0, done.output
+    figures = json.loads(done.output)
+    assert figures["devices"] == 8
+    assert figures["peak_bytes_all_devices"] == 8 * figures["peak_bytes"]
+    done = runner.invoke(cli, ["memory", path])
+    assert "Runs on 8 devices (1 replicas x 8 partitions)" in done.output

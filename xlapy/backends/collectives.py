@@ -38,7 +38,9 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -124,6 +126,7 @@ class DeviceGrid:
         return self.ids[replica][partition]
 
 
+@functools.lru_cache(maxsize=4096)
 def participants(
     instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid
 ) -> tuple[tuple[int, int], ...]:
@@ -171,6 +174,19 @@ def permute_ids(instr: HloInstruction, replica: int, partition: int, grid: Devic
     return replica, (lambda i: (i, partition)), pairs
 
 
+_PAIR = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
+
+
+def send_recv_pairs(instr: HloInstruction) -> tuple[tuple[int, int], ...] | None:
+    """The (source, target) pairs of a send or recv between devices (XLA's frontend
+    attribute `_xla_send_recv_source_target_pairs`), or None (a host transfer)."""
+    attrs = instr.attrs.get("frontend_attributes")
+    text = dict(getattr(attrs, "items", ())).get("_xla_send_recv_source_target_pairs")
+    if text is None:
+        return None
+    return tuple((int(a), int(b)) for a, b in _PAIR.findall(text))
+
+
 # -- reductions ---------------------------------------------------------------------------
 
 
@@ -197,6 +213,7 @@ _BINARY_KINDS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def reduction_kind(instr: HloInstruction) -> str | None:
     """The reduction ("add", "multiply", "min", "max"; "and"/"or" on pred become min/max) when
     `instr`'s computation is that one binary op on its two parameters; else None."""
@@ -266,6 +283,7 @@ class Transport(Protocol):
 
 @dataclass
 class _Slot:
+    cond: threading.Condition  # on the run's lock: wakes only this rendezvous's members
     values: dict[int, Any] = field(default_factory=dict)  # rank -> contribution
     remote_done: bool = False
     leaving: int = 0
@@ -289,8 +307,10 @@ class CollectiveRun:
         self.grid = grid
         self.timeout = timeout
         self.transport = transport
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # send/recv mail, aborts
         self._slots: dict[tuple, _Slot] = {}
+        self._mail: dict[tuple, Any] = {}  # send/recv: key -> the data sent
         self.error: tuple[int, BaseException] | None = None
 
     def for_device(self, replica: int, partition: int) -> DeviceCollectives:
@@ -303,6 +323,8 @@ class CollectiveRun:
             if first:
                 self.error = (device, error)
             self._cond.notify_all()
+            for slot in self._slots.values():
+                slot.cond.notify_all()
         if first and self.transport is not None and self.transport.is_local(device):
             self.transport.abort(self.run_id, device, error)
 
@@ -313,6 +335,13 @@ class CollectiveRun:
                 f"{what}: device {device} failed, so the collective cannot complete: "
                 f"{type(error).__name__}: {error}"
             ) from error
+
+    def _slot(self, key: tuple) -> _Slot:
+        """The rendezvous under `key` (with the run's lock held)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot(threading.Condition(self._lock))
+        return slot
 
     def _is_local(self, device: int) -> bool:
         return self.transport is None or self.transport.is_local(device)
@@ -325,12 +354,12 @@ class CollectiveRun:
         deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_if_aborted(what)
-            slot = self._slots.setdefault(key, _Slot())
+            slot = self._slot(key)
             slot.values[rank] = value
             if len(slot.values) == n or (
                 not slot.remote_done and all(i in slot.values for i in local_ranks)
             ):
-                self._cond.notify_all()
+                slot.cond.notify_all()
             while len(slot.values) < n:
                 self._raise_if_aborted(what)
                 if not slot.remote_done and all(i in slot.values for i in local_ranks):
@@ -345,7 +374,7 @@ class CollectiveRun:
                     for i, d in enumerate(members):
                         if d in remote:
                             slot.values[i] = remote[d]
-                    self._cond.notify_all()
+                    slot.cond.notify_all()
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -355,8 +384,28 @@ class CollectiveRun:
                         f"(devices {list(members)} take part; arrived: "
                         f"{sorted(members[i] for i in slot.values)})"
                     )
-                self._cond.wait(min(left, 1.0))
+                slot.cond.wait(min(left, 1.0))
             return [slot.values[i] for i in range(n)]
+
+    def post(self, key: tuple, value: Any) -> None:
+        """Leave `value` for the device that will `take` it under `key` (send)."""
+        with self._cond:
+            self._mail[key] = value
+            self._cond.notify_all()
+
+    def take(self, key: tuple, what: str, source: int) -> Any:
+        """Wait for the value posted under `key` by device `source` (recv)."""
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while key not in self._mail:
+                self._raise_if_aborted(what)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CollectiveError(
+                        f"{what}: device {source} did not send within {self.timeout:g} s"
+                    )
+                self._cond.wait(min(left, 1.0))
+            return self._mail.pop(key)
 
     def meet_led(
         self,
@@ -374,7 +423,7 @@ class CollectiveRun:
         deadline = time.monotonic() + self.timeout
         with self._cond:
             self._raise_if_aborted(what)
-            slot = self._slots.setdefault(key, _Slot())
+            slot = self._slot(key)
             slot.values[rank] = value
             values = [slot.values[i] for i in range(n)] if len(slot.values) == n else None
             while values is None and not slot.finished:
@@ -386,7 +435,7 @@ class CollectiveRun:
                         f"{what}: devices {missing} did not arrive within {self.timeout:g} s "
                         f"(devices {list(members)} take part)"
                     )
-                self._cond.wait(min(left, 1.0))
+                slot.cond.wait(min(left, 1.0))
         if values is None:
             if slot.error is not None:
                 raise CollectiveError(f"{what}: {slot.error}") from slot.error
@@ -399,7 +448,7 @@ class CollectiveRun:
         with self._cond:
             slot.error, slot.finished = error, True
             del self._slots[key]
-            self._cond.notify_all()
+            slot.cond.notify_all()
         if error is not None:
             raise error
 
@@ -412,7 +461,7 @@ class CollectiveRun:
             slot.leaving += 1
             if slot.leaving == local:
                 del self._slots[key]
-                self._cond.notify_all()
+                slot.cond.notify_all()
                 return
             while slot.leaving < local:
                 self._raise_if_aborted(what)
@@ -421,7 +470,7 @@ class CollectiveRun:
                     raise CollectiveError(
                         f"{what}: not every device finished within {self.timeout:g} s"
                     )
-                self._cond.wait(min(left, 1.0))
+                slot.cond.wait(min(left, 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,6 +533,44 @@ class DeviceCollectives:
             compute(instr, [v.inputs for v in values], r, [v.outputs for v in values], local)
 
         self._together(key, what, members, rank, inputs, outputs, part)
+
+    def _channel(self, instr: HloInstruction, kind: str):
+        """(this device's id among the pairs, id -> device, pairs, the key's prefix) of a
+        send or recv: ids are partition ids when the program has partitions, else replica
+        ids; the k-th send of a channel from one device meets the k-th recv on the other."""
+        pairs = send_recv_pairs(instr) or ()
+        grid = self.run.grid
+        channel = instr.attrs.get("channel_id", 0)
+        count = self._counts.get(f"{kind}:{channel}", 0)
+        self._counts[f"{kind}:{channel}"] = count + 1
+        if grid.num_partitions > 1:
+            me, device = self.partition, (lambda i: grid.device(self.replica, i))
+        else:
+            me, device = self.replica, (lambda i: grid.device(i, self.partition))
+        return me, device, pairs, (self.run.run_id, "channel", channel, count)
+
+    def send(self, instr: HloInstruction, value: np.ndarray) -> None:
+        """A send to the devices its pairs name (a copy: the sender may reuse its memory)."""
+        me, device, pairs, key = self._channel(instr, "send")
+        for s, t in pairs:
+            if s == me:
+                target = device(t)
+                if not self.run._is_local(target):
+                    raise EvaluationError(
+                        f"{instr.name}: send to device {target} in another process is not "
+                        "supported (use collective-permute)"
+                    )
+                self.run.post((*key, self.device, target), np.array(value, copy=True))
+
+    def recv(self, instr: HloInstruction, shape) -> np.ndarray:
+        """What the device its pairs name sent (zeros when none sends to this one)."""
+        me, device, pairs, key = self._channel(instr, "recv")
+        sources = [s for s, t in pairs if t == me]
+        if not sources:
+            return np.zeros(shape.dims, shape.dtype)
+        source = device(sources[0])
+        what = f"recv {instr.name} on device {self.device}"
+        return self.run.take((*key, source, self.device), what, source)
 
     def _together(self, key, what, members, rank, inputs, outputs, part) -> None:
         """Meet the other members and have `part(values, r)` compute member r's results:

@@ -514,10 +514,10 @@ def _range(s: BufferSlice) -> tuple[int, int, int]:
 
 
 def _meets_peers(comp: HloComputation) -> bool:
-    """Whether `comp` (or a computation it calls) runs a collective thunk, which waits
+    """Whether `comp` (or a computation it calls) runs a collective or a recv, which waits
     for other devices and so must not run on the shared pool (lib_collectives.py)."""
     for instr in comp.instructions:
-        if instr.opcode in COLLECTIVE_OPCODES:
+        if instr.opcode in COLLECTIVE_OPCODES or instr.opcode in (Opcode.SEND, Opcode.RECV):
             return True
         if instr.opcode is not Opcode.FUSION and any(
             _meets_peers(c) for c in instr.called_computations()
