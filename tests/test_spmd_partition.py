@@ -125,3 +125,12 @@ def test_traffic_rules():
         "reduce-scatter": 32.0,
         "collective-permute": 16.0,
     }
+
+
+@pytest.mark.parametrize("name", ["mlp_tp_2x4", "embedding_grad_4", "shard_map_psum_4"])
+def test_partitioned_on_cpu_backend(name):
+    """The same partitioned programs compiled by the CPU backend (LLVM) on n devices."""
+    text, args, want, n = load(name)
+    got, _, _ = run_partitioned(text, args, n, platform="cpu")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5, err_msg=f"output {i} vs JAX")
