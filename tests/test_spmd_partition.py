@@ -33,7 +33,7 @@ MANUAL = {
 }
 """shard_map programs: their collectives need the devices, so there is no 1-device oracle."""
 
-FALLBACKS = {"scan_4": {"while"}}
+FALLBACKS: dict[str, set[str]] = {}
 """Programs with ops that run whole on every device (the rest partition natively)."""
 
 

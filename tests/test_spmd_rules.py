@@ -85,6 +85,15 @@ ENTRY e {
 }
 """
 
+FFT = module(
+    "  x = f32[8,16]{1,0} parameter(0), sharding={devices=[1,4]<=[4]}",
+    "  f = c64[8,9]{1,0} fft(x), fft_type=RFFT, fft_length={16}\n  ROOT r = f32[8,9]{1,0} real(f)",
+)
+CUSTOM = module(
+    "  x = f32[8]{0} parameter(0), sharding={devices=[4]<=[4]}",
+    '  ROOT y = f32[8]{0} custom-call(x), custom_call_target="my_kernel"',
+)
+
 CASES = {
     "dot": (DOT, 8, {"all-reduce": 1}),
     "reshard all-to-all": (RESHARD, 4, {"all-to-all": 1}),
@@ -93,7 +102,8 @@ CASES = {
     "reduce with a non-identity init": (REDUCE_INIT, 4, {"all-gather": 1}),
     "reduce-window gathers its window dimension": (WINDOW, 4, {"all-gather": 1}),
     "slice and concatenate": (SLICE_CONCAT, 4, {"all-gather": 1}),
-    "while falls back": (WHILE, 4, {"all-gather": 1}),
+    "while keeps its state's tiling": (WHILE, 4, {}),
+    "fft falls back": (FFT, 4, {"all-gather": 1}),
 }
 
 
@@ -110,9 +120,10 @@ def test_rule(name):
 
 
 def test_fallback_is_reported():
-    report = partition(parse_module(WHILE), 4)
-    assert [(f.name, f.opcode) for f in report.fallbacks] == [("loop", "while")]
-    assert "replicated: loop (while): control flow runs whole on every device" in report.text()
+    report = partition(parse_module(CUSTOM), 4)
+    assert [(f.name, f.opcode) for f in report.fallbacks] == [("y", "custom-call")]
+    assert "replicated: y (custom-call): custom call 'my_kernel' has no" in report.text()
+    assert report.collectives == {"all-gather": 1}
 
 
 def test_uneven_parameter_is_a_clear_error():

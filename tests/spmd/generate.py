@@ -209,6 +209,17 @@ def main():
 
     save("scan_4", scan, [rnd(32, 8, 8, scale=0.3), rnd(33, 8, 8)], [P(), P("x")], None, m4)
 
+    def grow(x):
+        return jax.lax.while_loop(lambda c: jnp.sum(c) < 500.0, lambda c: c * 1.5 + 1.0, x)
+
+    save("while_sum_2x2", grow, [np.abs(rnd(43, 8, 8))], [P("data", "model")], None, m22)
+
+    def branch(x, w):
+        return jax.lax.cond(jnp.sum(x) > 0, lambda a: jnp.sin(a) @ w, lambda a: a @ w * 2, x)
+
+    args = [rnd(44, 8, 8), rnd(45, 8, 4)]
+    save("cond_4", branch, args, [P("x"), P()], None, m4)
+
     def argmax(x):
         return jnp.argmax(x, axis=1), jnp.max(x, axis=0)
 

@@ -58,6 +58,7 @@ from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import ProgramShape, Shape
 from xlapy.ir.sharding import HloSharding
+from xlapy.passes.hlo_edit import remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
 from xlapy.passes.spmd.labels import OpLabels, op_labels
@@ -134,6 +135,7 @@ class SpmdPartitioner(HloPass):
         CallInliner().run(module)
         self.report = PartitionReport(num_partitions=n)
         _Partitioner(module, n, self.report).run()
+        remove_unreachable_computations(module)
         return True
 
 
@@ -145,38 +147,52 @@ def partition(module: HloModule, num_partitions: int | None = None) -> Partition
 
 
 class _Partitioner:
-    def __init__(self, module: HloModule, n: int, report: PartitionReport):
+    def __init__(
+        self,
+        module: HloModule,
+        n: int,
+        report: PartitionReport,
+        comp: HloComputation | None = None,
+        parent: _Partitioner | None = None,
+        param_tilings: list | None = None,
+    ):
         self.module = module
         self.n = n
         self.report = report
-        self.namer = NameUniquer(module)
-        self.entry = module.entry_computation()
+        self.entry = comp or module.entry_computation()  # the computation partitioned
+        self.param_tilings = param_tilings
+        if parent is None:
+            self.namer = NameUniquer(module)
+            first = 1 + max(
+                (i.attrs.get("channel_id", 0) for i in module.instructions()), default=0
+            )
+            self._channel = [first]
+            self._adders: dict[str, HloComputation] = {}
+            self.mesh_axes = _sdy_mesh(module)
+        else:
+            self.namer = parent.namer
+            self._channel = parent._channel
+            self._adders = parent._adders
+            self.mesh_axes = parent.mesh_axes
         self.out: list[HloInstruction] = []
         self.params: list[HloInstruction] = []
         self.values: dict[int, Local] = {}
-        self.channel = 1 + max(
-            (i.attrs.get("channel_id", 0) for i in module.instructions()), default=0
-        )
         self._pid: HloInstruction | None = None
         self._offsets: dict[tuple[int, ...], HloInstruction] = {}
         self._zero: HloInstruction | None = None
         self._resharded: dict[tuple[int, Tiling], HloInstruction] = {}
-        self._adders: dict[str, HloComputation] = {}
-        self.mesh_axes = _sdy_mesh(module)
         self.wanted = self._wanted_tilings()
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> None:
+        """Partition the entry: parameters as annotated, the result as annotated (else as
+        chosen); the new entry replaces the old one."""
         entry = self.entry
         for instr in entry.post_order():
             self.values[id(instr)] = self.visit(instr)
         root = entry.root_instruction()
         result = self.finish_root(root)
-        comp = HloComputation(entry.name + "_spmd")
-        for instr in self.out:
-            comp.add_instruction(instr)
-        comp.root = result.instr
-        self._drop_dead(comp)
+        comp = self._computation(entry.name + "_spmd", result.instr)
         module = self.module
         module.computations = [c for c in module.computations if c is not entry]
         module.add_computation(comp, entry=True)
@@ -192,6 +208,31 @@ class _Partitioner:
             if comp.root_instruction().shape.subshape(e.output_index).dims
             == comp.parameter(e.param_number).shape.subshape(e.param_index).dims
         )
+
+    def sub(self, comp: HloComputation, param_tilings: list, want_root=None):
+        """Partition a called computation (a loop body, a branch) whose parameters have
+        `param_tilings`; its result is resharded to `want_root` when given. Returns the
+        new computation and its result's tiling."""
+        child = _Partitioner(self.module, self.n, self.report, comp, self, param_tilings)
+        for instr in comp.post_order():
+            child.values[id(instr)] = child.visit(instr)
+        root = comp.root_instruction()
+        value = child.values[id(root)]
+        if value.manual:
+            raise PartitionError(f"{root.name}: a manual value leaves {comp.name}")
+        if want_root is not None:
+            value = Local(child.as_tiling(value, want_root, root.shape), want_root)
+        new = child._computation(comp.name + "_spmd", value.instr)
+        self.module.add_computation(new)
+        return new, value.tiling
+
+    def _computation(self, name: str, root: HloInstruction) -> HloComputation:
+        comp = HloComputation(self.namer.fresh(name))
+        for instr in self.out:
+            comp.add_instruction(instr)
+        comp.root = root
+        self._drop_dead(comp)
+        return comp
 
     def _drop_dead(self, comp: HloComputation) -> None:
         live: set[int] = set()
@@ -219,8 +260,8 @@ class _Partitioner:
         self.report.collectives[kind] = self.report.collectives.get(kind, 0) + 1
 
     def next_channel(self) -> int:
-        self.channel += 1
-        return self.channel - 1
+        self._channel[0] += 1
+        return self._channel[0] - 1
 
     def partition_id(self) -> HloInstruction:
         if self._pid is None:
@@ -490,6 +531,10 @@ class _Partitioner:
                 op, src.instr.shape.tuple_shapes[k], [src.instr], dict(instr.attrs), base=instr.name
             )
             return self.constrain(instr, Local(new, src.tiling[k]))
+        if op is Opcode.WHILE:
+            return self.constrain(instr, self.while_loop(instr, operands))
+        if op is Opcode.CONDITIONAL:
+            return self.constrain(instr, self.conditional(instr, operands))
         if op in (Opcode.CONSTANT, Opcode.IOTA, Opcode.PARTITION_ID, Opcode.REPLICA_ID):
             new = self.clone(instr, [], instr.shape)
             return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
@@ -498,6 +543,44 @@ class _Partitioner:
         if labels is not None and (instr.shape.is_array or op in multi):
             return self.constrain(instr, self.labelled(instr, operands, labels))
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
+
+    def while_loop(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """The loop state keeps its initial tiling: the body is partitioned with its
+        parameter so tiled and its result resharded back to it; the condition likewise."""
+        (state,) = operands
+        tiling = state.tiling
+        body, _ = self.sub(instr.attrs["body"], [tiling], want_root=tiling)
+        cond, _ = self.sub(instr.attrs["condition"], [tiling])
+        attrs = dict(instr.attrs, body=body, condition=cond)
+        new = self.clone(instr, [state.instr], state.instr.shape, attrs)
+        self.report.native["while"] = self.report.native.get("while", 0) + 1
+        return Local(new, tiling)
+
+    def conditional(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """Each branch is partitioned with its operand's tiling; every branch's result is
+        resharded to the first branch's."""
+        pred = self.as_tiling(
+            operands[0], self.replicated_of(instr.operand(0).shape), instr.operand(0).shape
+        )
+        if "branch_computations" in instr.attrs:
+            branches = list(instr.attrs["branch_computations"])
+        else:
+            branches = [instr.attrs["true_computation"], instr.attrs["false_computation"]]
+        new_branches = []
+        result = None
+        for comp, value in zip(branches, operands[1:], strict=True):
+            new, tiling = self.sub(comp, [value.tiling], want_root=result)
+            result = tiling if result is None else result
+            new_branches.append(new)
+        attrs = dict(instr.attrs)
+        if "branch_computations" in attrs:
+            attrs["branch_computations"] = tuple(new_branches)
+        else:
+            attrs["true_computation"], attrs["false_computation"] = new_branches
+        shape = _local_shape(instr.shape, result, instr.name)
+        new = self.clone(instr, [pred, *(v.instr for v in operands[1:])], shape, attrs)
+        self.report.native["conditional"] = self.report.native.get("conditional", 0) + 1
+        return Local(new, result)
 
     def _why(self, instr: HloInstruction) -> str:
         if instr.opcode is Opcode.CUSTOM_CALL:
@@ -533,6 +616,17 @@ class _Partitioner:
         )
 
     def parameter(self, instr: HloInstruction) -> Local:
+        if self.param_tilings is not None:
+            assert instr.parameter_number is not None
+            tiling = self.param_tilings[instr.parameter_number]
+            new = self.emit(
+                Opcode.PARAMETER,
+                _local_shape(instr.shape, tiling, instr.name),
+                attrs={k: v for k, v in instr.attrs.items() if k != "sharding"},
+                base=instr.name,
+                parameter_number=instr.parameter_number,
+            )
+            return Local(new, tiling)
         s = instr.attrs.get("sharding")
         tiling = (
             self.tiling_of(s, instr.shape)
