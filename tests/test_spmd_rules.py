@@ -10,6 +10,9 @@ from test_spmd_partition import run_partitioned
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
 from xlapy.passes.spmd import PartitionError, partition
+from xlapy.passes.spmd.tiling import Tiling
+from xlapy.runtime import Client
+from xlapy.runtime.options import CompileOptions
 
 ADD = """add {
   a = f32[] parameter(0)
@@ -142,3 +145,31 @@ def test_cli_opt_partition(run_cli, write):
     assert module.config.num_partitions == 8
     assert [i.opcode.text for i in module.entry_computation().instructions].count("all-reduce") == 1
     assert "spmd-partitioner: 8 partitions" in err and "no op fell back" in err
+
+
+def test_client_partitions_a_global_program():
+    """Compiled for 8 partitions, an annotated global module is partitioned (as by XLA);
+    an already partitioned one (num_partitions in its header) is left alone."""
+    client = Client("interpreter", device_count=8)
+    exe = client.compile(DOT, CompileOptions.make(num_partitions=8))
+    assert "all-reduce" in exe.hlo_text() and "num_partitions=8" in exe.hlo_text()
+    again = client.compile(exe.hlo_text(), CompileOptions.make(num_partitions=8))
+    assert again.hlo_text() == exe.hlo_text()
+    rng = np.random.default_rng(1)
+    x, w = rng.normal(size=(8, 16)).astype(np.float32), rng.normal(size=(16, 4)).astype(np.float32)
+    module = parse_module(exe.hlo_text())
+    xs, ws = (Tiling.from_sharding(p.attrs["sharding"], 2, 8) for p in module.entry.parameters)
+    devices = client.devices()
+    rows = [
+        [
+            client.buffer_from_pyval(np.array(x[xs.slices(x.shape)[d]]), devices[d]),
+            client.buffer_from_pyval(np.array(w[ws.slices(w.shape)[d]]), devices[d]),
+        ]
+        for d in range(8)
+    ]
+    outs = exe.execute(rows)
+    out = Tiling.from_sharding(module.entry.root.attrs["sharding"], 2, 8)
+    got = np.zeros((8, 4), np.float32)
+    for d in range(8):
+        got[out.slices(got.shape)[d]] = np.asarray(outs[d][0])
+    np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)

@@ -5,7 +5,14 @@ from xlapy.passes.spmd.partitioner import (
     PartitionError,
     PartitionReport,
     SpmdPartitioner,
+    needs_partitioning,
     partition,
 )
 
-__all__ = ["PartitionError", "PartitionReport", "SpmdPartitioner", "partition"]
+__all__ = [
+    "PartitionError",
+    "PartitionReport",
+    "SpmdPartitioner",
+    "needs_partitioning",
+    "partition",
+]

@@ -139,6 +139,26 @@ class SpmdPartitioner(HloPass):
         return True
 
 
+_MANUAL_ENTRIES = ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape")
+
+
+def needs_partitioning(module: HloModule, num_partitions: int) -> bool:
+    """Whether `module` is a global program to partition for `num_partitions` devices: it
+    is not partitioned yet (its header has no num_partitions) and its entry shards some
+    value or opens a shard_map region."""
+    if num_partitions <= 1 or module.config.num_partitions > 1 or module.entry is None:
+        return False
+    for instr in module.entry.instructions:
+        s = instr.attrs.get("sharding")
+        if isinstance(s, HloSharding) and any(
+            e.kind == "tiled" and not e.is_replicated for e in (s.elements or (s,))
+        ):
+            return True
+        if instr.attrs.get("custom_call_target") in _MANUAL_ENTRIES:
+            return True
+    return False
+
+
 def partition(module: HloModule, num_partitions: int | None = None) -> PartitionReport:
     """Partition `module` in place; returns the report."""
     p = SpmdPartitioner(num_partitions)
