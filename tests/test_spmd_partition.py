@@ -30,6 +30,8 @@ MANUAL = {
     "shard_map_ring_8",
     "shard_map_2x2",
     "shard_map_2x2.sdy",
+    "shard_map_partial_2x2",
+    "shard_map_partial_2x2.sdy",
 }
 """shard_map programs: their collectives need the devices, so there is no 1-device oracle."""
 

@@ -209,6 +209,19 @@ def main():
 
     save("scan_4", scan, [rnd(32, 8, 8, scale=0.3), rnd(33, 8, 8)], [P(), P("x")], None, m4)
 
+    def psum_data(a, w):
+        return jax.lax.psum(a @ w, "data")
+
+    smap = jax.shard_map(
+        psum_data,
+        mesh=m22,
+        in_specs=(P("data", None), P()),
+        out_specs=P(),
+        axis_names={"data"},  # manual over "data" only; "model" stays automatic
+    )
+    args = [rnd(46, 8, 8), rnd(47, 8, 8)]
+    save("shard_map_partial_2x2", smap, args, [P("data"), P(None, "model")], None, m22, sdy=True)
+
     def grow(x):
         return jax.lax.while_loop(lambda c: jnp.sum(c) < 500.0, lambda c: c * 1.5 + 1.0, x)
 

@@ -136,7 +136,23 @@ class SpmdPartitioner(HloPass):
         self.report = PartitionReport(num_partitions=n)
         _Partitioner(module, n, self.report).run()
         remove_unreachable_computations(module)
+        _strip_annotations(module)
         return True
+
+
+def _strip_annotations(module: HloModule) -> None:
+    """Drop the Sharding custom calls left in computations the partitioner keeps as they
+    are (reducers, manual region bodies): annotations, not computation."""
+    for comp in module.computations:
+        for instr in list(comp.instructions):
+            if (
+                instr.opcode is Opcode.CUSTOM_CALL
+                and instr.attrs.get("custom_call_target") in ("Sharding", *_PASS_THROUGH_TARGETS)
+                and len(instr.operands) == 1
+                and instr.operands[0].shape == instr.shape
+            ):
+                comp.replace_all_uses(instr, instr.operands[0])
+                comp.remove_instruction(instr)
 
 
 _MANUAL_ENTRIES = ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape")
@@ -700,54 +716,68 @@ class _Partitioner:
             return self.from_manual(instr, operands)
         return None
 
-    def _manual_sharding(self, instr: HloInstruction, key: str) -> HloSharding | None:
-        if instr.attrs.get("custom_call_target", "").startswith("xla.sdy."):
-            fa = instr.attrs.get("frontend_attributes")
-            text = fa.get(key) if fa is not None else None
-            if text is None:
-                return None
-            return _sdy_sharding(text, self.mesh_axes, instr.shape.rank)
-        return None
+    def _manual_shardings(self, instr: HloInstruction, key: str, shapes: list[Shape]):
+        """The per-value shardings of a Shardy region edge, restricted to its manual axes
+        (the region's data is replicated over the others), or None for the GSPMD form."""
+        if not instr.attrs.get("custom_call_target", "").startswith("xla.sdy."):
+            return None
+        fa = instr.attrs.get("frontend_attributes")
+        text = fa.get(key) if fa is not None else None
+        manual = fa.get("xla.sdy.manual_axes") if fa is not None else None
+        if text is None:
+            return None
+        keep = set(re.findall(r'\\?"(\w+)\\?"', str(manual))) if manual is not None else None
+        return _sdy_shardings(str(text), self.mesh_axes, [s.rank for s in shapes], keep)
 
     def to_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
-        (v,) = operands
-        src_instr = instr.operands[0]
-        s = self._manual_sharding(instr, "xla.sdy.in_shardings")
-        if s is None:
-            s = src_instr.attrs.get("sharding")
-        if isinstance(s, HloSharding) and (s.is_manual or s.subgroups):
-            raise PartitionError(
-                f"{instr.name}: shard_map over part of the mesh (partially manual shardings) "
-                "is not supported yet"
+        """Enter a shard_map region: each operand resharded to its in-sharding; the
+        region works on the local pieces as they are."""
+        shapes = [o.shape for o in instr.operands]
+        shardings = self._manual_shardings(instr, "xla.sdy.in_shardings", shapes)
+        if shardings is None:  # GSPMD: the operand is a Sharding custom call saying how
+            shardings = [o.attrs.get("sharding") for o in instr.operands]
+        locals_ = []
+        for v, o, s in zip(operands, instr.operands, shardings, strict=True):
+            if isinstance(s, HloSharding) and (s.is_manual or s.subgroups):
+                raise PartitionError(f"{instr.name}: cannot read the region's in-sharding {s}")
+            dst = (
+                self.tiling_of(s, o.shape)
+                if isinstance(s, HloSharding)
+                else self.replicated_of(o.shape)
             )
-        dst = (
-            self.tiling_of(s, src_instr.shape)
-            if isinstance(s, HloSharding)
-            else self.replicated_of(src_instr.shape)
-        )
-        local = self.as_tiling(v, dst, src_instr.shape)
-        if local.shape.dims != instr.shape.dims:
-            raise PartitionError(
-                f"{instr.name}: the manual shape {instr.shape} is not the local shape "
-                f"{local.shape} of its operand's sharding"
-            )
+            locals_.append(self.as_tiling(v, dst, o.shape))
+        want = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        for local, w in zip(locals_, want, strict=True):
+            if local.shape.dims != w.dims:
+                raise PartitionError(
+                    f"{instr.name}: the manual shape {w} is not the local shape {local.shape} "
+                    "of its operand's sharding"
+                )
         self.report.native["shard_map region"] = self.report.native.get("shard_map region", 0) + 1
-        return Local(local, None, manual=True)
+        if instr.shape.is_tuple:
+            shape = Shape.tuple([x.shape for x in locals_])
+            return Local(self.emit(Opcode.TUPLE, shape, locals_), None, manual=True)
+        return Local(locals_[0], None, manual=True)
 
     def from_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """Leave a shard_map region: each device's local piece is its piece of the global
+        result under the out-sharding."""
         (v,) = operands
-        s = self._manual_sharding(instr, "xla.sdy.out_shardings")
-        if s is None:
+        shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        shardings = self._manual_shardings(instr, "xla.sdy.out_shardings", shapes)
+        if shardings is None:
             s = instr.attrs.get("sharding")
-        tiling = (
-            self.tiling_of(s, instr.shape)
-            if isinstance(s, HloSharding)
-            else self.replicated_of(instr.shape)
-        )
-        if _local_shape(instr.shape, tiling, instr.name).dims != v.instr.shape.dims:
+            shardings = list(s.elements) if isinstance(s, HloSharding) and s.is_tuple else [s]
+        tilings = [
+            self.tiling_of(s, shape) if isinstance(s, HloSharding) else self.replicated_of(shape)
+            for s, shape in zip(shardings, shapes, strict=True)
+        ]
+        tiling = tuple(tilings) if instr.shape.is_tuple else tilings[0]
+        local = _local_shape(instr.shape, tiling, instr.name)
+        if [x.dims for _, x in local.leaves()] != [x.dims for _, x in v.instr.shape.leaves()]:
             raise PartitionError(
-                f"{instr.name}: the manual result {v.instr.shape} is not the local shape of "
-                f"{instr.shape} under its sharding"
+                f"{instr.name}: the manual result {v.instr.shape} is not the local shape "
+                f"of {instr.shape} under its sharding"
             )
         return Local(v.instr, tiling)
 
@@ -973,17 +1003,29 @@ def _sdy_mesh(module: HloModule) -> dict[str, tuple[list[tuple[str, int]], list[
     return meshes
 
 
-def _sdy_sharding(text: str, meshes, rank: int) -> HloSharding | None:
-    """The GSPMD sharding of the first value of a `#sdy.sharding_per_value<[<@mesh,
-    [{"x"}, {}]>]>` (or `#sdy.sharding<...>`) text."""
-    m = re.search(r"<@(\w+),\s*\[(.*?)\]\s*(?:,|>)", text.replace('\\"', '"'))
-    if m is None or m.group(1) not in meshes:
+def _sdy_shardings(text: str, meshes, ranks: list[int], keep: set[str] | None = None):
+    """The GSPMD shardings of the values of a `#sdy.sharding_per_value<[<@mesh, [{"x"},
+    {}]>, ...]>` text (None for a value it cannot read); axes outside `keep` (when given)
+    are left out: the value is replicated over them."""
+    values = re.findall(r"<@(\w+),\s*\[(.*?)\]>", text.replace('\\"', '"'))
+    if len(values) != len(ranks):
+        return [None] * len(ranks)
+    return [
+        _sdy_one(meshes.get(mesh), dims, rank, keep)
+        for (mesh, dims), rank in zip(values, ranks, strict=True)
+    ]
+
+
+def _sdy_one(mesh, dims_text: str, rank: int, keep) -> HloSharding | None:
+    if mesh is None:
         return None
-    axes, ids = meshes[m.group(1)]
-    dims = re.findall(r"\{([^}]*)\}", m.group(2))
+    axes, ids = mesh
     sizes = dict(axes)
     names = [a for a, _ in axes]
-    per_dim = [[x for x in re.findall(r'"(\w+)"', d)] for d in dims]
+    per_dim = [
+        [x for x in re.findall(r'"(\w+)"', d) if keep is None or x in keep]
+        for d in re.findall(r"\{([^}]*)\}", dims_text)
+    ]
     if len(per_dim) != rank:
         return None
     used = [a for d in per_dim for a in d]
