@@ -97,6 +97,14 @@ CUSTOM = module(
     '  ROOT y = f32[8]{0} custom-call(x), custom_call_target="my_kernel"',
 )
 
+
+SCATTERED = module(
+    "  x = f32[8,16]{1,0} parameter(0), sharding={devices=[1,4]<=[4]}\n"
+    "  w = f32[16,8]{1,0} parameter(1), sharding={devices=[4,1]<=[4]}",
+    "  ROOT d = f32[8,8]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+    "sharding={devices=[4,1]<=[4]}",
+)
+
 CASES = {
     "dot": (DOT, 8, {"all-reduce": 1}),
     "reshard all-to-all": (RESHARD, 4, {"all-to-all": 1}),
@@ -107,6 +115,7 @@ CASES = {
     "slice and concatenate": (SLICE_CONCAT, 4, {"all-gather": 1}),
     "while keeps its state's tiling": (WHILE, 4, {}),
     "fft falls back": (FFT, 4, {"all-gather": 1}),
+    "dot into a sharded result: reduce-scatter": (SCATTERED, 4, {"reduce-scatter": 1}),
 }
 
 

@@ -160,6 +160,14 @@ def main():
         m4,
     )
 
+    def patchify(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    args = [rnd(48, 2, 8, 8, 3), rnd(49, 2, 2, 3, 8)]
+    save("patch_conv_4", patchify, args, [P(None, "x"), P()], None, m4)
+
     def embed(table, ids, w):
         return jnp.tanh(jnp.take(table, ids, axis=0) @ w)
 

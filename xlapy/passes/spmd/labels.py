@@ -197,27 +197,41 @@ def _reduce(instr: HloInstruction) -> OpLabels:
 
 
 def _trivial(window_dim) -> bool:
+    """A window dimension whose windows do not overlap and need no padding (size 1, or
+    size = stride, as in pooling and patch embeddings): a block of whole windows per
+    device partitions it with no data from a neighbour (the label's divisibility check
+    on the result's size keeps each device's block a whole number of windows)."""
     w = window_dim
     return (
-        w.size == 1
-        and w.stride == 1
+        w.size == w.stride
         and w.pad_low == 0
         and w.pad_high == 0
         and w.window_dilation == 1
         and w.base_dilation == 1
+        and not w.reversal
     )
+
+
+def _tiles_exactly(window_dim, size: int) -> bool:
+    return _trivial(window_dim) and size % window_dim.stride == 0
 
 
 def _reduce_window(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
     window = instr.attrs["window"].dims
-    labels = tuple(i if _trivial(w) else None for i, w in enumerate(window))
+    dims = instr.operand(0).shape.dims
+    labels = tuple(
+        i if _tiles_exactly(w, d) else None for i, (w, d) in enumerate(zip(window, dims))
+    )
     return _finish(instr, (labels,) * n + ((),) * n, (labels,) * n)
 
 
 def _select_and_scatter(instr: HloInstruction) -> OpLabels:
     window = instr.attrs["window"].dims
-    labels = tuple(i if _trivial(w) else None for i, w in enumerate(window))
+    dims = instr.operand(0).shape.dims
+    labels = tuple(
+        i if _tiles_exactly(w, d) else None for i, (w, d) in enumerate(zip(window, dims))
+    )
     return _finish(instr, (labels, labels, ()), (labels,))
 
 
@@ -265,10 +279,15 @@ def _convolution(instr: HloInstruction) -> OpLabels:
     if groups == 1 and batch_groups == 1:
         rhs[dl.kernel_output_feature] = out[dl.output_feature] = 1
         lhs[dl.input_feature] = rhs[dl.kernel_input_feature] = 2
-    for s, (li, _ki, oi) in enumerate(
+    for s, (li, ki, oi) in enumerate(
         zip(dl.input_spatial, dl.kernel_spatial, dl.output_spatial, strict=True)
     ):
-        if window is not None and _trivial(window.dims[s]) and not window.dims[s].reversal:
+        w = window.dims[s] if window is not None else None
+        if (
+            w is not None
+            and _tiles_exactly(w, instr.operand(0).shape.dims[li])
+            and instr.operand(1).shape.dims[ki] == w.size
+        ):
             lhs[li] = out[oi] = 3 + s
     return _finish(instr, (tuple(lhs), tuple(rhs)), (tuple(out),), "add")
 

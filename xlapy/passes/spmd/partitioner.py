@@ -867,12 +867,59 @@ class _Partitioner:
                 if instr.opcode is Opcode.REDUCE
                 else self.adder(shape.element_type)
             )
-            new = self.all_reduce(new, cand.groups(cut), reducer)
+            groups = cand.groups(cut)
             cand_out = cand.with_axes_whole(cut)
             out_tilings = [cand_out.project(d) for d in L.results]
+            scattered = None
+            wanted = self.wanted.get(id(instr))
+            if wanted is not None and not instr.shape.is_tuple:
+                scattered = self._scatter_target(out_tilings[0], groups, wanted, shape)
+            if scattered is not None:
+                j, tiling = scattered
+                new = self.reduce_scatter(new, groups, reducer, j)
+                out_tilings = [tiling]
+            else:
+                new = self.all_reduce(new, groups, reducer)
         if instr.shape.is_tuple:
             return Local(new, tuple(out_tilings))
         return Local(new, out_tilings[0])
+
+    def _scatter_target(self, out: Tiling, groups, wanted: Tiling, local: Shape):
+        """(j, tiling) when reduce-scattering the partial result along dimension j over
+        `groups` gives a tiling from which `wanted` is a free slice: each device keeps the
+        piece of j numbered by its rank in its group."""
+        g = len(groups[0])
+        rank = {d: r for group in groups for r, d in enumerate(group)}
+        for j in range(out.rank):
+            if out.tiles[j] != 1 or wanted.tiles[j] % g or local.dims[j] % g:
+                continue
+            tiles = tuple(g if k == j else t for k, t in enumerate(out.tiles))
+            coords = tuple(
+                tuple(rank[d] if k == j else x for k, x in enumerate(c))
+                for d, c in enumerate(out.coords)
+            )
+            tiling = Tiling(tiles, coords)
+            dims = tuple(x * t for x, t in zip(local.dims, out.tiles, strict=True))
+            if _gather_bytes(tiling, wanted, local.with_dims(dims)) == 0:
+                return j, tiling
+        return None
+
+    def reduce_scatter(self, value, groups, reducer: HloComputation, j: int) -> HloInstruction:
+        self.count("reduce-scatter")
+        dims = list(value.shape.dims)
+        dims[j] //= len(groups[0])
+        return self.emit(
+            Opcode.REDUCE_SCATTER,
+            _resized(value.shape, dims),
+            [value],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "dimensions": (j,),
+                "use_global_device_ids": True,
+                "to_apply": reducer,
+            },
+        )
 
     # -- the result ------------------------------------------------------------------------
     def finish_root(self, root: HloInstruction) -> Local:
