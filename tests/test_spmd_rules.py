@@ -3,6 +3,8 @@ fallback and its report; `xlapy opt --partition N`."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from test_spmd_partition import run_partitioned
@@ -182,3 +184,15 @@ def test_client_partitions_a_global_program():
     for d in range(8):
         got[out.slices(got.shape)[d]] = np.asarray(outs[d][0])
     np.testing.assert_allclose(got, np.tanh(x @ w), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_memory_per_device(run_cli, write):
+    path = write("m.hlo", DOT)
+    code, whole, err = run_cli("memory", path, "--no-opt", "--json")
+    assert code == 0, err
+    code, part, err = run_cli("memory", path, "--no-opt", "--json", "--partition", "8")
+    assert code == 0, err
+    assert "spmd-partitioner: 8 partitions" in err
+    # x f32[8,16] is cut 8 ways, w f32[16,4] 4 ways: 512 + 256 bytes whole, 64 + 64 a device
+    assert json.loads(whole)["argument_bytes"] == 768
+    assert json.loads(part)["argument_bytes"] == 128

@@ -153,11 +153,21 @@ def fmt(module_path, long_form, no_metadata):
     help="draw the memory timeline",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
-def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json):
+@click.option(
+    "--partition",
+    "num_partitions",
+    type=click.IntRange(min=1),
+    help="SPMD-partition the sharded module for N devices first: the figures are per device",
+)
+def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, num_partitions):
     """Assign buffers for MODULE.hlo and report its memory: allocations, stats, peak buffers."""
     from xlapy.memory import report
 
     module = load_module(module_path)
+    if num_partitions is not None:
+        from xlapy.passes.spmd import partition
+
+        click.echo(partition(module, num_partitions).text(), err=True)
     plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
     a = plan.assignment
     if plot_path:
