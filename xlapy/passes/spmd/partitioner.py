@@ -21,8 +21,8 @@ replicated (any tiling of them is a free local slice). An op with a dimension-la
 Cost rule (the conflict rule): a candidate costs the bytes each device receives to bring
 its operands into the candidate's tiling (all-gathers; slicing a held value is free), plus
 the all-reduce of a partial result when it cuts contracted labels (2(g-1)/g of the local
-result), plus the all-gathers to bring the result into its wanted tiling. The cheapest
-wins; ties go to the candidate that cuts the iteration space into more pieces (less work
+result; half that when a reduce-scatter leaves it in its wanted tiling), plus the
+all-gathers to bring the result into its wanted tiling. The cheapest wins; ties go to the candidate that cuts the iteration space into more pieces (less work
 per device), then to the earlier candidate (operand 0 first). A user annotation is a
 constraint: the annotated value is resharded to it whatever it costs.
 
@@ -31,12 +31,18 @@ then dynamic-slice what B cuts, at offsets read from a table by partition-id (XL
 from replicated to sharded). A dimension A cuts on dim i and B on dim j alone, the same
 devices, becomes one all-to-all.
 
-Ops without a rule (while, conditional, custom calls, rng, ...) fall back: their operands
+Control flow: a while loop's state keeps its initial tiling (body and condition are
+partitioned with their parameter so tiled, the body's result resharded back to it); each
+branch of a conditional is partitioned with its operand's tiling and its result resharded
+to the first branch's.
+
+Ops without a rule (custom calls, rng, fft, linear algebra, ...) fall back: their operands
 are replicated (all-gathered) and the op runs whole on every device. That is always
 correct; `PartitionReport.fallbacks` lists each one with the reason. Manual values (inside
 shard_map: SPMDFullToShardShape / xla.sdy.GlobalToLocalShape to the matching
 ShardToFull / LocalToGlobalShape) keep their ops as written; only the conversions at the
-region's edges map shapes.
+region's edges map shapes. A region over part of the mesh holds its piece along the manual
+axes and is replicated over the others.
 """
 
 from __future__ import annotations
