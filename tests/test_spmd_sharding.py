@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xlapy.errors import HloParseError, VerifierError
 from xlapy.ir.parser import parse_module
@@ -82,3 +86,33 @@ def test_verifier_checks_rank_and_devices():
     with pytest.raises(VerifierError, match="beyond the 2 partitions"):
         verify(parse_module(_module("{devices=[2,2]<=[4]}", ", num_partitions=2")))
     verify(parse_module(_module("{devices=[2,2]<=[4]}", ", num_partitions=4")))
+
+
+@st.composite
+def tiled_shardings(draw):
+    tiles = draw(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    n = math.prod(tiles)
+    form = draw(st.sampled_from(["iota", "transposed", "explicit"]))
+    if form == "explicit":
+        devices = draw(st.permutations(range(n)))
+        body = "devices=[" + ",".join(map(str, tiles)) + "]" + ",".join(map(str, devices))
+    else:
+        body = "devices=[" + ",".join(map(str, tiles)) + "]<=[" + ",".join(map(str, tiles)) + "]"
+        if form == "transposed" and len(tiles) > 1:
+            perm = draw(st.permutations(range(len(tiles))))
+            body += "T(" + ",".join(map(str, perm)) + ")"
+    tail = draw(st.sampled_from(["", " last_tile_dim_replicate", " last_tile_dims={manual}"]))
+    return "{" + body + tail + "}"
+
+
+@given(tiled_shardings())
+@settings(max_examples=60, deadline=None)
+def test_tiled_round_trip_and_coordinates(text):
+    s = parse_sharding(text)
+    assert s.text() == text
+    devices = s.devices()
+    assert sorted(devices) == list(range(len(devices)))
+    # each tile is held by as many devices as the subgroup dimensions hold
+    coords = list(s.device_coords().values())
+    extra = math.prod(s.tile_dims[s.data_rank :])
+    assert all(coords.count(c) == extra for c in coords)

@@ -22,8 +22,9 @@ Cost rule (the conflict rule): a candidate costs the bytes each device receives 
 its operands into the candidate's tiling (all-gathers; slicing a held value is free), plus
 the all-reduce of a partial result when it cuts contracted labels (2(g-1)/g of the local
 result; half that when a reduce-scatter leaves it in its wanted tiling), plus the
-all-gathers to bring the result into its wanted tiling. The cheapest wins; ties go to the candidate that cuts the iteration space into more pieces (less work
-per device), then to the earlier candidate (operand 0 first). A user annotation is a
+all-gathers to bring the result into its wanted tiling. The cheapest wins; ties go to the
+candidate that cuts the iteration space into more pieces (less work per device), then to
+the earlier candidate (operand 0 first). A user annotation is a
 constraint: the annotated value is resharded to it whatever it costs.
 
 Resharding a value from tiling A to B: all-gather every dimension A cuts differently from B,
