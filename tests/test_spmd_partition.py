@@ -102,7 +102,16 @@ def test_partitioned_matches_jax_and_oracle(name):
             )
 
 
-@pytest.mark.parametrize("name", ["transformer_step_2x4", "mlp_tp_2x4", "embedding_grad_4"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "transformer_step_2x4",
+        "transformer_sequence_8",
+        "cnn_step_2x2",
+        "mlp_tp_2x4",
+        "embedding_grad_4",
+    ],
+)
 def test_collective_bytes_at_most_xla(name):
     """Per-device bytes moved by collectives: xlapy's partitioning <= XLA's (same rule)."""
     text, _, _, n = load(name)

@@ -137,6 +137,8 @@ def main():
     qkv = [rnd(9, 2, 8, 4, 8), rnd(10, 2, 8, 4, 8), rnd(11, 2, 8, 4, 8)]
     save("attention_heads_4", attention, qkv, [P(None, None, "x")] * 3, None, m4)
     save("attention_batch_2x2", attention, qkv, [P("data", None, "model")] * 3, None, m22)
+    qkv = [rnd(50, 2, 16, 4, 8), rnd(51, 2, 16, 4, 8), rnd(52, 2, 16, 4, 8)]
+    save("attention_sequence_8", attention, qkv, [P(None, "x")] * 3, None, m8)
 
     def conv(x, w):
         return jax.lax.conv_general_dilated(
@@ -159,6 +161,19 @@ def main():
         None,
         m4,
     )
+
+    def cnn_loss(w1, w2, x):
+        h = jax.nn.relu(conv(x, w1))
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.mean((h.reshape(h.shape[0], -1) @ w2) ** 2)
+
+    def cnn_step(w1, w2, x):
+        loss, g = jax.value_and_grad(cnn_loss, argnums=(0, 1))(w1, w2, x)
+        return loss, w1 - 0.1 * g[0], w2 - 0.1 * g[1]
+
+    args = [rnd(53, 3, 3, 4, 8, scale=0.2), rnd(54, 128, 4, scale=0.1), rnd(55, 4, 8, 8, 4)]
+    specs = [P(None, None, None, "model"), P(None, "model"), P("data", "model")]
+    save("cnn_step_2x2", cnn_step, args, specs, None, m22)
 
     def patchify(x, w):
         return jax.lax.conv_general_dilated(
@@ -299,6 +314,7 @@ def main():
     specs = [P(None, "model")] * 3 + [P("model", None), P(None, "model"), P("model", None)]
     specs += [P(), P("data")]
     save("transformer_step_2x4", block_step, block, specs, None, m24)
+    save("transformer_sequence_8", block_step, block, [P()] * 7 + [P(None, "x")], None, m8)
     return 0
 
 
