@@ -196,3 +196,18 @@ def test_cli_memory_per_device(run_cli, write):
     # x f32[8,16] is cut 8 ways, w f32[16,4] 4 ways: 512 + 256 bytes whole, 64 + 64 a device
     assert json.loads(whole)["argument_bytes"] == 768
     assert json.loads(part)["argument_bytes"] == 128
+
+
+UNEVEN = module(
+    "  x = f32[8,6]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}",
+    "  ROOT y = f32[8,6]{1,0} negate(x), sharding={devices=[1,4]<=[4]}",
+)
+
+
+def test_uneven_annotation_is_followed_where_it_can_be():
+    """6 rows do not split 4 ways: that dimension stays whole (the result still right)."""
+    x = np.random.default_rng(2).normal(size=(8, 6)).astype(np.float32)
+    (got,), report, module = run_partitioned(UNEVEN, [x], 4)
+    np.testing.assert_array_equal(got, -x)
+    assert report.uneven == ["y: f32[8,6]{1,0} kept whole along dimensions [1]"]
+    assert module.entry_computation().root_instruction().attrs["sharding"].is_replicated

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Category, Opcode
 
@@ -180,8 +182,6 @@ def _reducer_of(instr: HloInstruction) -> str | None:
 
 
 def _int_extremes(dtype, which: str) -> tuple[int, ...]:
-    import numpy as np
-
     info = np.iinfo(dtype)
     return (info.min,) if which == "-inf" else (info.max,)
 

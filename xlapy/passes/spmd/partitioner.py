@@ -92,6 +92,7 @@ class PartitionReport:
     native: dict[str, int] = field(default_factory=dict)
     fallbacks: list[Fallback] = field(default_factory=list)
     collectives: dict[str, int] = field(default_factory=dict)
+    uneven: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         lines = [f"spmd-partitioner: {self.num_partitions} partitions"]
@@ -108,6 +109,8 @@ class PartitionReport:
             lines.append("  no op fell back to replication")
         for f in self.fallbacks:
             lines.append(f"  replicated: {f.name} ({f.opcode}): {f.reason}")
+        for u in self.uneven:
+            lines.append(f"  uneven annotation: {u}")
         return "\n".join(lines)
 
 
@@ -533,6 +536,8 @@ class _Partitioner:
                 t = Tiling.from_sharding(s, instr.shape.rank, self.n)
             except ValueError:
                 continue
+            if not t.divides(instr.shape.dims):
+                continue
             wanted[id(instr)] = t
             target = instr
             while (
@@ -639,10 +644,23 @@ class _Partitioner:
             return value
         if s.is_manual or not instr.shape.is_array or s.is_tuple:
             return value
-        dst = self.tiling_of(s, instr.shape)
+        dst = self.even(self.tiling_of(s, instr.shape), instr.shape, instr.name)
         if dst == value.tiling:
             return value
         return Local(self.as_tiling(value, dst, instr.shape), dst)
+
+    def even(self, tiling, shape: Shape, name: str):
+        """`tiling` with every dimension it cannot cut evenly left whole (an annotation
+        asking for uneven pieces is followed where it can be), noted in the report."""
+        if isinstance(tiling, tuple):
+            return tuple(
+                self.even(t, s, name) for t, s in zip(tiling, shape.tuple_shapes, strict=True)
+            )
+        if not isinstance(tiling, Tiling) or tiling.divides(shape.dims):
+            return tiling
+        bad = [i for i, (d, t) in enumerate(zip(shape.dims, tiling.tiles)) if d % t]
+        self.report.uneven.append(f"{name}: {shape} kept whole along dimensions {bad}")
+        return tiling.with_axes_whole(bad)
 
     def clone(self, instr: HloInstruction, operands, shape: Shape, attrs=None) -> HloInstruction:
         return self.emit(
@@ -935,7 +953,7 @@ class _Partitioner:
             raise PartitionError(f"{root.name}: the program returns a manual value")
         s = root.attrs.get("sharding")
         if isinstance(s, HloSharding) and root.shape.is_tuple and s.is_tuple:
-            dst = self.tiling_of(s, root.shape)
+            dst = self.even(self.tiling_of(s, root.shape), root.shape, root.name)
             new = self.as_tiling(value, dst, root.shape)
             value = Local(new, dst)
         value.instr.attrs["sharding"] = _sharding_attr(value.tiling, root.shape)
