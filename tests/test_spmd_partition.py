@@ -7,6 +7,7 @@ program run by the reference interpreter on one device (the oracle).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -143,5 +144,16 @@ def test_partitioned_on_cpu_backend(name):
     """The same partitioned programs compiled by the CPU backend (LLVM) on n devices."""
     text, args, want, n = load(name)
     got, _, _ = run_partitioned(text, args, n, platform="cpu")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5, err_msg=f"output {i} vs JAX")
+
+
+@pytest.mark.parametrize("name", ["mlp_dp_2.sdy", "layer_norm_2x2.sdy", "reversed_mesh_2x2.sdy"])
+def test_shardy_annotations_alone(name):
+    """The Shardy form with its GSPMD `sharding=` attributes removed partitions the same."""
+    text, args, want, n = load(name)
+    text = re.sub(r", sharding=\{[^{}]*(\{[^{}]*\}[^{}]*)*\}", "", text)
+    assert "sharding={" not in text
+    got, _, _ = run_partitioned(text, args, n)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5, err_msg=f"output {i} vs JAX")

@@ -143,11 +143,36 @@ class SpmdPartitioner(HloPass):
         if n < 1:
             raise PartitionError(f"cannot partition for {n} devices")
         CallInliner().run(module)
+        _read_shardy_annotations(module)
         self.report = PartitionReport(num_partitions=n)
         _Partitioner(module, n, self.report).run()
         remove_unreachable_computations(module)
         _strip_annotations(module)
         return True
+
+
+def _read_shardy_annotations(module: HloModule) -> None:
+    """Give every entry instruction that has only Shardy's `xla.sdy.sharding` frontend
+    attribute the equivalent `sharding=` (JAX prints both today; this reads modules with
+    Shardy's alone)."""
+    meshes = _sdy_mesh(module)
+    if not meshes or module.entry is None:
+        return
+    for instr in module.entry.instructions:
+        if "sharding" in instr.attrs:
+            continue
+        fa = instr.attrs.get("frontend_attributes")
+        text = fa.get("xla.sdy.sharding") if fa is not None else None
+        if text is None:
+            continue
+        leaves = [x for _, x in instr.shape.leaves()]
+        found = _sdy_shardings(str(text), meshes, [x.rank for x in leaves])
+        if any(x is None for x in found):
+            continue
+        if instr.shape.is_tuple:
+            instr.attrs["sharding"] = HloSharding("tuple", elements=tuple(found))
+        else:
+            instr.attrs["sharding"] = found[0]
 
 
 def _strip_annotations(module: HloModule) -> None:
@@ -181,6 +206,10 @@ def needs_partitioning(module: HloModule, num_partitions: int) -> bool:
         ):
             return True
         if instr.attrs.get("custom_call_target") in _MANUAL_ENTRIES:
+            return True
+        fa = instr.attrs.get("frontend_attributes")
+        sdy = fa.get("xla.sdy.sharding") if fa is not None else None
+        if sdy is not None and re.search(r'\{[^}]*"\w+', str(sdy)):
             return True
     return False
 
@@ -1089,7 +1118,7 @@ def _sdy_shardings(text: str, meshes, ranks: list[int], keep: set[str] | None = 
 
 
 def _sdy_one(mesh, dims_text: str, rank: int, keep) -> HloSharding | None:
-    if mesh is None:
+    if mesh is None or ":(" in dims_text:  # sub-axes ("x":(1)2) are not read yet
         return None
     axes, ids = mesh
     sizes = dict(axes)
