@@ -186,6 +186,11 @@ class Client:
             space = device.default_memory_space
         if space.client is not self:
             raise RuntimeApiError(f"{space} belongs to another client")
+        if space.device.process_index != self.process_index:
+            raise RuntimeApiError(
+                f"device {space.device.id} belongs to process {space.device.process_index}; "
+                f"this is process {self.process_index} (see addressable_devices())"
+            )
         arr = np.asarray(array)
         try:
             etype = PrimitiveType.from_dtype(arr.dtype)
