@@ -329,3 +329,26 @@ def test_send_recv_between_devices(platform):
     for d, source in enumerate([2, 0, 1, None]):
         want = np.zeros((4, 6), np.float32) if source is None else X[source]
         np.testing.assert_array_equal(got[d][0], want)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_execute_sharded_calls_of_one_step_meet(platform):
+    client = Client(platform, device_count=2)
+    exe = client.compile(ALL_REDUCE, CompileOptions.make(num_partitions=2))
+    outs = []
+    for step in range(2):
+        for d, device in enumerate(client.devices()):
+            x = client.buffer_from_pyval(X[d] + step, device)
+            outs.append(exe.execute_sharded([x], device)[0])
+    for i, out in enumerate(outs):
+        step = i // 2
+        assert np.asarray(out).tobytes() == xla_sum([X[0] + step, X[1] + step]).tobytes()
+
+
+def test_compile_without_options_takes_the_module_counts():
+    client = Client("cpu", device_count=2)
+    exe = client.compile(ALL_REDUCE)  # the header says num_partitions=2
+    assert (exe.num_replicas, exe.num_partitions) == (1, 2)
+    devices = exe.addressable_devices
+    outs = exe.execute([[client.buffer_from_pyval(X[d], devices[d])] for d in range(2)])
+    assert np.asarray(outs[1][0]).tobytes() == xla_sum(X[:2]).tobytes()

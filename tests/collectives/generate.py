@@ -188,6 +188,48 @@ def more_cases():
     )
 
 
+def third_cases():
+    m4 = mesh((4,), ("x",))
+    m8 = mesh((8,), ("x",))
+    m222 = mesh((2, 2, 2), ("p", "q", "r"))
+
+    def a2a(x):  # split one axis, gather another
+        return jax.lax.all_to_all(x, "x", 1, 0, tiled=True)
+
+    yield ("all_to_all_axes_4", smap(a2a, m4, P("x"), P("x")), [rand(22, (8, 8))], m4)
+
+    def three_axes(x):
+        return (
+            jax.lax.psum(x, ("p", "r")),
+            jax.lax.all_gather(x, "q", tiled=True),
+            jax.lax.ppermute(x, "r", [(0, 1), (1, 0)]),
+        )
+
+    yield (
+        "three_axes_2x2x2",
+        smap(three_axes, m222, P(("p", "q", "r")), (P(("p", "q", "r")),) * 3),
+        [rand(23, (16, 3))],
+        m222,
+    )
+
+    def scan_ring(x):
+        def step(c, _):
+            c = jax.lax.ppermute(c, "x", [(i, (i + 1) % 8) for i in range(8)])
+            return c, jax.lax.psum(c.sum(), "x")
+
+        return jax.lax.scan(step, x, None, length=4)
+
+    yield ("scan_ring_8", smap(scan_ring, m8, P("x"), (P("x"), P())), [rand(24, (8, 2))], m8)
+
+    # XLA prints the all-to-all's groups as a mesh with transposed device ids
+    f = jax.jit(
+        lambda x: x.T * 2,
+        in_shardings=(NamedSharding(m4, P("x", None)),),
+        out_shardings=NamedSharding(m4, P("x", None)),
+    )
+    yield ("named_transpose_4", f, [rand(25, (8, 8))], m4)
+
+
 def pmap_cases():
     """pmap: device r gets row r of every argument (as a leading axis of size 1). Older
     JAX compiles a replicated program (replica_count = devices); newer JAX lowers pmap
@@ -239,7 +281,7 @@ def shards_by_partition(array, devices):
 
 def main(only: list[str]) -> None:
     pmap_main(only)
-    for name, fn, args, m in (*cases(), *more_cases()):
+    for name, fn, args, m in (*cases(), *more_cases(), *third_cases()):
         if only and name not in only:
             continue
         devices = list(m.devices.flat)

@@ -87,6 +87,13 @@ def one_device_each() -> None:
     )
     exe = client.compile(text, CompileOptions.make(num_partitions=2))
     device = client.addressable_devices()[0]
+    other = client.devices()[1 - me]
+    try:
+        client.buffer_from_pyval(np.zeros(8, np.float32), other)
+    except Exception as e:
+        assert f"belongs to process {1 - me}" in str(e), e
+    else:
+        raise AssertionError("a buffer went onto another process's device")
     for call in range(3):
         x = np.full(8, me + call, np.float32)
         (out,) = exe.execute([[client.buffer_from_pyval(x, device)]])[0]

@@ -238,6 +238,11 @@ def reduce_into(acc: np.ndarray, inputs: Sequence[np.ndarray], instr: HloInstruc
     if kind is None:
         np.copyto(acc, _generic_reduce(instr, inputs), casting="no")
         return
+    if any(np.may_share_memory(acc, x) for x in inputs):  # an in-place result
+        fresh = np.empty_like(acc)
+        reduce_into(fresh, inputs, instr)
+        acc[...] = fresh
+        return
     acc[...] = _identity(kind, acc.dtype)
     for x in inputs:
         if kind == "add":

@@ -186,6 +186,11 @@ class Client:
             space = device.default_memory_space
         if space.client is not self:
             raise RuntimeApiError(f"{space} belongs to another client")
+        if space.device.process_index != self.process_index:
+            raise RuntimeApiError(
+                f"device {space.device.id} belongs to process {space.device.process_index}; "
+                f"this is process {self.process_index} (see addressable_devices())"
+            )
         arr = np.asarray(array)
         try:
             etype = PrimitiveType.from_dtype(arr.dtype)
@@ -218,8 +223,9 @@ class Client:
         """A LoadedExecutable for `program`, from the compile cache when the same program
         text, platform and options were compiled before and no custom-call registry it
         sees (this client's, the global one) has changed since. CustomCallError when a
-        custom call's target is unknown or rejects the call."""
-        options = options or CompileOptions()
+        custom call's target is unknown or rejects the call. Without `options`, the
+        program runs with its own replica and partition counts (`replica_count=`,
+        `num_partitions=` in the module header)."""
         from xlapy.ir.parser import parse_module
 
         # Text is parsed once; a module the caller passed is printed and compiled from a
@@ -230,6 +236,12 @@ class Client:
             text = module.to_text()
         else:
             text = program.to_text()
+        if options is None:  # the module's own replica and partition counts
+            config = (module or program).config  # type: ignore[union-attr]
+            options = CompileOptions.make(
+                num_replicas=max(config.replica_count, 1),
+                num_partitions=max(config.num_partitions, 1),
+            )
         key = (
             fingerprint_of(self.platform, text, options),
             self.custom_calls.version,

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import itertools
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -204,6 +205,9 @@ class LoadedExecutable(Executable):
                     )
                 self._programs[device_id] = shared
         self._runs = itertools.count()
+        self._sharded_lock = threading.Lock()
+        self._sharded_calls: dict[int, int] = {}  # device id -> execute_sharded calls
+        self._sharded_runs: dict[int, tuple[CollectiveRun, int]] = {}  # k -> (run, users)
         self._portable: CompiledProgram | None = None
         self._signature = CallSignature(
             self.name, self._param_shapes, self.output_shape, self._aliases
@@ -261,20 +265,22 @@ class LoadedExecutable(Executable):
                 plan.collectives = run.for_device(*self._positions[plan.device.id])
         return commit(plans)
 
-    def _collective_run(self) -> CollectiveRun:
+    def _collective_run(self, run_id: Any = None) -> CollectiveRun:
         """What the devices of one execution share to meet in collectives. Every process
         of a distributed client numbers its executions of this executable alike, so the
         run id names the same execution everywhere."""
         timeout = dict(self.options.backend_options).get("collective_timeout")
         return CollectiveRun(
-            (self.fingerprint[:16], next(self._runs)),
+            (self.fingerprint[:16], next(self._runs) if run_id is None else run_id),
             DeviceGrid(self._assignment),
             DEFAULT_TIMEOUT_SECONDS if timeout is None else float(timeout),
             self.client._transport,
         )
 
     def execute_sharded(self, arguments: Sequence[Any], device: Device, **donation) -> list[Buffer]:
-        """Run only the replica/partition assigned to `device`."""
+        """Run only the replica/partition assigned to `device`. The k-th call on each of
+        the executable's devices form one execution: their collectives meet (call it
+        once per device, e.g. from one thread each)."""
         program = self._programs.get(device.id)
         if program is None or device.client is not self.client:
             raise RuntimeApiError(
@@ -291,8 +297,25 @@ class LoadedExecutable(Executable):
             tuple(donation.get("non_donatable", ())),
             donation.get("strict_donation"),
         )
-        plan.collectives = self._collective_run().for_device(*self._positions[device.id])
+        plan.collectives = self._sharded_run(device.id).for_device(*self._positions[device.id])
         return commit([plan])[0]
+
+    def _sharded_run(self, device_id: int) -> CollectiveRun:
+        """The run the k-th `execute_sharded` call on a device takes part in: the one of
+        the k-th calls on the executable's other devices (as XLA's run ids tie the
+        per-device executions of one step together)."""
+        with self._sharded_lock:
+            k = self._sharded_calls.get(device_id, 0)
+            self._sharded_calls[device_id] = k + 1
+            run, users = self._sharded_runs.get(k, (None, 0))
+            if run is None:
+                run = self._collective_run(("sharded", k))
+            users += 1
+            if users == len(self._devices):
+                self._sharded_runs.pop(k, None)
+            else:
+                self._sharded_runs[k] = (run, users)
+            return run
 
     def execute_portable(
         self, arguments: Sequence[Any], device: Device, **donation
