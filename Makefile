@@ -20,7 +20,7 @@ $(RUNTIME_STAMP): pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,mpi]"
 	touch $@ $(RUNTIME_STAMP)
 
 demo: $(RUNTIME_STAMP)

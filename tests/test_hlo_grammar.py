@@ -892,15 +892,15 @@ REFUSES = {  # name: (text, a fragment of the error message)
     "layout_not_a_permutation": (_bad("  ROOT p = f32[4,2]{0,0} parameter(0)"), "permutation"),
     "sharding_device_count": (
         _bad(P2 + "  ROOT n = f32[2] negate(p), sharding={devices=[9,9]0,1}"),
-        "81 tiles but 2 device ids",
+        "2 device ids for a tile assignment of 81 tiles",
     ),
     "sharding_iota_count": (
         _bad(P2 + "  ROOT n = f32[2] negate(p), sharding={devices=[2,2]<=[8]}"),
-        "4 tiles but 8 devices",
+        "the tile assignment [2,2] needs 4",
     ),
     "sharding_device_twice": (
         _bad(P2 + "  ROOT n = f32[2] negate(p), sharding={devices=[2]1,1}"),
-        "a device appears twice",
+        "must be 0..n-1, each once",
     ),
     "all_to_all_dimension": (
         _bad(P2 + "  ROOT a = f32[2] all-to-all(p), replica_groups={{0}}, dimensions={3}"),

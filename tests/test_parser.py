@@ -185,7 +185,7 @@ def test_control_predecessors_and_sharding():
         "  ROOT b = f32[] abs(p), control-predecessors={a}, sharding={maximal device=0}"
     )
     assert [c.name for c in root.control_predecessors] == ["a"]
-    assert root.attrs["sharding"] == A.Sharding("maximal device=0")
+    assert root.attrs["sharding"] == A.Sharding("maximal", device=0)
 
 
 def test_execution_thread_on_computation():

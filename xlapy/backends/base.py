@@ -61,9 +61,14 @@ class CompiledProgram(ABC):
     module: HloModule
 
     @abstractmethod
-    def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
+    def run(
+        self, args: Sequence[Any], donated: frozenset[int] = frozenset(), collectives=None
+    ) -> Any:
         """Run on `args` (one value per parameter) and return the output value; see the
-        module docstring for what `donated` allows."""
+        module docstring for what `donated` allows. `collectives`, for a run that is one
+        device of a multi-device execution, is that device's
+        xlapy.backends.collectives.DeviceCollectives: its replica and partition ids and
+        the way to its peers."""
 
 
 class Backend(ABC):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xlapy.ir.shapes import ShapeIndex
+from xlapy.ir.sharding import HloSharding as Sharding  # noqa: F401  (re-exported)
 
 
 class AttrKind(enum.Enum):
@@ -40,7 +41,7 @@ class AttrKind(enum.Enum):
     SLICE = "slice"  # {[0:4:2], [1:3]}
     METADATA = "metadata"  # {op_name="..." source_line=3}
     FRONTEND_ATTRIBUTES = "frontend attributes"  # {key="value"}
-    SHARDING = "sharding"  # {replicated} (kept as text)
+    SHARDING = "sharding"  # {replicated}, {devices=[2,1]<=[2]}: an HloSharding
     BACKEND_CONFIG = "backend config"  # "opaque" or {json}
     REPLICA_GROUPS = "replica groups"  # {{0,1},{2,3}} or [2,2]<=[4]
     PAIRS = "pairs"  # {{0,1},{1,2}}
@@ -410,13 +411,6 @@ class FrontendAttributes:
 
 
 @dataclass(frozen=True, slots=True)
-class Sharding:
-    """A sharding annotation, kept as the text between its braces (`replicated`, ...)."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
 class BackendConfig:
     """The opaque string of backend_config. `braced` when it was written `{...}` (JSON)."""
 
@@ -568,6 +562,34 @@ def mesh_groups(mesh: Mesh, axes: tuple[MeshAxis, ...]) -> tuple[tuple[int, ...]
     rest = [d for d in range(len(dims)) if d not in grouped]
     ids = ids.reshape(dims).transpose(rest + grouped).reshape(-1)
     return _chunks(ids, size)
+
+    def expanded(self) -> tuple[tuple[int, ...], ...]:
+        """The groups as explicit id lists: an iota form `[a,b]<=[n]` (optionally with a
+        reshape and transpose, `[2,2]<=[2,2]T(1,0)`) becomes a groups of b ids each."""
+        if self.iota_text is None:
+            return self.groups
+        m = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", self.iota_text)
+        if m is None:
+            raise ValueError(f"cannot read replica groups '{self.iota_text}'")
+        shape = [int(v) for v in m.group(1).split(",")]
+        reshape = [int(v) for v in m.group(2).split(",")]
+        total = math.prod(reshape)
+        if math.prod(shape) != total:
+            raise ValueError(f"replica groups '{self.iota_text}': {shape} holds a different count")
+        ids = list(range(total))
+        if m.group(3):
+            perm = [int(v) for v in m.group(3).split(",")]
+            strides = [math.prod(reshape[i + 1 :]) for i in range(len(reshape))]
+            dims = [reshape[p] for p in perm]
+            ids = []
+            for flat in range(total):
+                rest, offset = flat, 0
+                for axis in reversed(range(len(dims))):
+                    rest, i = divmod(rest, dims[axis])
+                    offset += i * strides[perm[axis]]
+                ids.append(offset)
+        width = shape[-1] if len(shape) > 1 else total
+        return tuple(tuple(ids[i : i + width]) for i in range(0, total, width))
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from xlapy.ir.module import (
 from xlapy.ir.opcodes import VARIADIC, Opcode, has_async_shorthand
 from xlapy.ir.shape_inference import compatible, infer_shape
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
+from xlapy.ir.sharding import ShardingSyntaxError, parse_sharding
 from xlapy.ir.types import Kind, PrimitiveType
 
 MAX_DEPTH = 64
@@ -1601,16 +1602,16 @@ class _Parser:
         return A.FrontendAttributes(tuple(items))
 
     def sharding(self) -> A.Sharding:
+        """The one entry for `sharding={...}` (xlapy.ir.sharding reads the value)."""
         self.skip()
         if not self.peek("{"):
             raise self.expected("'{' opening a sharding")
         start = self.pos
-        sharding = A.Sharding(self.balanced()[1:-1])
-        for m in _TILED.finditer(sharding.text):
-            problem = _tile_assignment_problem(m)
-            if problem:
-                raise self.error(f"sharding {m.group(0)}: {problem}", start + 1 + m.start())
-        return sharding
+        text = self.balanced()
+        try:
+            return parse_sharding(text)
+        except ShardingSyntaxError as e:
+            raise self.error(f"bad sharding: {e}", start + e.offset) from None
 
     def backend_config(self) -> A.BackendConfig:
         if self.peek('"'):
@@ -1870,36 +1871,6 @@ _ATTRIBUTE_READERS = {
     AttrKind.LITERAL: _Parser.shaped_literal,
     AttrKind.RAW: _Parser.raw,
 }
-
-
-_TILED = re.compile(r"devices=\[([0-9,]*)\](?:<=\[([0-9,]*)\](?:T\(([0-9,]*)\))?|([0-9,]*))")
-
-
-def _tile_assignment_problem(m: re.Match) -> str | None:
-    """What is wrong with `devices=[2,2]0,1,2,3` or `devices=[2,2]<=[4]`, if anything."""
-    dims = [int(d) for d in m.group(1).split(",") if d]
-    if not dims or any(d < 1 for d in dims):
-        return "tile dimensions must be positive"
-    count = 1
-    for d in dims:
-        count *= d
-    if m.group(2) is not None:
-        reshape = [int(d) for d in m.group(2).split(",") if d]
-        total = 1
-        for d in reshape:
-            total *= d
-        if total != count:
-            return f"{count} tiles but {total} devices"
-        perm = [int(p) for p in m.group(3).split(",") if p] if m.group(3) is not None else None
-        if perm is not None and sorted(perm) != list(range(len(reshape))):
-            return "the transpose is not a permutation of the device dimensions"
-        return None
-    ids = [int(d) for d in m.group(4).split(",") if d]
-    if len(ids) != count:
-        return f"{count} tiles but {len(ids)} device ids"
-    if len(set(ids)) != len(ids):
-        return "a device appears twice"
-    return None
 
 
 def _reference_position(parser: _Parser, name: str) -> int:

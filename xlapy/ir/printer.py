@@ -607,7 +607,7 @@ _KIND_PRINTERS: dict[AttrKind, Callable[[Any, PrintOptions], str]] = {
     AttrKind.SLICE: _slice,
     AttrKind.METADATA: _metadata,
     AttrKind.FRONTEND_ATTRIBUTES: _frontend,
-    AttrKind.SHARDING: lambda v, o: "{" + (v.text if isinstance(v, A.Sharding) else v) + "}",
+    AttrKind.SHARDING: lambda v, o: v.text() if isinstance(v, A.Sharding) else "{" + v + "}",
     AttrKind.BACKEND_CONFIG: _backend_config,
     AttrKind.REPLICA_GROUPS: _replica_groups,
     AttrKind.PAIRS: lambda v, o: "{" + ",".join(_ints(p) for p in v) + "}",

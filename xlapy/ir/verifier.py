@@ -8,9 +8,11 @@ VerifierError listing them all, each line naming `computation/instruction`. Chec
                 every called computation belongs to the module
   computation   a root that belongs to it; parameter numbers 0..n-1, each once; operands and
                 control predecessors from the same computation; no cycles
-  instruction   operand counts and the shape rules of xlapy.ir.shape_inference (which also
-                check called computations' signatures: reducers, comparators, while bodies
-                and conditions, branches, map/call/fusion parameters); the declared shape
+  instruction   shardings against the shape's rank and leaf count (and the module's device
+                count once it is partitioned); operand counts and the shape rules of
+                xlapy.ir.shape_inference (which also check called computations' signatures:
+                reducers, comparators, while bodies and conditions, branches, map/call/fusion
+                parameters); the declared shape
                 compatible with the inferred one (layouts ignored); valid layouts; constants'
                 literal shapes
   config        input_output_alias and buffer_donor entries, entry_computation_layout
@@ -27,6 +29,7 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shape_inference import compatible, infer_shape
 from xlapy.ir.shapes import Shape, index_text
+from xlapy.ir.sharding import HloSharding
 
 _MAX_LISTED = 50
 
@@ -204,6 +207,9 @@ def _check_instruction(instr: HloInstruction) -> Iterator[str]:
         yield (
             f"literal has shape {_t(literal.shape)} but the constant is declared {_t(instr.shape)}"
         )
+    sharding = instr.attrs.get("sharding")
+    if isinstance(sharding, HloSharding):
+        yield from _check_sharding(instr, sharding)
     if instr.opcode is Opcode.PARAMETER and instr.operands:
         yield f"parameter takes no operands, has {len(instr.operands)}"
     if instr.opcode is not Opcode.PARAMETER and instr.parameter_number is not None:
@@ -252,6 +258,36 @@ def _check_total_bytes(module: HloModule) -> Iterator[str]:
             f"module {module.name}: its buffers take {total} bytes together, more than the "
             f"{MAX_BYTES} an int64 byte count holds"
         )
+
+
+def _check_sharding(instr: HloInstruction, sharding: HloSharding) -> Iterator[str]:
+    """A tiled sharding has one tile dimension per array dimension (plus its subgroup
+    dimensions); a tuple sharding one element per leaf; ids below the module's device count
+    when the module says it is partitioned."""
+    module = instr.parent.parent if instr.parent is not None else None
+    devices = None
+    if module is not None and module.config.num_partitions * module.config.replica_count > 1:
+        devices = module.config.num_partitions
+    leaves = [leaf for _, leaf in instr.shape.leaves()]
+    if sharding.is_tuple:
+        if len(sharding.elements) != len(leaves):
+            yield (
+                f"tuple sharding has {len(sharding.elements)} elements; the shape "
+                f"{_t(instr.shape)} has {len(leaves)} leaves"
+            )
+            return
+        pairs = list(zip(sharding.elements, leaves, strict=True))
+    elif instr.shape.is_tuple:
+        if sharding.kind == "tiled":
+            yield f"a tiled sharding on the tuple shape {_t(instr.shape)} (expected a tuple)"
+        return
+    else:
+        pairs = [(sharding, instr.shape)]
+    for element, shape in pairs:
+        rank = shape.rank if shape.is_array else None
+        yield from element.check(rank, None)
+        if devices is not None and element.kind == "tiled" and max(element.devices()) >= devices:
+            yield f"sharding {element.text()} names devices beyond the {devices} partitions"
 
 
 def _check_layouts(shape: Shape, what: str) -> Iterator[str]:

@@ -402,6 +402,14 @@ def format_report(a: BufferAssignment, top: int = 10, scheduler: str | None = No
         f"{len(a.allocations)} allocations, {len(a.dataflow.values)} values, "
         f"{len(tl.live_bytes)} steps)"
     )
+    replicas, partitions = _device_counts(a)
+    if replicas * partitions > 1:
+        peak = a.memory_analysis().peak_bytes
+        header += (
+            f"\nRuns on {replicas * partitions} devices ({replicas} replicas x {partitions} "
+            f"partitions), each holding its own copy of these buffers: the figures below are "
+            f"per device; all devices together peak at {human_bytes(peak * replicas * partitions)}"
+        )
     return "\n\n".join(
         [header, "Allocations:\n" + allocation_listing(a), stats_text(a), peak_text(a, top, tl)]
     )
@@ -448,11 +456,20 @@ def write_csv(a: BufferAssignment, out: io.TextIOBase | None = None) -> str:
     return text
 
 
+def _device_counts(a: BufferAssignment) -> tuple[int, int]:
+    config = a.module.config
+    return max(config.replica_count, 1), max(config.num_partitions, 1)
+
+
 def memory_figures(a: BufferAssignment, scheduler: str | None = None) -> dict[str, object]:
-    """The figures as one JSON-ready dict (memory_analysis() and a few more)."""
+    """The figures as one JSON-ready dict (memory_analysis() and a few more). Byte figures
+    are per device; `devices` and `peak_bytes_all_devices` cover a multi-device program."""
     s = a.memory_analysis()
     tl = timeline(a)
+    replicas, partitions = _device_counts(a)
     return {
+        "devices": replicas * partitions,
+        "peak_bytes_all_devices": s.peak_bytes * replicas * partitions,
         "module": a.module.name,
         "scheduler": scheduler or a.scheduler,
         "heap_algorithm": ",".join(r.algorithm for _, r in sorted(a.heap_results.items())),

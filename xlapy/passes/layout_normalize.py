@@ -10,7 +10,7 @@ row-major order instead of being read back transposed by the update.
 
 This pass does the discarding: every array instruction of the entry computation that is not
 a parameter, does not feed the result (directly or through tuples), and does not cross into
-another computation (operands and results of while / conditional / call) gets the default
+another computation (operands and results of while / conditional / call / fusion) gets the default
 row-major layout. The simplifier then sees transposes as real data movement and folds them
 into dots (rules.py: transpose(dot) and dot(transpose) rules), and reshape-to-bitcast later
 turns back into bitcasts the reshapes and transposes that still move no bytes.
@@ -34,6 +34,13 @@ LAYOUT_SENSITIVE = frozenset({Opcode.BITCAST, Opcode.CUSTOM_CALL})
 """Opcodes whose operands and results are the parameters and roots of other computations."""
 
 
+def _crosses(op: Opcode) -> bool:
+    """Whether `op`'s operands and results are the parameters and roots of other
+    computations: control flow, and fusions (whose fused parameters and root carry the
+    layouts its kernel reads and writes)."""
+    return op.call_context is CallContext.SEQUENTIAL or op is Opcode.FUSION
+
+
 def _pinned(entry) -> set[int]:
     """ids of entry instructions whose layouts are part of a contract: parameters, the
     values the root returns (through tuples and get-tuple-elements), and the operands and
@@ -48,13 +55,10 @@ def _pinned(entry) -> set[int]:
         if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
             stack.extend(instr.operands)
     for instr in entry.instructions:
-        if instr.opcode is Opcode.PARAMETER or instr.opcode.call_context is CallContext.SEQUENTIAL:
+        if instr.opcode is Opcode.PARAMETER or _crosses(instr.opcode):
             pinned.add(id(instr))
             pinned.update(id(op) for op in instr.operands)
-        if (
-            instr.opcode is Opcode.GET_TUPLE_ELEMENT
-            and instr.operands[0].opcode.call_context is CallContext.SEQUENTIAL
-        ):
+        if instr.opcode is Opcode.GET_TUPLE_ELEMENT and _crosses(instr.operands[0].opcode):
             pinned.add(id(instr))
     return pinned
 

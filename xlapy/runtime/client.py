@@ -46,7 +46,9 @@ PLATFORMS = {"interpreter": ("interpreter", "interpreter"), "cpu": ("cpu", "cpu"
 
 
 class Client:
-    """Devices of one platform and everything that runs on them."""
+    """Devices of one platform and everything that runs on them. `distributed="mpi"`
+    makes one client of the processes of an MPI job, `device_count` devices each (see
+    xlapy.runtime.distributed)."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class Client:
         device_count: int = 1,
         cache_size: int = 256,
         inline_execution: bool = True,
+        distributed: str | None = None,
     ):
         if platform not in PLATFORMS:
             raise RuntimeApiError(
@@ -69,7 +72,22 @@ class Client:
         self.platform_version = f"{PLATFORM_VERSION} ({self.backend.name} backend)"
         self.process_index = 0
         self._inline_execution = bool(inline_execution)
-        self._devices = tuple(Device(self, i, kind) for i in range(device_count))
+        self._transport = None
+        """How collectives reach devices of other processes (a distributed client)."""
+        processes = 1
+        if distributed is not None:
+            if distributed != "mpi":
+                raise RuntimeApiError(
+                    f"unknown distributed mode {distributed!r}; the one there is is 'mpi'"
+                )
+            from xlapy.runtime.distributed import MpiTransport
+
+            self._transport = MpiTransport(device_count)
+            self.process_index = self._transport.process_index
+            processes = self._transport.process_count
+        self._devices = tuple(Device(self, i, kind) for i in range(device_count * processes))
+        for device in self._devices:
+            device.process_index = device.id // device_count
         self.custom_calls = CustomCallRegistry()
         self.compiler = Compiler(platform, self.custom_calls)
         self._cache: OrderedDict[tuple[str, int, int], LoadedExecutable] = OrderedDict()
@@ -109,6 +127,10 @@ class Client:
 
     def memory_spaces(self) -> list[MemorySpace]:
         return [s for d in self._devices for s in d.memory_spaces]
+
+    def _is_local_device(self, device_id: int) -> bool:
+        """Whether device `device_id` belongs to this process."""
+        return self.lookup_device(device_id).process_index == self.process_index
 
     def lookup_device(self, device_id: int) -> Device:
         """The device with id `device_id`."""
@@ -166,6 +188,11 @@ class Client:
             space = device.default_memory_space
         if space.client is not self:
             raise RuntimeApiError(f"{space} belongs to another client")
+        if space.device.process_index != self.process_index:
+            raise RuntimeApiError(
+                f"device {space.device.id} belongs to process {space.device.process_index}; "
+                f"this is process {self.process_index} (see addressable_devices())"
+            )
         arr = np.asarray(array)
         try:
             etype = PrimitiveType.from_dtype(arr.dtype)
@@ -199,9 +226,10 @@ class Client:
         xlapy.load takes them), from the compile cache when the same program
         text, platform and options were compiled before and no custom-call registry it
         sees (this client's, the global one) has changed since. CustomCallError when a
-        custom call's target is unknown or rejects the call."""
+        custom call's target is unknown or rejects the call. Without `options`, the
+        program runs with its own replica and partition counts (`replica_count=`,
+        `num_partitions=` in the module header)."""
         self._check_open("compile")
-        options = options or CompileOptions()
         from xlapy.ir.parser import parse_module
         from xlapy.stablehlo import load
 
@@ -213,6 +241,12 @@ class Client:
             text = module.to_text()
         else:
             text = program.to_text()
+        if options is None:  # the module's own replica and partition counts
+            config = (module or program).config  # type: ignore[union-attr]
+            options = CompileOptions.make(
+                num_replicas=max(config.replica_count, 1),
+                num_partitions=max(config.num_partitions, 1),
+            )
         key = (
             fingerprint_of(self.platform, text, options),
             self.custom_calls.version,

@@ -6,6 +6,11 @@ against the custom-call registry (an unknown target or a typed-FFI type mismatch
 compile-time CustomCallError naming the instruction), and prints the result: that text is
 what the executable keeps, fingerprints and serializes. Backends compile it further when
 the executable is loaded onto a client's devices.
+
+A global program with sharding annotations (what JAX lowers for `jax.jit` with shardings,
+or a shard_map) compiled for `num_partitions` > 1 is SPMD-partitioned first, as XLA does:
+the executable runs the per-device program (xlapy.passes.spmd), and its text's parameter
+and root `sharding=` attributes say which piece of each global array a device holds.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
 from xlapy.passes.donors import BufferDonorToAlias
+from xlapy.passes.spmd import needs_partitioning, partition
 from xlapy.runtime.executable import Executable
 from xlapy.runtime.options import CompileOptions
 
@@ -47,6 +53,10 @@ class Compiler:
         it, is `module.to_text()` (used as the executable's text unless donors change the
         module)."""
         verify(module)
+        if needs_partitioning(module, options.num_partitions):
+            partition(module, options.num_partitions)  # as XLA: SPMD-partition a global program
+            verify(module)
+            text = None
         self.check_custom_calls(module)
         if BufferDonorToAlias().run(module):  # the new aliases are checked too
             verify(module)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import json
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xlapy.backends.base import Backend, CompiledProgram, alias_leaves
+from xlapy.backends.collectives import DEFAULT_TIMEOUT_SECONDS, CollectiveRun, DeviceGrid
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
 from xlapy.runtime import serialize
@@ -186,18 +189,33 @@ class LoadedExecutable(Executable):
         self._aliases = alias_leaves(self.module)
         self._assignment = client._device_assignment(self.options)
         self._programs: dict[int, CompiledProgram] = {}
+        self._positions: dict[int, tuple[int, int]] = {}
+        """device id -> (replica, partition)."""
+        shared: CompiledProgram | None = None
         for r, row in enumerate(self._assignment):
             for p, device_id in enumerate(row):
-                self._programs[device_id] = backend.compile(
-                    self.module,
-                    {**self._backend_options(), "replica_id": r, "partition_id": p},
-                    text=self.hlo_text(),
-                )
+                self._positions[device_id] = (r, p)
+                if not client._is_local_device(device_id):
+                    continue
+                if shared is None:  # one program; each run gets its ids from its DeviceCollectives
+                    shared = backend.compile(
+                        self.module,
+                        {**self._backend_options(), "replica_id": r, "partition_id": p},
+                        text=self.hlo_text(),
+                    )
+                self._programs[device_id] = shared
+        self._runs = itertools.count()
+        self._sharded_lock = threading.Lock()
+        self._sharded_calls: dict[int, int] = {}  # device id -> execute_sharded calls
+        self._sharded_runs: dict[int, tuple[CollectiveRun, int]] = {}  # k -> (run, users)
         self._portable: CompiledProgram | None = None
         self._signature = CallSignature(
             self.name, self._param_shapes, self.output_shape, self._aliases
         )
-        self._devices = tuple(client.lookup_device(d) for row in self._assignment for d in row)
+        self._devices = tuple(
+            client.lookup_device(d) for row in self._assignment for d in row if d in self._programs
+        )
+        self._multi_device = len(self._positions) > 1
         self._only = (self._devices[0], self._programs[self._devices[0].id])
         """(device, program) of the call `execute` makes when there is one device."""
 
@@ -231,7 +249,7 @@ class LoadedExecutable(Executable):
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
-        if type(donate) in (tuple, list) and not donate and len(devices) == 1:
+        if type(donate) in (tuple, list) and not donate and not self._multi_device:
             device, program = self._only
             outputs = run_inline(self._signature, program, device, argument_lists[0])
             if outputs is not None:
@@ -241,17 +259,63 @@ class LoadedExecutable(Executable):
             self._plan(self._programs[d.id], args, d, donate, non_donatable, strict_donation)
             for d, args in zip(devices, argument_lists, strict=True)
         ]
+        if self._multi_device:
+            run = self._collective_run()
+            for plan in plans:
+                plan.collectives = run.for_device(*self._positions[plan.device.id])
         return commit(plans)
 
+    def _collective_run(self, run_id: Any = None) -> CollectiveRun:
+        """What the devices of one execution share to meet in collectives. Every process
+        of a distributed client numbers its executions of this executable alike, so the
+        run id names the same execution everywhere."""
+        timeout = dict(self.options.backend_options).get("collective_timeout")
+        return CollectiveRun(
+            (self.fingerprint[:16], next(self._runs) if run_id is None else run_id),
+            DeviceGrid(self._assignment),
+            DEFAULT_TIMEOUT_SECONDS if timeout is None else float(timeout),
+            self.client._transport,
+        )
+
     def execute_sharded(self, arguments: Sequence[Any], device: Device, **donation) -> list[Buffer]:
-        """Run only the replica/partition assigned to `device`."""
+        """Run only the replica/partition assigned to `device`. The k-th call on each of
+        the executable's devices form one execution: their collectives meet (call it
+        once per device, e.g. from one thread each)."""
         program = self._programs.get(device.id)
         if program is None or device.client is not self.client:
             raise RuntimeApiError(
                 f"{self.name} is not assigned to device {device.id}; its devices are "
                 f"{[d.id for d in self.addressable_devices]}"
             )
-        return self._run_one(program, arguments, device, **donation)
+        if not self._multi_device:
+            return self._run_one(program, arguments, device, **donation)
+        plan = self._plan(
+            program,
+            arguments,
+            device,
+            tuple(donation.get("donate", ())),
+            tuple(donation.get("non_donatable", ())),
+            donation.get("strict_donation"),
+        )
+        plan.collectives = self._sharded_run(device.id).for_device(*self._positions[device.id])
+        return commit([plan])[0]
+
+    def _sharded_run(self, device_id: int) -> CollectiveRun:
+        """The run the k-th `execute_sharded` call on a device takes part in: the one of
+        the k-th calls on the executable's other devices (as XLA's run ids tie the
+        per-device executions of one step together)."""
+        with self._sharded_lock:
+            k = self._sharded_calls.get(device_id, 0)
+            self._sharded_calls[device_id] = k + 1
+            run, users = self._sharded_runs.get(k, (None, 0))
+            if run is None:
+                run = self._collective_run(("sharded", k))
+            users += 1
+            if users == len(self._devices):
+                self._sharded_runs.pop(k, None)
+            else:
+                self._sharded_runs[k] = (run, users)
+            return run
 
     def execute_portable(
         self, arguments: Sequence[Any], device: Device, **donation

@@ -135,6 +135,7 @@ class CallPlan:
     program: CompiledProgram
     buffers: list[Buffer | None]
     donated: frozenset[int]  # parameters whose buffers the caller gives up
+    collectives: Any = None  # DeviceCollectives of a multi-device execution
 
     @property
     def name(self) -> str:
@@ -517,7 +518,10 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         start = time.perf_counter()
         try:
             values = _argument_values(plan, storages, in_place)
-            out = plan.program.run(values, signature.aliased_params)
+            if plan.collectives is None:
+                out = plan.program.run(values, signature.aliased_params)
+            else:
+                out = plan.program.run(values, signature.aliased_params, plan.collectives)
         finally:
             _record_run(signature, time.perf_counter() - start)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
@@ -525,6 +529,8 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             storage.array = array
     except BaseException as e:  # every failure travels to the outputs
         error = _failure(plan.name, plan.device, e)
+        if plan.collectives is not None:  # peers waiting for this device fail too
+            plan.collectives.run.abort(plan.device.id, error)
     finally:  # inputs are let go before anyone waiting on the outputs wakes up
         with plan.device.lock:
             for storage in storages:

@@ -6,7 +6,9 @@ in-memory kernel cache emptied: cold, with a new empty kernel cache directory
 compile filled. Run time covers `LoadedExecutable.execute` until every output buffer is
 ready: the inputs are transferred to the device once, before the timed runs, so transfers
 are not counted. `--warmup` untimed runs come first; the report gives the median, minimum,
-mean and the 10th and 90th percentiles over `--runs` timed runs.
+mean and the 10th and 90th percentiles over `--runs` timed runs. A module with several
+replicas or partitions runs on as many devices (every device given the same inputs); the
+report adds, per device, the median time until its outputs were ready.
 """
 
 from __future__ import annotations
@@ -38,15 +40,22 @@ class BenchResult:
     run_p90_us: float
     runs: int
     warmup: int
+    devices: int = 1
+    device_median_us: tuple[float, ...] = ()
+    """Multi-device programs: per device, the median time until its outputs were ready."""
 
     def to_text(self) -> str:
-        return (
+        text = (
             f"{self.module} on {self.backend}\n"
             f"compile: cold {self.compile_cold_ms:.2f} ms, warm {self.compile_warm_ms:.2f} ms\n"
             f"run:     median {format_us(self.run_median_us)}, min {format_us(self.run_min_us)}, "
             f"p10 {format_us(self.run_p10_us)}, p90 {format_us(self.run_p90_us)} "
             f"({self.runs} runs after {self.warmup} warm-up)"
         )
+        if self.devices > 1:
+            per = ", ".join(f"{i}: {t:.1f}" for i, t in enumerate(self.device_median_us))
+            text += f"\n{self.devices} devices, median us until each device's outputs: {per}"
+        return text
 
 
 def format_us(us: float) -> str:
@@ -80,51 +89,62 @@ def clear_process_kernel_cache() -> None:
     clear_kernel_cache()
 
 
-def _to_buffers(client, value):
+def _to_buffers(client, value, device=None):
     if isinstance(value, tuple):
-        return tuple(_to_buffers(client, v) for v in value)
+        return tuple(_to_buffers(client, v, device) for v in value)
     if isinstance(value, np.ndarray):
-        return client.buffer_from_pyval(value)
+        return client.buffer_from_pyval(value, device)
     return value
 
 
-def time_compile(backend: str, text: str):
-    """(milliseconds, loaded executable) of one compile by a fresh client."""
+def time_compile(backend: str, text: str, replicas: int = 1, partitions: int = 1):
+    """(milliseconds, loaded executable) of one compile by a fresh client (with a device
+    per replica and partition)."""
     from xlapy.runtime import Client
+    from xlapy.runtime.options import CompileOptions
 
     clear_process_kernel_cache()
-    client = Client(backend)
+    client = Client(backend, device_count=replicas * partitions)
+    options = CompileOptions.make(num_replicas=replicas, num_partitions=partitions)
     start = time.perf_counter()
-    executable = client.compile(text)
+    executable = client.compile(text, options)
     return 1e3 * (time.perf_counter() - start), executable
 
 
-def time_runs(executable, args, runs: int, warmup: int) -> np.ndarray:
-    """Seconds of each of `runs` timed executions (after `warmup` untimed ones)."""
-    buffers = [_to_buffers(executable.client, a) for a in args]
-    for b in buffers:
+def time_runs(executable, args, runs: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each of `runs` timed executions (after `warmup` untimed ones), and per
+    run and device the seconds until that device's outputs were ready (every device gets
+    the same arguments)."""
+    devices = executable.addressable_devices
+    buffers = [[_to_buffers(executable.client, a, d) for a in args] for d in devices]
+    for b in (leaf for row in buffers for leaf in row):
         for leaf in b if isinstance(b, tuple) else (b,):
             if hasattr(leaf, "block_until_ready"):
                 leaf.block_until_ready()
-    times = []
+    times, per_device = [], []
     for i in range(warmup + runs):
         start = time.perf_counter()
-        (outputs,) = executable.execute([buffers])
-        for out in outputs:
-            out.block_until_ready()
+        ready = []
+        for outputs in executable.execute(buffers):
+            for out in outputs:
+                out.block_until_ready()
+            ready.append(time.perf_counter() - start)
         elapsed = time.perf_counter() - start
         if i >= warmup:
             times.append(elapsed)
-    return np.asarray(times)
+            per_device.append(ready)
+    return np.asarray(times), np.asarray(per_device)
 
 
 def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchResult:
     """Measure compile (cold and warm kernel cache) and run times of `module` on `args`."""
     text = module.to_text()
+    counts = (max(module.config.replica_count, 1), max(module.config.num_partitions, 1))
     with tempfile.TemporaryDirectory(prefix="xlapy-bench-") as tmp, kernel_cache_dir(tmp):
-        cold_ms, _ = time_compile(backend, text)
-        warm_ms, executable = time_compile(backend, text)
-        times = time_runs(executable, args, runs, warmup) * 1e6
+        cold_ms, _ = time_compile(backend, text, *counts)
+        warm_ms, executable = time_compile(backend, text, *counts)
+        times, per_device = time_runs(executable, args, runs, warmup)
+        times *= 1e6
     return BenchResult(
         module=module.name,
         backend=backend,
@@ -137,6 +157,10 @@ def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchRes
         run_p90_us=round(float(np.percentile(times, 90)), 3),
         runs=runs,
         warmup=warmup,
+        devices=counts[0] * counts[1],
+        device_median_us=tuple(round(float(t) * 1e6, 3) for t in np.median(per_device, axis=0))
+        if counts[0] * counts[1] > 1
+        else (),
     )
 
 

@@ -160,11 +160,21 @@ def fmt(module_path, long_form, no_metadata):
     help="draw the memory timeline",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the figures as one JSON object")
-def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json):
+@click.option(
+    "--partition",
+    "num_partitions",
+    type=click.IntRange(min=1),
+    help="SPMD-partition the sharded module for N devices first: the figures are per device",
+)
+def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, num_partitions):
     """Assign buffers for MODULE.hlo and report its memory: allocations, stats, peak buffers."""
     from xlapy.memory import report
 
     module = load_module(module_path)
+    if num_partitions is not None:
+        from xlapy.passes.spmd import partition
+
+        click.echo(partition(module, num_partitions).text(), err=True)
     plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
     a = plan.assignment
     if plot_path:
@@ -197,7 +207,14 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json):
 )
 @click.option("--no-verify", is_flag=True, help="do not run the verifier between passes")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="write the result here")
-def opt(module_path, pass_names, dump_dir, no_verify, output):
+@click.option(
+    "--partition",
+    "num_partitions",
+    type=click.IntRange(min=1),
+    help="SPMD-partition the sharded module for N devices first (then only the --passes "
+    "given run); the report of ops that fell back to replication goes to stderr",
+)
+def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions):
     """Optimize MODULE.hlo and print the result."""
     from xlapy.passes.pipelines import CPU_PIPELINE, build
 
@@ -208,6 +225,12 @@ def opt(module_path, pass_names, dump_dir, no_verify, output):
             raise click.UsageError("--passes names no pass")
     pipeline = build("opt", plan, dump_dir=dump_dir, verify=not no_verify)
     module = load_module(module_path)
+    if num_partitions is not None:
+        from xlapy.passes.spmd import partition
+
+        click.echo(partition(module, num_partitions).text(), err=True)
+        if pass_names is None:  # the partitioned module, unoptimized unless --passes
+            pipeline = build("opt", [], dump_dir=dump_dir, verify=not no_verify)
     start = time.perf_counter()
     pipeline.run(module)
     elapsed = time.perf_counter() - start

@@ -231,8 +231,12 @@ class CpuProgram(CompiledProgram):
                 self._arenas.append(arenas)
 
     # -- running ---------------------------------------------------------------------------
-    def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
-        """Execute on `args`; see xlapy.backends.base for the donation contract."""
+    def run(
+        self, args: Sequence[Any], donated: frozenset[int] = frozenset(), collectives=None
+    ) -> Any:
+        """Execute on `args`; see xlapy.backends.base for the donation contract and
+        `collectives`."""
+        state = self.state if collectives is None else {**self.state, **collectives.state}
         simple = self._simple
         if simple is not None and len(args) == self._num_params:
             memory = self._template.copy()
@@ -249,23 +253,25 @@ class CpuProgram(CompiledProgram):
                 memory[alloc] = mem = np.frombuffer(arg, _U8)
                 bases[alloc] = address(mem)
             else:
-                return self._run_simple(simple, memory, bases)
-        return self._run_general(args, donated)
+                return self._run_simple(simple, memory, bases, state)
+        return self._run_general(args, donated, state)
 
-    def _run_simple(self, simple: _SimplePlan, memory: list, bases: list[int]) -> Any:
+    def _run_simple(
+        self, simple: _SimplePlan, memory: list, bases: list[int], state: dict[str, Any]
+    ) -> Any:
         """The thunks on arguments already in `memory`; the outputs are fresh arrays."""
         for index, size in self._fresh:
             memory[index] = mem = np.empty(size, _U8)
             bases[index] = address(mem)
         if not self._temps:
-            self.compiled.entry.run(ExecutionContext(memory, self.state, bases))
+            self.compiled.entry.run(ExecutionContext(memory, state, bases))
         else:
             arenas = self._take_arenas()
             for index, arena, base in zip(self._temps, arenas[0], arenas[1], strict=True):
                 memory[index] = arena
                 bases[index] = base
             try:
-                self.compiled.entry.run(ExecutionContext(memory, self.state, bases))
+                self.compiled.entry.run(ExecutionContext(memory, state, bases))
             finally:
                 self._give_back(arenas)
         if self._single_output:
@@ -278,7 +284,9 @@ class CpuProgram(CompiledProgram):
             outputs.append(out if dims is None else out.reshape(dims))
         return tuple(outputs)
 
-    def _run_general(self, args: Sequence[Any], donated: frozenset[int]) -> Any:
+    def _run_general(
+        self, args: Sequence[Any], donated: frozenset[int], state: dict[str, Any]
+    ) -> Any:
         if len(args) != self._num_params:
             raise EvaluationError(
                 f"{self.module.name} takes {self._num_params} arguments, {len(args)} were given"
@@ -321,7 +329,7 @@ class CpuProgram(CompiledProgram):
         for index, arena, base in zip(self._temps, arenas[0], arenas[1], strict=True):
             memory[index] = arena
             bases[index] = base
-        ctx = ExecutionContext(memory, self.state, bases)
+        ctx = ExecutionContext(memory, state, bases)
         try:
             self.compiled.entry.run(ctx)
             return self._outputs(memory, args, donated, in_place, writeback)

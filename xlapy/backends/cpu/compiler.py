@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
 from xlapy.backends.cpu import module_cache
 from xlapy.backends.cpu.emit_scatter import scatter_thunk
 from xlapy.backends.cpu.emitter import denormals_flushed, in_place_reason, supported
@@ -38,6 +39,7 @@ from xlapy.backends.cpu.kernel import (
     compile_computation,
     wrap_instruction,
 )
+from xlapy.backends.cpu.lib_collectives import CollectiveThunk
 from xlapy.backends.cpu.lib_dot import PARALLEL_MIN_FLOPS
 from xlapy.backends.cpu.library import (
     CustomCallThunk,
@@ -339,7 +341,7 @@ class _Lowering:
                 thunk.access = self.access(instr, thunk)
                 thunk.cost = estimate_cost(thunk)
             seq.thunks.append(thunk)
-        if self.concurrency != "off":
+        if self.concurrency != "off" and not _meets_peers(comp):
             accesses = [t.access for t in seq.thunks]
             costs = [t.cost for t in seq.thunks]
             alone = [_runs_alone(t) for t in seq.thunks]
@@ -392,6 +394,9 @@ class _Lowering:
                 for c in self.leaf_copies(o, p)
             ]  # fmt: skip
             return CallThunk(instr, self.sequence(comp), copies)
+        if op in COLLECTIVE_OPCODES:
+            operands = [self.tree_at(o) for o in instr.operands]
+            return CollectiveThunk(instr, operands, self.tree_at(instr))
         if op is Opcode.DOT and blas_dot_supported(instr):
             lhs, rhs = instr.operands
             return DotThunk(instr, self.slice_at(lhs), self.slice_at(rhs), self.slice_at(instr))
@@ -524,6 +529,19 @@ def _slices(tree: ValueTree) -> list[BufferSlice]:
 
 def _range(s: BufferSlice) -> tuple[int, int, int]:
     return (s.allocation, s.offset, s.offset + s.size)
+
+
+def _meets_peers(comp: HloComputation) -> bool:
+    """Whether `comp` (or a computation it calls) runs a collective or a recv, which waits
+    for other devices and so must not run on the shared pool (lib_collectives.py)."""
+    for instr in comp.instructions:
+        if instr.opcode in COLLECTIVE_OPCODES or instr.opcode in (Opcode.SEND, Opcode.RECV):
+            return True
+        if instr.opcode is not Opcode.FUSION and any(
+            _meets_peers(c) for c in instr.called_computations()
+        ):
+            return True
+    return False
 
 
 def _has_side_effect(instr: HloInstruction) -> bool:

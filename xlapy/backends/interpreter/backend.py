@@ -31,10 +31,14 @@ class InterpreterProgram(CompiledProgram):
         self.options = dict(options or {})
         self.aliases = alias_leaves(module)
 
-    def run(self, args: Sequence[Any], donated: frozenset[int] = frozenset()) -> Any:
+    def run(
+        self, args: Sequence[Any], donated: frozenset[int] = frozenset(), collectives=None
+    ) -> Any:
         """Evaluate, make every output leaf a fresh array, then write aliased outputs of
         donated parameters into the argument arrays."""
         state = {k: v for k, v in self.options.items() if k in _INTERPRETER_STATE}
+        if collectives is not None:
+            state.update(collectives.state)
         out = Interpreter(**state).run(self.module, args)
         out = _fresh(out)
         for alias in self.aliases:

@@ -8,34 +8,29 @@ use_global_device_ids they list global ids (replica * num_partitions + partition
 groups mean every device. When this device's group holds just itself, each collective
 reduces to a copy (all-reduce, all-gather, reduce-scatter, all-to-all,
 collective-broadcast); collective-permute copies when the device sends to itself and gives
-zeros when nobody sends to it. Larger groups need the multi-device runtime.
+zeros when nobody sends to it. Larger groups need the multi-device runtime: when the run is
+one device of a multi-device execution, ctx.state["collectives"] holds that device's
+xlapy.backends.collectives.DeviceCollectives and every collective meets its peers through
+it (the same code the CPU backend's collective thunks use).
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from xlapy.backends.collectives import PERFORMED, DeviceGrid, participants, result_parts
 from xlapy.backends.interpreter.registry import evaluates
 from xlapy.errors import EvaluationError
 from xlapy.ir.attributes import ReplicaGroups
 from xlapy.ir.opcodes import Opcode
 
-_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-
 
 def iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
     """The explicit groups of an iota replica-group list such as `[2,2]<=[2,2]T(1,0)`."""
-    m = _IOTA.fullmatch(text.replace(" ", ""))
-    if m is None:
-        raise EvaluationError(f"cannot read replica groups '{text}'")
-    shape = [int(v) for v in m.group(1).split(",")]
-    reshape = [int(v) for v in m.group(2).split(",")]
-    ids = np.arange(int(np.prod(reshape))).reshape(reshape)
-    if m.group(3):
-        ids = ids.transpose([int(v) for v in m.group(3).split(",")])
-    return tuple(tuple(int(v) for v in row) for row in ids.reshape(shape))
+    try:
+        return ReplicaGroups(iota_text=text.replace(" ", "")).expanded()
+    except ValueError as e:
+        raise EvaluationError(str(e)) from e
 
 
 def _device_counts(instr) -> tuple[int, int]:
@@ -45,32 +40,59 @@ def _device_counts(instr) -> tuple[int, int]:
     return module.config.replica_count, module.config.num_partitions
 
 
-def _participants(instr, ctx) -> tuple[int, ...]:
-    """The ids (in the group's id space) of the devices taking part with this one; raises if
-    any device other than this one takes part."""
+def _participants(instr, ctx) -> None:
+    """Raise unless this device is the only participant of `instr`."""
     replicas, partitions = _device_counts(instr)
     replica = int(ctx.state.get("replica_id", 0))
     partition = int(ctx.state.get("partition_id", 0))
-    if instr.attrs.get("use_global_device_ids", False):
-        me, total, joined = replica * partitions + partition, replicas * partitions, 1
-    elif instr.attrs.get("channel_id") is not None:
-        me, total, joined = replica, replicas, partitions
-    else:
-        me, total, joined = replica, replicas, 1
-    groups_attr = instr.attrs.get("replica_groups")
-    groups: tuple[tuple[int, ...], ...] = ()
-    if isinstance(groups_attr, ReplicaGroups):
-        groups = iota_groups(groups_attr.iota_text) if groups_attr.iota_text else groups_attr.groups
-    groups = tuple(g for g in groups if g)
-    group = next((g for g in groups if me in g), None) if groups else tuple(range(total))
-    if group is None:
-        raise EvaluationError(f"{instr.name}: device {me} is in none of the replica groups")
-    if len(group) * joined != 1:
+    replicas, partitions = max(replicas, replica + 1), max(partitions, partition + 1)
+    grid = DeviceGrid(
+        tuple(tuple(r * partitions + p for p in range(partitions)) for r in range(replicas))
+    )
+    group = participants(instr, replica, partition, grid)
+    if len(group) != 1:
         raise EvaluationError(
-            f"{instr.name}: a collective over {len(group) * joined} devices needs the "
+            f"{instr.name}: a collective over {len(group)} devices needs the "
             "multi-device runtime; the interpreter runs one device"
         )
-    return group
+
+
+def _array_leaves(value) -> list[np.ndarray]:
+    if isinstance(value, tuple):
+        return [a for v in value for a in _array_leaves(v)]
+    return [value] if isinstance(value, np.ndarray) else []
+
+
+def _empty_tree(shape, made: list[np.ndarray]):
+    if shape.is_tuple:
+        return tuple(_empty_tree(s, made) for s in shape.tuple_shapes)
+    made.append(np.empty(shape.dims, dtype=shape.dtype))
+    return made[-1]
+
+
+def _with_peers(instr, operands, ctx):
+    """The collective run with the other devices of a multi-device execution."""
+    parts = result_parts(instr)
+    outputs: list[np.ndarray] = []
+    results = _empty_tree(instr.shape.subshape(parts.results), outputs)
+    inputs = [a for o in operands for a in _array_leaves(o)]
+    ctx.state["collectives"].perform(instr, inputs, outputs)
+    if parts.operand is None:
+        return results
+    again = tuple(operands) if len(operands) > 1 else operands[0]
+    extras = tuple(_zeros_like_shape(instr.shape.subshape(i)) for i in parts.extras)
+    return (_copy(again), results, *extras)
+
+
+def _peers(rule):
+    """`rule` for one device on its own; the multi-device path when the run has peers."""
+
+    def evaluate(instr, operands, ctx):
+        if ctx.state.get("collectives") is not None and instr.opcode in PERFORMED:
+            return _with_peers(instr, operands, ctx)
+        return rule(instr, operands, ctx)
+
+    return evaluate
 
 
 def _copy(value):
@@ -93,7 +115,7 @@ for _op in (
     Opcode.ALL_TO_ALL,
     Opcode.COLLECTIVE_BROADCAST,
 ):
-    evaluates(_op)(_single_device_identity)
+    evaluates(_op)(_peers(_single_device_identity))
 
 
 @evaluates(Opcode.ALL_REDUCE_DONE)
@@ -102,6 +124,7 @@ def _all_reduce_done(instr, operands, ctx):
 
 
 @evaluates(Opcode.ALL_GATHER_START)
+@_peers
 def _all_gather_start(instr, operands, ctx):
     _participants(instr, ctx)
     inputs = tuple(operands) if len(operands) > 1 else operands[0]
@@ -142,11 +165,13 @@ def _permute(instr, value, result_shape, ctx):
 
 
 @evaluates(Opcode.COLLECTIVE_PERMUTE)
+@_peers
 def _collective_permute(instr, operands, ctx):
     return _permute(instr, operands[0], instr.shape, ctx)
 
 
 @evaluates(Opcode.COLLECTIVE_PERMUTE_START)
+@_peers
 def _collective_permute_start(instr, operands, ctx):
     shape = instr.shape
     if not shape.is_tuple or len(shape.tuple_shapes) < 2:

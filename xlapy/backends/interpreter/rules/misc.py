@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xlapy.backends.collectives import send_recv_pairs
 from xlapy.backends.interpreter.registry import TOKEN, evaluates
 from xlapy.errors import EvaluationError
 from xlapy.ir.opcodes import Opcode
@@ -151,9 +152,20 @@ def _channel(ctx, instr):
     return channels.setdefault(instr.attrs.get("channel_id", 0), [])
 
 
+def _peers(instr, ctx):
+    """The run's DeviceCollectives when `instr` sends between devices of a multi-device
+    execution (it names source-target pairs), else None (a loopback through the state)."""
+    comm = ctx.state.get("collectives")
+    return comm if comm is not None and send_recv_pairs(instr) is not None else None
+
+
 @evaluates(Opcode.SEND)
 def _send(instr, operands, ctx):
-    _channel(ctx, instr).append(copy_value(operands[0]))
+    comm = _peers(instr, ctx)
+    if comm is not None:
+        comm.send(instr, operands[0])
+    else:
+        _channel(ctx, instr).append(copy_value(operands[0]))
     return (operands[0], np.zeros((), np.uint32), TOKEN)
 
 
@@ -164,6 +176,9 @@ def _send_done(instr, operands, ctx):
 
 @evaluates(Opcode.RECV)
 def _recv(instr, operands, ctx):
+    comm = _peers(instr, ctx)
+    if comm is not None:
+        return (comm.recv(instr, instr.shape.tuple_shapes[0]), np.zeros((), np.uint32), TOKEN)
     channel = _channel(ctx, instr)
     if not channel:
         raise EvaluationError(

@@ -1,0 +1,1142 @@
+"""The SPMD partitioner: one annotated global program -> the program each device runs.
+
+GSPMD's design, kept small. The input is a module whose values may carry `sharding=`
+annotations (JAX's in/out shardings, with_sharding_constraint, shard_map's manual regions);
+the output is the per-device program of `num_partitions` devices: every array has its local
+shape, and collectives move data where the global program needed it.
+
+Sharding propagation and partitioning happen in one forward walk over the entry (calls are
+inlined first). Every value's tiling (xlapy.passes.spmd.tiling) is known when its users are
+reached: parameters take their annotation (none: replicated), constants and iotas are
+replicated (any tiling of them is a free local slice). An op with a dimension-label rule
+(xlapy.passes.spmd.labels) chooses a tiling of its iteration space among candidates:
+
+  * each operand's tiling, read through the operand's labels;
+  * the tiling its result is wanted in (its own annotation, or that of the Sharding
+    custom call / annotated root consuming it);
+  * every pairwise merge of those (x sharded by rows on one mesh axis and w by columns
+    on the other merge into a dot tiled both ways);
+  * replicated.
+
+Cost rule (the conflict rule): a candidate costs the bytes each device receives to bring
+its operands into the candidate's tiling (all-gathers; slicing a held value is free), plus
+the all-reduce of a partial result when it cuts contracted labels (2(g-1)/g of the local
+result; half that when a reduce-scatter leaves it in its wanted tiling), plus the
+all-gathers to bring the result into its wanted tiling. The cheapest wins; ties go to the
+candidate that cuts the iteration space into more pieces (less work per device), then to
+the earlier candidate (operand 0 first). A user annotation is a
+constraint: the annotated value is resharded to it whatever it costs.
+
+Resharding a value from tiling A to B: all-gather every dimension A cuts differently from B,
+then dynamic-slice what B cuts, at offsets read from a table by partition-id (XLA's way
+from replicated to sharded). A dimension A cuts on dim i and B on dim j alone, the same
+devices, becomes one all-to-all.
+
+Control flow: a while loop's state keeps its initial tiling (body and condition are
+partitioned with their parameter so tiled, the body's result resharded back to it); each
+branch of a conditional is partitioned with its operand's tiling and its result resharded
+to the first branch's.
+
+Ops without a rule (custom calls, rng, fft, linear algebra, ...) fall back: their operands
+are replicated (all-gathered) and the op runs whole on every device. That is always
+correct; `PartitionReport.fallbacks` lists each one with the reason. Manual values (inside
+shard_map: SPMDFullToShardShape / xla.sdy.GlobalToLocalShape to the matching
+ShardToFull / LocalToGlobalShape) keep their ops as written; only the conversions at the
+region's edges map shapes. A region over part of the mesh holds its piece along the manual
+axes and is replicated over the others.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from xlapy.errors import XlapyError
+from xlapy.ir import attributes as A
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.literal import Literal
+from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import ProgramShape, Shape
+from xlapy.ir.sharding import HloSharding
+from xlapy.passes.hlo_edit import remove_unreachable_computations
+from xlapy.passes.inline import CallInliner
+from xlapy.passes.pass_base import HloPass, register_pass
+from xlapy.passes.spmd.labels import OpLabels, op_labels
+from xlapy.passes.spmd.tiling import Tiling, merge
+
+
+class PartitionError(XlapyError):
+    """The module cannot be partitioned as annotated (the message says what to change)."""
+
+
+@dataclass
+class Fallback:
+    name: str
+    opcode: str
+    reason: str
+
+
+@dataclass
+class PartitionReport:
+    """What the partitioner did: ops partitioned natively (by opcode), the ops that fell
+    back to running whole on every device, and the collectives it added."""
+
+    num_partitions: int = 1
+    native: dict[str, int] = field(default_factory=dict)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    collectives: dict[str, int] = field(default_factory=dict)
+    uneven: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        lines = [f"spmd-partitioner: {self.num_partitions} partitions"]
+        if self.native:
+            lines.append(
+                "  partitioned: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.native.items()))
+            )
+        if self.collectives:
+            lines.append(
+                "  collectives added: "
+                + ", ".join(f"{k} x{v}" for k, v in sorted(self.collectives.items()))
+            )
+        if not self.fallbacks:
+            lines.append("  no op fell back to replication")
+        for f in self.fallbacks:
+            lines.append(f"  replicated: {f.name} ({f.opcode}): {f.reason}")
+        for u in self.uneven:
+            lines.append(f"  uneven annotation: {u}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Local:
+    """A global value's per-device form: the instruction computing it, its tiling (a tuple
+    of them for a tuple value; None for tokens) and whether it is manual (shard_map data)."""
+
+    instr: HloInstruction
+    tiling: Any  # Tiling | tuple[<tiling>, ...] | None
+    manual: bool = False
+
+
+_PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
+
+
+@register_pass
+class SpmdPartitioner(HloPass):
+    """Partition the entry for `num_partitions` devices (the module's num_partitions when
+    None); sets num_partitions in the config. `report` holds the last run's report."""
+
+    name = "spmd-partitioner"
+
+    def __init__(self, num_partitions: int | None = None):
+        self.num_partitions = num_partitions
+        self.report = PartitionReport()
+
+    def run(self, module: HloModule) -> bool:
+        n = self.num_partitions or module.config.num_partitions
+        if n < 1:
+            raise PartitionError(f"cannot partition for {n} devices")
+        CallInliner().run(module)
+        _read_shardy_annotations(module)
+        self.report = PartitionReport(num_partitions=n)
+        _Partitioner(module, n, self.report).run()
+        remove_unreachable_computations(module)
+        _strip_annotations(module)
+        return True
+
+
+def _read_shardy_annotations(module: HloModule) -> None:
+    """Give every entry instruction that has only Shardy's `xla.sdy.sharding` frontend
+    attribute the equivalent `sharding=` (JAX prints both today; this reads modules with
+    Shardy's alone)."""
+    meshes = _sdy_mesh(module)
+    if not meshes or module.entry is None:
+        return
+    for instr in module.entry.instructions:
+        if "sharding" in instr.attrs:
+            continue
+        fa = instr.attrs.get("frontend_attributes")
+        text = fa.get("xla.sdy.sharding") if fa is not None else None
+        if text is None:
+            continue
+        leaves = [x for _, x in instr.shape.leaves()]
+        found = _sdy_shardings(str(text), meshes, [x.rank for x in leaves])
+        if any(x is None for x in found):
+            continue
+        if instr.shape.is_tuple:
+            instr.attrs["sharding"] = HloSharding("tuple", elements=tuple(found))
+        else:
+            instr.attrs["sharding"] = found[0]
+
+
+def _strip_annotations(module: HloModule) -> None:
+    """Drop the Sharding custom calls left in computations the partitioner keeps as they
+    are (reducers, manual region bodies): annotations, not computation."""
+    for comp in module.computations:
+        for instr in list(comp.instructions):
+            if (
+                instr.opcode is Opcode.CUSTOM_CALL
+                and instr.attrs.get("custom_call_target") in ("Sharding", *_PASS_THROUGH_TARGETS)
+                and len(instr.operands) == 1
+                and instr.operands[0].shape == instr.shape
+            ):
+                comp.replace_all_uses(instr, instr.operands[0])
+                comp.remove_instruction(instr)
+
+
+_MANUAL_ENTRIES = ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape")
+
+
+def needs_partitioning(module: HloModule, num_partitions: int) -> bool:
+    """Whether `module` is a global program to partition for `num_partitions` devices: it
+    is not partitioned yet (its header has no num_partitions) and its entry shards some
+    value or opens a shard_map region."""
+    if num_partitions <= 1 or module.config.num_partitions > 1 or module.entry is None:
+        return False
+    for instr in module.entry.instructions:
+        s = instr.attrs.get("sharding")
+        if isinstance(s, HloSharding) and any(
+            e.kind == "tiled" and not e.is_replicated for e in (s.elements or (s,))
+        ):
+            return True
+        if instr.attrs.get("custom_call_target") in _MANUAL_ENTRIES:
+            return True
+        fa = instr.attrs.get("frontend_attributes")
+        sdy = fa.get("xla.sdy.sharding") if fa is not None else None
+        if sdy is not None and re.search(r'\{[^}]*"\w+', str(sdy)):
+            return True
+    return False
+
+
+def partition(module: HloModule, num_partitions: int | None = None) -> PartitionReport:
+    """Partition `module` in place; returns the report."""
+    p = SpmdPartitioner(num_partitions)
+    p.run(module)
+    return p.report
+
+
+class _Partitioner:
+    def __init__(
+        self,
+        module: HloModule,
+        n: int,
+        report: PartitionReport,
+        comp: HloComputation | None = None,
+        parent: _Partitioner | None = None,
+        param_tilings: list | None = None,
+    ):
+        self.module = module
+        self.n = n
+        self.report = report
+        self.entry = comp or module.entry_computation()  # the computation partitioned
+        self.param_tilings = param_tilings
+        if parent is None:
+            self.namer = NameUniquer(module)
+            first = 1 + max(
+                (i.attrs.get("channel_id", 0) for i in module.instructions()), default=0
+            )
+            self._channel = [first]
+            self._adders: dict[str, HloComputation] = {}
+            self.mesh_axes = _sdy_mesh(module)
+        else:
+            self.namer = parent.namer
+            self._channel = parent._channel
+            self._adders = parent._adders
+            self.mesh_axes = parent.mesh_axes
+        self.out: list[HloInstruction] = []
+        self.params: list[HloInstruction] = []
+        self.values: dict[int, Local] = {}
+        self._pid: HloInstruction | None = None
+        self._offsets: dict[tuple[int, ...], HloInstruction] = {}
+        self._zero: HloInstruction | None = None
+        self._resharded: dict[tuple[int, Tiling], HloInstruction] = {}
+        self.wanted = self._wanted_tilings()
+
+    # -- driver ----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Partition the entry: parameters as annotated, the result as annotated (else as
+        chosen); the new entry replaces the old one."""
+        entry = self.entry
+        for instr in entry.post_order():
+            self.values[id(instr)] = self.visit(instr)
+        root = entry.root_instruction()
+        result = self.finish_root(root)
+        comp = self._computation(entry.name + "_spmd", result.instr)
+        module = self.module
+        module.computations = [c for c in module.computations if c is not entry]
+        module.add_computation(comp, entry=True)
+        cfg = module.config
+        cfg.num_partitions = self.n
+        if cfg.entry_computation_layout is not None:
+            cfg.entry_computation_layout = ProgramShape(
+                tuple(p.shape for p in comp.parameters), comp.root_instruction().shape
+            )
+        cfg.input_output_alias = tuple(
+            e
+            for e in cfg.input_output_alias
+            if comp.root_instruction().shape.subshape(e.output_index).dims
+            == comp.parameter(e.param_number).shape.subshape(e.param_index).dims
+        )
+
+    def sub(self, comp: HloComputation, param_tilings: list, want_root=None):
+        """Partition a called computation (a loop body, a branch) whose parameters have
+        `param_tilings`; its result is resharded to `want_root` when given. Returns the
+        new computation and its result's tiling."""
+        child = _Partitioner(self.module, self.n, self.report, comp, self, param_tilings)
+        for instr in comp.post_order():
+            child.values[id(instr)] = child.visit(instr)
+        root = comp.root_instruction()
+        value = child.values[id(root)]
+        if value.manual:
+            raise PartitionError(f"{root.name}: a manual value leaves {comp.name}")
+        if want_root is not None:
+            value = Local(child.as_tiling(value, want_root, root.shape), want_root)
+        new = child._computation(comp.name + "_spmd", value.instr)
+        self.module.add_computation(new)
+        return new, value.tiling
+
+    def _computation(self, name: str, root: HloInstruction) -> HloComputation:
+        comp = HloComputation(self.namer.fresh(name))
+        for instr in self.out:
+            comp.add_instruction(instr)
+        comp.root = root
+        self._drop_dead(comp)
+        return comp
+
+    def _drop_dead(self, comp: HloComputation) -> None:
+        live: set[int] = set()
+        stack = [comp.root_instruction(), *comp.parameters]
+        stack += [i for i in comp.instructions if i.has_side_effect]
+        while stack:
+            i = stack.pop()
+            if id(i) in live:
+                continue
+            live.add(id(i))
+            stack.extend(i.operands)
+            stack.extend(i.control_predecessors)
+        comp.instructions = [i for i in comp.instructions if id(i) in live]
+
+    # -- emitting --------------------------------------------------------------------------
+    def emit(self, opcode, shape, operands=(), attrs=None, base=None, **kw) -> HloInstruction:
+        instr = HloInstruction(
+            self.namer.fresh(base or opcode.text), opcode, shape, operands, attrs, **kw
+        )
+        instr.parent = None
+        self.out.append(instr)
+        return instr
+
+    def count(self, kind: str) -> None:
+        self.report.collectives[kind] = self.report.collectives.get(kind, 0) + 1
+
+    def next_channel(self) -> int:
+        self._channel[0] += 1
+        return self._channel[0] - 1
+
+    def partition_id(self) -> HloInstruction:
+        if self._pid is None:
+            self._pid = self.emit(Opcode.PARTITION_ID, Shape.scalar("u32"))
+        return self._pid
+
+    def zero(self) -> HloInstruction:
+        if self._zero is None:
+            self._zero = self.constant(np.zeros((), np.int32))
+        return self._zero
+
+    def constant(self, array: np.ndarray) -> HloInstruction:
+        lit = Literal.from_array(array)
+        return self.emit(Opcode.CONSTANT, lit.shape, literal=lit)
+
+    def offset(self, offsets: list[int]) -> HloInstruction:
+        """This device's entry of `offsets` (one per partition), as an s32 scalar."""
+        key = tuple(offsets)
+        if len(set(key)) == 1:
+            return self.zero() if key[0] == 0 else self.constant(np.array(key[0], np.int32))
+        if key not in self._offsets:
+            table = self.constant(np.array(key, np.int32))
+            one = self.emit(
+                Opcode.DYNAMIC_SLICE,
+                Shape.array("s32", (1,)),
+                [table, self.partition_id()],
+                {"dynamic_slice_sizes": (1,)},
+            )
+            self._offsets[key] = self.emit(Opcode.RESHAPE, Shape.array("s32", ()), [one])
+        return self._offsets[key]
+
+    def adder(self, element_type) -> HloComputation:
+        key = element_type.text if hasattr(element_type, "text") else str(element_type)
+        if key not in self._adders:
+            scalar = Shape.scalar(element_type)
+            a = HloInstruction(self.namer.fresh("x"), Opcode.PARAMETER, scalar, parameter_number=0)
+            b = HloInstruction(self.namer.fresh("y"), Opcode.PARAMETER, scalar, parameter_number=1)
+            s = HloInstruction(self.namer.fresh("add"), Opcode.ADD, scalar, [a, b])
+            comp = HloComputation(self.namer.fresh(f"spmd_add_{key}"), [a, b, s], s)
+            self.module.add_computation(comp)
+            self._adders[key] = comp
+        return self._adders[key]
+
+    # -- resharding ------------------------------------------------------------------------
+    def reshard(self, value: HloInstruction, src: Tiling, dst: Tiling, dims) -> HloInstruction:
+        """`value`, a local piece under `src` of an array of global `dims`, as its piece
+        under `dst` (made once per value and tiling)."""
+        if src == dst:
+            return value
+        key = (id(value), dst)
+        if key not in self._resharded:
+            self._resharded[key] = self._reshard(value, src, dst, dims)
+        return self._resharded[key]
+
+    def _reshard(self, value: HloInstruction, src: Tiling, dst: Tiling, dims) -> HloInstruction:
+        gather = [i for i in range(src.rank) if src.tiles[i] > 1 and not src.same_axis(dst, i)]
+        a2a = self._all_to_all_move(src, dst, gather)
+        if a2a is not None:
+            (i, j) = a2a
+            return self.all_to_all(value, src, i, j)
+        cur = src
+        for i in gather:
+            value = self.all_gather(value, cur, i, dims)
+            cur = cur.with_axes_whole([i])
+        cut = [i for i in range(dst.rank) if dst.tiles[i] > 1 and cur.tiles[i] == 1]
+        if not cut:
+            return value
+        starts = [
+            self.offset(dst.offsets(i, dims[i])) if i in cut else self.zero()
+            for i in range(dst.rank)
+        ]
+        local = [dims[i] // dst.tiles[i] if i in cut else s for i, s in enumerate(value.shape.dims)]
+        return self.emit(
+            Opcode.DYNAMIC_SLICE,
+            _resized(value.shape, tuple(local)),
+            [value, *starts],
+            {"dynamic_slice_sizes": tuple(local)},
+        )
+
+    def _all_to_all_move(self, src: Tiling, dst: Tiling, gather: list[int]):
+        """(i, j) when going from src to dst moves one cut from dimension i to j alone,
+        over the same device groups: one all-to-all does it."""
+        if len(gather) != 1:
+            return None
+        i = gather[0]
+        if dst.tiles[i] != 1:
+            return None
+        moved = [j for j in range(dst.rank) if j != i and dst.tiles[j] > 1 and src.tiles[j] == 1]
+        if len(moved) != 1 or dst.tiles[moved[0]] != src.tiles[i]:
+            return None
+        j = moved[0]
+        for k in range(dst.rank):
+            if k not in (i, j) and not src.same_axis(dst, k):
+                return None
+        # the device holding piece c along i must hold piece c along j
+        if any(a[i] != b[j] for a, b in zip(src.coords, dst.coords, strict=True)):
+            return None
+        return i, j
+
+    def all_to_all(self, value, src: Tiling, i: int, j: int) -> HloInstruction:
+        """Move the cut of dimension i to dimension j: XLA's array all-to-all splits and
+        concatenates along one dimension, so j is reshaped into [g, j/g], exchanged along
+        the new dimension, which then folds into i."""
+        groups = src.groups([i])
+        g = src.tiles[i]
+        local = list(value.shape.dims)
+        local[i] *= g
+        local[j] //= g
+        dims = list(value.shape.dims)
+        split = [*dims[:j], g, dims[j] // g, *dims[j + 1 :]]
+        v = self.emit(Opcode.RESHAPE, _resized(value.shape, tuple(split)).without_layout(), [value])
+        v = self.emit(
+            Opcode.ALL_TO_ALL,
+            v.shape,
+            [v],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "dimensions": (j,),
+                "use_global_device_ids": True,
+            },
+        )
+        # now axis j of `split` indexes the source device: move it next to i and merge
+        order = list(range(len(split)))
+        order.remove(j)
+        ii = i if i < j else i + 1  # position of dimension i in `split`
+        pos = order.index(ii)
+        order.insert(pos, j)
+        t_dims = tuple(split[k] for k in order)
+        v = self.emit(
+            Opcode.TRANSPOSE,
+            _resized(v.shape, t_dims).without_layout(),
+            [v],
+            {"dimensions": tuple(order)},
+        )
+        self.count("all-to-all")
+        return self.emit(Opcode.RESHAPE, _resized(value.shape, tuple(local)), [v])
+
+    def all_gather(self, value, cur: Tiling, i: int, dims) -> HloInstruction:
+        groups = cur.groups([i])
+        local = list(value.shape.dims)
+        local[i] *= cur.tiles[i]
+        self.count("all-gather")
+        return self.emit(
+            Opcode.ALL_GATHER,
+            _resized(value.shape, tuple(local)),
+            [value],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "dimensions": (i,),
+                "use_global_device_ids": True,
+            },
+        )
+
+    def all_reduce(self, value, groups, reducer: HloComputation) -> HloInstruction:
+        self.count("all-reduce")
+        return self.emit(
+            Opcode.ALL_REDUCE,
+            value.shape,
+            [value],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "use_global_device_ids": True,
+                "to_apply": reducer,
+            },
+        )
+
+    def as_tiling(self, value: Local, dst, shape: Shape) -> HloInstruction:
+        """`value` resharded to `dst` (a Tiling, or a tuple of them for a tuple)."""
+        if value.manual:
+            raise PartitionError(f"{value.instr.name}: a manual value used outside its region")
+        if isinstance(dst, Tiling):
+            return self.reshard(value.instr, value.tiling, dst, shape.dims)
+        if dst is None or value.tiling == dst:
+            return value.instr
+        parts = []
+        for k, (src_t, dst_t) in enumerate(zip(value.tiling, dst, strict=True)):
+            sub = shape.tuple_shapes[k]
+            elem = self.emit(
+                Opcode.GET_TUPLE_ELEMENT,
+                _local_shape(sub, src_t),
+                [value.instr],
+                {"index": k},
+            )
+            parts.append(self.as_tiling(Local(elem, src_t), dst_t, sub))
+        return self.emit(Opcode.TUPLE, Shape.tuple([p.shape for p in parts]), parts)
+
+    def replicated_of(self, shape: Shape):
+        if shape.is_tuple:
+            return tuple(self.replicated_of(s) for s in shape.tuple_shapes)
+        if shape.is_array:
+            return Tiling.replicated(shape.rank, self.n)
+        return None
+
+    # -- annotations -----------------------------------------------------------------------
+    def tiling_of(self, sharding: HloSharding, shape: Shape):
+        if shape.is_tuple:
+            elems = (
+                sharding.elements if sharding.is_tuple else (sharding,) * len(shape.tuple_shapes)
+            )
+            return tuple(
+                self.tiling_of(e, s) for e, s in zip(elems, shape.tuple_shapes, strict=True)
+            )
+        if not shape.is_array:
+            return None
+        try:
+            t = Tiling.from_sharding(sharding, shape.rank, self.n)
+        except ValueError as e:
+            raise PartitionError(str(e)) from None
+        return t
+
+    def _wanted_tilings(self) -> dict[int, Tiling]:
+        """Where a value's result is wanted: its own annotation, or that of a Sharding
+        custom call or annotated root using it."""
+        wanted: dict[int, Tiling] = {}
+        users = self.entry.users()
+        for instr in self.entry.instructions:
+            s = instr.attrs.get("sharding")
+            if not isinstance(s, HloSharding) or s.is_manual or not instr.shape.is_array:
+                continue
+            if s.kind == "tuple":
+                continue
+            try:
+                t = Tiling.from_sharding(s, instr.shape.rank, self.n)
+            except ValueError:
+                continue
+            if not t.divides(instr.shape.dims):
+                continue
+            wanted[id(instr)] = t
+            target = instr
+            while (
+                target.opcode in (Opcode.CUSTOM_CALL, Opcode.GET_TUPLE_ELEMENT)
+                or target.opcode is Opcode.TUPLE
+            ) and target.operands:
+                src = target.operands[0]
+                if len(users.get(src, [])) != 1 or src.opcode is Opcode.PARAMETER:
+                    break
+                wanted.setdefault(id(src), t)
+                if src.opcode is not Opcode.CUSTOM_CALL:
+                    break
+                target = src
+        return wanted
+
+    # -- visiting --------------------------------------------------------------------------
+    def visit(self, instr: HloInstruction) -> Local:
+        op = instr.opcode
+        if op is Opcode.PARAMETER:
+            return self.parameter(instr)
+        operands = [self.values[id(o)] for o in instr.operands]
+        if op is Opcode.CUSTOM_CALL:
+            special = self.custom_call(instr, operands)
+            if special is not None:
+                return self.constrain(instr, special)
+        if any(v.manual for v in operands):
+            return self.manual_op(instr, operands)
+        if op is Opcode.TUPLE:
+            new = self.emit(
+                Opcode.TUPLE,
+                Shape.tuple([v.instr.shape for v in operands]),
+                [v.instr for v in operands],
+            )
+            return Local(new, tuple(v.tiling for v in operands))
+        if op is Opcode.GET_TUPLE_ELEMENT:
+            src = operands[0]
+            k = instr.attrs["index"]
+            new = self.emit(
+                op, src.instr.shape.tuple_shapes[k], [src.instr], dict(instr.attrs), base=instr.name
+            )
+            return self.constrain(instr, Local(new, src.tiling[k]))
+        if op is Opcode.WHILE:
+            return self.constrain(instr, self.while_loop(instr, operands))
+        if op is Opcode.CONDITIONAL:
+            return self.constrain(instr, self.conditional(instr, operands))
+        if op in (Opcode.CONSTANT, Opcode.IOTA, Opcode.PARTITION_ID, Opcode.REPLICA_ID):
+            new = self.clone(instr, [], instr.shape)
+            return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
+        labels = op_labels(instr)
+        multi = (Opcode.SORT, Opcode.TOPK, Opcode.REDUCE, Opcode.REDUCE_WINDOW)
+        if labels is not None and (instr.shape.is_array or op in multi):
+            return self.constrain(instr, self.labelled(instr, operands, labels))
+        return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
+
+    def while_loop(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """The loop state keeps its initial tiling: the body is partitioned with its
+        parameter so tiled and its result resharded back to it; the condition likewise."""
+        (state,) = operands
+        tiling = state.tiling
+        body, _ = self.sub(instr.attrs["body"], [tiling], want_root=tiling)
+        cond, _ = self.sub(instr.attrs["condition"], [tiling])
+        attrs = dict(instr.attrs, body=body, condition=cond)
+        new = self.clone(instr, [state.instr], state.instr.shape, attrs)
+        self.report.native["while"] = self.report.native.get("while", 0) + 1
+        return Local(new, tiling)
+
+    def conditional(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """Each branch is partitioned with its operand's tiling; every branch's result is
+        resharded to the first branch's."""
+        pred = self.as_tiling(
+            operands[0], self.replicated_of(instr.operand(0).shape), instr.operand(0).shape
+        )
+        if "branch_computations" in instr.attrs:
+            branches = list(instr.attrs["branch_computations"])
+        else:
+            branches = [instr.attrs["true_computation"], instr.attrs["false_computation"]]
+        new_branches = []
+        result = None
+        for comp, value in zip(branches, operands[1:], strict=True):
+            new, tiling = self.sub(comp, [value.tiling], want_root=result)
+            result = tiling if result is None else result
+            new_branches.append(new)
+        attrs = dict(instr.attrs)
+        if "branch_computations" in attrs:
+            attrs["branch_computations"] = tuple(new_branches)
+        else:
+            attrs["true_computation"], attrs["false_computation"] = new_branches
+        shape = _local_shape(instr.shape, result, instr.name)
+        new = self.clone(instr, [pred, *(v.instr for v in operands[1:])], shape, attrs)
+        self.report.native["conditional"] = self.report.native.get("conditional", 0) + 1
+        return Local(new, result)
+
+    def _why(self, instr: HloInstruction) -> str:
+        if instr.opcode is Opcode.CUSTOM_CALL:
+            return f"custom call {instr.attrs.get('custom_call_target')!r} has no partitioning rule"
+        if instr.opcode in (Opcode.WHILE, Opcode.CONDITIONAL):
+            return "control flow runs whole on every device"
+        return "no partitioning rule for this opcode"
+
+    def constrain(self, instr: HloInstruction, value: Local) -> Local:
+        """A user annotation is a constraint: reshard the value to it."""
+        s = instr.attrs.get("sharding")
+        if not isinstance(s, HloSharding) or value.manual or instr.opcode is Opcode.PARAMETER:
+            return value
+        if s.is_manual or not instr.shape.is_array or s.is_tuple:
+            return value
+        dst = self.even(self.tiling_of(s, instr.shape), instr.shape, instr.name)
+        if dst == value.tiling:
+            return value
+        return Local(self.as_tiling(value, dst, instr.shape), dst)
+
+    def even(self, tiling, shape: Shape, name: str):
+        """`tiling` with every dimension it cannot cut evenly left whole (an annotation
+        asking for uneven pieces is followed where it can be), noted in the report."""
+        if isinstance(tiling, tuple):
+            return tuple(
+                self.even(t, s, name) for t, s in zip(tiling, shape.tuple_shapes, strict=True)
+            )
+        if not isinstance(tiling, Tiling) or tiling.divides(shape.dims):
+            return tiling
+        bad = [i for i, (d, t) in enumerate(zip(shape.dims, tiling.tiles)) if d % t]
+        self.report.uneven.append(f"{name}: {shape} kept whole along dimensions {bad}")
+        return tiling.with_axes_whole(bad)
+
+    def clone(self, instr: HloInstruction, operands, shape: Shape, attrs=None) -> HloInstruction:
+        return self.emit(
+            instr.opcode,
+            shape,
+            operands,
+            {
+                k: v
+                for k, v in (attrs if attrs is not None else instr.attrs).items()
+                if k != "sharding"
+            },
+            base=instr.name,
+            literal=instr.literal,
+        )
+
+    def parameter(self, instr: HloInstruction) -> Local:
+        if self.param_tilings is not None:
+            assert instr.parameter_number is not None
+            tiling = self.param_tilings[instr.parameter_number]
+            new = self.emit(
+                Opcode.PARAMETER,
+                _local_shape(instr.shape, tiling, instr.name),
+                attrs={k: v for k, v in instr.attrs.items() if k != "sharding"},
+                base=instr.name,
+                parameter_number=instr.parameter_number,
+            )
+            return Local(new, tiling)
+        s = instr.attrs.get("sharding")
+        tiling = (
+            self.tiling_of(s, instr.shape)
+            if isinstance(s, HloSharding)
+            else self.replicated_of(instr.shape)
+        )
+        if isinstance(s, HloSharding) and s.is_manual:
+            tiling = self.replicated_of(instr.shape)
+        shape = _local_shape(instr.shape, tiling, instr.name)
+        new = self.emit(
+            Opcode.PARAMETER,
+            shape,
+            attrs=dict(instr.attrs),
+            base=instr.name,
+            parameter_number=instr.parameter_number,
+        )
+        new.name = instr.name
+        self.params.append(new)
+        return Local(new, tiling)
+
+    def fallback(self, instr: HloInstruction, operands: list[Local], reason: str) -> Local:
+        self.report.fallbacks.append(Fallback(instr.name, instr.opcode.text, reason))
+        ops = [
+            self.as_tiling(v, self.replicated_of(o.shape), o.shape)
+            for v, o in zip(operands, instr.operands, strict=True)
+        ]
+        new = self.clone(instr, ops, instr.shape)
+        return Local(new, self.replicated_of(instr.shape))
+
+    def manual_op(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        ops = [
+            v.instr if v.manual else self.as_tiling(v, self.replicated_of(o.shape), o.shape)
+            for v, o in zip(operands, instr.operands, strict=True)
+        ]
+        return Local(self.clone(instr, ops, instr.shape), None, manual=True)
+
+    # -- custom calls: annotations and manual regions --------------------------------------
+    def custom_call(self, instr: HloInstruction, operands: list[Local]) -> Local | None:
+        target = instr.attrs.get("custom_call_target")
+        s = instr.attrs.get("sharding")
+        if target == "Sharding" and len(operands) == 1:
+            v = operands[0]
+            if v.manual or (isinstance(s, HloSharding) and s.is_manual):
+                return v
+            return v  # `constrain` reshards to the annotation
+        if target in _PASS_THROUGH_TARGETS and len(operands) == 1:
+            return operands[0]
+        if target in ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"):
+            return self.to_manual(instr, operands)
+        if target in ("SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"):
+            return self.from_manual(instr, operands)
+        return None
+
+    def _manual_shardings(self, instr: HloInstruction, key: str, shapes: list[Shape]):
+        """The per-value shardings of a Shardy region edge, restricted to its manual axes
+        (the region's data is replicated over the others), or None for the GSPMD form."""
+        if not instr.attrs.get("custom_call_target", "").startswith("xla.sdy."):
+            return None
+        fa = instr.attrs.get("frontend_attributes")
+        text = fa.get(key) if fa is not None else None
+        manual = fa.get("xla.sdy.manual_axes") if fa is not None else None
+        if text is None:
+            return None
+        keep = set(re.findall(r'\\?"(\w+)\\?"', str(manual))) if manual is not None else None
+        return _sdy_shardings(str(text), self.mesh_axes, [s.rank for s in shapes], keep)
+
+    def to_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """Enter a shard_map region: each operand resharded to its in-sharding; the
+        region works on the local pieces as they are."""
+        shapes = [o.shape for o in instr.operands]
+        shardings = self._manual_shardings(instr, "xla.sdy.in_shardings", shapes)
+        if shardings is None:  # GSPMD: the operand is a Sharding custom call saying how
+            shardings = [o.attrs.get("sharding") for o in instr.operands]
+        locals_ = []
+        for v, o, s in zip(operands, instr.operands, shardings, strict=True):
+            if isinstance(s, HloSharding) and (s.is_manual or s.subgroups):
+                raise PartitionError(f"{instr.name}: cannot read the region's in-sharding {s}")
+            dst = (
+                self.tiling_of(s, o.shape)
+                if isinstance(s, HloSharding)
+                else self.replicated_of(o.shape)
+            )
+            locals_.append(self.as_tiling(v, dst, o.shape))
+        want = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        for local, w in zip(locals_, want, strict=True):
+            if local.shape.dims != w.dims:
+                raise PartitionError(
+                    f"{instr.name}: the manual shape {w} is not the local shape {local.shape} "
+                    "of its operand's sharding"
+                )
+        self.report.native["shard_map region"] = self.report.native.get("shard_map region", 0) + 1
+        if instr.shape.is_tuple:
+            shape = Shape.tuple([x.shape for x in locals_])
+            return Local(self.emit(Opcode.TUPLE, shape, locals_), None, manual=True)
+        return Local(locals_[0], None, manual=True)
+
+    def from_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
+        """Leave a shard_map region: each device's local piece is its piece of the global
+        result under the out-sharding."""
+        (v,) = operands
+        shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        shardings = self._manual_shardings(instr, "xla.sdy.out_shardings", shapes)
+        if shardings is None:
+            s = instr.attrs.get("sharding")
+            shardings = list(s.elements) if isinstance(s, HloSharding) and s.is_tuple else [s]
+        tilings = [
+            self.tiling_of(s, shape) if isinstance(s, HloSharding) else self.replicated_of(shape)
+            for s, shape in zip(shardings, shapes, strict=True)
+        ]
+        tiling = tuple(tilings) if instr.shape.is_tuple else tilings[0]
+        local = _local_shape(instr.shape, tiling, instr.name)
+        if [x.dims for _, x in local.leaves()] != [x.dims for _, x in v.instr.shape.leaves()]:
+            raise PartitionError(
+                f"{instr.name}: the manual result {v.instr.shape} is not the local shape "
+                f"of {instr.shape} under its sharding"
+            )
+        return Local(v.instr, tiling)
+
+    # -- ops with dimension labels ---------------------------------------------------------
+    def labelled(self, instr: HloInstruction, operands: list[Local], L: OpLabels) -> Local:
+        n_labels = L.num_labels
+        cands: list[Tiling] = []
+        for v, dims in zip(operands, L.operands, strict=True):
+            if isinstance(v.tiling, Tiling) and not v.tiling.is_replicated:
+                cands.append(_label_tiling(v.tiling, dims, n_labels))
+        wanted = self.wanted.get(id(instr))
+        if wanted is not None and len(L.results) == 1:
+            cands.append(_label_tiling(wanted, L.results[0], n_labels))
+        base = list(cands)
+        for a in range(len(base)):
+            for b in range(len(base)):
+                if a != b:
+                    m = merge(base[a], base[b])
+                    if m is not None:
+                        cands.append(m)
+                        for c in range(len(base)):
+                            if c not in (a, b):
+                                m2 = merge(m, base[c])
+                                if m2 is not None:
+                                    cands.append(m2)
+        cands.append(Tiling.replicated(n_labels, self.n))
+        best: tuple | None = None
+        for order, cand in enumerate(cands):
+            if not self._fits(instr, L, cand):
+                continue
+            cost = self._cost(instr, operands, L, cand, wanted)
+            key = (cost, -math.prod(cand.tiles), order)
+            if best is None or key < best[0]:
+                best = (key, cand)
+        assert best is not None
+        chosen: Tiling = best[1]
+        return self._emit_labelled(instr, operands, L, chosen)
+
+    def _fits(self, instr: HloInstruction, L: OpLabels, cand: Tiling) -> bool:
+        shapes = [o.shape for o in instr.operands]
+        results = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        for dims, shape in [*zip(L.operands, shapes, strict=True), *zip(L.results, results)]:
+            for label, size in zip(dims, shape.dims, strict=True):
+                if label is not None and size % cand.tiles[label]:
+                    return False
+        for label in range(cand.rank):
+            if cand.tiles[label] > 1 and label not in L.sizes:
+                return False
+        return True
+
+    def _cost(self, instr, operands, L: OpLabels, cand: Tiling, wanted) -> float:
+        cost = 0.0
+        for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
+            if isinstance(v.tiling, Tiling):
+                cost += _gather_bytes(v.tiling, cand.project(dims), o.shape)
+        cut = [x for x in L.contracted if cand.tiles[x] > 1]
+        out_shape = instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape
+        out_t = cand.project(L.results[0])
+        if cut:
+            g = math.prod(cand.tiles[x] for x in cut)
+            local = out_shape.byte_size / math.prod(out_t.tiles)
+            cost += 2 * (g - 1) / g * local
+            if wanted is not None and not wanted.is_replicated:
+                cost -= (g - 1) / g * local * _scatter_share(out_t, wanted)
+        if wanted is not None:
+            cost += _gather_bytes(out_t, wanted, out_shape)
+        return cost
+
+    def _emit_labelled(self, instr, operands: list[Local], L: OpLabels, cand: Tiling) -> Local:
+        new_ops = []
+        for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
+            new_ops.append(self.as_tiling(v, cand.project(dims), o.shape))
+        results = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
+        out_tilings = [cand.project(d) for d in L.results]
+        local_results = [
+            _resized(s, t.local_dims(s.dims)) for s, t in zip(results, out_tilings, strict=True)
+        ]
+        shape = Shape.tuple(local_results) if instr.shape.is_tuple else local_results[0]
+        attrs = _local_attrs(instr, new_ops, shape)
+        new = self.clone(instr, new_ops, shape, attrs)
+        key = instr.opcode.text
+        self.report.native[key] = self.report.native.get(key, 0) + 1
+        cut = [x for x in L.contracted if cand.tiles[x] > 1]
+        if cut:
+            reducer = (
+                instr.attrs["to_apply"]
+                if instr.opcode is Opcode.REDUCE
+                else self.adder(shape.element_type)
+            )
+            groups = cand.groups(cut)
+            cand_out = cand.with_axes_whole(cut)
+            out_tilings = [cand_out.project(d) for d in L.results]
+            scattered = None
+            wanted = self.wanted.get(id(instr))
+            if wanted is not None and not instr.shape.is_tuple:
+                scattered = self._scatter_target(out_tilings[0], groups, wanted, shape)
+            if scattered is not None:
+                j, tiling = scattered
+                new = self.reduce_scatter(new, groups, reducer, j)
+                out_tilings = [tiling]
+            else:
+                new = self.all_reduce(new, groups, reducer)
+        if instr.shape.is_tuple:
+            return Local(new, tuple(out_tilings))
+        return Local(new, out_tilings[0])
+
+    def _scatter_target(self, out: Tiling, groups, wanted: Tiling, local: Shape):
+        """(j, tiling) when reduce-scattering the partial result along dimension j over
+        `groups` gives a tiling from which `wanted` is a free slice: each device keeps the
+        piece of j numbered by its rank in its group."""
+        g = len(groups[0])
+        rank = {d: r for group in groups for r, d in enumerate(group)}
+        for j in range(out.rank):
+            if out.tiles[j] != 1 or wanted.tiles[j] % g or local.dims[j] % g:
+                continue
+            tiles = tuple(g if k == j else t for k, t in enumerate(out.tiles))
+            coords = tuple(
+                tuple(rank[d] if k == j else x for k, x in enumerate(c))
+                for d, c in enumerate(out.coords)
+            )
+            tiling = Tiling(tiles, coords)
+            dims = tuple(x * t for x, t in zip(local.dims, out.tiles, strict=True))
+            if _gather_bytes(tiling, wanted, local.with_dims(dims)) == 0:
+                return j, tiling
+        return None
+
+    def reduce_scatter(self, value, groups, reducer: HloComputation, j: int) -> HloInstruction:
+        self.count("reduce-scatter")
+        dims = list(value.shape.dims)
+        dims[j] //= len(groups[0])
+        return self.emit(
+            Opcode.REDUCE_SCATTER,
+            _resized(value.shape, dims),
+            [value],
+            {
+                "channel_id": self.next_channel(),
+                "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                "dimensions": (j,),
+                "use_global_device_ids": True,
+                "to_apply": reducer,
+            },
+        )
+
+    # -- the result ------------------------------------------------------------------------
+    def finish_root(self, root: HloInstruction) -> Local:
+        value = self.values[id(root)]
+        if value.manual:
+            raise PartitionError(f"{root.name}: the program returns a manual value")
+        s = root.attrs.get("sharding")
+        if isinstance(s, HloSharding) and root.shape.is_tuple and s.is_tuple:
+            dst = self.even(self.tiling_of(s, root.shape), root.shape, root.name)
+            new = self.as_tiling(value, dst, root.shape)
+            value = Local(new, dst)
+        value.instr.attrs["sharding"] = _sharding_attr(value.tiling, root.shape)
+        return value
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _label_tiling(t: Tiling, dims, n_labels: int) -> Tiling:
+    """The label-space tiling a value's tiling implies through its dimension labels."""
+    where: dict[int, int] = {}
+    for d, label in enumerate(dims):
+        if label is not None and label not in where and t.tiles[d] > 1:
+            where[label] = d
+    return t.project([where.get(label) for label in range(n_labels)])
+
+
+def _gather_bytes(src: Tiling, dst: Tiling, shape: Shape) -> float:
+    """Bytes each device receives to go from src to dst (all-gathers; slicing is free)."""
+    gather = [i for i in range(src.rank) if src.tiles[i] > 1 and not src.same_axis(dst, i)]
+    if not gather:
+        return 0.0
+    before = shape.byte_size / math.prod(src.tiles)
+    after = before * math.prod(src.tiles[i] for i in gather)
+    return after - before
+
+
+def _scatter_share(out_t: Tiling, wanted: Tiling) -> float:
+    """1 when the wanted result cuts a dimension the partial result holds whole (an
+    all-reduce followed by a slice there is a reduce-scatter's worth of traffic)."""
+    return 1.0 if any(w > 1 and o == 1 for w, o in zip(wanted.tiles, out_t.tiles)) else 0.0
+
+
+def _local_shape(shape: Shape, tiling, name: str = "") -> Shape:
+    if shape.is_tuple:
+        return Shape.tuple(
+            [_local_shape(s, t, name) for s, t in zip(shape.tuple_shapes, tiling, strict=True)]
+        )
+    if not isinstance(tiling, Tiling):
+        return shape
+    if not tiling.divides(shape.dims):
+        raise PartitionError(
+            f"{name}: {shape} does not split evenly into {list(tiling.tiles)} tiles "
+            "(uneven shardings are not supported yet)"
+        )
+    return _resized(shape, tiling.local_dims(shape.dims))
+
+
+def _resized(shape: Shape, dims) -> Shape:
+    """`shape` with new dimension sizes, keeping its layout when the rank is unchanged."""
+    out = shape.with_dims(tuple(dims))
+    if shape.layout is not None and len(dims) == shape.rank:
+        out = out.with_layout(shape.layout)
+    return out
+
+
+def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
+    """Attributes that spell out sizes, adjusted to the local shapes."""
+    attrs = dict(instr.attrs)
+    op = instr.opcode
+    if op is Opcode.SLICE:
+        attrs["slice"] = A.SliceSpec(
+            tuple(
+                (s, e, st) if (s, e, st) != (0, g, 1) else (0, loc, 1)
+                for (s, e, st), g, loc in zip(
+                    instr.attrs["slice"].dims,
+                    instr.operand(0).shape.dims,
+                    new_ops[0].shape.dims,
+                    strict=True,
+                )
+            )
+        )
+    elif op is Opcode.DYNAMIC_SLICE:
+        attrs["dynamic_slice_sizes"] = shape.dims
+    elif op is Opcode.GATHER:
+        sizes = list(instr.attrs["slice_sizes"])
+        for d, (g, loc) in enumerate(
+            zip(instr.operand(0).shape.dims, new_ops[0].shape.dims, strict=True)
+        ):
+            if sizes[d] == g and g != loc:
+                sizes[d] = loc
+        attrs["slice_sizes"] = tuple(sizes)
+    return attrs
+
+
+def _sharding_attr(tiling, shape: Shape) -> HloSharding:
+    if isinstance(tiling, tuple):
+        return HloSharding(
+            "tuple",
+            elements=tuple(
+                _sharding_attr(t, s) for t, s in zip(tiling, shape.tuple_shapes, strict=True)
+            ),
+        )
+    if isinstance(tiling, Tiling):
+        return tiling.to_sharding()
+    return HloSharding.replicated()
+
+
+# -- Shardy's spelling -----------------------------------------------------------------------
+
+_MESH = re.compile(r"(\w+)\s*=\s*#sdy\.mesh<\[([^\]]*)\](?:,\s*device_ids=\[([\d,\s]*)\])?>")
+
+
+def _sdy_mesh(module: HloModule) -> dict[str, tuple[list[tuple[str, int]], list[int] | None]]:
+    """Meshes named in the module's `xla.sdy.meshes` frontend attribute: name -> (axes,
+    device ids or None for iota)."""
+    fa = module.config.frontend_attributes
+    raw = fa.get("xla.sdy.meshes") if fa is not None else None
+    if raw is None:
+        return {}
+    text = raw.text if isinstance(raw, A.Raw) else str(raw)
+    text = text.replace('\\"', '"')
+    meshes = {}
+    for m in _MESH.finditer(text):
+        axes = [(a, int(s)) for a, s in re.findall(r'"(\w+)"\s*=\s*(\d+)', m.group(2))]
+        ids = [int(x) for x in m.group(3).split(",")] if m.group(3) else None
+        meshes[m.group(1)] = (axes, ids)
+    return meshes
+
+
+def _sdy_shardings(text: str, meshes, ranks: list[int], keep: set[str] | None = None):
+    """The GSPMD shardings of the values of a `#sdy.sharding_per_value<[<@mesh, [{"x"},
+    {}]>, ...]>` text (None for a value it cannot read); axes outside `keep` (when given)
+    are left out: the value is replicated over them."""
+    values = re.findall(r"<@(\w+),\s*\[(.*?)\]>", text.replace('\\"', '"'))
+    if len(values) != len(ranks):
+        return [None] * len(ranks)
+    return [
+        _sdy_one(meshes.get(mesh), dims, rank, keep)
+        for (mesh, dims), rank in zip(values, ranks, strict=True)
+    ]
+
+
+def _sdy_one(mesh, dims_text: str, rank: int, keep) -> HloSharding | None:
+    if mesh is None or ":(" in dims_text:  # sub-axes ("x":(1)2) are not read yet
+        return None
+    axes, ids = mesh
+    sizes = dict(axes)
+    names = [a for a, _ in axes]
+    per_dim = [
+        [x for x in re.findall(r'"(\w+)"', d) if keep is None or x in keep]
+        for d in re.findall(r"\{([^}]*)\}", dims_text)
+    ]
+    if len(per_dim) != rank:
+        return None
+    used = [a for d in per_dim for a in d]
+    rest = [a for a in names if a not in used]
+    n = math.prod(sizes.values())
+    devs = np.arange(n) if ids is None else np.array(ids)
+    devs = devs.reshape([sizes[a] for a in names])
+    devs = devs.transpose([names.index(a) for a in used + rest])
+    tiles = [math.prod(sizes[a] for a in d) for d in per_dim]
+    r = math.prod(sizes[a] for a in rest)
+    if math.prod(tiles) == 1:
+        return HloSharding.replicated()
+    return HloSharding.tile([*tiles, r] if r > 1 else tiles, devs.reshape(-1).tolist(), r > 1)
