@@ -7,6 +7,10 @@ struct begins with `struct_size` and `extension_start`; a caller built against a
 version passes larger structs, and xlapy reads and writes only the fields declared here.
 `SLOTS` is the order of the function pointers in `PJRT_Api`: a slot's position is ABI, so
 new names only ever go at the end.
+
+xlapy defines the object types the header leaves opaque (PJRT_Buffer, PJRT_Event, ...) as
+structs holding one `index`, the key of the Python object behind the handle; PJRT_Memory
+and PJRT_Error begin with the function tables the header gives them.
 """
 
 from __future__ import annotations
@@ -73,15 +77,15 @@ Device_ClearMemoryStats
 
 CDEF = """
 typedef struct PJRT_Extension_Base PJRT_Extension_Base;
-typedef struct PJRT_Client PJRT_Client;
-typedef struct PJRT_Device PJRT_Device;
-typedef struct PJRT_DeviceDescription PJRT_DeviceDescription;
-typedef struct PJRT_TopologyDescription PJRT_TopologyDescription;
-typedef struct PJRT_Executable PJRT_Executable;
-typedef struct PJRT_LoadedExecutable PJRT_LoadedExecutable;
-typedef struct PJRT_Buffer PJRT_Buffer;
-typedef struct PJRT_Event PJRT_Event;
-typedef struct PJRT_ExecuteContext PJRT_ExecuteContext;
+typedef struct PJRT_Client { int64_t index; } PJRT_Client;
+typedef struct PJRT_Device { int64_t index; } PJRT_Device;
+typedef struct PJRT_DeviceDescription { int64_t index; } PJRT_DeviceDescription;
+typedef struct PJRT_TopologyDescription { int64_t index; } PJRT_TopologyDescription;
+typedef struct PJRT_Executable { int64_t index; } PJRT_Executable;
+typedef struct PJRT_LoadedExecutable { int64_t index; } PJRT_LoadedExecutable;
+typedef struct PJRT_Buffer { int64_t index; } PJRT_Buffer;
+typedef struct PJRT_Event { int64_t index; } PJRT_Event;
+typedef struct PJRT_ExecuteContext { int64_t index; } PJRT_ExecuteContext;
 typedef struct PJRT_SerializedExecutable PJRT_SerializedExecutable;
 typedef struct PJRT_SerializedCompileOptions PJRT_SerializedCompileOptions;
 
@@ -102,7 +106,7 @@ typedef struct {
                            void* user_arg);
 } PJRT_Error_FunctionTable;
 struct PJRT_Error { const PJRT_Error_FunctionTable* vtable; int code; const char* message;
-  size_t message_size; };
+  size_t message_size; int64_t index; };
 
 typedef struct PJRT_Memory PJRT_Memory;
 typedef struct {
@@ -112,7 +116,7 @@ typedef struct {
 } PJRT_Memory_FunctionTable;
 struct PJRT_Memory { const PJRT_Memory_FunctionTable* vtable; int64_t index; };
 
-/* Every other object xlapy hands out is one of these: `index` finds the Python object. */
+/* Serialized bytes handed out, freed by the caller through a deleter. */
 typedef struct { int64_t index; } XlapyHandle;
 
 typedef struct { size_t struct_size; PJRT_Extension_Base* extension_start;

@@ -21,6 +21,7 @@ Threads: JAX calls from any thread; cffi takes the GIL for each callback. Waitin
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -103,6 +104,8 @@ _ERRORS: dict[int, Any] = {}
 _KEEP: list[Any] = []
 """Callbacks, tables and strings that must live as long as the process."""
 _LOCK = threading.Lock()
+_TRACE = os.environ.get("XLAPY_PJRT_TRACE") == "1"
+"""Print every PJRT call (and the errors returned) on stdout."""
 
 
 class PjrtError(XlapyError):
@@ -118,18 +121,33 @@ def _addr(ptr) -> int:
 
 
 def _lookup(ptr, what: str):
-    obj = _OBJECTS.get(int(ffi.cast("uintptr_t", ptr)))
+    obj = _OBJECTS.get(ptr.index) if ptr != ffi.NULL else None
     if obj is None:
         raise PjrtError(INVALID_ARGUMENT, f"{what} is not a live xlapy PJRT object")
     return obj
 
 
-def _register(obj: Any, ctype: str = "XlapyHandle *"):
-    """A new handle struct for `obj`; returns (struct, address)."""
+_KEYS = itertools.count(1)
+
+
+def _register(obj: Any, ctype: str):
+    """A new handle struct of C type `ctype` for `obj`, keyed in _OBJECTS by its index."""
     c = ffi.new(ctype)
-    addr = _addr(c)
-    _OBJECTS[addr] = obj
-    return c, addr
+    c.index = key = next(_KEYS)
+    _OBJECTS[key] = obj
+    return c
+
+
+def _forget(ptr) -> None:
+    """Drop the handle `ptr` (a *_Destroy). C++ may call a destroy while a Python exception
+    is pending (JAX arrays freed during unwinding); then any call of a C function from
+    Python fails, so this uses bytecode operations only. The runtime work happens in the
+    dropped object's __del__, which Python runs with the pending exception set aside."""
+    if ptr != ffi.NULL:
+        key = ptr.index
+        # not dict.pop: that is a C call (see above)
+        if key in _OBJECTS:
+            del _OBJECTS[key]  # noqa: RUF051
 
 
 def _cstr(text: str):
@@ -145,8 +163,8 @@ def _new_error(code: int, message: str):
     err.code = code
     err.message = msg
     err.message_size = size
-    with _LOCK:
-        _ERRORS[_addr(err)] = (err, msg)
+    err.index = key = next(_KEYS)
+    _ERRORS[key] = (err, msg)
     return err
 
 
@@ -168,9 +186,11 @@ def _error_of(exc: BaseException):
 
 
 def _destroy_error(err) -> None:
+    """Bytecode operations only (see _forget)."""
     if err != ffi.NULL:
-        with _LOCK:
-            _ERRORS.pop(_addr(err), None)
+        key = err.index
+        if key in _ERRORS:  # not dict.pop (see _forget)
+            del _ERRORS[key]  # noqa: RUF051
 
 
 @ffi.callback("void(PJRT_Error *)")
@@ -215,9 +235,13 @@ def export(name: str, args_type: str | None = None) -> Callable:
         ctype = args_type or f"PJRT_{name}_Args"
 
         def entry(args):
+            if _TRACE:
+                print(f"xlapy pjrt: PJRT_{name}", flush=True)
             try:
                 fn(args)
             except BaseException as exc:
+                if _TRACE:
+                    print(f"xlapy pjrt: PJRT_{name} failed: {exc!r}", flush=True)
                 return _error_of(exc)
             return ffi.NULL
 
@@ -323,15 +347,15 @@ def _plugin_attributes(args):
 class PEvent:
     """A PJRT_Event: a runtime future (its result is ignored, its error reported)."""
 
-    __slots__ = ("addr", "c", "future")
+    __slots__ = ("c", "future")
 
     def __init__(self, future: Future):
         self.future = future
-        self.c, self.addr = _register(self)
+        self.c = _register(self, "PJRT_Event *")
 
     @property
     def ptr(self):
-        return ffi.cast("PJRT_Event *", self.c)
+        return self.c
 
 
 def _event_error(future: Future):
@@ -341,8 +365,7 @@ def _event_error(future: Future):
 
 @export("Event_Destroy")
 def _event_destroy(args):
-    if args.event != ffi.NULL:
-        _OBJECTS.pop(_addr(args.event), None)
+    _forget(args.event)
 
 
 @export("Event_IsReady")
@@ -399,7 +422,7 @@ class PMemory:
     def __init__(self, space, device: PDevice):
         self.space = space
         self.device = device
-        self.c, self.addr = _register(self, "PJRT_Memory *")
+        self.c = _register(self, "PJRT_Memory *")
         self.c.vtable = _MEMORY_TABLE
         self.kind = _cstr(space.kind)
         text = f"{PLATFORM_NAME}:{device.device.id} {space.kind} memory (id {space.id})"
@@ -410,12 +433,12 @@ class PMemory:
 
     @property
     def ptr(self):
-        return ffi.cast("PJRT_Memory *", self.c)
+        return self.c
 
 
 @ffi.callback("void *(PJRT_Memory *, const void *)")
 def _mem_get_user_data(memory, key):
-    obj = _OBJECTS.get(_addr(memory))
+    obj = _OBJECTS.get(memory.index)
     if obj is None:
         return ffi.NULL
     entry = obj.user_data.get(_addr(key))
@@ -424,7 +447,7 @@ def _mem_get_user_data(memory, key):
 
 @ffi.callback("void(PJRT_Memory *, const void *, void *, void (*)(void *))")
 def _mem_set_user_data(memory, key, data, dtor):
-    obj = _OBJECTS.get(_addr(memory))
+    obj = _OBJECTS.get(memory.index)
     if obj is not None:
         old = obj.user_data.pop(_addr(key), None)
         if old is not None and old[1] != ffi.NULL:
@@ -445,8 +468,8 @@ class PDevice:
     def __init__(self, device, client: PClient):
         self.device = device
         self.client = client
-        self.c, self.addr = _register(self)
-        self.desc_c, self.desc_addr = _register(self)
+        self.c = _register(self, "PJRT_Device *")
+        self.desc_c = _register(self, "PJRT_DeviceDescription *")
         self.kind = _cstr(f"xlapy {device.kind}")
         self.debug = _cstr(f"{PLATFORM_NAME}:{device.id} ({device.kind} via xlapy)")
         self.text = _cstr(f"XlapyDevice(id={device.id})")
@@ -456,11 +479,11 @@ class PDevice:
 
     @property
     def ptr(self):
-        return ffi.cast("PJRT_Device *", self.c)
+        return self.c
 
     @property
     def desc_ptr(self):
-        return ffi.cast("PJRT_DeviceDescription *", self.desc_c)
+        return self.desc_c
 
     def default_memory(self) -> PMemory:
         return self.memories[0]
@@ -471,7 +494,7 @@ class PClient:
 
     def __init__(self, device_count: int):
         self.client = Client("cpu", device_count=device_count)
-        self.c, self.addr = _register(self)
+        self.c = _register(self, "PJRT_Client *")
         self.name = _cstr(PLATFORM_NAME)
         self.version = _cstr(self.client.platform_version)
         self.devices = [PDevice(d, self) for d in self.client.devices()]
@@ -488,7 +511,7 @@ class PClient:
 
     @property
     def ptr(self):
-        return ffi.cast("PJRT_Client *", self.c)
+        return self.c
 
     def device_of(self, device) -> PDevice:
         return self.by_device[device.id]
@@ -502,13 +525,13 @@ class PTopology:
 
     def __init__(self, client: PClient):
         self.client = client
-        self.c, self.addr = _register(self)
+        self.c = _register(self, "PJRT_TopologyDescription *")
         self.descs = ffi.new("PJRT_DeviceDescription *[]", [d.desc_ptr for d in client.devices])
         self.attributes = _named_values([])
 
     @property
     def ptr(self):
-        return ffi.cast("PJRT_TopologyDescription *", self.c)
+        return self.c
 
 
 def _device_count(args) -> int:
@@ -763,23 +786,27 @@ def _memory_devices(args):
 class PBuffer:
     """A PJRT_Buffer over a runtime Buffer."""
 
-    __slots__ = ("addr", "buffer", "c", "client", "dims", "ext_refs", "layout")
+    __slots__ = ("buffer", "c", "client", "dims", "ext_refs", "layout")
 
     def __init__(self, buffer: Buffer, client: PClient):
         self.buffer = buffer
         self.client = client
-        self.c, self.addr = _register(self)
+        self.c = _register(self, "PJRT_Buffer *")
         self.dims: Any = None
         self.layout: Any = None
         self.ext_refs: list[Any] = []
 
     @property
     def ptr(self):
-        return ffi.cast("PJRT_Buffer *", self.c)
+        return self.c
+
+    def __del__(self) -> None:
+        # PJRT_Buffer_Destroy: delete the buffer (external references keep its memory).
+        self.buffer.delete()
 
 
 def _buffer(ptr) -> PBuffer:
-    obj = _OBJECTS.get(int(ffi.cast("uintptr_t", ptr)))
+    obj = _OBJECTS.get(ptr.index) if ptr != ffi.NULL else None
     if obj is None:
         raise PjrtError(INVALID_ARGUMENT, "buffer is not a live xlapy PJRT buffer")
     return obj
@@ -868,11 +895,7 @@ def _check_default_layout(layout, rank: int) -> None:
 
 @export("Buffer_Destroy", "PJRT_Buffer_Only_Args")
 def _buffer_destroy(args):
-    if args.buffer == ffi.NULL:
-        return
-    pb = _OBJECTS.pop(_addr(args.buffer), None)
-    if pb is not None:
-        pb.buffer.delete()
+    _forget(args.buffer)
 
 
 @export("Buffer_ElementType")
@@ -1083,12 +1106,11 @@ class PExecutable:
         self.info = info
         self.loaded = loaded
         self.deleted = False
-        self.c, self.addr = _register(self)
+        self.c = _register(self, "PJRT_LoadedExecutable *" if loaded else "PJRT_Executable *")
 
     @property
     def ptr(self):
-        kind = "PJRT_LoadedExecutable *" if self.loaded else "PJRT_Executable *"
-        return ffi.cast(kind, self.c)
+        return self.c
 
 
 class ExecInfo:
@@ -1153,14 +1175,12 @@ def _client_compile(args):
 
 @export("Executable_Destroy")
 def _executable_destroy(args):
-    if args.executable != ffi.NULL:
-        _OBJECTS.pop(_addr(args.executable), None)
+    _forget(args.executable)
 
 
 @export("LoadedExecutable_Destroy")
 def _loaded_destroy(args):
-    if args.executable != ffi.NULL:
-        _OBJECTS.pop(_addr(args.executable), None)
+    _forget(args.executable)
 
 
 @export("LoadedExecutable_GetExecutable")
@@ -1284,7 +1304,7 @@ def _serialized_deleter(handle):
 
 @export("Executable_Serialize")
 def _executable_serialize(args):
-    data = _exec(ffi.cast("PJRT_Executable *", args.executable)).info.executable.serialize()
+    data = _exec(args.executable).info.executable.serialize()
     blob = ffi.new("char[]", data)
     handle = ffi.new("XlapyHandle *")
     _SERIALIZED[_addr(handle)] = (blob, handle)
@@ -1406,15 +1426,14 @@ def _loaded_execute(args):
 # -- execute contexts (accepted, unused) -----------------------------------------------------
 @export("ExecuteContext_Create")
 def _execute_context_create(args):
-    c, _ = _register(object())
-    args.context = ffi.cast("PJRT_ExecuteContext *", c)
+    c = _register(object(), "PJRT_ExecuteContext *")
+    args.context = c
     _KEEP.append(c)
 
 
 @export("ExecuteContext_Destroy")
 def _execute_context_destroy(args):
-    if args.context != ffi.NULL:
-        _OBJECTS.pop(_addr(args.context), None)
+    _forget(args.context)
 
 
 # -- the table and the capsule ----------------------------------------------------------------
