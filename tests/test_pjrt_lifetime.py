@@ -1,0 +1,74 @@
+"""The plugin's objects over time: thousands of executions without growth, process exit
+with live buffers, JAX_PLATFORMS=xlapy, and the C function table itself."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+
+from xlapy.pjrt import abi, capi
+
+XLAPY = jax.devices("xlapy")[0]
+
+
+def test_every_slot_is_filled_and_unimplemented_ones_say_so():
+    api = capi.ffi.cast("PJRT_Api *", capi.api_pointer())
+    assert api.pjrt_api_version.major_version == abi.PJRT_API_MAJOR
+    assert all(api.slots[i] != capi.ffi.NULL for i in range(len(abi.SLOTS)))
+    implemented = set(capi.implemented())
+    assert {"Client_Compile", "LoadedExecutable_Execute", "Client_BufferFromHostBuffer"} <= (
+        implemented
+    )
+    name = next(n for n in abi.SLOTS if n not in implemented)
+    fn = capi.ffi.cast("PJRT_Error *(*)(void *)", api.slots[abi.SLOTS.index(name)])
+    err = fn(capi.ffi.NULL)
+    text = capi.ffi.string(err.message, err.message_size).decode()
+    assert text == f"xlapy does not implement PJRT_{name}" and err.code == capi.UNIMPLEMENTED
+
+
+def test_thousands_of_executions_do_not_grow():
+    fn = jax.jit(lambda a: a * 2.0 + 1.0)
+    x = jax.device_put(np.ones(256, np.float32), XLAPY)
+    for _ in range(50):
+        fn(x).block_until_ready()
+    objects, errors = len(capi._OBJECTS), len(capi._ERRORS)
+    in_use = XLAPY.memory_stats()["bytes_in_use"]
+    for _ in range(2000):
+        y = fn(x)
+    np.testing.assert_array_equal(np.asarray(y), 3.0)
+    del y
+    assert len(capi._OBJECTS) <= objects + 2 and len(capi._ERRORS) == errors
+    assert XLAPY.memory_stats()["bytes_in_use"] <= in_use + 1024
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_default_platform_and_clean_exit_with_live_buffers():
+    done = run_python(
+        """
+        import numpy as np
+        import xlapy.pjrt
+        xlapy.pjrt.initialize()
+        import jax, jax.numpy as jnp
+        assert jax.default_backend() == "xlapy", jax.default_backend()
+        assert len(jax.devices()) == 2
+        keep = [jnp.arange(1000.0) * i for i in range(10)]
+        y = jax.jit(lambda a: a.sum())(keep[3])
+        print("sum", float(y))
+        """,
+        JAX_PLATFORMS="xlapy",
+        XLAPY_DEVICE_COUNT="2",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sum 1498500.0" in done.stdout
