@@ -8,6 +8,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 
 from xlapy.pjrt import abi, capi
 
@@ -72,3 +73,37 @@ def test_default_platform_and_clean_exit_with_live_buffers():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sum 1498500.0" in done.stdout
+
+
+def test_unsupported_jaxlib_gets_a_message(monkeypatch):
+    from xlapy.pjrt import jax_plugin
+
+    monkeypatch.setattr(jax_plugin, "SUPPORTED_JAXLIB", ("0.0.1",))
+    with pytest.raises(jax_plugin.UnsupportedJaxlibError, match=r"supports jaxlib 0\.0\.1"):
+        jax_plugin.check_jaxlib()
+
+
+def test_entry_point_makes_jax_find_xlapy(tmp_path):
+    """The pyproject entry point, as an installed distribution would expose it."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"]["jax_plugins"]["xlapy"]
+    info = tmp_path / "xlapy_ep-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xlapy-ep\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[jax_plugins]\nxlapy = {target}\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", ""), os.getcwd()])
+    done = run_python(
+        """
+        import jax, jax.numpy as jnp
+        jax.config.update("jax_pjrt_client_create_options", "device_count:2")
+        print(jax.devices("xlapy"), (jnp.arange(3) + 1).devices())
+        """,
+        PYTHONPATH=path,
+        JAX_PLATFORMS="cpu,xlapy",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[XlapyDevice(id=0), XlapyDevice(id=1)]" in done.stdout
+    assert "CpuDevice" in done.stdout  # "cpu" stays the default

@@ -541,6 +541,8 @@ def _device_count(args) -> int:
         name = ffi.string(option.name, option.name_size).decode()
         if name == "device_count" and option.type == 1:
             count = int(option.int64_value)
+        elif name == "device_count" and option.type == 0:  # jax_pjrt_client_create_options
+            count = int(ffi.string(option.string_value, option.value_size))
     if count < 1:
         raise PjrtError(INVALID_ARGUMENT, f"device_count must be >= 1, got {count}")
     return count

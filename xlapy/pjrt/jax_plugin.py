@@ -32,12 +32,16 @@ def check_jaxlib() -> None:
 def initialize(options: dict[str, Any] | None = None) -> Any:
     """Register xlapy with JAX as platform "xlapy" (priority below the CPU backend, so it is
     the default only with JAX_PLATFORMS=xlapy). `options` (e.g. {"device_count": 4}) are
-    passed to PJRT_Client_Create. Returns the capsule registered, or None when the jaxlib
-    is unsupported (a warning says why)."""
+    passed to PJRT_Client_Create (also settable as JAX's `jax_pjrt_client_create_options`
+    "device_count:4", or XLAPY_DEVICE_COUNT). Calling it again does nothing. Returns the
+    capsule registered, or None when the jaxlib is unsupported (a warning says why) or
+    xlapy was registered before."""
     import warnings
 
     from jax._src import xla_bridge
 
+    if "xlapy" in xla_bridge._backend_factories:
+        return None
     try:
         check_jaxlib()
     except UnsupportedJaxlibError as e:
