@@ -247,12 +247,15 @@ def test_compiled_reports_xlapy_memory_and_cost():
     spec = jax.ShapeDtypeStruct(
         (256,), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(XLAPY)
     )
-    compiled = jax.jit(lambda a, b: (a * b).sum(), donate_argnums=0).lower(spec, spec).compile()
+    compiled = jax.jit(lambda a, b: (a * b).sum()).lower(spec, spec).compile()
     memory = compiled.memory_analysis()
     assert memory.argument_size_in_bytes == 2 * 256 * 4
     assert memory.output_size_in_bytes == 4
     cost = compiled.cost_analysis()
     assert cost["flops"] >= 256
+    assert "multiply" in compiled.as_text()
+    donated = jax.jit(lambda a, b: a * b, donate_argnums=0).lower(spec, spec).compile()
+    assert donated.memory_analysis().alias_size_in_bytes == 256 * 4
 
 
 def test_mlp_training_matches_cpu():

@@ -67,12 +67,20 @@ def test_default_platform_and_clean_exit_with_live_buffers():
         keep = [jnp.arange(1000.0) * i for i in range(10)]
         y = jax.jit(lambda a: a.sum())(keep[3])
         print("sum", float(y))
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        mesh = Mesh(np.array(jax.devices()), ("x",))
+        sharded = jax.device_put(np.arange(8.0), NamedSharding(mesh, PartitionSpec("x")))
+        try:
+            jax.jit(lambda a: a * 2)(sharded)
+        except Exception as e:
+            print("spmd:", e)
         """,
         JAX_PLATFORMS="xlapy",
         XLAPY_DEVICE_COUNT="2",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sum 1498500.0" in done.stdout
+    assert "xlapy has no SPMD partitioner yet" in done.stdout
 
 
 def test_unsupported_jaxlib_gets_a_message(monkeypatch):

@@ -728,6 +728,10 @@ def _device_memory_stats(args):
     args.peak_bytes_in_use, args.peak_bytes_in_use_is_set = stats.peak_bytes_in_use, True
     args.num_allocs, args.num_allocs_is_set = stats.num_allocs, True
     args.largest_alloc_size, args.largest_alloc_size_is_set = stats.largest_alloc_size, True
+    args.bytes_limit_is_set = args.bytes_reserved_is_set = False
+    args.peak_bytes_reserved_is_set = args.bytes_reservable_limit_is_set = False
+    args.largest_free_block_bytes_is_set = args.pool_bytes_is_set = False
+    args.peak_pool_bytes_is_set = False
 
 
 @ffi.callback("void(void *)")
@@ -1146,7 +1150,7 @@ class ExecInfo:
         self.out_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(leaves), 1))
         self.aliased = frozenset(a.param_number for a in _aliases(executable))
         self.cost: Any = None
-        self.text: bytes | None = None
+        self.proto: bytes | None = None
 
 
 def _aliases(executable: LoadedExecutable):
@@ -1161,7 +1165,15 @@ def _exec(ptr) -> PExecutable:
 
 def _compile(c: PClient, code: bytes, fmt: str, options: bytes) -> PExecutable:
     module = module_from_program(code, fmt)
-    executable = c.client.compile(module, compile_options_from_proto(options))
+    compile_options = compile_options_from_proto(options)
+    if compile_options.num_partitions > 1:
+        raise PjrtError(
+            UNIMPLEMENTED,
+            f"{module.name} is partitioned over {compile_options.num_partitions} devices "
+            "(jit with shardings, shard_map, pmap); xlapy has no SPMD partitioner yet, so it "
+            "runs programs on one device each (or replicated: num_replicas)",
+        )
+    executable = c.client.compile(module, compile_options)
     return PExecutable(ExecInfo(executable, c), loaded=True)
 
 
@@ -1287,13 +1299,41 @@ def _executable_memory_stats(args):
         args.peak_unpadded_heap_bytes = stats.temp_bytes
 
 
+_MLIR_FORMAT = _cstr("mlir")
+
+
+def _hlo_proto(info: ExecInfo) -> bytes:
+    """xlapy's compiled module as MLIR bytecode (what JAX reads for `compiled.as_text()`):
+    XLA's HLO parser reads xlapy's HLO text, jaxlib converts that to StableHLO."""
+    if info.proto is None:
+        from jax._src.lib import _jax, xla_client
+
+        text = info.executable.hlo_text()
+        try:
+            module = xla_client.hlo.hlo_module_from_text(text)
+        except Exception as e:
+            raise PjrtError(
+                UNIMPLEMENTED,
+                f"XLA's parser does not read xlapy's HLO text of "
+                f"{info.executable.name} ({e}); xlapy's text:\n{text}",
+            ) from e
+        proto = module.as_serialized_hlo_module_proto()
+        info.proto = _jax.mlir.hlo_to_stablehlo(proto)
+    return info.proto
+
+
 @export("Executable_OptimizedProgram")
 def _executable_optimized_program(args):
-    raise PjrtError(
-        UNIMPLEMENTED,
-        "xlapy does not implement PJRT_Executable_OptimizedProgram (it has no "
-        "HloModuleProto); xlapy's optimized HLO text: xlapy.pjrt.optimized_text()",
-    )
+    data = _hlo_proto(_exec(args.executable).info)
+    program = args.program
+    program.format, program.format_size = _MLIR_FORMAT
+    if program.code == ffi.NULL:
+        program.code_size = len(data)
+        return
+    if program.code_size < len(data):
+        raise PjrtError(INVALID_ARGUMENT, "program buffer too small for the optimized HLO")
+    ffi.memmove(program.code, data, len(data))
+    program.code_size = len(data)
 
 
 _SERIALIZED: dict[int, Any] = {}

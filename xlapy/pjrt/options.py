@@ -97,7 +97,8 @@ def _encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _field(number: int, value: int | bytes) -> bytes:
+def proto_field(number: int, value: int | bytes) -> bytes:
+    """One protobuf field: a varint, or length-delimited bytes."""
     if isinstance(value, int):
         return _encode_varint(number << 3) + _encode_varint(value)
     return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
@@ -107,8 +108,8 @@ def device_assignment_proto(assignment: tuple[tuple[int, ...], ...]) -> bytes:
     """A serialized xla.DeviceAssignmentProto: replica_count (1), computation_count (2),
     computation_devices (3) each holding replica_device_ids (1, packed)."""
     replicas, partitions = len(assignment), len(assignment[0]) if assignment else 0
-    out = _field(1, replicas) + _field(2, partitions)
+    out = proto_field(1, replicas) + proto_field(2, partitions)
     for p in range(partitions):
         ids = b"".join(_encode_varint(assignment[r][p]) for r in range(replicas))
-        out += _field(3, _field(1, ids))
+        out += proto_field(3, proto_field(1, ids))
     return out
