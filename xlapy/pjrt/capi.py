@@ -21,6 +21,7 @@ Threads: JAX calls from any thread; cffi takes the GIL for each callback. Waitin
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import itertools
 import os
 import threading
@@ -650,6 +651,13 @@ def _topology_descriptions(args):
     args.descriptions, args.num_descriptions = t.descs, len(t.client.devices)
 
 
+@export("TopologyDescription_Fingerprint")
+def _topology_fingerprint(args):
+    t = _lookup(args.topology, "topology")
+    digest = hashlib.sha256(f"{PLATFORM_NAME}:{len(t.client.devices)}".encode()).digest()
+    args.fingerprint = int.from_bytes(digest[:8], "little")
+
+
 @export("TopologyDescription_Attributes")
 def _topology_attributes(args):
     t = _lookup(args.topology, "topology")
@@ -897,6 +905,35 @@ def _check_default_layout(layout, rank: int) -> None:
             raise PjrtError(UNIMPLEMENTED, "xlapy buffers have no tiled layouts")
     elif layout.type == 1:
         raise PjrtError(UNIMPLEMENTED, "xlapy buffers have no strided device layouts")
+
+
+def _shape_args(dims_ptr, num_dims: int, etype_code: int) -> tuple[tuple[int, ...], Any]:
+    etype = BUFFER_TYPES[etype_code] if 0 <= etype_code < len(BUFFER_TYPES) else None
+    if etype is None or etype.dtype is None:
+        raise PjrtError(INVALID_ARGUMENT, f"unsupported PJRT buffer type {etype_code}")
+    return tuple(dims_ptr[i] for i in range(num_dims)), etype.dtype
+
+
+@export("Client_CreateUninitializedBuffer")
+def _client_uninitialized_buffer(args):
+    c = _client(args.client)
+    dims, dtype = _shape_args(args.shape_dims, args.shape_num_dims, args.shape_element_type)
+    if args.memory != ffi.NULL:
+        space = _memory(args.memory).space
+    else:
+        space = _device(args.device).device.default_memory_space
+    args.buffer = PBuffer(c.client.buffer_from_pyval(np.zeros(dims, dtype), space), c).ptr
+
+
+@export("Client_CreateErrorBuffer")
+def _client_error_buffer(args):
+    c = _client(args.client)
+    dims, dtype = _shape_args(args.shape_dims, args.shape_num_dims, args.shape_element_type)
+    space = _memory(args.memory).space
+    message = ffi.string(args.error_message, args.error_message_size).decode(errors="replace")
+    good = c.client.buffer_from_pyval(np.zeros(dims, dtype), space)
+    failed = Buffer(good.shape, good._donate(), Future.failed(PjrtError(args.error_code, message)))
+    args.buffer = PBuffer(failed, c).ptr
 
 
 @export("Buffer_Destroy", "PJRT_Buffer_Only_Args")
@@ -1151,6 +1188,8 @@ class ExecInfo:
         self.aliased = frozenset(a.param_number for a in _aliases(executable))
         self.cost: Any = None
         self.proto: bytes | None = None
+        self.options = b""
+        """The serialized CompileOptionsProto it was compiled with."""
 
 
 def _aliases(executable: LoadedExecutable):
@@ -1174,7 +1213,9 @@ def _compile(c: PClient, code: bytes, fmt: str, options: bytes) -> PExecutable:
             "runs programs on one device each (or replicated: num_replicas)",
         )
     executable = c.client.compile(module, compile_options)
-    return PExecutable(ExecInfo(executable, c), loaded=True)
+    info = ExecInfo(executable, c)
+    info.options = options
+    return PExecutable(info, loaded=True)
 
 
 @export("Client_Compile")
@@ -1353,6 +1394,23 @@ def _executable_serialize(args):
     args.serialized_bytes, args.serialized_bytes_size = blob, len(data)
     args.serialized_executable = ffi.cast("void *", handle)
     args.serialized_executable_deleter = _serialized_deleter
+
+
+@export("Executable_GetCompileOptions")
+def _executable_compile_options(args):
+    data = _exec(args.executable).info.options
+    blob = ffi.new("char[]", data or b"\0")
+    handle = ffi.new("XlapyHandle *")
+    _SERIALIZED[_addr(handle)] = (blob, handle)
+    args.serialized_bytes, args.serialized_bytes_size = blob, len(data)
+    args.serialized_compile_options = ffi.cast("void *", handle)
+    args.serialized_compile_options_deleter = _serialized_deleter
+
+
+@export("Client_Load")
+def _client_load(args):
+    e = _exec(args.executable)
+    args.loaded_executable = PExecutable(e.info, loaded=True).ptr
 
 
 @export("Executable_DeserializeAndLoad")
