@@ -312,3 +312,39 @@ def test_many_threads_call_one_function():
     assert not errors
     for k, got in results.items():
         np.testing.assert_array_equal(got, np.arange(64, dtype=np.float32) * k + 1)
+
+
+def test_transformer_block_training_matches_cpu():
+    def init(key, d=16, v=32):
+        ks = jax.random.split(key, 6)
+        w = [jax.random.normal(k, s) * 0.1 for k, s in zip(ks, [(v, d)] + [(d, d)] * 4)]
+        out = jax.random.normal(ks[5], (d, v)) * 0.1
+        return dict(zip(["emb", "wq", "wk", "wv", "wo"], w), ln=jnp.ones(d), out=out)
+
+    def loss(p, tokens):
+        x = p["emb"][tokens]
+        mean = x.mean(-1, keepdims=True)
+        h = (x - mean) * lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * p["ln"]
+        q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+        scores = jnp.einsum("btd,bsd->bts", q, k) / 4.0
+        causal = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+        attn = jax.nn.softmax(jnp.where(causal, scores, -1e9), -1)
+        x = x + jnp.einsum("bts,bsd->btd", attn, v) @ p["wo"]
+        logp = jax.nn.log_softmax(x @ p["out"])
+        target = jnp.roll(tokens, -1, 1)[..., None]
+        return -jnp.mean(jnp.take_along_axis(logp, target, -1))
+
+    @jax.jit
+    def step(p, tokens):
+        value, grads = jax.value_and_grad(loss)(p, tokens)
+        return jax.tree_util.tree_map(lambda a, g: a - 0.5 * g, p, grads), value
+
+    tokens = RNG.integers(0, 32, (4, 8)).astype(np.int32)
+    losses = {}
+    for device in (CPU, XLAPY):
+        p, t = jax.device_put((init(jax.random.key(1)), tokens), device)
+        losses[device.platform] = []
+        for _ in range(4):
+            p, value = step(p, t)
+            losses[device.platform].append(float(value))
+    np.testing.assert_allclose(losses["xlapy"], losses["cpu"], rtol=1e-4)
