@@ -10,24 +10,24 @@ import jax
 import numpy as np
 import pytest
 
-from xlapy.pjrt import abi, capi
+from xlapy.pjrt import abi, capi, core
 
 XLAPY = jax.devices("xlapy")[0]
 
 
 def test_every_slot_is_filled_and_unimplemented_ones_say_so():
-    api = capi.ffi.cast("PJRT_Api *", capi.api_pointer())
+    api = abi.ffi.cast("PJRT_Api *", capi.api_pointer())
     assert api.pjrt_api_version.major_version == abi.PJRT_API_MAJOR
-    assert all(api.slots[i] != capi.ffi.NULL for i in range(len(abi.SLOTS)))
+    assert all(api.slots[i] != abi.ffi.NULL for i in range(len(abi.SLOTS)))
     implemented = set(capi.implemented())
     assert {"Client_Compile", "LoadedExecutable_Execute", "Client_BufferFromHostBuffer"} <= (
         implemented
     )
     name = next(n for n in abi.SLOTS if n not in implemented)
-    fn = capi.ffi.cast("PJRT_Error *(*)(void *)", api.slots[abi.SLOTS.index(name)])
-    err = fn(capi.ffi.NULL)
-    text = capi.ffi.string(err.message, err.message_size).decode()
-    assert text == f"xlapy does not implement PJRT_{name}" and err.code == capi.UNIMPLEMENTED
+    fn = abi.ffi.cast("PJRT_Error *(*)(void *)", api.slots[abi.SLOTS.index(name)])
+    err = fn(abi.ffi.NULL)
+    text = abi.ffi.string(err.message, err.message_size).decode()
+    assert text == f"xlapy does not implement PJRT_{name}" and err.code == core.UNIMPLEMENTED
 
 
 def test_thousands_of_executions_do_not_grow():
@@ -35,13 +35,13 @@ def test_thousands_of_executions_do_not_grow():
     x = jax.device_put(np.ones(256, np.float32), XLAPY)
     for _ in range(50):
         fn(x).block_until_ready()
-    objects, errors = len(capi._OBJECTS), len(capi._ERRORS)
+    objects, errors = len(core.OBJECTS), len(core.ERRORS)
     in_use = XLAPY.memory_stats()["bytes_in_use"]
     for _ in range(2000):
         y = fn(x)
     np.testing.assert_array_equal(np.asarray(y), 3.0)
     del y
-    assert len(capi._OBJECTS) <= objects + 2 and len(capi._ERRORS) == errors
+    assert len(core.OBJECTS) <= objects + 2 and len(core.ERRORS) == errors
     assert XLAPY.memory_stats()["bytes_in_use"] <= in_use + 1024
 
 
