@@ -348,3 +348,21 @@ def test_transformer_block_training_matches_cpu():
             p, value = step(p, t)
             losses[device.platform].append(float(value))
     np.testing.assert_allclose(losses["xlapy"], losses["cpu"], rtol=1e-4)
+
+
+SPD = (F @ F.T + 3 * np.eye(3)).astype(np.float32)
+LINALG = {
+    "inv": lambda a: jnp.linalg.inv(a),
+    "solve": lambda a: jnp.linalg.solve(a, jnp.ones((3, 2))),
+    "cholesky": lambda a: jnp.linalg.cholesky(a),
+    "qr": lambda a: jnp.linalg.qr(a),
+    "eigh": lambda a: jnp.linalg.eigh(a)[0],
+    "svd": lambda a: jnp.linalg.svd(a, compute_uv=False),
+    "slogdet": lambda a: jnp.linalg.slogdet(a),
+    "triangular": lambda a: jax.scipy.linalg.solve_triangular(a, jnp.ones(3), lower=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINALG))
+def test_linalg(name):
+    check(LINALG[name], SPD, rtol=1e-4, atol=1e-5)

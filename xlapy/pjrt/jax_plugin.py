@@ -53,6 +53,10 @@ def initialize(options: dict[str, Any] | None = None) -> Any:
 
     if "xlapy" not in mlir._platforms_with_donation:
         mlir._platforms_with_donation.append("xlapy")  # xlapy honours donation
+    # xlapy receives what XLA:CPU receives: JAX's CPU-specific lowerings (LAPACK calls for
+    # jnp.linalg, ...) serve the "xlapy" platform too; sharing the dict keeps later
+    # registrations for "cpu" visible.
+    mlir._platform_specific_lowerings["xlapy"] = mlir._platform_specific_lowerings["cpu"]
     c_api = capsule()
     xla_bridge.register_plugin("xlapy", priority=-100, c_api=c_api, options=options or None)
     return c_api
