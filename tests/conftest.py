@@ -5,6 +5,12 @@ import os
 import jax
 import pytest
 
+import xlapy.pjrt
+
+# JAX's platform "xlapy" (the PJRT plugin), registered before any test starts JAX's
+# backends; it ranks below "cpu", so JAX programs elsewhere keep running on XLA:CPU.
+xlapy.pjrt.initialize()
+
 
 @pytest.fixture(scope="module")
 def x64_mode():

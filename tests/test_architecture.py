@@ -19,6 +19,7 @@ RANK = {
     "backends": 4,
     "runtime": 5,
     "frontend": 6,
+    "pjrt": 6,
     "tools": 7,
 }
 # Constant folding may evaluate ops with the interpreter's per-opcode rules.

@@ -1,0 +1,117 @@
+"""The plugin's objects over time: thousands of executions without growth, process exit
+with live buffers, JAX_PLATFORMS=xlapy, and the C function table itself."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from xlapy.pjrt import abi, capi, core
+
+XLAPY = jax.devices("xlapy")[0]
+
+
+def test_every_slot_is_filled_and_unimplemented_ones_say_so():
+    api = abi.ffi.cast("PJRT_Api *", capi.api_pointer())
+    assert api.pjrt_api_version.major_version == abi.PJRT_API_MAJOR
+    assert all(api.slots[i] != abi.ffi.NULL for i in range(len(abi.SLOTS)))
+    implemented = set(capi.implemented())
+    assert {"Client_Compile", "LoadedExecutable_Execute", "Client_BufferFromHostBuffer"} <= (
+        implemented
+    )
+    name = next(n for n in abi.SLOTS if n not in implemented)
+    fn = abi.ffi.cast("PJRT_Error *(*)(void *)", api.slots[abi.SLOTS.index(name)])
+    err = fn(abi.ffi.NULL)
+    text = abi.ffi.string(err.message, err.message_size).decode()
+    assert text == f"xlapy does not implement PJRT_{name}" and err.code == core.UNIMPLEMENTED
+
+
+def test_thousands_of_executions_do_not_grow():
+    fn = jax.jit(lambda a: a * 2.0 + 1.0)
+    x = jax.device_put(np.ones(256, np.float32), XLAPY)
+    for _ in range(50):
+        fn(x).block_until_ready()
+    objects, errors = len(core.OBJECTS), len(core.ERRORS)
+    in_use = XLAPY.memory_stats()["bytes_in_use"]
+    for _ in range(2000):
+        y = fn(x)
+    np.testing.assert_array_equal(np.asarray(y), 3.0)
+    del y
+    assert len(core.OBJECTS) <= objects + 2 and len(core.ERRORS) == errors
+    assert XLAPY.memory_stats()["bytes_in_use"] <= in_use + 1024
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_default_platform_and_clean_exit_with_live_buffers():
+    done = run_python(
+        """
+        import numpy as np
+        import xlapy.pjrt
+        xlapy.pjrt.initialize()
+        import jax, jax.numpy as jnp
+        assert jax.default_backend() == "xlapy", jax.default_backend()
+        assert len(jax.devices()) == 2
+        keep = [jnp.arange(1000.0) * i for i in range(10)]
+        y = jax.jit(lambda a: a.sum())(keep[3])
+        print("sum", float(y))
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        mesh = Mesh(np.array(jax.devices()), ("x",))
+        sharded = jax.device_put(np.arange(8.0), NamedSharding(mesh, PartitionSpec("x")))
+        try:
+            jax.jit(lambda a: a * 2)(sharded)
+        except Exception as e:
+            print("spmd:", e)
+        """,
+        JAX_PLATFORMS="xlapy",
+        XLAPY_DEVICE_COUNT="2",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sum 1498500.0" in done.stdout
+    assert "xlapy has no SPMD partitioner yet" in done.stdout
+
+
+def test_unsupported_jaxlib_gets_a_message(monkeypatch):
+    from xlapy.pjrt import jax_plugin
+
+    monkeypatch.setattr(jax_plugin, "SUPPORTED_JAXLIB", ("0.0.1",))
+    with pytest.raises(jax_plugin.UnsupportedJaxlibError, match=r"supports jaxlib 0\.0\.1"):
+        jax_plugin.check_jaxlib()
+
+
+def test_entry_point_makes_jax_find_xlapy(tmp_path):
+    """The pyproject entry point, as an installed distribution would expose it."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"]["jax_plugins"]["xlapy"]
+    info = tmp_path / "xlapy_ep-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: xlapy-ep\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[jax_plugins]\nxlapy = {target}\n")
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", ""), os.getcwd()])
+    done = run_python(
+        """
+        import jax, jax.numpy as jnp
+        jax.config.update("jax_pjrt_client_create_options", "device_count:2")
+        print(jax.devices("xlapy"), (jnp.arange(3) + 1).devices())
+        """,
+        PYTHONPATH=path,
+        JAX_PLATFORMS="cpu,xlapy",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[XlapyDevice(id=0), XlapyDevice(id=1)]" in done.stdout
+    assert "CpuDevice" in done.stdout  # "cpu" stays the default

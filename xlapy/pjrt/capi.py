@@ -1,0 +1,65 @@
+"""xlapy's PJRT C API: the `PJRT_Api` function table, built in memory with cffi callbacks
+over xlapy.runtime (core: handles, errors, events; client; buffers; executables), handed to
+JAX as a PyCapsule.
+
+Every slot of the table is filled: the functions xlapy does not implement return an
+UNIMPLEMENTED error saying "xlapy does not implement PJRT_<name>".
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from xlapy.pjrt import buffers, client, executables  # noqa: F401 (they export)
+from xlapy.pjrt.abi import PJRT_API_MAJOR, PJRT_API_MINOR, SLOTS, ffi
+from xlapy.pjrt.core import (
+    IMPLS,
+    KEEP,
+    address,
+    error_destroy,
+    error_message,
+    event_await_entry,
+    event_error_entry,
+    unimplemented_entry,
+)
+
+_API: Any = None
+
+
+def api_pointer() -> int:
+    """The address of xlapy's PJRT_Api (built on first use, kept for the process)."""
+    global _API
+    if _API is None:
+        api = ffi.new("PJRT_Api *")
+        api.struct_size = ffi.sizeof("PJRT_Api")
+        api.pjrt_api_version.struct_size = ffi.sizeof("PJRT_Api_Version")
+        api.pjrt_api_version.major_version = PJRT_API_MAJOR
+        api.pjrt_api_version.minor_version = PJRT_API_MINOR
+        special = {
+            "Error_Destroy": error_destroy,
+            "Error_Message": error_message,
+            "Event_Error": event_error_entry,
+            "Event_Await": event_await_entry,
+        }
+        for i, name in enumerate(SLOTS):
+            fn = special.get(name) or IMPLS.get(name) or unimplemented_entry(name)
+            KEEP.append(fn)
+            api.slots[i] = ffi.cast("void *", fn)
+        _API = api
+    return address(_API)
+
+
+def implemented() -> list[str]:
+    """The PJRT functions xlapy implements (the others return UNIMPLEMENTED errors)."""
+    special = {"Error_Destroy", "Error_Message", "Event_Error", "Event_Await"}
+    return [n for n in SLOTS if n in IMPLS or n in special]
+
+
+def capsule() -> Any:
+    """A PyCapsule named "pjrt_c_api" holding xlapy's `const PJRT_Api*`, as jaxlib's
+    `register_plugin(c_api=...)` expects."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(api_pointer(), b"pjrt_c_api", None)

@@ -1,0 +1,317 @@
+"""The machinery of xlapy's PJRT C API: handles, errors, events and the `export` table.
+
+Every PJRT object JAX holds (client, device, device description, memory, buffer, event,
+executable, loaded executable) is a small C struct allocated here holding one `index`, the
+key in `OBJECTS` of the Python object behind it. A C call arrives as a cffi callback with
+the call's argument struct; the implementation (registered with `export`) looks its
+objects up, calls the runtime, writes the results into the struct and returns NULL, or
+returns a PJRT_Error built from the exception (message + code): no Python exception ever
+reaches C. Objects the caller destroys (buffers, events, executables, errors) leave the
+table in their `*_Destroy`; the others live as long as the process. Every callback, struct
+and string handed out stays referenced from Python, since C only holds raw pointers.
+
+Threads: JAX calls from any thread; cffi takes the GIL for each callback. Waiting
+(`PJRT_Event_Await`) blocks on a runtime future, which lets go of the GIL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from xlapy.errors import XlapyError
+from xlapy.pjrt.abi import ffi
+from xlapy.runtime import (
+    BufferDeletedError,
+    DonationError,
+    Future,
+)
+
+PLATFORM_NAME = "xlapy"
+
+# PJRT_Error_Code values (absl status codes).
+CANCELLED, UNKNOWN, INVALID_ARGUMENT, NOT_FOUND = 1, 2, 3, 5
+FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL = 9, 12, 13
+
+OBJECTS: dict[int, Any] = {}
+"""Address of a handle struct handed to C -> the Python object behind it."""
+ERRORS: dict[int, Any] = {}
+"""Address of a live PJRT_Error -> (struct, message buffer)."""
+KEEP: list[Any] = []
+"""Callbacks, tables and strings that must live as long as the process."""
+_LOCK = threading.Lock()
+TRACE = os.environ.get("XLAPY_PJRT_TRACE") == "1"
+"""Print every PJRT call (and the errors returned) on stdout."""
+
+
+class PjrtError(XlapyError):
+    """An error with a PJRT error code, raised by an implementation to choose the code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def address(ptr) -> int:
+    return int(ffi.cast("uintptr_t", ptr))
+
+
+def lookup(ptr, what: str):
+    obj = OBJECTS.get(ptr.index) if ptr != ffi.NULL else None
+    if obj is None:
+        raise PjrtError(INVALID_ARGUMENT, f"{what} is not a live xlapy PJRT object")
+    return obj
+
+
+_KEYS = itertools.count(1)
+
+
+def register(obj: Any, ctype: str):
+    """A new handle struct of C type `ctype` for `obj`, keyed in OBJECTS by its index."""
+    c = ffi.new(ctype)
+    c.index = key = next(_KEYS)
+    OBJECTS[key] = obj
+    return c
+
+
+def forget(ptr) -> None:
+    """Drop the handle `ptr` (a *_Destroy). C++ may call a destroy while a Python exception
+    is pending (JAX arrays freed during unwinding); then any call of a C function from
+    Python fails, so this uses bytecode operations only. The runtime work happens in the
+    dropped object's __del__, which Python runs with the pending exception set aside."""
+    if ptr != ffi.NULL:
+        key = ptr.index
+        # not dict.pop: that is a C call (see above)
+        if key in OBJECTS:
+            del OBJECTS[key]  # noqa: RUF051
+
+
+def cstr(text: str):
+    data = text.encode()
+    return ffi.new("char[]", data), len(data)
+
+
+# -- errors ---------------------------------------------------------------------------------
+def new_error(code: int, message: str):
+    msg, size = cstr(message)
+    err = ffi.new("PJRT_Error *")
+    err.vtable = _ERROR_TABLE
+    err.code = code
+    err.message = msg
+    err.message_size = size
+    err.index = key = next(_KEYS)
+    ERRORS[key] = (err, msg)
+    return err
+
+
+def error_of(exc: BaseException):
+    if isinstance(exc, PjrtError):
+        code = exc.code
+    elif isinstance(exc, BufferDeletedError | DonationError):
+        code = FAILED_PRECONDITION
+    elif isinstance(exc, XlapyError | ValueError | TypeError | KeyError):
+        code = INVALID_ARGUMENT
+    elif isinstance(exc, NotImplementedError):
+        code = UNIMPLEMENTED
+    else:
+        code = INTERNAL
+    text = str(exc) or type(exc).__name__
+    if not isinstance(exc, PjrtError | XlapyError):
+        text = f"{type(exc).__name__}: {text}"
+    return new_error(code, f"xlapy: {text}")
+
+
+def _destroy_error(err) -> None:
+    """Bytecode operations only (see forget)."""
+    if err != ffi.NULL:
+        key = err.index
+        if key in ERRORS:  # not dict.pop (see forget)
+            del ERRORS[key]  # noqa: RUF051
+
+
+@ffi.callback("void(PJRT_Error *)")
+def _vt_destroy(err):
+    _destroy_error(err)
+
+
+@ffi.callback("void(const PJRT_Error *, const char **, size_t *)")
+def _vt_message(err, message, size):
+    message[0] = err.message
+    size[0] = err.message_size
+
+
+@ffi.callback("int(const PJRT_Error *)")
+def _vt_code(err):
+    return err.code
+
+
+@ffi.callback("void(const PJRT_Error *, PJRT_Error_PayloadVisitor, void *)")
+def _vt_payload(err, visitor, user_arg):
+    return None
+
+
+_ERROR_TABLE = ffi.new("PJRT_Error_FunctionTable *")
+_ERROR_TABLE.struct_size = ffi.sizeof("PJRT_Error_FunctionTable")
+_ERROR_TABLE.instance_size = ffi.sizeof("PJRT_Error")
+_ERROR_TABLE.destroy = _vt_destroy
+_ERROR_TABLE.message = _vt_message
+_ERROR_TABLE.get_code = _vt_code
+_ERROR_TABLE.for_each_payload = _vt_payload
+
+
+# -- the function table ----------------------------------------------------------------------
+IMPLS: dict[str, Any] = {}
+
+
+def export(name: str, args_type: str | None = None) -> Callable:
+    """Register the implementation of PJRT_<name>, taking the C argument struct
+    `args_type` (default PJRT_<name>_Args). It returns None for success or raises."""
+
+    def deco(fn: Callable) -> Callable:
+        ctype = args_type or f"PJRT_{name}_Args"
+
+        def entry(args):
+            if TRACE:
+                print(f"xlapy pjrt: PJRT_{name}", flush=True)
+            try:
+                fn(args)
+            except BaseException as exc:
+                if TRACE:
+                    print(f"xlapy pjrt: PJRT_{name} failed: {exc!r}", flush=True)
+                return error_of(exc)
+            return ffi.NULL
+
+        IMPLS[name] = ffi.callback(f"PJRT_Error *({ctype} *)", entry)
+        return fn
+
+    return deco
+
+
+def unimplemented_entry(name: str):
+    def entry(args):
+        return new_error(UNIMPLEMENTED, f"xlapy does not implement PJRT_{name}")
+
+    return ffi.callback("PJRT_Error *(void *)", entry)
+
+
+@ffi.callback("void(PJRT_Error_Destroy_Args *)")
+def error_destroy(args):
+    _destroy_error(args.error)
+
+
+@ffi.callback("void(PJRT_Error_Message_Args *)")
+def error_message(args):
+    args.message = args.error.message
+    args.message_size = args.error.message_size
+
+
+@export("Error_GetCode")
+def _error_get_code(args):
+    args.code = args.error.code
+
+
+@export("Error_ForEachPayload")
+def _error_for_each_payload(args):
+    return None
+
+
+# -- named values ---------------------------------------------------------------------------
+def named_values(pairs: list[tuple[str, Any]]):
+    """A PJRT_NamedValue array (and what keeps its strings alive)."""
+    values = ffi.new("PJRT_NamedValue[]", max(len(pairs), 1))
+    keep: list[Any] = [values]
+    for v, (name, value) in zip(values, pairs):
+        v.struct_size = ffi.sizeof("PJRT_NamedValue")
+        cname, size = cstr(name)
+        keep.append(cname)
+        v.name, v.name_size = cname, size
+        if isinstance(value, bool):
+            v.type, v.bool_value, v.value_size = 4, value, 1
+        elif isinstance(value, int):
+            v.type, v.int64_value, v.value_size = 1, value, 1
+        elif isinstance(value, float):
+            v.type, v.float_value, v.value_size = 3, value, 1
+        elif isinstance(value, str):
+            cvalue, vsize = cstr(value)
+            keep.append(cvalue)
+            v.type, v.string_value, v.value_size = 0, cvalue, vsize
+        else:
+            ints = ffi.new("int64_t[]", list(value) or [0])
+            keep.append(ints)
+            v.type, v.int64_array_value, v.value_size = 2, ints, len(value)
+    return values, len(pairs), keep
+
+
+# -- events ----------------------------------------------------------------------------------
+class PEvent:
+    """A PJRT_Event: a runtime future (its result is ignored, its error reported)."""
+
+    __slots__ = ("c", "future")
+
+    def __init__(self, future: Future):
+        self.future = future
+        self.c = register(self, "PJRT_Event *")
+
+    @property
+    def ptr(self):
+        return self.c
+
+
+def event_error(future: Future):
+    error = future.exception()
+    return ffi.NULL if error is None else error_of(error)
+
+
+@export("Event_Destroy")
+def _event_destroy(args):
+    forget(args.event)
+
+
+@export("Event_IsReady")
+def _event_is_ready(args):
+    args.is_ready = lookup(args.event, "event").future.done()
+
+
+@ffi.callback("PJRT_Error *(PJRT_Event_Error_Args *)")
+def event_error_entry(args):
+    try:
+        return event_error(lookup(args.event, "event").future)
+    except BaseException as exc:
+        return error_of(exc)
+
+
+@ffi.callback("PJRT_Error *(PJRT_Event_Await_Args *)")
+def event_await_entry(args):
+    try:
+        return event_error(lookup(args.event, "event").future)
+    except BaseException as exc:
+        return error_of(exc)
+
+
+@export("Event_OnReady")
+def _event_on_ready(args):
+    future = lookup(args.event, "event").future
+    callback, user_arg = args.callback, args.user_arg
+
+    def on_done(fut: Future) -> None:
+        callback(event_error(fut), user_arg)
+
+    future.add_done_callback(on_done)
+
+
+@export("Event_Create")
+def _event_create(args):
+    args.event = PEvent(Future()).ptr
+
+
+@export("Event_Set")
+def _event_set(args):
+    future = lookup(args.event, "event").future
+    if args.error_code == 0:
+        future.set_result(None)
+    else:
+        message = ffi.string(args.error_message, args.error_message_size).decode(errors="replace")
+        future.set_exception(PjrtError(args.error_code, message))

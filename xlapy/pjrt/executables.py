@@ -1,0 +1,438 @@
+"""PJRT executables over xlapy LoadedExecutables: compile (StableHLO + CompileOptionsProto),
+what JAX asks about a program (outputs, devices, memory and cost analysis, optimized
+text), serialization, and execution with donation."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from xlapy.ir.shapes import Shape
+from xlapy.pjrt.abi import ffi
+from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer, get_buffer
+from xlapy.pjrt.client import PClient, get_client, get_device
+from xlapy.pjrt.core import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    KEEP,
+    UNIMPLEMENTED,
+    PEvent,
+    PjrtError,
+    address,
+    cstr,
+    export,
+    forget,
+    lookup,
+    named_values,
+    register,
+)
+from xlapy.pjrt.options import compile_options_from_proto, device_assignment_proto
+from xlapy.pjrt.program import module_from_program
+from xlapy.runtime import (
+    Buffer,
+    Future,
+    LoadedExecutable,
+)
+from xlapy.runtime.futures import COMPLETED
+
+
+# -- executables -----------------------------------------------------------------------------
+class PExecutable:
+    """A PJRT_Executable or PJRT_LoadedExecutable over a runtime LoadedExecutable; the
+    per-executable C arrays are shared between the two."""
+
+    def __init__(self, info: ExecInfo, loaded: bool):
+        self.info = info
+        self.loaded = loaded
+        self.deleted = False
+        self.c = register(self, "PJRT_LoadedExecutable *" if loaded else "PJRT_Executable *")
+
+    @property
+    def ptr(self):
+        return self.c
+
+
+class ExecInfo:
+    """What JAX asks about one compiled program, as C values made once."""
+
+    def __init__(self, executable: LoadedExecutable, client: PClient):
+        self.executable = executable
+        self.client = client
+        self.name = cstr(executable.name)
+        self.fingerprint = cstr(executable.fingerprint)
+        leaves = [s for _, s in executable.output_shape.leaves() if s.is_array]
+        self.outputs: list[Shape] = leaves
+        self.types = ffi.new("int[]", [BUFFER_TYPE_OF[s.element_type] for s in leaves] or [0])
+        dims = [d for s in leaves for d in s.dims]
+        self.dims = ffi.new("int64_t[]", dims or [0])
+        self.dim_sizes = ffi.new("size_t[]", [len(s.dims) for s in leaves] or [0])
+        self.devices = [client.device_of(d) for d in executable.addressable_devices]
+        self.device_ptrs = ffi.new("PJRT_Device *[]", [d.ptr for d in self.devices])
+        assignment = executable.device_assignment
+        self.logical_ids = ffi.new(
+            "PJRT_LogicalDeviceIds[]",
+            [(r, p) for r, row in enumerate(assignment) for p, _ in enumerate(row)],
+        )
+        params = executable.parameter_shapes
+        kind = cstr("device")
+        self.kind = kind
+        self.param_kinds = ffi.new("const char *[]", [kind[0]] * max(len(params), 1))
+        self.param_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(params), 1))
+        self.num_params = len(params)
+        self.out_kinds = ffi.new("const char *[]", [kind[0]] * max(len(leaves), 1))
+        self.out_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(leaves), 1))
+        self.donated = tuple(sorted({a.param_number for a in _aliases(executable)}))
+        """The parameters an output aliases: donated unless JAX says they may not be."""
+        self.cost: Any = None
+        self.proto: bytes | None = None
+        self.options = b""
+        """The serialized CompileOptionsProto it was compiled with."""
+
+
+def _aliases(executable: LoadedExecutable):
+    from xlapy.backends.base import alias_leaves
+
+    return alias_leaves(executable.module)
+
+
+def get_executable(ptr) -> PExecutable:
+    return lookup(ptr, "executable")
+
+
+def _compile(c: PClient, code: bytes, fmt: str, options: bytes) -> PExecutable:
+    module = module_from_program(code, fmt)
+    compile_options = compile_options_from_proto(options)
+    if compile_options.num_partitions > 1:
+        raise PjrtError(
+            UNIMPLEMENTED,
+            f"{module.name} is partitioned over {compile_options.num_partitions} devices "
+            "(jit with shardings, shard_map, pmap); xlapy has no SPMD partitioner yet, so it "
+            "runs programs on one device each (or replicated: num_replicas)",
+        )
+    executable = c.client.compile(module, compile_options)
+    info = ExecInfo(executable, c)
+    info.options = options
+    return PExecutable(info, loaded=True)
+
+
+@export("Client_Compile")
+def _client_compile(args):
+    c = get_client(args.client)
+    program = args.program
+    code = bytes(ffi.buffer(program.code, program.code_size))
+    fmt = ffi.string(program.format, program.format_size).decode()
+    options = bytes(ffi.buffer(args.compile_options, args.compile_options_size))
+    args.executable = _compile(c, code, fmt, options).ptr
+
+
+@export("Executable_Destroy")
+def _executable_destroy(args):
+    forget(args.executable)
+
+
+@export("LoadedExecutable_Destroy")
+def _loaded_destroy(args):
+    forget(args.executable)
+
+
+@export("LoadedExecutable_GetExecutable")
+def _loaded_get_executable(args):
+    e = get_executable(args.loaded_executable)
+    args.executable = PExecutable(e.info, loaded=False).ptr
+
+
+@export("Executable_Name", "PJRT_Executable_Text_Args")
+def _executable_name(args):
+    args.text, args.text_size = get_executable(args.executable).info.name
+
+
+@export("Executable_NumReplicas", "PJRT_Executable_Count_Args")
+def _executable_num_replicas(args):
+    args.count = get_executable(args.executable).info.executable.num_replicas
+
+
+@export("Executable_NumPartitions", "PJRT_Executable_Count_Args")
+def _executable_num_partitions(args):
+    args.count = get_executable(args.executable).info.executable.num_partitions
+
+
+@export("Executable_NumOutputs", "PJRT_Executable_Count_Args")
+def _executable_num_outputs(args):
+    args.count = len(get_executable(args.executable).info.outputs)
+
+
+@export("Executable_SizeOfGeneratedCodeInBytes")
+def _executable_code_size(args):
+    args.size_in_bytes = len(get_executable(args.executable).info.executable.hlo_text())
+
+
+@export("Executable_OutputElementTypes")
+def _executable_output_types(args):
+    info = get_executable(args.executable).info
+    args.output_types, args.num_output_types = info.types, len(info.outputs)
+
+
+@export("Executable_OutputDimensions")
+def _executable_output_dims(args):
+    info = get_executable(args.executable).info
+    args.num_outputs, args.dims, args.dim_sizes = len(info.outputs), info.dims, info.dim_sizes
+
+
+@export("Executable_OutputMemoryKinds", "PJRT_Executable_MemoryKinds_Args")
+def _executable_output_kinds(args):
+    info = get_executable(args.executable).info
+    args.num_kinds = len(info.outputs)
+    args.memory_kinds, args.memory_kind_sizes = info.out_kinds, info.out_kind_sizes
+
+
+@export("Executable_ParameterMemoryKinds", "PJRT_Executable_MemoryKinds_Args")
+def _executable_param_kinds(args):
+    info = get_executable(args.executable).info
+    args.num_kinds = info.num_params
+    args.memory_kinds, args.memory_kind_sizes = info.param_kinds, info.param_kind_sizes
+
+
+@export("Executable_Fingerprint")
+def _executable_fingerprint(args):
+    e = get_executable(args.executable)
+    args.executable_fingerprint, args.executable_fingerprint_size = e.info.fingerprint
+
+
+@export("LoadedExecutable_Fingerprint")
+def _loaded_fingerprint(args):
+    e = get_executable(args.executable)
+    args.executable_fingerprint, args.executable_fingerprint_size = e.info.fingerprint
+
+
+@export("Executable_GetCostAnalysis")
+def _executable_cost(args):
+    info = get_executable(args.executable).info
+    if info.cost is None:
+        costs = info.executable.cost_analysis()
+        info.cost = named_values([(k, float(v)) for k, v in sorted(costs.items())])
+    args.properties, args.num_properties = info.cost[0], info.cost[1]
+
+
+@export("Executable_GetCompiledMemoryStats")
+def _executable_memory_stats(args):
+    executable = get_executable(args.executable).info.executable
+    stats = executable.memory_stats()
+    args.generated_code_size_in_bytes = len(executable.hlo_text())
+    args.argument_size_in_bytes = stats.argument_bytes
+    args.output_size_in_bytes = stats.output_bytes
+    args.alias_size_in_bytes = stats.alias_bytes
+    args.temp_size_in_bytes = stats.temp_bytes
+    args.host_generated_code_size_in_bytes = 0
+    args.host_argument_size_in_bytes = 0
+    args.host_output_size_in_bytes = 0
+    args.host_alias_size_in_bytes = 0
+    args.host_temp_size_in_bytes = 0
+    if args.struct_size > ffi.offsetof(
+        "PJRT_Executable_GetCompiledMemoryStats_Args", "peak_memory_in_bytes"
+    ):
+        args.peak_memory_in_bytes = stats.peak_bytes
+        args.total_size_in_bytes = stats.peak_bytes
+        args.total_allocation_bytes = stats.peak_bytes
+        args.indefinite_allocations = 0
+        args.peak_unpadded_heap_bytes = stats.temp_bytes
+
+
+_MLIR_FORMAT = cstr("mlir")
+
+
+def _hlo_proto(info: ExecInfo) -> bytes:
+    """xlapy's compiled module as MLIR bytecode (what JAX reads for `compiled.as_text()`):
+    XLA's HLO parser reads xlapy's HLO text, jaxlib converts that to StableHLO."""
+    if info.proto is None:
+        from jax._src.lib import _jax, xla_client
+
+        text = info.executable.hlo_text()
+        try:
+            module = xla_client.hlo.hlo_module_from_text(text)
+        except Exception as e:
+            raise PjrtError(
+                UNIMPLEMENTED,
+                f"XLA's parser does not read xlapy's HLO text of "
+                f"{info.executable.name} ({e}); xlapy's text:\n{text}",
+            ) from e
+        proto = module.as_serialized_hlo_module_proto()
+        info.proto = _jax.mlir.hlo_to_stablehlo(proto)
+    return info.proto
+
+
+@export("Executable_OptimizedProgram")
+def _executable_optimized_program(args):
+    data = _hlo_proto(get_executable(args.executable).info)
+    program = args.program
+    program.format, program.format_size = _MLIR_FORMAT
+    if program.code == ffi.NULL:
+        program.code_size = len(data)
+        return
+    if program.code_size < len(data):
+        raise PjrtError(INVALID_ARGUMENT, "program buffer too small for the optimized HLO")
+    ffi.memmove(program.code, data, len(data))
+    program.code_size = len(data)
+
+
+SERIALIZED: dict[int, Any] = {}
+
+
+@ffi.callback("void(void *)")
+def serialized_deleter(handle):
+    SERIALIZED.pop(address(handle), None)
+
+
+@export("Executable_Serialize")
+def _executable_serialize(args):
+    data = get_executable(args.executable).info.executable.serialize()
+    blob = ffi.new("char[]", data)
+    handle = ffi.new("XlapyHandle *")
+    SERIALIZED[address(handle)] = (blob, handle)
+    args.serialized_bytes, args.serialized_bytes_size = blob, len(data)
+    args.serialized_executable = ffi.cast("void *", handle)
+    args.serialized_executable_deleter = serialized_deleter
+
+
+@export("Executable_GetCompileOptions")
+def _executable_compile_options(args):
+    data = get_executable(args.executable).info.options
+    blob = ffi.new("char[]", data or b"\0")
+    handle = ffi.new("XlapyHandle *")
+    SERIALIZED[address(handle)] = (blob, handle)
+    args.serialized_bytes, args.serialized_bytes_size = blob, len(data)
+    args.serialized_compile_options = ffi.cast("void *", handle)
+    args.serialized_compile_options_deleter = serialized_deleter
+
+
+@export("Client_Load")
+def _client_load(args):
+    e = get_executable(args.executable)
+    args.loaded_executable = PExecutable(e.info, loaded=True).ptr
+
+
+@export("Executable_DeserializeAndLoad")
+def _executable_deserialize(args):
+    c = get_client(args.client)
+    data = bytes(ffi.buffer(args.serialized_executable, args.serialized_executable_size))
+    executable = c.client.deserialize_executable(data)
+    args.loaded_executable = PExecutable(ExecInfo(executable, c), loaded=True).ptr
+
+
+@export("LoadedExecutable_AddressableDevices")
+def _loaded_devices(args):
+    info = get_executable(args.executable).info
+    args.addressable_devices = info.device_ptrs
+    args.num_addressable_devices = len(info.devices)
+
+
+@export("LoadedExecutable_AddressableDeviceLogicalIds")
+def _loaded_logical_ids(args):
+    info = get_executable(args.executable).info
+    args.addressable_device_logical_ids = info.logical_ids
+    args.num_addressable_device_logical_ids = len(info.devices)
+
+
+@export("LoadedExecutable_GetDeviceAssignment")
+def _loaded_device_assignment(args):
+    info = get_executable(args.executable).info
+    data = device_assignment_proto(info.executable.device_assignment)
+    blob = ffi.new("char[]", data)
+    handle = ffi.new("XlapyHandle *")
+    SERIALIZED[address(handle)] = (blob, handle)
+    args.serialized_bytes, args.serialized_bytes_size = blob, len(data)
+    args.serialized_device_assignment = ffi.cast("void *", handle)
+    args.serialized_device_assignment_deleter = serialized_deleter
+
+
+@export("LoadedExecutable_Delete")
+def _loaded_delete(args):
+    get_executable(args.executable).deleted = True
+
+
+@export("LoadedExecutable_IsDeleted")
+def _loaded_is_deleted(args):
+    args.is_deleted = get_executable(args.executable).deleted
+
+
+def _all_ready(buffers: list[Buffer]) -> Future:
+    pending = []
+    for b in buffers:
+        future = b.ready()
+        if not future.done():
+            pending.append(future)
+        elif future.exception() is not None:
+            return future
+    if not pending:
+        return COMPLETED
+    done = Future()
+    remaining = [len(pending)]
+    lock = threading.Lock()
+
+    def on_done(fut: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+            if done.done():
+                return
+            error = fut.exception()
+            if error is not None:
+                done.set_exception(error)
+                return
+        if last:
+            done.set_result(None)
+
+    for f in pending:
+        f.add_done_callback(on_done)
+    return done
+
+
+@export("LoadedExecutable_Execute")
+def _loaded_execute(args):
+    e = get_executable(args.executable)
+    if e.deleted:
+        raise PjrtError(FAILED_PRECONDITION, f"executable {e.info.executable.name} was deleted")
+    info = e.info
+    executable = info.executable
+    num_args = args.num_args
+    lists = [
+        [get_buffer(args.argument_lists[d][i]).buffer for i in range(num_args)]
+        for d in range(args.num_devices)
+    ]
+    non_donatable: tuple[int, ...] = ()
+    options = args.options
+    if options != ffi.NULL and options.num_non_donatable_input_indices:
+        non_donatable = tuple(
+            options.non_donatable_input_indices[i]
+            for i in range(options.num_non_donatable_input_indices)
+        )
+    donate = info.donated
+    if non_donatable:
+        donate = tuple(p for p in donate if p not in non_donatable)
+    if args.execute_device != ffi.NULL:
+        device = get_device(args.execute_device).device
+        if executable.num_replicas * executable.num_partitions == 1:
+            results = [executable.execute_portable(lists[0], device, donate=donate)]
+        else:
+            results = [executable.execute_sharded(lists[0], device, donate=donate)]
+    else:
+        results = executable.execute(lists, donate=donate)
+    client = info.client
+    for d, outputs in enumerate(results):
+        row = args.output_lists[d]
+        for i, out in enumerate(outputs):
+            row[i] = PBuffer(out, client).ptr
+        if args.device_complete_events != ffi.NULL:
+            args.device_complete_events[d] = PEvent(_all_ready(outputs)).ptr
+
+
+# -- execute contexts (accepted, unused) -----------------------------------------------------
+@export("ExecuteContext_Create")
+def _execute_context_create(args):
+    c = register(object(), "PJRT_ExecuteContext *")
+    args.context = c
+    KEEP.append(c)
+
+
+@export("ExecuteContext_Destroy")
+def _execute_context_destroy(args):
+    forget(args.context)

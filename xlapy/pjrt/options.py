@@ -1,0 +1,115 @@
+"""Compile options from the serialized `xla.CompileOptionsProto` JAX passes to
+`PJRT_Client_Compile`: a few fields read with a small protobuf wire-format decoder (no
+protobuf dependency). Fields read: executable_build_options (3) -> num_replicas (4),
+num_partitions (5), device_assignment (9) -> computation_devices (3) -> replica_device_ids
+(1). Everything else is ignored."""
+
+from __future__ import annotations
+
+from xlapy.runtime import CompileOptions, RuntimeApiError
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise RuntimeApiError("truncated compile options (bad varint)")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def fields(data: bytes) -> list[tuple[int, int | bytes]]:
+    """The (field number, value) pairs of one protobuf message: varints as ints,
+    length-delimited fields as bytes, fixed-width fields as ints."""
+    out: list[tuple[int, int | bytes]] = []
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            out.append((number, value))
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            out.append((number, data[pos : pos + size]))
+            pos += size
+        elif wire == 1:
+            out.append((number, int.from_bytes(data[pos : pos + 8], "little")))
+            pos += 8
+        elif wire == 5:
+            out.append((number, int.from_bytes(data[pos : pos + 4], "little")))
+            pos += 4
+        else:
+            raise RuntimeApiError(f"compile options: unsupported protobuf wire type {wire}")
+    return out
+
+
+def _packed_ints(value: int | bytes) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    ints, pos = [], 0
+    while pos < len(value):
+        v, pos = _varint(value, pos)
+        ints.append(v)
+    return ints
+
+
+def compile_options_from_proto(data: bytes) -> CompileOptions:
+    """xlapy CompileOptions for a serialized CompileOptionsProto."""
+    num_replicas = num_partitions = 1
+    assignment: list[list[int]] | None = None
+    for number, value in fields(data):
+        if number != 3 or not isinstance(value, bytes):
+            continue
+        for n, v in fields(value):
+            if n == 4 and isinstance(v, int):
+                num_replicas = max(v, 1)
+            elif n == 5 and isinstance(v, int):
+                num_partitions = max(v, 1)
+            elif n == 9 and isinstance(v, bytes):
+                columns = [
+                    [d for k, ids in fields(c) if k == 1 for d in _packed_ints(ids)]
+                    for k2, c in fields(v)
+                    if k2 == 3 and isinstance(c, bytes)
+                ]
+                if columns and all(columns):
+                    # computation_devices[partition].replica_device_ids[replica]
+                    assignment = [list(row) for row in zip(*columns, strict=True)]
+    return CompileOptions.make(
+        num_replicas=num_replicas, num_partitions=num_partitions, device_assignment=assignment
+    )
+
+
+def _encode_varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def proto_field(number: int, value: int | bytes) -> bytes:
+    """One protobuf field: a varint, or length-delimited bytes."""
+    if isinstance(value, int):
+        return _encode_varint(number << 3) + _encode_varint(value)
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
+
+
+def device_assignment_proto(assignment: tuple[tuple[int, ...], ...]) -> bytes:
+    """A serialized xla.DeviceAssignmentProto: replica_count (1), computation_count (2),
+    computation_devices (3) each holding replica_device_ids (1, packed)."""
+    replicas, partitions = len(assignment), len(assignment[0]) if assignment else 0
+    out = proto_field(1, replicas) + proto_field(2, partitions)
+    for p in range(partitions):
+        ids = b"".join(_encode_varint(assignment[r][p]) for r in range(replicas))
+        out += proto_field(3, proto_field(1, ids))
+    return out
