@@ -80,7 +80,7 @@ def test_default_platform_and_clean_exit_with_live_buffers():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sum 1498500.0" in done.stdout
-    assert "xlapy has no SPMD partitioner yet" in done.stdout
+    assert "does not yet hand such programs" in done.stdout
 
 
 def test_unsupported_jaxlib_gets_a_message(monkeypatch):

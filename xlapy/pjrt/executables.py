@@ -106,8 +106,9 @@ def _compile(c: PClient, code: bytes, fmt: str, options: bytes) -> PExecutable:
         raise PjrtError(
             UNIMPLEMENTED,
             f"{module.name} is partitioned over {compile_options.num_partitions} devices "
-            "(jit with shardings, shard_map, pmap); xlapy has no SPMD partitioner yet, so it "
-            "runs programs on one device each (or replicated: num_replicas)",
+            "(jit with shardings, shard_map, pmap); the plugin does not yet hand such programs "
+            "to xlapy's SPMD partitioner, so it runs programs on one device each (or "
+            "replicated: num_replicas)",
         )
     executable = c.client.compile(module, compile_options)
     info = ExecInfo(executable, c)

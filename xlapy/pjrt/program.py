@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from xlapy.errors import XlapyError
 from xlapy.ir.module import HloModule
+from xlapy.stablehlo import import_bytes
 
 
 class ProgramFormatError(XlapyError):
@@ -21,23 +22,4 @@ def module_from_program(code: bytes, fmt: str) -> HloModule:
         raise ProgramFormatError(
             f"xlapy's PJRT plugin reads programs of format 'mlir' (StableHLO); got '{fmt}'"
         )
-    try:
-        from xlapy.stablehlo import import_bytes  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return _module_through_jaxlib(code)
-    module: HloModule = import_bytes(code)
-    return module
-
-
-def _module_through_jaxlib(code: bytes) -> HloModule:
-    """Until xlapy's StableHLO importer lands: jaxlib converts StableHLO to an XLA
-    computation, whose HLO text xlapy parses. This fallback goes once the importer
-    (`xlapy.stablehlo.import_bytes`) is merged."""
-    from jax._src.lib import _jax
-
-    from xlapy.ir.parser import parse_module
-
-    computation = _jax.mlir.mlir_module_to_xla_computation(
-        code, use_tuple_args=False, return_tuple=False
-    )
-    return parse_module(computation.as_hlo_text())
+    return import_bytes(code)
