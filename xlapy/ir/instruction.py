@@ -4,6 +4,14 @@ An instruction has a name, an opcode (from the opcode table), a result shape, op
 instructions, and attributes keyed by their text names (see xlapy.ir.attributes). Constants
 hold a Literal; parameters hold their number. Called computations (to_apply, body, ...)
 are attribute values, so `called_computations()` finds them without a per-opcode list.
+
+Use-lists: an instruction that belongs to a computation is listed in `users` of each of its
+operands (once, however often it reads it) and in `control_successors` of each of its control
+predecessors. Every edit keeps them current: HloComputation.add_instruction /
+remove_instruction attach and detach an instruction, and the edits below (set_operands,
+replace_operand, add/remove_control_predecessor) update both ends. An instruction not in a
+computation (being built, or removed) is in nobody's use-list. Code outside `ir` edits the
+graph only through these methods (tests/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ class HloInstruction:
     __slots__ = (
         "attrs",
         "control_predecessors",
+        "control_successors",
         "literal",
         "name",
         "opcode",
@@ -40,6 +49,7 @@ class HloInstruction:
         "parameter_number",
         "parent",
         "shape",
+        "users",
     )
 
     def __init__(
@@ -63,6 +73,8 @@ class HloInstruction:
         self.parameter_number = parameter_number
         self.control_predecessors: list[HloInstruction] = list(control_predecessors)
         self.parent: HloComputation | None = None
+        self.users: list[HloInstruction] = []  # see the module comment
+        self.control_successors: list[HloInstruction] = []
 
     # -- queries ---------------------------------------------------------------------------
     def operand(self, i: int) -> HloInstruction:
@@ -116,9 +128,92 @@ class HloInstruction:
         """A constant printed as `constant({...})`: its value was not in the text."""
         return self.opcode is Opcode.CONSTANT and self.literal is None
 
-    # -- edits -----------------------------------------------------------------------------
+    @property
+    def user_count(self) -> int:
+        return len(self.users)
+
+    # -- edits (each keeps the use-lists current) -----------------------------------------
+    def set_operands(self, operands) -> None:
+        """Make `operands` this instruction's operands."""
+        operands = list(operands)
+        if self.parent is not None:
+            for dep in dict.fromkeys(self.operands):
+                if dep not in operands:
+                    dep.users.remove(self)
+            for dep in dict.fromkeys(operands):
+                if dep not in self.operands:
+                    dep.users.append(self)
+        self.operands = operands
+
     def replace_operand(self, old: HloInstruction, new: HloInstruction) -> None:
+        """Every read of `old` by this instruction reads `new` instead."""
+        if old is new or old not in self.operands:
+            return
         self.operands = [new if op is old else op for op in self.operands]
+        if self.parent is not None:
+            old.users.remove(self)
+            if self not in new.users:
+                new.users.append(self)
+
+    def replace_operand_at(self, number: int, new: HloInstruction) -> None:
+        """Operand `number` becomes `new`."""
+        operands = list(self.operands)
+        operands[number] = new
+        self.set_operands(operands)
+
+    def replace_all_uses_with(self, new: HloInstruction, keep=()) -> None:
+        """Every user of this instruction except `new` and those in `keep` reads `new`
+        instead, and every instruction ordered after this one is ordered after `new` (the
+        root is the computation's business: HloComputation.replace_all_uses)."""
+        if new is self:
+            return
+        moved = [u for u in self.users if u is not new and u not in keep]
+        if moved:
+            stay = [u for u in self.users if u is new or u in keep]
+            self.users = stay
+            targets = new.users
+            known = set(map(id, targets))
+            for user in moved:
+                user.operands = [new if op is self else op for op in user.operands]
+                if id(user) not in known:
+                    targets.append(user)
+        for succ in [s for s in self.control_successors if s is not new]:
+            succ.remove_control_predecessor(self)
+            succ.add_control_predecessor(new)
+
+    def add_control_predecessor(self, pred: HloInstruction) -> None:
+        """`pred` must run before this instruction."""
+        if pred in self.control_predecessors:
+            return
+        self.control_predecessors.append(pred)
+        if self.parent is not None:
+            pred.control_successors.append(self)
+
+    def remove_control_predecessor(self, pred: HloInstruction) -> None:
+        self.control_predecessors.remove(pred)
+        if self.parent is not None:
+            pred.control_successors.remove(self)
+
+    def set_control_predecessors(self, preds) -> None:
+        for pred in list(self.control_predecessors):
+            self.remove_control_predecessor(pred)
+        for pred in preds:
+            self.add_control_predecessor(pred)
+
+    def _attach(self) -> None:
+        """List this instruction in its operands' and control predecessors' use-lists (it has
+        just joined a computation)."""
+        for dep in dict.fromkeys(self.operands) if len(self.operands) > 1 else self.operands:
+            dep.users.append(self)
+        for pred in self.control_predecessors:
+            pred.control_successors.append(self)
+
+    def _detach(self) -> None:
+        """The reverse of _attach (it is leaving its computation)."""
+        for dep in dict.fromkeys(self.operands):
+            dep.users.remove(self)
+        for pred in self.control_predecessors:
+            pred.control_successors.remove(self)
 
     def to_text(self, **options) -> str:
         """This instruction as one line of HLO text (see xlapy.ir.printer)."""

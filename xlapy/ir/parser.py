@@ -850,6 +850,7 @@ class _Parser:
                             pos,
                         )
                     target.append(operand)
+            item.instr._attach()  # its use-list entries, now that its operands are known
 
     def check_parameters(self, comp: HloComputation) -> None:
         numbers = sorted(

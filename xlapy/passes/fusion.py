@@ -141,7 +141,7 @@ class LoopFusion(HloPass):
         """May operand `i` (`producer`) of `consumer` be computed inside it?"""
         if not self._producer_ok(editor, producer) or producer.control_predecessors:
             return False
-        if any(producer in u.control_predecessors for u in editor.users_of(producer)):
+        if producer.control_successors:
             return False
         k = in_place_operand(consumer)
         if k is not None and (i == k or consumer.operands[k] in producer.operands):

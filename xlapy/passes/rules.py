@@ -461,7 +461,7 @@ def _transpose_of_dot(m: Match):
     rhs-free groups and keeps the batch dimensions first. Only for a dot with no other user:
     otherwise both products would be computed."""
     dot = m["d"]
-    if len(m.editor.users_of(dot)) != 1 or dot is m.editor.comp.root:
+    if len(dot.users) != 1 or dot.control_successors or dot is m.editor.comp.root:
         return None
     lb, rb, lc, rc = _dot_dims(dot)
     a, b = dot.operands
