@@ -109,13 +109,10 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
                     ):
                         pairs.append((result, at(*position)))
             elif op is Opcode.CONDITIONAL:
-                branches = instr.attrs.get("branch_computations") or (
-                    instr.attrs["true_computation"],
-                    instr.attrs["false_computation"],
-                )
+                branches = instr.branches
                 for index, _ in instr.shape.subshapes():
                     for branch in branches:
-                        pairs.append((at(instr, index), at(branch.root, index)))
+                        pairs.append((at(instr, index), at(branch.root_instruction(), index)))
                 for branch, operand in zip(branches, instr.operands[1:], strict=True):
                     for index, _ in operand.shape.subshapes():
                         pairs.append((at(branch.parameter(0), index), at(operand, index)))

@@ -248,7 +248,7 @@ class _Builder:
                     self.hold(instr, (i, *index), self.at[(id(operand), index)])
             return
         if op is Opcode.GET_TUPLE_ELEMENT:
-            self.forward(instr, instr.operands[0], (instr.attrs["index"],))
+            self.forward(instr, instr.operands[0], (instr.tuple_index,))
             return
         if op.forwards_operand:
             if op is Opcode.BITCAST and not instr.shape.is_array:

@@ -237,8 +237,5 @@ def _called_in_order(instr: HloInstruction) -> list[HloComputation]:
     if instr.opcode is Opcode.WHILE:
         return [instr.attrs["condition"], instr.attrs["body"]]
     if instr.opcode is Opcode.CONDITIONAL:
-        branches = instr.attrs.get("branch_computations")
-        if branches is None:
-            return [instr.attrs["true_computation"], instr.attrs["false_computation"]]
-        return list(branches)
+        return list(instr.branches)
     return [instr.attrs["to_apply"]]

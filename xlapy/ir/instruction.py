@@ -16,6 +16,7 @@ graph only through these methods (tests/test_architecture.py checks it).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,56 @@ class HloInstruction:
         """The op_name of the instruction's metadata (what JAX users recognise), if any."""
         meta = self.metadata
         return meta.op_name if meta is not None else None
+
+    # -- typed accessors for the attributes passes read ------------------------------------
+    @property
+    def comparison_direction(self) -> str | None:
+        """EQ NE LT LE GT GE of a compare (XLA prints `direction=`; `comparison_direction=`
+        is accepted too), None when absent."""
+        value = self.attrs.get("direction")
+        if value is None:
+            value = self.attrs.get("comparison_direction")
+        return None if value is None else str(value)
+
+    @property
+    def comparison_type(self) -> str | None:
+        """A compare's `type=` (FLOAT, TOTALORDER, SIGNED, UNSIGNED), None when absent."""
+        value = self.attrs.get("type")
+        return None if value is None else str(value)
+
+    @property
+    def dimensions(self) -> tuple[int, ...]:
+        """The `dimensions={...}` attribute (reduce, transpose, broadcast, reverse, ...)."""
+        return tuple(self.attrs.get("dimensions", ()))
+
+    @property
+    def tuple_index(self) -> int:
+        """The element a get-tuple-element reads."""
+        return self.attrs["index"]
+
+    @property
+    def branches(self) -> tuple[HloComputation, ...]:
+        """A conditional's branch computations, in branch order (the predicated form's
+        true and false computations too)."""
+        branches = self.attrs.get("branch_computations")
+        if branches is not None:
+            return tuple(branches)
+        return (self.attrs["true_computation"], self.attrs["false_computation"])
+
+    @property
+    def known_trip_count(self) -> int | None:
+        """A while loop's trip count when its backend_config says it
+        (`{"known_trip_count":{"n":"8"}}`, as XLA writes it), else None."""
+        config = self.attrs.get("backend_config")
+        text = getattr(config, "text", None)
+        if not text or "known_trip_count" not in text:
+            return None
+        try:
+            parsed = json.loads(text)
+            n = parsed["known_trip_count"]["n"]
+            return int(n)
+        except (ValueError, TypeError, KeyError):
+            return None
 
     @property
     def is_root(self) -> bool:

@@ -133,11 +133,7 @@ class CopyInsertion(HloPass):
                     inner = _deep_copy(body, body.root, names)
                     body.root = _deep_copy(body, inner, names)
                 elif instr.opcode is Opcode.CONDITIONAL:
-                    branches = instr.attrs.get("branch_computations") or (
-                        instr.attrs["true_computation"],
-                        instr.attrs["false_computation"],
-                    )
-                    for branch in branches:
+                    for branch in instr.branches:
                         branch.root = _deep_copy(branch, branch.root, names)
         entry = module.entry
         for alias in module.config.input_output_alias:

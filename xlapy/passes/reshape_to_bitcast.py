@@ -57,7 +57,7 @@ def transpose_is_bitcast(instr: HloInstruction) -> bool:
     lin, lout = _plain_layout(operand.shape), _plain_layout(instr.shape)
     if lin is None or lout is None:
         return False
-    perm = instr.attrs.get("dimensions", ())
+    perm = instr.dimensions
     mapped = [perm[d] for d in _major_to_minor(instr.shape, lout)]
     return mapped == _major_to_minor(operand.shape, lin)
 
