@@ -40,6 +40,9 @@ def test_typed_accessors():
     entry = module.entry_computation()
     get = entry.get_instruction
     assert get("w").known_trip_count == 8
+    assert get("w").while_body is module.get_computation("body")
+    assert get("w").while_condition is module.get_computation("cond")
+    assert get("w").to_apply is None
     assert get("v").known_trip_count is None  # not a number: unknown, not an error
     assert get("t").known_trip_count is None
     assert get("x").tuple_index == 1

@@ -97,7 +97,7 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
         for instr in comp.instructions:
             op = instr.opcode
             if op is Opcode.WHILE:
-                body, cond = instr.attrs["body"], instr.attrs["condition"]
+                body, cond = instr.while_body, instr.while_condition
                 init = instr.operands[0]
                 for index, _ in instr.shape.subshapes():
                     result = at(instr, index)
@@ -105,7 +105,7 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
                         (init, index),
                         (body.parameter(0), index),
                         (cond.parameter(0), index),
-                        (body.root, index),
+                        (body.root_instruction(), index),
                     ):
                         pairs.append((result, at(*position)))
             elif op is Opcode.CONDITIONAL:

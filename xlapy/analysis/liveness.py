@@ -235,7 +235,7 @@ class LivenessAnalysis:
 
 def _called_in_order(instr: HloInstruction) -> list[HloComputation]:
     if instr.opcode is Opcode.WHILE:
-        return [instr.attrs["condition"], instr.attrs["body"]]
+        return [instr.while_condition, instr.while_body]
     if instr.opcode is Opcode.CONDITIONAL:
         return list(instr.branches)
     return [instr.attrs["to_apply"]]

@@ -139,6 +139,19 @@ class HloInstruction:
         return self.attrs["index"]
 
     @property
+    def to_apply(self) -> HloComputation | None:
+        """The computation a call, reduce, map, sort, scatter, ... applies (`to_apply=`)."""
+        return self.attrs.get("to_apply")
+
+    @property
+    def while_body(self) -> HloComputation:
+        return self.attrs["body"]
+
+    @property
+    def while_condition(self) -> HloComputation:
+        return self.attrs["condition"]
+
+    @property
     def branches(self) -> tuple[HloComputation, ...]:
         """A conditional's branch computations, in branch order (the predicated form's
         true and false computations too)."""

@@ -128,7 +128,7 @@ class CopyInsertion(HloPass):
                 if instr.opcode is Opcode.WHILE:
                     init = instr.operands[0]
                     instr.replace_operand_at(0, _deep_copy(comp, init, names))
-                    body = instr.attrs["body"]
+                    body = instr.while_body
                     # Two levels: a body that permutes its state needs a temporary.
                     inner = _deep_copy(body, body.root, names)
                     body.root = _deep_copy(body, inner, names)

@@ -420,7 +420,7 @@ def _trivial_reduce(m: Match):
     dims = m.root.dimensions
     if any(x.shape.dims[d] != 1 for d in dims):
         return None
-    kind = reducer_opcode(m.root.attrs.get("to_apply"))
+    kind = reducer_opcode(m.root.to_apply)
     value = splat_value(init)
     if kind is None or value is None:
         return None
