@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from xlapy.ir.instruction import CALL_ATTRIBUTES
 from xlapy.ir.opcodes import CallContext
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class CallGraphNode:
     computation: HloComputation
     callers: list[HloInstruction] = field(default_factory=list)  # call sites, module order
     callees: list[HloComputation] = field(default_factory=list)  # each once, call order
+    callsites: list[HloInstruction] = field(default_factory=list)  # its calling instructions
     context: Context = Context.NONE
 
     @property
@@ -61,6 +63,9 @@ class CallGraph:
             node = self._nodes[id(comp)]
             seen: set[int] = set()
             for instr in comp.instructions:
+                if CALL_ATTRIBUTES.isdisjoint(instr.attrs):  # most instructions call nothing
+                    continue
+                node.callsites.append(instr)
                 for callee in instr.called_computations():
                     callee_node = self._nodes.get(id(callee))
                     if callee_node is None:  # not (yet) in the module
@@ -96,7 +101,7 @@ class CallGraph:
         embedded: list[HloComputation] = []
         while pending:
             comp = pending.pop(0)
-            for instr in comp.instructions:
+            for instr in self._nodes[id(comp)].callsites:
                 sequential = instr.opcode.call_context is CallContext.SEQUENTIAL
                 for callee in instr.called_computations():
                     if not sequential:
