@@ -48,11 +48,10 @@ class HloComputation:
             self.instructions.append(instr)
         else:
             self.instructions.insert(self.instructions.index(before), instr)
-        if instr.parent is None:
-            instr.parent = self
+        attached = instr.parent is not None
+        instr.parent = self
+        if not attached and (instr.operands or instr.control_predecessors):
             instr._attach()
-        else:
-            instr.parent = self
         return instr
 
     def remove_instruction(self, instr: HloInstruction) -> None:

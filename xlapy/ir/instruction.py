@@ -267,10 +267,13 @@ class HloInstruction:
     def _attach(self) -> None:
         """List this instruction in its operands' and control predecessors' use-lists (it has
         just joined a computation)."""
-        for dep in dict.fromkeys(self.operands) if len(self.operands) > 1 else self.operands:
-            dep.users.append(self)
-        for pred in self.control_predecessors:
-            pred.control_successors.append(self)
+        for dep in self.operands:
+            users = dep.users
+            if not users or users[-1] is not self:  # an operand read twice is listed once
+                users.append(self)
+        if self.control_predecessors:
+            for pred in self.control_predecessors:
+                pred.control_successors.append(self)
 
     def _detach(self) -> None:
         """The reverse of _attach (it is leaving its computation)."""
