@@ -144,3 +144,218 @@ def test_opcode_properties():
     # every expensive op is elementwise, every transcendental op expensive
     assert all(op.is_elementwise for op in Opcode if op.is_expensive)
     assert all(op.is_expensive for op in Opcode if op.is_transcendental)
+
+
+# -- imports done by name, and cycles inside a package ----------------------------------------
+_IMPORT_FUNCTIONS = {"import_module", "__import__"}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _named_import(call: ast.Call, here: str) -> str | None:
+    """The module (or, for an f-string, the package prefix) an importlib.import_module /
+    __import__ call names; "?" when the name is not written in the call."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in _IMPORT_FUNCTIONS or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values:
+        first = arg.values[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value.rstrip(".")
+        if isinstance(first, ast.FormattedValue) and getattr(first.value, "id", "") == "__name__":
+            return here
+    return "?"
+
+
+def named_imports(path: Path):
+    """(line, module) for every import done by name in `path`."""
+    here = _module_name(path)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            module = _named_import(node, here)
+            if module is not None:
+                yield node.lineno, module
+
+
+def test_imports_by_name_point_one_way():
+    """importlib.import_module / __import__ follow the layering too, and name their module
+    (or its package) in the call, so that this test can read it."""
+    violations = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if len(rel.parts) < 2 or rel.parts[0] not in RANK:
+            continue
+        here = rel.parts[0]
+        for lineno, module in named_imports(path):
+            if module == "?":
+                violations.append(f"xlapy/{rel}:{lineno} imports a module by a computed name")
+                continue
+            there = package_of(module)
+            if there is None or there == here:
+                continue
+            if any(here == p and module.startswith(m) for p, m in ALLOWED_UPWARD):
+                continue
+            if RANK[there] >= RANK[here]:
+                violations.append(f"xlapy/{rel}:{lineno} ({here}) imports {module} by name")
+    assert not violations, "\n".join(violations)
+
+
+def _import_time_nodes(tree: ast.Module):
+    """The statements that run when the module is imported: module level, into if / try /
+    with / for blocks, not into functions, classes' methods or `if TYPE_CHECKING:`."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+            continue
+        yield node
+        pending.extend(ast.iter_child_nodes(node))
+
+
+def _import_time_edges(path: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that importing `path` imports."""
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(name: str) -> None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != here:
+            found.add(name)
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in _import_time_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                add(full if full in modules else base)
+        elif isinstance(node, ast.Call):
+            module = _named_import(node, here)
+            if module is None or module == "?":
+                continue
+            if module.startswith(f"{here}.") or module == here:  # a loop over submodules
+                listed = _listed_submodules(tree, module)
+                found.update(
+                    m
+                    for m in modules
+                    if m.startswith(f"{module}.") and m != here and (listed is None or m in listed)
+                )
+            else:
+                add(module)
+    return found
+
+
+def _listed_submodules(tree: ast.Module, package: str) -> set[str] | None:
+    """`package.NAME` for each NAME of a module-level tuple or list of strings that a
+    module-level for loop walks (`for _name in PASS_MODULES: import_module(...)`); None
+    when there is no such loop."""
+    constants = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple | ast.List):
+            values = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+            for target in node.targets:
+                if isinstance(target, ast.Name) and all(isinstance(v, str) for v in values):
+                    constants[target.id] = values
+    for node in tree.body:
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Name):
+            names = constants.get(node.iter.id)
+            if names is not None:
+                return {f"{package}.{n}" for n in names}
+    return None
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One path for each back edge a depth-first walk of `graph` finds."""
+    cycles: list[str] = []
+    state: dict[str, int] = {}  # 1 on the walk's path, 2 done
+    for start in sorted(graph):
+        if start in state:
+            continue
+        state[start] = 1
+        trail = [start]
+        stack = [iter(sorted(graph[start]))]
+        while stack:
+            dep = next(stack[-1], None)
+            if dep is None:
+                stack.pop()
+                state[trail.pop()] = 2
+            elif state.get(dep) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(dep) :], dep]))
+            elif dep not in state:
+                state[dep] = 1
+                trail.append(dep)
+                stack.append(iter(sorted(graph[dep])))
+    return cycles
+
+
+def test_no_import_cycles_inside_a_package():
+    """Within each package, the modules imported at import time form no cycle (a cycle works
+    or fails by import order; break it by moving the shared piece down)."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == ["a -> b -> a"]
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    modules = set(paths)
+    cycles = []
+    for package in RANK:
+        prefix = f"xlapy.{package}"
+        members = {m for m in modules if m == prefix or m.startswith(f"{prefix}.")}
+        graph = {m: _import_time_edges(paths[m], modules) & members for m in members}
+        cycles.extend(_cycles(graph))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+# -- the graph is edited through the IR's edits, which keep the use-lists current ----------------
+_GRAPH_FIELDS = {"operands", "control_predecessors", "users", "control_successors", "instructions"}
+_LIST_EDITS = {"append", "insert", "extend", "remove", "pop", "clear", "sort", "reverse"}
+
+
+def test_graph_edits_go_through_the_ir():
+    """Outside `ir`, nothing assigns or mutates an instruction's operands, control edges or
+    use-lists or a computation's instruction list directly (set_operands, replace_operand,
+    add_instruction, reorder, ... keep the use-lists current)."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] == "ir":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _LIST_EDITS
+            ):
+                targets = [node.func.value]
+            for target in targets:
+                if isinstance(target, ast.Subscript):
+                    target = target.value
+                if not isinstance(target, ast.Attribute) or target.attr not in _GRAPH_FIELDS:
+                    continue
+                if isinstance(target.value, ast.Name) and target.value.id == "self":
+                    continue  # another class's own field of that name
+                found.append(f"xlapy/{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, "direct graph edits:\n" + "\n".join(found)

@@ -97,7 +97,7 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
         for instr in comp.instructions:
             op = instr.opcode
             if op is Opcode.WHILE:
-                body, cond = instr.attrs["body"], instr.attrs["condition"]
+                body, cond = instr.while_body, instr.while_condition
                 init = instr.operands[0]
                 for index, _ in instr.shape.subshapes():
                     result = at(instr, index)
@@ -105,17 +105,14 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
                         (init, index),
                         (body.parameter(0), index),
                         (cond.parameter(0), index),
-                        (body.root, index),
+                        (body.root_instruction(), index),
                     ):
                         pairs.append((result, at(*position)))
             elif op is Opcode.CONDITIONAL:
-                branches = instr.attrs.get("branch_computations") or (
-                    instr.attrs["true_computation"],
-                    instr.attrs["false_computation"],
-                )
+                branches = instr.branches
                 for index, _ in instr.shape.subshapes():
                     for branch in branches:
-                        pairs.append((at(instr, index), at(branch.root, index)))
+                        pairs.append((at(instr, index), at(branch.root_instruction(), index)))
                 for branch, operand in zip(branches, instr.operands[1:], strict=True):
                     for index, _ in operand.shape.subshapes():
                         pairs.append((at(branch.parameter(0), index), at(operand, index)))

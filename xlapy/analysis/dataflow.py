@@ -29,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xlapy.errors import XlapyError
+from xlapy.ir.call_graph import CallGraph, Context
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import CallContext, Opcode
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape, ShapeIndex, index_text
 
 
@@ -247,7 +248,7 @@ class _Builder:
                     self.hold(instr, (i, *index), self.at[(id(operand), index)])
             return
         if op is Opcode.GET_TUPLE_ELEMENT:
-            self.forward(instr, instr.operands[0], (instr.attrs["index"],))
+            self.forward(instr, instr.operands[0], (instr.tuple_index,))
             return
         if op.forwards_operand:
             if op is Opcode.BITCAST and not instr.shape.is_array:
@@ -271,65 +272,38 @@ def sequential_computations(module: HloModule) -> list[HloComputation]:
 def _split_computations(
     module: HloModule,
 ) -> tuple[list[HloComputation], dict[HloComputation, HloInstruction], set[HloComputation]]:
+    """The sequential computations (callers first), the one call site of each but the entry,
+    and the embedded ("thread-local") ones, from the module's call graph; DataflowError when
+    a control-flow computation has two call sites or runs both ways."""
     entry = module.entry
     if entry is None:
         raise DataflowError(f"module {module.name} has no entry computation")
-    computations, callers = _sequential_computations(entry)
-    thread_local = _thread_local_computations(module, set(computations))
-    return computations, callers, thread_local
-
-
-def _sequential_computations(
-    entry: HloComputation,
-) -> tuple[list[HloComputation], dict[HloComputation, HloInstruction]]:
-    """The entry and every computation reached through control flow, callers first, and the
-    one call site of each; DataflowError if one has two call sites."""
-    order = [entry]
+    graph = CallGraph(module)
+    computations = graph.sequential_computations()
     callers: dict[HloComputation, HloInstruction] = {}
-    pending = [entry]
-    while pending:
-        comp = pending.pop(0)
-        for instr in comp.instructions:
-            if instr.opcode.call_context is not CallContext.SEQUENTIAL:
-                continue
-            for called in instr.called_computations():
-                if called in callers or called is entry:
-                    other = callers.get(called)
-                    raise DataflowError(
-                        f"computation {called.name} is called by both "
-                        f"{other.name if other else 'the entry'} and {instr.name}; expected "
-                        "one call site per control-flow computation (run the "
-                        "flatten-call-graph pass first)"
-                    )
-                callers[called] = instr
-                order.append(called)
-                pending.append(called)
-    return order, callers
-
-
-def _thread_local_computations(
-    module: HloModule, sequential: set[HloComputation]
-) -> set[HloComputation]:
-    result: set[HloComputation] = set()
-    pending = [
-        called
-        for comp in sequential
-        for instr in comp.instructions
-        if instr.opcode.call_context is not CallContext.SEQUENTIAL
-        for called in instr.called_computations()
-    ]
-    while pending:
-        comp = pending.pop()
-        if comp in result:
-            continue
-        if comp in sequential:
+    for comp in computations:
+        sites = [
+            c
+            for c in graph.node(comp).sequential_callers
+            if c.parent is not None and graph.is_sequential(c.parent)
+        ]
+        if len(sites) > (0 if comp is entry else 1):
+            first = "the entry" if comp is entry else sites[0].name
+            raise DataflowError(
+                f"computation {comp.name} is called by both {first} and {sites[-1].name}; "
+                "expected one call site per control-flow computation (run the "
+                "flatten-call-graph pass first)"
+            )
+        if sites:
+            callers[comp] = sites[0]
+    for comp in computations:
+        if graph.context(comp) is Context.BOTH:
             raise DataflowError(
                 f"computation {comp.name} is called both as control flow and from inside an "
                 "operation; expected separate computations (run flatten-call-graph first)"
             )
-        result.add(comp)
-        pending.extend(comp.called_computations())
-    return result
+    thread_local = set(graph.embedded_computations())
+    return computations, callers, thread_local
 
 
 # -- in-place operations ------------------------------------------------------------------------

@@ -20,7 +20,11 @@ before a loop and read after it spans the whole loop, so nothing in the loop can
 bytes, while a temporary of the body is live only inside the body's own range.
 
 `conflicts` checks one would-be buffer: its values may share bytes only if no value is
-written while another value of the buffer, holding different bytes, is still live.
+written while another value of the buffer, holding different bytes, is still live. A
+transform that is still deciding (copy insertion removing copies one at a time) asks it
+about a program that differs from the analysed one: it passes its own live ranges and the
+values it has made one (`same`: a removed copy's value -> its source's value); the
+analysis results are never written.
 """
 
 from __future__ import annotations
@@ -68,10 +72,20 @@ class Liveness:
         """True if `a` finishes before `b` starts in the flattened schedule."""
         return self.spans[a][1] < self.spans[b][0]
 
-    def conflicts(self, values: Iterable[HloValue], writable=frozenset()) -> str | None:
+    def conflicts(
+        self,
+        values: Iterable[HloValue],
+        writable=frozenset(),
+        *,
+        ranges: Mapping[HloValue, tuple[int, int]] | None = None,
+        same: Mapping[HloValue, HloValue] | None = None,
+    ) -> str | None:
         """Why `values` cannot share one buffer, or None if they can. `writable` holds entry
-        parameter values the program may overwrite (donated, aliased to an output)."""
-        values = sorted(values, key=lambda v: self.ranges[v][0])
+        parameter values the program may overwrite (donated, aliased to an output).
+        `ranges` and `same` describe an edited program (see the module comment)."""
+        if ranges is None:
+            ranges = self.ranges
+        values = sorted(values, key=lambda v: ranges[v][0])
         writes = [v for v in values if v.is_write]
         if not writes:
             return None
@@ -85,14 +99,14 @@ class Liveness:
             if entry_parameter and v not in writable:
                 return f"{other.name} would overwrite the entry parameter {v.name}"
         for w in writes:
-            at = self.ranges[w][0]
+            at = ranges[w][0]
             for u in values:
                 if u is w:
                     continue
-                start, end = self.ranges[u]
+                start, end = ranges[u]
                 if start > at or end < at:
                     continue
-                if end == at and start < at and may_update_in_place(w, u, self.dataflow):
+                if end == at and start < at and may_update_in_place(w, u, self.dataflow, same):
                     continue
                 return (
                     f"{w.name} is written at time {at} while {u.name} (live {start}..{end}) is live"
@@ -100,31 +114,40 @@ class Liveness:
         return None
 
 
-def may_update_in_place(output: HloValue, operand: HloValue, dataflow: Dataflow) -> bool:
+def may_update_in_place(
+    output: HloValue,
+    operand: HloValue,
+    dataflow: Dataflow,
+    same: Mapping[HloValue, HloValue] | None = None,
+) -> bool:
     """True if the instruction defining `output` may write it over `operand`, one of its
     inputs, that dies at that instruction: an in-place op's updated operand, or an operand of
-    an elementwise op of the same dimensions and element size."""
+    an elementwise op of the same dimensions and element size. `same` maps values merged
+    into others by an edit not yet made (see the module comment)."""
     instr = output.instruction
+
+    def value_at(operand_instr: HloInstruction, index=()) -> HloValue:
+        value = dataflow.value_at(operand_instr, index)
+        if same:
+            while value in same:
+                value = same[value]
+        return value
+
     for out_index, number, operand_index in in_place_operands(instr):
-        if (
-            out_index == output.index
-            and dataflow.value_at(instr.operands[number], operand_index) is operand
-        ):
+        if out_index == output.index and value_at(instr.operands[number], operand_index) is operand:
             return True
     if instr.opcode is Opcode.FUSION:
-        return _fusion_elementwise_in(instr, operand, dataflow, output)
+        return _fusion_elementwise_in(instr, operand, value_at, output)
     if not instr.opcode.is_elementwise or not output.shape.is_array:
         return False
     if not operand.shape.is_array or operand.shape.dims != output.shape.dims:
         return False
     if operand.shape.element_type.byte_size != output.shape.element_type.byte_size:
         return False
-    return any(dataflow.value_at(op, ()) is operand for op in instr.operands if op.shape.is_array)
+    return any(value_at(op) is operand for op in instr.operands if op.shape.is_array)
 
 
-def _fusion_elementwise_in(
-    fusion: HloInstruction, operand: HloValue, dataflow: Dataflow, output: HloValue
-) -> bool:
+def _fusion_elementwise_in(fusion: HloInstruction, operand: HloValue, value_at, output) -> bool:
     """True if every path from the fused parameters reading `operand` to the fusion's root
     (an array of `operand`'s dims and element size) goes through elementwise operations."""
     comp = fusion.attrs.get("calls")
@@ -135,13 +158,10 @@ def _fusion_elementwise_in(
     if operand.shape.element_type.byte_size != output.shape.element_type.byte_size:
         return False
     numbers = [
-        n
-        for n, op in enumerate(fusion.operands)
-        if op.shape.is_array and dataflow.value_at(op, ()) is operand
+        n for n, op in enumerate(fusion.operands) if op.shape.is_array and value_at(op) is operand
     ]
     if not numbers:
         return False
-    users = comp.users()
     pending = [comp.parameter(n) for n in numbers]
     seen = set()
     while pending:
@@ -149,9 +169,9 @@ def _fusion_elementwise_in(
         if instr in seen:
             continue
         seen.add(instr)
-        if instr is not comp.root and not users.get(instr):
+        if instr is not comp.root and not instr.users:
             continue
-        for user in users.get(instr, ()):
+        for user in instr.users:
             if not user.opcode.is_elementwise or user.shape.dims != operand.shape.dims:
                 return False
             pending.append(user)
@@ -215,10 +235,7 @@ class LivenessAnalysis:
 
 def _called_in_order(instr: HloInstruction) -> list[HloComputation]:
     if instr.opcode is Opcode.WHILE:
-        return [instr.attrs["condition"], instr.attrs["body"]]
+        return [instr.while_condition, instr.while_body]
     if instr.opcode is Opcode.CONDITIONAL:
-        branches = instr.attrs.get("branch_computations")
-        if branches is None:
-            return [instr.attrs["true_computation"], instr.attrs["false_computation"]]
-        return list(branches)
+        return list(instr.branches)
     return [instr.attrs["to_apply"]]

@@ -38,27 +38,47 @@ class HloComputation:
         elif self.instructions:
             self.root = self.instructions[-1]
 
-    # -- building --------------------------------------------------------------------------
-    def add_instruction(self, instr: HloInstruction) -> HloInstruction:
+    # -- building (each edit keeps the use-lists current; see xlapy.ir.instruction) ----------
+    def add_instruction(
+        self, instr: HloInstruction, *, before: HloInstruction | None = None
+    ) -> HloInstruction:
+        """Append `instr` (or put it just before `before`) and list it in its operands'
+        use-lists."""
+        if before is None:
+            self.instructions.append(instr)
+        else:
+            self.instructions.insert(self.instructions.index(before), instr)
+        attached = instr.parent is not None
         instr.parent = self
-        self.instructions.append(instr)
+        if not attached and (instr.operands or instr.control_predecessors):
+            instr._attach()
         return instr
 
     def remove_instruction(self, instr: HloInstruction) -> None:
+        """Drop `instr` and take it off its operands' use-lists. Its own users, if any, keep
+        reading it (remove users first, or replace its uses)."""
         self.instructions.remove(instr)
+        instr._detach()
         instr.parent = None
 
     def replace_all_uses(self, old: HloInstruction, new: HloInstruction) -> None:
-        """Make every user of `old` (and the root, if it is `old`) use `new` instead."""
-        for instr in self.instructions:
-            if old in instr.operands:
-                instr.replace_operand(old, new)
-            if old in instr.control_predecessors:
-                instr.control_predecessors = [
-                    new if p is old else p for p in instr.control_predecessors
-                ]
+        """Make every user of `old` (except `new` itself), every instruction ordered after it,
+        and the root, if it is `old`, use `new` instead."""
+        old.replace_all_uses_with(new)
         if self.root is old:
             self.root = new
+
+    def set_root(self, root: HloInstruction) -> None:
+        self.root = root
+
+    def reorder(self, order: list[HloInstruction]) -> None:
+        """Make `order`, a permutation of the instructions, the text order."""
+        if len(order) != len(self.instructions):
+            raise ValueError(
+                f"computation {self.name}: a new order must list each of its "
+                f"{len(self.instructions)} instructions once, got {len(order)}"
+            )
+        self.instructions = order
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -94,14 +114,6 @@ class HloComputation:
             if instr.name == name:
                 return instr
         raise KeyError(f"computation {self.name} has no instruction named {name}")
-
-    def users(self) -> dict[HloInstruction, list[HloInstruction]]:
-        """Map from each instruction to the instructions using it as an operand (in order)."""
-        result: dict[HloInstruction, list[HloInstruction]] = {i: [] for i in self.instructions}
-        for instr in self.instructions:
-            for op in dict.fromkeys(instr.operands):
-                result.setdefault(op, []).append(instr)
-        return result
 
     def post_order(self) -> list[HloInstruction]:
         """Instructions with operands and control predecessors before users.
@@ -157,7 +169,31 @@ class HloComputation:
             add(key)
         return True
 
+    def use_list_problems(self) -> list[str]:
+        """Where the use-lists differ from a recomputation from the operands and control
+        predecessors (empty when they are current); for tests and debug verification."""
+        users: dict[int, list[HloInstruction]] = {id(i): [] for i in self.instructions}
+        succs: dict[int, list[HloInstruction]] = {id(i): [] for i in self.instructions}
+        for instr in self.instructions:
+            for dep in dict.fromkeys(instr.operands):
+                users.setdefault(id(dep), []).append(instr)
+            for dep in instr.control_predecessors:
+                succs.setdefault(id(dep), []).append(instr)
+        problems = []
+        for instr in self.instructions:
+            for kind, have, want in (
+                ("users", instr.users, users[id(instr)]),
+                ("control successors", instr.control_successors, succs[id(instr)]),
+            ):
+                if len(have) != len(want) or set(map(id, have)) != set(map(id, want)):
+                    problems.append(
+                        f"{self.name}: {kind} of {instr.name} are "
+                        f"{sorted(i.name for i in have)}, expected {sorted(i.name for i in want)}"
+                    )
+        return problems
+
     def called_computations(self) -> Iterator[HloComputation]:
+        """Every computation an instruction of this one calls (repeats included)."""
         for instr in self.instructions:
             if not CALL_ATTRIBUTES.isdisjoint(instr.attrs):
                 yield from instr.called_computations()

@@ -4,10 +4,19 @@ An instruction has a name, an opcode (from the opcode table), a result shape, op
 instructions, and attributes keyed by their text names (see xlapy.ir.attributes). Constants
 hold a Literal; parameters hold their number. Called computations (to_apply, body, ...)
 are attribute values, so `called_computations()` finds them without a per-opcode list.
+
+Use-lists: an instruction that belongs to a computation is listed in `users` of each of its
+operands (once, however often it reads it) and in `control_successors` of each of its control
+predecessors. Every edit keeps them current: HloComputation.add_instruction /
+remove_instruction attach and detach an instruction, and the edits below (set_operands,
+replace_operand, add/remove_control_predecessor) update both ends. An instruction not in a
+computation (being built, or removed) is in nobody's use-list. Code outside `ir` edits the
+graph only through these methods (tests/test_architecture.py checks it).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +42,7 @@ class HloInstruction:
     __slots__ = (
         "attrs",
         "control_predecessors",
+        "control_successors",
         "literal",
         "name",
         "opcode",
@@ -40,6 +50,7 @@ class HloInstruction:
         "parameter_number",
         "parent",
         "shape",
+        "users",
     )
 
     def __init__(
@@ -63,6 +74,8 @@ class HloInstruction:
         self.parameter_number = parameter_number
         self.control_predecessors: list[HloInstruction] = list(control_predecessors)
         self.parent: HloComputation | None = None
+        self.users: list[HloInstruction] = []  # see the module comment
+        self.control_successors: list[HloInstruction] = []
 
     # -- queries ---------------------------------------------------------------------------
     def operand(self, i: int) -> HloInstruction:
@@ -99,6 +112,69 @@ class HloInstruction:
         meta = self.metadata
         return meta.op_name if meta is not None else None
 
+    # -- typed accessors for the attributes passes read ------------------------------------
+    @property
+    def comparison_direction(self) -> str | None:
+        """EQ NE LT LE GT GE of a compare (XLA prints `direction=`; `comparison_direction=`
+        is accepted too), None when absent."""
+        value = self.attrs.get("direction")
+        if value is None:
+            value = self.attrs.get("comparison_direction")
+        return None if value is None else str(value)
+
+    @property
+    def comparison_type(self) -> str | None:
+        """A compare's `type=` (FLOAT, TOTALORDER, SIGNED, UNSIGNED), None when absent."""
+        value = self.attrs.get("type")
+        return None if value is None else str(value)
+
+    @property
+    def dimensions(self) -> tuple[int, ...]:
+        """The `dimensions={...}` attribute (reduce, transpose, broadcast, reverse, ...)."""
+        return tuple(self.attrs.get("dimensions", ()))
+
+    @property
+    def tuple_index(self) -> int:
+        """The element a get-tuple-element reads."""
+        return self.attrs["index"]
+
+    @property
+    def to_apply(self) -> HloComputation | None:
+        """The computation a call, reduce, map, sort, scatter, ... applies (`to_apply=`)."""
+        return self.attrs.get("to_apply")
+
+    @property
+    def while_body(self) -> HloComputation:
+        return self.attrs["body"]
+
+    @property
+    def while_condition(self) -> HloComputation:
+        return self.attrs["condition"]
+
+    @property
+    def branches(self) -> tuple[HloComputation, ...]:
+        """A conditional's branch computations, in branch order (the predicated form's
+        true and false computations too)."""
+        branches = self.attrs.get("branch_computations")
+        if branches is not None:
+            return tuple(branches)
+        return (self.attrs["true_computation"], self.attrs["false_computation"])
+
+    @property
+    def known_trip_count(self) -> int | None:
+        """A while loop's trip count when its backend_config says it
+        (`{"known_trip_count":{"n":"8"}}`, as XLA writes it), else None."""
+        config = self.attrs.get("backend_config")
+        text = getattr(config, "text", None)
+        if not text or "known_trip_count" not in text:
+            return None
+        try:
+            parsed = json.loads(text)
+            n = parsed["known_trip_count"]["n"]
+            return int(n)
+        except (ValueError, TypeError, KeyError):
+            return None
+
     @property
     def is_root(self) -> bool:
         return self.parent is not None and self.parent.root is self
@@ -116,9 +192,95 @@ class HloInstruction:
         """A constant printed as `constant({...})`: its value was not in the text."""
         return self.opcode is Opcode.CONSTANT and self.literal is None
 
-    # -- edits -----------------------------------------------------------------------------
+    @property
+    def user_count(self) -> int:
+        return len(self.users)
+
+    # -- edits (each keeps the use-lists current) -----------------------------------------
+    def set_operands(self, operands) -> None:
+        """Make `operands` this instruction's operands."""
+        operands = list(operands)
+        if self.parent is not None:
+            for dep in dict.fromkeys(self.operands):
+                if dep not in operands:
+                    dep.users.remove(self)
+            for dep in dict.fromkeys(operands):
+                if dep not in self.operands:
+                    dep.users.append(self)
+        self.operands = operands
+
     def replace_operand(self, old: HloInstruction, new: HloInstruction) -> None:
+        """Every read of `old` by this instruction reads `new` instead."""
+        if old is new or old not in self.operands:
+            return
         self.operands = [new if op is old else op for op in self.operands]
+        if self.parent is not None:
+            old.users.remove(self)
+            if self not in new.users:
+                new.users.append(self)
+
+    def replace_operand_at(self, number: int, new: HloInstruction) -> None:
+        """Operand `number` becomes `new`."""
+        operands = list(self.operands)
+        operands[number] = new
+        self.set_operands(operands)
+
+    def replace_all_uses_with(self, new: HloInstruction, keep=()) -> None:
+        """Every user of this instruction except `new` and those in `keep` reads `new`
+        instead, and every instruction ordered after this one is ordered after `new` (the
+        root is the computation's business: HloComputation.replace_all_uses)."""
+        if new is self:
+            return
+        moved = [u for u in self.users if u is not new and u not in keep]
+        if moved:
+            stay = [u for u in self.users if u is new or u in keep]
+            self.users = stay
+            targets = new.users
+            known = set(map(id, targets))
+            for user in moved:
+                user.operands = [new if op is self else op for op in user.operands]
+                if id(user) not in known:
+                    targets.append(user)
+        for succ in [s for s in self.control_successors if s is not new]:
+            succ.remove_control_predecessor(self)
+            succ.add_control_predecessor(new)
+
+    def add_control_predecessor(self, pred: HloInstruction) -> None:
+        """`pred` must run before this instruction."""
+        if pred in self.control_predecessors:
+            return
+        self.control_predecessors.append(pred)
+        if self.parent is not None:
+            pred.control_successors.append(self)
+
+    def remove_control_predecessor(self, pred: HloInstruction) -> None:
+        self.control_predecessors.remove(pred)
+        if self.parent is not None:
+            pred.control_successors.remove(self)
+
+    def set_control_predecessors(self, preds) -> None:
+        for pred in list(self.control_predecessors):
+            self.remove_control_predecessor(pred)
+        for pred in preds:
+            self.add_control_predecessor(pred)
+
+    def _attach(self) -> None:
+        """List this instruction in its operands' and control predecessors' use-lists (it has
+        just joined a computation)."""
+        for dep in self.operands:
+            users = dep.users
+            if not users or users[-1] is not self:  # an operand read twice is listed once
+                users.append(self)
+        if self.control_predecessors:
+            for pred in self.control_predecessors:
+                pred.control_successors.append(self)
+
+    def _detach(self) -> None:
+        """The reverse of _attach (it is leaving its computation)."""
+        for dep in dict.fromkeys(self.operands):
+            dep.users.remove(self)
+        for pred in self.control_predecessors:
+            pred.control_successors.remove(self)
 
     def to_text(self, **options) -> str:
         """This instruction as one line of HLO text (see xlapy.ir.printer)."""

@@ -1018,6 +1018,7 @@ class _Parser:
                             pos,
                         )
                     target.append(operand)
+            item.instr._attach()  # its use-list entries, now that its operands are known
             for k, written in item.operand_shapes.items():
                 actual = item.instr.operands[k].shape
                 if not compatible(written, actual):

@@ -126,10 +126,6 @@ def text_order(comp: HloComputation) -> list[HloInstruction]:
         instr: len(set(instr.operands) | set(instr.control_predecessors))
         for instr in comp.instructions
     }
-    users: dict[HloInstruction, list[HloInstruction]] = {}
-    for instr in comp.instructions:
-        for dep in set(instr.operands) | set(instr.control_predecessors):
-            users.setdefault(dep, []).append(instr)
     ready = [(position[i], i.name) for i, n in waiting.items() if n == 0]
     by_name = {i.name: i for i in comp.instructions}
     heapq.heapify(ready)
@@ -138,7 +134,7 @@ def text_order(comp: HloComputation) -> list[HloInstruction]:
         _, name = heapq.heappop(ready)
         instr = by_name[name]
         order.append(instr)
-        for user in users.get(instr, ()):
+        for user in dict.fromkeys([*instr.users, *instr.control_successors]):
             waiting[user] -= 1
             if waiting[user] == 0:
                 heapq.heappush(ready, (position[user], user.name))

@@ -287,15 +287,11 @@ def dfs_schedule(
     deps = graph.deps if graph is not None else _dependencies(comp)
     if graph is not None:
         size_fn = graph.buffers.size.__getitem__
-    users: dict[HloInstruction, int] = dict.fromkeys(comp.instructions, 0)
-    for instr in comp.instructions:
-        for op in dict.fromkeys(instr.operands):
-            users[op] += 1
     extra_users: dict[HloInstruction, int] = {}
     total_size: dict[HloInstruction, int] = {}
     for instr in _dfs_post_order(comp, deps, comp.instructions):
         operands = dict.fromkeys(instr.operands)
-        extra = max(users[instr] - 1, 0) + sum(extra_users[d] for d in operands)
+        extra = max(len(instr.users) - 1, 0) + sum(extra_users[d] for d in operands)
         total = int(size_fn(instr)) + sum(total_size[d] for d in operands)
         extra_users[instr] = min(extra, _SATURATE)
         total_size[instr] = min(total, _SATURATE)

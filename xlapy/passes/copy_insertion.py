@@ -25,9 +25,11 @@ written, so the copy of its init goes too, even for a parameter or a constant (r
 loop state shares the caller's bytes). Last, as XLA does, the tuples that the deep copies
 left rebuilding their own source are simplified away and dead code removed.
 
-Removing a copy costs the size of its use list, not of its computation: the readers of
-each instruction are indexed once per computation and kept current as copies are bypassed,
-and the schedules drop the removed copies in one pass at the end.
+Removing a copy costs the size of its use list, not of its computation (the IR's
+use-lists), and the schedules drop the removed copies in one pass at the end. The analyses
+are read, never written: the pass keeps its own record of what it decided (live ranges
+grown by the merges, and which values are now one: a removed copy's value is its source's)
+and asks the liveness result whether a merge would interfere given that record.
 """
 
 from __future__ import annotations
@@ -95,28 +97,6 @@ def _collapse_rebuilt_tuples(module: HloModule, names: NameUniquer) -> None:
                 editor.replace(instr, source)
 
 
-def _users(comp: HloComputation, instr: HloInstruction) -> list[HloInstruction]:
-    return [i for i in comp.instructions if instr in i.operands]
-
-
-class _Readers:
-    """id(instruction) -> the instructions of its computation reading it as an operand,
-    indexed per computation on first use."""
-
-    def __init__(self):
-        self._by_comp: dict[int, dict[int, list[HloInstruction]]] = {}
-
-    def of(self, comp: HloComputation) -> dict[int, list[HloInstruction]]:
-        index = self._by_comp.get(id(comp))
-        if index is None:
-            index = {}
-            for instr in comp.instructions:
-                for op in dict.fromkeys(instr.operands):
-                    index.setdefault(id(op), []).append(instr)
-            self._by_comp[id(comp)] = index
-        return index
-
-
 @register_pass
 class CopyInsertion(HloPass):
     """Add the copies buffer sharing needs, then remove the unnecessary ones."""
@@ -147,31 +127,23 @@ class CopyInsertion(HloPass):
             for instr in list(comp.instructions):
                 if instr.opcode is Opcode.WHILE:
                     init = instr.operands[0]
-                    instr.operands[0] = _deep_copy(comp, init, names)
-                    body = instr.attrs["body"]
+                    instr.replace_operand_at(0, _deep_copy(comp, init, names))
+                    body = instr.while_body
                     # Two levels: a body that permutes its state needs a temporary.
                     inner = _deep_copy(body, body.root, names)
                     body.root = _deep_copy(body, inner, names)
                 elif instr.opcode is Opcode.CONDITIONAL:
-                    branches = instr.attrs.get("branch_computations") or (
-                        instr.attrs["true_computation"],
-                        instr.attrs["false_computation"],
-                    )
-                    for branch in branches:
+                    for branch in instr.branches:
                         branch.root = _deep_copy(branch, branch.root, names)
         entry = module.entry
         for alias in module.config.input_output_alias:
             param = entry.parameter(alias.param_number)
             if alias.param_index or not param.shape.is_array:
                 continue
-            users = _users(entry, param)
             copy = entry.add_instruction(
                 HloInstruction(names.fresh("copy"), Opcode.COPY, param.shape, [param])
             )
-            for user in users:
-                user.replace_operand(param, copy)
-            if entry.root is param:
-                entry.root = copy
+            entry.replace_all_uses(param, copy)
         entry.root = _deep_copy(entry, entry.root, names)
         return sum(1 for i in module.instructions() if i.opcode is Opcode.COPY) - before
 
@@ -190,10 +162,17 @@ class CopyInsertion(HloPass):
         )
         groups = UnionFind()
         members: dict[HloBuffer, list[HloValue]] = {b: list(b.values) for b in aliases.buffers}
-        ranges = liveness.ranges
+        ranges = dict(liveness.ranges)  # grown as copies go
+        same: dict[HloValue, HloValue] = {}  # a removed copy's value -> its source's
+
+        def value_at(instr: HloInstruction) -> HloValue:
+            value = dataflow.value_at(instr, ())
+            while value in same:
+                value = same[value]
+            return value
+
         outputs = [v for _, v in dataflow.leaf_values(entry.root_instruction())]
         removed = 0
-        readers = _Readers()
         dropped: set[int] = set()
         candidates = [
             i
@@ -203,36 +182,34 @@ class CopyInsertion(HloPass):
         ]
         for copy in candidates:
             source = copy.operands[0]
-            copied = dataflow.value_at(copy, ())
-            kept = dataflow.value_at(source, ())
+            copied = value_at(copy)
+            kept = value_at(source)
             a = groups.find(aliases.buffer_of(copied))
             b = groups.find(aliases.buffer_of(kept))
             merged = [v for v in dict.fromkeys(members[a] + members[b]) if v is not copied]
             old_range = ranges[kept]
             ranges[kept] = (old_range[0], max(old_range[1], ranges[copied][1]))
             outs = [kept if v is copied else v for v in outputs]
-            held = dataflow.positions(copied)
-            for instr, index in held:  # judge in-place reuse as if the copy were gone
-                dataflow._at[(id(instr), index)] = kept
-            if not self._may_merge(merged, outs, liveness, writable):
+            same[copied] = kept  # judge in-place reuse as if the copy were gone
+            if not self._may_merge(merged, outs, liveness, writable, ranges, same):
                 ranges[kept] = old_range
-                for instr, index in held:
-                    dataflow._at[(id(instr), index)] = copied
+                del same[copied]
                 continue
             outputs = outs
             groups.union(a, b)
             members[groups.find(a)] = merged
             dropped.add(id(copy))
-            self._apply(readers.of(copy.parent), dataflow, copy, source, copied, kept)
+            copy.parent.replace_all_uses(copy, source)
+            copy.parent.remove_instruction(copy)
             removed += 1
         for comp, sequence in sequences.items():
-            comp.instructions = [i for i in sequence if id(i) not in dropped]
+            comp.reorder([i for i in sequence if id(i) not in dropped])
         module.config.is_scheduled = True
         return removed
 
     @staticmethod
-    def _may_merge(merged, outputs, liveness, writable) -> bool:
-        if liveness.conflicts(merged, writable) is not None:
+    def _may_merge(merged, outputs, liveness, writable, ranges, same) -> bool:
+        if liveness.conflicts(merged, writable, ranges=ranges, same=same) is not None:
             return False
         in_buffer = set(merged)
         held = [v for v in outputs if v in in_buffer]
@@ -246,19 +223,3 @@ class CopyInsertion(HloPass):
                 if v.defined_by_parameter and v.instruction.parent is entry and v not in writable:
                     return False
         return True
-
-    @staticmethod
-    def _apply(readers, dataflow, copy, source, copied, kept) -> None:
-        """Bypass and remove `copy`; `readers` is its computation's index (kept current)."""
-        comp = copy.parent
-        users = readers.pop(id(copy), [])
-        for user in users:
-            user.replace_operand(copy, source)
-        source_users = readers.setdefault(id(source), [])
-        source_users.remove(copy)
-        source_users.extend(u for u in users if u not in source_users)
-        if comp.root is copy:
-            comp.root = source
-        dataflow._positions[kept].extend(dataflow.positions(copied))
-        dataflow._uses[kept].extend(dataflow._uses[copied])
-        comp.remove_instruction(copy)

@@ -11,6 +11,7 @@ e.g. as a reducer), recursively, as XLA's FlattenCallGraph does. Thread-local co
 from __future__ import annotations
 
 from xlapy.ir.attributes import COMPUTATION_ATTRIBUTES
+from xlapy.ir.call_graph import CallGraph
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -51,11 +52,11 @@ class FlattenCallGraph(HloPass):
         if module.entry is None:
             return False
         names = NameUniquer(module)
+        graph = CallGraph(module)
         inside_ops = {
-            called
-            for instr in module.instructions()
-            if instr.opcode.call_context is not CallContext.SEQUENTIAL
-            for called in instr.called_computations()
+            c
+            for c in module.computations
+            if any(s.opcode.call_context is not CallContext.SEQUENTIAL for s in graph.callers(c))
         }
         claimed: set[HloComputation] = {module.entry}
         pending = [module.entry]

@@ -18,10 +18,11 @@ every one of its users can fuse it (so it disappears). Sweeps repeat until nothi
 
 from __future__ import annotations
 
+from xlapy.ir.call_graph import CallGraph, Context
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import CallContext, Opcode
+from xlapy.ir.opcodes import Opcode
 from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
     can_be_consumer,
@@ -36,19 +37,9 @@ from xlapy.passes.pass_base import HloPass, register_pass
 
 
 def fusible_computations(module: HloModule) -> list[HloComputation]:
-    """Computations fusion may rewrite: the entry and those called only as control flow."""
-    callers: dict[int, set[Opcode]] = {}
-    for instr in module.instructions():
-        for called in instr.called_computations():
-            callers.setdefault(id(called), set()).add(instr.opcode)
-    result = []
-    for comp in module.computations:
-        ops = callers.get(id(comp))
-        if comp is module.entry or (
-            ops and all(op.call_context is CallContext.SEQUENTIAL for op in ops)
-        ):
-            result.append(comp)
-    return result
+    """Computations fusion may rewrite: the entry and those run only as control flow."""
+    graph = CallGraph(module)
+    return [c for c in module.computations if graph.context(c) is Context.SEQUENTIAL]
 
 
 def shared_fused_computations(module: HloModule) -> set[int]:
@@ -141,7 +132,7 @@ class LoopFusion(HloPass):
         """May operand `i` (`producer`) of `consumer` be computed inside it?"""
         if not self._producer_ok(editor, producer) or producer.control_predecessors:
             return False
-        if any(producer in u.control_predecessors for u in editor.users_of(producer)):
+        if producer.control_successors:
             return False
         k = in_place_operand(consumer)
         if k is not None and (i == k or consumer.operands[k] in producer.operands):

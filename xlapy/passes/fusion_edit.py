@@ -13,8 +13,9 @@ for the fusion's operands, in order. `FusionEditor` works on one computation of 
   merge_siblings(a, b)    one fusion computing the outputs of both, operands shared
 
 A fusion with several outputs has a tuple root; its users read get-tuple-element. The
-editor keeps a users index current across edits, hands out module-unique names, and puts a
-new fused computation just before the computation that calls it (callees print first).
+editor is the passes' shared Editor (passes/hlo_edit.py: the IR's use-lists, module-unique
+names) plus the fused computations; it puts a new fused computation just before the
+computation that calls it (callees print first).
 
 Fusing grows one body a producer at a time, so the editor avoids walking whole bodies per
 edit. Each body it made or edited is *tidy* (every instruction after its operands, nothing
@@ -44,6 +45,7 @@ from xlapy.passes.fusion_rules import (
     is_loop_fusible_op,
     unfusible_members,
 )
+from xlapy.passes.hlo_edit import Editor
 
 
 def root_outputs(comp: HloComputation) -> list[HloInstruction]:
@@ -74,17 +76,13 @@ def fusion_name(comp: HloComputation) -> str:
     return f"{ops[0]}_{ops[-1]}_fusion"
 
 
-class FusionEditor:
-    """Builds and grows fusions inside `comp`, keeping `users` current."""
+class FusionEditor(Editor):
+    """Builds and grows fusions inside `comp`."""
 
     def __init__(self, module: HloModule, comp: HloComputation, names: NameUniquer):
+        super().__init__(comp, names)
         self.module = module
-        self.comp = comp
         self.names = names
-        self.users: dict[int, list[HloInstruction]] = {id(i): [] for i in comp.instructions}
-        for instr in comp.instructions:
-            for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
-                self.users.setdefault(id(dep), []).append(instr)
         self.created: list[HloInstruction] = []
         # per fusion: id(original) -> (original, its clone inside), so that a producer
         # reached again through another operand is not cloned a second time
@@ -95,12 +93,6 @@ class FusionEditor:
         self._tidy_bodies: dict[int, HloComputation] = {}
 
     # -- queries ---------------------------------------------------------------------------
-    def users_of(self, instr: HloInstruction) -> list[HloInstruction]:
-        return self.users.get(id(instr), [])
-
-    def is_root(self, instr: HloInstruction) -> bool:
-        return self.comp.root is instr
-
     def unfusible(self, body: HloComputation) -> Iterable[HloInstruction]:
         """fusion_rules.unfusible_members(body), from the index this editor keeps current."""
         entry = self._unfusible.get(id(body))
@@ -137,7 +129,7 @@ class FusionEditor:
         for instr in list(body.instructions):
             if id(instr) not in live and instr.opcode is not Opcode.PARAMETER:
                 self._body_remove(body, instr)
-        body.instructions = body.post_order()
+        body.reorder(body.post_order())
         self._tidy_bodies[id(body)] = body
 
     def _tidy_splice(
@@ -167,41 +159,12 @@ class FusionEditor:
             return
         moved_old = any(id(i) not in new for i in spliced)
         rest = [i for i in old[first:] if id(i) not in done] if moved_old else old[first:]
-        body.instructions = old[:first] + spliced + rest
+        body.reorder(old[:first] + spliced + rest)
 
     # -- low-level edits -------------------------------------------------------------------
-    def _set_operands(self, instr: HloInstruction, operands: list[HloInstruction]) -> None:
-        for dep in dict.fromkeys(instr.operands):
-            if dep not in operands:
-                self.users[id(dep)].remove(instr)
-        for dep in dict.fromkeys(operands):
-            if dep not in instr.operands:
-                self.users.setdefault(id(dep), []).append(instr)
-        instr.operands = list(operands)
-
-    def _insert_at(self, instr: HloInstruction, index: int) -> None:
-        instr.parent = self.comp
-        self.comp.instructions.insert(index, instr)
-        self.users[id(instr)] = []
-        for dep in dict.fromkeys(instr.operands):
-            self.users.setdefault(id(dep), []).append(instr)
-
-    def _replace_uses(self, old: HloInstruction, new: HloInstruction, keep=()) -> None:
-        """Every user of `old` except `new` and those in `keep` uses `new` instead."""
-        for user in list(self.users_of(old)):
-            if user is new or user in keep:
-                continue
-            self._set_operands(user, [new if op is old else op for op in user.operands])
-        if self.comp.root is old:
-            self.comp.root = new
-
-    def _remove(self, instr: HloInstruction) -> None:
-        for dep in dict.fromkeys(instr.operands):
-            users = self.users.get(id(dep))
-            if users is not None and instr in users:
-                users.remove(instr)
-        self.users.pop(id(instr), None)
-        self.comp.remove_instruction(instr)
+    def remove(self, instr: HloInstruction) -> None:
+        """Drop `instr` (which must have no users), and its fused computation with it."""
+        super().remove(instr)
         called = fused_computation(instr)
         if called is not None and called in self.module.computations:
             self.module.computations.remove(called)
@@ -215,7 +178,7 @@ class FusionEditor:
             [fusion],
             {"index": index},
         )
-        self._insert_at(gte, self.comp.instructions.index(fusion) + 1)
+        self.insert_after(gte, fusion)
         return gte
 
     # -- fused computations ----------------------------------------------------------------
@@ -274,7 +237,7 @@ class FusionEditor:
                 found = self._new_param(comp, len(fusion.operands), operand.shape)
                 by_operand[id(operand)] = found
                 params.append(found)
-                self._set_operands(fusion, [*fusion.operands, operand])
+                fusion.set_operands([*fusion.operands, operand])
             return found
 
         return param_for
@@ -298,7 +261,7 @@ class FusionEditor:
             if param.parameter_number != i:
                 param.parameter_number = i
                 param.name = self.names.fresh(f"param_{i}")
-        self._set_operands(fusion, operands)
+        fusion.set_operands(operands)
 
     def _set_outputs(self, fusion: HloInstruction, outputs: list[HloInstruction]) -> None:
         """Make `outputs` the fused computation's results (a tuple when several); users of a
@@ -319,7 +282,7 @@ class FusionEditor:
         fusion.attrs["kind"] = fusion_kind(comp)
         if not was_tuple and fusion.shape.is_tuple:
             first = self._gte(fusion, 0)
-            self._replace_uses(fusion, first)
+            self.replace(fusion, first)
         self._tidy(comp)
 
     # -- fusion-level edits ----------------------------------------------------------------
@@ -343,10 +306,10 @@ class FusionEditor:
             attrs["metadata"] = instr.attrs["metadata"]
         name = self.names.fresh(f"{instr.opcode.text.replace('-', '_')}_fusion", True)
         fusion = HloInstruction(name, Opcode.FUSION, instr.shape, [], attrs)
-        self._insert_at(fusion, self.comp.instructions.index(instr))
-        self._set_operands(fusion, operands)
-        self._replace_uses(instr, fusion)
-        self._remove(instr)
+        self.insert(fusion, instr)
+        fusion.set_operands(operands)
+        self.replace(instr, fusion)
+        self.remove(instr)
         self.created.append(fusion)
         return fusion
 
@@ -365,10 +328,9 @@ class FusionEditor:
         value = mapping[id(body.root if body is not None else producer)]
         readers: list[HloInstruction] = []
         for param in replaced:
-            for user in comp.instructions:
-                if param in user.operands:
-                    user.operands = [value if op is param else op for op in user.operands]
-                    readers.append(user)
+            for user in list(param.users):
+                user.replace_operand(param, value)
+                readers.append(user)
             if comp.root is param:
                 comp.root = value
         self._drop_params(fusion, numbers, params)
@@ -385,7 +347,7 @@ class FusionEditor:
         dies = not others and not self.is_root(producer)
         self._absorb(fusion, producer, reuse_names=dies)
         if dies:
-            self._remove(producer)
+            self.remove(producer)
         return fusion
 
     def fuse_keeping_output(
@@ -398,8 +360,8 @@ class FusionEditor:
         outputs = [*root_outputs(fusion_body(fusion)), value]
         self._set_outputs(fusion, outputs)
         gte = self._gte(fusion, len(outputs) - 1)
-        self._replace_uses(producer, gte)
-        self._remove(producer)
+        self.replace(producer, gte)
+        self.remove(producer)
         return fusion
 
     def merge_siblings(self, a: HloInstruction, b: HloInstruction) -> HloInstruction:
@@ -418,10 +380,10 @@ class FusionEditor:
         if other.shape.is_tuple:
             for user in list(self.users_of(other)):
                 user.attrs["index"] = user.attrs["index"] + offset
-                self._set_operands(user, [base])
+                user.set_operands([base])
         else:
-            self._replace_uses(other, self._gte(base, offset))
-        self._remove(other)
+            self.replace(other, self._gte(base, offset))
+        self.remove(other)
         return base
 
     def absorb_constants(self, fusion: HloInstruction, max_bytes: int) -> None:
@@ -440,7 +402,7 @@ class FusionEditor:
                 continue
             comp = fusion_body(fusion)
             fusion.name = self.names.fresh(fusion_name(comp), plain_first=True)
-        self.comp.instructions = self.comp.post_order()
+        self.comp.reorder(self.comp.post_order())
 
 
 def _parameter(comp: HloComputation, params: list[HloInstruction], number: int):

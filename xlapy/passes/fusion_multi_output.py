@@ -90,7 +90,7 @@ class MultiOutputFusion(HloPass):
             return False
         if not can_be_consumer(instr) or instr.opcode is Opcode.CONSTANT:
             return False
-        if any(instr in u.control_predecessors for u in editor.users_of(instr)):
+        if instr.control_successors:
             return False
         if instr.shape.is_tuple:
             if editor.is_root(instr):
@@ -137,7 +137,7 @@ class MultiOutputFusion(HloPass):
             return False
         if producer.control_predecessors or producer.shape.byte_size < self.min_bytes:
             return False
-        if any(producer in u.control_predecessors for u in editor.users_of(producer)):
+        if producer.control_successors:
             return False
         if len(editor.users_of(producer)) < 2 and not editor.is_root(producer):
             return False

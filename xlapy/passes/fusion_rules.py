@@ -267,7 +267,7 @@ def iteration_space(instr: HloInstruction) -> tuple[tuple[int, ...], tuple[int, 
     outputs = _root_outputs(comp) if comp is not None else [instr]
     hero = next((o for o in outputs if o.opcode in ROOT_ONLY), outputs[0])
     if hero.opcode in ROOT_ONLY:
-        return hero.operands[0].shape.dims, tuple(hero.attrs.get("dimensions", ()))
+        return hero.operands[0].shape.dims, hero.dimensions
     return hero.shape.dims, None
 
 

@@ -1,11 +1,13 @@
-"""Graph-editing helpers shared by the passes: fresh names, a users index that stays current
-while a pass rewrites a computation, dead-code removal, reachability of computations, and
-"does this instruction (or anything it calls) have a side effect".
+"""The editor every pass shares, and graph helpers: fresh names, dead-code removal,
+reachability of computations, and "does this instruction (or anything it calls) have a side
+effect".
 
-`Editor` wraps one computation. It keeps a map from each instruction to its users so that
-replacing an instruction costs the size of its use list, not of the computation; new
-instructions are inserted just before the one they replace, which keeps the text order a
-valid order. Passes that edit through it never leave a stale users map behind.
+`Editor` wraps one computation. Its edits are the IR's own (which keep every instruction's
+use-lists current, see xlapy.ir.instruction), so replacing an instruction costs the size of
+its use list, not of the computation, and no pass keeps a users map of its own. New
+instructions go just before the one they replace (or just after the one they read), which
+keeps the text order a valid order. The fusion editor (passes/fusion_edit.py) is an Editor
+that also grows fused computations.
 """
 
 from __future__ import annotations
@@ -41,41 +43,29 @@ def has_side_effect_deep(instr: HloInstruction, _memo: dict[int, bool] | None = 
     return False
 
 
-def users_index(comp: HloComputation) -> dict[int, list[HloInstruction]]:
-    """id(instruction) -> the instructions using it (operand or control edge), in text
-    order, each once."""
-    users: dict[int, list[HloInstruction]] = {id(i): [] for i in comp.instructions}
-    for instr in comp.instructions:
-        for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
-            users.setdefault(id(dep), []).append(instr)
-    return users
-
-
 class Editor:
-    """Edits one computation while keeping an index of users."""
+    """Edits one computation; hands out module-unique names."""
 
     def __init__(self, comp: HloComputation, namer: NameUniquer | None = None):
         self.comp = comp
         self.namer = namer or NameUniquer(comp.parent)
-        self._users: dict[int, list[HloInstruction]] | None = None
         self._side_effect_memo: dict[int, bool] = {}
 
-    @property
-    def users(self) -> dict[int, list[HloInstruction]]:
-        """id(instruction) -> its users, built on first use (a pass that finds nothing to
-        rewrite in a computation never pays for it) and kept current by every edit."""
-        if self._users is None:
-            self._users = users_index(self.comp)
-        return self._users
-
     # -- queries ---------------------------------------------------------------------------
-    def users_of(self, instr: HloInstruction) -> list[HloInstruction]:
-        return self.users.get(id(instr), [])
+    @staticmethod
+    def users_of(instr: HloInstruction) -> list[HloInstruction]:
+        """The instructions reading `instr` as an operand (its use-list)."""
+        return instr.users
+
+    def is_root(self, instr: HloInstruction) -> bool:
+        return self.comp.root is instr
 
     def is_dead(self, instr: HloInstruction) -> bool:
-        """No users, not the root, not a parameter, and removable without losing an effect."""
+        """No users or control successors, not the root, not a parameter, and removable
+        without losing an effect."""
         return (
-            not self.users_of(instr)
+            not instr.users
+            and not instr.control_successors
             and instr is not self.comp.root
             and instr.opcode is not Opcode.PARAMETER
             and not has_side_effect_deep(instr, self._side_effect_memo)
@@ -105,43 +95,32 @@ class Editor:
 
     def insert(self, instr: HloInstruction, before: HloInstruction) -> None:
         """Put an already built instruction into the computation just before `before`."""
-        instr.parent = self.comp
-        self.comp.instructions.insert(self.comp.instructions.index(before), instr)
-        self.users[id(instr)] = []
-        for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
-            self.users.setdefault(id(dep), []).append(instr)
+        self.comp.add_instruction(instr, before=before)
 
-    def set_operands(self, instr: HloInstruction, operands: list[HloInstruction]) -> None:
-        for dep in dict.fromkeys(instr.operands):
-            if dep not in operands and dep not in instr.control_predecessors:
-                self.users[id(dep)].remove(instr)
-        for dep in dict.fromkeys(operands):
-            if dep not in instr.operands and dep not in instr.control_predecessors:
-                self.users.setdefault(id(dep), []).append(instr)
-        instr.operands = list(operands)
+    def insert_after(self, instr: HloInstruction, after: HloInstruction) -> None:
+        """Put an already built instruction into the computation just after `after`."""
+        order = self.comp.instructions
+        i = order.index(after) + 1
+        if i == len(order):
+            self.comp.add_instruction(instr)
+        else:
+            self.comp.add_instruction(instr, before=order[i])
 
-    def replace(self, old: HloInstruction, new: HloInstruction) -> None:
-        """Every use of `old` (operand, control edge, root) becomes a use of `new`."""
+    @staticmethod
+    def set_operands(instr: HloInstruction, operands: list[HloInstruction]) -> None:
+        instr.set_operands(operands)
+
+    def replace(self, old: HloInstruction, new: HloInstruction, keep=()) -> None:
+        """Every use of `old` (operand, control edge, root) becomes a use of `new`, except the
+        reads by `new` itself and by the instructions in `keep`."""
         if old is new:
             return
-        moved = self.users.get(id(old), [])
-        self.users[id(old)] = []
-        targets = self.users.setdefault(id(new), [])
-        for user in moved:
-            user.operands = [new if op is old else op for op in user.operands]
-            user.control_predecessors = [new if p is old else p for p in user.control_predecessors]
-            if user is not new and user not in targets:
-                targets.append(user)
+        old.replace_all_uses_with(new, keep)
         if self.comp.root is old:
             self.comp.root = new
 
     def remove(self, instr: HloInstruction) -> None:
         """Drop `instr` (which must have no users) from the computation."""
-        for dep in dict.fromkeys([*instr.operands, *instr.control_predecessors]):
-            users = self.users.get(id(dep))
-            if users is not None and instr in users:
-                users.remove(instr)
-        self.users.pop(id(instr), None)
         self.comp.remove_instruction(instr)
 
     def remove_dead(self, candidates: Iterable[HloInstruction] | None = None) -> bool:

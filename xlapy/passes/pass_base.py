@@ -104,6 +104,10 @@ class PassPipeline:
         if changed and self.verify_between:
             try:
                 verify(module)
+                for comp in module.computations:
+                    problems = comp.use_list_problems()
+                    if problems:
+                        raise VerifierError("stale use-lists: " + "; ".join(problems[:5]))
             except VerifierError as e:
                 raise VerifierError(f"after pass {p.name} in pipeline {self.name}: {e}") from e
         if changed:

@@ -22,38 +22,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlapy.ir.computation import HloComputation
+from xlapy.ir.call_graph import CallGraph
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
-from xlapy.ir.opcodes import CallContext, Opcode
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Layout, Shape
 from xlapy.passes.hlo_edit import Editor
 from xlapy.passes.pass_base import HloPass, register_pass
 
 IOTA_LIMIT = 1 << 20
 """The largest array whose reshape is checked element by element."""
-
-"""Opcodes whose called computations run as thunk sequences of their own."""
-
-
-def sequential_computations(module: HloModule) -> list[HloComputation]:
-    """The entry and the computations it reaches through control flow (not fusions,
-    reducers or comparators), in module order."""
-    if module.entry is None:
-        return []
-    seen = {id(module.entry)}
-    stack = [module.entry]
-    while stack:
-        comp = stack.pop()
-        for instr in comp.instructions:
-            if instr.opcode.call_context is not CallContext.SEQUENTIAL:
-                continue
-            for callee in instr.called_computations():
-                if id(callee) not in seen:
-                    seen.add(id(callee))
-                    stack.append(callee)
-    return [c for c in module.computations if id(c) in seen]
 
 
 def _plain_layout(shape: Shape) -> Layout | None:
@@ -78,7 +57,7 @@ def transpose_is_bitcast(instr: HloInstruction) -> bool:
     lin, lout = _plain_layout(operand.shape), _plain_layout(instr.shape)
     if lin is None or lout is None:
         return False
-    perm = instr.attrs.get("dimensions", ())
+    perm = instr.dimensions
     mapped = [perm[d] for d in _major_to_minor(instr.shape, lout)]
     return mapped == _major_to_minor(operand.shape, lin)
 
@@ -122,7 +101,8 @@ class ReshapeToBitcast(HloPass):
     def run(self, module: HloModule) -> bool:
         namer = NameUniquer(module)
         changed = False
-        for comp in sequential_computations(module):
+        graph = CallGraph(module)
+        for comp in [c for c in module.computations if graph.is_sequential(c)]:
             editor = None
             for instr in list(comp.instructions):
                 test = IS_BITCAST.get(instr.opcode)

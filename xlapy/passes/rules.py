@@ -283,10 +283,10 @@ def _zeros(m: Match):
 
 
 def _same_compare(m: Match):
-    direction = m.root.attrs.get("direction", m.root.attrs.get("comparison_direction"))
+    direction = m.root.comparison_direction
     if direction is None:
         return None
-    return m.full(direction.text in ("EQ", "LE", "GE"))
+    return m.full(direction in ("EQ", "LE", "GE"))
 
 
 def _full_precision(m: Match):
@@ -318,25 +318,25 @@ def _reshape_of_scalar_broadcast(m: Match):
 
 
 def _identity_broadcast(m: Match):
-    dims = tuple(m.root.attrs.get("dimensions", ()))
+    dims = m.root.dimensions
     return m["x"] if dims == tuple(range(m.root.shape.rank)) else None
 
 
 def _merge_broadcasts(m: Match):
     inner = m["inner"]
-    inner_dims = inner.attrs.get("dimensions", ())
-    outer_dims = m.root.attrs.get("dimensions", ())
+    inner_dims = inner.dimensions
+    outer_dims = m.root.dimensions
     return m.new(Op.BROADCAST, [m["x"]], {"dimensions": tuple(outer_dims[d] for d in inner_dims)})
 
 
 def _identity_transpose(m: Match):
-    perm = tuple(m.root.attrs.get("dimensions", ()))
+    perm = m.root.dimensions
     return m["x"] if perm == tuple(range(len(perm))) else None
 
 
 def _merge_transposes(m: Match):
-    inner = m["inner"].attrs.get("dimensions", ())
-    outer = m.root.attrs.get("dimensions", ())
+    inner = m["inner"].dimensions
+    outer = m.root.dimensions
     return m.new(Op.TRANSPOSE, [m["x"]], {"dimensions": tuple(inner[j] for j in outer)})
 
 
@@ -348,14 +348,12 @@ def _no_padding(m: Match):
 
 
 def _reverse_of_unit_dims(m: Match):
-    dims = m.root.attrs.get("dimensions", ())
+    dims = m.root.dimensions
     return m["x"] if all(m["x"].shape.dims[d] == 1 for d in dims) else None
 
 
 def _reverse_of_reverse(m: Match):
-    same = sorted(m.root.attrs.get("dimensions", ())) == sorted(
-        m["inner"].attrs.get("dimensions", ())
-    )
+    same = sorted(m.root.dimensions) == sorted(m["inner"].dimensions)
     return m["x"] if same else None
 
 
@@ -419,10 +417,10 @@ def reducer_opcode(comp) -> Opcode | None:
 def _trivial_reduce(m: Match):
     """reduce over dimensions of size 1 with the reducer's identity as init is a reshape."""
     x, init = m.root.operands
-    dims = m.root.attrs.get("dimensions", ())
+    dims = m.root.dimensions
     if any(x.shape.dims[d] != 1 for d in dims):
         return None
-    kind = reducer_opcode(m.root.attrs.get("to_apply"))
+    kind = reducer_opcode(m.root.to_apply)
     value = splat_value(init)
     if kind is None or value is None:
         return None
@@ -461,7 +459,7 @@ def _transpose_of_dot(m: Match):
     rhs-free groups and keeps the batch dimensions first. Only for a dot with no other user:
     otherwise both products would be computed."""
     dot = m["d"]
-    if len(m.editor.users_of(dot)) != 1 or dot is m.editor.comp.root:
+    if len(dot.users) != 1 or dot.control_successors or dot is m.editor.comp.root:
         return None
     lb, rb, lc, rc = _dot_dims(dot)
     a, b = dot.operands
@@ -469,7 +467,7 @@ def _transpose_of_dot(m: Match):
     nl = len(_free_dims(a.shape.rank, lb, lc))
     nr = len(_free_dims(b.shape.rank, rb, rc))
     swapped = (*range(nb), *range(nb + nl, nb + nl + nr), *range(nb, nb + nl))
-    if tuple(m.root.attrs.get("dimensions", ())) != swapped:
+    if m.root.dimensions != swapped:
         return None
     attrs = _with_dot_dims(dot.attrs, (rb, lb, rc, lc))
     if "operand_precision" in attrs:
@@ -484,7 +482,7 @@ def _fold_transpose_into_dot(side: int):
 
     def rewrite(m: Match):
         t = m.root.operands[side]
-        perm = tuple(t.attrs.get("dimensions", ()))
+        perm = t.dimensions
         dims = list(_dot_dims(m.root))
         batch, contracting = dims[side], dims[2 + side]
         free = [perm[d] for d in _free_dims(t.shape.rank, batch, contracting)]

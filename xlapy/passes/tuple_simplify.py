@@ -23,7 +23,7 @@ def _forwarded(instr: HloInstruction) -> HloInstruction | None:
     if instr.opcode is Opcode.GET_TUPLE_ELEMENT:
         source = instr.operands[0]
         if source.opcode is Opcode.TUPLE:
-            return source.operands[instr.attrs["index"]]
+            return source.operands[instr.tuple_index]
         return None
     return rebuilt_source(instr)
 
@@ -39,7 +39,7 @@ def rebuilt_source(instr: HloInstruction) -> HloInstruction | None:
     for i, o in enumerate(instr.operands):
         if o.opcode is not Opcode.GET_TUPLE_ELEMENT or o.operands[0] is not source:
             return None
-        if o.attrs["index"] != i:
+        if o.tuple_index != i:
             return None
     if len(source.shape.tuple_shapes) != len(instr.operands):
         return None

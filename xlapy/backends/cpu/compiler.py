@@ -583,7 +583,7 @@ def estimate_cost(thunk: Thunk) -> float:
     if isinstance(thunk, CopyThunk):
         return 500 + thunk.src.size * _NS_PER_COPIED_BYTE
     if isinstance(thunk, WhileThunk):
-        trips = _trip_count(instr) or _UNKNOWN_TRIP_COUNT
+        trips = instr.known_trip_count or _UNKNOWN_TRIP_COUNT
         nested = [*thunk.condition.thunks, *thunk.body.thunks]
         return trips * sum(t.cost for t in nested)
     if isinstance(thunk, ConditionalThunk):
@@ -607,17 +607,6 @@ def _runs_alone(thunk: Thunk) -> bool:
     if isinstance(thunk, KernelThunk):
         return thunk.chunks == 1
     return thunk.instr.opcode is not Opcode.CONVOLUTION
-
-
-def _trip_count(instr: HloInstruction) -> int | None:
-    config = instr.attrs.get("backend_config")
-    text = getattr(config, "text", None) or ""
-    marker = '"known_trip_count":{"n":"'
-    at = text.find(marker)
-    if at < 0:
-        return None
-    digits = text[at + len(marker) :].split('"', 1)[0]
-    return int(digits) if digits.isdigit() else None
 
 
 def _convolution_flops(instr: HloInstruction) -> float:

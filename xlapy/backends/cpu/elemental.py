@@ -292,11 +292,11 @@ def _compare(em: KernelEmitter, instr, index):
     a = em.operand_at(instr, 0, index)
     c = em.operand_at(instr, 1, index)
     t = _ot(instr)
-    direction = instr.attrs.get("direction", instr.attrs.get("comparison_direction"))
+    direction = instr.comparison_direction
     op = _FCMP.get(str(direction)) if direction is not None else None
     if op is None:
         raise _unsupported(instr, f"needs direction=EQ|NE|LT|LE|GT|GE, got {direction}")
-    kind = str(instr.attrs.get("type") or "")
+    kind = instr.comparison_type or ""
     b = em.b
     if t.is_float:
         if kind == "TOTALORDER":

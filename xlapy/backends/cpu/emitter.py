@@ -425,7 +425,7 @@ class KernelEmitter:
                 index[d] = i
                 nest(level + 1)
 
-        reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
+        reduces = _elemental().kept_minor_reduces(self.out_leaves) if shape0.rank else None
         window = self._in_place_window() if shape0.rank else None
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
@@ -435,7 +435,7 @@ class KernelEmitter:
                 self.flat = (i,) * shape0.rank
                 self._store_outputs(self.flat, out_ptrs)
         elif reduces is not None:
-            elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
+            _elemental().emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
         elif window is not None:
             self._store_window(window, order, out_ptrs[0], start, end)
         else:
@@ -523,7 +523,7 @@ class KernelEmitter:
         keeps the operand's bytes, which it already holds."""
         update = dus.operands[1]
         out_shape = self.out_leaves[0][2]
-        starts = elemental.dynamic_starts(self, dus, out_shape.dims, update.shape.dims, 2)
+        starts = _elemental().dynamic_starts(self, dus, out_shape.dims, update.shape.dims, 2)
         index: list = [None] * out_shape.rank
 
         def nest(level: int):
@@ -746,8 +746,13 @@ class _Loop:
         return False
 
 
-# Elemental rules live in xlapy.backends.cpu.elemental (registered on import).
-from xlapy.backends.cpu import elemental  # noqa: E402
+def _elemental():
+    """xlapy.backends.cpu.elemental, which imports this module (so not at import time here;
+    the package imports it, registering the elemental rules)."""
+    from xlapy.backends.cpu import elemental
+
+    return elemental
+
 
 __all__ = [
     "EMIT_RULES",

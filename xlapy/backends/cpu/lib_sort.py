@@ -61,13 +61,11 @@ class SortKey:
 
 
 def _direction(instr: HloInstruction) -> str:
-    d = instr.attrs.get("direction", instr.attrs.get("comparison_direction"))
-    return str(d) if d is not None else ""
+    return instr.comparison_direction or ""
 
 
 def _kind(instr: HloInstruction) -> str | None:
-    k = instr.attrs.get("type")
-    return str(k) if k is not None else None
+    return instr.comparison_type
 
 
 def _params_of(instr: HloInstruction, seen: dict[int, frozenset]) -> frozenset:

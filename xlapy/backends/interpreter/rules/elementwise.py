@@ -629,14 +629,13 @@ _COMPARISONS = {
 def _compare(instr, operands, ctx):
     a, b = operands
     t = ptype_of(a)
-    direction = instr.attrs.get("direction", instr.attrs.get("comparison_direction"))
+    direction = instr.comparison_direction
     fn = _COMPARISONS.get(str(direction)) if direction is not None else None
     if fn is None:
         raise EvaluationError(
             f"{instr.name}: compare needs direction=EQ|NE|LT|LE|GT|GE, got {direction}"
         )
-    kind = instr.attrs.get("type")
-    kind = str(kind) if kind is not None else None
+    kind = instr.comparison_type
     if t.is_complex:
         if str(direction) not in ("EQ", "NE"):
             raise EvaluationError(f"{instr.name}: complex values only compare EQ or NE")
