@@ -460,7 +460,7 @@ class KernelEmitter:
         order = list(reversed(shape0.layout_or_default.minor_to_major))
         if self._flat_elementwise(shape0):
             return shape0.num_elements
-        if elemental.kept_minor_reduces(self.out_leaves) is None:
+        if _elemental().kept_minor_reduces(self.out_leaves) is None:
             window = self._in_place_window()
             if window is not None:
                 return window.operands[1].shape.dims[order[0]]

@@ -554,7 +554,6 @@ class _Partitioner:
         """Where a value's result is wanted: its own annotation, or that of a Sharding
         custom call or annotated root using it."""
         wanted: dict[int, Tiling] = {}
-        users = self.entry.users()
         for instr in self.entry.instructions:
             s = instr.attrs.get("sharding")
             if not isinstance(s, HloSharding) or s.is_manual or not instr.shape.is_array:
@@ -574,7 +573,7 @@ class _Partitioner:
                 or target.opcode is Opcode.TUPLE
             ) and target.operands:
                 src = target.operands[0]
-                if len(users.get(src, [])) != 1 or src.opcode is Opcode.PARAMETER:
+                if len(src.users) != 1 or src.opcode is Opcode.PARAMETER:
                     break
                 wanted.setdefault(id(src), t)
                 if src.opcode is not Opcode.CUSTOM_CALL:
