@@ -329,6 +329,11 @@ _GRAPH_FIELDS = {"operands", "control_predecessors", "users", "control_successor
 _LIST_EDITS = {"append", "insert", "extend", "remove", "pop", "clear", "sort", "reverse"}
 
 
+# Modules whose `operands` are not HLO instructions' (the MLIR syntax tree of the StableHLO
+# reader holds operand names and positions).
+_OTHER_GRAPHS = {Path("stablehlo/mlir.py")}
+
+
 def test_graph_edits_go_through_the_ir():
     """Outside `ir`, nothing assigns or mutates an instruction's operands, control edges or
     use-lists or a computation's instruction list directly (set_operands, replace_operand,
@@ -336,7 +341,7 @@ def test_graph_edits_go_through_the_ir():
     found = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] == "ir":
+        if rel.parts[0] == "ir" or rel in _OTHER_GRAPHS:
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             targets = []

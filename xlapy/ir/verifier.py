@@ -263,10 +263,11 @@ def _check_total_bytes(module: HloModule) -> Iterator[str]:
 def _check_sharding(instr: HloInstruction, sharding: HloSharding) -> Iterator[str]:
     """A tiled sharding has one tile dimension per array dimension (plus its subgroup
     dimensions); a tuple sharding one element per leaf; ids below the module's device count
-    when the module says it is partitioned."""
+    when the module says it is partitioned (num_partitions > 1; a replicated module's
+    shardings name devices of its device assignment)."""
     module = instr.parent.parent if instr.parent is not None else None
     devices = None
-    if module is not None and module.config.num_partitions * module.config.replica_count > 1:
+    if module is not None and module.config.num_partitions > 1:  # ids are partition ids
         devices = module.config.num_partitions
     leaves = [leaf for _, leaf in instr.shape.leaves()]
     if sharding.is_tuple:

@@ -404,6 +404,13 @@ class Scope:
         if self.parent is None:
             raise self.conv.error(f"use of undefined value '{name}'", pos)
         outer = self.parent.lookup(name, pos, user)
+        literal = self.conv.literals.get(outer[0])
+        if self.capture is None and literal is not None:
+            # A constant (JAX's sort comparators read outer NaN/zero constants) is cheaper
+            # and always allowed to rebuild inside the region.
+            local = self.conv.constant(self, literal, outer[1])
+            self.values[name] = local
+            return local
         if self.capture is None:
             raise self.conv.error(
                 f"the region of '{user}' uses '{name}', a value defined outside it; "
@@ -1856,7 +1863,7 @@ RULES["stablehlo.uniform_quantize"] = _unsupported_quant
 RULES["stablehlo.uniform_dequantize"] = _unsupported_quant
 
 
-def import_module(text: str, filename: str | None = None) -> HloModule:
+def convert_text(text: str, filename: str | None = None) -> HloModule:
     """Convert StableHLO text to an HloModule (see xlapy.stablehlo.import_text)."""
     from xlapy.stablehlo import chlo  # noqa: F401  (registers the chlo rules)
 
@@ -1874,4 +1881,4 @@ def import_module(text: str, filename: str | None = None) -> HloModule:
         raise converter.error(f"cannot convert {what}: {type(e).__name__}: {e}") from None
 
 
-__all__ = ["import_module"]
+__all__ = ["convert_text"]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from xlapy.ir.module import HloModule
-from xlapy.stablehlo.convert import import_module
+from xlapy.stablehlo.convert import convert_text
 
 
 def import_text(text: str, filename: str = "<stablehlo>") -> HloModule:
     """The HloModule of StableHLO text (as `jax.jit(f).lower(x).as_text()` prints it, pretty
     or generic form). HloParseError at the line and column of anything malformed or
     unsupported."""
-    return import_module(text, filename)
+    return convert_text(text, filename)
 
 
 def import_bytes(data: bytes) -> HloModule:

@@ -320,7 +320,9 @@ class _Partitioner:
             live.add(id(i))
             stack.extend(i.operands)
             stack.extend(i.control_predecessors)
-        comp.instructions = [i for i in comp.instructions if id(i) in live]
+        for instr in reversed(list(comp.instructions)):  # users before what they read
+            if id(instr) not in live:
+                comp.remove_instruction(instr)
 
     # -- emitting --------------------------------------------------------------------------
     def emit(self, opcode, shape, operands=(), attrs=None, base=None, **kw) -> HloInstruction:
