@@ -1330,22 +1330,22 @@ def _scatter(conv: Converter, op: Op, scope: Scope, operands):
     return conv.results(scope, value, op)
 
 
-@rule("stablehlo.reduce")
-def _reduce(conv: Converter, op: Op, scope: Scope, operands):
-    n = len(operands) // 2
-    dims = ints(attr(op, "dimensions"))
-    scalars = [s for _, s in operands[n:]]
+def _variadic_reduction(conv: Converter, op: Op, scope: Scope, operands, opcode: str, attrs):
+    """reduce / reduce-window: inputs then as many init values, a region over their scalars;
+    `attrs` is the HLO attribute text before `to_apply`."""
+    scalars = [s for _, s in operands[len(operands) // 2 :]]
     to_apply = conv.applied(scope, op, scalars, "region")
     shapes = conv.result_shapes(op)
     shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
-    value = conv.add(
-        scope,
-        "reduce",
-        shape,
-        [x for x, _ in operands],
-        f", dimensions={int_list(dims)}, to_apply={to_apply}",
-    )
+    args = [x for x, _ in operands]
+    value = conv.add(scope, opcode, shape, args, f"{attrs}, to_apply={to_apply}")
     return conv.results(scope, value, op)
+
+
+@rule("stablehlo.reduce")
+def _reduce(conv: Converter, op: Op, scope: Scope, operands):
+    dims = int_list(ints(attr(op, "dimensions")))
+    return _variadic_reduction(conv, op, scope, operands, "reduce", f", dimensions={dims}")
 
 
 def _window(op: Op, rank: int, size: tuple[int, ...]) -> str:
@@ -1384,20 +1384,9 @@ def _window(op: Op, rank: int, size: tuple[int, ...]) -> str:
 
 @rule("stablehlo.reduce_window")
 def _reduce_window(conv: Converter, op: Op, scope: Scope, operands):
-    n = len(operands) // 2
     size = ints(attr(op, "window_dimensions"))
-    scalars = [s for _, s in operands[n:]]
-    to_apply = conv.applied(scope, op, scalars, "region")
-    shapes = conv.result_shapes(op)
-    shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
-    value = conv.add(
-        scope,
-        "reduce-window",
-        shape,
-        [x for x, _ in operands],
-        f"{_window(op, len(size), size)}, to_apply={to_apply}",
-    )
-    return conv.results(scope, value, op)
+    window = _window(op, len(size), size)
+    return _variadic_reduction(conv, op, scope, operands, "reduce-window", window)
 
 
 @rule("stablehlo.select_and_scatter")
