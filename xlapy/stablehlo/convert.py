@@ -522,6 +522,12 @@ class Converter:
             for i, s in enumerate(shape.tuple_shapes)
         ]
 
+    def joint_result_shape(self, op: Op) -> Shape:
+        """The shape of the one HLO value that holds all of `op`'s results: the result's
+        own, or the tuple of them (split again by `results`)."""
+        shapes = self.result_shapes(op)
+        return shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
+
     def results(self, scope, value, op: Op) -> list[tuple[str, Shape]]:
         """An op's results from one HLO value: itself, or its tuple's parts when the op has
         several results."""
@@ -1335,8 +1341,7 @@ def _variadic_reduction(conv: Converter, op: Op, scope: Scope, operands, opcode:
     `attrs` is the HLO attribute text before `to_apply`."""
     scalars = [s for _, s in operands[len(operands) // 2 :]]
     to_apply = conv.applied(scope, op, scalars, "region")
-    shapes = conv.result_shapes(op)
-    shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
+    shape = conv.joint_result_shape(op)
     args = [x for x, _ in operands]
     value = conv.add(scope, opcode, shape, args, f"{attrs}, to_apply={to_apply}")
     return conv.results(scope, value, op)
@@ -1770,8 +1775,7 @@ def _collective_attrs(conv: Converter, op: Op) -> str:
 @rule("stablehlo.all_gather")
 def _all_gather(conv: Converter, op: Op, scope: Scope, operands):
     dim = ival(attr(op, "all_gather_dim"))
-    shapes = conv.result_shapes(op)
-    shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
+    shape = conv.joint_result_shape(op)
     value = conv.add(
         scope,
         "all-gather",
@@ -1788,8 +1792,7 @@ def _all_to_all(conv: Converter, op: Op, scope: Scope, operands):
     concat = ival(attr(op, "concat_dimension"))
     if split != concat:
         raise conv.error("all_to_all with split_dimension != concat_dimension is not supported")
-    shapes = conv.result_shapes(op)
-    shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
+    shape = conv.joint_result_shape(op)
     value = conv.add(
         scope,
         "all-to-all",
