@@ -4,7 +4,6 @@ chlo expansions' accuracy, the attributes JAX attaches, StableHLO's test-suite s
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import re
 import sys
@@ -458,7 +457,6 @@ def test_bytes_without_jax_say_what_to_install(monkeypatch):
         import_bytes(data)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flatbuffers") is None, reason="needs flatbuffers")
 def test_jax_export_serialization_loads():
     from jax import export
 
@@ -506,3 +504,51 @@ def test_cli_reads_mlir_files(run_cli, write, tmp_path):
     assert code == 1
     assert "bad.mlir:3:10: error: unsupported op 'stablehlo.frob'" in out + err
     assert "Traceback" not in out + err
+
+
+LAYOUT_MODES = """
+module @m {
+  func.func public @main(%a: tensor<2x3xf32> {mhlo.layout_mode = "{0,1}"},
+                         %b: tensor<4xf32> {mhlo.layout_mode = "default"})
+      -> (tensor<2x3xf32> {mhlo.layout_mode = "auto"}, tensor<4xf32>) {
+    %0 = stablehlo.add %a, %a : tensor<2x3xf32>
+    return %0, %b : tensor<2x3xf32>, tensor<4xf32>
+  }
+}
+"""
+
+
+def test_layout_mode_fixes_the_entry_layout_as_xla_does():
+    module = import_text(LAYOUT_MODES, "layouts.mlir")
+    layout = module.config.entry_computation_layout
+    assert layout is not None
+    assert layout.to_text() == "(f32[2,3]{0,1}, f32[4]{0})->(f32[2,3]{1,0}, f32[4]{0})"
+    client = xlapy.Client("cpu")
+    a, b = f32(2, 3), f32(4)
+    outs = client.compile(module).execute(
+        [[client.buffer_from_pyval(a), client.buffer_from_pyval(b)]]
+    )
+    np.testing.assert_array_equal(np.asarray(outs[0][0]), a + a)
+    np.testing.assert_array_equal(np.asarray(outs[0][1]), b)
+    # "default"/"auto" everywhere fixes nothing: no entry layout is written
+    assert (
+        import_text(LAYOUT_MODES.replace('"{0,1}"', '"auto"')).config.entry_computation_layout
+        is None
+    )
+
+
+@pytest.mark.parametrize("mode", ['"{0}"', '"{0,0}"', '"{1,2}"', '"column-major"'])
+def test_bad_layout_mode_names_the_value(mode):
+    with pytest.raises(HloParseError, match=r"mhlo\.layout_mode .* is not 'default', 'auto'"):
+        import_text(LAYOUT_MODES.replace('"{0,1}"', mode), "layouts.mlir")
+
+
+def test_jax_layout_api_reaches_the_entry_layout():
+    from jax.experimental import layout as jl
+    from jax.sharding import SingleDeviceSharding
+
+    device = jax.devices("cpu")[0]
+    column_major = jl.Format(jl.Layout(major_to_minor=(1, 0)), SingleDeviceSharding(device))
+    lowered = jax.jit(lambda a: a * 2, in_shardings=column_major).lower(f32(2, 3))
+    layout = xlapy.load(lowered.as_text()).config.entry_computation_layout
+    assert layout is not None and layout.parameters[0].to_text() == "f32[2,3]{0,1}"

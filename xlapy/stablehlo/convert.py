@@ -827,6 +827,9 @@ class Converter:
             items.append(f"input_output_alias={{ {', '.join(aliases)} }}")
         if donors:
             items.append(f"buffer_donor={{ {', '.join(donors)} }}")
+        layout = self.entry_layout(main)
+        if layout is not None:
+            items.append(f"entry_computation_layout={{{layout}}}")
         replicas = ival(attrs.get("mhlo.num_replicas", 1))
         partitions = ival(attrs.get("mhlo.num_partitions", 1))
         if replicas != 1:
@@ -834,6 +837,40 @@ class Converter:
         if partitions != 1:
             items.append(f"num_partitions={partitions}")
         return ", ".join(items)
+
+    def entry_layout(self, main: mlir.Func) -> str | None:
+        """`entry_computation_layout` text from the `mhlo.layout_mode` attributes of main's
+        arguments and results, as XLA reads them: "default" and "auto" leave the choice to
+        the compiler (xlapy picks the default, major-to-minor layout), a minor-to-major list
+        such as "{0,1}" fixes that value's layout. None when nothing is fixed."""
+        fixed = False
+
+        def one(typ: Type, attrs: dict) -> str:
+            nonlocal fixed
+            shape = self.shape(typ)
+            mode = ival(attrs.get("mhlo.layout_mode"))
+            if not shape.is_array:
+                return shape.to_text(True)
+            if mode is None or mode in ("default", "auto"):
+                default = range(len(shape.dims) - 1, -1, -1)
+                return shape.to_text(False) + "{" + ",".join(map(str, default)) + "}"
+            m = re.fullmatch(r"\{\s*(\d+(?:\s*,\s*\d+)*)?\s*\}", str(mode))
+            dims = tuple(int(d) for d in re.findall(r"\d+", str(mode))) if m else None
+            if dims is None or sorted(dims) != list(range(len(shape.dims))):
+                raise self.error(
+                    f"mhlo.layout_mode {mode!r} is not 'default', 'auto' or a minor-to-major "
+                    f"permutation of the {len(shape.dims)} dimensions of {typ.text}",
+                    typ.pos,
+                )
+            fixed = True
+            return shape.to_text(False) + "{" + ",".join(map(str, dims)) + "}"
+
+        params = [one(typ, attrs) for _, typ, attrs in main.args]
+        results = [one(typ, attrs) for typ, attrs in main.results]
+        if not fixed:
+            return None
+        result = results[0] if len(results) == 1 else "(" + ", ".join(results) + ")"
+        return f"({', '.join(params)})->{result}"
 
 
 # ops whose short form `: T` names the result type, not the operands'
