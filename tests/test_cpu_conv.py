@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from jax import lax
 
-from xlapy.backends.cpu import lib_conv, lib_dot
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.lib_conv import plan_convolution
-from xlapy.backends.cpu.lib_dot import plan_dot, work_dtype
+from xlapy.backends.cpu.runtime import conv_thunk as lib_conv
+from xlapy.backends.cpu.runtime import dot_thunk as lib_dot
+from xlapy.backends.cpu.runtime.conv_thunk import plan_convolution
+from xlapy.backends.cpu.runtime.dot_thunk import plan_dot, work_dtype
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module

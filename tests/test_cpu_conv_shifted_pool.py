@@ -20,8 +20,8 @@ from test_cpu_conv import (
     test_convolution_gradients_match_interpreter,
 )
 
-from xlapy.backends.cpu import lib_conv
 from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.runtime import conv_thunk as lib_conv
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module

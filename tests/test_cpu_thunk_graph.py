@@ -14,8 +14,9 @@ from jax_programs import PROGRAMS, hlo_texts
 from test_jax_programs import leaves
 
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.kernel import even_blocks, run_blocks
-from xlapy.backends.cpu.thunk_graph import (
+from xlapy.backends.cpu.jit.kernel import even_blocks, run_blocks
+from xlapy.backends.cpu.runtime.thunk import GraphChoice, ThunkSequence, WhileThunk
+from xlapy.backends.cpu.runtime.thunk_graph import (
     DEFAULT_MODE,
     Access,
     ancestor_masks,
@@ -24,7 +25,6 @@ from xlapy.backends.cpu.thunk_graph import (
     plan_graph,
     run_graph,
 )
-from xlapy.backends.cpu.thunks import GraphChoice, ThunkSequence, WhileThunk
 from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.parser import parse_module
 

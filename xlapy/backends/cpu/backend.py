@@ -35,7 +35,7 @@ from xlapy.backends.base import (
     leaf_at,
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module
-from xlapy.backends.cpu.thunks import (
+from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     ExecutionContext,
     address,

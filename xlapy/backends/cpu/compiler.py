@@ -30,26 +30,25 @@ from typing import Any
 import numpy as np
 
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
-from xlapy.backends.cpu import module_cache
-from xlapy.backends.cpu.emit_scatter import scatter_thunk
-from xlapy.backends.cpu.emitter import denormals_flushed, in_place_reason, supported
-from xlapy.backends.cpu.kernel import (
+from xlapy.backends.cpu.codegen.emit_scatter import scatter_thunk
+from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
+from xlapy.backends.cpu.jit import module_cache
+from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     clear_loaded_objects,
     compile_computation,
     wrap_instruction,
 )
-from xlapy.backends.cpu.lib_collectives import CollectiveThunk
-from xlapy.backends.cpu.lib_dot import PARALLEL_MIN_FLOPS
-from xlapy.backends.cpu.library import (
+from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
+from xlapy.backends.cpu.runtime.dot_thunk import PARALLEL_MIN_FLOPS
+from xlapy.backends.cpu.runtime.rule_thunk import (
     CustomCallThunk,
     DotThunk,
     DynamicUpdateSliceThunk,
     RuleThunk,
     blas_dot_supported,
 )
-from xlapy.backends.cpu.thunk_graph import Access, concurrency_mode, plan_graph
-from xlapy.backends.cpu.thunks import (
+from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     CallThunk,
     ConditionalThunk,
@@ -63,6 +62,7 @@ from xlapy.backends.cpu.thunks import (
     physical_dims,
     work_elements,
 )
+from xlapy.backends.cpu.runtime.thunk_graph import Access, concurrency_mode, plan_graph
 from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction

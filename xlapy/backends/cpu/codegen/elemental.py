@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.emitter import (
+from xlapy.backends.cpu.codegen.emitter import (
     F32,
     F64,
     I1,
@@ -402,7 +402,7 @@ def _bitcast_convert(em: KernelEmitter, instr, index):
     bits = em.b.bitcast(em.to_mem(x, frm), ir.IntType(frm.bits))
     if to.is_integral:
         return bits
-    from xlapy.backends.cpu.emitter import mem_type
+    from xlapy.backends.cpu.codegen.emitter import mem_type
 
     return em.from_mem(em.b.bitcast(bits, mem_type(to)), to)
 

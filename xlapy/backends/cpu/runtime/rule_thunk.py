@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from xlapy.backends.base import replace_leaf
-from xlapy.backends.cpu.kernel import even_blocks, pool_size, run_blocks
-from xlapy.backends.cpu.lib_conv import plan_convolution
-from xlapy.backends.cpu.lib_dot import (
+from xlapy.backends.cpu.jit.kernel import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.conv_thunk import plan_convolution
+from xlapy.backends.cpu.runtime.dot_thunk import (
     NO_TRANS,
     OPENBLAS_SERIAL_FLOPS,
     PARALLEL_MIN_FLOPS,
@@ -55,16 +55,16 @@ from xlapy.backends.cpu.lib_dot import (
     one_blas_thread,
     plan_dot,
 )
-from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
-from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
-from xlapy.backends.cpu.lib_window import plan_reduce_window, plan_select_and_scatter
-from xlapy.backends.cpu.thunks import (
+from xlapy.backends.cpu.runtime.indexing_thunk import plan_gather, plan_scatter
+from xlapy.backends.cpu.runtime.sort_thunk import plan_sort, plan_topk, plan_xla_topk
+from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     ExecutionContext,
     SplitChoice,
     Thunk,
     ValueTree,
 )
+from xlapy.backends.cpu.runtime.window_thunk import plan_reduce_window, plan_select_and_scatter
 from xlapy.backends.interpreter.registry import rule_for
 from xlapy.errors import CustomCallError, EvaluationError
 from xlapy.ir.instruction import HloInstruction

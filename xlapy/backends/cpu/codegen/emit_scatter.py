@@ -32,7 +32,7 @@ import math
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.emitter import (
+from xlapy.backends.cpu.codegen.emitter import (
     I1,
     I8,
     I64,
@@ -43,8 +43,8 @@ from xlapy.backends.cpu.emitter import (
     reg_type,
     supported,
 )
-from xlapy.backends.cpu.kernel import SYMBOL, Kernel, symbol_name
-from xlapy.backends.cpu.thunks import BufferSlice, KernelThunk, physical_dims
+from xlapy.backends.cpu.jit.kernel import SYMBOL, Kernel, symbol_name
+from xlapy.backends.cpu.runtime.thunk import BufferSlice, KernelThunk, physical_dims
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape

@@ -60,7 +60,7 @@ import threading
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from xlapy.backends.cpu.lib_dot import (
+from xlapy.backends.cpu.runtime.dot_thunk import (
     blas_ready,
     from_work,
     raw_gemm,

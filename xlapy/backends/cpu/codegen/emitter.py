@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 
-from xlapy.backends.cpu.math import MathEmitter
+from xlapy.backends.cpu.codegen.math import MathEmitter
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -747,9 +747,9 @@ class _Loop:
 
 
 def _elemental():
-    """xlapy.backends.cpu.elemental, which imports this module (so not at import time here;
+    """xlapy.backends.cpu.codegen.elemental, which imports this module (so not at import time here;
     the package imports it, registering the elemental rules)."""
-    from xlapy.backends.cpu import elemental
+    from xlapy.backends.cpu.codegen import elemental
 
     return elemental
 

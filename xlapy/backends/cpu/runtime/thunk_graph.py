@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from xlapy.backends.cpu.kernel import default_pool, pool_size
+from xlapy.backends.cpu.jit.kernel import default_pool, pool_size
 from xlapy.errors import XlapyError
 
 MIN_OVERLAP_NS = 20_000.0

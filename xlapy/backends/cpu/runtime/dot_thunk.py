@@ -44,7 +44,7 @@ import os
 import cffi
 import numpy as np
 
-from xlapy.backends.cpu.kernel import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.jit.kernel import even_blocks, pool_size, run_blocks
 from xlapy.backends.interpreter.rules.contraction import (
     accumulation_dtype,
     to_result,

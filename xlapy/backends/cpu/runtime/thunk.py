@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.backends.cpu.kernel import Kernel, even_blocks, pool_size, run_blocks
-from xlapy.backends.cpu.thunk_graph import Access, GraphPlan, run_graph
+from xlapy.backends.cpu.jit.kernel import Kernel, even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode

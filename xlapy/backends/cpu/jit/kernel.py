@@ -41,14 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.emitter import (
+from xlapy.backends.cpu.codegen.emitter import (
     KernelSpec,
     denormals_flushed,
     emit_kernel,
     outer_extent_of,
     output_leaves,
 )
+from xlapy.backends.cpu.jit import engine as jit
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -88,10 +88,10 @@ def source_fingerprint() -> str:
     """A SHA-256 of the code generator's Python sources (this package, and the IR whose
     text keys the cache): part of every kernel cache key, so an entry written by other
     code generator sources is never used."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for path in sorted([*here.glob("*.py"), *(root / "ir").glob("*.py")]):
+    backend = Path(__file__).resolve().parents[1]
+    for path in sorted([*backend.rglob("*.py"), *(root / "ir").glob("*.py")]):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
