@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from xlapy.backends.cpu.jit.kernel import default_pool, even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.pool import default_pool, even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import SplitChoice
 from xlapy.errors import XlapyError
 

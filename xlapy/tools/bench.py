@@ -84,7 +84,7 @@ def kernel_cache_dir(path: str) -> Iterator[None]:
 def clear_process_kernel_cache() -> None:
     """Forget the kernels the CPU compiler keeps in memory, so the next compile reads the
     disk cache (or compiles) again."""
-    from xlapy.backends.cpu.compiler import clear_kernel_cache
+    from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 
     clear_kernel_cache()
 

@@ -8,25 +8,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.codegen.emitter import (
+from xlapy.backends.cpu.codegen.common import (
     F32,
     F64,
     I1,
     I32,
     I64,
     REDUCE_BLOCK,
-    KernelEmitter,
     UnsupportedForCodegen,
     emits,
+    mem_type,
     reduce_hero,
     reg_type,
 )
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.types import PrimitiveType
+
+if TYPE_CHECKING:
+    from xlapy.backends.cpu.codegen.emitter import KernelEmitter
 
 P = PrimitiveType
 Op = Opcode
@@ -402,8 +406,6 @@ def _bitcast_convert(em: KernelEmitter, instr, index):
     bits = em.b.bitcast(em.to_mem(x, frm), ir.IntType(frm.bits))
     if to.is_integral:
         return bits
-    from xlapy.backends.cpu.codegen.emitter import mem_type
-
     return em.from_mem(em.b.bitcast(bits, mem_type(to)), to)
 
 

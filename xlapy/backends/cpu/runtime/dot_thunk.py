@@ -1,4 +1,22 @@
-# Fast library dots for the cases DotThunk leaves to the interpreter: mixed element types
+# Dots: BLAS on the arena (DotThunk), and the fast library path for the others.
+#
+# DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type. Without a
+# batch, and where each operand's slice reads as one matrix (its dims merge into rows and
+# columns with one stride each, as stored or transposed), it is one cblas gemm on arena
+# addresses planned at compile time (cblas_gemm below; a column-major result is computed
+# as its transpose), so a run only adds the allocation bases: ~1 us of Python per dot, not
+# the ~5 us of building NumPy views. Other f32/f64/complex dots go to NumPy's matmul on
+# views of the slices (transpose flags instead of copies wherever the contraction allows).
+# Mixed precision and integer dots run as a rule thunk with the fast path below.
+# Every BLAS call runs with one OpenBLAS thread; a large product may be split into blocks
+# of rows, of columns when it is wider than tall (each block then packs only its part of
+# the right operand; column blocks start on 64-byte lines), or of the batch, over the
+# kernel pool, so BLAS's own threads never compete with the pool, and a busy machine
+# degrades to one core instead of 5-15x. Whether a dot splits is learned per dot from its
+# run times (thunk.SplitChoice): the hand-off to a worker costs tens of microseconds and,
+# with the other core busy, splitting gains nothing.
+#
+# Fast library dots for the cases DotThunk leaves to a rule thunk: mixed element types
 # (bf16 x bf16 -> f32, f16 -> f32, bf16 -> bf16, ...) and integer dots (s8 x s8 -> s32, ...).
 #
 # The interpreter accumulates floats in f32 (f64 when the result or an operand is f64) and
@@ -29,7 +47,7 @@
 #
 # cblas_gemm and raw_gemm expose OpenBLAS's gemm on raw addresses, for DotThunk's planned
 # products and for those np.matmul cannot express (accumulating into a strided block of an
-# existing result, see lib_conv.py). They are called through cffi with addresses as plain
+# existing result, see conv_thunk.py). They are called through cffi with addresses as plain
 # ints: ~1 us a call, against ~2 us through ctypes with argtypes and ~1 us for np.matmul's
 # own dispatch.
 
@@ -38,13 +56,24 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import itertools
 import math
 import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import cffi
 import numpy as np
 
-from xlapy.backends.cpu.jit.kernel import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.thunk import (
+    NS_PER_FLOP,
+    BufferSlice,
+    ExecutionContext,
+    SplitChoice,
+    Thunk,
+)
 from xlapy.backends.interpreter.rules.contraction import (
     accumulation_dtype,
     to_result,
@@ -274,3 +303,338 @@ def plan_dot(instr: HloInstruction):
         return True
 
     return run
+
+
+# -- DotThunk: BLAS on arena addresses ---------------------------------------------------
+P = PrimitiveType
+_BLAS_TYPES = frozenset({P.F32, P.F64, P.C64, P.C128})
+
+
+def blas_dot_supported(instr: HloInstruction) -> bool:
+    """Whether DotThunk handles `instr`: one element type in and out, BLAS-able."""
+    t = instr.shape.element_type
+    return t in _BLAS_TYPES and all(op.shape.element_type is t for op in instr.operands)
+
+
+@dataclass(frozen=True, slots=True)
+class _MatrixView:
+    """How a dot operand's slice is seen as a [batch, rows, cols] array: its bytes as the
+    physical dims, one transpose (the layout's and the dot's dimension order together),
+    one reshape: a view wherever the contraction allows, as BLAS takes transpose flags."""
+
+    allocation: int
+    start: int
+    end: int
+    dtype: np.dtype
+    physical: tuple[int, ...]
+    perm: tuple[int, ...]
+    shape: tuple[int, int, int]
+
+    @staticmethod
+    def of(s: BufferSlice, order: Sequence[int], shape: tuple[int, int, int]) -> _MatrixView:
+        """`order`: the logical dims in the order the [batch, rows, cols] array wants them."""
+        major_to_minor = tuple(reversed(s.shape.layout_or_default.minor_to_major))
+        axis_of = {d: k for k, d in enumerate(major_to_minor)}  # logical dim -> physical axis
+        return _MatrixView(
+            s.allocation,
+            s.offset,
+            s.offset + s.size,
+            s.shape.dtype,
+            tuple(s.shape.dims[d] for d in major_to_minor),
+            tuple(axis_of[d] for d in order),
+            shape,
+        )
+
+    def array(self, memory) -> np.ndarray:
+        raw = memory[self.allocation][self.start : self.end].view(self.dtype)
+        return raw.reshape(self.physical).transpose(self.perm).reshape(self.shape)
+
+    def strides(self) -> tuple[int, int, int] | None:
+        """The element strides of the [batch, rows, cols] array when it is a view of the
+        slice (else None: the reshape would copy)."""
+        steps = [1] * len(self.physical)
+        for axis in range(len(self.physical) - 2, -1, -1):
+            steps[axis] = steps[axis + 1] * self.physical[axis + 1]
+        axes = [(self.physical[p], steps[p]) for p in self.perm if self.physical[p] != 1]
+        out = []
+        for size in self.shape:
+            extent, stride = 1, 0
+            while extent < size and axes:
+                dim, step = axes.pop(0)
+                if extent > 1 and stride != step * dim:
+                    return None  # the axes of one group do not merge into one stride
+                extent, stride = extent * dim, step
+            if extent != size:
+                return None
+            out.append(stride)
+        return (out[0], out[1], out[2])
+
+
+@dataclass(frozen=True, slots=True)
+class _BlasMatrix:
+    """A [rows, cols] operand as row-major cblas takes it: its byte offset in its
+    allocation, leading dimension, whether it is stored transposed, and the bytes one row
+    and one column move (for blocks)."""
+
+    allocation: int
+    offset: int
+    ld: int
+    trans: bool
+    row_bytes: int
+    col_bytes: int
+
+    @staticmethod
+    def of(view: _MatrixView, transposed_ok: bool = True) -> _BlasMatrix | None:
+        """The matrix of a batch-1 view, or None when BLAS cannot read it in place."""
+        strides = view.strides()
+        if strides is None:
+            return None
+        _, rows, cols = view.shape
+        _, sr, sc = strides
+        it = view.dtype.itemsize
+        if (cols == 1 or sc == 1) and (rows == 1 or sr >= cols):
+            ld = sr if rows > 1 else max(cols, 1)
+            return _BlasMatrix(view.allocation, view.start, ld, False, sr * it, sc * it)
+        if transposed_ok and (rows == 1 or sr == 1) and (cols == 1 or sc >= rows):
+            ld = sc if cols > 1 else max(rows, 1)
+            return _BlasMatrix(view.allocation, view.start, ld, True, sr * it, sc * it)
+        return None
+
+    def transposed(self) -> _BlasMatrix:
+        """The same bytes read as the [cols, rows] transpose."""
+        return _BlasMatrix(
+            self.allocation, self.offset, self.ld, not self.trans, self.col_bytes, self.row_bytes
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _GemmPlan:
+    """One cblas gemm `out = lhs @ rhs` ([m, k] @ [k, n]) on arena addresses; the result
+    is always row-major (a column-major result is computed as its transpose)."""
+
+    lhs: _BlasMatrix
+    rhs: _BlasMatrix
+    out: _BlasMatrix
+    m: int
+    n: int
+    k: int
+
+    @staticmethod
+    def of(a: _MatrixView, c: _MatrixView, out: _MatrixView) -> _GemmPlan | None:
+        """The plan for a batch-1 product, or None when an operand is no BLAS matrix."""
+        lhs, rhs, res = _BlasMatrix.of(a), _BlasMatrix.of(c), _BlasMatrix.of(out)
+        if lhs is None or rhs is None or res is None:
+            return None
+        _, m, k = a.shape
+        n = c.shape[2]
+        if not res.trans:
+            return _GemmPlan(lhs, rhs, res, m, n, k)
+        return _GemmPlan(rhs.transposed(), lhs.transposed(), res.transposed(), n, m, k)
+
+
+_BLOCK_QUANTUM = 16
+"""Column blocks start at multiples of this many elements, so each block's columns of the
+right operand and the result start on a 64-byte line when the whole matrix does."""
+
+
+def _blocks(extent: int, parts: int, quantum: int) -> list[tuple[int, int]]:
+    if extent < 2 * quantum:
+        return even_blocks(extent, parts)
+    bounds = [0, *(extent * p // parts // quantum * quantum for p in range(1, parts)), extent]
+    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
+
+class DotThunk(Thunk):
+    """dot -> one cblas gemm on arena addresses, or matmul into the result slice (see the
+    file comment)."""
+
+    kind = "blas"
+
+    def __init__(self, instr: HloInstruction, lhs: BufferSlice, rhs: BufferSlice, out):
+        self.instr, self.lhs, self.rhs, self.out = instr, lhs, rhs, out
+        a = instr.attrs
+        lb = tuple(a.get("lhs_batch_dims") or ())
+        rb = tuple(a.get("rhs_batch_dims") or ())
+        lc = tuple(a.get("lhs_contracting_dims") or ())
+        rc = tuple(a.get("rhs_contracting_dims") or ())
+        ls, rs = lhs.shape.dims, rhs.shape.dims
+        lf = [d for d in range(len(ls)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rs)) if d not in rb and d not in rc]
+        self.b = b = math.prod(ls[d] for d in lb)
+        self.m = m = math.prod(ls[d] for d in lf)
+        self.k = k = math.prod(ls[d] for d in lc)
+        self.n = n = math.prod(rs[d] for d in rf)
+        self.flops = 2 * b * m * n * k
+        self._a = _MatrixView.of(lhs, [*lb, *lf, *lc], (b, m, k))
+        self._c = _MatrixView.of(rhs, [*rb, *rc, *rf], (b, k, n))
+        rank = out.shape.rank
+        self._out = (
+            _MatrixView.of(out, range(rank), (b, m, n))
+            if out.shape.layout is None or out.shape.layout.is_default
+            else None
+        )
+        self._fn = cblas_gemm(out.shape.dtype)
+        self._gemm = self._plan_gemm(out) if self._fn is not None else None
+        splits = self.flops >= PARALLEL_MIN_FLOPS and max(b, m, n) > 1
+        self.split_choice = SplitChoice() if splits else None
+        self._parts = pool_size()
+
+    def _plan_gemm(self, out: BufferSlice) -> _GemmPlan | None:
+        if self.b != 1 or 0 in (self.m, self.n, self.k):
+            return None
+        if out.overlaps(self.lhs) or out.overlaps(self.rhs):
+            return None  # np.matmul copies an overlapping operand first; BLAS would not
+        rank = out.shape.rank
+        res = _MatrixView.of(out, range(rank), (1, self.m, self.n))
+        return _GemmPlan.of(self._a, self._c, res)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        choice = self.split_choice
+        if choice is None:
+            self._run(ctx, False)
+            return
+        split = choice.next_split()
+        start = time.perf_counter()
+        self._run(ctx, split)
+        choice.record(split, time.perf_counter() - start)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        """A planned gemm as one pre-built call on `ctx`'s addresses (the whole product, as
+        `_run_gemm` makes it unsplit); with a split choice, the choice still times every
+        call and a call it wants split takes the general path."""
+        whole = self._bind_whole(ctx)
+        if whole is None:
+            return functools.partial(self.run, ctx)
+        choice = self.split_choice
+        if choice is None:
+            return whole
+        clock, next_split, record = time.perf_counter, choice.next_split, choice.record
+        run_gemm = self._run_gemm
+
+        def call() -> None:
+            split = next_split()
+            start = clock()
+            if split:
+                run_gemm(ctx, True)
+            else:
+                whole()
+            record(split, clock() - start)
+
+        return call
+
+    def _bind_whole(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        """The unsplit gemm with its arguments bound, or None without a planned gemm."""
+        if self._gemm is None or self._fn is None:
+            return None
+        gemm = functools.partial(self._fn, *self._gemm_args(ctx.bases))
+        setter = blas_thread_setter()
+        if self.flops <= OPENBLAS_SERIAL_FLOPS or setter is None:
+            return gemm
+
+        def one_thread() -> None:  # one_blas_thread without its call layers
+            previous = setter(1)
+            try:
+                gemm()
+            finally:
+                setter(previous)
+
+        return one_thread
+
+    def _run(self, ctx: ExecutionContext, split: bool) -> None:
+        if self._gemm is not None:
+            self._run_gemm(ctx, split)
+        else:
+            self._run_matmul(ctx, split)
+
+    def _gemm_args(self, bases) -> tuple:
+        """The cblas gemm arguments of the whole product on memory at `bases`."""
+        g = self._gemm
+        assert g is not None
+        lhs, rhs, out = g.lhs, g.rhs, g.out
+        return (
+            ROW_MAJOR,
+            TRANS if lhs.trans else NO_TRANS,
+            TRANS if rhs.trans else NO_TRANS,
+            g.m,
+            g.n,
+            g.k,
+            1.0,
+            bases[lhs.allocation] + lhs.offset,
+            lhs.ld,
+            bases[rhs.allocation] + rhs.offset,
+            rhs.ld,
+            0.0,
+            bases[out.allocation] + out.offset,
+            out.ld,
+        )
+
+    def _run_gemm(self, ctx: ExecutionContext, split: bool) -> None:
+        g, fn = self._gemm, self._fn
+        assert g is not None
+        lhs, rhs, out = g.lhs, g.rhs, g.out
+        order, ta, tb, m, n, k, _, pa, lda, pb, ldb, _, pc, ldc = self._gemm_args(ctx.bases)
+
+        def rows(lo: int, hi: int) -> None:
+            a, c = pa + lo * lhs.row_bytes, pc + lo * out.row_bytes
+            fn(order, ta, tb, hi - lo, n, k, 1.0, a, lda, pb, ldb, 0.0, c, ldc)
+
+        def columns(lo: int, hi: int) -> None:
+            b, c = pb + lo * rhs.col_bytes, pc + lo * out.col_bytes
+            fn(order, ta, tb, m, hi - lo, k, 1.0, pa, lda, b, ldb, 0.0, c, ldc)
+
+        if not split and self.flops <= OPENBLAS_SERIAL_FLOPS:
+            rows(0, m)
+        elif not split:
+            one_blas_thread(rows, 0, m)
+        elif n >= m:  # short and wide: each block packs only its columns of rhs
+            blocks = _blocks(n, self._parts, _BLOCK_QUANTUM)
+            run_blocks(lambda lo, hi: one_blas_thread(columns, lo, hi), blocks)
+        else:
+            blocks = even_blocks(m, self._parts)
+            run_blocks(lambda lo, hi: one_blas_thread(rows, lo, hi), blocks)
+
+    def _run_matmul(self, ctx: ExecutionContext, split: bool) -> None:
+        memory = ctx.memory
+        a, c = self._a.array(memory), self._c.array(memory)
+        b, m, n = self.b, self.m, self.n
+        if self._out is None:  # a result in another layout: computed, then copied in
+            result = np.empty((b, m, n), self.out.shape.dtype)
+            self._split(split, b, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=result[lo:hi]))
+            np.copyto(ctx.view(self.out), result.reshape(self.out.shape.dims))
+            return
+        out = self._out.array(memory)
+        if b == 1 and n > m:  # short and wide: each block packs part of c
+            a0, c0, out0 = a[0], c[0], out[0]
+            self._split(split, n, lambda lo, hi: np.matmul(a0, c0[:, lo:hi], out=out0[:, lo:hi]))
+        elif b == 1:
+            a0, c0, out0 = a[0], c[0], out[0]
+            self._split(split, m, lambda lo, hi: np.matmul(a0[lo:hi], c0, out=out0[lo:hi]))
+        else:
+            self._split(split, b, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
+
+    def _split(self, split: bool, units: int, body) -> None:
+        if self.flops <= OPENBLAS_SERIAL_FLOPS:
+            body(0, units)
+        elif not split or units < 2:
+            one_blas_thread(body, 0, units)
+        else:
+            blocks = even_blocks(units, self._parts)
+            run_blocks(lambda lo, hi: one_blas_thread(body, lo, hi), blocks)
+
+    def describe(self) -> list[str]:
+        how = "cblas gemm" if self._gemm is not None else "matmul"
+        if self.split_choice is not None:
+            how += f", split x{self._parts} when faster"
+        return [
+            f"blas {self.instr.name} = dot [{self.b}x{self.m}x{self.k}] @ [{self.k}x{self.n}]"
+            f" ({how})",
+            f"lhs: {self.lhs}",
+            f"rhs: {self.rhs}",
+            f"out: {self.out}",
+        ]
+
+    def cost(self) -> float:
+        return 2_000 + self.flops * NS_PER_FLOP
+
+    def runs_alone(self) -> bool:
+        return self.flops < PARALLEL_MIN_FLOPS

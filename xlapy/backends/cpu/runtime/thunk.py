@@ -1,5 +1,8 @@
 # Thunks: the steps a compiled CPU executable runs, and the executor that runs them over the
-# memory of a buffer assignment.
+# memory of a buffer assignment. This module holds what every thunk family shares; each
+# family has its own module beside it (kernel_thunk, dot_thunk, conv_thunk, sort_thunk,
+# window_thunk, indexing_thunk, collective_thunk, control_flow_thunk, custom_call_thunk,
+# copy_thunk, and rule_thunk: the interpreter's rule, for what no family handles).
 #
 # Every array value of the program lives in a slice of an allocation: the entry parameters'
 # allocations are the caller's argument arrays, constants are filled once at compile time,
@@ -8,48 +11,41 @@
 # allocation numbers to the byte arrays of one execution, so one thunk sequence serves any
 # number of concurrent executions, each with its own arena.
 #
-# Kernel thunks hand raw addresses to native code; library thunks (library.py) work on NumPy
-# views of the same bytes. Control flow moves no data when buffer assignment made the loop
-# state, branch operands and results share slices (it does, after copy insertion); where two
-# slices differ the control thunk copies between them, so it stays correct either way.
+# Kernel thunks hand raw addresses to native code; library thunks work on NumPy views of the
+# same bytes. Control flow moves no data when buffer assignment made the loop state, branch
+# operands and results share slices (it does, after copy insertion); where two slices differ
+# the control thunk copies between them, so it stays correct either way.
 #
-# A sequence runs its thunks in schedule order, or, when the compiler found independent
-# thunks worth overlapping (thunk_graph.py), as a dependency graph over the kernel pool.
+# Every thunk declares the slices it reads and writes (`reads`, `writes`: its operands' and
+# result's, given by the compiler) and answers `cost()`, an estimate of one run in
+# nanoseconds; from these the compiler finds independent thunks worth overlapping and a
+# sequence runs them as a dependency graph over the kernel pool (thunk_graph.py).
 #
 # Per-thunk cost: small kernels take about a microsecond of native time, so the Python around
 # each call matters. A thunk run once per execution works out its addresses from the
 # execution's allocation bases (a kernel through a closure made for its argument count, a
 # copy through memmove). A while loop runs the same thunks on the same addresses every
 # iteration, so it first binds them (`Thunk.bind`): each becomes one callable with its
-# arguments made, a kernel a ctypes call on prebuilt pointer objects. A loop whose condition
-# is one compare of two integer scalars (`i < n`) reads them from memory and compares them
-# in Python instead of calling a kernel and reading back its pred.
+# arguments made, a kernel a ctypes call on prebuilt pointer objects.
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import operator
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from xlapy.backends.cpu.jit.kernel import Kernel, even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 from xlapy.ir.shapes import Shape
-
-PARALLEL_MIN_ELEMENTS = 1 << 16
-"""Kernels that touch more elements than this (their largest output, or the operand of a
-reduce they compute) may split their outer range over the pool; SplitChoice decides per
-kernel whether they do."""
 
 
 class SplitChoice:
@@ -113,17 +109,6 @@ class GraphChoice(SplitChoice):
         ordered, graph = self.times
         if ordered and graph:
             self.split = min(graph) < self.MARGIN * min(ordered)
-
-
-def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
-    """About how many elements a kernel for `instr` touches: its largest output, or the
-    operand of a reduce it computes (a reduction reads far more than it writes)."""
-    elements = max((s.shape.num_elements for s in outputs), default=0)
-    comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
-    for i in comp.instructions if comp is not None else (instr,):
-        if i.opcode is Opcode.REDUCE:
-            elements = max(elements, i.operands[0].shape.num_elements)
-    return elements
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,15 +245,71 @@ class ExecutionContext:
         return self._interpreter
 
 
+class NativeKernel(Protocol):
+    """What a thunk needs of a compiled kernel (jit.kernel.Kernel is one): its entry point
+    on raw addresses and the signature it was compiled for."""
+
+    name: str
+
+    @property
+    def function(self) -> Callable[..., object]: ...
+
+    @property
+    def in_place(self) -> tuple[tuple[int, int], ...]: ...
+
+    @property
+    def outer_extent(self) -> int: ...
+
+    def run_raw(self, pointers: Sequence[int], start: int = 0, end: int | None = None) -> None: ...
+
+
+# Run-time estimates in nanoseconds, rough (2-core x86, one thread), for deciding whether
+# overlapping two thunks can pay for handing one to another thread.
+NS_PER_FLOP = 0.015  # one-thread sgemm
+NS_PER_KERNEL_ELEMENT = 0.3
+NS_PER_COPIED_BYTE = 0.1
+NS_PER_LIBRARY_ELEMENT = 1.0
+NS_PER_RULE_ELEMENT = 20.0
+UNKNOWN_TRIP_COUNT = 10
+
+
+def touched_elements(instr: HloInstruction) -> int:
+    """The elements of `instr`'s array result and array operands."""
+    elements = instr.shape.num_elements if instr.shape.is_array else 0
+    return elements + sum(o.shape.num_elements for o in instr.operands if o.shape.is_array)
+
+
+def has_side_effect(instr: HloInstruction) -> bool:
+    """Whether `instr` (or, for a library rule, a computation it calls) has side effects
+    that must keep their order: rng state, infeed/outfeed, send/recv, custom calls,
+    collectives (their order is the one every replica follows)."""
+    op = instr.opcode
+    if op.has_side_effect or op is Opcode.CUSTOM_CALL or op.category is Category.COLLECTIVE:
+        return True
+    if op in (Opcode.WHILE, Opcode.CONDITIONAL, Opcode.CALL, Opcode.FUSION):
+        return False  # control flow: its nested thunks say; fusions are pure kernels
+    return any(
+        has_side_effect(i) for comp in instr.called_computations() for i in comp.instructions
+    )
+
+
+def slice_range(s: BufferSlice) -> tuple[int, int, int]:
+    """`s` as an (allocation, start, end) byte range."""
+    return (s.allocation, s.offset, s.offset + s.size)
+
+
 class Thunk:
-    """One step of an executable. `instr` is the HLO instruction it implements; `access`
-    the memory it touches (None: unknown, a barrier) and `cost` its estimated run time in
-    nanoseconds, both set by the compiler for the graph executor (thunk_graph.py)."""
+    """One step of an executable. `instr` is the HLO instruction it implements; `reads` and
+    `writes` the slices it declares it reads and writes (its operands' and result's, set by
+    the compiler through `declare`); `access` the memory it touches as the graph executor
+    (thunk_graph.py) reads it (None: unknown, a barrier), set by the compiler from
+    `buffer_access()` where sequences may run as graphs."""
 
     kind = "thunk"
     instr: HloInstruction
+    reads: tuple[BufferSlice, ...] = ()
+    writes: tuple[BufferSlice, ...] = ()
     access: Access | None = None
-    cost: float = 0.0
 
     def run(self, ctx: ExecutionContext) -> None:
         raise NotImplementedError
@@ -282,8 +323,30 @@ class Thunk:
         """Lines of the thunk listing (the first names the thunk and its instruction)."""
         return [f"{self.kind} {self.instr.name} = {self.instr.opcode.text}"]
 
-    def kernels(self) -> list[Kernel]:
+    def kernels(self) -> list[NativeKernel]:
         return []
+
+    # -- what the compiler plans with ---------------------------------------------------------
+    def declare(self, reads: Sequence[BufferSlice], writes: Sequence[BufferSlice]) -> None:
+        """Record the slices this thunk reads and writes (an in-place result is both)."""
+        self.reads, self.writes = tuple(reads), tuple(writes)
+
+    def buffer_access(self) -> Access | None:
+        """The byte ranges this thunk reads and writes, and whether it keeps its order
+        among side-effecting thunks."""
+        reads = [slice_range(s) for s in self.reads]
+        writes = [slice_range(s) for s in self.writes]
+        return Access.of(reads, writes, has_side_effect(self.instr))
+
+    def cost(self) -> float:
+        """About how many nanoseconds one run takes (see the NS_PER_* constants): a library
+        thunk working on NumPy views of its operands and result."""
+        return 5_000 + touched_elements(self.instr) * NS_PER_LIBRARY_ELEMENT
+
+    def runs_alone(self) -> bool:
+        """Whether this thunk keeps to the calling thread (so another thread running beside
+        it adds a core's worth of work): not one that splits itself over the pool."""
+        return True
 
 
 @dataclass
@@ -335,127 +398,12 @@ class ThunkSequence:
             lines.extend(f"{indent}    {line}" for line in text[1:])
         return lines
 
-    def kernels(self) -> list[Kernel]:
+    def kernels(self) -> list[NativeKernel]:
         return [k for t in self.thunks for k in t.kernels()]
 
 
-def _slice_lines(label: str, slices: Sequence[BufferSlice]) -> list[str]:
+def slice_lines(label: str, slices: Sequence[BufferSlice]) -> list[str]:
     return [f"{label}{i}: {s}" for i, s in enumerate(slices)]
-
-
-def _pointer_call(fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int):
-    """A function of an execution's allocation bases that calls kernel entry `fn` on the
-    addresses of `slots` ((allocation, offset) pairs) over its whole outer range. The
-    common argument counts get a closure that adds the addresses up without building a list
-    (several tenths of a microsecond of a small kernel's ~1 us)."""
-    if len(slots) == 1:
-        ((a0, o0),) = slots
-        return lambda b: fn(b[a0] + o0, 0, extent)
-    if len(slots) == 2:
-        (a0, o0), (a1, o1) = slots
-        return lambda b: fn(b[a0] + o0, b[a1] + o1, 0, extent)
-    if len(slots) == 3:
-        (a0, o0), (a1, o1), (a2, o2) = slots
-        return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, 0, extent)
-    if len(slots) == 4:
-        (a0, o0), (a1, o1), (a2, o2), (a3, o3) = slots
-        return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, b[a3] + o3, 0, extent)
-    return lambda b: fn(*[b[a] + offset for a, offset in slots], 0, extent)
-
-
-class KernelThunk(Thunk):
-    """A native kernel on raw addresses. An output may share its exact bytes with an input
-    when the kernel was compiled for that (output, input) pair (`kernel.in_place`: it reads
-    the input through the output's pointer). Any other overlap sets `scratch`: the kernel's
-    arguments are noalias, so it writes fresh scratch buffers that are copied into the
-    outputs afterwards."""
-
-    kind = "kernel"
-
-    def __init__(
-        self,
-        instr: HloInstruction,
-        kernel: Kernel,
-        outputs: Sequence[BufferSlice],
-        inputs: Sequence[BufferSlice],
-    ):
-        self.instr = instr
-        self.kernel = kernel
-        self.outputs = tuple(outputs)
-        self.inputs = tuple(inputs)
-        in_place = set(kernel.in_place)
-        self.scratch = any(
-            o.overlaps(i) and not ((a, b) in in_place and o.same_bytes(i))
-            for a, o in enumerate(self.outputs)
-            for b, i in enumerate(self.inputs)
-        )
-        self._slots = tuple((s.allocation, s.offset) for s in (*self.outputs, *self.inputs))
-        elements = work_elements(instr, self.outputs)
-        extent = self._extent = kernel.outer_extent
-        self.chunks = (
-            min(extent, pool_size()) if elements > PARALLEL_MIN_ELEMENTS and extent > 1 else 1
-        )
-        self.split_choice = SplitChoice() if self.chunks > 1 else None
-        self._call: Callable[[list[int]], object] | None = None  # made on first run
-
-    def run(self, ctx: ExecutionContext) -> None:
-        call = self._call
-        if call is None:
-            if self.scratch or self.split_choice is not None:
-                self._run_general(ctx)
-                return
-            call = self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
-        call(ctx.bases)
-
-    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
-        if self.scratch or self.split_choice is not None:
-            return functools.partial(self._run_general, ctx)
-        bases = ctx.bases
-        args = [ctypes.c_void_p(bases[a] + offset) for a, offset in self._slots]
-        return functools.partial(
-            self.kernel.function, *args, ctypes.c_int64(0), ctypes.c_int64(self._extent)
-        )
-
-    def _run_general(self, ctx: ExecutionContext) -> None:
-        """A run through scratch buffers or with a split choice to make."""
-        if self.scratch:
-            outs = [np.empty(o.size, np.uint8) for o in self.outputs]
-            ptrs = [address(o) for o in outs] + [ctx.ptr(i) for i in self.inputs]
-        else:
-            bases = ctx.bases
-            ptrs = [bases[a] + offset for a, offset in self._slots]
-        extent = self._extent
-        choice = self.split_choice
-        if choice is None:
-            self.kernel.run_raw(ptrs, 0, extent)
-        else:
-            split = choice.next_split()
-            start = time.perf_counter()
-            if split:
-                run = self.kernel.run_raw
-                run_blocks(lambda lo, hi: run(ptrs, lo, hi), even_blocks(extent, self.chunks))
-            else:
-                self.kernel.run_raw(ptrs, 0, extent)
-            choice.record(split, time.perf_counter() - start)
-        if self.scratch:
-            for o, buf in zip(self.outputs, outs, strict=True):
-                mem = ctx.memory[o.allocation]
-                assert mem is not None, "a kernel output has memory"
-                mem[o.offset : o.offset + o.size] = buf
-
-    def describe(self) -> list[str]:
-        head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"
-        notes = []
-        if self.chunks > 1:
-            notes.append(f"parallel x{self.chunks} when faster")
-        if self.scratch:
-            notes.append("in place via scratch")
-        if notes:
-            head += f" ({', '.join(notes)})"
-        return [head, *_slice_lines("out", self.outputs), *_slice_lines("in", self.inputs)]
-
-    def kernels(self) -> list[Kernel]:
-        return [self.kernel]
 
 
 _memmove = ctypes.memmove
@@ -464,7 +412,7 @@ RawCopy = tuple[int, int, int, int, int]
 """A copy as (destination allocation, offset, source allocation, offset, bytes)."""
 
 
-def _raw_copies(copies: Sequence[tuple[BufferSlice, BufferSlice]]) -> tuple[RawCopy, ...]:
+def raw_copies(copies: Sequence[tuple[BufferSlice, BufferSlice]]) -> tuple[RawCopy, ...]:
     return tuple(
         (dst.allocation, dst.offset, src.allocation, src.offset, src.size)
         for src, dst in copies
@@ -472,235 +420,45 @@ def _raw_copies(copies: Sequence[tuple[BufferSlice, BufferSlice]]) -> tuple[RawC
     )
 
 
-def _run_copies(bases: list[int], copies: tuple[RawCopy, ...]) -> None:
+def run_copies(bases: list[int], copies: tuple[RawCopy, ...]) -> None:
     for da, do, sa, so, size in copies:
         _memmove(bases[da] + do, bases[sa] + so, size)
 
 
-def _bind_copies(bases: list[int], copies: tuple[RawCopy, ...]) -> list[Callable[[], object]]:
+def bind_copies(bases: list[int], copies: tuple[RawCopy, ...]) -> list[Callable[[], object]]:
     return [
         functools.partial(_memmove, bases[da] + do, bases[sa] + so, size)
         for da, do, sa, so, size in copies
     ]
 
 
-class CopyThunk(Thunk):
-    """A byte copy between two slices of the same shape and layout."""
-
-    kind = "copy"
-
-    def __init__(self, instr: HloInstruction, src: BufferSlice, dst: BufferSlice):
-        self.instr, self.src, self.dst = instr, src, dst
-        self._copies = _raw_copies([(src, dst)])
-
-    def run(self, ctx: ExecutionContext) -> None:
-        _run_copies(ctx.bases, self._copies)
-
-    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
-        bound = _bind_copies(ctx.bases, self._copies)
-        return bound[0] if bound else None
-
-    def describe(self) -> list[str]:
-        return [*super().describe(), f"from {self.src}", f"to {self.dst}"]
-
-
-def _copy_lines(label: str, copies) -> list[str]:
+def copy_lines(label: str, copies) -> list[str]:
     return [f"{label}: {s} -> {d}" for s, d in copies]
 
 
-_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
-    "EQ": operator.eq,
-    "NE": operator.ne,
-    "LT": operator.lt,
-    "LE": operator.le,
-    "GT": operator.gt,
-    "GE": operator.ge,
-}
-
-_SCALAR_CTYPES: dict[np.dtype, Any] = {  # ctypes scalar types
-    np.dtype(t): np.ctypeslib.as_ctypes_type(t)
-    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
-}
+def tree_lines(label: str, tree: ValueTree, path: str = "") -> list[str]:
+    """Listing lines for each slice of a tree of slices."""
+    if isinstance(tree, tuple):
+        return [line for i, t in enumerate(tree) for line in tree_lines(label, t, f"{path}{i}.")]
+    if tree is None:
+        return []
+    return [f"{label}{{{path.rstrip('.')}}}: {tree}"]
 
 
-@dataclass(frozen=True, slots=True)
-class HostCompare:
-    """A loop condition that is one compare of two integer scalars, evaluated in Python on
-    the scalars read from memory: `op(lhs, rhs)` with each read as `ctype`."""
-
-    op: Callable[[Any, Any], bool]
-    ctype: Any  # a ctypes integer type
-    lhs: BufferSlice
-    rhs: BufferSlice
-
-    @staticmethod
-    def of(condition: ThunkSequence, pred: BufferSlice) -> HostCompare | None:
-        """The host compare `condition` computes into `pred`, or None when it is anything
-        else (several thunks, a fusion, floats, a compare written elsewhere)."""
-        if condition.plan is not None or len(condition.thunks) != 1:
-            return None
-        thunk = condition.thunks[0]
-        if not isinstance(thunk, KernelThunk) or thunk.instr.opcode is not Opcode.COMPARE:
-            return None
-        if thunk.scratch or len(thunk.inputs) != 2 or thunk.outputs != (pred,):
-            return None
-        lhs, rhs = thunk.inputs
-        ctype = _SCALAR_CTYPES.get(lhs.shape.dtype)
-        if ctype is None or lhs.shape.rank or rhs.shape.rank or rhs.shape.dtype != lhs.shape.dtype:
-            return None
-        direction = thunk.instr.attrs.get(
-            "direction", thunk.instr.attrs.get("comparison_direction")
-        )
-        op = _COMPARISONS.get(getattr(direction, "text", str(direction)))
-        return None if op is None else HostCompare(op, ctype, lhs, rhs)
-
-    def bind(self, ctx: ExecutionContext) -> Callable[[], bool]:
-        read = self.ctype.from_address
-        lhs, rhs, op = read(ctx.ptr(self.lhs)), read(ctx.ptr(self.rhs)), self.op
-        return lambda: op(lhs.value, rhs.value)
+def tree_leaves(tree: ValueTree) -> list:
+    """The leaves of a tree of slices in pre-order (None for tokens)."""
+    if isinstance(tree, tuple):
+        return [leaf for t in tree for leaf in tree_leaves(t)]
+    return [tree]
 
 
-class WhileThunk(Thunk):
-    """Runs the condition, reads its pred from the condition root's slice, runs the body;
-    `*_copies` move the loop state where buffer assignment gave two slices (usually none).
-    Each run binds the nested thunks once for all its iterations (Thunk.bind); a condition
-    that is a compare of two integer scalars runs as a HostCompare."""
-
-    kind = "while"
-
-    def __init__(
-        self,
-        instr: HloInstruction,
-        condition: ThunkSequence,
-        body: ThunkSequence,
-        pred: BufferSlice,
-        init_copies,
-        cond_copies,
-        body_copies,
-        back_copies,
-        max_iterations: int | None = None,
-    ):
-        self.instr = instr
-        self.condition, self.body, self.pred = condition, body, pred
-        self.init_copies, self.cond_copies = init_copies, cond_copies
-        self.body_copies, self.back_copies = body_copies, back_copies
-        self.max_iterations = max_iterations
-        self.host_compare = HostCompare.of(condition, pred)
-        self._raw = tuple(
-            _raw_copies(c) for c in (init_copies, cond_copies, body_copies, back_copies)
-        )
-
-    def run(self, ctx: ExecutionContext) -> None:
-        bases = ctx.bases
-        init, cond_copies, body_copies, back_copies = self._raw
-        _run_copies(bases, init)
-        before = _bind_copies(bases, cond_copies)
-        if self.host_compare is not None:
-            test = self.host_compare.bind(ctx)
-        else:
-            before += self.condition.bind(ctx)
-            pred = ctypes.c_uint8.from_address(ctx.ptr(self.pred))
-
-            def test() -> bool:
-                return bool(pred.value)
-
-        after = [
-            *_bind_copies(bases, body_copies),
-            *self.body.bind(ctx),
-            *_bind_copies(bases, back_copies),
-        ]
-        limit = self.max_iterations
-        iterations = 0
-        while True:
-            for step in before:
-                step()
-            if not test():
-                return
-            if limit is not None and iterations >= limit:
-                raise EvaluationError(f"{self.instr.name}: while loop ran past {limit} iterations")
-            for step in after:
-                step()
-            iterations += 1
-
-    def describe(self) -> list[str]:
-        lines = [*super().describe(), f"pred: {self.pred}"]
-        if self.host_compare is not None:
-            lines[0] += " (condition compared on the host)"
-        return [
-            *lines,
-            *_copy_lines("init copy", self.init_copies),
-            *_copy_lines("condition copy", self.cond_copies),
-            *_copy_lines("body copy", self.body_copies),
-            *_copy_lines("back copy", self.back_copies),
-            *self.condition.describe(),
-            *self.body.describe(),
-        ]
-
-    def kernels(self) -> list[Kernel]:
-        return self.condition.kernels() + self.body.kernels()
+def tree_slices(tree: ValueTree) -> list[BufferSlice]:
+    """The slices of a tree of slices in pre-order (tokens left out)."""
+    return [leaf for leaf in tree_leaves(tree) if leaf is not None]
 
 
-class ConditionalThunk(Thunk):
-    """Reads the pred or branch index from its slice and runs one branch (an out-of-range
-    index runs the last branch, as XLA does)."""
-
-    kind = "conditional"
-
-    def __init__(
-        self,
-        instr: HloInstruction,
-        selector: BufferSlice,
-        branches: Sequence[ThunkSequence],
-        in_copies: Sequence,
-        out_copies: Sequence,
-        is_pred: bool,
-    ):
-        self.instr, self.selector, self.branches = instr, selector, tuple(branches)
-        self.in_copies, self.out_copies, self.is_pred = tuple(in_copies), tuple(out_copies), is_pred
-        self._in = tuple(_raw_copies(c) for c in self.in_copies)
-        self._out = tuple(_raw_copies(c) for c in self.out_copies)
-        self._ctype = ctypes.c_uint8 if is_pred else _SCALAR_CTYPES[selector.shape.dtype]
-
-    def run(self, ctx: ExecutionContext) -> None:
-        value = self._ctype.from_address(ctx.ptr(self.selector)).value
-        if self.is_pred:
-            index = 0 if value else 1
-        else:
-            index = value
-            if not 0 <= index < len(self.branches):
-                index = len(self.branches) - 1
-        bases = ctx.bases
-        _run_copies(bases, self._in[index])
-        self.branches[index].run(ctx)
-        _run_copies(bases, self._out[index])
-
-    def describe(self) -> list[str]:
-        lines = [*super().describe(), f"selector: {self.selector}"]
-        for i, branch in enumerate(self.branches):
-            lines += _copy_lines(f"branch {i} in", self.in_copies[i])
-            lines += _copy_lines(f"branch {i} out", self.out_copies[i])
-            lines += branch.describe()
-        return lines
-
-    def kernels(self) -> list[Kernel]:
-        return [k for b in self.branches for k in b.kernels()]
-
-
-class CallThunk(Thunk):
-    """Runs the called computation's thunks (its result is the root's slices)."""
-
-    kind = "call"
-
-    def __init__(self, instr: HloInstruction, body: ThunkSequence, in_copies):
-        self.instr, self.body, self.in_copies = instr, body, tuple(in_copies)
-        self._in = _raw_copies(self.in_copies)
-
-    def run(self, ctx: ExecutionContext) -> None:
-        _run_copies(ctx.bases, self._in)
-        self.body.run(ctx)
-
-    def describe(self) -> list[str]:
-        return [*super().describe(), *_copy_lines("in", self.in_copies), *self.body.describe()]
-
-    def kernels(self) -> list[Kernel]:
-        return self.body.kernels()
+def tree_at(tree: ValueTree, index) -> ValueTree:
+    """The subtree of `tree` at shape index `index`."""
+    for i in index:
+        tree = tree[i]
+    return tree
