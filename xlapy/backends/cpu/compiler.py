@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from xlapy.backends.base import Fallback
 from xlapy.backends.cpu.jit import module_cache
 from xlapy.backends.cpu.jit.kernel import Kernel
 from xlapy.backends.cpu.lowering import Lowering
@@ -49,7 +50,8 @@ class CompiledModule:
     assignment: BufferAssignment
     entry: ThunkSequence
     constants: dict[int, np.ndarray]
-    fallbacks: dict[str, str] = field(default_factory=dict)  # instruction -> reason
+    fallbacks: list[Fallback] = field(default_factory=list)
+    """The instructions run with the interpreter's rule alone, and why."""
 
     def kernels(self) -> list[Kernel]:
         seen: dict[int, Kernel] = {}

@@ -21,13 +21,23 @@
 # `Lowering` holds the state of lowering one module: the buffer assignment's slices, the
 # kernels still compiling on the JIT's pool, and the fallbacks; `sequence(comp)` lowers a
 # computation in schedule order and, where thunks may overlap, plans it as a graph.
+#
+# A kernel the emitter accepted but that fails to compile (the emitter or LLVM raising) is a
+# bug in the code generator, never a way to decline: with `strict_kernels` (compile option,
+# else $XLAPY_STRICT_KERNELS=1; the test suite turns it on) it raises KernelCompileError;
+# otherwise it warns once per instruction and reason (KernelFallbackWarning) and the
+# instruction takes its next strategy.
 
 from __future__ import annotations
 
+import os
+import threading
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
@@ -63,7 +73,7 @@ from xlapy.backends.cpu.runtime.thunk import (
 )
 from xlapy.backends.cpu.runtime.thunk_graph import concurrency_mode, plan_graph
 from xlapy.backends.cpu.runtime.window_thunk import plan_reduce_window, plan_select_and_scatter
-from xlapy.errors import EvaluationError
+from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
@@ -93,6 +103,30 @@ NO_THUNK = frozenset({Opcode.PARAMETER, Opcode.TUPLE, Opcode.CONSTANT, Opcode.AF
 
 Built = Thunk | str
 """What a strategy answers: the thunk it built, or why it does not apply."""
+
+STRICT_ENV = "XLAPY_STRICT_KERNELS"
+
+
+class KernelCompileError(XlapyError):
+    """A kernel the code generator accepted failed to compile (strict_kernels)."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """A kernel failed to compile and its instruction runs another way (the interpreter's
+    rule, or a library path): a code generator bug, worth reporting."""
+
+
+def strict_kernels(options: Mapping[str, Any]) -> bool:
+    """Whether a kernel compile failure raises: compile option `strict_kernels`, else
+    $XLAPY_STRICT_KERNELS set to 1 / true / yes."""
+    value = options.get("strict_kernels")
+    if value is None:
+        value = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+    return bool(value)
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +250,8 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
     try:
         kernel = Kernel(emit_scatter(instr, in_place), symbol_name(instr.name))
-    except Exception as e:  # anything the emitter or LLVM rejects keeps the library path
-        return f"scatter kernel compile failed: {type(e).__name__}: {e}"
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
     return KernelThunk(instr, kernel, [out], inputs)
 
 
@@ -250,8 +284,8 @@ def _kernel(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         return reason
     try:
         return lw.kernel_thunk(instr)
-    except Exception as e:  # any codegen failure falls back to the rule
-        return f"kernel compile failed: {type(e).__name__}: {e}"
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
 
 
 def _rule(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -350,8 +384,9 @@ class Lowering:
         self.assignment = assignment
         self.dataflow = assignment.dataflow
         self.options = options
-        self.fallbacks: dict[str, str] = {}
+        self.fallbacks: list[Fallback] = []
         self.failed = dict(failed or {})
+        self.strict = strict_kernels(options)
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
@@ -363,10 +398,27 @@ class Lowering:
         for name, kernel in self.kernels:
             try:
                 kernel.wait()
-            except Exception as e:  # any codegen failure falls back to the rule
+            except Exception as e:  # a code generator bug: loud (see the file comment)
                 forget_kernel(kernel)
-                failed[name] = f"kernel compile failed: {type(e).__name__}: {e}"
+                failed[name] = self.kernel_failed(name, e)
         return failed
+
+    def kernel_failed(self, name: str, error: Exception) -> str:
+        """The reason to record for instruction `name` whose kernel failed to compile with
+        `error`, after warning once; with strict_kernels, raise KernelCompileError."""
+        reason = f"kernel compile failed: {type(error).__name__}: {error}"
+        if self.strict:
+            raise KernelCompileError(
+                f"{name}: its kernel failed to compile ({type(error).__name__}: {error}); "
+                f"a code generator bug (strict_kernels is on)"
+            ) from error
+        with _warned_lock:
+            first = (name, reason) not in _warned
+            _warned.add((name, reason))
+        if first:
+            message = f"{name}: {reason}; running it another way"
+            warnings.warn(message, KernelFallbackWarning, stacklevel=2)
+        return reason
 
     # -- slices ----------------------------------------------------------------------------
     def slice_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> BufferSlice:
@@ -427,9 +479,9 @@ class Lowering:
         raise EvaluationError(f"{instr.name}: no lowering strategy applies ({why})")
 
     def rule_thunk(self, instr: HloInstruction, thunk: RuleThunk) -> RuleThunk:
-        """`thunk`, recorded as a fallback when it has a reason."""
-        if thunk.why:
-            self.fallbacks[instr.name] = thunk.why
+        """`thunk`, recorded as a fallback when it runs the interpreter's rule alone."""
+        if thunk.is_fallback:
+            self.fallbacks.append(Fallback(instr.name, instr.opcode.text, thunk.why))
         return thunk
 
     def kernel_thunk(self, instr: HloInstruction) -> KernelThunk:
