@@ -9,6 +9,7 @@ machine); times are medians. Per program the table gives
   run      xlapy run time / XLA run time
   cold     xlapy compile time with an empty kernel cache / XLA compile time
   warm     xlapy compile time from a filled kernel cache / XLA compile time
+  fb       instructions xlapy runs with the interpreter's rule (its fallbacks; -v lists them)
   ok       whether xlapy's outputs match XLA's (loose tolerance; "MISMATCH" otherwise)
 
 then the geometric means, and for memory-bound elementwise programs the bytes moved per
@@ -42,9 +43,11 @@ from jax import lax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from xlapy.ir.parser import parse_module
 from xlapy.tools.bench import (
     clear_process_kernel_cache,
     kernel_cache_dir,
+    program_fallbacks,
     time_compile,
 )
 
@@ -522,6 +525,7 @@ class Row:
     moved_bytes: int = 0
     memory_bound: bool = False
     status: str = "ok"
+    fallbacks: int = 0
 
 
 def median_seconds(fn, runs: int, warmup: int) -> float:
@@ -617,6 +621,10 @@ def run_program(prog: Program, sizes: Sizes, runs: int, warmup: int) -> Row:
         with tempfile.TemporaryDirectory(prefix="xlapy-bench-") as tmp, kernel_cache_dir(tmp):
             cold_ms, _ = time_compile("cpu", text)
             warm_ms, executable = time_compile("cpu", text)
+            fallbacks = program_fallbacks("cpu", parse_module(text))
+            row.fallbacks = len(fallbacks)
+            if "-v" in sys.argv and fallbacks:
+                print("\n".join(f"  {prog.name}: {f}" for f in fallbacks), file=sys.stderr)
             buffers = [executable.client.buffer_from_pyval(a) for a in leaves]
 
             def run_xlapy():
@@ -650,7 +658,8 @@ def geomean(values) -> float:
 def report(rows: list[Row], bandwidth: float) -> None:
     head = (
         f"{'program':24s} {'xla us':>10s} {'xlapy us':>10s} {'run':>6s} "
-        f"{'xla ms':>8s} {'cold ms':>8s} {'warm ms':>8s} {'cold':>6s} {'warm':>6s}  status"
+        f"{'xla ms':>8s} {'cold ms':>8s} {'warm ms':>8s} {'cold':>6s} {'warm':>6s} {'fb':>3s}"
+        "  status"
     )
     print(head)
     print("-" * len(head))
@@ -658,7 +667,8 @@ def report(rows: list[Row], bandwidth: float) -> None:
         print(
             f"{r.name:24s} {r.xla_run_us:10.1f} {r.run_us:10.1f} {r.run_us / r.xla_run_us:6.2f} "
             f"{r.xla_compile_ms:8.1f} {r.cold_ms:8.1f} {r.warm_ms:8.1f} "
-            f"{r.cold_ms / r.xla_compile_ms:6.2f} {r.warm_ms / r.xla_compile_ms:6.2f}  {r.status}"
+            f"{r.cold_ms / r.xla_compile_ms:6.2f} {r.warm_ms / r.xla_compile_ms:6.2f} "
+            f"{r.fallbacks:3d}  {r.status}"
         )
     good = [r for r in rows if r.status == "ok"]
     print("-" * len(head))
@@ -668,6 +678,11 @@ def report(rows: list[Row], bandwidth: float) -> None:
         f"cold compile {geomean(r.cold_ms / r.xla_compile_ms for r in good):.2f}, "
         f"warm compile {geomean(r.warm_ms / r.xla_compile_ms for r in good):.2f}; "
         f"median warm compile {statistics.median([r.warm_ms for r in good] or [math.nan]):.1f} ms"
+    )
+    with_fallbacks = [r for r in rows if r.fallbacks]
+    print(
+        f"{len(with_fallbacks)} of {len(rows)} programs have fallbacks, "
+        f"{sum(r.fallbacks for r in rows)} instructions in all"
     )
     bound = [r for r in rows if r.memory_bound and r.status == "ok"]
     if not bound:
