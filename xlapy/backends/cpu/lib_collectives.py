@@ -1,14 +1,16 @@
-# Collective thunks: all-reduce, all-gather, reduce-scatter, all-to-all, collective-broadcast,
-# collective-permute and the start ops of the async pairs, run over the devices' own memory.
+# Collective thunks: all-reduce, all-gather, reduce-scatter, all-to-all, ragged-all-to-all,
+# collective-broadcast, collective-permute (plain and in place) and the start ops of the
+# async pairs, run over the devices' own memory.
 #
 # The thunk hands views of its operand and result slices to the execution's
 # DeviceCollectives (xlapy.backends.collectives, in ctx.state["collectives"]), which meets
 # the other participants and writes the results; operands are read where they lie, in every
 # participant's arena, so nothing travels through Python lists. A start op's result tuple
-# also holds its operand (copied when buffer assignment gave it other bytes) and, for
-# collective-permute-start, context scalars (zeroed). The matching done ops only forward
-# the result (rule thunks). An execution without a DeviceCollectives (one device run on its
-# own) falls back to the interpreter's one-device rule.
+# also holds its operand (the first operand of the in-place collective-permute form; copied
+# when buffer assignment gave it other bytes) and, for collective-permute-start, context
+# scalars (zeroed). The matching done ops only forward the result (rule thunks). An
+# execution without a DeviceCollectives (one device run on its own) falls back to the
+# interpreter's one-device rule.
 #
 # Collective thunks block until their peers arrive, so a sequence holding one (directly or
 # in nested control flow) never runs as a graph: a thunk handed to the shared pool could
@@ -49,7 +51,7 @@ class CollectiveThunk(Thunk):
             dsts = _leaves(_at(result, parts.operand))
             self.copies = [
                 (src, dst)
-                for src, dst in zip(self.inputs, dsts, strict=True)
+                for src, dst in zip(self.inputs[: len(dsts)], dsts, strict=True)
                 if not src.same_bytes(dst)
             ]
         self.zeroed = [s for i in parts.extras for s in _leaves(_at(result, i))]
