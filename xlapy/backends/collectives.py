@@ -285,6 +285,14 @@ class Transport(Protocol):
         """Tell the other processes that local device `device` failed in run `run_id`."""
         ...
 
+    def send_to(self, run: CollectiveRun, key: tuple, device: int, value: np.ndarray) -> None:
+        """Post `value` under `key` for `device` of another process (a send)."""
+        ...
+
+    def receive(self, run: CollectiveRun, key: tuple, source: int) -> np.ndarray:
+        """Wait for what device `source` of another process posted under `key` (a recv)."""
+        ...
+
 
 @dataclass
 class _Slot:
@@ -333,7 +341,7 @@ class CollectiveRun:
         if first and self.transport is not None and self.transport.is_local(device):
             self.transport.abort(self.run_id, device, error)
 
-    def _raise_if_aborted(self, what: str) -> None:
+    def raise_if_aborted(self, what: str) -> None:
         if self.error is not None:
             device, error = self.error
             raise CollectiveError(
@@ -358,7 +366,7 @@ class CollectiveRun:
         local_ranks = [i for i, d in enumerate(members) if self._is_local(d)]
         deadline = time.monotonic() + self.timeout
         with self._cond:
-            self._raise_if_aborted(what)
+            self.raise_if_aborted(what)
             slot = self._slot(key)
             slot.values[rank] = value
             if len(slot.values) == n or (
@@ -366,7 +374,7 @@ class CollectiveRun:
             ):
                 slot.cond.notify_all()
             while len(slot.values) < n:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 if not slot.remote_done and all(i in slot.values for i in local_ranks):
                     slot.remote_done = True  # this thread exchanges for the process
                     local = {members[i]: slot.values[i] for i in local_ranks}
@@ -403,7 +411,7 @@ class CollectiveRun:
         deadline = time.monotonic() + self.timeout
         with self._cond:
             while key not in self._mail:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveError(
@@ -427,12 +435,12 @@ class CollectiveRun:
         n = len(members)
         deadline = time.monotonic() + self.timeout
         with self._cond:
-            self._raise_if_aborted(what)
+            self.raise_if_aborted(what)
             slot = self._slot(key)
             slot.values[rank] = value
             values = [slot.values[i] for i in range(n)] if len(slot.values) == n else None
             while values is None and not slot.finished:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = [members[i] for i in range(n) if i not in slot.values]
@@ -469,7 +477,7 @@ class CollectiveRun:
                 slot.cond.notify_all()
                 return
             while slot.leaving < local:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveError(
@@ -558,14 +566,15 @@ class DeviceCollectives:
         """A send to the devices its pairs name (a copy: the sender may reuse its memory)."""
         me, device, pairs, key = self._channel(instr, "send")
         for s, t in pairs:
-            if s == me:
-                target = device(t)
-                if not self.run._is_local(target):
-                    raise EvaluationError(
-                        f"{instr.name}: send to device {target} in another process is not "
-                        "supported (use collective-permute)"
-                    )
-                self.run.post((*key, self.device, target), np.array(value, copy=True))
+            if s != me:
+                continue
+            target = device(t)
+            copy = np.array(value, copy=True)
+            if self.run._is_local(target):
+                self.run.post((*key, self.device, target), copy)
+                continue
+            assert self.run.transport is not None, "a remote device needs a transport"
+            self.run.transport.send_to(self.run, (*key, self.device, target), target, copy)
 
     def recv(self, instr: HloInstruction, shape) -> np.ndarray:
         """What the device its pairs name sent (zeros when none sends to this one)."""
@@ -575,6 +584,9 @@ class DeviceCollectives:
             return np.zeros(shape.dims, shape.dtype)
         source = device(sources[0])
         what = f"recv {instr.name} on device {self.device}"
+        if not self.run._is_local(source):
+            assert self.run.transport is not None, "a remote device needs a transport"
+            return self.run.transport.receive(self.run, (*key, source, self.device), source)
         return self.run.take((*key, source, self.device), what, source)
 
     def _together(self, key, what, members, rank, inputs, outputs, part) -> None:
