@@ -165,6 +165,17 @@ def participants(
     return tuple(divmod(i, partitions) for i in group)
 
 
+@functools.lru_cache(maxsize=4096)
+def _meeting(
+    instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid
+) -> tuple[tuple[int, ...], int, str]:
+    """(the devices taking part in `instr` with this one in rank order, this one's rank,
+    how errors name the collective on this device)."""
+    members = tuple(grid.device(r, p) for r, p in participants(instr, replica, partition, grid))
+    device = grid.device(replica, partition)
+    return members, members.index(device), f"{instr.opcode.text} {instr.name} on device {device}"
+
+
 def permute_ids(instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid):
     """For a collective-permute: (this device's id in the pairs' space, the (replica,
     partition) of an id, the pairs)."""
@@ -433,12 +444,14 @@ class CollectiveRun:
         every member's value (in rank order) while the others wait for it to finish: one
         wake-up per member instead of two (every member local)."""
         n = len(members)
-        deadline = time.monotonic() + self.timeout
+        deadline = 0.0
         with self._cond:
             self.raise_if_aborted(what)
             slot = self._slot(key)
             slot.values[rank] = value
             values = [slot.values[i] for i in range(n)] if len(slot.values) == n else None
+            if values is None:
+                deadline = time.monotonic() + self.timeout
             while values is None and not slot.finished:
                 self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
@@ -530,11 +543,7 @@ class DeviceCollectives:
         if op in (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START):
             self._permute(instr, inputs, outputs)
             return
-        grid = self.run.grid
-        where = participants(instr, self.replica, self.partition, grid)
-        members = tuple(grid.device(r, p) for r, p in where)
-        rank = members.index(self.device)
-        what = f"{instr.opcode.text} {instr.name} on device {self.device}"
+        members, rank, what = _meeting(instr, self.replica, self.partition, self.run.grid)
         key = self._key(instr, members)
         if len(members) == 1:
             compute_alone(instr, inputs, outputs)
@@ -545,7 +554,14 @@ class DeviceCollectives:
             local = all(v.outputs is not None for v in values)
             compute(instr, [v.inputs for v in values], r, [v.outputs for v in values], local)
 
-        self._together(key, what, members, rank, inputs, outputs, part)
+        whole = _COMPUTE_ALL.get(op)
+        every = None
+        if whole is not None:
+
+            def every(values: list[Contribution]) -> None:
+                whole(instr, [v.inputs for v in values], [v.outputs for v in values])
+
+        self._together(key, what, members, rank, inputs, outputs, part, every)
 
     def _channel(self, instr: HloInstruction, kind: str):
         """(this device's id among the pairs, id -> device, pairs, the key's prefix) of a
@@ -589,17 +605,21 @@ class DeviceCollectives:
             return self.run.transport.receive(self.run, (*key, source, self.device), source)
         return self.run.take((*key, source, self.device), what, source)
 
-    def _together(self, key, what, members, rank, inputs, outputs, part) -> None:
+    def _together(self, key, what, members, rank, inputs, outputs, part, every=None) -> None:
         """Meet the other members and have `part(values, r)` compute member r's results:
         the last to arrive computes every member's when all are local and the results are
-        small, else each member its own (see the file comment)."""
+        small (with `every(values)` at once when given), else each member its own (see the
+        file comment)."""
         run = self.run
         mine = Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
         small = sum(o.nbytes for o in outputs) <= LEAD_MAX_BYTES
-        if small and all(run._is_local(d) for d in members):
+        if small and (run.transport is None or all(run._is_local(d) for d in members)):
 
             def lead(values: list[Contribution]) -> None:
                 _check_signatures(what, members, values)
+                if every is not None:
+                    every(values)
+                    return
                 for r in range(len(values)):
                     part(values, r)
 
@@ -812,12 +832,19 @@ def _describe(signature: tuple) -> str:
 # compute(instr, inputs per rank, my rank, outputs per rank (None: remote), all local)
 
 
+CHUNK_MIN_ELEMENTS = 4096
+"""All-reduces of fewer elements are not split into chunks: each member reduces its whole
+result (the same bits, without the bookkeeping)."""
+
+
 def _all_reduce(instr, inputs, rank, outputs, local) -> None:
     n = len(inputs)
     for k, out in enumerate(outputs[rank]):
         ins = [inputs[j][k] for j in range(n)]
         flat_ok = (
             local
+            and n > 1
+            and out.size >= CHUNK_MIN_ELEMENTS
             and all(a.flags.c_contiguous for a in ins)
             and all(o[k].flags.c_contiguous for o in outputs)
         )
@@ -834,6 +861,18 @@ def _all_reduce(instr, inputs, rank, outputs, local) -> None:
         for j, o in enumerate(outputs):
             if j != rank:
                 o[k].reshape(-1)[lo:hi] = acc
+
+
+def _all_reduce_every(instr, inputs, outputs) -> None:
+    """Every member's all-reduce results at once (the last to arrive, small operands): one
+    reduction into the first member's result, copied to the others. The same bits as
+    chunk by chunk: every element is reduced in rank order from the identity either way."""
+    n = len(inputs)
+    first = outputs[0]
+    for k, acc in enumerate(first):
+        reduce_into(acc, [inputs[j][k] for j in range(n)], instr)
+        for j in range(1, n):
+            np.copyto(outputs[j][k], acc, casting="no")
 
 
 def _gather_dim(instr) -> int:
@@ -938,6 +977,12 @@ _COMPUTE: dict[Opcode, Callable] = {
     Opcode.RAGGED_ALL_TO_ALL: _ragged_all_to_all,
     Opcode.COLLECTIVE_BROADCAST: _broadcast,
 }
+_COMPUTE_ALL: dict[Opcode, Callable] = {
+    Opcode.ALL_REDUCE: _all_reduce_every,
+    Opcode.ALL_REDUCE_START: _all_reduce_every,
+}
+"""Opcodes whose every member's results the last to arrive computes at once, when it
+computes them all (instead of member by member)."""
 PERFORMED = frozenset(_COMPUTE) | {Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START}
 """The opcodes DeviceCollectives.perform runs."""
 
