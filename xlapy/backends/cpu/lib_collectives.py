@@ -18,9 +18,18 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from xlapy.backends.collectives import result_parts
 from xlapy.backends.cpu.library import RuleThunk
-from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, Thunk, ValueTree
+from xlapy.backends.cpu.thunks import (
+    BufferSlice,
+    ExecutionContext,
+    Thunk,
+    ValueTree,
+    logical_from_physical,
+    physical_dims,
+)
 from xlapy.ir.instruction import HloInstruction
 
 
@@ -56,6 +65,7 @@ class CollectiveThunk(Thunk):
             ]
         self.zeroed = [s for i in parts.extras for s in _leaves(_at(result, i))]
         self.fallback = RuleThunk(instr, operands, result, "")
+        self._views = [_Viewer(s) for s in self.inputs], [_Viewer(s) for s in self.outputs]
 
     def run(self, ctx: ExecutionContext) -> None:
         comm = ctx.state.get("collectives")
@@ -66,11 +76,26 @@ class CollectiveThunk(Thunk):
             ctx.copy(src, dst)
         for s in self.zeroed:
             ctx.physical(s).fill(0)
-        comm.perform(
-            self.instr, [ctx.view(s) for s in self.inputs], [ctx.view(s) for s in self.outputs]
-        )
+        memory = ctx.memory
+        ins, outs = self._views
+        comm.perform(self.instr, [v(memory) for v in ins], [v(memory) for v in outs])
 
     def describe(self) -> list[str]:
         lines = [f"collective {self.instr.name} = {self.instr.opcode.text}"]
         lines += [f"in{i}: {s}" for i, s in enumerate(self.inputs)]
         return lines + [f"out{i}: {s}" for i, s in enumerate(self.outputs)]
+
+
+class _Viewer:
+    """ctx.view of one slice with its shape's work done once: the slice as a logically
+    indexed array of the execution's memory."""
+
+    __slots__ = ("allocation", "dims", "dtype", "shape", "start", "stop")
+
+    def __init__(self, s: BufferSlice):
+        self.allocation, self.start, self.stop = s.allocation, s.offset, s.offset + s.size
+        self.dtype, self.dims, self.shape = np.dtype(s.shape.dtype), physical_dims(s.shape), s.shape
+
+    def __call__(self, memory: list) -> np.ndarray:
+        raw = memory[self.allocation][self.start : self.stop].view(self.dtype).reshape(self.dims)
+        return logical_from_physical(raw, self.shape)
