@@ -131,7 +131,13 @@ def sliced(distributed: Client) -> None:
   ROOT r = f32[7,5] collective-permute(x, o, is, os), channel_id=1,
     source_target_pairs={{0,2},{2,1},{1,3},{3,0}}, slice_sizes={{3,2}}"""
     )
+    big = FAULT.replace('  c = f32[8] custom-call(x), custom_call_target="check"\n', "")
+    big = big.replace("all-reduce(c)", "all-reduce(x)").replace("f32[8]", "f32[20000]")
     cases = {
+        "large_all_reduce": (  # operands past SMALL_MESSAGE_BYTES: header, then raw bytes
+            big,
+            [[rng.normal(size=20000).astype(np.float32)] for _ in range(4)],
+        ),
         "send_recv": (SEND_RECV, [[rng.normal(size=(4, 6)).astype(np.float32)] for _ in range(4)]),
         "ragged": (ragged, ragged_inputs(rng, [[0, 1, 2, 3]], 34, 35, 2, np.float32)),
         "in_place_permute": (in_place, in_place_args(6)),

@@ -18,7 +18,8 @@
 # Exchange. A collective whose participants live in several processes first meets the local
 # participants (as in one process); the last local one to arrive then sends the local
 # operands to every other process taking part (non-blocking sends of the raw bytes, after a
-# small header naming the rendezvous key: execution, instruction, occurrence, devices) and
+# small header naming the rendezvous key: execution, instruction, occurrence, devices; up to
+# 64 KiB of operands travel inside the header instead, one message) and
 # receives theirs, so collectives that run concurrently on different devices never take
 # each other's data. There is no receiver thread: a thread waiting for data pumps the
 # incoming messages (one at a time, a header then its arrays from the same sender, which
@@ -46,6 +47,8 @@ from xlapy.runtime.errors import RuntimeApiError
 
 _TAG, _DATA_TAG = 7411, 7412
 _POLL_MIN, _POLL_MAX = 2e-5, 2e-4
+SMALL_MESSAGE_BYTES = 1 << 16
+"""Operands up to this many bytes in all travel inside their header message."""
 
 
 def _mpi():
@@ -86,8 +89,11 @@ class MpiTransport:
 
     # -- moving bytes -----------------------------------------------------------------------
     def _send(self, process: int, header: tuple, arrays: Sequence[np.ndarray] = ()) -> None:
-        """Post a header and its arrays to `process`, in that order (non-blocking)."""
+        """Post a header and its arrays to `process`, in that order (non-blocking). Arrays
+        of at most SMALL_MESSAGE_BYTES in all travel inside the header: one message."""
         raw = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+        if raw and sum(b.nbytes for b in raw) <= SMALL_MESSAGE_BYTES:
+            header, raw = (*header, [b.tobytes() for b in raw]), []
         with self._send_lock:
             requests: list[tuple[Any, Any]] = [
                 (self.comm.isend(header, dest=process, tag=_TAG), None)
@@ -115,11 +121,16 @@ class MpiTransport:
                     with self._cond:
                         self._aborted.setdefault(run_id, (device, text))
                     continue
-                key, process, layout = body
+                key, process, layout, *carried = body
+                payload = iter(carried[0]) if carried else None
                 received = {}
                 for device, shapes, signature in layout:
                     inputs = []
                     for dtype, shape in shapes:
+                        if payload is not None:
+                            data = bytearray(next(payload))
+                            inputs.append(np.frombuffer(data, np.dtype(dtype)).reshape(shape))
+                            continue
                         arr = np.empty(shape, np.dtype(dtype))
                         buf = arr.reshape(-1).view(np.uint8)
                         self.comm.Recv([buf, self._byte], source=status_source, tag=_DATA_TAG)
