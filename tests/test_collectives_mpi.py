@@ -2,7 +2,8 @@
 runs XLA-partitioned 4-device programs with devices 0-1 in one process and 2-3 in the
 other, and checks them bit for bit against one process with 4 devices; a failing device
 in one process fails every device of the job at once; with one device per process every
-call meets the other process."""
+call meets the other process; send/recv with channels, ragged-all-to-all and the in-place
+collective-permute between devices of both processes."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def _mpiexec() -> str:
 
 
 @pytest.mark.parametrize(
-    "what", [[], ["fault"], ["one-device"]], ids=["programs", "fault", "one-device"]
+    "what",
+    [[], ["fault"], ["one-device"], ["sliced"]],
+    ids=["programs", "fault", "one-device", "sliced"],
 )
 def test_two_processes_match_one(what):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -47,4 +50,5 @@ def test_two_processes_match_one(what):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     # the two processes' lines may interleave in mpiexec's output
-    assert done.stdout.count("ok ") == (2 if what else 8), done.stdout
+    expected = {(): 8, ("sliced",): 8}.get(tuple(what), 2)
+    assert done.stdout.count("ok ") == expected, done.stdout

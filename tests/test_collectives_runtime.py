@@ -333,10 +333,13 @@ def test_send_recv_between_devices(platform):
 
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_execute_sharded_calls_of_one_step_meet(platform):
+    """Calls made one after the other from one thread meet, also once the program is known
+    to be cheap (a lone execute_sharded call never runs inline: its peers start later)."""
     client = Client(platform, device_count=2)
-    exe = client.compile(ALL_REDUCE, CompileOptions.make(num_partitions=2))
+    options = CompileOptions.make(num_partitions=2, backend_options={"collective_timeout": 10})
+    exe = client.compile(ALL_REDUCE, options)
     outs = []
-    for step in range(2):
+    for step in range(4):
         for d, device in enumerate(client.devices()):
             x = client.buffer_from_pyval(X[d] + step, device)
             outs.append(exe.execute_sharded([x], device)[0])
@@ -352,3 +355,25 @@ def test_compile_without_options_takes_the_module_counts():
     devices = exe.addressable_devices
     outs = exe.execute([[client.buffer_from_pyval(X[d], devices[d])] for d in range(2)])
     assert np.asarray(outs[1][0]).tobytes() == xla_sum(X[:2]).tobytes()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("size", [3, collectives.CHUNK_MIN_ELEMENTS + 5])
+def test_all_reduce_sizes_keep_xla_bits(platform, size):
+    """Small all-reduces (reduced whole, once for everyone when led) and large ones (split
+    into one chunk per member) give XLA's bits: `0 + x0 + x1 + x2`, so -0.0 sums to +0.0."""
+    rng = np.random.default_rng(size)
+    xs = [rng.normal(size=size).astype(np.float32) * 1e3**d for d in range(3)]
+    for x in xs:
+        x[::7] = -0.0
+    text = module(
+        ", num_partitions=3",
+        f"  x = f32[{size}] parameter(0)",
+        f"  ROOT r = f32[{size}] all-reduce(x), channel_id=1, replica_groups={{}},\n"
+        "    use_global_device_ids=true, to_apply=add",
+    )
+    got = run(platform, text, [[x] for x in xs], partitions=3)
+    want = xla_sum(xs)
+    assert np.signbit(want[::7]).sum() == 0
+    for d in range(3):
+        assert got[d][0].tobytes() == want.tobytes(), d

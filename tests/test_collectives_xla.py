@@ -10,14 +10,12 @@ tolerance (xlapy's kernels round differently from XLA's, collectives or not).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from xlapy.errors import HloParseError
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client
 from xlapy.runtime.options import CompileOptions
@@ -32,44 +30,17 @@ INEXACT = {
     "named_sharding_2x2",
 }
 """Cases with dots and tanh: compared to float tolerance."""
-INTERPRETER_CASES = ["psum_sub_axes_2x4", "reductions_8", "all_to_all_4", "dp_train_step_2"]
-
-_MESH = re.compile(
-    r"replica_groups=mesh\[([^\]]*)\]"
-    r"(?:, device_ids=\(\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?\))?"
-    r" \{([^}]*)\}"
-)
-
-
-def _explicit_mesh_groups(text: str) -> str:
-    """`replica_groups=mesh[...] {axes}` rewritten as explicit groups, for a parser that
-    does not read XLA's mesh form yet: the devices of a group vary along the named axes."""
-
-    def groups(m: re.Match) -> str:
-        axes = [(a.split("=")[0].strip("'"), int(a.split("=")[1])) for a in m.group(1).split(",")]
-        sizes = [s for _, s in axes]
-        ids = np.arange(int(np.prod(sizes)))
-        if m.group(2):
-            reshape = [int(v) for v in (m.group(3) or m.group(2)).split(",")]
-            ids = ids.reshape(reshape)
-            if m.group(4):
-                ids = ids.transpose([int(v) for v in m.group(4).split(",")])
-        ids = ids.reshape(sizes)
-        names = [a for a, _ in axes]
-        over = [names.index(a.strip().strip("'")) for a in m.group(5).split(",")]
-        rest = [i for i in range(len(names)) if i not in over]
-        rows = ids.transpose(rest + over).reshape(-1, int(np.prod([sizes[i] for i in over])))
-        return "replica_groups={" + ",".join("{" + ",".join(map(str, r)) + "}" for r in rows) + "}"
-
-    return _MESH.sub(groups, text)
+INTERPRETER_CASES = [
+    "psum_sub_axes_2x4",
+    "reductions_8",
+    "all_to_all_4",
+    "dp_train_step_2",
+    "named_sharding_2x2",
+]
 
 
 def load_case(name: str):
-    text = (HERE / f"{name}.hlo").read_text()
-    try:
-        parse_module(text)
-    except HloParseError:
-        text = _explicit_mesh_groups(text)
+    text = (HERE / f"{name}.hlo").read_text()  # mesh groups read as XLA prints them
     data = np.load(HERE / f"{name}.npz")
     replicas = int(data["num_replicas"]) if "num_replicas" in data.files else 1
     partitions = int(data["num_partitions"])
@@ -123,11 +94,22 @@ def test_interpreter_matches_xla(name):
     run_case(name, "interpreter")
 
 
-def test_mesh_groups_rewrite():
-    text = "x, replica_groups=mesh['a'=2,'b'=2], device_ids=([2,2]T(1,0)) {'a'}, y"
-    assert _explicit_mesh_groups(text) == "x, replica_groups={{0,1},{2,3}}, y"
-    text = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}"
-    assert _explicit_mesh_groups(text) == "replica_groups={{0,1,2,3},{4,5,6,7}}"
+def test_mesh_groups_with_iota_device_ids():
+    """XLA prints a mesh's device order in iota form; the groups follow it, and the text
+    reads back as printed."""
+    module = parse_module((HERE / "named_sharding_2x2.hlo").read_text())
+    meshes = [
+        groups
+        for instr in module.instructions()
+        if (groups := instr.attrs.get("replica_groups")) is not None
+        and groups.mesh is not None
+        and groups.mesh.device_ids_iota == "[2,2]T(1,0)"
+    ]
+    assert meshes
+    assert meshes[0].mesh.device_ids == (0, 2, 1, 3)
+    printed = module.to_text()
+    assert "device_ids=([2,2]T(1,0))" in printed
+    assert parse_module(printed).to_text() == printed
 
 
 def test_bench_and_memory_report_per_device():

@@ -36,6 +36,9 @@ ENTRY e {
         ("[2,2]<=[2,2]T(0,0)", "4", HloParseError, "not a permutation"),
         ("mesh['a'=2] {'b'}", "4", HloParseError, "mesh has no axis 'b'"),
         ("mesh['a'=4] {'a':(1)8}", "4", HloParseError, "does not fit"),
+        ("mesh['a'=2,'b'=2], device_ids=([2,3]) {'a'}", "4", HloParseError, "must be a perm"),
+        ("mesh['a'=2,'b'=2], device_ids=([4]<=[3]) {'a'}", "4", HloParseError, "different"),
+        ("mesh['a'=2,'b'=2], device_ids=([2,2]T(1,1)) {'a'}", "4", HloParseError, "not a perm"),
     ],
 )
 def test_bad_replica_groups_are_xlapy_errors(groups, result, error, message):
@@ -111,6 +114,24 @@ def _mesh(sizes, axes, ids=None):
 def test_expanded_mesh(groups, expected):
     assert groups.expanded() == expected
     assert groups.group_size == len(expected[0])
+
+
+@pytest.mark.parametrize(
+    "ids, axis, expected",
+    [
+        ("[2,2]T(1,0)", "'a'", ((0, 1), (2, 3))),
+        ("[2,2]T(1,0)", "'b'", ((0, 2), (1, 3))),
+        ("[4]<=[2,2]T(1,0)", "'b'", ((0, 2), (1, 3))),
+        ("[2,2]", "'b'", ((0, 1), (2, 3))),
+    ],
+)
+def test_mesh_groups_with_iota_device_ids(ids, axis, expected):
+    groups = f"mesh['a'=2,'b'=2], device_ids=({ids}) {{{axis}}}"
+    text = REDUCE_SCATTER.replace("RESULT", "4").replace("GROUPS", groups)
+    module = parse_module(text)
+    verify(module)
+    assert module.to_text().strip() == text.strip()
+    assert module.entry.root.attrs["replica_groups"].expanded() == expected
 
 
 def test_mesh_groups_parse_and_print_as_xla_does():

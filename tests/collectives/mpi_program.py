@@ -101,6 +101,59 @@ def one_device_each() -> None:
     print(f"ok one-device process {me}", flush=True)
 
 
+SEND_RECV = """HloModule send_recv, num_partitions=4
+ENTRY e {
+  x = f32[4,6] parameter(0)
+  t = token[] after-all()
+  s = (f32[4,6], u32[], token[]) send(x, t), channel_id=5, PAIRS
+  r = (f32[4,6], u32[], token[]) recv(t), channel_id=5, PAIRS
+  sd = token[] send-done(s), channel_id=5
+  rd = (f32[4,6], token[]) recv-done(r), channel_id=5
+  ROOT o = f32[4,6] get-tuple-element(rd), index=0
+}
+""".replace(
+    "PAIRS",
+    'frontend_attributes={_xla_send_recv_source_target_pairs="{{0,2},{2,1},{1,3},{3,0}}"}',
+)
+
+
+def sliced(distributed: Client) -> None:
+    """Send/recv with channels, ragged-all-to-all and the in-place collective-permute over
+    devices of both processes: the same bits as one process with 4 devices (and, for
+    send/recv, what each device's source sent)."""
+    from tests.test_collectives_sliced import IN_PLACE, RAGGED, in_place_args, ragged_inputs
+
+    rng = np.random.default_rng(5)
+    ragged = RAGGED.format(n=4, t="f32", rows=34, out_rows=35, count=8, groups="{{0,1,2,3}}")
+    in_place = IN_PLACE.format(
+        body="""  is = (s32[], s32[]) tuple(a, one)
+  os = (s32[], s32[]) tuple(b, c)
+  ROOT r = f32[7,5] collective-permute(x, o, is, os), channel_id=1,
+    source_target_pairs={{0,2},{2,1},{1,3},{3,0}}, slice_sizes={{3,2}}"""
+    )
+    big = FAULT.replace('  c = f32[8] custom-call(x), custom_call_target="check"\n', "")
+    big = big.replace("all-reduce(c)", "all-reduce(x)").replace("f32[8]", "f32[20000]")
+    cases = {
+        "large_all_reduce": (  # operands past SMALL_MESSAGE_BYTES: header, then raw bytes
+            big,
+            [[rng.normal(size=20000).astype(np.float32)] for _ in range(4)],
+        ),
+        "send_recv": (SEND_RECV, [[rng.normal(size=(4, 6)).astype(np.float32)] for _ in range(4)]),
+        "ragged": (ragged, ragged_inputs(rng, [[0, 1, 2, 3]], 34, 35, 2, np.float32)),
+        "in_place_permute": (in_place, in_place_args(6)),
+    }
+    mine = [d.id for d in distributed.addressable_devices()]
+    for name, (text, args) in cases.items():
+        got = run(distributed, text, 4, args, mine)
+        alone = run(Client("cpu", device_count=4), text, 4, args, list(range(4)))
+        for d in mine:
+            assert got[d][0].tobytes() == alone[d][0].tobytes(), (name, d)
+            if name == "send_recv":
+                source = {2: 0, 1: 2, 3: 1, 0: 3}[d]
+                assert got[d][0].tobytes() == args[source][0].tobytes(), (name, d)
+        print(f"ok {name} process {distributed.process_index} devices {mine}", flush=True)
+
+
 def main() -> None:
     cases = sys.argv[1:] or CASES
     if cases == ["one-device"]:
@@ -110,6 +163,9 @@ def main() -> None:
     me = distributed.process_index
     if cases == ["fault"]:
         fault(distributed)
+        return
+    if cases == ["sliced"]:
+        sliced(distributed)
         return
     for name in cases:
         text = (HERE / f"{name}.hlo").read_text()

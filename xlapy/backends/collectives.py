@@ -165,6 +165,17 @@ def participants(
     return tuple(divmod(i, partitions) for i in group)
 
 
+@functools.lru_cache(maxsize=4096)
+def _meeting(
+    instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid
+) -> tuple[tuple[int, ...], int, str]:
+    """(the devices taking part in `instr` with this one in rank order, this one's rank,
+    how errors name the collective on this device)."""
+    members = tuple(grid.device(r, p) for r, p in participants(instr, replica, partition, grid))
+    device = grid.device(replica, partition)
+    return members, members.index(device), f"{instr.opcode.text} {instr.name} on device {device}"
+
+
 def permute_ids(instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid):
     """For a collective-permute: (this device's id in the pairs' space, the (replica,
     partition) of an id, the pairs)."""
@@ -285,6 +296,14 @@ class Transport(Protocol):
         """Tell the other processes that local device `device` failed in run `run_id`."""
         ...
 
+    def send_to(self, run: CollectiveRun, key: tuple, device: int, value: np.ndarray) -> None:
+        """Post `value` under `key` for `device` of another process (a send)."""
+        ...
+
+    def receive(self, run: CollectiveRun, key: tuple, source: int) -> np.ndarray:
+        """Wait for what device `source` of another process posted under `key` (a recv)."""
+        ...
+
 
 @dataclass
 class _Slot:
@@ -333,7 +352,7 @@ class CollectiveRun:
         if first and self.transport is not None and self.transport.is_local(device):
             self.transport.abort(self.run_id, device, error)
 
-    def _raise_if_aborted(self, what: str) -> None:
+    def raise_if_aborted(self, what: str) -> None:
         if self.error is not None:
             device, error = self.error
             raise CollectiveError(
@@ -358,7 +377,7 @@ class CollectiveRun:
         local_ranks = [i for i, d in enumerate(members) if self._is_local(d)]
         deadline = time.monotonic() + self.timeout
         with self._cond:
-            self._raise_if_aborted(what)
+            self.raise_if_aborted(what)
             slot = self._slot(key)
             slot.values[rank] = value
             if len(slot.values) == n or (
@@ -366,7 +385,7 @@ class CollectiveRun:
             ):
                 slot.cond.notify_all()
             while len(slot.values) < n:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 if not slot.remote_done and all(i in slot.values for i in local_ranks):
                     slot.remote_done = True  # this thread exchanges for the process
                     local = {members[i]: slot.values[i] for i in local_ranks}
@@ -403,7 +422,7 @@ class CollectiveRun:
         deadline = time.monotonic() + self.timeout
         with self._cond:
             while key not in self._mail:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveError(
@@ -425,14 +444,16 @@ class CollectiveRun:
         every member's value (in rank order) while the others wait for it to finish: one
         wake-up per member instead of two (every member local)."""
         n = len(members)
-        deadline = time.monotonic() + self.timeout
+        deadline = 0.0
         with self._cond:
-            self._raise_if_aborted(what)
+            self.raise_if_aborted(what)
             slot = self._slot(key)
             slot.values[rank] = value
             values = [slot.values[i] for i in range(n)] if len(slot.values) == n else None
+            if values is None:
+                deadline = time.monotonic() + self.timeout
             while values is None and not slot.finished:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     missing = [members[i] for i in range(n) if i not in slot.values]
@@ -469,7 +490,7 @@ class CollectiveRun:
                 slot.cond.notify_all()
                 return
             while slot.leaving < local:
-                self._raise_if_aborted(what)
+                self.raise_if_aborted(what)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveError(
@@ -522,14 +543,10 @@ class DeviceCollectives:
         if op in (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START):
             self._permute(instr, inputs, outputs)
             return
-        grid = self.run.grid
-        where = participants(instr, self.replica, self.partition, grid)
-        members = tuple(grid.device(r, p) for r, p in where)
-        rank = members.index(self.device)
-        what = f"{instr.opcode.text} {instr.name} on device {self.device}"
+        members, rank, what = _meeting(instr, self.replica, self.partition, self.run.grid)
         key = self._key(instr, members)
         if len(members) == 1:
-            _COMPUTE[op](instr, [tuple(inputs)], 0, [tuple(outputs)], True)
+            compute_alone(instr, inputs, outputs)
             return
         compute = _COMPUTE[op]
 
@@ -537,7 +554,14 @@ class DeviceCollectives:
             local = all(v.outputs is not None for v in values)
             compute(instr, [v.inputs for v in values], r, [v.outputs for v in values], local)
 
-        self._together(key, what, members, rank, inputs, outputs, part)
+        whole = _COMPUTE_ALL.get(op)
+        every = None
+        if whole is not None:
+
+            def every(values: list[Contribution]) -> None:
+                whole(instr, [v.inputs for v in values], [v.outputs for v in values])
+
+        self._together(key, what, members, rank, inputs, outputs, part, every)
 
     def _channel(self, instr: HloInstruction, kind: str):
         """(this device's id among the pairs, id -> device, pairs, the key's prefix) of a
@@ -558,14 +582,15 @@ class DeviceCollectives:
         """A send to the devices its pairs name (a copy: the sender may reuse its memory)."""
         me, device, pairs, key = self._channel(instr, "send")
         for s, t in pairs:
-            if s == me:
-                target = device(t)
-                if not self.run._is_local(target):
-                    raise EvaluationError(
-                        f"{instr.name}: send to device {target} in another process is not "
-                        "supported (use collective-permute)"
-                    )
-                self.run.post((*key, self.device, target), np.array(value, copy=True))
+            if s != me:
+                continue
+            target = device(t)
+            copy = np.array(value, copy=True)
+            if self.run._is_local(target):
+                self.run.post((*key, self.device, target), copy)
+                continue
+            assert self.run.transport is not None, "a remote device needs a transport"
+            self.run.transport.send_to(self.run, (*key, self.device, target), target, copy)
 
     def recv(self, instr: HloInstruction, shape) -> np.ndarray:
         """What the device its pairs name sent (zeros when none sends to this one)."""
@@ -575,19 +600,26 @@ class DeviceCollectives:
             return np.zeros(shape.dims, shape.dtype)
         source = device(sources[0])
         what = f"recv {instr.name} on device {self.device}"
+        if not self.run._is_local(source):
+            assert self.run.transport is not None, "a remote device needs a transport"
+            return self.run.transport.receive(self.run, (*key, source, self.device), source)
         return self.run.take((*key, source, self.device), what, source)
 
-    def _together(self, key, what, members, rank, inputs, outputs, part) -> None:
+    def _together(self, key, what, members, rank, inputs, outputs, part, every=None) -> None:
         """Meet the other members and have `part(values, r)` compute member r's results:
         the last to arrive computes every member's when all are local and the results are
-        small, else each member its own (see the file comment)."""
+        small (with `every(values)` at once when given), else each member its own (see the
+        file comment)."""
         run = self.run
         mine = Contribution(tuple(inputs), tuple(outputs), _signature(inputs))
         small = sum(o.nbytes for o in outputs) <= LEAD_MAX_BYTES
-        if small and all(run._is_local(d) for d in members):
+        if small and (run.transport is None or all(run._is_local(d) for d in members)):
 
             def lead(values: list[Contribution]) -> None:
                 _check_signatures(what, members, values)
+                if every is not None:
+                    every(values)
+                    return
                 for r in range(len(values)):
                     part(values, r)
 
@@ -601,39 +633,185 @@ class DeviceCollectives:
             run.leave(key, what, members)
 
     def _permute(self, instr, inputs, outputs) -> None:
-        if len(instr.operands) == 4 and len(inputs) == 4 and instr.attrs.get("slice_sizes"):
-            raise EvaluationError(
-                f"{instr.name}: the in-place collective-permute form (buffers and start "
-                "indices) is not supported"
-            )
         grid = self.run.grid
         me, position, pairs = permute_ids(instr, self.replica, self.partition, grid)
+        layout = in_place_layout(instr)
         ids = sorted({i for pair in pairs for i in pair})
-        source: dict[int, int] = {}
-        for s, t in pairs:
-            if t in source:
-                raise EvaluationError(f"{instr.name}: id {t} receives from {source[t]} and {s}")
-            source[t] = s
+        if layout is None:
+            _unique_targets(instr, pairs)
         if me not in ids:
-            for out in outputs:
-                out[...] = 0
+            _permute_part(
+                instr, layout, pairs, [me], [Contribution(tuple(inputs), tuple(outputs), ())], 0
+            )
             return
         members = tuple(grid.device(*position(i)) for i in ids)
         what = f"{instr.opcode.text} {instr.name} on device {self.device}"
         key = self._key(instr, members)
 
         def part(values: list[Contribution], r: int) -> None:
-            outs = values[r].outputs
-            assert outs is not None, "a member's own results are local"
-            src = source.get(ids[r])
-            if src is None:
-                for out in outs:
-                    out[...] = 0
-                return
-            for out, x in zip(outs, values[ids.index(src)].inputs, strict=True):
-                np.copyto(out, x, casting="no")
+            _permute_part(instr, layout, pairs, ids, values, r)
 
         self._together(key, what, members, ids.index(me), inputs, outputs, part)
+
+
+def _unique_targets(instr: HloInstruction, pairs) -> None:
+    source: dict[int, int] = {}
+    for s, t in pairs:
+        if t in source:
+            raise EvaluationError(f"{instr.name}: id {t} receives from {source[t]} and {s}")
+        source[t] = s
+
+
+def _permute_part(instr, layout, pairs, ids, values, r) -> None:
+    """Member r's results of a collective-permute among `ids` (every id in the pairs)."""
+    outs = values[r].outputs
+    assert outs is not None, "a member's own results are local"
+    if layout is None:
+        sources = [s for s, t in pairs if t == ids[r]]
+        if not sources:
+            for out in outs:
+                out[...] = 0
+            return
+        for out, x in zip(outs, values[ids.index(sources[0])].inputs, strict=True):
+            np.copyto(out, x, casting="no")
+        return
+    mine = values[r].inputs
+    for j, out in enumerate(outs):
+        given = mine[layout.buffers + j]
+        if not np.may_share_memory(out, given):
+            np.copyto(out, given, casting="no")
+    for p, (s, t) in enumerate(pairs):
+        if t != ids[r]:
+            continue
+        theirs = values[ids.index(s)].inputs
+        for j, out in enumerate(outs):
+            size = layout.sizes[p]
+            x = theirs[j]
+            src = _starts(instr, theirs, layout.input_starts[j][p], x.shape, size, "input")
+            dst = _starts(instr, mine, layout.output_starts[j][p], out.shape, size, "output")
+            np.copyto(
+                out[tuple(slice(o, o + n) for o, n in zip(dst, size, strict=True))],
+                x[tuple(slice(o, o + n) for o, n in zip(src, size, strict=True))],
+                casting="no",
+            )
+
+
+def _starts(instr, leaves, at: tuple[int, ...], dims, size, which: str) -> list[int]:
+    """Start indices read from the scalar leaves `at`, clamped as dynamic-slice clamps."""
+    starts = []
+    for d, (i, n) in enumerate(zip(at, size, strict=True)):
+        if n > dims[d]:
+            raise EvaluationError(
+                f"{instr.name}: slice size {list(size)} does not fit the {which} buffer "
+                f"{list(dims)}"
+            )
+        starts.append(min(max(int(leaves[i]), 0), dims[d] - n))
+    return starts
+
+
+@dataclass(frozen=True, slots=True)
+class InPlaceLayout:
+    """Where the pieces of an in-place collective-permute `collective-permute(input, output,
+    input_starts, output_starts), slice_sizes={...}` sit among its flattened operand leaves:
+    `buffers` input leaves, as many output leaves, then the start-index scalars.
+    `input_starts[j][p]` / `output_starts[j][p]` are the leaf indices of buffer j's start
+    indices for pair p; `sizes[p]` is the slice pair p moves."""
+
+    buffers: int
+    input_starts: tuple[tuple[tuple[int, ...], ...], ...]
+    output_starts: tuple[tuple[tuple[int, ...], ...], ...]
+    sizes: tuple[tuple[int, ...], ...]
+
+
+def is_in_place_permute(instr: HloInstruction) -> bool:
+    """Whether `instr` is the in-place (sliced) collective-permute form: four operands
+    (input, output, input start indices, output start indices) with slice_sizes, or
+    whose last two are tuples of integers."""
+    ops = instr.operands
+    if instr.opcode not in (Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START):
+        return False
+    if len(ops) != 4:
+        return False
+    if instr.attrs.get("slice_sizes"):
+        return True
+    return all(
+        o.shape.is_tuple and all(leaf.element_type.is_integral for _, leaf in o.shape.leaves())
+        for o in ops[2:]
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def in_place_layout(instr: HloInstruction) -> InPlaceLayout | None:
+    """The InPlaceLayout of an in-place collective-permute; None for the plain form.
+
+    Start indices come as a tuple of one s32 scalar per dimension (the same for every
+    pair) or a tuple of such tuples, one per pair; for tuple buffers, one such entry per
+    buffer. slice_sizes holds one size list for every pair, or one per pair."""
+    if not is_in_place_permute(instr):
+        return None
+    ops = instr.operands
+    pairs = tuple(instr.attrs.get("source_target_pairs", ()))
+    x, out = ops[0].shape, ops[1].shape
+    xs = list(x.tuple_shapes) if x.is_tuple else [x]
+    outs = list(out.tuple_shapes) if out.is_tuple else [out]
+    if len(xs) != len(outs) or any(not s.is_array for s in xs + outs):
+        raise EvaluationError(
+            f"{instr.name}: the input and output of an in-place collective-permute must be "
+            f"as many arrays, got {x} and {out}"
+        )
+    for a, b in zip(xs, outs, strict=True):
+        if a.dtype != b.dtype or a.rank != b.rank:
+            raise EvaluationError(f"{instr.name}: input {a} and output {b} differ in type/rank")
+    ranks = {a.rank for a in xs}
+    if len(ranks) != 1:
+        raise EvaluationError(f"{instr.name}: in-place buffers of different ranks {xs}")
+    rank = ranks.pop()
+    given = [tuple(v) for v in instr.attrs.get("slice_sizes", ())]
+    if not given:
+        raise EvaluationError(f"{instr.name}: an in-place collective-permute needs slice_sizes")
+    if len(given) not in (1, len(pairs)) or any(len(g) != rank for g in given):
+        raise EvaluationError(
+            f"{instr.name}: slice_sizes {given} must hold one list of {rank} sizes, or one per "
+            f"source-target pair ({len(pairs)})"
+        )
+    sizes = tuple(given * len(pairs)) if len(given) == 1 else tuple(given)
+    first = 2 * len(xs)
+    count = [first]
+
+    def starts(shape, what: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        entries = list(shape.tuple_shapes) if x.is_tuple and shape.is_tuple else [shape]
+        if len(entries) != len(xs):
+            raise EvaluationError(f"{instr.name}: {what} needs one entry per buffer")
+        per_buffer = []
+        for entry in entries:
+            per_buffer.append(one_buffer(entry, what))
+        return tuple(per_buffer)
+
+    def scalars(shape, what: str) -> tuple[int, ...]:
+        if not shape.is_tuple or len(shape.tuple_shapes) != rank:
+            raise EvaluationError(
+                f"{instr.name}: {what} must be a tuple of {rank} integer scalars, got {shape}"
+            )
+        for leaf in shape.tuple_shapes:
+            if leaf.is_tuple or leaf.rank != 0 or not leaf.element_type.is_integral:
+                raise EvaluationError(f"{instr.name}: {what} holds {leaf}, not an integer scalar")
+        at = tuple(range(count[0], count[0] + rank))
+        count[0] += rank
+        return at
+
+    def one_buffer(shape, what: str) -> tuple[tuple[int, ...], ...]:
+        if shape.is_tuple and shape.tuple_shapes and shape.tuple_shapes[0].is_tuple:
+            if len(shape.tuple_shapes) != len(pairs):
+                raise EvaluationError(
+                    f"{instr.name}: {what} has {len(shape.tuple_shapes)} entries for "
+                    f"{len(pairs)} source-target pairs"
+                )
+            return tuple(scalars(s, what) for s in shape.tuple_shapes)
+        return (scalars(shape, what),) * len(pairs)
+
+    input_starts = starts(ops[2].shape, "the input start indices")
+    output_starts = starts(ops[3].shape, "the output start indices")
+    return InPlaceLayout(len(xs), input_starts, output_starts, sizes)
 
 
 def _check_signatures(what: str, members: Sequence[int], values: Sequence[Contribution]) -> None:
@@ -654,12 +832,19 @@ def _describe(signature: tuple) -> str:
 # compute(instr, inputs per rank, my rank, outputs per rank (None: remote), all local)
 
 
+CHUNK_MIN_ELEMENTS = 4096
+"""All-reduces of fewer elements are not split into chunks: each member reduces its whole
+result (the same bits, without the bookkeeping)."""
+
+
 def _all_reduce(instr, inputs, rank, outputs, local) -> None:
     n = len(inputs)
     for k, out in enumerate(outputs[rank]):
         ins = [inputs[j][k] for j in range(n)]
         flat_ok = (
             local
+            and n > 1
+            and out.size >= CHUNK_MIN_ELEMENTS
             and all(a.flags.c_contiguous for a in ins)
             and all(o[k].flags.c_contiguous for o in outputs)
         )
@@ -676,6 +861,18 @@ def _all_reduce(instr, inputs, rank, outputs, local) -> None:
         for j, o in enumerate(outputs):
             if j != rank:
                 o[k].reshape(-1)[lo:hi] = acc
+
+
+def _all_reduce_every(instr, inputs, outputs) -> None:
+    """Every member's all-reduce results at once (the last to arrive, small operands): one
+    reduction into the first member's result, copied to the others. The same bits as
+    chunk by chunk: every element is reduced in rank order from the identity either way."""
+    n = len(inputs)
+    first = outputs[0]
+    for k, acc in enumerate(first):
+        reduce_into(acc, [inputs[j][k] for j in range(n)], instr)
+        for j in range(1, n):
+            np.copyto(outputs[j][k], acc, casting="no")
 
 
 def _gather_dim(instr) -> int:
@@ -725,6 +922,46 @@ def _all_to_all(instr, inputs, rank, outputs, local) -> None:
             np.copyto(out[tuple(dst)], x[tuple(src)], casting="no")
 
 
+def _ragged_all_to_all(instr, inputs, rank, outputs, local) -> None:
+    """XLA's ragged-all-to-all: member s's input_offsets/send_sizes/output_offsets entries
+    [r*k, (r+1)*k) (k = their length / members) say which rows of its input go to member r
+    and where they land in r's result, which starts as r's `output` operand; r's
+    recv_sizes[s*k + q] must equal what s sends it as its q-th piece."""
+    n = len(inputs)
+    mine = inputs[rank]
+    (out,) = outputs[rank]
+    if not np.may_share_memory(out, mine[1]):
+        np.copyto(out, mine[1], casting="no")
+    count = mine[2].shape[0]
+    if count % n:
+        raise CollectiveError(
+            f"{instr.name}: {count} offsets cannot be split among {n} participants"
+        )
+    k = count // n
+    for s, theirs in enumerate(inputs):
+        x, starts, sizes, at = theirs[0], theirs[2], theirs[3], theirs[4]
+        for q in range(k):
+            i = rank * k + q
+            start, size, dst = int(starts[i]), int(sizes[i]), int(at[i])
+            expected = int(mine[5][s * k + q])
+            if size != expected:
+                raise CollectiveError(
+                    f"{instr.name}: participant {s} sends {size} rows as piece {q} to "
+                    f"participant {rank}, whose recv_sizes[{s * k + q}] says {expected}"
+                )
+            if size < 0 or start < 0 or start + size > x.shape[0]:
+                raise CollectiveError(
+                    f"{instr.name}: participant {s} sends rows [{start}, {start + size}) of "
+                    f"an input with {x.shape[0]} rows"
+                )
+            if dst < 0 or dst + size > out.shape[0]:
+                raise CollectiveError(
+                    f"{instr.name}: participant {s} writes rows [{dst}, {dst + size}) of "
+                    f"participant {rank}'s output, which has {out.shape[0]} rows"
+                )
+            np.copyto(out[dst : dst + size], x[start : start + size], casting="no")
+
+
 def _broadcast(instr, inputs, rank, outputs, local) -> None:
     for out, x in zip(outputs[rank], inputs[0], strict=True):
         np.copyto(out, x, casting="no")
@@ -737,10 +974,39 @@ _COMPUTE: dict[Opcode, Callable] = {
     Opcode.ALL_GATHER_START: _all_gather,
     Opcode.REDUCE_SCATTER: _reduce_scatter,
     Opcode.ALL_TO_ALL: _all_to_all,
+    Opcode.RAGGED_ALL_TO_ALL: _ragged_all_to_all,
     Opcode.COLLECTIVE_BROADCAST: _broadcast,
 }
+_COMPUTE_ALL: dict[Opcode, Callable] = {
+    Opcode.ALL_REDUCE: _all_reduce_every,
+    Opcode.ALL_REDUCE_START: _all_reduce_every,
+}
+"""Opcodes whose every member's results the last to arrive computes at once, when it
+computes them all (instead of member by member)."""
 PERFORMED = frozenset(_COMPUTE) | {Opcode.COLLECTIVE_PERMUTE, Opcode.COLLECTIVE_PERMUTE_START}
 """The opcodes DeviceCollectives.perform runs."""
+
+
+def compute_alone(instr: HloInstruction, inputs: Sequence[np.ndarray], outputs) -> None:
+    """Collective `instr` where this device is the only participant."""
+    _COMPUTE[instr.opcode](instr, [tuple(inputs)], 0, [tuple(outputs)], True)
+
+
+def permute_alone(instr: HloInstruction, me: int, inputs, outputs) -> None:
+    """A collective-permute run by device `me` (an id of its pairs) on its own: raises when
+    another device sends to it."""
+    pairs = tuple(tuple(p) for p in instr.attrs.get("source_target_pairs", ()))
+    layout = in_place_layout(instr)
+    if layout is None:
+        _unique_targets(instr, pairs)
+    sources = sorted({s for s, t in pairs if t == me})
+    if sources and sources != [me]:
+        raise EvaluationError(
+            f"{instr.name}: device {me} receives from {sources}, which needs the multi-device "
+            "runtime"
+        )
+    mine = Contribution(tuple(inputs), tuple(outputs), ())
+    _permute_part(instr, layout, pairs, [me], [mine], 0)
 
 
 @dataclass(frozen=True, slots=True)

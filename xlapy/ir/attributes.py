@@ -430,11 +430,13 @@ class MeshAxis:
 
 @dataclass(frozen=True, slots=True)
 class Mesh:
-    """A named device mesh, `mesh['x'=2,'y'=4]` or `mesh[...], device_ids=(3,1,2,0,...)`."""
+    """A named device mesh, `mesh['x'=2,'y'=4]`, `mesh[...], device_ids=(3,1,2,0,...)`, or
+    with device ids in XLA's iota form, `mesh[...], device_ids=([2,2]T(1,0))`."""
 
     names: tuple[str, ...]
     sizes: tuple[int, ...]
     device_ids: tuple[int, ...] | None = None  # None: 0, 1, 2, ... in row-major order
+    device_ids_iota: str | None = None  # `[2,2]T(1,0)` as written; device_ids holds its ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,6 +472,27 @@ class ReplicaGroups:
 
 
 _IOTA_GROUPS = re.compile(r"\[([0-9,]*)\]<=\[([0-9,]*)\](?:T\(([0-9,]*)\))?")
+_IOTA_IDS = re.compile(r"\[([0-9,]*)\](?:<=\[([0-9,]*)\])?(?:T\(([0-9,]*)\))?")
+
+
+def iota_device_ids(text: str) -> tuple[int, ...]:
+    """The ids of an iota device list as XLA prints a mesh's device_ids: `[dims]`,
+    `[dims]T(perm)` or `[dims]<=[reshape dims]T(perm)`: the ids 0..n-1 laid out in the
+    reshape dims (the dims when none are given), transposed, and read in row-major order."""
+    m = _IOTA_IDS.fullmatch(text)
+    if m is None:
+        raise ValueError(f"'{text}' is not an iota device list like [2,2]T(1,0)")
+    dims = _int_tuple(m.group(1))
+    reshape = _int_tuple(m.group(2)) if m.group(2) is not None else dims
+    perm = _int_tuple(m.group(3)) if m.group(3) is not None else tuple(range(len(reshape)))
+    if not dims or math.prod(dims) != math.prod(reshape):
+        raise ValueError(f"[{m.group(1)}] and [{m.group(2)}] hold different numbers of devices")
+    if sorted(perm) != list(range(len(reshape))):
+        raise ValueError(f"T({m.group(3)}) is not a permutation of {len(reshape)} dimensions")
+    if math.prod(dims) > _MAX_DEVICES:
+        raise ValueError(f"{math.prod(dims)} devices is more than {_MAX_DEVICES}")
+    ids = np.arange(math.prod(dims)).reshape(reshape).transpose(perm).reshape(-1)
+    return tuple(int(i) for i in ids)
 
 
 def _int_tuple(text: str) -> tuple[int, ...]:

@@ -89,6 +89,7 @@ _PARAMETER_NUMBER = re.compile(r"[ \t]*([0-9]{1,9})[ \t]*\)")
 _INT_LIST = re.compile(r"\s*\{([-+0-9, \t]*)\}")
 _DECIMAL = re.compile(r"[ \t]*[-+]?[0-9]+[ \t]*")
 _IOTA_LIST = re.compile(r"\[[0-9,]*\]<=\[[0-9,]*\](?:T\([0-9,]*\))?")
+_IOTA_IDS = re.compile(r"\[[0-9,]*\](?:<=\[[0-9,]*\])?(?:T\([0-9,]*\))?")
 _SCALAR_TEXT = re.compile(r"[-+.0-9A-Za-z]+(?=\))")
 _SCALARS: dict[tuple[Shape, str], Literal] = {}
 """Scalar constants read by the general rules, by shape and text (literals are immutable)."""
@@ -1583,17 +1584,31 @@ class _Parser(TextCursor):
                 break
             self.expect(",", "',' or ']' in mesh axes")
         device_ids = None
+        device_ids_iota = None
         if self.accept(","):
             if self.peek_ident() != "device_ids":
                 raise self.expected("device_ids=(...)")
             self.pos += len("device_ids")
             self.expect("=")
             self.expect("(")
-            ids = [self.integer("a device id")]
-            while self.accept(","):
-                ids.append(self.integer("a device id"))
+            self.skip()
+            if self.peek("["):  # XLA's iota form, device_ids=([2,2]T(1,0))
+                start = self.pos
+                m = _IOTA_IDS.match(self.text, self.pos)
+                if not m:
+                    raise self.expected("device ids like [2,2]T(1,0)")
+                self.pos = m.end()
+                device_ids_iota = m.group(0)
+                try:
+                    device_ids = A.iota_device_ids(device_ids_iota)
+                except ValueError as e:
+                    raise self.error(f"bad device_ids: {e}", start) from None
+            else:
+                ids = [self.integer("a device id")]
+                while self.accept(","):
+                    ids.append(self.integer("a device id"))
+                device_ids = tuple(ids)
             self.expect(")", "')' closing device_ids")
-            device_ids = tuple(ids)
         self.expect("{", "'{' opening the mesh axes of the groups")
         axes: list[A.MeshAxis] = []
         while True:
@@ -1613,7 +1628,7 @@ class _Parser(TextCursor):
             if self.accept("}"):
                 break
             self.expect(",", "',' or '}' in mesh axes")
-        mesh = A.Mesh(tuple(names), tuple(sizes), device_ids)
+        mesh = A.Mesh(tuple(names), tuple(sizes), device_ids, device_ids_iota)
         return A.ReplicaGroups(mesh=mesh, mesh_axes=tuple(axes))
 
     def axis_name(self) -> str:

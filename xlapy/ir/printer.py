@@ -547,7 +547,9 @@ def _replica_groups(groups: A.ReplicaGroups, opts: PrintOptions) -> str:
     if mesh is not None:
         axes = ",".join(f"'{n}'={s}" for n, s in zip(mesh.names, mesh.sizes))
         ids = ""
-        if mesh.device_ids is not None:
+        if mesh.device_ids_iota is not None:
+            ids = f", device_ids=({mesh.device_ids_iota})"
+        elif mesh.device_ids is not None:
             ids = f", device_ids=({','.join(map(str, mesh.device_ids))})"
         refs = ",".join(
             f"'{mesh.names[a.axis]}'" + (f":({a.pre_size}){a.size}" if a.pre_size else "")

@@ -1461,10 +1461,16 @@ def _ragged_all_to_all(operands, attrs, declared):
     out = _array(operands[1], "operand 1 (output)")
     if x.element_type is not out.element_type or x.rank != out.rank:
         _fail(f"input {_t(x)} and output {_t(out)} must share element type and rank")
+    if x.rank < 1 or x.dims[1:] != out.dims[1:]:
+        _fail(f"input {_t(x)} and output {_t(out)} must be ragged along dimension 0 only")
+    lengths = set()
     for i in range(2, 6):
         s = _array(operands[i], f"operand {i}")
         if not s.element_type.is_integral or s.rank != 1:
             _fail(f"operand {i} must be a 1-D integer array, got {_t(s)}")
+        lengths.add(s.dims[0])
+    if len(lengths) != 1:
+        _fail("input_offsets, send_sizes, output_offsets and recv_sizes must have one length")
     return _without_layouts(out)
 
 

@@ -18,15 +18,19 @@
 # Exchange. A collective whose participants live in several processes first meets the local
 # participants (as in one process); the last local one to arrive then sends the local
 # operands to every other process taking part (non-blocking sends of the raw bytes, after a
-# small header naming the rendezvous key: execution, instruction, occurrence, devices) and
+# small header naming the rendezvous key: execution, instruction, occurrence, devices; up to
+# 64 KiB of operands travel inside the header instead, one message) and
 # receives theirs, so collectives that run concurrently on different devices never take
 # each other's data. There is no receiver thread: a thread waiting for data pumps the
 # incoming messages (one at a time, a header then its arrays from the same sender, which
 # MPI keeps in order) into a mailbox keyed by rendezvous, sleeping a little between polls
 # (MPICH's blocking receive would spin a core). Each device then computes its whole result
 # from the gathered operands, in the same order as in one process, so the bits are the
-# same. A device that fails sends an abort to the other processes, whose devices waiting in
-# that execution fail with its error instead of waiting for the timeout.
+# same. A send to a device of another process is one such message (the array, under a key
+# naming the channel, the occurrence, the sender and the receiver), which the receiving
+# device's recv waits for the same way. A device that fails sends an abort to the other
+# processes, whose devices waiting in that execution fail with its error instead of waiting
+# for the timeout.
 
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ from xlapy.runtime.errors import RuntimeApiError
 
 _TAG, _DATA_TAG = 7411, 7412
 _POLL_MIN, _POLL_MAX = 2e-5, 2e-4
+SMALL_MESSAGE_BYTES = 1 << 16
+"""Operands up to this many bytes in all travel inside their header message."""
 
 
 def _mpi():
@@ -83,8 +89,11 @@ class MpiTransport:
 
     # -- moving bytes -----------------------------------------------------------------------
     def _send(self, process: int, header: tuple, arrays: Sequence[np.ndarray] = ()) -> None:
-        """Post a header and its arrays to `process`, in that order (non-blocking)."""
+        """Post a header and its arrays to `process`, in that order (non-blocking). Arrays
+        of at most SMALL_MESSAGE_BYTES in all travel inside the header: one message."""
         raw = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+        if raw and sum(b.nbytes for b in raw) <= SMALL_MESSAGE_BYTES:
+            header, raw = (*header, [b.tobytes() for b in raw]), []
         with self._send_lock:
             requests: list[tuple[Any, Any]] = [
                 (self.comm.isend(header, dest=process, tag=_TAG), None)
@@ -112,11 +121,16 @@ class MpiTransport:
                     with self._cond:
                         self._aborted.setdefault(run_id, (device, text))
                     continue
-                key, process, layout = body
+                key, process, layout, *carried = body
+                payload = iter(carried[0]) if carried else None
                 received = {}
                 for device, shapes, signature in layout:
                     inputs = []
                     for dtype, shape in shapes:
+                        if payload is not None:
+                            data = bytearray(next(payload))
+                            inputs.append(np.frombuffer(data, np.dtype(dtype)).reshape(shape))
+                            continue
                         arr = np.empty(shape, np.dtype(dtype))
                         buf = arr.reshape(-1).view(np.uint8)
                         self.comm.Recv([buf, self._byte], source=status_source, tag=_DATA_TAG)
@@ -147,37 +161,54 @@ class MpiTransport:
         for p in processes:
             self._send(p, ("data", key, self.process_index, layout), arrays)
         received: dict[int, Any] = {}
-        deadline = time.monotonic() + run.timeout
-        pause = 0.0
         for p in processes:
-            while True:
-                with self._cond:
-                    found = self._mail.pop((key, p), None)
-                if found is not None:
-                    received.update(found)
-                    break
-                self._raise_if_aborted(run, key)
-                if time.monotonic() > deadline:
-                    missing = [d for d in members if self.process_of(d) == p]
-                    raise CollectiveError(
-                        f"{key[1]}: devices {missing} (process {p}) did not arrive "
-                        f"within {run.timeout:g} s"
-                    )
-                if self._pump():
-                    pause = 0.0
-                    continue
-                with self._cond:
-                    self._cond.wait(pause)
-                pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
+            missing = [d for d in members if self.process_of(d) == p]
+            who = f"devices {missing} (process {p})"
+            received.update(self._wait_for(run, key, p, str(key[1]), who))
         return received
 
-    def _raise_if_aborted(self, run: CollectiveRun, key: tuple) -> None:
+    def send_to(self, run: CollectiveRun, key: tuple, device: int, value: np.ndarray) -> None:
+        """Post `value` (a send) for `device` in another process, under `key`."""
+        layout = [(device, [(value.dtype.str, value.shape)], ())]
+        self._send(self.process_of(device), ("data", key, self.process_index, layout), [value])
+
+    def receive(self, run: CollectiveRun, key: tuple, source: int) -> np.ndarray:
+        """The array device `source` of another process sent under `key` (a recv)."""
+        p = self.process_of(source)
+        what = f"recv on channel {key[2]}"
+        found = self._wait_for(run, key, p, what, f"device {source} (process {p})")
+        ((contribution,),) = [found.values()]
+        return contribution.inputs[0]
+
+    def _wait_for(
+        self, run: CollectiveRun, key: tuple, p: int, what: str, who: str
+    ) -> dict[int, Any]:
+        """What process `p` sent under `key`, pumping the incoming messages meanwhile."""
+        deadline = time.monotonic() + run.timeout
+        pause = 0.0
+        while True:
+            with self._cond:
+                found = self._mail.pop((key, p), None)
+            if found is not None:
+                return found
+            self._raise_if_aborted(run, what)
+            if time.monotonic() > deadline:
+                raise CollectiveError(f"{what}: {who} did not arrive within {run.timeout:g} s")
+            if self._pump():
+                pause = 0.0
+                continue
+            with self._cond:
+                self._cond.wait(pause)
+            pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
+
+    def _raise_if_aborted(self, run: CollectiveRun, what: str) -> None:
+        run.raise_if_aborted(what)
         with self._cond:
             found = self._aborted.get(run.run_id)
         if found is not None:
             device, text = found
             raise CollectiveError(
-                f"{key[1]}: device {device} (process {self.process_of(device)}) failed, so "
+                f"{what}: device {device} (process {self.process_of(device)}) failed, so "
                 f"the collective cannot complete: {text}"
             )
 

@@ -263,7 +263,7 @@ class LoadedExecutable(Executable):
             run = self._collective_run()
             for plan in plans:
                 plan.collectives = run.for_device(*self._positions[plan.device.id])
-        return commit(plans)
+        return commit(plans, whole_execution=True)
 
     def _collective_run(self, run_id: Any = None) -> CollectiveRun:
         """What the devices of one execution share to meet in collectives. Every process

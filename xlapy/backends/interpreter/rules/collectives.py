@@ -18,7 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlapy.backends.collectives import PERFORMED, DeviceGrid, participants, result_parts
+from xlapy.backends.collectives import (
+    PERFORMED,
+    DeviceGrid,
+    compute_alone,
+    in_place_layout,
+    participants,
+    permute_alone,
+    result_parts,
+)
 from xlapy.backends.interpreter.registry import evaluates
 from xlapy.errors import EvaluationError
 from xlapy.ir.attributes import ReplicaGroups
@@ -79,7 +87,8 @@ def _with_peers(instr, operands, ctx):
     ctx.state["collectives"].perform(instr, inputs, outputs)
     if parts.operand is None:
         return results
-    again = tuple(operands) if len(operands) > 1 else operands[0]
+    in_place = in_place_layout(instr) is not None
+    again = tuple(operands) if len(operands) > 1 and not in_place else operands[0]
     extras = tuple(_zeros_like_shape(instr.shape.subshape(i)) for i in parts.extras)
     return (_copy(again), results, *extras)
 
@@ -118,6 +127,15 @@ for _op in (
     evaluates(_op)(_peers(_single_device_identity))
 
 
+@evaluates(Opcode.RAGGED_ALL_TO_ALL)
+@_peers
+def _ragged_all_to_all(instr, operands, ctx):
+    _participants(instr, ctx)
+    result = np.empty(instr.shape.dims, instr.shape.dtype)
+    compute_alone(instr, list(operands), [result])
+    return result
+
+
 @evaluates(Opcode.ALL_REDUCE_DONE)
 def _all_reduce_done(instr, operands, ctx):
     return operands[0]
@@ -143,31 +161,23 @@ def _zeros_like_shape(shape):
     return np.zeros(shape.dims, dtype=shape.dtype)
 
 
-def _permute(instr, value, result_shape, ctx):
-    if len(instr.operands) != 1:
-        raise EvaluationError(
-            f"{instr.name}: the in-place collective-permute form (buffers and start "
-            "indices) is not supported by the interpreter"
-        )
+def _permute(instr, operands, result_shape, ctx):
+    """This device's result of a collective-permute run alone: what it sends itself, zeros
+    (or, in place, its output operand) where nobody sends to it."""
     replica = int(ctx.state.get("replica_id", 0))
     partition = int(ctx.state.get("partition_id", 0))
     me = partition if instr.attrs.get("channel_id") is not None else replica
-    pairs = instr.attrs.get("source_target_pairs", ())
-    sources = [src for src, dst in pairs if dst == me]
-    if not sources:
-        return _zeros_like_shape(result_shape)
-    if sources != [me]:
-        raise EvaluationError(
-            f"{instr.name}: device {me} receives from {sources}, which needs the multi-device "
-            "runtime"
-        )
-    return _copy(value)
+    made: list[np.ndarray] = []
+    result = _empty_tree(result_shape, made)
+    inputs = [a for o in operands for a in _array_leaves(o)]
+    permute_alone(instr, me, inputs, made)
+    return result
 
 
 @evaluates(Opcode.COLLECTIVE_PERMUTE)
 @_peers
 def _collective_permute(instr, operands, ctx):
-    return _permute(instr, operands[0], instr.shape, ctx)
+    return _permute(instr, operands, instr.shape, ctx)
 
 
 @evaluates(Opcode.COLLECTIVE_PERMUTE_START)
@@ -178,9 +188,10 @@ def _collective_permute_start(instr, operands, ctx):
         raise EvaluationError(
             f"{instr.name}: collective-permute-start must return a tuple (operand, result, ...)"
         )
-    received = _permute(instr, operands[0], shape.tuple_shapes[1], ctx)
+    received = _permute(instr, operands, shape.tuple_shapes[1], ctx)
     extra = tuple(_zeros_like_shape(s) for s in shape.tuple_shapes[2:])
-    return (operands[0], received, *extra)
+    again = operands[0] if len(operands) == 1 or in_place_layout(instr) else tuple(operands)
+    return (again, received, *extra)
 
 
 @evaluates(Opcode.REPLICA_ID)
