@@ -139,7 +139,7 @@ class SpmdPartitioner(HloPass):
         self.report = PartitionReport()
 
     def run(self, module: HloModule) -> bool:
-        n = self.num_partitions or module.config.num_partitions
+        n = self.num_partitions or max(module.config.num_partitions, module.config.spmd_partitions)
         if n < 1:
             raise PartitionError(f"cannot partition for {n} devices")
         CallInliner().run(module)
@@ -195,10 +195,13 @@ _MANUAL_ENTRIES = ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape")
 
 def needs_partitioning(module: HloModule, num_partitions: int) -> bool:
     """Whether `module` is a global program to partition for `num_partitions` devices: it
-    is not partitioned yet (its header has no num_partitions) and its entry shards some
+    is not partitioned yet (its header has no num_partitions) and either says it is global
+    (ModuleConfig.spmd_partitions: a sharded StableHLO program) or its entry shards some
     value or opens a shard_map region."""
     if num_partitions <= 1 or module.config.num_partitions > 1 or module.entry is None:
         return False
+    if module.config.spmd_partitions > 1:
+        return True
     for instr in module.entry.instructions:
         s = instr.attrs.get("sharding")
         if isinstance(s, HloSharding) and any(
@@ -273,6 +276,9 @@ class _Partitioner:
         module.add_computation(comp, entry=True)
         cfg = module.config
         cfg.num_partitions = self.n
+        if cfg.frontend_attributes is not None:  # partitioned now: no longer asks to be
+            items = tuple(i for i in cfg.frontend_attributes.items if i[0] != "mhlo.num_partitions")
+            cfg.frontend_attributes = A.FrontendAttributes(items) if items else None
         if cfg.entry_computation_layout is not None:
             cfg.entry_computation_layout = ProgramShape(
                 tuple(p.shape for p in comp.parameters), comp.root_instruction().shape
