@@ -5,7 +5,8 @@ Run from the repository root (it needs 8 host devices, so it sets XLA_FLAGS itse
     python tests/spmd/generate.py
 
 For each program it writes `<name>.hlo` (the annotated global module JAX hands a compiler,
-GSPMD `sharding=` form), `<name>.sdy.hlo` for some (the Shardy form, JAX's default), and
+GSPMD `sharding=` form), `<name>.mlir` (the StableHLO JAX hands a PJRT plugin, with
+Shardy's `sdy` annotations), `<name>.sdy.hlo` for some (the Shardy form as HLO), and
 `<name>.npz` holding the global inputs (`arg<i>`), JAX's global outputs (`out<i>`) and the
 device count (`num_partitions`). It also writes `<name>.xla.hlo`,
 XLA's own partitioned module, to compare the bytes moved by collectives.
@@ -45,8 +46,9 @@ def save(name, fn, args, in_specs, out_specs, m, sdy=False, xla=True):
         outs = outs[0]
     jitted = jax.jit(fn, in_shardings=tuple(shard), out_shardings=outs)
     args = [jax.device_put(a, s) for a, s in zip(args, shard, strict=True)]
+    jax.config.update("jax_use_shardy_partitioner", True)
+    (HERE / f"{name}.mlir").write_text(jitted.lower(*args).as_text())
     if sdy:
-        jax.config.update("jax_use_shardy_partitioner", True)
         (HERE / f"{name}.sdy.hlo").write_text(jitted.lower(*args).as_text(dialect="hlo"))
     jax.config.update("jax_use_shardy_partitioner", False)
     lowered = jitted.lower(*args)
