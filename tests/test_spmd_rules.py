@@ -107,8 +107,66 @@ SCATTERED = module(
     "sharding={devices=[4,1]<=[4]}",
 )
 
+ARGMAX_REDUCER = """argmax {
+  a = f32[] parameter(0)
+  i = s32[] parameter(1)
+  b = f32[] parameter(2)
+  j = s32[] parameter(3)
+  gt = pred[] compare(a, b), direction=GT
+  eq = pred[] compare(a, b), direction=EQ
+  lt = pred[] compare(i, j), direction=LT
+  tie = pred[] and(eq, lt)
+  pick = pred[] or(gt, tie)
+  v = f32[] select(pick, a, b)
+  k = s32[] select(pick, i, j)
+  ROOT r = (f32[], s32[]) tuple(v, k)
+}
+"""
+PAIR_SUM = """pair_sum {
+  a = f32[] parameter(0)
+  i = f32[] parameter(1)
+  b = f32[] parameter(2)
+  j = f32[] parameter(3)
+  s = f32[] add(a, b)
+  t = f32[] add(i, j)
+  ROOT r = (f32[], f32[]) tuple(s, t)
+}
+"""
+
+
+def variadic(reducer: str, inits: str, second: str) -> str:
+    return (
+        f"HloModule v\n\n{reducer}\nENTRY e {{\n"
+        "  x = f32[8,12]{1,0} parameter(0), sharding={devices=[2,2]<=[4]}\n"
+        f"{second}{inits}"
+        "  r = (f32[8]{0}, {t}[8]{0}) reduce(x, y, a, b), dimensions={1}, to_apply={name}\n"
+        "  ROOT k = {t}[8]{0} get-tuple-element(r), index=1\n}\n"
+    )
+
+
+ARGMAX = (
+    variadic(
+        ARGMAX_REDUCER,
+        "  a = f32[] constant(-inf)\n  b = s32[] constant(0)\n",
+        "  y = s32[8,12]{1,0} iota(), iota_dimension=1\n",
+    )
+    .replace("{t}", "s32")
+    .replace("{name}", "argmax")
+)
+VARIADIC_INIT = (
+    variadic(
+        PAIR_SUM,
+        "  a = f32[] constant(0)\n  b = f32[] constant(1)\n",
+        "  y = f32[8,12]{1,0} exponential(x)\n",
+    )
+    .replace("{t}", "f32")
+    .replace("{name}", "pair_sum")
+)
+
 CASES = {
     "dot": (DOT, 8, {"all-reduce": 1}),
+    "argmax over a cut dimension: partial results gathered": (ARGMAX, 4, {"all-gather": 2}),
+    "variadic reduce with a non-identity init": (VARIADIC_INIT, 4, {"all-gather": 2}),
     "reshard all-to-all": (RESHARD, 4, {"all-to-all": 1}),
     "gather to replicated": (GATHER_ALL, 4, {"all-gather": 2}),
     "reduce over a cut dimension": (REDUCE, 4, {"all-reduce": 1}),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xlapy.errors import XlapyError
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Category, Opcode
 
@@ -186,11 +187,59 @@ def _int_extremes(dtype, which: str) -> tuple[int, ...]:
     return (info.min,) if which == "-inf" else (info.max,)
 
 
+GATHER_AND_REDUCE = "gather-and-reduce"
+"""The reducer of a variadic reduce (argmax, argmin) over a cut dimension: each device
+reduces its piece, the partial results are all-gathered along a new dimension and reduced
+again with the same computation (XLA's way; an all-reduce carries one array only)."""
+
+
+def _variadic_identity(instr: HloInstruction) -> bool:
+    """Whether a variadic reduce may be completed by gathering and reducing its partial
+    results: its init values are scalar constants that its reducer leaves every probe
+    value unchanged with, on either side (reducing twice applies them twice). Probes:
+    random values of each operand's type, zero, and the init values themselves."""
+    from xlapy.passes.constant_folding import _FoldContext
+
+    n = len(instr.operands) // 2
+    inits = instr.operands[n:]
+    if any(i.opcode is not Opcode.CONSTANT or i.literal is None for i in inits):
+        return False
+    init = [np.asarray(i.literal.array) for i in inits]
+    if any(a.shape != () for a in init):
+        return False
+    rng = np.random.default_rng(0)
+    probes = [[np.zeros((), a.dtype) for a in init], [a.copy() for a in init]]
+    for _ in range(6):
+        row = []
+        for a in init:
+            if a.dtype.kind in "iu":
+                row.append(np.asarray(rng.integers(0, 100), a.dtype))
+            elif a.dtype.kind == "b":
+                row.append(np.asarray(rng.integers(0, 2) == 1))
+            else:
+                row.append(np.asarray(rng.normal() * 10).astype(a.dtype))
+        probes.append(row)
+    ctx = _FoldContext()
+    comp = instr.attrs["to_apply"]
+    try:
+        for x in probes:
+            for args in ([*init, *x], [*x, *init]):
+                got = ctx.call(comp, args)
+                got = got if isinstance(got, tuple | list) else (got,)
+                if not all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, x)):
+                    return False
+    except (XlapyError, ArithmeticError, TypeError, ValueError):  # cannot tell: no
+        return False
+    return True
+
+
 def _reduce(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
     rank = instr.operand(0).shape.rank
     reduced = set(instr.attrs["dimensions"])
     reducer = _reducer_of(instr)
+    if reducer is None and n > 1 and _variadic_identity(instr):
+        reducer = GATHER_AND_REDUCE
     labels = tuple(i if (i not in reduced or reducer) else None for i in range(rank))
     out = tuple(labels[i] for i in range(rank) if i not in reduced)
     return _finish(instr, (labels,) * n + ((),) * n, (out,) * n, reducer)

@@ -68,7 +68,7 @@ from xlapy.ir.sharding import HloSharding
 from xlapy.passes.hlo_edit import remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
-from xlapy.passes.spmd.labels import OpLabels, op_labels
+from xlapy.passes.spmd.labels import GATHER_AND_REDUCE, OpLabels, op_labels
 from xlapy.passes.spmd.tiling import Tiling, merge
 
 
@@ -897,7 +897,11 @@ class _Partitioner:
         cut = [x for x in L.contracted if cand.tiles[x] > 1]
         out_shape = instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape
         out_t = cand.project(L.results[0])
-        if cut:
+        if cut and L.reducer == GATHER_AND_REDUCE:  # (g-1) partials of each result
+            g = math.prod(cand.tiles[x] for x in cut)
+            for s in instr.shape.tuple_shapes:
+                cost += (g - 1) * s.byte_size / math.prod(out_t.tiles)
+        elif cut:
             g = math.prod(cand.tiles[x] for x in cut)
             local = out_shape.byte_size / math.prod(out_t.tiles)
             cost += 2 * (g - 1) / g * local
@@ -922,7 +926,12 @@ class _Partitioner:
         key = instr.opcode.text
         self.report.native[key] = self.report.native.get(key, 0) + 1
         cut = [x for x in L.contracted if cand.tiles[x] > 1]
-        if cut:
+        if cut and L.reducer == GATHER_AND_REDUCE:
+            groups = cand.groups(cut)
+            cand_out = cand.with_axes_whole(cut)
+            new = self.gather_and_reduce(instr, new, groups)
+            out_tilings = [cand_out.project(d) for d in L.results]
+        elif cut:
             reducer = (
                 instr.attrs["to_apply"]
                 if instr.opcode is Opcode.REDUCE
@@ -944,6 +953,47 @@ class _Partitioner:
         if instr.shape.is_tuple:
             return Local(new, tuple(out_tilings))
         return Local(new, out_tilings[0])
+
+    def gather_and_reduce(self, instr: HloInstruction, partial, groups) -> HloInstruction:
+        """Complete a variadic reduce whose reduced dimensions are cut: every partial
+        result gains a trailing dimension, is all-gathered along it over `groups`, and
+        the gathered partials are reduced over it again with the same computation and
+        init values (`_variadic_identity` made sure applying them twice is harmless)."""
+        g = len(groups[0])
+        n = len(instr.operands) // 2
+        parts = (
+            [partial]
+            if not partial.shape.is_tuple
+            else [
+                self.emit(Opcode.GET_TUPLE_ELEMENT, s, [partial], {"index": k})
+                for k, s in enumerate(partial.shape.tuple_shapes)
+            ]
+        )
+        gathered = []
+        for part in parts:
+            rank = part.shape.rank
+            column = self.emit(Opcode.RESHAPE, _resized(part.shape, (*part.shape.dims, 1)), [part])
+            self.count("all-gather")
+            gathered.append(
+                self.emit(
+                    Opcode.ALL_GATHER,
+                    _resized(part.shape, (*part.shape.dims, g)),
+                    [column],
+                    {
+                        "channel_id": self.next_channel(),
+                        "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                        "dimensions": (rank,),
+                        "use_global_device_ids": True,
+                    },
+                )
+            )
+        inits = [self.values[id(o)].instr for o in instr.operands[n:]]
+        return self.emit(
+            Opcode.REDUCE,
+            partial.shape,
+            [*gathered, *inits],
+            {"dimensions": (parts[0].shape.rank,), "to_apply": instr.attrs["to_apply"]},
+        )
 
     def _scatter_target(self, out: Tiling, groups, wanted: Tiling, local: Shape):
         """(j, tiling) when reduce-scattering the partial result along dimension j over
