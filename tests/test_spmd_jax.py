@@ -19,7 +19,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "spmd" / "jax_sharded.py"
 
-DEFAULT = ["mlp_2d_2x4", "transformer_2x2", "conv_2x2", "shard_map_collectives_2x2"]
+DEFAULT = [
+    "mlp_2d_2x4",
+    "transformer_2x2",
+    "conv_2x2",
+    "shard_map_collectives_2x2",
+    "vocab_embedding_xent_4",
+]
 ALL = [
     *DEFAULT,
     "mlp_dp_2",

@@ -269,3 +269,35 @@ def test_uneven_annotation_is_followed_where_it_can_be():
     np.testing.assert_array_equal(got, -x)
     assert report.uneven == ["y: f32[8,6]{1,0} kept whole along dimensions [1]"]
     assert module.entry_computation().root_instruction().attrs["sharding"].is_replicated
+
+
+VOCAB_GATHER = module(
+    "  table = f32[16,8]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n"
+    "  ids = s32[6]{0} parameter(1)",
+    "  ROOT rows = f32[6,8]{1,0} gather(table, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+    "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}",
+)
+POINT_GATHER = module(
+    "  x = f32[8,12]{1,0} parameter(0), sharding={devices=[2,2]<=[4]}\n"
+    "  at = s32[5,2]{1,0} parameter(1)",
+    "  ROOT v = f32[5]{0} gather(x, at), offset_dims={}, collapsed_slice_dims={0,1}, "
+    "start_index_map={1,0}, index_vector_dim=1, slice_sizes={1,1}",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "indices"),
+    [
+        (VOCAB_GATHER, np.array([3, 15, 0, -3, 20, 9], np.int32)),  # out of range: clamped
+        (POINT_GATHER, np.array([[0, 0], [11, 7], [5, 2], [13, -1], [6, 4]], np.int32)),
+    ],
+)
+def test_gather_from_rows_cut_by_index_is_masked_and_summed(text, indices):
+    """A gather taking single rows along a cut dimension (an embedding table cut by
+    vocabulary): each device gathers what it holds, zeroes the rest, one all-reduce; the
+    operand is never gathered. Out-of-range indices clamp as in the global gather."""
+    shape = parse_module(text).entry_computation().parameters[0].shape.dims
+    table = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    (got,), report, _ = run_partitioned(text, [table, indices], 4)
+    np.testing.assert_array_equal(got, evaluate(parse_module(text), [table, indices]))
+    assert report.collectives == {"all-reduce": 1}, report.text()

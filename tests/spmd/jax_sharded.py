@@ -193,6 +193,22 @@ def embedding_4():
 
 
 @case
+def vocab_embedding_xent_4():
+    """An embedding table cut by vocabulary and a cross-entropy over cut classes (masked
+    gathers completed by an all-reduce), with its gradient."""
+
+    def loss(table, ids, labels):
+        h = table[ids].mean(1)
+        logp = jax.nn.log_softmax(h @ table.T)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    ids = np.random.default_rng(33).integers(0, 32, (8, 5)).astype(np.int32)
+    labels = np.random.default_rng(34).integers(0, 32, (8,)).astype(np.int32)
+    args = [rnd(35, 32, 16), ids, labels]
+    return jax.value_and_grad(loss), args, [P("x"), P(), P()], None, (4,), ("x",)
+
+
+@case
 def out_shardings_2x4():
     def f(x, w):
         y = x @ w

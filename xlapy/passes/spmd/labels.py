@@ -369,7 +369,21 @@ def _gather(instr: HloInstruction) -> OpLabels:
         if d not in start_map and sizes[d] == operand.dims[d]:
             ops[d] = out[o] = label
             label += 1
-    return _finish(instr, (tuple(ops), tuple(idx)), (tuple(out),))
+    masked = None
+    if instr.shape.element_type.name != "pred":
+        for d in sorted(start_map):
+            if sizes[d] == 1 and d not in op_batch:
+                ops[d] = label  # contracted: see MASKED_GATHER
+                label += 1
+                masked = MASKED_GATHER
+    return _finish(instr, (tuple(ops), tuple(idx)), (tuple(out),), masked)
+
+
+MASKED_GATHER = "masked-gather"
+"""The reducer of a gather whose operand is cut along an indexed dimension it takes one
+row of (an embedding table cut by vocabulary, take_along_axis over cut classes): each
+device gathers from its rows with the indices moved to its offset, zeroes the rows it
+does not hold, and an all-reduce (add) completes the result (XLA's way)."""
 
 
 def _scatter(instr: HloInstruction) -> OpLabels:

@@ -65,10 +65,11 @@ from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import ProgramShape, Shape
 from xlapy.ir.sharding import HloSharding
+from xlapy.ir.types import PRED
 from xlapy.passes.hlo_edit import remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
-from xlapy.passes.spmd.labels import GATHER_AND_REDUCE, OpLabels, op_labels
+from xlapy.passes.spmd.labels import GATHER_AND_REDUCE, MASKED_GATHER, OpLabels, op_labels
 from xlapy.passes.spmd.tiling import Tiling, merge
 
 
@@ -922,7 +923,11 @@ class _Partitioner:
         ]
         shape = Shape.tuple(local_results) if instr.shape.is_tuple else local_results[0]
         attrs = _local_attrs(instr, new_ops, shape)
-        new = self.clone(instr, new_ops, shape, attrs)
+        cut = [x for x in L.contracted if cand.tiles[x] > 1]
+        if cut and L.reducer == MASKED_GATHER:
+            new = self.masked_gather(instr, new_ops, L, cand, shape, attrs)
+        else:
+            new = self.clone(instr, new_ops, shape, attrs)
         key = instr.opcode.text
         self.report.native[key] = self.report.native.get(key, 0) + 1
         cut = [x for x in L.contracted if cand.tiles[x] > 1]
@@ -953,6 +958,69 @@ class _Partitioner:
         if instr.shape.is_tuple:
             return Local(new, tuple(out_tilings))
         return Local(new, out_tilings[0])
+
+    def masked_gather(self, instr, new_ops, L: OpLabels, cand: Tiling, shape, attrs):
+        """This device's share of a gather from an operand cut along indexed dimensions
+        (labels.MASKED_GATHER): each cut component of the indices is clamped to the
+        global range (as the global gather clamps), moved to this device's offset, the
+        gather runs on the local rows, and the rows whose index this device does not
+        hold are zeroed. An all-reduce (add) over the cut devices completes it."""
+        operand, indices = new_ops
+        a = instr.attrs
+        ivd = a["index_vector_dim"]
+        start_map = list(a["start_index_map"])
+        dims = indices.shape.dims
+        itype = indices.shape.element_type
+        glob = instr.operand(0).shape.dims
+        if ivd == len(dims):
+            pieces = [indices]  # one component: the indices themselves
+        else:
+            pieces = []
+            for k in range(dims[ivd]):
+                spec = [(0, n, 1) for n in dims]
+                spec[ivd] = (k, k + 1, 1)
+                part = _resized(
+                    indices.shape, tuple(1 if i == ivd else n for i, n in enumerate(dims))
+                )
+                pieces.append(
+                    self.emit(Opcode.SLICE, part, [indices], {"slice": A.SliceSpec(tuple(spec))})
+                )
+        part_shape = pieces[0].shape
+        preds = part_shape.with_element_type(PRED)
+
+        def splat(value, like: Shape) -> HloInstruction:
+            c = self.constant(np.array(value, like.element_type.dtype))
+            return self.emit(Opcode.BROADCAST, like, [c], {"dimensions": ()})
+
+        mask = None
+        for x in [x for x in L.contracted if cand.tiles[x] > 1]:
+            d = L.operands[0].index(x)
+            k = start_map.index(d)
+            lo, hi = splat(0, part_shape), splat(glob[d] - 1, part_shape)
+            clamped = self.emit(Opcode.CLAMP, part_shape, [lo, pieces[k], hi])
+            off = self.emit(
+                Opcode.CONVERT, Shape.scalar(itype), [self.offset(cand.offsets(x, glob[d]))]
+            )
+            off = self.emit(Opcode.BROADCAST, part_shape, [off], {"dimensions": ()})
+            pieces[k] = self.emit(Opcode.SUBTRACT, part_shape, [clamped, off])
+            ge = self.emit(Opcode.COMPARE, preds, [pieces[k], lo], {"direction": "GE"})
+            n = splat(operand.shape.dims[d], part_shape)
+            lt = self.emit(Opcode.COMPARE, preds, [pieces[k], n], {"direction": "LT"})
+            held = self.emit(Opcode.AND, preds, [ge, lt])
+            mask = held if mask is None else self.emit(Opcode.AND, preds, [mask, held])
+        assert mask is not None
+        if ivd == len(dims):
+            moved = pieces[0]
+        else:
+            moved = self.emit(Opcode.CONCATENATE, indices.shape, pieces, {"dimensions": (ivd,)})
+        gathered = self.clone(instr, [operand, moved], shape, attrs)
+        batch = tuple(n for i, n in enumerate(part_shape.dims) if i != ivd)
+        mask = self.emit(Opcode.RESHAPE, _resized(preds, batch), [mask])
+        batch_out = tuple(o for o in range(shape.rank) if o not in a["offset_dims"])
+        mask = self.emit(
+            Opcode.BROADCAST, shape.with_element_type(PRED), [mask], {"dimensions": batch_out}
+        )
+        return self.emit(Opcode.SELECT, shape, [mask, gathered, splat(0, shape)])
 
     def gather_and_reduce(self, instr: HloInstruction, partial, groups) -> HloInstruction:
         """Complete a variadic reduce whose reduced dimensions are cut: every partial
