@@ -33,6 +33,7 @@ ALL = [
     "mlp_tp_4",
     "transformer_seq_8",
     "conv_batch_4",
+    "conv_spatial_4",
     "embedding_4",
     "out_shardings_2x4",
     "shard_map_psum_4",

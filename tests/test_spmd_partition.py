@@ -146,6 +146,7 @@ def test_stablehlo_from_jax_partitions(name):
         "embedding_grad_4",
         "argmax_2x2",
         "cross_entropy_grad_2x2",
+        "spatial_conv_4",
     ],
 )
 def test_collective_bytes_at_most_xla(name):

@@ -163,8 +163,46 @@ VARIADIC_INIT = (
     .replace("{name}", "pair_sum")
 )
 
+MAX = """max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+"""
+CONV_SAME = module(
+    "  x = f32[2,8,8,3]{3,2,1,0} parameter(0), sharding={devices=[1,4,1,1]<=[4]}\n"
+    "  w = f32[3,3,3,4]{3,2,1,0} parameter(1)",
+    "  ROOT y = f32[2,8,8,4]{3,2,1,0} convolution(x, w), window={size=3x3 pad=1_1x1_1}, "
+    "dim_labels=b01f_01io->b01f",
+)
+CONV_STRIDED = module(
+    "  x = f32[2,8,8,3]{3,2,1,0} parameter(0), sharding={devices=[1,2,2,1]<=[4]}\n"
+    "  w = f32[3,3,3,4]{3,2,1,0} parameter(1)",
+    "  ROOT y = f32[2,4,4,4]{3,2,1,0} convolution(x, w), window={size=3x3 stride=2x2 "
+    "pad=0_1x0_1}, dim_labels=b01f_01io->b01f",
+)
+POOL = module(
+    "  x = f32[2,8,8,3]{3,2,1,0} parameter(0), sharding={devices=[1,2,2,1]<=[4]}\n"
+    "  low = f32[] constant(-inf)",
+    "  ROOT y = f32[2,4,4,3]{3,2,1,0} reduce-window(x, low), window={size=1x3x3x1 "
+    "stride=1x2x2x1 pad=0_0x0_1x0_1x0_0}, to_apply=max",
+).replace("add {", MAX + "\nadd {")
+BLUR = module(
+    "  x = f32[16,6]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n  zero = f32[] constant(0)",
+    "  ROOT y = f32[16,6]{1,0} reduce-window(x, zero), window={size=5x1 pad=2_2x0_0}, to_apply=add",
+)
+CUMSUM = module(
+    "  x = f32[16]{0} parameter(0), sharding={devices=[4]<=[4]}\n  zero = f32[] constant(0)",
+    "  ROOT y = f32[16]{0} reduce-window(x, zero), window={size=16 pad=15_0}, to_apply=add",
+)
+
 CASES = {
     "dot": (DOT, 8, {"all-reduce": 1}),
+    "same convolution over cut rows: halo exchange": (CONV_SAME, 4, {"collective-permute": 2}),
+    "strided convolution: right halos only": (CONV_STRIDED, 4, {"collective-permute": 2}),
+    "max pool 3x3 stride 2: halos padded with -inf": (POOL, 4, {"collective-permute": 2}),
+    "reduce-window of 5 rows over 4-row blocks": (BLUR, 4, {"collective-permute": 2}),
+    "cumulative sum: windows wider than a block are gathered": (CUMSUM, 4, {"all-gather": 1}),
     "argmax over a cut dimension: partial results gathered": (ARGMAX, 4, {"all-gather": 2}),
     "variadic reduce with a non-identity init": (VARIADIC_INIT, 4, {"all-gather": 2}),
     "reshard all-to-all": (RESHARD, 4, {"all-to-all": 1}),

@@ -177,6 +177,15 @@ def main():
     specs = [P(None, None, None, "model"), P(None, "model"), P("data", "model")]
     save("cnn_step_2x2", cnn_step, args, specs, None, m22)
 
+    def spatial_cnn(w1, w2, x):
+        dn = ("NHWC", "HWIO", "NHWC")
+        h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+        return jax.lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=dn)
+
+    args = [rnd(56, 3, 3, 3, 8, scale=0.3), rnd(57, 3, 3, 8, 4, scale=0.3), rnd(58, 2, 16, 16, 3)]
+    save("spatial_conv_4", spatial_cnn, args, [P(), P(), P(None, "x")], None, m4)
+
     def patchify(x, w):
         return jax.lax.conv_general_dilated(
             x, w, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")

@@ -183,6 +183,26 @@ def conv_2x2():
 
 
 @case
+def conv_spatial_4():
+    """Convolutions and a max pool over rows cut 4 ways (halo exchanges), with gradients."""
+    args = [rnd(23, 3, 3, 3, 8, scale=0.3), rnd(24, 3, 3, 8, 4, scale=0.3), rnd(25, 2, 16, 8, 3)]
+
+    def step(w1, w2, x):
+        def loss(w1, w2):
+            dn = ("NHWC", "HWIO", "NHWC")
+            h = jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn)
+            h = jax.lax.reduce_window(
+                jax.nn.relu(h), -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"
+            )
+            h = jax.lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=dn)
+            return jnp.mean(h**2)
+
+        return jax.value_and_grad(loss, argnums=(0, 1))(w1, w2)
+
+    return step, args, [P(), P(), P(None, "x")], None, (4,), ("x",)
+
+
+@case
 def embedding_4():
     def embed(table, ids, w):
         return jnp.tanh(table[ids] @ w).sum(1)

@@ -40,9 +40,12 @@ class OpLabels:
     reducer: str | None = None  # "add", "max", ... for an all-reduce over contracted labels
     num_labels: int = 0
     sizes: dict[int, int] = field(default_factory=dict)
+    halos: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Windowed labels whose windows overlap: label -> (left, right), the rows each device
+    needs from its neighbours along the label (a halo exchange, see `_halo`)."""
 
 
-def _finish(instr: HloInstruction, operands, results, reducer=None) -> OpLabels:
+def _finish(instr: HloInstruction, operands, results, reducer=None, halos=None) -> OpLabels:
     sizes: dict[int, int] = {}
     shapes = [op.shape for op in instr.operands]
     result_shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
@@ -60,9 +63,16 @@ def _finish(instr: HloInstruction, operands, results, reducer=None) -> OpLabels:
             None,
             max(sizes, default=-1) + 1,
             {k: v for k, v in sizes.items() if k not in contracted},
+            halos or {},
         )
     return OpLabels(
-        tuple(operands), tuple(results), contracted, reducer, max(sizes, default=-1) + 1, sizes
+        tuple(operands),
+        tuple(results),
+        contracted,
+        reducer,
+        max(sizes, default=-1) + 1,
+        sizes,
+        halos or {},
     )
 
 
@@ -265,14 +275,35 @@ def _tiles_exactly(window_dim, size: int) -> bool:
     return _trivial(window_dim) and size % window_dim.stride == 0
 
 
+def _halo(window_dim, size: int, out: int) -> tuple[int, int] | None:
+    """(left, right) for a window dimension whose windows overlap or are padded but whose
+    outputs still come in blocks aligned with the input's (size = stride x outputs, as in
+    SAME convolutions and pooling): cut both into g blocks, device i's outputs read its
+    own input block, the last `left` rows of its left neighbour's and the first `right`
+    of its right neighbour's (the global padding at the two ends). None otherwise."""
+    w = window_dim
+    if w.window_dilation != 1 or w.base_dilation != 1 or w.reversal or size != w.stride * out:
+        return None
+    left, right = w.pad_low, w.size - w.stride - w.pad_low
+    if left < 0 or right < 0:
+        return None
+    return left, right
+
+
 def _reduce_window(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
     window = instr.attrs["window"].dims
     dims = instr.operand(0).shape.dims
-    labels = tuple(
-        i if _tiles_exactly(w, d) else None for i, (w, d) in enumerate(zip(window, dims))
-    )
-    return _finish(instr, (labels,) * n + ((),) * n, (labels,) * n)
+    out_dims = (instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape).dims
+    labels: list[int | None] = []
+    halos = {}
+    for i, (w, d, o) in enumerate(zip(window, dims, out_dims, strict=True)):
+        halo = None if _tiles_exactly(w, d) else _halo(w, d, o)
+        labels.append(i if _tiles_exactly(w, d) or halo is not None else None)
+        if halo is not None and halo != (0, 0):
+            halos[i] = halo
+    t = tuple(labels)
+    return _finish(instr, (t,) * n + ((),) * n, (t,) * n, None, halos)
 
 
 def _select_and_scatter(instr: HloInstruction) -> OpLabels:
@@ -315,7 +346,8 @@ def _dot(instr: HloInstruction) -> OpLabels:
 
 def _convolution(instr: HloInstruction) -> OpLabels:
     """Batch and output features partition locally, input features by an all-reduce; a
-    spatial dimension only when its window is trivial (size 1, no stride, pad or dilation)."""
+    spatial dimension when its windows do not overlap, or with a halo exchange when they
+    do but its output blocks align with its input blocks (`_halo`)."""
     dl = instr.attrs["dim_labels"]
     window = instr.attrs.get("window")
     groups = instr.attrs.get("feature_group_count", 1)
@@ -328,17 +360,23 @@ def _convolution(instr: HloInstruction) -> OpLabels:
     if groups == 1 and batch_groups == 1:
         rhs[dl.kernel_output_feature] = out[dl.output_feature] = 1
         lhs[dl.input_feature] = rhs[dl.kernel_input_feature] = 2
+    halos = {}
     for s, (li, ki, oi) in enumerate(
         zip(dl.input_spatial, dl.kernel_spatial, dl.output_spatial, strict=True)
     ):
         w = window.dims[s] if window is not None else None
-        if (
-            w is not None
-            and _tiles_exactly(w, instr.operand(0).shape.dims[li])
-            and instr.operand(1).shape.dims[ki] == w.size
-        ):
+        if w is None or instr.operand(1).shape.dims[ki] != w.size:
+            continue
+        size = instr.operand(0).shape.dims[li]
+        if _tiles_exactly(w, size):
             lhs[li] = out[oi] = 3 + s
-    return _finish(instr, (tuple(lhs), tuple(rhs)), (tuple(out),), "add")
+            continue
+        halo = _halo(w, size, instr.shape.dims[oi])
+        if halo is not None:
+            lhs[li] = out[oi] = 3 + s
+            if halo != (0, 0):
+                halos[3 + s] = halo
+    return _finish(instr, (tuple(lhs), tuple(rhs)), (tuple(out),), "add", halos)
 
 
 def _gather(instr: HloInstruction) -> OpLabels:

@@ -853,6 +853,10 @@ class _Partitioner:
         wanted = self.wanted.get(id(instr))
         if wanted is not None and len(L.results) == 1:
             cands.append(_label_tiling(wanted, L.results[0], n_labels))
+        for c in list(cands):  # each also without its halo cuts (it may merge better)
+            halos = [x for x in L.halos if c.tiles[x] > 1]
+            if halos:
+                cands.append(c.with_axes_whole(halos))
         base = list(cands)
         for a in range(len(base)):
             for b in range(len(base)):
@@ -866,6 +870,7 @@ class _Partitioner:
                                 if m2 is not None:
                                     cands.append(m2)
         cands.append(Tiling.replicated(n_labels, self.n))
+        cands = [self._halo_reach(L, c) for c in cands]
         best: tuple | None = None
         for order, cand in enumerate(cands):
             if not self._fits(instr, L, cand):
@@ -890,8 +895,25 @@ class _Partitioner:
                 return False
         return True
 
+    @staticmethod
+    def _halo_reach(L: OpLabels, cand: Tiling) -> Tiling:
+        """`cand` with the windowed labels whose halo would reach past the nearest
+        neighbour's block (a window wider than a device's block: a cumulative sum) whole."""
+        far = [
+            x
+            for x, (left, right) in L.halos.items()
+            if cand.tiles[x] > 1 and max(left, right) > L.sizes[x] // cand.tiles[x]
+        ]
+        return cand.with_axes_whole(far) if far else cand
+
     def _cost(self, instr, operands, L: OpLabels, cand: Tiling, wanted) -> float:
         cost = 0.0
+        for label, (left, right) in L.halos.items():  # the rows each device receives
+            if cand.tiles[label] > 1:
+                for dims, o in zip(L.operands, instr.operands, strict=True):
+                    if label in dims:
+                        local = o.shape.byte_size / math.prod(cand.project(dims).tiles)
+                        cost += local * (left + right) / (L.sizes[label] // cand.tiles[label])
         for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
             if isinstance(v.tiling, Tiling):
                 cost += _gather_bytes(v.tiling, cand.project(dims), o.shape)
@@ -916,6 +938,10 @@ class _Partitioner:
         new_ops = []
         for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
             new_ops.append(self.as_tiling(v, cand.project(dims), o.shape))
+        attrs_window = None
+        cut_halos = {x: h for x, h in L.halos.items() if cand.tiles[x] > 1}
+        if cut_halos:
+            new_ops, attrs_window = self.exchange_halos(instr, new_ops, L, cand, cut_halos)
         results = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
         out_tilings = [cand.project(d) for d in L.results]
         local_results = [
@@ -923,6 +949,8 @@ class _Partitioner:
         ]
         shape = Shape.tuple(local_results) if instr.shape.is_tuple else local_results[0]
         attrs = _local_attrs(instr, new_ops, shape)
+        if attrs_window is not None:
+            attrs["window"] = attrs_window
         cut = [x for x in L.contracted if cand.tiles[x] > 1]
         if cut and L.reducer == MASKED_GATHER:
             new = self.masked_gather(instr, new_ops, L, cand, shape, attrs)
@@ -958,6 +986,84 @@ class _Partitioner:
         if instr.shape.is_tuple:
             return Local(new, tuple(out_tilings))
         return Local(new, out_tilings[0])
+
+    def exchange_halos(self, instr, new_ops, L: OpLabels, cand: Tiling, halos):
+        """Windowed op with overlapping windows along cut labels (labels._halo): each data
+        operand's local block gets the `left` last rows of its left neighbour's block and
+        the `right` first rows of its right neighbour's (collective-permutes along the
+        label's device groups); at the ends of the global array, where the neighbour is
+        missing, the rows are the op's padding value (zero for a convolution, the init
+        value for a reduce-window). The window's padding along those dimensions becomes
+        0: the halo holds it. Returns the new operands and window."""
+        window = list(instr.attrs["window"].dims)
+        conv = instr.opcode is Opcode.CONVOLUTION
+        n_data = 1 if conv else len(instr.operands) // 2
+        ops = list(new_ops)
+        for x, (left, right) in halos.items():
+            groups = cand.groups([x])
+            coord = [c[x] for c in cand.coords]
+            last = cand.tiles[x] - 1
+            for i in range(n_data):
+                dim = L.operands[i].index(x)
+                pad = None if conv else new_ops[n_data + i]
+                value = ops[i]
+                n = value.shape.dims[dim]
+                parts = []
+                if left:
+                    rows = self._rows(value, dim, n - left, n)
+                    pairs = [(g[j], g[j + 1]) for g in groups for j in range(len(g) - 1)]
+                    got = self._permute(rows, pairs)
+                    parts.append(self._edge(got, pad, [c == 0 for c in coord]))
+                parts.append(value)
+                if right:
+                    rows = self._rows(value, dim, 0, right)
+                    pairs = [(g[j + 1], g[j]) for g in groups for j in range(len(g) - 1)]
+                    got = self._permute(rows, pairs)
+                    parts.append(self._edge(got, pad, [c == last for c in coord]))
+                dims = list(value.shape.dims)
+                dims[dim] = n + left + right
+                ops[i] = self.emit(
+                    Opcode.CONCATENATE,
+                    _resized(value.shape, tuple(dims)),
+                    parts,
+                    {"dimensions": (dim,)},
+                )
+            w = L.operands[0].index(x)
+            s = instr.attrs["dim_labels"].input_spatial.index(w) if conv else w
+            window[s] = A.WindowDim(**{**_fields(window[s]), "pad_low": 0, "pad_high": 0})
+        return ops, A.Window(tuple(window))
+
+    def _rows(self, value, dim: int, start: int, stop: int) -> HloInstruction:
+        spec = [(0, n, 1) for n in value.shape.dims]
+        spec[dim] = (start, stop, 1)
+        dims = tuple(e - b for b, e, _ in spec)
+        return self.emit(
+            Opcode.SLICE, _resized(value.shape, dims), [value], {"slice": A.SliceSpec(tuple(spec))}
+        )
+
+    def _permute(self, value, pairs) -> HloInstruction:
+        self.count("collective-permute")
+        return self.emit(
+            Opcode.COLLECTIVE_PERMUTE,
+            value.shape,
+            [value],
+            {"channel_id": self.next_channel(), "source_target_pairs": tuple(pairs)},
+        )
+
+    def _edge(self, rows, pad, at_edge: list[bool]) -> HloInstruction:
+        """`rows` received from a neighbour, with the padding value `pad` (a scalar
+        instruction; None: zero, what a device nobody sends to receives) on the devices
+        at the edge."""
+        if pad is None or not any(at_edge):
+            return rows
+        flag = self.offset([int(e) for e in at_edge])
+        one = self.constant(np.array(1, np.int32))
+        edge = self.emit(Opcode.COMPARE, Shape.scalar(PRED), [flag, one], {"direction": "EQ"})
+        edge = self.emit(
+            Opcode.BROADCAST, rows.shape.with_element_type(PRED), [edge], {"dimensions": ()}
+        )
+        fill = self.emit(Opcode.BROADCAST, rows.shape, [pad], {"dimensions": ()})
+        return self.emit(Opcode.SELECT, rows.shape, [edge, fill, rows])
 
     def masked_gather(self, instr, new_ops, L: OpLabels, cand: Tiling, shape, attrs):
         """This device's share of a gather from an operand cut along indexed dimensions
@@ -1163,6 +1269,10 @@ def _resized(shape: Shape, dims) -> Shape:
     if shape.layout is not None and len(dims) == shape.rank:
         out = out.with_layout(shape.layout)
     return out
+
+
+def _fields(w: A.WindowDim) -> dict:
+    return {f: getattr(w, f) for f in w.__dataclass_fields__}
 
 
 def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
