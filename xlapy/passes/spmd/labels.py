@@ -212,9 +212,10 @@ def _variadic_identity(instr: HloInstruction) -> bool:
 
     n = len(instr.operands) // 2
     inits = instr.operands[n:]
-    if any(i.opcode is not Opcode.CONSTANT or i.literal is None for i in inits):
+    literals = [i.literal for i in inits if i.opcode is Opcode.CONSTANT]
+    if len(literals) != len(inits) or any(x is None for x in literals):
         return False
-    init = [np.asarray(i.literal.array) for i in inits]
+    init = [np.asarray(x.array) for x in literals if x is not None]
     if any(a.shape != () for a in init):
         return False
     rng = np.random.default_rng(0)

@@ -853,10 +853,10 @@ class _Partitioner:
         wanted = self.wanted.get(id(instr))
         if wanted is not None and len(L.results) == 1:
             cands.append(_label_tiling(wanted, L.results[0], n_labels))
-        for c in list(cands):  # each also without its halo cuts (it may merge better)
-            halos = [x for x in L.halos if c.tiles[x] > 1]
+        for t in list(cands):  # each also without its halo cuts (it may merge better)
+            halos = [x for x in L.halos if t.tiles[x] > 1]
             if halos:
-                cands.append(c.with_axes_whole(halos))
+                cands.append(t.with_axes_whole(halos))
         base = list(cands)
         for a in range(len(base)):
             for b in range(len(base)):
