@@ -36,6 +36,7 @@ ALL = [
     "conv_spatial_4",
     "embedding_4",
     "out_shardings_2x4",
+    "permuted_mesh_2x4",
     "shard_map_psum_4",
     "shard_map_ring_8",
     "shard_map_partial_2x2",

@@ -41,9 +41,11 @@ def rnd(seed, *shape, scale=1.0):
     return (np.random.default_rng(seed).normal(size=shape) * scale).astype(np.float32)
 
 
-def mesh(platform, shape, names):
-    devices = np.array(jax.devices(platform)[: int(np.prod(shape))]).reshape(shape)
-    return Mesh(devices, names, axis_types=(AxisType.Auto,) * len(shape))
+def mesh(platform, shape, names, order=None):
+    devices = np.array(jax.devices(platform)[: int(np.prod(shape))])
+    if order is not None:  # a mesh over the devices in another order
+        devices = devices[list(order)]
+    return Mesh(devices.reshape(shape), names, axis_types=(AxisType.Auto,) * len(shape))
 
 
 # -- programs -------------------------------------------------------------------------------
@@ -238,6 +240,18 @@ def out_shardings_2x4():
     return f, args, [P("a"), P()], [P("b", "a"), P("b")], (2, 4), ("a", "b")
 
 
+@case
+def permuted_mesh_2x4():
+    """A mesh over the devices in another order than their ids, explicit out shardings."""
+
+    def f(x, w):
+        return jnp.tanh(x @ w), (x * 2).sum(1)
+
+    args = [rnd(42, 16, 8), rnd(43, 8, 8)]
+    order = (7, 2, 5, 0, 3, 6, 1, 4)
+    return f, args, [P("a", "b"), P("b")], [P("b", "a"), P("a")], (2, 4), ("a", "b"), order
+
+
 def smap(body, m, in_specs, out_specs, axis_names=None):
     kwargs = {} if axis_names is None else {"axis_names": axis_names}
     return jax.shard_map(body, mesh=m, in_specs=in_specs, out_specs=out_specs, **kwargs)
@@ -308,8 +322,8 @@ def shard_map_partial_2x2():
 
 # -- running --------------------------------------------------------------------------------
 def run_on(platform, name):
-    fn, args, in_specs, out_specs, shape, names = CASES[name]()
-    m = mesh(platform, shape, names)
+    fn, args, in_specs, out_specs, shape, names, *order = CASES[name]()
+    m = mesh(platform, shape, names, order[0] if order else None)
     if out_specs == "smap":
         fn, out_specs = fn(m), None
     shard = [NamedSharding(m, s) for s in in_specs]
