@@ -191,6 +191,11 @@ BLUR = module(
     "  x = f32[16,6]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n  zero = f32[] constant(0)",
     "  ROOT y = f32[16,6]{1,0} reduce-window(x, zero), window={size=5x1 pad=2_2x0_0}, to_apply=add",
 )
+STRIDED_LOW = module(
+    "  x = f32[16,4]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n  zero = f32[] constant(0)",
+    "  ROOT y = f32[8,4]{1,0} reduce-window(x, zero), window={size=3x1 stride=2x1 pad=1_0x0_0}, "
+    "to_apply=add",
+)
 CUMSUM = module(
     "  x = f32[16]{0} parameter(0), sharding={devices=[4]<=[4]}\n  zero = f32[] constant(0)",
     "  ROOT y = f32[16]{0} reduce-window(x, zero), window={size=16 pad=15_0}, to_apply=add",
@@ -202,6 +207,7 @@ CASES = {
     "strided convolution: right halos only": (CONV_STRIDED, 4, {"collective-permute": 2}),
     "max pool 3x3 stride 2: halos padded with -inf": (POOL, 4, {"collective-permute": 2}),
     "reduce-window of 5 rows over 4-row blocks": (BLUR, 4, {"collective-permute": 2}),
+    "stride 2, low padding: left halos only": (STRIDED_LOW, 4, {"collective-permute": 1}),
     "cumulative sum: windows wider than a block are gathered": (CUMSUM, 4, {"all-gather": 1}),
     "argmax over a cut dimension: partial results gathered": (ARGMAX, 4, {"all-gather": 2}),
     "variadic reduce with a non-identity init": (VARIADIC_INIT, 4, {"all-gather": 2}),
