@@ -107,8 +107,110 @@ SCATTERED = module(
     "sharding={devices=[4,1]<=[4]}",
 )
 
+ARGMAX_REDUCER = """argmax {
+  a = f32[] parameter(0)
+  i = s32[] parameter(1)
+  b = f32[] parameter(2)
+  j = s32[] parameter(3)
+  gt = pred[] compare(a, b), direction=GT
+  eq = pred[] compare(a, b), direction=EQ
+  lt = pred[] compare(i, j), direction=LT
+  tie = pred[] and(eq, lt)
+  pick = pred[] or(gt, tie)
+  v = f32[] select(pick, a, b)
+  k = s32[] select(pick, i, j)
+  ROOT r = (f32[], s32[]) tuple(v, k)
+}
+"""
+PAIR_SUM = """pair_sum {
+  a = f32[] parameter(0)
+  i = f32[] parameter(1)
+  b = f32[] parameter(2)
+  j = f32[] parameter(3)
+  s = f32[] add(a, b)
+  t = f32[] add(i, j)
+  ROOT r = (f32[], f32[]) tuple(s, t)
+}
+"""
+
+
+def variadic(reducer: str, inits: str, second: str) -> str:
+    return (
+        f"HloModule v\n\n{reducer}\nENTRY e {{\n"
+        "  x = f32[8,12]{1,0} parameter(0), sharding={devices=[2,2]<=[4]}\n"
+        f"{second}{inits}"
+        "  r = (f32[8]{0}, {t}[8]{0}) reduce(x, y, a, b), dimensions={1}, to_apply={name}\n"
+        "  ROOT k = {t}[8]{0} get-tuple-element(r), index=1\n}\n"
+    )
+
+
+ARGMAX = (
+    variadic(
+        ARGMAX_REDUCER,
+        "  a = f32[] constant(-inf)\n  b = s32[] constant(0)\n",
+        "  y = s32[8,12]{1,0} iota(), iota_dimension=1\n",
+    )
+    .replace("{t}", "s32")
+    .replace("{name}", "argmax")
+)
+VARIADIC_INIT = (
+    variadic(
+        PAIR_SUM,
+        "  a = f32[] constant(0)\n  b = f32[] constant(1)\n",
+        "  y = f32[8,12]{1,0} exponential(x)\n",
+    )
+    .replace("{t}", "f32")
+    .replace("{name}", "pair_sum")
+)
+
+MAX = """max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+"""
+CONV_SAME = module(
+    "  x = f32[2,8,8,3]{3,2,1,0} parameter(0), sharding={devices=[1,4,1,1]<=[4]}\n"
+    "  w = f32[3,3,3,4]{3,2,1,0} parameter(1)",
+    "  ROOT y = f32[2,8,8,4]{3,2,1,0} convolution(x, w), window={size=3x3 pad=1_1x1_1}, "
+    "dim_labels=b01f_01io->b01f",
+)
+CONV_STRIDED = module(
+    "  x = f32[2,8,8,3]{3,2,1,0} parameter(0), sharding={devices=[1,2,2,1]<=[4]}\n"
+    "  w = f32[3,3,3,4]{3,2,1,0} parameter(1)",
+    "  ROOT y = f32[2,4,4,4]{3,2,1,0} convolution(x, w), window={size=3x3 stride=2x2 "
+    "pad=0_1x0_1}, dim_labels=b01f_01io->b01f",
+)
+POOL = module(
+    "  x = f32[2,8,8,3]{3,2,1,0} parameter(0), sharding={devices=[1,2,2,1]<=[4]}\n"
+    "  low = f32[] constant(-inf)",
+    "  ROOT y = f32[2,4,4,3]{3,2,1,0} reduce-window(x, low), window={size=1x3x3x1 "
+    "stride=1x2x2x1 pad=0_0x0_1x0_1x0_0}, to_apply=max",
+).replace("add {", MAX + "\nadd {")
+BLUR = module(
+    "  x = f32[16,6]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n  zero = f32[] constant(0)",
+    "  ROOT y = f32[16,6]{1,0} reduce-window(x, zero), window={size=5x1 pad=2_2x0_0}, to_apply=add",
+)
+STRIDED_LOW = module(
+    "  x = f32[16,4]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n  zero = f32[] constant(0)",
+    "  ROOT y = f32[8,4]{1,0} reduce-window(x, zero), window={size=3x1 stride=2x1 pad=1_0x0_0}, "
+    "to_apply=add",
+)
+CUMSUM = module(
+    "  x = f32[16]{0} parameter(0), sharding={devices=[4]<=[4]}\n  zero = f32[] constant(0)",
+    "  ROOT y = f32[16]{0} reduce-window(x, zero), window={size=16 pad=15_0}, to_apply=add",
+)
+
 CASES = {
     "dot": (DOT, 8, {"all-reduce": 1}),
+    "same convolution over cut rows: halo exchange": (CONV_SAME, 4, {"collective-permute": 2}),
+    "strided convolution: right halos only": (CONV_STRIDED, 4, {"collective-permute": 2}),
+    "max pool 3x3 stride 2: halos padded with -inf": (POOL, 4, {"collective-permute": 2}),
+    "reduce-window of 5 rows over 4-row blocks": (BLUR, 4, {"collective-permute": 2}),
+    "stride 2, low padding: left halos only": (STRIDED_LOW, 4, {"collective-permute": 1}),
+    "cumulative sum: windows wider than a block are gathered": (CUMSUM, 4, {"all-gather": 1}),
+    "argmax over a cut dimension: partial results gathered": (ARGMAX, 4, {"all-gather": 2}),
+    "variadic reduce with a non-identity init": (VARIADIC_INIT, 4, {"all-gather": 2}),
     "reshard all-to-all": (RESHARD, 4, {"all-to-all": 1}),
     "gather to replicated": (GATHER_ALL, 4, {"all-gather": 2}),
     "reduce over a cut dimension": (REDUCE, 4, {"all-reduce": 1}),
@@ -211,3 +313,35 @@ def test_uneven_annotation_is_followed_where_it_can_be():
     np.testing.assert_array_equal(got, -x)
     assert report.uneven == ["y: f32[8,6]{1,0} kept whole along dimensions [1]"]
     assert module.entry_computation().root_instruction().attrs["sharding"].is_replicated
+
+
+VOCAB_GATHER = module(
+    "  table = f32[16,8]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}\n"
+    "  ids = s32[6]{0} parameter(1)",
+    "  ROOT rows = f32[6,8]{1,0} gather(table, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+    "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}",
+)
+POINT_GATHER = module(
+    "  x = f32[8,12]{1,0} parameter(0), sharding={devices=[2,2]<=[4]}\n"
+    "  at = s32[5,2]{1,0} parameter(1)",
+    "  ROOT v = f32[5]{0} gather(x, at), offset_dims={}, collapsed_slice_dims={0,1}, "
+    "start_index_map={1,0}, index_vector_dim=1, slice_sizes={1,1}",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "indices"),
+    [
+        (VOCAB_GATHER, np.array([3, 15, 0, -3, 20, 9], np.int32)),  # out of range: clamped
+        (POINT_GATHER, np.array([[0, 0], [11, 7], [5, 2], [13, -1], [6, 4]], np.int32)),
+    ],
+)
+def test_gather_from_rows_cut_by_index_is_masked_and_summed(text, indices):
+    """A gather taking single rows along a cut dimension (an embedding table cut by
+    vocabulary): each device gathers what it holds, zeroes the rest, one all-reduce; the
+    operand is never gathered. Out-of-range indices clamp as in the global gather."""
+    shape = parse_module(text).entry_computation().parameters[0].shape.dims
+    table = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    (got,), report, _ = run_partitioned(text, [table, indices], 4)
+    np.testing.assert_array_equal(got, evaluate(parse_module(text), [table, indices]))
+    assert report.collectives == {"all-reduce": 1}, report.text()

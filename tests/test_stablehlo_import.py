@@ -258,7 +258,8 @@ def test_custom_call_attributes():
 def test_shardy_shardings_become_hlo_shardings():
     """JAX's Shardy output for a 2x4 mesh; the shardings XLA gives the same program."""
     module = import_text((DATA / "sharded.mlir").read_text(), "sharded.mlir")
-    assert module.config.num_partitions == 8
+    # a global program for 8 devices, not one already partitioned for 8
+    assert (module.config.num_partitions, module.config.spmd_partitions) == (1, 8)
     text = module.to_text()
     assert "parameter(0), sharding={devices=[2,4]<=[8]}" in text
     assert "parameter(1), sharding={replicated}" in text
@@ -274,6 +275,97 @@ def test_shardy_shardings_become_hlo_shardings():
     x, w = f32(8, 16), f32(16, 4)
     got = evaluate(module, [x, w])
     np.testing.assert_allclose(got[0], np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+
+
+MANUAL = (DATA / "manual.mlir").read_text()
+
+
+def _manual_reference(x, w):
+    """The shard_map program of manual.mlir computed with NumPy, device by device."""
+    xs = {(i, j): x[4 * i : 4 * i + 4, 8 * j : 8 * j + 8] for i in range(2) for j in range(2)}
+    ws = {j: w[8 * j : 8 * j + 8] for j in range(2)}
+    s = {(i, j): sum(xs[i, k] @ ws[k] for k in range(2)) for i in range(2) for j in range(2)}
+    out = np.zeros((2, 4), np.float32)
+    for i in range(2):
+        gathered = np.concatenate([s[0, 0], s[1, 0]])  # the same on every device
+        out[i] = gathered.sum(0) + s[1 - i, 0][0]
+    return out
+
+
+def test_manual_computation_becomes_a_manual_region():
+    """sdy.manual_computation (shard_map) in JAX's pretty form and MLIR's generic form: each
+    operand cut to its piece (SPMDFullToShardShape), the body called on the pieces with its
+    collectives as written, the result put back (SPMDShardToFullShape)."""
+    module = import_text(MANUAL, "manual.mlir")
+    assert module.config.spmd_partitions == 4
+    text = module.to_text()
+    assert 'custom_call_target="SPMDFullToShardShape", sharding={manual}' in text
+    assert re.search(r"f32\[4,8\] custom-call\(.*SPMDFullToShardShape", text)
+    assert re.search(r"f32\[2,4\] custom-call\(.*SPMDShardToFullShape", text)
+    assert "sharding={devices=[2,2]<=[4]}" in text
+    assert "sharding={devices=[2,1,2]<=[2,2]T(1,0) last_tile_dim_replicate}" in text
+    body = next(c for c in module.computations if c.name.startswith("shmap_body"))
+    assert {i.opcode for i in body.instructions} >= {
+        Opcode.ALL_REDUCE,
+        Opcode.ALL_GATHER,
+        Opcode.COLLECTIVE_PERMUTE,
+    }
+
+    x, w = f32(8, 16), f32(16, 4)
+    client = xlapy.Client("interpreter", device_count=4)
+    exe = client.compile(MANUAL)
+    # the parameters carry no sharding: every device holds them whole, the region's
+    # entry cuts each device's piece
+    rows = [[client.buffer_from_pyval(a, client.devices()[d]) for a in (x, w)] for d in range(4)]
+    outs = [np.asarray(r[0]) for r in exe.execute(rows)]
+    want = _manual_reference(x, w)
+    for d in range(4):  # out_shardings [{"x"}, {}]: device (i, j) holds row i
+        np.testing.assert_allclose(outs[d], want[d // 2 : d // 2 + 1], rtol=1e-5, atol=1e-5)
+
+
+def test_manual_computation_generic_form():
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir
+
+    with jax_mlir.make_ir_context():
+        stream = io.StringIO()
+        ir.Module.parse(MANUAL).operation.print(file=stream, print_generic_op_form=True)
+    generic = stream.getvalue()
+    assert '"sdy.manual_computation"' in generic
+    a, b = import_text(generic).to_text(), import_text(MANUAL).to_text()
+    assert re.sub(r"\.\d+", "", a).count("custom-call") == re.sub(r"\.\d+", "", b).count(
+        "custom-call"
+    )
+    assert "SPMDShardToFullShape" in a and "shmap_body" in a
+
+
+MANUAL_BAD = {
+    "region_arity": (
+        MANUAL.replace(
+            "(%arg2: tensor<4x8xf32>, %arg3: tensor<8x4xf32>)", "(%arg2: tensor<4x8xf32>)"
+        ),
+        "takes 2 operands, its region 1 arguments",
+    ),
+    "shardings_count": (
+        MANUAL.replace(', <@mesh, [{"y"}, {}]>] out_shardings', "] out_shardings"),
+        "has 1 in_shardings for 2 values",
+    ),
+    "unknown_mesh": (
+        MANUAL.replace('[<@mesh, [{"x"}, {"y"}]>', '[<@nope, [{"x"}, {"y"}]>'),
+        "unknown mesh",
+    ),
+    "unknown_axis": (MANUAL.replace('manual_axes={"x", "y"}', 'manual_axes={"x", "z"}'), "'z'"),
+    "no_manual_axes": (MANUAL.replace('manual_axes={"x", "y"} ', ""), "manual_axes"),
+}
+
+
+@pytest.mark.parametrize("name", list(MANUAL_BAD))
+def test_manual_computation_errors(name):
+    text, pattern = MANUAL_BAD[name]
+    with pytest.raises(HloParseError) as info:
+        import_text(text, "manual.mlir")
+    assert re.search(pattern, info.value.message), info.value.message
+    assert str(info.value).startswith("manual.mlir:")
 
 
 # -- StableHLO's test-suite style ----------------------------------------------------------

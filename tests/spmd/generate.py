@@ -5,7 +5,8 @@ Run from the repository root (it needs 8 host devices, so it sets XLA_FLAGS itse
     python tests/spmd/generate.py
 
 For each program it writes `<name>.hlo` (the annotated global module JAX hands a compiler,
-GSPMD `sharding=` form), `<name>.sdy.hlo` for some (the Shardy form, JAX's default), and
+GSPMD `sharding=` form), `<name>.mlir` (the StableHLO JAX hands a PJRT plugin, with
+Shardy's `sdy` annotations), `<name>.sdy.hlo` for some (the Shardy form as HLO), and
 `<name>.npz` holding the global inputs (`arg<i>`), JAX's global outputs (`out<i>`) and the
 device count (`num_partitions`). It also writes `<name>.xla.hlo`,
 XLA's own partitioned module, to compare the bytes moved by collectives.
@@ -45,8 +46,9 @@ def save(name, fn, args, in_specs, out_specs, m, sdy=False, xla=True):
         outs = outs[0]
     jitted = jax.jit(fn, in_shardings=tuple(shard), out_shardings=outs)
     args = [jax.device_put(a, s) for a, s in zip(args, shard, strict=True)]
+    jax.config.update("jax_use_shardy_partitioner", True)
+    (HERE / f"{name}.mlir").write_text(jitted.lower(*args).as_text())
     if sdy:
-        jax.config.update("jax_use_shardy_partitioner", True)
         (HERE / f"{name}.sdy.hlo").write_text(jitted.lower(*args).as_text(dialect="hlo"))
     jax.config.update("jax_use_shardy_partitioner", False)
     lowered = jitted.lower(*args)
@@ -174,6 +176,15 @@ def main():
     args = [rnd(53, 3, 3, 4, 8, scale=0.2), rnd(54, 128, 4, scale=0.1), rnd(55, 4, 8, 8, 4)]
     specs = [P(None, None, None, "model"), P(None, "model"), P("data", "model")]
     save("cnn_step_2x2", cnn_step, args, specs, None, m22)
+
+    def spatial_cnn(w1, w2, x):
+        dn = ("NHWC", "HWIO", "NHWC")
+        h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+        return jax.lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=dn)
+
+    args = [rnd(56, 3, 3, 3, 8, scale=0.3), rnd(57, 3, 3, 8, 4, scale=0.3), rnd(58, 2, 16, 16, 3)]
+    save("spatial_conv_4", spatial_cnn, args, [P(), P(), P(None, "x")], None, m4)
 
     def patchify(x, w):
         return jax.lax.conv_general_dilated(

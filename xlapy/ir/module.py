@@ -48,6 +48,18 @@ class ModuleConfig:
     frontend_attributes: FrontendAttributes | None = None
     extra_attributes: tuple[tuple[str, str], ...] = ()  # uninterpreted header attrs, as text
 
+    @property
+    def spmd_partitions(self) -> int:
+        """The device count a global (not yet partitioned) program asks to be partitioned
+        for: its `mhlo.num_partitions` frontend attribute (what the StableHLO importer
+        writes for a sharded program), else 1. A partitioned module's count is
+        `num_partitions` instead."""
+        fa = self.frontend_attributes
+        value = fa.get("mhlo.num_partitions") if fa is not None else None
+        if isinstance(value, str) and value.isdigit() and int(value) > 0:
+            return int(value)
+        return 1
+
     def alias_for_output(self, output_index: ShapeIndex) -> AliasEntry | None:
         for entry in self.input_output_alias:
             if entry.output_index == output_index:

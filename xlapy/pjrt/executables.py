@@ -26,7 +26,7 @@ from xlapy.pjrt.core import (
     named_values,
     register,
 )
-from xlapy.pjrt.options import compile_options_from_proto, device_assignment_proto
+from xlapy.pjrt.options import compile_options_from_proto, device_assignment_proto, proto_field
 from xlapy.pjrt.program import module_from_program
 from xlapy.runtime import (
     Buffer,
@@ -100,16 +100,11 @@ def get_executable(ptr) -> PExecutable:
 
 
 def _compile(c: PClient, code: bytes, fmt: str, options: bytes) -> PExecutable:
+    """Compile a program JAX hands over. A program sharded over several partitions (jit
+    with NamedShardings, shard_map) is a global program: the client's compiler
+    SPMD-partitions it (xlapy.passes.spmd) and each device runs its piece."""
     module = module_from_program(code, fmt)
     compile_options = compile_options_from_proto(options)
-    if compile_options.num_partitions > 1:
-        raise PjrtError(
-            UNIMPLEMENTED,
-            f"{module.name} is partitioned over {compile_options.num_partitions} devices "
-            "(jit with shardings, shard_map, pmap); the plugin does not yet hand such programs "
-            "to xlapy's SPMD partitioner, so it runs programs on one device each (or "
-            "replicated: num_replicas)",
-        )
     executable = c.client.compile(module, compile_options)
     info = ExecInfo(executable, c)
     info.options = options
@@ -257,8 +252,35 @@ def _hlo_proto(info: ExecInfo) -> bytes:
                 f"{info.executable.name} ({e}); xlapy's text:\n{text}",
             ) from e
         proto = module.as_serialized_hlo_module_proto()
+        if info.executable.num_partitions > 1:
+            proto += _spmd_shardings_proto(info.executable.module)
         info.proto = _jax.mlir.hlo_to_stablehlo(proto)
     return info.proto
+
+
+def _spmd_shardings_proto(module) -> bytes:
+    """HloModuleProto fields spmd_output_sharding (12) and spmd_parameters_shardings (14)
+    of a partitioned module: where each device's piece of every parameter and output sits
+    in the global array. JAX reads them (through this optimized program) to build the
+    global arrays of a partitioned program's results."""
+    from jax._src.lib import xla_client
+
+    from xlapy.ir.sharding import HloSharding
+
+    def op_sharding(s) -> bytes:
+        text = s.text() if isinstance(s, HloSharding) else "{replicated}"
+        return xla_client.HloSharding.from_string(text).to_proto().SerializeToString()
+
+    entry = module.entry_computation()
+    root = entry.root_instruction()
+    out = root.attrs.get("sharding")
+    if out is None and root.shape.is_tuple:
+        parts = len(root.shape.tuple_shapes)
+        out = HloSharding("tuple", elements=(HloSharding.replicated(),) * parts)
+    data = proto_field(12, op_sharding(out))
+    for p in entry.parameters:
+        data += proto_field(14, op_sharding(p.attrs.get("sharding")))
+    return data
 
 
 @export("Executable_OptimizedProgram")

@@ -228,7 +228,8 @@ class Client:
         sees (this client's, the global one) has changed since. CustomCallError when a
         custom call's target is unknown or rejects the call. Without `options`, the
         program runs with its own replica and partition counts (`replica_count=`,
-        `num_partitions=` in the module header)."""
+        `num_partitions=` in the module header; for a global program imported from sharded
+        StableHLO, the partition count it asks for: ModuleConfig.spmd_partitions)."""
         self._check_open("compile")
         from xlapy.ir.parser import parse_module
         from xlapy.stablehlo import load
@@ -245,7 +246,7 @@ class Client:
             config = (module or program).config  # type: ignore[union-attr]
             options = CompileOptions.make(
                 num_replicas=max(config.replica_count, 1),
-                num_partitions=max(config.num_partitions, 1),
+                num_partitions=max(config.num_partitions, config.spmd_partitions, 1),
             )
         key = (
             fingerprint_of(self.platform, text, options),

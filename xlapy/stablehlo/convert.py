@@ -326,22 +326,17 @@ def hlo_sharding(value: Any, meshes: dict[str, str]) -> str | None:
     return sdy_sharding(body, meshes)
 
 
-def sdy_sharding(body: str, meshes: dict[str, str]) -> str:
+def sdy_sharding(body: str, meshes: dict[str, str], keep: set[str] | None = None) -> str:
     """`@mesh, [{"x"}, {"y", "z"}, {}]` on mesh `["x"=2, "y"=2, "z"=2]` as HLO's iota tile
     assignment: the devices of the mesh, transposed so that the axes each dimension is
-    split over come in dimension order and the unused axes last (as replication)."""
+    split over come in dimension order and the unused axes last (as replication). Axes
+    outside `keep` (when given) are left out: the value is replicated over them."""
     m = _SDY_SHARDING.match(body)
     if m is None:
         raise TypeProblem(f"cannot read the Shardy sharding '{body}'")
-    mesh_text = meshes.get(m.group(1))
-    if mesh_text is None:
-        raise TypeProblem(f"sharding names an unknown mesh '@{m.group(1)}'")
-    axes = [(name, int(size)) for name, size in _SDY_MESH_AXIS.findall(mesh_text)]
-    if "device_ids" in mesh_text:
-        ids = re.search(r"device_ids\s*=\s*\[([0-9, ]*)\]", mesh_text)
-        if not axes and ids is not None and len(ids.group(1).split(",")) == 1:
-            return f"{{maximal device={int(ids.group(1))}}}"
-        raise TypeProblem("Shardy meshes with explicit device_ids are not supported")
+    axes = sdy_mesh_axes(m.group(1), meshes)
+    if isinstance(axes, str):
+        return axes
     size = dict(axes)
     dims: list[list[str]] = []
     for dim in re.findall(r"\{([^{}]*)\}", m.group(2)):
@@ -351,25 +346,65 @@ def sdy_sharding(body: str, meshes: dict[str, str]) -> str:
                 raise TypeProblem(f"Shardy sub-axis '{axis.group(0)}' is not supported")
             if axis.group(1) not in size:
                 raise TypeProblem(f"sharding uses axis '{axis.group(1)}', not in the mesh")
-            names.append(axis.group(1))
+            if keep is None or axis.group(1) in keep:
+                names.append(axis.group(1))
         dims.append(names)
     tiles = [int(np.prod([size[a] for a in dim])) if dim else 1 for dim in dims]
     if all(t == 1 for t in tiles):
         return "{replicated}"
     used = [a for dim in dims for a in dim]
     unused = [a for a, _ in axes if a not in used]
-    order = {a: i for i, (a, _) in enumerate(axes)}
-    perm = [order[a] for a in used + unused]
     replicas = int(np.prod([size[a] for a in unused])) if unused else 1
     tile_dims = tiles + ([replicas] if replicas > 1 else [])
-    total = int(np.prod([n for _, n in axes]))
-    if perm == sorted(perm):
-        devices = f"<=[{total}]"
-    else:
-        sizes = ",".join(str(n) for _, n in axes)
-        devices = f"<=[{sizes}]T({','.join(map(str, perm))})"
     last = " last_tile_dim_replicate" if replicas > 1 else ""
+    devices = _mesh_devices(axes, used + unused)
     return f"{{devices=[{','.join(map(str, tile_dims))}]{devices}{last}}}"
+
+
+def sdy_manual_sharding(mesh: str, meshes: dict[str, str], manual: list[str], rank: int) -> str:
+    """The HLO sharding of a value inside a shard_map region over `manual` axes of `mesh`:
+    `{manual}` when they are all its axes, else manual over them and replicated over the
+    others (`last_tile_dims={manual, replicated}`)."""
+    axes = sdy_mesh_axes(mesh, meshes)
+    if isinstance(axes, str):
+        return "{manual}"
+    size = dict(axes)
+    for a in manual:
+        if a not in size:
+            raise TypeProblem(f"manual axis '{a}' is not in the mesh '@{mesh}'")
+    rest = [a for a, _ in axes if a not in manual]
+    if not rest:
+        return "{manual}"
+    tile_dims = [1] * rank + [int(np.prod([size[a] for a in manual])) if manual else 1]
+    tile_dims.append(int(np.prod([size[a] for a in rest])))
+    devices = _mesh_devices(axes, manual + rest)
+    dims = ",".join(map(str, tile_dims))
+    return f"{{devices=[{dims}]{devices} last_tile_dims={{manual, replicated}}}}"
+
+
+def sdy_mesh_axes(name: str, meshes: dict[str, str]) -> list[tuple[str, int]] | str:
+    """The (axis, size) list of mesh `@name`, or the HLO text of a maximal sharding for a
+    one-device mesh with `device_ids`. TypeProblem for an unknown mesh or device ids."""
+    mesh_text = meshes.get(name)
+    if mesh_text is None:
+        raise TypeProblem(f"sharding names an unknown mesh '@{name}'")
+    axes = [(a, int(size)) for a, size in _SDY_MESH_AXIS.findall(mesh_text)]
+    if "device_ids" in mesh_text:
+        ids = re.search(r"device_ids\s*=\s*\[([0-9, ]*)\]", mesh_text)
+        if not axes and ids is not None and len(ids.group(1).split(",")) == 1:
+            return f"{{maximal device={int(ids.group(1))}}}"
+        raise TypeProblem("Shardy meshes with explicit device_ids are not supported")
+    return axes
+
+
+def _mesh_devices(axes: list[tuple[str, int]], order: list[str]) -> str:
+    """The iota tile assignment of the mesh's devices with its axes transposed to `order`."""
+    index = {a: i for i, (a, _) in enumerate(axes)}
+    perm = [index[a] for a in order]
+    if perm == sorted(perm):
+        return f"<=[{int(np.prod([n for _, n in axes]))}]"
+    sizes = ",".join(str(n) for _, n in axes)
+    return f"<=[{sizes}]T({','.join(map(str, perm))})"
 
 
 # -- the converter ------------------------------------------------------------------------
@@ -459,6 +494,7 @@ class Converter:
         self.locs = Locations(module.aliases)
         self.positions: dict[str, int] = {}  # HLO instruction name -> StableHLO position
         self.op: Op | None = None
+        self.global_program = False  # some value carries a sharding: see `header`
 
     def error(self, message: str, pos: int | None = None) -> HloParseError:
         if pos is None:
@@ -593,7 +629,7 @@ class Converter:
     def block(self, scope: Scope, block: mlir.Block, pos: int) -> list[tuple[str, Shape]]:
         """Convert a block's ops; the values its terminator returns."""
         for op in block.ops:
-            if op.name in ("return", "func.return", "stablehlo.return"):
+            if op.name in ("return", "func.return", "stablehlo.return", "sdy.return"):
                 self.op = op
                 return [scope.lookup(n, p, op.name) for n, p in op.operands]
             self.convert_op(scope, op)
@@ -614,9 +650,11 @@ class Converter:
         if value is None:
             return None
         try:
-            return hlo_sharding(value, self.module.meshes)
+            text = hlo_sharding(value, self.module.meshes)
         except TypeProblem as e:
             raise self.error(str(e), pos) from None
+        self.global_program = self.global_program or text is not None
+        return text
 
     def region_comp(
         self, parent: Scope, block: mlir.Block, op: Op, arg_shapes: list[Shape], stem: str
@@ -840,7 +878,12 @@ class Converter:
         partitions = ival(attrs.get("mhlo.num_partitions", 1))
         if replicas != 1:
             items.append(f"replica_count={replicas}")
-        if partitions != 1:
+        if partitions != 1 and self.global_program:
+            # A program with shardings is a global program for `partitions` devices, not
+            # one already partitioned (XLA's HLO text keeps `num_partitions=` for those):
+            # the count rides along as a frontend attribute (ModuleConfig.spmd_partitions).
+            items.append(f'frontend_attributes={{mhlo.num_partitions="{partitions}"}}')
+        elif partitions != 1:
             items.append(f"num_partitions={partitions}")
         return ", ".join(items)
 
@@ -1748,6 +1791,111 @@ def _sharding_constraint(conv: Converter, op: Op, scope: Scope, operands):
     (x, shape) = operands[0]
     text = f', custom_call_target="Sharding", sharding={sharding}'
     return [conv.add(scope, "custom-call", shape, [x], text)]
+
+
+@rule("sdy.manual_computation")
+def _manual_computation(conv: Converter, op: Op, scope: Scope, operands):
+    """shard_map: GSPMD's spelling of a manual region. Each operand is annotated with its
+    in-sharding over the manual axes and cut to its local piece (SPMDFullToShardShape);
+    the body becomes a computation called on the pieces as written; each result is put
+    back together under its out-sharding (SPMDShardToFullShape). The collectives in the
+    body are already explicit."""
+    manual = _manual_axes(conv, op)
+    keep = set(manual)
+    ins = _per_value_shardings(conv, op, "in_shardings", len(operands), keep)
+    local_shapes = [conv.shape(t) for _, t in op.regions[0].args] if op.regions else []
+    if not op.regions or len(local_shapes) != len(operands):
+        raise conv.error(
+            f"sdy.manual_computation takes {len(operands)} operands, its region "
+            f"{len(local_shapes)} arguments",
+            op.pos,
+        )
+    mesh = _manual_mesh(conv, op)
+    pieces = []
+    for (x, shape), local, s in zip(operands, local_shapes, ins, strict=True):
+        full = conv.add(
+            scope, "custom-call", shape, [x], f', custom_call_target="Sharding", sharding={s}'
+        )
+        m = _manual_text(conv, op, mesh, manual, local.rank)
+        pieces.append(
+            conv.add(
+                scope,
+                "custom-call",
+                local,
+                [full[0]],
+                f', custom_call_target="SPMDFullToShardShape", sharding={m}',
+            )
+        )
+    comp, outs = conv.region_comp(scope, op.regions[0], op, local_shapes, "shmap_body")
+    results = conv.result_shapes(op)
+    conv.finish(Scope(conv, comp, None), outs, tuple_always=len(outs) != 1)
+    conv.op = op
+    shapes = [s for _, s in outs]
+    joint = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
+    value = conv.add(scope, "call", joint, [x for x, _ in pieces], f", to_apply={comp.name}")
+    locals_ = [value] if len(shapes) == 1 else conv.tuple_parts(scope, value)
+    out_shardings = _per_value_shardings(conv, op, "out_shardings", len(results), keep)
+    if len(locals_) != len(results):
+        raise conv.error(
+            f"the region of sdy.manual_computation returns {len(locals_)} values, the op "
+            f"has {len(results)} results",
+            op.pos,
+        )
+    converted = []
+    for (x, local), shape, s in zip(locals_, results, out_shardings, strict=True):
+        m = _manual_text(conv, op, mesh, manual, local.rank)
+        inner = conv.add(
+            scope, "custom-call", local, [x], f', custom_call_target="Sharding", sharding={m}'
+        )
+        text = f', custom_call_target="SPMDShardToFullShape", sharding={s}'
+        converted.append(conv.add(scope, "custom-call", shape, [inner[0]], text))
+    conv.global_program = True
+    return converted
+
+
+def _manual_axes(conv: Converter, op: Op) -> list[str]:
+    value = op.attrs.get("manual_axes")
+    if isinstance(value, list):
+        return [str(a) for a in value]
+    if isinstance(value, DialectAttr):  # generic form: #sdy<manual_axes{"x", "y"}>
+        return re.findall(r'"([^"]+)"', value.body)
+    raise conv.error("sdy.manual_computation needs manual_axes", op.pos)
+
+
+def _per_value_shardings(conv: Converter, op: Op, key: str, count: int, keep: set[str]):
+    """The HLO shardings (restricted to the manual axes `keep`) of `op`'s `key`."""
+    value = op.attrs.get(key)
+    if not isinstance(value, DialectAttr) or value.name != "sdy.sharding_per_value":
+        raise conv.error(f"sdy.manual_computation needs {key}", op.pos)
+    parts = _split_top(value.body.strip()[1:-1]) if value.body.strip() != "[]" else []
+    if len(parts) != count:
+        raise conv.error(
+            f"sdy.manual_computation has {len(parts)} {key} for {count} values", op.pos
+        )
+    try:
+        return [sdy_sharding(p.strip()[1:-1], conv.module.meshes, keep) for p in parts]
+    except TypeProblem as e:
+        raise conv.error(str(e), op.pos) from None
+
+
+def _manual_mesh(conv: Converter, op: Op) -> str:
+    """The mesh a manual computation's shardings name (the module's only mesh when it has
+    neither operands nor results)."""
+    for key in ("in_shardings", "out_shardings"):
+        value = op.attrs.get(key)
+        m = re.search(r"<\s*@([A-Za-z0-9_$.\-]+)", value.body) if value is not None else None
+        if m is not None:
+            return m.group(1)
+    if len(conv.module.meshes) == 1:
+        return next(iter(conv.module.meshes))
+    raise conv.error("sdy.manual_computation names no mesh", op.pos)
+
+
+def _manual_text(conv: Converter, op: Op, mesh: str, manual: list[str], rank: int) -> str:
+    try:
+        return sdy_manual_sharding(mesh, conv.module.meshes, manual, rank)
+    except TypeProblem as e:
+        raise conv.error(str(e), op.pos) from None
 
 
 @rule(

@@ -914,6 +914,43 @@ class Reader(TextCursor):
         op.operand_types, op.result_types = self.function_type()
         op.loc = self.location()
 
+    def pretty_manual_computation(self, op: Op) -> None:
+        """`(%a, %b) in_shardings=[<@mesh, [..]>, ..] out_shardings=[..] manual_axes={"x"}
+        (%arg2: T, %arg3: T) {body} : (T, T) -> T` (shard_map). The shardings are kept as
+        `sdy.sharding_per_value` attributes, the manual axes as their names."""
+        self.expect("(", "'(' opening the operand list")
+        if not self.accept(")"):
+            while True:
+                op.operands.append(self.value("an operand"))
+                if self.accept(")"):
+                    break
+                self.expect(",", "',' or ')' in the operand list")
+        for key in ("in_shardings", "out_shardings"):
+            if not self.keyword(key):
+                raise self.expected(f"'{key}=[...]'")
+            self.expect("=")
+            body = "[" + self.balanced("[", "]") + "]"
+            op.attrs[key] = DialectAttr("sdy.sharding_per_value", body, {})
+        if not self.keyword("manual_axes"):
+            raise self.expected("'manual_axes={...}'")
+        self.expect("=")
+        op.attrs["manual_axes"] = re.findall(r'"([^"]+)"', self.balanced("{", "}"))
+        self.expect("(", "'(' opening the region's arguments")
+        args: list[tuple[str, Type]] = []
+        if not self.accept(")"):
+            while True:
+                name, _ = self.value("a region argument")
+                self.expect(":", "':' after the region argument")
+                args.append((name, self.type()))
+                self.location()
+                if self.accept(")"):
+                    break
+                self.expect(",", "',' or ')' in the region's arguments")
+        op.regions.append(self.block_in_braces(args))
+        self.expect(":", "':' and the types of sdy.manual_computation")
+        op.operand_types, op.result_types = self.function_type()
+        op.loc = self.location()
+
 
 def generic_func(reader: Reader, op: Op) -> Func:
     """A `"func.func"() <{function_type = ..., sym_name = ...}> ({...})` op as a Func."""
@@ -940,6 +977,7 @@ PRETTY_RULES = {
     "stablehlo.reduce": Reader.pretty_reduce,
     "stablehlo.while": Reader.pretty_while,
     "stablehlo.convolution": Reader.pretty_convolution,
+    "sdy.manual_computation": Reader.pretty_manual_computation,
 }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xlapy.errors import XlapyError
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Category, Opcode
 
@@ -39,9 +40,12 @@ class OpLabels:
     reducer: str | None = None  # "add", "max", ... for an all-reduce over contracted labels
     num_labels: int = 0
     sizes: dict[int, int] = field(default_factory=dict)
+    halos: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Windowed labels whose windows overlap: label -> (left, right), the rows each device
+    needs from its neighbours along the label (a halo exchange, see `_halo`)."""
 
 
-def _finish(instr: HloInstruction, operands, results, reducer=None) -> OpLabels:
+def _finish(instr: HloInstruction, operands, results, reducer=None, halos=None) -> OpLabels:
     sizes: dict[int, int] = {}
     shapes = [op.shape for op in instr.operands]
     result_shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
@@ -59,9 +63,16 @@ def _finish(instr: HloInstruction, operands, results, reducer=None) -> OpLabels:
             None,
             max(sizes, default=-1) + 1,
             {k: v for k, v in sizes.items() if k not in contracted},
+            halos or {},
         )
     return OpLabels(
-        tuple(operands), tuple(results), contracted, reducer, max(sizes, default=-1) + 1, sizes
+        tuple(operands),
+        tuple(results),
+        contracted,
+        reducer,
+        max(sizes, default=-1) + 1,
+        sizes,
+        halos or {},
     )
 
 
@@ -186,11 +197,60 @@ def _int_extremes(dtype, which: str) -> tuple[int, ...]:
     return (info.min,) if which == "-inf" else (info.max,)
 
 
+GATHER_AND_REDUCE = "gather-and-reduce"
+"""The reducer of a variadic reduce (argmax, argmin) over a cut dimension: each device
+reduces its piece, the partial results are all-gathered along a new dimension and reduced
+again with the same computation (XLA's way; an all-reduce carries one array only)."""
+
+
+def _variadic_identity(instr: HloInstruction) -> bool:
+    """Whether a variadic reduce may be completed by gathering and reducing its partial
+    results: its init values are scalar constants that its reducer leaves every probe
+    value unchanged with, on either side (reducing twice applies them twice). Probes:
+    random values of each operand's type, zero, and the init values themselves."""
+    from xlapy.passes.constant_folding import _FoldContext
+
+    n = len(instr.operands) // 2
+    inits = instr.operands[n:]
+    literals = [i.literal for i in inits if i.opcode is Opcode.CONSTANT]
+    if len(literals) != len(inits) or any(x is None for x in literals):
+        return False
+    init = [np.asarray(x.array) for x in literals if x is not None]
+    if any(a.shape != () for a in init):
+        return False
+    rng = np.random.default_rng(0)
+    probes = [[np.zeros((), a.dtype) for a in init], [a.copy() for a in init]]
+    for _ in range(6):
+        row = []
+        for a in init:
+            if a.dtype.kind in "iu":
+                row.append(np.asarray(rng.integers(0, 100), a.dtype))
+            elif a.dtype.kind == "b":
+                row.append(np.asarray(rng.integers(0, 2) == 1))
+            else:
+                row.append(np.asarray(rng.normal() * 10).astype(a.dtype))
+        probes.append(row)
+    ctx = _FoldContext()
+    comp = instr.attrs["to_apply"]
+    try:
+        for x in probes:
+            for args in ([*init, *x], [*x, *init]):
+                got = ctx.call(comp, args)
+                got = got if isinstance(got, tuple | list) else (got,)
+                if not all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, x)):
+                    return False
+    except (XlapyError, ArithmeticError, TypeError, ValueError):  # cannot tell: no
+        return False
+    return True
+
+
 def _reduce(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
     rank = instr.operand(0).shape.rank
     reduced = set(instr.attrs["dimensions"])
     reducer = _reducer_of(instr)
+    if reducer is None and n > 1 and _variadic_identity(instr):
+        reducer = GATHER_AND_REDUCE
     labels = tuple(i if (i not in reduced or reducer) else None for i in range(rank))
     out = tuple(labels[i] for i in range(rank) if i not in reduced)
     return _finish(instr, (labels,) * n + ((),) * n, (out,) * n, reducer)
@@ -216,14 +276,35 @@ def _tiles_exactly(window_dim, size: int) -> bool:
     return _trivial(window_dim) and size % window_dim.stride == 0
 
 
+def _halo(window_dim, size: int, out: int) -> tuple[int, int] | None:
+    """(left, right) for a window dimension whose windows overlap or are padded but whose
+    outputs still come in blocks aligned with the input's (size = stride x outputs, as in
+    SAME convolutions and pooling): cut both into g blocks, device i's outputs read its
+    own input block, the last `left` rows of its left neighbour's and the first `right`
+    of its right neighbour's (the global padding at the two ends). None otherwise."""
+    w = window_dim
+    if w.window_dilation != 1 or w.base_dilation != 1 or w.reversal or size != w.stride * out:
+        return None
+    left, right = w.pad_low, w.size - w.stride - w.pad_low
+    if left < 0 or right < 0:
+        return None
+    return left, right
+
+
 def _reduce_window(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
     window = instr.attrs["window"].dims
     dims = instr.operand(0).shape.dims
-    labels = tuple(
-        i if _tiles_exactly(w, d) else None for i, (w, d) in enumerate(zip(window, dims))
-    )
-    return _finish(instr, (labels,) * n + ((),) * n, (labels,) * n)
+    out_dims = (instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape).dims
+    labels: list[int | None] = []
+    halos = {}
+    for i, (w, d, o) in enumerate(zip(window, dims, out_dims, strict=True)):
+        halo = None if _tiles_exactly(w, d) else _halo(w, d, o)
+        labels.append(i if _tiles_exactly(w, d) or halo is not None else None)
+        if halo is not None and halo != (0, 0):
+            halos[i] = halo
+    t = tuple(labels)
+    return _finish(instr, (t,) * n + ((),) * n, (t,) * n, None, halos)
 
 
 def _select_and_scatter(instr: HloInstruction) -> OpLabels:
@@ -266,7 +347,8 @@ def _dot(instr: HloInstruction) -> OpLabels:
 
 def _convolution(instr: HloInstruction) -> OpLabels:
     """Batch and output features partition locally, input features by an all-reduce; a
-    spatial dimension only when its window is trivial (size 1, no stride, pad or dilation)."""
+    spatial dimension when its windows do not overlap, or with a halo exchange when they
+    do but its output blocks align with its input blocks (`_halo`)."""
     dl = instr.attrs["dim_labels"]
     window = instr.attrs.get("window")
     groups = instr.attrs.get("feature_group_count", 1)
@@ -279,17 +361,23 @@ def _convolution(instr: HloInstruction) -> OpLabels:
     if groups == 1 and batch_groups == 1:
         rhs[dl.kernel_output_feature] = out[dl.output_feature] = 1
         lhs[dl.input_feature] = rhs[dl.kernel_input_feature] = 2
+    halos = {}
     for s, (li, ki, oi) in enumerate(
         zip(dl.input_spatial, dl.kernel_spatial, dl.output_spatial, strict=True)
     ):
         w = window.dims[s] if window is not None else None
-        if (
-            w is not None
-            and _tiles_exactly(w, instr.operand(0).shape.dims[li])
-            and instr.operand(1).shape.dims[ki] == w.size
-        ):
+        if w is None or instr.operand(1).shape.dims[ki] != w.size:
+            continue
+        size = instr.operand(0).shape.dims[li]
+        if _tiles_exactly(w, size):
             lhs[li] = out[oi] = 3 + s
-    return _finish(instr, (tuple(lhs), tuple(rhs)), (tuple(out),), "add")
+            continue
+        halo = _halo(w, size, instr.shape.dims[oi])
+        if halo is not None:
+            lhs[li] = out[oi] = 3 + s
+            if halo != (0, 0):
+                halos[3 + s] = halo
+    return _finish(instr, (tuple(lhs), tuple(rhs)), (tuple(out),), "add", halos)
 
 
 def _gather(instr: HloInstruction) -> OpLabels:
@@ -320,7 +408,21 @@ def _gather(instr: HloInstruction) -> OpLabels:
         if d not in start_map and sizes[d] == operand.dims[d]:
             ops[d] = out[o] = label
             label += 1
-    return _finish(instr, (tuple(ops), tuple(idx)), (tuple(out),))
+    masked = None
+    if instr.shape.element_type.name != "pred":
+        for d in sorted(start_map):
+            if sizes[d] == 1 and d not in op_batch:
+                ops[d] = label  # contracted: see MASKED_GATHER
+                label += 1
+                masked = MASKED_GATHER
+    return _finish(instr, (tuple(ops), tuple(idx)), (tuple(out),), masked)
+
+
+MASKED_GATHER = "masked-gather"
+"""The reducer of a gather whose operand is cut along an indexed dimension it takes one
+row of (an embedding table cut by vocabulary, take_along_axis over cut classes): each
+device gathers from its rows with the indices moved to its offset, zeroes the rows it
+does not hold, and an all-reduce (add) completes the result (XLA's way)."""
 
 
 def _scatter(instr: HloInstruction) -> OpLabels:

@@ -65,10 +65,11 @@ from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import ProgramShape, Shape
 from xlapy.ir.sharding import HloSharding
+from xlapy.ir.types import PRED
 from xlapy.passes.hlo_edit import remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
-from xlapy.passes.spmd.labels import OpLabels, op_labels
+from xlapy.passes.spmd.labels import GATHER_AND_REDUCE, MASKED_GATHER, OpLabels, op_labels
 from xlapy.passes.spmd.tiling import Tiling, merge
 
 
@@ -139,7 +140,7 @@ class SpmdPartitioner(HloPass):
         self.report = PartitionReport()
 
     def run(self, module: HloModule) -> bool:
-        n = self.num_partitions or module.config.num_partitions
+        n = self.num_partitions or max(module.config.num_partitions, module.config.spmd_partitions)
         if n < 1:
             raise PartitionError(f"cannot partition for {n} devices")
         CallInliner().run(module)
@@ -195,10 +196,13 @@ _MANUAL_ENTRIES = ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape")
 
 def needs_partitioning(module: HloModule, num_partitions: int) -> bool:
     """Whether `module` is a global program to partition for `num_partitions` devices: it
-    is not partitioned yet (its header has no num_partitions) and its entry shards some
+    is not partitioned yet (its header has no num_partitions) and either says it is global
+    (ModuleConfig.spmd_partitions: a sharded StableHLO program) or its entry shards some
     value or opens a shard_map region."""
     if num_partitions <= 1 or module.config.num_partitions > 1 or module.entry is None:
         return False
+    if module.config.spmd_partitions > 1:
+        return True
     for instr in module.entry.instructions:
         s = instr.attrs.get("sharding")
         if isinstance(s, HloSharding) and any(
@@ -273,6 +277,9 @@ class _Partitioner:
         module.add_computation(comp, entry=True)
         cfg = module.config
         cfg.num_partitions = self.n
+        if cfg.frontend_attributes is not None:  # partitioned now: no longer asks to be
+            items = tuple(i for i in cfg.frontend_attributes.items if i[0] != "mhlo.num_partitions")
+            cfg.frontend_attributes = A.FrontendAttributes(items) if items else None
         if cfg.entry_computation_layout is not None:
             cfg.entry_computation_layout = ProgramShape(
                 tuple(p.shape for p in comp.parameters), comp.root_instruction().shape
@@ -846,6 +853,10 @@ class _Partitioner:
         wanted = self.wanted.get(id(instr))
         if wanted is not None and len(L.results) == 1:
             cands.append(_label_tiling(wanted, L.results[0], n_labels))
+        for t in list(cands):  # each also without its halo cuts (it may merge better)
+            halos = [x for x in L.halos if t.tiles[x] > 1]
+            if halos:
+                cands.append(t.with_axes_whole(halos))
         base = list(cands)
         for a in range(len(base)):
             for b in range(len(base)):
@@ -859,6 +870,7 @@ class _Partitioner:
                                 if m2 is not None:
                                     cands.append(m2)
         cands.append(Tiling.replicated(n_labels, self.n))
+        cands = [self._halo_reach(L, c) for c in cands]
         best: tuple | None = None
         for order, cand in enumerate(cands):
             if not self._fits(instr, L, cand):
@@ -883,15 +895,36 @@ class _Partitioner:
                 return False
         return True
 
+    @staticmethod
+    def _halo_reach(L: OpLabels, cand: Tiling) -> Tiling:
+        """`cand` with the windowed labels whose halo would reach past the nearest
+        neighbour's block (a window wider than a device's block: a cumulative sum) whole."""
+        far = [
+            x
+            for x, (left, right) in L.halos.items()
+            if cand.tiles[x] > 1 and max(left, right) > L.sizes[x] // cand.tiles[x]
+        ]
+        return cand.with_axes_whole(far) if far else cand
+
     def _cost(self, instr, operands, L: OpLabels, cand: Tiling, wanted) -> float:
         cost = 0.0
+        for label, (left, right) in L.halos.items():  # the rows each device receives
+            if cand.tiles[label] > 1:
+                for dims, o in zip(L.operands, instr.operands, strict=True):
+                    if label in dims:
+                        local = o.shape.byte_size / math.prod(cand.project(dims).tiles)
+                        cost += local * (left + right) / (L.sizes[label] // cand.tiles[label])
         for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
             if isinstance(v.tiling, Tiling):
                 cost += _gather_bytes(v.tiling, cand.project(dims), o.shape)
         cut = [x for x in L.contracted if cand.tiles[x] > 1]
         out_shape = instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape
         out_t = cand.project(L.results[0])
-        if cut:
+        if cut and L.reducer == GATHER_AND_REDUCE:  # (g-1) partials of each result
+            g = math.prod(cand.tiles[x] for x in cut)
+            for s in instr.shape.tuple_shapes:
+                cost += (g - 1) * s.byte_size / math.prod(out_t.tiles)
+        elif cut:
             g = math.prod(cand.tiles[x] for x in cut)
             local = out_shape.byte_size / math.prod(out_t.tiles)
             cost += 2 * (g - 1) / g * local
@@ -905,6 +938,10 @@ class _Partitioner:
         new_ops = []
         for v, dims, o in zip(operands, L.operands, instr.operands, strict=True):
             new_ops.append(self.as_tiling(v, cand.project(dims), o.shape))
+        attrs_window = None
+        cut_halos = {x: h for x, h in L.halos.items() if cand.tiles[x] > 1}
+        if cut_halos:
+            new_ops, attrs_window = self.exchange_halos(instr, new_ops, L, cand, cut_halos)
         results = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
         out_tilings = [cand.project(d) for d in L.results]
         local_results = [
@@ -912,11 +949,22 @@ class _Partitioner:
         ]
         shape = Shape.tuple(local_results) if instr.shape.is_tuple else local_results[0]
         attrs = _local_attrs(instr, new_ops, shape)
-        new = self.clone(instr, new_ops, shape, attrs)
+        if attrs_window is not None:
+            attrs["window"] = attrs_window
+        cut = [x for x in L.contracted if cand.tiles[x] > 1]
+        if cut and L.reducer == MASKED_GATHER:
+            new = self.masked_gather(instr, new_ops, L, cand, shape, attrs)
+        else:
+            new = self.clone(instr, new_ops, shape, attrs)
         key = instr.opcode.text
         self.report.native[key] = self.report.native.get(key, 0) + 1
         cut = [x for x in L.contracted if cand.tiles[x] > 1]
-        if cut:
+        if cut and L.reducer == GATHER_AND_REDUCE:
+            groups = cand.groups(cut)
+            cand_out = cand.with_axes_whole(cut)
+            new = self.gather_and_reduce(instr, new, groups)
+            out_tilings = [cand_out.project(d) for d in L.results]
+        elif cut:
             reducer = (
                 instr.attrs["to_apply"]
                 if instr.opcode is Opcode.REDUCE
@@ -938,6 +986,188 @@ class _Partitioner:
         if instr.shape.is_tuple:
             return Local(new, tuple(out_tilings))
         return Local(new, out_tilings[0])
+
+    def exchange_halos(self, instr, new_ops, L: OpLabels, cand: Tiling, halos):
+        """Windowed op with overlapping windows along cut labels (labels._halo): each data
+        operand's local block gets the `left` last rows of its left neighbour's block and
+        the `right` first rows of its right neighbour's (collective-permutes along the
+        label's device groups); at the ends of the global array, where the neighbour is
+        missing, the rows are the op's padding value (zero for a convolution, the init
+        value for a reduce-window). The window's padding along those dimensions becomes
+        0: the halo holds it. Returns the new operands and window."""
+        window = list(instr.attrs["window"].dims)
+        conv = instr.opcode is Opcode.CONVOLUTION
+        n_data = 1 if conv else len(instr.operands) // 2
+        ops = list(new_ops)
+        for x, (left, right) in halos.items():
+            groups = cand.groups([x])
+            coord = [c[x] for c in cand.coords]
+            last = cand.tiles[x] - 1
+            for i in range(n_data):
+                dim = L.operands[i].index(x)
+                pad = None if conv else new_ops[n_data + i]
+                value = ops[i]
+                n = value.shape.dims[dim]
+                parts = []
+                if left:
+                    rows = self._rows(value, dim, n - left, n)
+                    pairs = [(g[j], g[j + 1]) for g in groups for j in range(len(g) - 1)]
+                    got = self._permute(rows, pairs)
+                    parts.append(self._edge(got, pad, [c == 0 for c in coord]))
+                parts.append(value)
+                if right:
+                    rows = self._rows(value, dim, 0, right)
+                    pairs = [(g[j + 1], g[j]) for g in groups for j in range(len(g) - 1)]
+                    got = self._permute(rows, pairs)
+                    parts.append(self._edge(got, pad, [c == last for c in coord]))
+                dims = list(value.shape.dims)
+                dims[dim] = n + left + right
+                ops[i] = self.emit(
+                    Opcode.CONCATENATE,
+                    _resized(value.shape, tuple(dims)),
+                    parts,
+                    {"dimensions": (dim,)},
+                )
+            w = L.operands[0].index(x)
+            s = instr.attrs["dim_labels"].input_spatial.index(w) if conv else w
+            window[s] = A.WindowDim(**{**_fields(window[s]), "pad_low": 0, "pad_high": 0})
+        return ops, A.Window(tuple(window))
+
+    def _rows(self, value, dim: int, start: int, stop: int) -> HloInstruction:
+        spec = [(0, n, 1) for n in value.shape.dims]
+        spec[dim] = (start, stop, 1)
+        dims = tuple(e - b for b, e, _ in spec)
+        return self.emit(
+            Opcode.SLICE, _resized(value.shape, dims), [value], {"slice": A.SliceSpec(tuple(spec))}
+        )
+
+    def _permute(self, value, pairs) -> HloInstruction:
+        self.count("collective-permute")
+        return self.emit(
+            Opcode.COLLECTIVE_PERMUTE,
+            value.shape,
+            [value],
+            {"channel_id": self.next_channel(), "source_target_pairs": tuple(pairs)},
+        )
+
+    def _edge(self, rows, pad, at_edge: list[bool]) -> HloInstruction:
+        """`rows` received from a neighbour, with the padding value `pad` (a scalar
+        instruction; None: zero, what a device nobody sends to receives) on the devices
+        at the edge."""
+        if pad is None or not any(at_edge):
+            return rows
+        flag = self.offset([int(e) for e in at_edge])
+        one = self.constant(np.array(1, np.int32))
+        edge = self.emit(Opcode.COMPARE, Shape.scalar(PRED), [flag, one], {"direction": "EQ"})
+        edge = self.emit(
+            Opcode.BROADCAST, rows.shape.with_element_type(PRED), [edge], {"dimensions": ()}
+        )
+        fill = self.emit(Opcode.BROADCAST, rows.shape, [pad], {"dimensions": ()})
+        return self.emit(Opcode.SELECT, rows.shape, [edge, fill, rows])
+
+    def masked_gather(self, instr, new_ops, L: OpLabels, cand: Tiling, shape, attrs):
+        """This device's share of a gather from an operand cut along indexed dimensions
+        (labels.MASKED_GATHER): each cut component of the indices is clamped to the
+        global range (as the global gather clamps), moved to this device's offset, the
+        gather runs on the local rows, and the rows whose index this device does not
+        hold are zeroed. An all-reduce (add) over the cut devices completes it."""
+        operand, indices = new_ops
+        a = instr.attrs
+        ivd = a["index_vector_dim"]
+        start_map = list(a["start_index_map"])
+        dims = indices.shape.dims
+        itype = indices.shape.element_type
+        glob = instr.operand(0).shape.dims
+        if ivd == len(dims):
+            pieces = [indices]  # one component: the indices themselves
+        else:
+            pieces = []
+            for k in range(dims[ivd]):
+                spec = [(0, n, 1) for n in dims]
+                spec[ivd] = (k, k + 1, 1)
+                part = _resized(
+                    indices.shape, tuple(1 if i == ivd else n for i, n in enumerate(dims))
+                )
+                pieces.append(
+                    self.emit(Opcode.SLICE, part, [indices], {"slice": A.SliceSpec(tuple(spec))})
+                )
+        part_shape = pieces[0].shape
+        preds = part_shape.with_element_type(PRED)
+
+        def splat(value, like: Shape) -> HloInstruction:
+            c = self.constant(np.array(value, like.element_type.dtype))
+            return self.emit(Opcode.BROADCAST, like, [c], {"dimensions": ()})
+
+        mask = None
+        for x in [x for x in L.contracted if cand.tiles[x] > 1]:
+            d = L.operands[0].index(x)
+            k = start_map.index(d)
+            lo, hi = splat(0, part_shape), splat(glob[d] - 1, part_shape)
+            clamped = self.emit(Opcode.CLAMP, part_shape, [lo, pieces[k], hi])
+            off = self.emit(
+                Opcode.CONVERT, Shape.scalar(itype), [self.offset(cand.offsets(x, glob[d]))]
+            )
+            off = self.emit(Opcode.BROADCAST, part_shape, [off], {"dimensions": ()})
+            pieces[k] = self.emit(Opcode.SUBTRACT, part_shape, [clamped, off])
+            ge = self.emit(Opcode.COMPARE, preds, [pieces[k], lo], {"direction": "GE"})
+            n = splat(operand.shape.dims[d], part_shape)
+            lt = self.emit(Opcode.COMPARE, preds, [pieces[k], n], {"direction": "LT"})
+            held = self.emit(Opcode.AND, preds, [ge, lt])
+            mask = held if mask is None else self.emit(Opcode.AND, preds, [mask, held])
+        assert mask is not None
+        if ivd == len(dims):
+            moved = pieces[0]
+        else:
+            moved = self.emit(Opcode.CONCATENATE, indices.shape, pieces, {"dimensions": (ivd,)})
+        gathered = self.clone(instr, [operand, moved], shape, attrs)
+        batch = tuple(n for i, n in enumerate(part_shape.dims) if i != ivd)
+        mask = self.emit(Opcode.RESHAPE, _resized(preds, batch), [mask])
+        batch_out = tuple(o for o in range(shape.rank) if o not in a["offset_dims"])
+        mask = self.emit(
+            Opcode.BROADCAST, shape.with_element_type(PRED), [mask], {"dimensions": batch_out}
+        )
+        return self.emit(Opcode.SELECT, shape, [mask, gathered, splat(0, shape)])
+
+    def gather_and_reduce(self, instr: HloInstruction, partial, groups) -> HloInstruction:
+        """Complete a variadic reduce whose reduced dimensions are cut: every partial
+        result gains a trailing dimension, is all-gathered along it over `groups`, and
+        the gathered partials are reduced over it again with the same computation and
+        init values (`_variadic_identity` made sure applying them twice is harmless)."""
+        g = len(groups[0])
+        n = len(instr.operands) // 2
+        parts = (
+            [partial]
+            if not partial.shape.is_tuple
+            else [
+                self.emit(Opcode.GET_TUPLE_ELEMENT, s, [partial], {"index": k})
+                for k, s in enumerate(partial.shape.tuple_shapes)
+            ]
+        )
+        gathered = []
+        for part in parts:
+            rank = part.shape.rank
+            column = self.emit(Opcode.RESHAPE, _resized(part.shape, (*part.shape.dims, 1)), [part])
+            self.count("all-gather")
+            gathered.append(
+                self.emit(
+                    Opcode.ALL_GATHER,
+                    _resized(part.shape, (*part.shape.dims, g)),
+                    [column],
+                    {
+                        "channel_id": self.next_channel(),
+                        "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
+                        "dimensions": (rank,),
+                        "use_global_device_ids": True,
+                    },
+                )
+            )
+        inits = [self.values[id(o)].instr for o in instr.operands[n:]]
+        return self.emit(
+            Opcode.REDUCE,
+            partial.shape,
+            [*gathered, *inits],
+            {"dimensions": (parts[0].shape.rank,), "to_apply": instr.attrs["to_apply"]},
+        )
 
     def _scatter_target(self, out: Tiling, groups, wanted: Tiling, local: Shape):
         """(j, tiling) when reduce-scattering the partial result along dimension j over
@@ -1039,6 +1269,10 @@ def _resized(shape: Shape, dims) -> Shape:
     if shape.layout is not None and len(dims) == shape.rank:
         out = out.with_layout(shape.layout)
     return out
+
+
+def _fields(w: A.WindowDim) -> dict:
+    return {f: getattr(w, f) for f in w.__dataclass_fields__}
 
 
 def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
