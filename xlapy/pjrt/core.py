@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,20 @@ KEEP: list[Any] = []
 _LOCK = threading.Lock()
 TRACE = os.environ.get("XLAPY_PJRT_TRACE") == "1"
 """Print every PJRT call (and the errors returned) on stdout."""
+PROFILE = os.environ.get("XLAPY_PJRT_PROFILE") == "1"
+"""Count the calls of each PJRT function and the time spent in them (see `profile`)."""
+COUNTERS: dict[str, list[float]] = {}
+"""PJRT function name -> [calls, seconds inside], kept while PROFILE or TRACE is on."""
+
+
+def profile(reset: bool = False) -> dict[str, tuple[int, float]]:
+    """Per PJRT function: (calls, seconds spent inside xlapy), counted since the process
+    started or the last reset; empty unless XLAPY_PJRT_PROFILE=1 (or XLAPY_PJRT_TRACE=1)
+    was set when xlapy.pjrt was imported (off, the calls are not timed at all)."""
+    counts = {name: (int(c[0]), c[1]) for name, c in COUNTERS.items()}
+    if reset:
+        COUNTERS.clear()
+    return counts
 
 
 class PjrtError(XlapyError):
@@ -174,17 +189,30 @@ def export(name: str, args_type: str | None = None) -> Callable:
         ctype = args_type or f"PJRT_{name}_Args"
 
         def entry(args):
+            try:
+                fn(args)
+            except BaseException as exc:
+                return error_of(exc)
+            return ffi.NULL
+
+        def traced(args):
             if TRACE:
                 print(f"xlapy pjrt: PJRT_{name}", flush=True)
+            start = time.perf_counter()
             try:
                 fn(args)
             except BaseException as exc:
                 if TRACE:
                     print(f"xlapy pjrt: PJRT_{name} failed: {exc!r}", flush=True)
                 return error_of(exc)
+            finally:
+                counter = COUNTERS.setdefault(name, [0, 0.0])
+                counter[0] += 1
+                counter[1] += time.perf_counter() - start
             return ffi.NULL
 
-        IMPLS[name] = ffi.callback(f"PJRT_Error *({ctype} *)", entry)
+        chosen = traced if TRACE or PROFILE else entry
+        IMPLS[name] = ffi.callback(f"PJRT_Error *({ctype} *)", chosen)
         return fn
 
     return deco
