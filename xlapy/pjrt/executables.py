@@ -15,6 +15,8 @@ from xlapy.pjrt.core import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
     KEEP,
+    NOT_FOUND,
+    OBJECTS,
     UNIMPLEMENTED,
     PEvent,
     PjrtError,
@@ -437,3 +439,43 @@ def _execute_context_create(args):
 @export("ExecuteContext_Destroy")
 def _execute_context_destroy(args):
     forget(args.context)
+
+
+# -- for users: the xlapy program behind a JAX executable -------------------------------------
+def executable_of(compiled: Any) -> LoadedExecutable:
+    """The xlapy LoadedExecutable behind a JAX executable compiled for the "xlapy" platform
+    (`jax.jit(f).lower(...).compile()`, or its `runtime_executable()`), found by its
+    fingerprint. PjrtError (NOT_FOUND) when xlapy's plugin did not compile it."""
+    runtime = compiled.runtime_executable() if hasattr(compiled, "runtime_executable") else compiled
+    fingerprint = getattr(runtime, "fingerprint", None)
+    if isinstance(fingerprint, bytes):
+        fingerprint = fingerprint.decode(errors="replace")
+    for obj in list(OBJECTS.values()):
+        if isinstance(obj, PExecutable) and obj.info.executable.fingerprint == fingerprint:
+            return obj.info.executable
+    raise PjrtError(
+        NOT_FOUND,
+        f"{type(compiled).__name__} (fingerprint {fingerprint!r}) was not compiled by xlapy's "
+        "PJRT plugin: compile it for a device of the 'xlapy' platform",
+    )
+
+
+def memory_report(compiled: Any, top: int = 10) -> str:
+    """xlapy's memory report of the program behind a JAX executable (see `executable_of`):
+    the figures of its buffer assignment (the ones `compiled.memory_analysis()` reports,
+    and the peak) and the `top` buffers live at the peak with the instructions that made
+    them. `xlapy memory` on `executable_of(compiled).hlo_text()` prints the full report."""
+    import importlib
+
+    from xlapy.ir.parser import parse_module
+    from xlapy.memory import report
+    from xlapy.memory.buffer_assignment import assign_buffers
+    from xlapy.passes.pass_base import PASSES
+
+    # the steps of the runtime's memory_stats, so that the figures are the same
+    module = parse_module(executable_of(compiled).module.to_text())
+    for name in ("flatten-call-graph", "copy-insertion"):
+        importlib.import_module(f"xlapy.passes.{name.replace('-', '_')}")  # registers it
+        PASSES[name]().run(module)
+    assignment = assign_buffers(module)
+    return report.stats_text(assignment) + "\n" + report.peak_text(assignment, top)
