@@ -18,6 +18,7 @@ buffers live at the peak and the instructions that made them).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -41,10 +42,10 @@ BATCH = 256
 
 def init_params(key, sizes=SIZES):
     params = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         key, sub = jax.random.split(key)
-        scale = jnp.sqrt(2.0 / fan_in)
-        params.append({"w": jax.random.normal(sub, (fan_in, fan_out)) * scale, "b": jnp.zeros(fan_out)})
+        w = jax.random.normal(sub, (fan_in, fan_out)) * jnp.sqrt(2.0 / fan_in)
+        params.append({"w": w, "b": jnp.zeros(fan_out)})
     return params
 
 
