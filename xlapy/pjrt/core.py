@@ -30,6 +30,7 @@ from xlapy.runtime import (
     DonationError,
     Future,
 )
+from xlapy.runtime.futures import COMPLETED
 
 PLATFORM_NAME = "xlapy"
 
@@ -287,14 +288,29 @@ class PEvent:
     def ptr(self):
         return self.c
 
+    @staticmethod
+    def of(future: Future):
+        """The handle of an event for `future`: the one shared completed event (never
+        destroyed; `completed` set, so the native fast paths answer for it) when the
+        future is the runtime's COMPLETED one, else a new event."""
+        if future is COMPLETED:
+            return COMPLETED_EVENT.c
+        return PEvent(future).c
+
 
 def event_error(future: Future):
     error = future.exception()
     return ffi.NULL if error is None else error_of(error)
 
 
+COMPLETED_EVENT = PEvent(COMPLETED)
+COMPLETED_EVENT.c.completed = 1
+
+
 @export("Event_Destroy")
 def _event_destroy(args):
+    if args.event != ffi.NULL and args.event.completed:
+        return  # the shared completed event lives as long as the process
     forget(args.event)
 
 
