@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -340,8 +341,13 @@ def _event_on_ready(args):
     future = lookup(args.event, "event").future
     callback, user_arg = args.callback, args.user_arg
 
-    def on_done(fut: Future) -> None:
-        callback(event_error(fut), user_arg)
+    def on_done(fut: Future, finalizing=sys.is_finalizing, null=ffi.NULL) -> None:
+        # at interpreter exit (a zero-copy host buffer's memory let go while the modules
+        # are torn down) JAX's side is gone too: nobody is left to tell
+        if finalizing():
+            return
+        error = fut.exception()
+        callback(null if error is None else error_of(error), user_arg)
 
     future.add_done_callback(on_done)
 
