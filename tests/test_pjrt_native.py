@@ -171,3 +171,19 @@ def test_without_native_code_jax_gets_the_same_answers():
     assert "[0.0, 2.0, 4.0, 6.0, 8.0, 10.0] True {XlapyDevice(id=0)}" in done.stdout or (
         "[0.0, 2.0, 4.0, 6.0, 8.0, 10.0] True" in done.stdout
     )
+
+
+def test_memory_user_data_is_found_for_every_key_set():
+    from xlapy.pjrt.client import PMemory
+
+    memory = live(PMemory)[0]
+    table = memory.c.vtable
+    keys = [ffi.new("int *") for _ in range(6)]  # more keys than the native slots
+    values = [ffi.cast("void *", 1000 + i) for i in range(6)]
+    for key, value in zip(keys, values):
+        table.set_user_data(memory.c, key, value, ffi.NULL)
+    for key, value in zip(keys, values):
+        assert table.get_user_data(memory.c, key) == value
+    table.set_user_data(memory.c, keys[0], ffi.cast("void *", 7), ffi.NULL)  # replaced
+    assert table.get_user_data(memory.c, keys[0]) == ffi.cast("void *", 7)
+    assert table.get_user_data(memory.c, ffi.new("int *")) == ffi.NULL  # never set

@@ -119,7 +119,7 @@ typedef struct {
   void (*set_user_data)(PJRT_Memory* memory, const void* key, void* data, void (*dtor)(void*));
 } PJRT_Memory_FunctionTable;
 struct PJRT_Memory { const PJRT_Memory_FunctionTable* vtable; int64_t index;
-  const char* kind; size_t kind_size; const void* user_key; void* user_data; };
+  const char* kind; size_t kind_size; const void* user_keys[4]; void* user_data[4]; };
 
 /* Serialized bytes handed out, freed by the caller through a deleter. */
 typedef struct { int64_t index; } XlapyHandle;

@@ -84,6 +84,9 @@ class PMemory:
         return self.c
 
 
+USER_DATA_SLOTS = 4
+
+
 @ffi.callback("void *(PJRT_Memory *, const void *)")
 def _mem_get_user_data(memory, key):
     obj = OBJECTS.get(memory.index)
@@ -101,7 +104,12 @@ def _mem_set_user_data(memory, key, data, dtor):
         if old is not None and old[1] != ffi.NULL:
             old[1](old[0])
         obj.user_data[address(key)] = (data, dtor)
-        memory.user_key, memory.user_data = key, data  # what the native lookup answers
+        # what the native lookup answers: up to USER_DATA_SLOTS keys (jaxlib uses two)
+        keys = [address(memory.user_keys[i]) for i in range(USER_DATA_SLOTS)]
+        slot = keys.index(address(key)) if address(key) in keys else None
+        if slot is None:
+            slot = keys.index(0) if 0 in keys else 0
+        memory.user_keys[slot], memory.user_data[slot] = key, data
 
 
 _MEMORY_TABLE = ffi.new("PJRT_Memory_FunctionTable *")

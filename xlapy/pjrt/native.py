@@ -178,36 +178,42 @@ def _event_ir(name: str, fallback: int) -> str:
     return "\n".join(lines)
 
 
-def _user_data_ir(fallback: int) -> str:
-    """PJRT_Memory's get_user_data: the last (key, data) set is kept in the handle."""
-    key = _offset("PJRT_Memory", "user_key")
+def _user_data_ir(fallback: int, slots: int = 4) -> str:
+    """PJRT_Memory's get_user_data: the (key, data) pairs set last are kept in the handle
+    (`slots` of them), looked up in order; any other key asks Python."""
+    keys = _offset("PJRT_Memory", "user_keys")
     data = _offset("PJRT_Memory", "user_data")
-    return "\n".join(
-        [
-            "define i8* @Memory_GetUserData(i8* %m, i8* %key) {",
-            "entry:",
-            "  %isnull = icmp eq i8* %m, null",
-            "  br i1 %isnull, label %slow, label %check",
-            "check:",
-            f"  %kp = getelementptr i8, i8* %m, i64 {key}",
-            "  %kpp = bitcast i8* %kp to i8**",
-            "  %k = load i8*, i8** %kpp",
-            "  %same = icmp eq i8* %k, %key",
-            "  %set = icmp ne i8* %k, null",
-            "  %hit = and i1 %same, %set",
-            "  br i1 %hit, label %fast, label %slow",
-            "fast:",
-            f"  %dp = getelementptr i8, i8* %m, i64 {data}",
-            "  %dpp = bitcast i8* %dp to i8**",
-            "  %d = load i8*, i8** %dpp",
-            "  ret i8* %d",
-            "slow:",
-            f"  %py = inttoptr i64 {fallback} to i8* (i8*, i8*)*",
-            "  %r = tail call i8* %py(i8* %m, i8* %key)",
-            "  ret i8* %r",
-            "}",
+    lines = [
+        "define i8* @Memory_GetUserData(i8* %m, i8* %key) {",
+        "entry:",
+        "  %isnull = icmp eq i8* %m, null",
+        "  %nokey = icmp eq i8* %key, null",
+        "  %skip = or i1 %isnull, %nokey",
+        "  br i1 %skip, label %slow, label %try0",
+    ]
+    for i in range(slots):
+        miss = f"try{i + 1}" if i + 1 < slots else "slow"
+        lines += [
+            f"try{i}:",
+            f"  %kp{i} = getelementptr i8, i8* %m, i64 {keys + 8 * i}",
+            f"  %kpp{i} = bitcast i8* %kp{i} to i8**",
+            f"  %k{i} = load i8*, i8** %kpp{i}",
+            f"  %hit{i} = icmp eq i8* %k{i}, %key",
+            f"  br i1 %hit{i}, label %found{i}, label %{miss}",
+            f"found{i}:",
+            f"  %dp{i} = getelementptr i8, i8* %m, i64 {data + 8 * i}",
+            f"  %dpp{i} = bitcast i8* %dp{i} to i8**",
+            f"  %d{i} = load i8*, i8** %dpp{i}",
+            f"  ret i8* %d{i}",
         ]
-    )
+    lines += [
+        "slow:",
+        f"  %py = inttoptr i64 {fallback} to i8* (i8*, i8*)*",
+        "  %r = tail call i8* %py(i8* %m, i8* %key)",
+        "  ret i8* %r",
+        "}",
+    ]
+    return "\n".join(lines)
 
 
 _ENGINE: Any = None
