@@ -54,9 +54,12 @@ def runtime_buffer(array):
     pointer = array.unsafe_buffer_pointer()
     for obj in list(core.OBJECTS.values()):
         buffer = obj.buffer if isinstance(obj, PBuffer) else None
-        if buffer is not None and not buffer.is_deleted:
-            if buffer.unsafe_buffer_pointer() == pointer:
-                return buffer
+        if (
+            buffer is not None
+            and not buffer.is_deleted
+            and (buffer.unsafe_buffer_pointer() == pointer)
+        ):
+            return buffer
     raise LookupError("no xlapy buffer behind this array")
 
 
