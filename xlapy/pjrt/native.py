@@ -104,12 +104,12 @@ def _getter_ir(name: str, g: Getter, fallback: int) -> str:
     lines.append("  br i1 %isnull, label %slow, label %check")
     lines.append("check:")
     if g.guard is not None:
-        size = _int(_size(g.handle_type, g.guard))
+        guard_t = _int(_size(g.handle_type, g.guard))
         lines += [
             f"  %gp = getelementptr i8, i8* %h, i64 {_offset(g.handle_type, g.guard)}",
-            f"  %gpp = bitcast i8* %gp to {size}*",
-            f"  %gv = load {size}, {size}* %gpp",
-            f"  %gzero = icmp eq {size} %gv, 0",
+            f"  %gpp = bitcast i8* %gp to {guard_t}*",
+            f"  %gv = load {guard_t}, {guard_t}* %gpp",
+            f"  %gzero = icmp eq {guard_t} %gv, 0",
             "  br i1 %gzero, label %slow, label %fast",
         ]
     else:
