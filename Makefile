@@ -1,4 +1,4 @@
-# xlapy — quick start: `make demo` (the main job) and `make test` (the tests).
+# xlapy — quick start: `make demo` (JAX on xlapy, the main job) and `make test` (the tests).
 # Each target creates .venv and installs what it needs by itself.
 
 PYTHON ?= python3
@@ -6,9 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 TEST_STAMP := $(VENV)/.test-installed
+DEMO_STAMP := $(VENV)/.demo-installed
 LINT_PATHS := xlapy tests examples benchmarks
 
-.PHONY: demo test lint format coverage-ops loc clean
+.PHONY: demo demo-hlo test lint format coverage-ops loc clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "xlapy needs Python 3.11+"'
@@ -23,7 +24,17 @@ $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e ".[test,mpi]"
 	touch $@ $(RUNTIME_STAMP)
 
-demo: $(RUNTIME_STAMP)
+# The demo is plain JAX on the `xlapy` platform: it needs the jax/jaxlib the plugin is
+# built for (the `jax` extra pins them).
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q -e ".[jax]"
+	touch $@ $(RUNTIME_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(PY) examples/jax_on_xlapy.py
+
+# The earlier demo: the HLO of a training step exported from JAX, run by xlapy directly.
+demo-hlo: $(RUNTIME_STAMP)
 	$(PY) examples/train_mlp.py
 
 lint: $(TEST_STAMP)

@@ -81,6 +81,27 @@ def test_default_platform_and_clean_exit_with_live_buffers():
     assert "sum 1498500.0" in done.stdout
     assert "spmd [0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0] P('x',)" in done.stdout
     assert "shards [(4,), (4,)]" in done.stdout
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
+
+
+def test_exit_with_zero_copy_host_buffers_alive_is_silent():
+    """A zero-copy buffer lets go of the caller's memory when the interpreter tears down;
+    telling JAX then (its side is gone) printed 'Exception ignored' at every exit."""
+    done = run_python(
+        """
+        import numpy as np
+        import xlapy.pjrt
+        xlapy.pjrt.initialize()
+        import jax
+        host = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+        x = jax.device_put(host, jax.devices("xlapy")[0])
+        y = jax.jit(lambda a: a @ a)(x)
+        print("ok", float(np.asarray(y).sum()) != 0.0)
+        """,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok True" in done.stdout
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_unsupported_jaxlib_gets_a_message(monkeypatch):

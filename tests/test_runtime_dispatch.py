@@ -74,6 +74,30 @@ def test_a_slow_program_never_runs_inline(x, monkeypatch):
     client.close()
 
 
+def test_preempted_cheap_runs_stay_inline_and_waiting_runs_count_as_slow(x):
+    """A run's wall time counts the OS giving the core away (whole scheduler ticks on a
+    loaded machine); its CPU time does not. A cheap program preempted during a run keeps
+    running inline; one that waits long (a blocking target) still counts as slow."""
+    from xlapy.runtime import execution
+
+    client, calls, _, _ = _tracing_client()
+    program = _program(client, "a")
+    for _ in range(2):
+        [out] = program.execute([[client.buffer_from_pyval(x)]])[0]
+        out.block_until_ready()
+    signature = program._signature
+    assert execution._is_cheap(signature)
+    execution._record_run(signature, 0.027, 2e-5)  # 27 ms wall, 20 us of CPU: preempted
+    assert execution._is_cheap(signature) and signature.streak_needed == 1
+    [out] = program.execute([[client.buffer_from_pyval(x)]])[0]
+    assert calls[-1] == ("a", threading.current_thread())  # still inline
+    execution._record_run(signature, execution.INLINE_MAX_WALL_SECONDS, 1e-5)  # it waited
+    assert not execution._is_cheap(signature) and signature.streak_needed > 1
+    execution._record_run(signature, 0.006, execution.INLINE_MAX_SECONDS)  # it computed
+    assert signature.cheap_streak == 0
+    client.close()
+
+
 def test_inline_execution_off_runs_on_the_worker(x):
     client, calls, _, _ = _tracing_client(inline=False)
     [out] = _program(client, "a").execute([[client.buffer_from_pyval(x)]])[0]

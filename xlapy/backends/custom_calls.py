@@ -80,6 +80,7 @@ from pathlib import Path
 import numpy as np
 
 from xlapy.backends import ffi
+from xlapy.backends.xla_ffi import CHandler
 from xlapy.errors import CustomCallError
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
@@ -417,7 +418,7 @@ def _pointer_table(pointers: list, keep: list):
 
 
 def _infer_version(fn) -> ApiVersion:
-    if isinstance(fn, ffi.FfiHandler):
+    if isinstance(fn, ffi.FfiHandler | CHandler):
         return ApiVersion.TYPED_FFI
     if isinstance(fn, int | CFuncPtr) or type(fn).__module__ == "_cffi_backend":
         return ApiVersion.ORIGINAL
@@ -436,9 +437,10 @@ def make_target(
     what = f"custom-call target {name!r}"
     if version is ApiVersion.PYTHON and not callable(fn):
         raise CustomCallError(f"{what}: {fn!r} is not callable")
-    if version is ApiVersion.TYPED_FFI and not isinstance(fn, ffi.FfiHandler):
+    if version is ApiVersion.TYPED_FFI and not isinstance(fn, ffi.FfiHandler | CHandler):
         raise CustomCallError(
             f"{what}: API_VERSION_TYPED_FFI needs a handler made with xlapy.backends.ffi.handler"
+            " or a C handler of XLA's FFI (xlapy.backends.xla_ffi.CHandler)"
         )
     if version.is_c:
         address = function_address(fn, what)

@@ -36,6 +36,7 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -148,6 +149,15 @@ class FfiHandler:
         return self.fn(*args, **kwargs)
 
 
+class ForeignHandler(Protocol):
+    """A typed handler not written in Python (xla_ffi.CHandler: XLA's FFI C ABI): it checks
+    its own arguments and attributes when called."""
+
+    name: str
+
+    def call(self, instr, ins: Sequence, outs: list) -> None: ...
+
+
 def handler(
     args: Sequence[Buffer] = (),
     results: Sequence[Buffer] = (),
@@ -209,10 +219,20 @@ _ARRAY_DTYPES = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class TypedScalar:
+    """A scalar attribute with its MLIR type ("i64", "ui8", "f32", "i1", ...), as
+    `parse_attributes(text, typed=True)` gives it (C handlers need the type)."""
+
+    value: int | float | bool
+    type: str
+
+
 class _AttrParser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, typed: bool = False):
         self.tokens = self._tokenize(text)
         self.pos = 0
+        self.typed = typed
 
     @staticmethod
     def _tokenize(text: str) -> list[tuple[str, str]]:
@@ -281,23 +301,73 @@ class _AttrParser:
         if kind == "num":
             return self._typed_number(text)
         if text in ("true", "false"):
-            return text == "true"
+            return TypedScalar(text == "true", "i1") if self.typed else text == "true"
         if text == "unit":
             return True
         if text == "array":
             return self._array()
+        if text == "dense":
+            return self._dense()
         raise ValueError(f"unexpected {text!r}")
 
     def _typed_number(self, text: str):
         is_float = "x" not in text and re.search(r"[.eE]", text) is not None
         value = float(text) if is_float else int(text, 0)
         if self.peek()[1] != ":":
-            return value
+            return TypedScalar(value, "f64" if is_float else "i64") if self.typed else value
         self.take(":")
         mlir_type = self.take()
         if _INT_TYPES.match(mlir_type) or mlir_type == "index":
-            return int(value)
-        return float(value)
+            value = int(value)
+        else:
+            value = float(value)
+        return TypedScalar(value, mlir_type) if self.typed else value
+
+    def _dense(self) -> np.ndarray:
+        """`dense<[1, 2, 3]> : tensor<3xi64>` (or a splat `dense<0> : tensor<2x2xf32>`)."""
+        self.take("<")
+        values = self._dense_values() if self.peek()[1] == "[" else self._dense_scalar()
+        self.take(">")
+        self.take(":")
+        if self.take() != "tensor":
+            raise ValueError("expected a tensor type after a dense attribute")
+        self.take("<")
+        spelled = []
+        while self.peek()[1] != ">":
+            spelled.append(self.take())
+        self.take(">")
+        *dims, element = "".join(spelled).split("x")
+        scalar_type = _ARRAY_DTYPES.get(element.removeprefix("u").removeprefix("s"))
+        if scalar_type is None or not all(d.isdigit() for d in dims):
+            raise ValueError(f"unsupported dense attribute type tensor<{''.join(spelled)}>")
+        dtype = np.dtype(scalar_type)
+        if element.startswith("ui"):
+            dtype = np.dtype(dtype.str.replace("i", "u"))
+        shape = tuple(int(d) for d in dims)
+        if not isinstance(values, list):
+            return np.full(shape, values, dtype)
+        return np.array(values, dtype).reshape(shape)
+
+    def _dense_values(self) -> list:
+        self.take("[")
+        items: list = []
+        while self.peek()[1] != "]":
+            items.append(self._dense_values() if self.peek()[1] == "[" else self._dense_scalar())
+            if self.peek()[1] != ",":
+                break
+            self.take(",")
+        self.take("]")
+        return items
+
+    def _dense_scalar(self) -> int | float | bool:
+        kind, text = self.peek()
+        self.take()
+        if text in ("true", "false"):
+            return text == "true"
+        if kind != "num":
+            raise ValueError(f"expected a number in a dense attribute, found {text!r}")
+        is_float = "x" not in text and re.search(r"[.eE]", text) is not None
+        return float(text) if is_float else int(text, 0)
 
     def _array(self) -> np.ndarray:
         self.take("<")
@@ -326,22 +396,23 @@ def _unquote(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=512)
-def _parse_cached(text: str) -> tuple[tuple[str, object], ...]:
-    parser = _AttrParser(text)
+def _parse_cached(text: str, typed: bool = False) -> tuple[tuple[str, object], ...]:
+    parser = _AttrParser(text, typed)
     result = parser.dictionary()
     if parser.peek()[0] != "end":
         raise ValueError(f"unexpected {parser.peek()[1]!r} after the dictionary")
     return tuple(result.items())
 
 
-def parse_attributes(text: str) -> dict:
+def parse_attributes(text: str, typed: bool = False) -> dict:
     """Decode a backend_config attribute dictionary (`{n = 10 : i64, ...}`) into Python
-    values: int, float, bool, str, np.ndarray (from `array<...>`), list and dict. An empty
-    text is an empty dictionary. Raises ValueError on malformed text."""
+    values: int, float, bool, str, np.ndarray (from `array<...>`), list and dict; with
+    `typed`, scalars (numbers and booleans) are TypedScalars keeping their MLIR type. An
+    empty text is an empty dictionary. Raises ValueError on malformed text."""
     text = text.strip()
     if not text:
         return {}
-    return {k: _copy(v) for k, v in _parse_cached(text)}
+    return {k: _copy(v) for k, v in _parse_cached(text, typed)}
 
 
 def _copy(value):
@@ -363,9 +434,11 @@ def _type_text(shape) -> str:
     return shape.to_text(with_layout=False)
 
 
-def check_signature(h: FfiHandler, instr) -> list[str]:
+def check_signature(h: FfiHandler | ForeignHandler, instr) -> list[str]:
     """The problems matching handler `h` against custom-call `instr` (empty when it fits):
     counts, element types and ranks of arguments and results, and the attributes."""
+    if not isinstance(h, FfiHandler):  # a handler in C (xla_ffi.CHandler) checks itself
+        return []
     where = f"{instr.name} (target {instr.attrs.get('custom_call_target')!r})"
     problems = []
     operands = [leaf for op in instr.operands for leaf in _leaf_shapes(op.shape)]
@@ -424,9 +497,13 @@ def decode_attributes(h: FfiHandler, instr) -> dict:
     return decoded
 
 
-def call_handler(h: FfiHandler, instr, ins: Sequence, outs: list) -> None:
+def call_handler(h: FfiHandler | ForeignHandler, instr, ins: Sequence, outs: list) -> None:
     """Run handler `h` for `instr` on operand leaves `ins` and preallocated result leaves
-    `outs` (filled in place). Type problems and handler failures raise CustomCallError."""
+    `outs` (filled in place). Type problems and handler failures raise CustomCallError.
+    A handler in C (xla_ffi.CHandler) is called through XLA's FFI call frame."""
+    if not isinstance(h, FfiHandler):
+        h.call(instr, ins, outs)
+        return
     problems = check_signature(h, instr)
     if problems:
         raise CustomCallError("\n".join(problems))

@@ -9,8 +9,10 @@ version passes larger structs, and xlapy reads and writes only the fields declar
 new names only ever go at the end.
 
 xlapy defines the object types the header leaves opaque (PJRT_Buffer, PJRT_Event, ...) as
-structs holding one `index`, the key of the Python object behind the handle; PJRT_Memory
-and PJRT_Error begin with the function tables the header gives them.
+structs holding an `index`, the key of the Python object behind the handle; PJRT_Memory
+and PJRT_Error begin with the function tables the header gives them. Executables,
+buffers, events and memories also carry the values the native fast paths read
+(xlapy/pjrt/native.py).
 """
 
 from __future__ import annotations
@@ -81,10 +83,12 @@ typedef struct PJRT_Client { int64_t index; } PJRT_Client;
 typedef struct PJRT_Device { int64_t index; } PJRT_Device;
 typedef struct PJRT_DeviceDescription { int64_t index; } PJRT_DeviceDescription;
 typedef struct PJRT_TopologyDescription { int64_t index; } PJRT_TopologyDescription;
-typedef struct PJRT_Executable { int64_t index; } PJRT_Executable;
-typedef struct PJRT_LoadedExecutable { int64_t index; } PJRT_LoadedExecutable;
-typedef struct PJRT_Buffer { int64_t index; } PJRT_Buffer;
-typedef struct PJRT_Event { int64_t index; } PJRT_Event;
+typedef struct PJRT_Executable { int64_t index;
+  int64_t num_replicas; int64_t num_partitions; int64_t num_outputs; } PJRT_Executable;
+typedef struct PJRT_LoadedExecutable { int64_t index;
+  int64_t num_replicas; int64_t num_partitions; int64_t num_outputs; } PJRT_LoadedExecutable;
+typedef struct PJRT_Buffer { int64_t index; PJRT_Device* device; void* memory; } PJRT_Buffer;
+typedef struct PJRT_Event { int64_t index; int64_t completed; } PJRT_Event;
 typedef struct PJRT_ExecuteContext { int64_t index; } PJRT_ExecuteContext;
 typedef struct PJRT_SerializedExecutable PJRT_SerializedExecutable;
 typedef struct PJRT_SerializedCompileOptions PJRT_SerializedCompileOptions;
@@ -114,7 +118,8 @@ typedef struct {
   void* (*get_user_data)(PJRT_Memory* memory, const void* key);
   void (*set_user_data)(PJRT_Memory* memory, const void* key, void* data, void (*dtor)(void*));
 } PJRT_Memory_FunctionTable;
-struct PJRT_Memory { const PJRT_Memory_FunctionTable* vtable; int64_t index; };
+struct PJRT_Memory { const PJRT_Memory_FunctionTable* vtable; int64_t index;
+  const char* kind; size_t kind_size; const void* user_keys[4]; void* user_data[4]; };
 
 /* Serialized bytes handed out, freed by the caller through a deleter. */
 typedef struct { int64_t index; } XlapyHandle;

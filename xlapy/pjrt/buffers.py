@@ -85,7 +85,14 @@ class PBuffer:
     def __init__(self, buffer: Buffer, client: PClient):
         self.buffer = buffer
         self.client = client
-        self.c = register(self, "PJRT_Buffer *")
+        self.c = c = register(self, "PJRT_Buffer *")
+        # what Buffer_Device / Buffer_Memory answer natively (NULL: ask Python)
+        try:
+            memory = client.by_space.get(id(buffer.memory_space))
+        except BufferDeletedError:
+            memory = None
+        if memory is not None:
+            c.device, c.memory = memory.device.c, memory.c
         self.dims: Any = None
         self.layout: Any = None
         self.ext_refs: list[Any] = []
@@ -304,7 +311,7 @@ def _buffer_ready_event(args):
         future = buffer.ready()
     except BufferDeletedError as exc:
         future = Future.failed(exc)
-    args.event = PEvent(future).ptr
+    args.event = PEvent.of(future)
 
 
 def _copy_out(array: np.ndarray, dst, size: int) -> None:
@@ -342,7 +349,7 @@ def _buffer_to_host(args):
     ready = buffer.ready()
     if ready.done() and ready.exception() is None:
         _copy_out(_host_order(buffer._array(), layout), dst, size)
-        args.event = PEvent(COMPLETED).ptr
+        args.event = PEvent.of(COMPLETED)
         return
     host = buffer.copy_to_host()
     done = Future()
@@ -376,7 +383,7 @@ def _buffer_copy_raw_to_host(args):
     if start < 0 or start + count > raw.size:
         raise PjrtError(INVALID_ARGUMENT, f"raw copy [{start}, {start + count}) out of range")
     _copy_out(raw[start : start + count], args.dst, count)
-    args.event = PEvent(COMPLETED).ptr
+    args.event = PEvent.of(COMPLETED)
 
 
 @export("Buffer_UnsafePointer")

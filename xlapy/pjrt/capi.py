@@ -3,7 +3,9 @@ over xlapy.runtime (core: handles, errors, events; client; buffers; executables)
 JAX as a PyCapsule.
 
 Every slot of the table is filled: the functions xlapy does not implement return an
-UNIMPLEMENTED error saying "xlapy does not implement PJRT_<name>".
+UNIMPLEMENTED error saying "xlapy does not implement PJRT_<name>". A few trivial getters
+JAX calls on every jitted call point at native code that answers from the handle and
+falls back to the Python implementation (native.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from xlapy.pjrt.core import (
     event_error_entry,
     unimplemented_entry,
 )
+from xlapy.pjrt.native import compile_fast_paths
 
 _API: Any = None
 
@@ -42,10 +45,19 @@ def api_pointer() -> int:
             "Event_Error": event_error_entry,
             "Event_Await": event_await_entry,
         }
+        python = {}
+        for name in SLOTS:
+            python[name] = special.get(name) or IMPLS.get(name) or unimplemented_entry(name)
+            KEEP.append(python[name])
+        from xlapy.pjrt import client
+
+        table = client._MEMORY_TABLE
+        native = compile_fast_paths({**python, "Memory_GetUserData": table.get_user_data})
+        if native.get("Memory_GetUserData"):
+            table.get_user_data = ffi.cast("void *", native["Memory_GetUserData"])
         for i, name in enumerate(SLOTS):
-            fn = special.get(name) or IMPLS.get(name) or unimplemented_entry(name)
-            KEEP.append(fn)
-            api.slots[i] = ffi.cast("void *", fn)
+            fast = native.get(name)
+            api.slots[i] = ffi.cast("void *", fast) if fast else ffi.cast("void *", python[name])
         _API = api
     return address(_API)
 

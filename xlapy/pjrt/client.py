@@ -72,6 +72,7 @@ class PMemory:
         self.c = register(self, "PJRT_Memory *")
         self.c.vtable = _MEMORY_TABLE
         self.kind = cstr(space.kind)
+        self.c.kind, self.c.kind_size = self.kind
         text = f"{PLATFORM_NAME}:{device.device.id} {space.kind} memory (id {space.id})"
         self.debug = cstr(text)
         self.text = cstr(f"MEMORY_SPACE_{space.id}")
@@ -81,6 +82,9 @@ class PMemory:
     @property
     def ptr(self):
         return self.c
+
+
+USER_DATA_SLOTS = 4
 
 
 @ffi.callback("void *(PJRT_Memory *, const void *)")
@@ -100,12 +104,18 @@ def _mem_set_user_data(memory, key, data, dtor):
         if old is not None and old[1] != ffi.NULL:
             old[1](old[0])
         obj.user_data[address(key)] = (data, dtor)
+        # what the native lookup answers: up to USER_DATA_SLOTS keys (jaxlib uses two)
+        keys = [address(memory.user_keys[i]) for i in range(USER_DATA_SLOTS)]
+        slot = keys.index(address(key)) if address(key) in keys else None
+        if slot is None:
+            slot = keys.index(0) if 0 in keys else 0
+        memory.user_keys[slot], memory.user_data[slot] = key, data
 
 
 _MEMORY_TABLE = ffi.new("PJRT_Memory_FunctionTable *")
 _MEMORY_TABLE.struct_size = ffi.sizeof("PJRT_Memory_FunctionTable")
 _MEMORY_TABLE.instance_struct_size = ffi.sizeof("PJRT_Memory")
-_MEMORY_TABLE.get_user_data = _mem_get_user_data
+_MEMORY_TABLE.get_user_data = _mem_get_user_data  # native.py may put a fast path here
 _MEMORY_TABLE.set_user_data = _mem_set_user_data
 
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,7 @@ from xlapy.runtime import (
     DonationError,
     Future,
 )
+from xlapy.runtime.futures import COMPLETED
 
 PLATFORM_NAME = "xlapy"
 
@@ -45,6 +48,20 @@ KEEP: list[Any] = []
 _LOCK = threading.Lock()
 TRACE = os.environ.get("XLAPY_PJRT_TRACE") == "1"
 """Print every PJRT call (and the errors returned) on stdout."""
+PROFILE = os.environ.get("XLAPY_PJRT_PROFILE") == "1"
+"""Count the calls of each PJRT function and the time spent in them (see `profile`)."""
+COUNTERS: dict[str, list[float]] = {}
+"""PJRT function name -> [calls, seconds inside], kept while PROFILE or TRACE is on."""
+
+
+def profile(reset: bool = False) -> dict[str, tuple[int, float]]:
+    """Per PJRT function: (calls, seconds spent inside xlapy), counted since the process
+    started or the last reset; empty unless XLAPY_PJRT_PROFILE=1 (or XLAPY_PJRT_TRACE=1)
+    was set when xlapy.pjrt was imported (off, the calls are not timed at all)."""
+    counts = {name: (int(c[0]), c[1]) for name, c in COUNTERS.items()}
+    if reset:
+        COUNTERS.clear()
+    return counts
 
 
 class PjrtError(XlapyError):
@@ -174,17 +191,30 @@ def export(name: str, args_type: str | None = None) -> Callable:
         ctype = args_type or f"PJRT_{name}_Args"
 
         def entry(args):
+            try:
+                fn(args)
+            except BaseException as exc:
+                return error_of(exc)
+            return ffi.NULL
+
+        def traced(args):
             if TRACE:
                 print(f"xlapy pjrt: PJRT_{name}", flush=True)
+            start = time.perf_counter()
             try:
                 fn(args)
             except BaseException as exc:
                 if TRACE:
                     print(f"xlapy pjrt: PJRT_{name} failed: {exc!r}", flush=True)
                 return error_of(exc)
+            finally:
+                counter = COUNTERS.setdefault(name, [0, 0.0])
+                counter[0] += 1
+                counter[1] += time.perf_counter() - start
             return ffi.NULL
 
-        IMPLS[name] = ffi.callback(f"PJRT_Error *({ctype} *)", entry)
+        chosen = traced if TRACE or PROFILE else entry
+        IMPLS[name] = ffi.callback(f"PJRT_Error *({ctype} *)", chosen)
         return fn
 
     return deco
@@ -259,14 +289,29 @@ class PEvent:
     def ptr(self):
         return self.c
 
+    @staticmethod
+    def of(future: Future):
+        """The handle of an event for `future`: the one shared completed event (never
+        destroyed; `completed` set, so the native fast paths answer for it) when the
+        future is the runtime's COMPLETED one, else a new event."""
+        if future is COMPLETED:
+            return COMPLETED_EVENT.c
+        return PEvent(future).c
+
 
 def event_error(future: Future):
     error = future.exception()
     return ffi.NULL if error is None else error_of(error)
 
 
+COMPLETED_EVENT = PEvent(COMPLETED)
+COMPLETED_EVENT.c.completed = 1
+
+
 @export("Event_Destroy")
 def _event_destroy(args):
+    if args.event != ffi.NULL and args.event.completed:
+        return  # the shared completed event lives as long as the process
     forget(args.event)
 
 
@@ -296,8 +341,13 @@ def _event_on_ready(args):
     future = lookup(args.event, "event").future
     callback, user_arg = args.callback, args.user_arg
 
-    def on_done(fut: Future) -> None:
-        callback(event_error(fut), user_arg)
+    def on_done(fut: Future, finalizing=sys.is_finalizing, null=ffi.NULL) -> None:
+        # at interpreter exit (a zero-copy host buffer's memory let go while the modules
+        # are torn down) JAX's side is gone too: nobody is left to tell
+        if finalizing():
+            return
+        error = fut.exception()
+        callback(null if error is None else error_of(error), user_arg)
 
     future.add_done_callback(on_done)
 

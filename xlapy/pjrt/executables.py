@@ -9,12 +9,14 @@ from typing import Any
 
 from xlapy.ir.shapes import Shape
 from xlapy.pjrt.abi import ffi
-from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer, get_buffer
+from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer
 from xlapy.pjrt.client import PClient, get_client, get_device
 from xlapy.pjrt.core import (
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
     KEEP,
+    NOT_FOUND,
+    OBJECTS,
     UNIMPLEMENTED,
     PEvent,
     PjrtError,
@@ -45,7 +47,10 @@ class PExecutable:
         self.info = info
         self.loaded = loaded
         self.deleted = False
-        self.c = register(self, "PJRT_LoadedExecutable *" if loaded else "PJRT_Executable *")
+        self.c = c = register(self, "PJRT_LoadedExecutable *" if loaded else "PJRT_Executable *")
+        executable = info.executable  # what the Num* functions answer natively
+        c.num_replicas, c.num_partitions = executable.num_replicas, executable.num_partitions
+        c.num_outputs = len(info.outputs)
 
     @property
     def ptr(self):
@@ -81,6 +86,7 @@ class ExecInfo:
         self.num_params = len(params)
         self.out_kinds = ffi.new("const char *[]", [kind[0]] * max(len(leaves), 1))
         self.out_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(leaves), 1))
+        self.single = executable.num_replicas * executable.num_partitions == 1
         self.donated = tuple(sorted({a.param_number for a in _aliases(executable)}))
         """The parameters an output aliases: donated unless JAX says they may not be."""
         self.cost: Any = None
@@ -416,36 +422,42 @@ def _loaded_execute(args):
         raise PjrtError(FAILED_PRECONDITION, f"executable {e.info.executable.name} was deleted")
     info = e.info
     executable = info.executable
-    num_args = args.num_args
-    lists = [
-        [get_buffer(args.argument_lists[d][i]).buffer for i in range(num_args)]
-        for d in range(args.num_devices)
-    ]
-    non_donatable: tuple[int, ...] = ()
-    options = args.options
-    if options != ffi.NULL and options.num_non_donatable_input_indices:
-        non_donatable = tuple(
-            options.non_donatable_input_indices[i]
-            for i in range(options.num_non_donatable_input_indices)
-        )
+    lists = [_arguments(args.argument_lists[d], args.num_args) for d in range(args.num_devices)]
     donate = info.donated
-    if non_donatable:
-        donate = tuple(p for p in donate if p not in non_donatable)
+    options = args.options
+    if donate and options != ffi.NULL and options.num_non_donatable_input_indices:
+        indices = options.non_donatable_input_indices
+        kept = {indices[i] for i in range(options.num_non_donatable_input_indices)}
+        donate = tuple(p for p in donate if p not in kept)
     if args.execute_device != ffi.NULL:
         device = get_device(args.execute_device).device
-        if executable.num_replicas * executable.num_partitions == 1:
+        if info.single:
             results = [executable.execute_portable(lists[0], device, donate=donate)]
         else:
             results = [executable.execute_sharded(lists[0], device, donate=donate)]
     else:
         results = executable.execute(lists, donate=donate)
     client = info.client
+    events = args.device_complete_events
     for d, outputs in enumerate(results):
         row = args.output_lists[d]
         for i, out in enumerate(outputs):
-            row[i] = PBuffer(out, client).ptr
-        if args.device_complete_events != ffi.NULL:
-            args.device_complete_events[d] = PEvent(_all_ready(outputs)).ptr
+            row[i] = PBuffer(out, client).c
+        if events != ffi.NULL:
+            events[d] = PEvent.of(_all_ready(outputs))
+
+
+def _arguments(row, count: int) -> list[Buffer]:
+    """The runtime buffers of one device's argument list (a C array of PJRT_Buffer*)."""
+    buffers = []
+    get = OBJECTS.get
+    for i in range(count):
+        ptr = row[i]
+        pb = get(ptr.index) if ptr != ffi.NULL else None
+        if pb is None:
+            raise PjrtError(INVALID_ARGUMENT, f"argument {i} is not a live xlapy PJRT buffer")
+        buffers.append(pb.buffer)
+    return buffers
 
 
 # -- execute contexts (accepted, unused) -----------------------------------------------------
@@ -459,3 +471,43 @@ def _execute_context_create(args):
 @export("ExecuteContext_Destroy")
 def _execute_context_destroy(args):
     forget(args.context)
+
+
+# -- for users: the xlapy program behind a JAX executable -------------------------------------
+def executable_of(compiled: Any) -> LoadedExecutable:
+    """The xlapy LoadedExecutable behind a JAX executable compiled for the "xlapy" platform
+    (`jax.jit(f).lower(...).compile()`, or its `runtime_executable()`), found by its
+    fingerprint. PjrtError (NOT_FOUND) when xlapy's plugin did not compile it."""
+    runtime = compiled.runtime_executable() if hasattr(compiled, "runtime_executable") else compiled
+    fingerprint = getattr(runtime, "fingerprint", None)
+    if isinstance(fingerprint, bytes):
+        fingerprint = fingerprint.decode(errors="replace")
+    for obj in list(OBJECTS.values()):
+        if isinstance(obj, PExecutable) and obj.info.executable.fingerprint == fingerprint:
+            return obj.info.executable
+    raise PjrtError(
+        NOT_FOUND,
+        f"{type(compiled).__name__} (fingerprint {fingerprint!r}) was not compiled by xlapy's "
+        "PJRT plugin: compile it for a device of the 'xlapy' platform",
+    )
+
+
+def memory_report(compiled: Any, top: int = 10) -> str:
+    """xlapy's memory report of the program behind a JAX executable (see `executable_of`):
+    the figures of its buffer assignment (the ones `compiled.memory_analysis()` reports,
+    and the peak) and the `top` buffers live at the peak with the instructions that made
+    them. `xlapy memory` on `executable_of(compiled).hlo_text()` prints the full report."""
+    import importlib
+
+    from xlapy.ir.parser import parse_module
+    from xlapy.memory import report
+    from xlapy.memory.buffer_assignment import assign_buffers
+    from xlapy.passes.pass_base import PASSES
+
+    # the steps of the runtime's memory_stats, so that the figures are the same
+    module = parse_module(executable_of(compiled).module.to_text())
+    for name in ("flatten-call-graph", "copy-insertion"):
+        importlib.import_module(f"xlapy.passes.{name.replace('-', '_')}")  # registers it
+        PASSES[name]().run(module)
+    assignment = assign_buffers(module)
+    return report.stats_text(assignment) + "\n" + report.peak_text(assignment, top)

@@ -59,4 +59,69 @@ def initialize(options: dict[str, Any] | None = None) -> Any:
     mlir._platform_specific_lowerings["xlapy"] = mlir._platform_specific_lowerings["cpu"]
     c_api = capsule()
     xla_bridge.register_plugin("xlapy", priority=-100, c_api=c_api, options=options or None)
+    from jaxlib import xla_client
+
+    # jax.ffi.register_ffi_target(..., platform="xlapy") / register_ffi_type: JAX hands
+    # targets for a plugin's platform to the handler the plugin registers (the ones made
+    # before this call are replayed now).
+    xla_client.register_custom_call_handler("xlapy", register_ffi_target)
+    xla_client.register_custom_type_handler("xlapy", register_ffi_type)
     return c_api
+
+
+def capsule_pointer(obj: Any, what: str) -> int:
+    """The pointer a PyCapsule holds (whatever its name); TypeError if `obj` is none."""
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.restype = ctypes.c_int
+    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    if type(obj).__name__ != "PyCapsule":
+        raise TypeError(f"{what}: expected a PyCapsule holding a function pointer, got {obj!r}")
+    name = api.PyCapsule_GetName(obj)
+    pointer = api.PyCapsule_GetPointer(obj, name)
+    if not pointer:
+        raise TypeError(f"{what}: the PyCapsule holds a null pointer")
+    return pointer
+
+
+def register_ffi_target(
+    name: str, fn: Any, platform: str, api_version: int = 0, traits: Any = 0
+) -> None:
+    """JAX's custom-call handler for platform "xlapy": `fn` is a PyCapsule holding an XLA FFI
+    handler (api_version 1; or a dict of stage -> capsule of which xlapy runs "execute")
+    or a C custom-call function (api_version 0: API_VERSION_ORIGINAL). The target goes to
+    xlapy's global custom-call registry for the CPU ("Host")."""
+    from xlapy.backends.custom_calls import ApiVersion, register
+    from xlapy.backends.xla_ffi import CHandler
+
+    what = f"custom-call target {name!r} for xlapy"
+    if api_version == 0:
+        register(name, capsule_pointer(fn, what), "Host", ApiVersion.ORIGINAL)
+        return
+    if api_version != 1:
+        raise ValueError(f"{what}: api_version must be 0 or 1, got {api_version}")
+    if isinstance(fn, dict):
+        stages = set(fn) - {"execute", "prepare", "initialize"}
+        if stages or "execute" not in fn:
+            raise ValueError(
+                f"{what}: xlapy runs the execute stage of an FFI handler (prepare and "
+                f"initialize are for GPUs and are ignored); it keeps no per-instruction "
+                f"state, so it cannot run {sorted(stages) or 'a handler without execute'}"
+            )
+        fn = fn["execute"]
+    register(name, CHandler(name, capsule_pointer(fn, what)), "Host", ApiVersion.TYPED_FFI)
+
+
+def register_ffi_type(name: str, registration: Any) -> None:
+    """JAX's type-id handler for platform "xlapy" (jax.ffi.register_ffi_type): gives the
+    type an id and writes it into the XLA_FFI_TypeId the capsule points at."""
+    from xlapy.backends import xla_ffi
+
+    capsule = registration.get("type_id") if isinstance(registration, dict) else registration
+    pointer = capsule_pointer(capsule, f"FFI type {name!r} for xlapy")
+    xla_ffi.register_type(name, xla_ffi.ffi.cast("XLA_FFI_TypeId *", pointer))

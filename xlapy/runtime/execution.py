@@ -388,11 +388,12 @@ def run_inline(
     try:
         for i in signature.protected:
             values[i] = np.array(values[i], copy=True)  # copy-protection
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             out = program.run(values, signature.aliased_params)
         finally:
-            _record_run(signature, time.perf_counter() - start)
+            wall = time.perf_counter() - start
+            _record_run(signature, wall, time.thread_time() - start_cpu)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         ready = COMPLETED
     except (KeyboardInterrupt, SystemExit):  # the caller's own: raised, nothing kept
@@ -431,22 +432,31 @@ a shared 2-core machine, 100 us for a 4 MiB relu that itself takes 110 us) costs
 the overlap it could buy, or a noticeable share of it. A program runs asynchronously until
 it has been timed once, and always when it takes longer (see `_record_run`)."""
 
+INLINE_MAX_WALL_SECONDS = 8 * INLINE_MAX_SECONDS
+"""A run is slow when its thread's CPU time reaches INLINE_MAX_SECONDS or its wall time
+reaches this. Wall time alone also counts the time the OS gave the core to other processes
+and the waits for the GIL: on a loaded machine a 20 us program was timed at 4, 8 and 27 ms
+wall (whole scheduler ticks) a few times per thousand runs, which backed every program off
+inline execution for good. CPU time alone would miss a run that waits (a blocking custom
+call): past this wall time it counts as slow whatever its CPU time."""
+
 INLINE_BACKOFF = 8
 """After a run over INLINE_MAX_SECONDS, the cheap runs in a row a program needs before it
 runs inline again are multiplied by this (up to INLINE_MAX_STREAK)."""
 INLINE_MAX_STREAK = 4096
 
 
-def _record_run(signature: CallSignature, seconds: float) -> None:
-    """Note a run's time. A program runs inline once `streak_needed` runs in a row were
-    cheap (1 at first). A run that turns out slow (its time depends on its data: a while
-    loop, a custom call) once the program was taken for cheap may have blocked its caller;
-    so each such run multiplies the cheap runs needed by INLINE_BACKOFF. A program
-    alternating cheap and slow runs thus blocks its callers ever more rarely (after 1, 8,
-    64, ... cheap runs, which run asynchronously meanwhile), while a one-off hiccup costs
-    a cheap program a few asynchronous calls, not inline execution for good."""
+def _record_run(signature: CallSignature, seconds: float, cpu_seconds: float) -> None:
+    """Note a run's wall and CPU time (see INLINE_MAX_WALL_SECONDS). A program runs inline
+    once `streak_needed` runs in a row were cheap (1 at first). A run that turns out slow
+    (its time depends on its data: a while loop, a custom call) once the program was taken
+    for cheap may have blocked its caller; so each such run multiplies the cheap runs
+    needed by INLINE_BACKOFF. A program alternating cheap and slow runs thus blocks its
+    callers ever more rarely (after 1, 8, 64, ... cheap runs, which run asynchronously
+    meanwhile), while a one-off hiccup costs a cheap program a few asynchronous calls, not
+    inline execution for good."""
     signature.last_run_seconds = seconds
-    if seconds < INLINE_MAX_SECONDS:
+    if cpu_seconds < INLINE_MAX_SECONDS and seconds < INLINE_MAX_WALL_SECONDS:
         signature.cheap_streak += 1
         return
     if _is_cheap(signature):  # it was taken for cheap: callers may have been blocked
@@ -526,7 +536,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             if failed is not None:
                 raise ExecutionError(f"an input of {plan.name} failed: {failed}") from failed
         signature = plan.signature
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             values = _argument_values(plan, storages, in_place)
             if plan.collectives is None:
@@ -534,7 +544,10 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             else:
                 out = plan.program.run(values, signature.aliased_params, plan.collectives)
         finally:
-            _record_run(signature, time.perf_counter() - start)
+            wall = time.perf_counter() - start
+            # waiting for peers in a collective is the run's own time, not the OS's
+            cpu = time.thread_time() - start_cpu if plan.collectives is None else wall
+            _record_run(signature, wall, cpu)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         for storage, array in zip(out_storages, arrays, strict=True):
             storage.array = array
