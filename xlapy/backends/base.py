@@ -18,10 +18,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape, ShapeIndex
+
+if TYPE_CHECKING:
+    from xlapy.memory.buffer_assignment import BufferAssignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +59,33 @@ def alias_leaves(module: HloModule) -> tuple[LeafAlias, ...]:
 
 
 class CompiledProgram(ABC):
-    """A module compiled for one backend, ready to run on host values."""
+    """A module compiled for one backend, ready to run on host values.
+
+    `buffer_assignment` is the memory plan of the program this backend runs: the one every
+    memory figure of the runtime describes (Executable.memory_stats(), the PJRT plugin's
+    compiled memory stats, `xlapy memory`). A backend that executes over a buffer
+    assignment returns that very object; the default plans the module as given (flatten
+    the call graph, insert copies, assign buffers: xlapy.memory.plan_as_given), once.
+    `temp_allocation_bytes` is what one run allocates besides its outputs (the temp
+    arenas); the runtime counts it in the device allocator while the run lasts."""
 
     module: HloModule
+    _plan: BufferAssignment | None = None
+
+    @property
+    def buffer_assignment(self) -> BufferAssignment:
+        """The buffer assignment of this program (MemoryPlanningError when the module
+        cannot be planned)."""
+        if self._plan is None:
+            from xlapy.memory.buffer_assignment import plan_as_given
+
+            self._plan = plan_as_given(self.module)
+        return self._plan
+
+    @property
+    def temp_allocation_bytes(self) -> int:
+        """Bytes one run allocates for its temporaries (0: none are planned)."""
+        return 0
 
     @abstractmethod
     def run(
@@ -88,6 +115,19 @@ class Backend(ABC):
     ) -> CompiledProgram:
         """Compile a verified `module`; `options` are backend-specific settings; `text`,
         when the caller has it, is `module`'s HLO text (saves printing it again)."""
+
+    def plan_memory(
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
+    ) -> BufferAssignment:
+        """The buffer assignment `compile(module, options)` executes, without generating
+        code (`module` is not changed). The default: the module planned as given."""
+        from xlapy.memory.buffer_assignment import plan_as_given
+
+        return plan_as_given(module)
 
 
 def leaf_at(value: Any, index: ShapeIndex) -> Any:

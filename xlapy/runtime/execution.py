@@ -373,6 +373,9 @@ def run_inline(
         allocate, kind = device.allocator.allocate_locked, space.kind
         for _, _, nbytes in signature.output_leaves:
             allocate(nbytes, kind)
+        temp = program.temp_allocation_bytes
+        if temp:
+            allocate(temp, kind)
     arrays: Sequence[np.ndarray | None]
     try:
         for i in signature.protected:
@@ -394,6 +397,8 @@ def run_inline(
         ready = Future.failed(_failure(signature.name, device, e))
     finally:
         with device.lock:
+            if temp:
+                device.allocator.free_locked(temp, kind)
             for storage in storages:
                 storage.release_locked()
             device.end_inline_locked()
@@ -515,6 +520,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             if failed is not None:
                 raise ExecutionError(f"an input of {plan.name} failed: {failed}") from failed
         signature = plan.signature
+        temp = _take_temp(plan)
         start = time.perf_counter()
         try:
             values = _argument_values(plan, storages, in_place)
@@ -524,6 +530,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
                 out = plan.program.run(values, signature.aliased_params, plan.collectives)
         finally:
             _record_run(signature, time.perf_counter() - start)
+            _give_temp(plan, temp)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         for storage, array in zip(out_storages, arrays, strict=True):
             storage.array = array
@@ -541,6 +548,20 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         ready.set_exception(error)
     else:
         ready.set_result(None)
+
+
+def _take_temp(plan: CallPlan) -> int:
+    """Count the temp arenas of the run in the device's allocator (as XLA allocates an
+    execution's temp buffer from the device allocator); returns their bytes."""
+    temp = plan.program.temp_allocation_bytes
+    if temp:
+        plan.device.allocator.allocate(temp, plan.device.default_memory_space.kind)
+    return temp
+
+
+def _give_temp(plan: CallPlan, temp: int) -> None:
+    if temp:
+        plan.device.allocator.free(temp, plan.device.default_memory_space.kind)
 
 
 def _failure(name: str, device: Device, error: BaseException) -> BaseException:

@@ -167,7 +167,13 @@ def fmt(module_path, long_form, no_metadata):
     help="SPMD-partition the sharded module for N devices first: the figures are per device",
 )
 def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, num_partitions):
-    """Assign buffers for MODULE.hlo and report its memory: allocations, stats, peak buffers."""
+    """Report the memory of MODULE.hlo: allocations, stats, peak buffers.
+
+    By default this is the buffer assignment the CPU backend executes (the one
+    `executable.memory_stats()` and JAX's `compiled.memory_analysis()` report); with
+    --no-opt, the interpreter's (the module as given). Another --scheduler plans an
+    alternative that no backend runs, to compare orders."""
+    from xlapy.backends import get_backend
     from xlapy.memory import report
 
     module = load_module(module_path)
@@ -175,8 +181,17 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, nu
         from xlapy.passes.spmd import partition
 
         click.echo(partition(module, num_partitions).text(), err=True)
-    plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
-    a = plan.assignment
+    if scheduler == "best":
+        a = get_backend("interpreter" if no_opt else "cpu").plan_memory(module)
+        plan = report.MemoryPlan(a, a.scheduler)
+    else:
+        plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
+        a = plan.assignment
+        click.echo(
+            f"note: planned under --scheduler {scheduler}, an alternative to compare: the "
+            "backends run the best of list, DFS and post-order (the default)",
+            err=True,
+        )
     if plot_path:
         report.plot_timeline(a, plot_path)
     if csv_path == "-":
