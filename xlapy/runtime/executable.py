@@ -24,7 +24,13 @@ from xlapy.ir.shapes import Shape
 from xlapy.runtime import serialize
 from xlapy.runtime.buffer import Buffer
 from xlapy.runtime.errors import RuntimeApiError
-from xlapy.runtime.execution import CallSignature, commit, plan_call, run_inline
+from xlapy.runtime.execution import (
+    CallSignature,
+    commit,
+    parameter_numbers,
+    plan_call,
+    run_inline,
+)
 from xlapy.runtime.options import CompileOptions
 
 if TYPE_CHECKING:
@@ -87,6 +93,15 @@ def _entry_shapes(module: HloModule) -> tuple[tuple[Shape, ...], Shape]:
     if entry is None or entry.root is None:
         raise RuntimeApiError(f"module {module.name} has no entry computation with a root")
     return tuple(p.shape for p in entry.parameters), entry.root.shape
+
+
+def _no_donation(donate: Any, non_donatable: Any) -> bool:
+    """Whether a call names no parameters at all (None or an empty list or tuple)."""
+    return _empty(donate) and _empty(non_donatable)
+
+
+def _empty(numbers: Any) -> bool:
+    return numbers is None or (type(numbers) in (tuple, list) and not numbers)
 
 
 class Executable:
@@ -239,8 +254,8 @@ class LoadedExecutable(Executable):
         self,
         argument_lists: Sequence[Sequence[Any]],
         *,
-        donate: Iterable[int] = (),
-        non_donatable: Iterable[int] = (),
+        donate: Iterable[int] | None = (),
+        non_donatable: Iterable[int] | None = (),
         strict_donation: bool | None = None,
     ) -> list[list[Buffer]]:
         """Run on every addressable device: `argument_lists[i]` are the arguments for
@@ -251,12 +266,13 @@ class LoadedExecutable(Executable):
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
-        if type(donate) in (tuple, list) and not donate and not self._multi_device:
+        if _no_donation(donate, non_donatable) and not self._multi_device:
             device, program = self._only
             outputs = run_inline(self._signature, program, device, argument_lists[0])
             if outputs is not None:
                 return [outputs]
-        donate, non_donatable = tuple(donate), tuple(non_donatable)
+        donate = parameter_numbers(self.name, "donate", donate)
+        non_donatable = parameter_numbers(self.name, "non_donatable", non_donatable)
         plans = [
             self._plan(self._programs[d.id], args, d, donate, non_donatable, strict_donation)
             for d, args in zip(devices, argument_lists, strict=True)
@@ -295,8 +311,8 @@ class LoadedExecutable(Executable):
             program,
             arguments,
             device,
-            tuple(donation.get("donate", ())),
-            tuple(donation.get("non_donatable", ())),
+            parameter_numbers(self.name, "donate", donation.get("donate")),
+            parameter_numbers(self.name, "non_donatable", donation.get("non_donatable")),
             donation.get("strict_donation"),
         )
         plan.collectives = self._sharded_run(device.id).for_device(*self._positions[device.id])
@@ -339,12 +355,17 @@ class LoadedExecutable(Executable):
     def _run_one(
         self, program, arguments, device, *, donate=(), non_donatable=(), strict_donation=None
     ) -> list[Buffer]:
-        if type(donate) in (tuple, list) and not donate:
+        if _no_donation(donate, non_donatable):
             outputs = run_inline(self._signature, program, device, arguments)
             if outputs is not None:
                 return outputs
         plan = self._plan(
-            program, arguments, device, tuple(donate), tuple(non_donatable), strict_donation
+            program,
+            arguments,
+            device,
+            parameter_numbers(self.name, "donate", donate),
+            parameter_numbers(self.name, "non_donatable", non_donatable),
+            strict_donation,
         )
         return commit([plan])[0]
 

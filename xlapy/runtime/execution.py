@@ -191,6 +191,25 @@ def _check_leaf(name: str, leaf: _LeafSpec, buf: Buffer, device: Device) -> None
         )
 
 
+def parameter_numbers(name: str, what: str, value: Any) -> tuple[Any, ...]:
+    """`donate` / `non_donatable` as a tuple: None means none; anything but an iterable of
+    parameter numbers (a bare number, a string, a flag) is a DonationError."""
+    if value is None:
+        return ()
+    try:
+        numbers = None if isinstance(value, str | bytes) else tuple(value)
+    except TypeError:  # not iterable: a bare number or flag
+        numbers = None
+    for p in numbers if numbers is not None else (None,):
+        if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
+            raise DonationError(
+                f"{name}: {what} lists parameter numbers, got {value!r} "
+                f"({type(value).__name__}); e.g. {what}=[0] names parameter 0"
+            )
+    assert numbers is not None
+    return numbers
+
+
 def plan_call(
     signature: CallSignature,
     program: CompiledProgram,
