@@ -59,7 +59,7 @@ def client():
 def test_every_memory_figure_describes_the_executed_plan(name, client, run_cli, tmp_path):
     text = TEXTS[name]
     exe = client.compile(text, CompileOptions())  # one device: the program as written
-    program = exe._only[1]
+    program = exe.backend_program()
     plan = exe.memory_plan()
     assert isinstance(plan, BufferAssignment)
     assert plan is program.compiled.assignment  # the object the CPU program runs over
@@ -116,7 +116,7 @@ def test_the_interpreter_has_a_plan_of_the_module_as_given(run_cli, write):
     client = Client("interpreter")
     exe = client.compile(text)
     plan = exe.memory_plan()
-    assert plan is exe._only[1].buffer_assignment  # planned once, kept by the program
+    assert plan is exe.backend_program().buffer_assignment  # planned once, kept by the program
     assert exe.memory_stats().temp_bytes == plan.temp_bytes > 0
     same = get_backend("interpreter").plan_memory(parse_module(exe.hlo_text()))
     assert figures(same.memory_analysis()) == figures(exe.memory_stats())

@@ -230,11 +230,19 @@ class LoadedExecutable(Executable):
         self._multi_device = len(self._positions) > 1
         self._only = (self._devices[0], self._programs[self._devices[0].id])
         """(device, program) of the call `execute` makes when there is one device."""
+        if self.options.debug_options:
+            from xlapy.runtime.debug import dump_compiled
+
+            dump_compiled(self)
+
+    def backend_program(self) -> CompiledProgram:
+        """The backend's compiled program this executable runs (on its first device)."""
+        return self._only[1]
 
     def memory_plan(self) -> BufferAssignment:
         """The buffer assignment the backend program of this executable's devices runs
         over (the very object it executes; MemoryPlanningError when it has none)."""
-        return self._only[1].buffer_assignment
+        return self.backend_program().buffer_assignment
 
     def _backend_options(self) -> dict[str, Any]:
         """The options' backend settings plus the client's custom-call registry (which the
