@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,13 @@ class Backend(ABC):
         from xlapy.memory.buffer_assignment import plan_as_given
 
         return plan_as_given(module)
+
+
+PROFILE: ContextVar[Any] = ContextVar("xlapy_profile", default=None)
+"""The profiler recording the runs made on this thread (xlapy.runtime.profiler), or None. A
+backend that runs a sequence of steps hands each sequence to `PROFILE.get().run_sequence(
+name, steps, run)` when one is set, which runs them one by one (`run(step)`) and times
+each; when none is set (always, outside profiling) it runs as usual."""
 
 
 def leaf_at(value: Any, index: ShapeIndex) -> Any:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from xlapy.backends.base import PROFILE
 from xlapy.backends.cpu.kernel import Kernel, even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
@@ -299,6 +300,10 @@ class ThunkSequence:
     choice: GraphChoice | None = None
 
     def run(self, ctx: ExecutionContext) -> None:
+        profile = PROFILE.get()
+        if profile is not None:  # one thunk after another, each timed
+            profile.run_sequence(self.name, self.thunks, lambda thunk: thunk.run(ctx))
+            return
         plan = self.plan
         if plan is None:
             for thunk in self.thunks:
