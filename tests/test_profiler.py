@@ -106,3 +106,11 @@ def test_pipelines_time_each_pass_and_report_progress():
     assert [p[1] for p in progress.passes] == [name for name, _ in pipeline.log]
     summary = progress.summary()
     assert "fusion" in summary and "outside the passes" in summary
+
+
+def test_run_verbose_reports_time_per_pass(run_cli, write, tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "cache"))  # the passes do run
+    code, out, err = run_cli("run", write("m.hlo", PROGRAM), "--random-inputs", "--verbose")
+    assert code == 0, err
+    assert "output_0: f32[64,64]" in out
+    assert "passes" in err and "algsimp" in err and "outside the passes" in err

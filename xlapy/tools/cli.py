@@ -87,14 +87,19 @@ def cli(traceback):
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of --random-inputs")
 @click.option("--output", type=click.Path(dir_okay=False), help="write output_0, ... here")
 @click.option("--backend", default="cpu", show_default=True, help="cpu or interpreter")
-def run(module_path, inputs, random_inputs, seed, output, backend):
+@click.option("--verbose", "-v", is_flag=True, help="compile progress and time per pass")
+def run(module_path, inputs, random_inputs, seed, output, backend, verbose):
     """Run MODULE.hlo and print a summary of each output."""
     from xlapy.backends import get_backend
+    from xlapy.tools.progress import compile_progress
 
     module = load_module(module_path)
     args = select_inputs(module, inputs, random_inputs, seed)
     start = time.perf_counter()
-    program = get_backend(backend).compile(module)
+    with compile_progress(lambda line: click.echo(line, err=True) if verbose else None) as p:
+        program = get_backend(backend).compile(module)
+    if verbose:
+        click.echo(p.summary(), err=True)
     compiled = time.perf_counter()
     result = program.run(args)
     ran = time.perf_counter()
