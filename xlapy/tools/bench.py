@@ -58,8 +58,8 @@ class BenchResult:
             f"({self.runs} runs after {self.warmup} warm-up)"
         )
         if self.devices > 1:
-            per = ", ".join(f"{i}: {t:.1f}" for i, t in enumerate(self.device_median_us))
-            text += f"\n{self.devices} devices, median us until each device's outputs: {per}"
+            per = ", ".join(f"{i}: {format_us(t)}" for i, t in enumerate(self.device_median_us))
+            text += f"\n{self.devices} devices, median time until each device's outputs: {per}"
         return text
 
 
