@@ -104,3 +104,13 @@ def test_times_are_printed_in_a_readable_unit(us, text):
     from xlapy.tools.bench import format_us
 
     assert format_us(us) == text
+
+
+def test_per_device_times_are_scaled_like_the_run_times():
+    from xlapy.tools.bench import BenchResult
+
+    result = BenchResult(
+        "m", "cpu", 1.0, 1.0, 2500.0, 2000.0, 2600.0, 2100.0, 3000.0, 5, 1,
+        devices=2, device_median_us=(2400.0, 1_500_000.0),
+    )  # fmt: skip
+    assert "0: 2.40 ms, 1: 1.500 s" in result.to_text()

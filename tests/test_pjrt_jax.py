@@ -258,6 +258,26 @@ def test_compiled_reports_xlapy_memory_and_cost():
     assert donated.memory_analysis().alias_size_in_bytes == 256 * 4
 
 
+def test_memory_analysis_is_the_plan_the_cpu_backend_runs():
+    from xlapy.runtime import Client
+
+    spec = jax.ShapeDtypeStruct(
+        (64, 64), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(XLAPY)
+    )
+    compiled = jax.jit(lambda a, w: jnp.tanh(jnp.tanh(a @ w) @ w).sum(0)).lower(spec, spec)
+    memory = compiled.compile().memory_analysis()
+    client = Client("cpu")
+    stats = client.compile(compiled.compile().as_text()).memory_stats()
+    assert stats.temp_bytes > 0
+    assert (
+        memory.argument_size_in_bytes,
+        memory.output_size_in_bytes,
+        memory.alias_size_in_bytes,
+        memory.temp_size_in_bytes,
+    ) == (stats.argument_bytes, stats.output_bytes, stats.alias_bytes, stats.temp_bytes)
+    client.close()
+
+
 def test_mlp_training_matches_cpu():
     def init(key):
         k1, k2 = jax.random.split(key)

@@ -151,3 +151,30 @@ def test_another_clients_buffer_is_named_as_such():
     assert "runs on device 0" not in message
     one.close()
     two.close()
+
+
+@pytest.mark.parametrize("donate", [None, (), []])
+def test_donate_none_means_no_donation(client, donate):
+    exe = client.compile(INCREMENT)
+    x = np.float32(np.random.default_rng(5).standard_normal())
+    buf = client.buffer_from_pyval(x)
+    for call in (
+        lambda: exe.execute([[buf]], donate=donate, non_donatable=donate)[0],
+        lambda: exe.execute_portable([buf], client.devices()[0], donate=donate),
+        lambda: exe.execute_sharded([buf], client.devices()[0], donate=donate),
+    ):
+        [out] = call()
+        np.testing.assert_allclose(out.to_numpy(), x + 1, rtol=1e-6)
+        assert not buf.is_deleted
+
+
+@pytest.mark.parametrize("what", ["donate", "non_donatable"])
+@pytest.mark.parametrize("value", [0, 1.5, "0", True, b"\x00"])
+def test_donation_lists_that_are_not_lists_are_typed_errors(client, what, value):
+    exe = client.compile(INCREMENT)
+    buf = client.buffer_from_pyval(np.float32(1))
+    with pytest.raises(DonationError, match=f"{what} lists parameter numbers"):
+        exe.execute([[buf]], **{what: value})
+    with pytest.raises(DonationError, match=f"{what} lists parameter numbers"):
+        exe.execute_portable([buf], client.devices()[0], **{what: value})
+    assert not buf.is_deleted

@@ -318,6 +318,10 @@ def in_place_operands(instr: HloInstruction) -> list[tuple[ShapeIndex, int, Shap
         if instr.shape.is_tuple:
             return [((i,), i, ()) for i in range(n)]
         return [((), 0, ())]
+    if op is Opcode.SORT:  # sorts its operands into the results (XLA sorts in place too)
+        if instr.shape.is_tuple:
+            return [((i,), i, ()) for i in range(len(instr.operands))]
+        return [((), 0, ())]
     if op is Opcode.CUSTOM_CALL:
         return [
             (a.output_index, a.operand_number, a.operand_index)

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape, ShapeIndex
+
+if TYPE_CHECKING:
+    from xlapy.memory.buffer_assignment import BufferAssignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +73,33 @@ class Fallback:
 
 
 class CompiledProgram(ABC):
-    """A module compiled for one backend, ready to run on host values."""
+    """A module compiled for one backend, ready to run on host values.
+
+    `buffer_assignment` is the memory plan of the program this backend runs: the one every
+    memory figure of the runtime describes (Executable.memory_stats(), the PJRT plugin's
+    compiled memory stats, `xlapy memory`). A backend that executes over a buffer
+    assignment returns that very object; the default plans the module as given (flatten
+    the call graph, insert copies, assign buffers: xlapy.memory.plan_as_given), once.
+    `temp_allocation_bytes` is what one run allocates besides its outputs (the temp
+    arenas); the runtime counts it in the device allocator while the run lasts."""
 
     module: HloModule
+    _plan: BufferAssignment | None = None
+
+    @property
+    def buffer_assignment(self) -> BufferAssignment:
+        """The buffer assignment of this program (MemoryPlanningError when the module
+        cannot be planned)."""
+        if self._plan is None:
+            from xlapy.memory.buffer_assignment import plan_as_given
+
+            self._plan = plan_as_given(self.module)
+        return self._plan
+
+    @property
+    def temp_allocation_bytes(self) -> int:
+        """Bytes one run allocates for its temporaries (0: none are planned)."""
+        return 0
 
     @property
     def fallbacks(self) -> list[Fallback]:
@@ -107,6 +135,26 @@ class Backend(ABC):
     ) -> CompiledProgram:
         """Compile a verified `module`; `options` are backend-specific settings; `text`,
         when the caller has it, is `module`'s HLO text (saves printing it again)."""
+
+    def plan_memory(
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
+    ) -> BufferAssignment:
+        """The buffer assignment `compile(module, options)` executes, without generating
+        code (`module` is not changed). The default: the module planned as given."""
+        from xlapy.memory.buffer_assignment import plan_as_given
+
+        return plan_as_given(module)
+
+
+PROFILE: ContextVar[Any] = ContextVar("xlapy_profile", default=None)
+"""The profiler recording the runs made on this thread (xlapy.runtime.profiler), or None. A
+backend that runs a sequence of steps hands each sequence to `PROFILE.get().run_sequence(
+name, steps, run)` when one is set, which runs them one by one (`run(step)`) and times
+each; when none is set (always, outside profiling) it runs as usual."""
 
 
 def leaf_at(value: Any, index: ShapeIndex) -> Any:

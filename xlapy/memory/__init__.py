@@ -9,6 +9,7 @@ from xlapy.memory.buffer_assignment import (
     Slice,
     ValueInfo,
     assign_buffers,
+    plan_as_given,
     prepare_for_buffer_assignment,
 )
 from xlapy.memory.heap_simulator import (
@@ -98,6 +99,7 @@ __all__ = [
     "peak_buffers",
     "peak_memory",
     "pick_best_schedule",
+    "plan_as_given",
     "plan_memory",
     "plot_timeline",
     "post_order_schedule",

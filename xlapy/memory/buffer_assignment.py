@@ -39,6 +39,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
+from xlapy.ir.parser import parse_module
 from xlapy.ir.shapes import ShapeIndex, index_text
 from xlapy.memory.heap_simulator import (
     DEFAULT_ALIGNMENT,
@@ -367,6 +368,15 @@ def prepare_for_buffer_assignment(module: HloModule) -> dict[str, str]:
 
     CopyInsertion(best).run(module)
     return chosen
+
+
+def plan_as_given(module: HloModule) -> BufferAssignment:
+    """The buffer assignment of `module` run as it is (no optimization): a copy is
+    flattened, given copies under the best schedule and assigned buffers. It is the plan
+    of a backend that runs modules unoptimized (the interpreter); `module` is unchanged."""
+    clone = parse_module(module.to_text())
+    prepare_for_buffer_assignment(clone)
+    return assign_buffers(clone)
 
 
 def _writable_parameters(

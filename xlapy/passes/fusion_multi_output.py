@@ -29,6 +29,7 @@ from xlapy.passes.fusion_rules import (
     can_be_producer,
     fused_computation,
     is_expensive,
+    is_variadic_reduce_kernel,
     iteration_space,
     reuses_operand,
     spaces_compatible,
@@ -90,7 +91,7 @@ class MultiOutputFusion(HloPass):
             return False
         if not can_be_consumer(instr) or instr.opcode is Opcode.CONSTANT:
             return False
-        if instr.control_successors:
+        if instr.control_successors or is_variadic_reduce_kernel(instr):
             return False
         if instr.shape.is_tuple:
             if editor.is_root(instr):

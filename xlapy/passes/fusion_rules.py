@@ -4,7 +4,8 @@ An instruction is *loop-fusible* when a fused kernel can compute any one element
 result from elements of its operands: every elementwise op but copy, the data-movement ops
 (broadcast, reshape, bitcast, transpose, slice, concatenate, pad, reverse, dynamic-slice),
 iota and constants. A reduce may join a fusion only as its root (XLA's input fusion,
-`kInput`). Dots, convolutions, custom calls, sorts, gathers, scatters, control flow, random
+`kInput`); a variadic reduce (argmax: values and indices reduced together) only as the root
+itself. Dots, convolutions, custom calls, sorts, gathers, scatters, control flow, random
 numbers and anything with a side effect stay out. An existing fusion takes part when its kind is
 kLoop or kInput and everything inside it obeys the same rules.
 
@@ -154,7 +155,11 @@ def fusion_body_is_fusible(
             continue
         if outputs is None:
             outputs = {id(i) for i in _root_outputs(comp)}
-        if instr.opcode in ROOT_ONLY and id(instr) in outputs and not instr.shape.is_tuple:
+        if (
+            instr.opcode in ROOT_ONLY
+            and id(instr) in outputs
+            and (not instr.shape.is_tuple or instr is comp.root)  # a variadic reduce: the root
+        ):
             continue
         return False
     return True
@@ -200,13 +205,21 @@ def can_be_consumer(
     if instr.opcode in IN_PLACE_ROOT_OPERAND:
         return in_place_roots and _in_place_root_ok(instr)
     if instr.opcode in ROOT_ONLY:
+        leaves = instr.shape.tuple_shapes if instr.shape.is_tuple else (instr.shape,)
         return (
             not instr.has_side_effect
             and not instr.control_predecessors
-            and not instr.shape.is_tuple
-            and _plain_array(instr)
+            and all(s.is_array and not s.is_dynamic for s in leaves)
         )
     return is_loop_fusible_op(instr)
+
+
+def is_variadic_reduce_kernel(instr: HloInstruction) -> bool:
+    """A variadic (tuple-shaped) reduce, or a fusion rooted at one: its tuple is the
+    kernel's own output list, so it cannot become one output of a multi-output fusion."""
+    comp = fused_computation(instr)
+    root = comp.root_instruction() if comp is not None else instr
+    return root.opcode in ROOT_ONLY and root.shape.is_tuple
 
 
 def is_expensive(instr: HloInstruction) -> bool:

@@ -9,7 +9,9 @@ for the command line (`xlapy opt --passes=a,b`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +62,13 @@ class FixedPoint:
     name: str = "fixed-point"
 
 
+PASS_OBSERVER: ContextVar[Callable[[str, str, float, bool], None] | None] = ContextVar(
+    "xlapy_pass_observer", default=None
+)
+"""Called as observer(pipeline, pass, seconds, changed) after every pass any pipeline runs on
+this thread (the command line's `--verbose` progress and per-pass timing)."""
+
+
 @dataclass
 class PassPipeline:
     """A named list of passes (and FixedPoint groups) run in order.
@@ -74,9 +83,11 @@ class PassPipeline:
     verify_between: bool = True
     dump_dir: str | Path | None = None
     log: list[tuple[str, bool]] = field(default_factory=list)  # (pass, changed) as run
+    seconds: list[float] = field(default_factory=list)  # each run of `log`, its time
 
     def run(self, module: HloModule) -> bool:
         self.log.clear()
+        self.seconds.clear()
         self._step = 0
         self._dump(module, "input")
         changed = False
@@ -99,8 +110,14 @@ class PassPipeline:
         return changed_any
 
     def _run_one(self, module: HloModule, p: HloPass) -> bool:
+        start = time.perf_counter()
         changed = bool(p.run(module))
+        elapsed = time.perf_counter() - start
         self.log.append((p.name, changed))
+        self.seconds.append(elapsed)
+        observer = PASS_OBSERVER.get()
+        if observer is not None:
+            observer(self.name, p.name, elapsed, changed)
         if changed and self.verify_between:
             try:
                 verify(module)

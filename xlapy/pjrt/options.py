@@ -2,9 +2,13 @@
 `PJRT_Client_Compile`: a few fields read with a small protobuf wire-format decoder (no
 protobuf dependency). Fields read: executable_build_options (3) -> num_replicas (4),
 num_partitions (5), device_assignment (9) -> computation_devices (3) -> replica_device_ids
-(1). Everything else is ignored."""
+(1), debug_options (3) -> xla_dump_to (109); env_option_overrides (7) (the compiler
+options of `jax.jit(...).lower(...).compile(compiler_options)`) become debug options,
+which the runtime honours or rejects (xlapy.runtime.debug). Everything else is ignored."""
 
 from __future__ import annotations
+
+import struct
 
 from xlapy.runtime import CompileOptions, RuntimeApiError
 
@@ -58,14 +62,49 @@ def _packed_ints(value: int | bytes) -> list[int]:
     return ints
 
 
+_DEBUG_STRING_FIELDS = {109: "xla_dump_to"}
+"""DebugOptions string fields read (field number -> option): a non-empty value is a
+request. Other DebugOptions fields are not read: JAX sends all of XLA's defaults there,
+so a set field does not tell a request from a default; compiler options
+(`compile(compiler_options=...)`, env_option_overrides) are all read and checked."""
+
+
+def _option_override(data: bytes) -> str | int | float | bool:
+    """The value of an OptionOverrideProto: string (1), bool (2), int (3) or double (4)."""
+    for n, v in fields(data):
+        if n == 1 and isinstance(v, bytes):
+            return v.decode("utf-8", "replace")
+        if n == 2 and isinstance(v, int):
+            return bool(v)
+        if n == 3 and isinstance(v, int):
+            return v - (1 << 64) if v >= 1 << 63 else v
+        if n == 4 and isinstance(v, int):
+            return struct.unpack("<d", v.to_bytes(8, "little"))[0]
+    return ""
+
+
+def _debug_options(data: bytes, debug: dict[str, str | int | float | bool]) -> None:
+    for n, v in fields(data):
+        if n in _DEBUG_STRING_FIELDS and isinstance(v, bytes) and v:
+            debug[_DEBUG_STRING_FIELDS[n]] = v.decode("utf-8", "replace")
+
+
 def compile_options_from_proto(data: bytes) -> CompileOptions:
     """xlapy CompileOptions for a serialized CompileOptionsProto."""
     num_replicas = num_partitions = 1
     assignment: list[list[int]] | None = None
+    debug: dict[str, str | int | float | bool] = {}
     for number, value in fields(data):
+        if number == 7 and isinstance(value, bytes):  # env_option_overrides: key, value
+            entry = dict(fields(value))
+            key, override = entry.get(1), entry.get(2)
+            if isinstance(key, bytes) and isinstance(override, bytes):
+                debug[key.decode("utf-8", "replace")] = _option_override(override)
         if number != 3 or not isinstance(value, bytes):
             continue
         for n, v in fields(value):
+            if n == 3 and isinstance(v, bytes):
+                _debug_options(v, debug)
             if n == 4 and isinstance(v, int):
                 num_replicas = max(v, 1)
             elif n == 5 and isinstance(v, int):
@@ -80,7 +119,10 @@ def compile_options_from_proto(data: bytes) -> CompileOptions:
                     # computation_devices[partition].replica_device_ids[replica]
                     assignment = [list(row) for row in zip(*columns, strict=True)]
     return CompileOptions.make(
-        num_replicas=num_replicas, num_partitions=num_partitions, device_assignment=assignment
+        num_replicas=num_replicas,
+        num_partitions=num_partitions,
+        device_assignment=assignment,
+        debug_options=debug,
     )
 
 

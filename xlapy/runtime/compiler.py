@@ -21,6 +21,7 @@ from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
 from xlapy.passes.donors import BufferDonorToAlias
 from xlapy.passes.spmd import needs_partitioning, partition
+from xlapy.runtime.debug import check_debug_options
 from xlapy.runtime.executable import Executable
 from xlapy.runtime.options import CompileOptions
 
@@ -52,6 +53,7 @@ class Compiler:
         """Compile a module the runtime owns (it is modified); `text`, when the caller has
         it, is `module.to_text()` (used as the executable's text unless donors change the
         module)."""
+        check_debug_options(options)
         verify(module)
         if needs_partitioning(module, options.num_partitions):
             partition(module, options.num_partitions)  # as XLA: SPMD-partition a global program
@@ -67,6 +69,7 @@ class Compiler:
 
     def load_text(self, hlo_text: str, options: CompileOptions) -> Executable:
         """An Executable from already-compiled HLO text (deserialization)."""
+        check_debug_options(options)
         module = parse_module(hlo_text)
         verify(module)
         self.check_custom_calls(module)

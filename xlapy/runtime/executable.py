@@ -9,14 +9,14 @@ backend program for each of its devices and the `execute*` methods.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from xlapy.backends import BACKENDS, get_backend
 from xlapy.backends.base import Backend, CompiledProgram, alias_leaves
 from xlapy.backends.collectives import DEFAULT_TIMEOUT_SECONDS, CollectiveRun, DeviceGrid
 from xlapy.ir.module import HloModule
@@ -24,10 +24,17 @@ from xlapy.ir.shapes import Shape
 from xlapy.runtime import serialize
 from xlapy.runtime.buffer import Buffer
 from xlapy.runtime.errors import RuntimeApiError
-from xlapy.runtime.execution import CallSignature, commit, plan_call, run_inline
+from xlapy.runtime.execution import (
+    CallSignature,
+    commit,
+    parameter_numbers,
+    plan_call,
+    run_inline,
+)
 from xlapy.runtime.options import CompileOptions
 
 if TYPE_CHECKING:
+    from xlapy.memory.buffer_assignment import BufferAssignment
     from xlapy.runtime.client import Client
     from xlapy.runtime.device import Device
 
@@ -42,10 +49,11 @@ def fingerprint_of(platform: str, hlo_text: str, options: CompileOptions) -> str
 
 @dataclass(frozen=True, slots=True)
 class CompiledMemoryStats:
-    """Bytes a program needs. An aliased parameter is counted once:
-    peak = argument + output - alias + temp. `temp_source` says where temp_bytes comes
-    from ("buffer-assignment", or "unavailable" when buffer assignment could not run on
-    this module, in which case temp_bytes is 0 and peak a lower bound)."""
+    """Bytes a program needs, read from the buffer assignment the backend executes. An
+    aliased parameter is counted once: peak = argument + output - alias + temp.
+    `temp_source` says where temp_bytes comes from ("buffer-assignment", or "unavailable"
+    when the module could not be planned, in which case temp_bytes is 0 and peak a lower
+    bound)."""
 
     argument_bytes: int
     output_bytes: int
@@ -55,17 +63,28 @@ class CompiledMemoryStats:
     temp_source: str
 
 
-def memory_stats_of(module: HloModule) -> CompiledMemoryStats:
-    """The figures of buffer assignment (run on a flattened, copy-inserted clone); when it
-    cannot run on this module, argument/output/alias bytes from the shapes and temp 0."""
-    planned = _buffer_assignment_stats(module)
-    if planned is not None:
-        return planned
-    params, result = _entry_shapes(module)
-    arg = sum(s.byte_size for p in params for _, s in p.leaves() if s.is_array)
-    out = sum(s.byte_size for _, s in result.leaves() if s.is_array)
-    alias = sum(result.subshape(a.output_index).byte_size for a in alias_leaves(module))
-    return CompiledMemoryStats(arg, out, alias, 0, arg + out - alias, "unavailable")
+def memory_stats_of(plan: Callable[[], BufferAssignment], module: HloModule) -> CompiledMemoryStats:
+    """The figures of the buffer assignment `plan()` returns; when `module` cannot be
+    planned (MemoryPlanningError or another XlapyError), argument/output/alias bytes from
+    its shapes and temp 0."""
+    from xlapy.errors import XlapyError
+
+    try:
+        stats = plan().memory_analysis()
+    except XlapyError:
+        params, result = _entry_shapes(module)
+        arg = sum(s.byte_size for p in params for _, s in p.leaves() if s.is_array)
+        out = sum(s.byte_size for _, s in result.leaves() if s.is_array)
+        alias = sum(result.subshape(a.output_index).byte_size for a in alias_leaves(module))
+        return CompiledMemoryStats(arg, out, alias, 0, arg + out - alias, "unavailable")
+    return CompiledMemoryStats(
+        stats.argument_bytes,
+        stats.output_bytes,
+        stats.alias_bytes,
+        stats.temp_bytes,
+        stats.peak_bytes,
+        "buffer-assignment",
+    )
 
 
 def _entry_shapes(module: HloModule) -> tuple[tuple[Shape, ...], Shape]:
@@ -76,29 +95,13 @@ def _entry_shapes(module: HloModule) -> tuple[tuple[Shape, ...], Shape]:
     return tuple(p.shape for p in entry.parameters), entry.root.shape
 
 
-def _buffer_assignment_stats(module: HloModule) -> CompiledMemoryStats | None:
-    from xlapy.errors import XlapyError
-    from xlapy.ir.parser import parse_module
-    from xlapy.memory.buffer_assignment import assign_buffers
-    from xlapy.passes.pass_base import PASSES
+def _no_donation(donate: Any, non_donatable: Any) -> bool:
+    """Whether a call names no parameters at all (None or an empty list or tuple)."""
+    return _empty(donate) and _empty(non_donatable)
 
-    clone = parse_module(module.to_text())
-    try:
-        for name in ("flatten-call-graph", "copy-insertion"):
-            importlib.import_module(f"xlapy.passes.{name.replace('-', '_')}")  # registers it
-            if name in PASSES:
-                PASSES[name]().run(clone)
-        stats = assign_buffers(clone).memory_analysis()
-    except (XlapyError, ImportError):
-        return None
-    return CompiledMemoryStats(
-        stats.argument_bytes,
-        stats.output_bytes,
-        stats.alias_bytes,
-        stats.temp_bytes,
-        stats.peak_bytes,
-        "buffer-assignment",
-    )
+
+def _empty(numbers: Any) -> bool:
+    return numbers is None or (type(numbers) in (tuple, list) and not numbers)
 
 
 class Executable:
@@ -138,9 +141,18 @@ class Executable:
         """The compiled module as HLO text (aliases from buffer donors included)."""
         return self._hlo_text
 
+    def memory_plan(self) -> BufferAssignment:
+        """The buffer assignment this program runs over on its platform's backend (planned
+        without generating code; MemoryPlanningError when the module cannot be planned)."""
+        name = self.platform if self.platform in BACKENDS else "interpreter"
+        return get_backend(name).plan_memory(
+            self.module, dict(self.options.backend_options), text=self._hlo_text
+        )
+
     def memory_stats(self) -> CompiledMemoryStats:
+        """The figures of `memory_plan()`: what one run needs (see CompiledMemoryStats)."""
         if self._memory is None:
-            self._memory = memory_stats_of(self.module)
+            self._memory = memory_stats_of(self.memory_plan, self.module)
         return self._memory
 
     def cost_analysis(self) -> dict[str, float]:
@@ -218,6 +230,19 @@ class LoadedExecutable(Executable):
         self._multi_device = len(self._positions) > 1
         self._only = (self._devices[0], self._programs[self._devices[0].id])
         """(device, program) of the call `execute` makes when there is one device."""
+        if self.options.debug_options:
+            from xlapy.runtime.debug import dump_compiled
+
+            dump_compiled(self)
+
+    def backend_program(self) -> CompiledProgram:
+        """The backend's compiled program this executable runs (on its first device)."""
+        return self._only[1]
+
+    def memory_plan(self) -> BufferAssignment:
+        """The buffer assignment the backend program of this executable's devices runs
+        over (the very object it executes; MemoryPlanningError when it has none)."""
+        return self.backend_program().buffer_assignment
 
     def _backend_options(self) -> dict[str, Any]:
         """The options' backend settings plus the client's custom-call registry (which the
@@ -237,8 +262,8 @@ class LoadedExecutable(Executable):
         self,
         argument_lists: Sequence[Sequence[Any]],
         *,
-        donate: Iterable[int] = (),
-        non_donatable: Iterable[int] = (),
+        donate: Iterable[int] | None = (),
+        non_donatable: Iterable[int] | None = (),
         strict_donation: bool | None = None,
     ) -> list[list[Buffer]]:
         """Run on every addressable device: `argument_lists[i]` are the arguments for
@@ -249,12 +274,13 @@ class LoadedExecutable(Executable):
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
-        if type(donate) in (tuple, list) and not donate and not self._multi_device:
+        if _no_donation(donate, non_donatable) and not self._multi_device:
             device, program = self._only
             outputs = run_inline(self._signature, program, device, argument_lists[0])
             if outputs is not None:
                 return [outputs]
-        donate, non_donatable = tuple(donate), tuple(non_donatable)
+        donate = parameter_numbers(self.name, "donate", donate)
+        non_donatable = parameter_numbers(self.name, "non_donatable", non_donatable)
         plans = [
             self._plan(self._programs[d.id], args, d, donate, non_donatable, strict_donation)
             for d, args in zip(devices, argument_lists, strict=True)
@@ -293,8 +319,8 @@ class LoadedExecutable(Executable):
             program,
             arguments,
             device,
-            tuple(donation.get("donate", ())),
-            tuple(donation.get("non_donatable", ())),
+            parameter_numbers(self.name, "donate", donation.get("donate")),
+            parameter_numbers(self.name, "non_donatable", donation.get("non_donatable")),
             donation.get("strict_donation"),
         )
         plan.collectives = self._sharded_run(device.id).for_device(*self._positions[device.id])
@@ -337,12 +363,17 @@ class LoadedExecutable(Executable):
     def _run_one(
         self, program, arguments, device, *, donate=(), non_donatable=(), strict_donation=None
     ) -> list[Buffer]:
-        if type(donate) in (tuple, list) and not donate:
+        if _no_donation(donate, non_donatable):
             outputs = run_inline(self._signature, program, device, arguments)
             if outputs is not None:
                 return outputs
         plan = self._plan(
-            program, arguments, device, tuple(donate), tuple(non_donatable), strict_donation
+            program,
+            arguments,
+            device,
+            parameter_numbers(self.name, "donate", donate),
+            parameter_numbers(self.name, "non_donatable", non_donatable),
+            strict_donation,
         )
         return commit([plan])[0]
 

@@ -191,6 +191,25 @@ def _check_leaf(name: str, leaf: _LeafSpec, buf: Buffer, device: Device) -> None
         )
 
 
+def parameter_numbers(name: str, what: str, value: Any) -> tuple[Any, ...]:
+    """`donate` / `non_donatable` as a tuple: None means none; anything but an iterable of
+    parameter numbers (a bare number, a string, a flag) is a DonationError."""
+    if value is None:
+        return ()
+    try:
+        numbers = None if isinstance(value, str | bytes) else tuple(value)
+    except TypeError:  # not iterable: a bare number or flag
+        numbers = None
+    for p in numbers if numbers is not None else (None,):
+        if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
+            raise DonationError(
+                f"{name}: {what} lists parameter numbers, got {value!r} "
+                f"({type(value).__name__}); e.g. {what}=[0] names parameter 0"
+            )
+    assert numbers is not None
+    return numbers
+
+
 def plan_call(
     signature: CallSignature,
     program: CompiledProgram,
@@ -384,6 +403,9 @@ def run_inline(
         allocate, kind = device.allocator.allocate_locked, space.kind
         for _, _, nbytes in signature.output_leaves:
             allocate(nbytes, kind)
+        temp = program.temp_allocation_bytes
+        if temp:
+            allocate(temp, kind)
     arrays: Sequence[np.ndarray | None]
     try:
         for i in signature.protected:
@@ -406,6 +428,8 @@ def run_inline(
         ready = Future.failed(_failure(signature.name, device, e))
     finally:
         with device.lock:
+            if temp:
+                device.allocator.free_locked(temp, kind)
             for storage in storages:
                 storage.release_locked()
             device.end_inline_locked()
@@ -536,6 +560,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             if failed is not None:
                 raise ExecutionError(f"an input of {plan.name} failed: {failed}") from failed
         signature = plan.signature
+        temp = _take_temp(plan)
         start, start_cpu = time.perf_counter(), time.thread_time()
         try:
             values = _argument_values(plan, storages, in_place)
@@ -548,6 +573,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
             # waiting for peers in a collective is the run's own time, not the OS's
             cpu = time.thread_time() - start_cpu if plan.collectives is None else wall
             _record_run(signature, wall, cpu)
+            _give_temp(plan, temp)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         for storage, array in zip(out_storages, arrays, strict=True):
             storage.array = array
@@ -565,6 +591,20 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
         ready.set_exception(error)
     else:
         ready.set_result(None)
+
+
+def _take_temp(plan: CallPlan) -> int:
+    """Count the temp arenas of the run in the device's allocator (as XLA allocates an
+    execution's temp buffer from the device allocator); returns their bytes."""
+    temp = plan.program.temp_allocation_bytes
+    if temp:
+        plan.device.allocator.allocate(temp, plan.device.default_memory_space.kind)
+    return temp
+
+
+def _give_temp(plan: CallPlan, temp: int) -> None:
+    if temp:
+        plan.device.allocator.free(temp, plan.device.default_memory_space.kind)
 
 
 def _failure(name: str, device: Device, error: BaseException) -> BaseException:

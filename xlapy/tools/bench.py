@@ -9,6 +9,11 @@ are not counted. `--warmup` untimed runs come first; the report gives the median
 mean and the 10th and 90th percentiles over `--runs` timed runs. A module with several
 replicas or partitions runs on as many devices (every device given the same inputs); the
 report adds, per device, the median time until its outputs were ready.
+
+`--profile` then runs the warm program `--runs` more times with the profiler
+(xlapy.runtime.profiler): time per thunk with its HLO, op_name and source line, most first;
+`--trace FILE.json` writes those runs as a Chrome/Perfetto trace. `--verbose` echoes the
+cold compile's progress (once it runs past a second) and its time per pass.
 """
 
 from __future__ import annotations
@@ -55,8 +60,8 @@ class BenchResult:
             f"({self.runs} runs after {self.warmup} warm-up)"
         )
         if self.devices > 1:
-            per = ", ".join(f"{i}: {t:.1f}" for i, t in enumerate(self.device_median_us))
-            text += f"\n{self.devices} devices, median us until each device's outputs: {per}"
+            per = ", ".join(f"{i}: {format_us(t)}" for i, t in enumerate(self.device_median_us))
+            text += f"\n{self.devices} devices, median time until each device's outputs: {per}"
         text += f"\nfallbacks: {len(self.fallbacks) or 'none'}"
         return "\n  ".join([text, *self.fallbacks])
 
@@ -154,16 +159,29 @@ def time_runs(executable, args, runs: int, warmup: int) -> tuple[np.ndarray, np.
     return np.asarray(times), np.asarray(per_device)
 
 
-def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchResult:
-    """Measure compile (cold and warm kernel cache) and run times of `module` on `args`."""
+def bench_module(
+    module, args, backend: str, runs: int, warmup: int, verbose=None, profile=None
+) -> BenchResult:
+    """Measure compile (cold and warm kernel cache) and run times of `module` on `args`.
+    `verbose(line)`: echo the cold compile's progress and per-pass times through it.
+    `profile(executable)`: called with the warm executable after the timed runs."""
     text = module.to_text()
     counts = (max(module.config.replica_count, 1), max(module.config.num_partitions, 1))
     with tempfile.TemporaryDirectory(prefix="xlapy-bench-") as tmp, kernel_cache_dir(tmp):
-        cold_ms, _ = time_compile(backend, text, *counts)
+        if verbose is None:
+            cold_ms, _ = time_compile(backend, text, *counts)
+        else:
+            from xlapy.tools.progress import compile_progress
+
+            with compile_progress(verbose) as progress:
+                cold_ms, _ = time_compile(backend, text, *counts)
+            verbose(progress.summary())
         warm_ms, executable = time_compile(backend, text, *counts)
         times, per_device = time_runs(executable, args, runs, warmup)
         times *= 1e6
         fallbacks = program_fallbacks(backend, module)
+        if profile is not None:
+            profile(executable)
     return BenchResult(
         module=module.name,
         backend=backend,
@@ -193,14 +211,61 @@ def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchRes
 @click.option("--runs", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def bench(module_path, inputs, random_inputs, seed, backend, runs, warmup, as_json):
-    """Compile MODULE.hlo (cold and warm kernel cache) and time repeated runs."""
+@click.option(
+    "--profile", is_flag=True, help="time every thunk (fusion, library call) of the program"
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    metavar="FILE.json",
+    type=click.Path(dir_okay=False),
+    help="write the profiled runs as a Chrome/Perfetto trace (implies --profile)",
+)
+@click.option("--top", type=click.IntRange(min=1), default=25, show_default=True)
+@click.option("--verbose", "-v", is_flag=True, help="compile progress and time per pass")
+def bench(
+    module_path,
+    inputs,
+    random_inputs,
+    seed,
+    backend,
+    runs,
+    warmup,
+    as_json,
+    profile,
+    trace_path,
+    top,
+    verbose,
+):
+    """Compile MODULE.hlo (cold and warm kernel cache) and time repeated runs; with
+    --profile, where each run spends its time, thunk by thunk, most first."""
     from xlapy.tools.cli import load_module, select_inputs
 
     module = load_module(module_path)
     args = select_inputs(module, inputs, random_inputs, seed)
-    result = bench_module(module, args, backend, runs, warmup)
+    profiled = []
+
+    def take_profile(executable) -> None:
+        from xlapy.runtime.profiler import ProfilerError, profile_program
+
+        if len(executable.addressable_devices) > 1:
+            raise ProfilerError("--profile runs programs of one device (one replica, partition)")
+        profiled.append(profile_program(executable.backend_program(), args, runs))
+
+    echo = (lambda line: click.echo(line, err=True)) if verbose else None
+    result = bench_module(
+        module, args, backend, runs, warmup, echo, take_profile if profile or trace_path else None
+    )
+    report = profiled[0] if profiled else None
+    if trace_path and report is not None:
+        report.write_trace(trace_path)
+        click.echo(f"wrote the trace of {runs} profiled runs to {trace_path}", err=True)
     if as_json:
-        click.echo(json.dumps(asdict(result)))
+        data: dict = asdict(result)
+        if report is not None:
+            data["profile"] = report.to_json()
+        click.echo(json.dumps(data))
     else:
         click.echo(result.to_text())
+        if report is not None:
+            click.echo(report.to_text(top), nl=False)

@@ -87,14 +87,19 @@ def cli(traceback):
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of --random-inputs")
 @click.option("--output", type=click.Path(dir_okay=False), help="write output_0, ... here")
 @click.option("--backend", default="cpu", show_default=True, help="cpu or interpreter")
-def run(module_path, inputs, random_inputs, seed, output, backend):
+@click.option("--verbose", "-v", is_flag=True, help="compile progress and time per pass")
+def run(module_path, inputs, random_inputs, seed, output, backend, verbose):
     """Run MODULE.hlo and print a summary of each output."""
     from xlapy.backends import get_backend
+    from xlapy.tools.progress import compile_progress
 
     module = load_module(module_path)
     args = select_inputs(module, inputs, random_inputs, seed)
     start = time.perf_counter()
-    program = get_backend(backend).compile(module)
+    with compile_progress(lambda line: click.echo(line, err=True) if verbose else None) as p:
+        program = get_backend(backend).compile(module)
+    if verbose:
+        click.echo(p.summary(), err=True)
     compiled = time.perf_counter()
     result = program.run(args)
     ran = time.perf_counter()
@@ -167,7 +172,13 @@ def fmt(module_path, long_form, no_metadata):
     help="SPMD-partition the sharded module for N devices first: the figures are per device",
 )
 def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, num_partitions):
-    """Assign buffers for MODULE.hlo and report its memory: allocations, stats, peak buffers."""
+    """Report the memory of MODULE.hlo: allocations, stats, peak buffers.
+
+    By default this is the buffer assignment the CPU backend executes (the one
+    `executable.memory_stats()` and JAX's `compiled.memory_analysis()` report); with
+    --no-opt, the interpreter's (the module as given). Another --scheduler plans an
+    alternative that no backend runs, to compare orders."""
+    from xlapy.backends import get_backend
     from xlapy.memory import report
 
     module = load_module(module_path)
@@ -175,8 +186,17 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, nu
         from xlapy.passes.spmd import partition
 
         click.echo(partition(module, num_partitions).text(), err=True)
-    plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
-    a = plan.assignment
+    if scheduler == "best":
+        a = get_backend("interpreter" if no_opt else "cpu").plan_memory(module)
+        plan = report.MemoryPlan(a, a.scheduler)
+    else:
+        plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
+        a = plan.assignment
+        click.echo(
+            f"note: planned under --scheduler {scheduler}, an alternative to compare: the "
+            "backends run the best of list, DFS and post-order (the default)",
+            err=True,
+        )
     if plot_path:
         report.plot_timeline(a, plot_path)
     if csv_path == "-":

@@ -35,7 +35,7 @@ from xlapy.backends.base import (
     alias_leaves,
     leaf_at,
 )
-from xlapy.backends.cpu.compiler import CompiledModule, compile_module
+from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
 from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     ExecutionContext,
@@ -46,6 +46,7 @@ from xlapy.backends.cpu.runtime.thunk import (
 from xlapy.errors import EvaluationError
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
+from xlapy.memory.buffer_assignment import BufferAssignment
 
 _STATE_OPTIONS = ("replica_id", "partition_id", "custom_calls", "rng_seed")
 ARENA_POOL_SIZE = 4
@@ -134,9 +135,16 @@ class CpuProgram(CompiledProgram):
         self._alias_by_output = {a.output_index: a for a in self.aliases}
         allocations = self.compiled.assignment.allocations
         self._temps = [a.index for a in allocations if a.is_temp]
+        self._plan = self.compiled.assignment  # the plan every memory figure describes
+        self._temp_bytes = sum(allocations[i].size for i in self._temps)
         self._arenas: list[tuple[list[np.ndarray], list[int]]] = []
         self._arena_lock = threading.Lock()
         self._prepare_memory_plan()
+
+    @property
+    def temp_allocation_bytes(self) -> int:
+        """The bytes of the temp arenas one run takes."""
+        return self._temp_bytes
 
     def _prepare_memory_plan(self) -> None:
         allocations = self.compiled.assignment.allocations
@@ -450,3 +458,13 @@ class CpuBackend(Backend):
         text: str | None = None,
     ) -> CpuProgram:
         return CpuProgram(module, options, text=text)
+
+    def plan_memory(
+        self,
+        module: HloModule,
+        options: Mapping[str, Any] | None = None,
+        *,
+        text: str | None = None,
+    ) -> BufferAssignment:
+        """The buffer assignment a CpuProgram of `module` executes (no code generated)."""
+        return plan_module(module, options, text=text)[1]

@@ -75,8 +75,7 @@ def compile_module(
     """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
     the caller has it, is `module.to_text()`."""
     options = dict(options or {})
-    module = _prepared_module(module.to_text() if text is None else text, options, module)
-    assignment = assign_buffers(module)
+    module, assignment = plan_module(module, options, text=text)
     entry_comp = module.entry_computation()
     lowering = Lowering(assignment, options)
     entry = lowering.sequence(entry_comp)
@@ -88,6 +87,16 @@ def compile_module(
     return CompiledModule(
         module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
     )
+
+
+def plan_module(
+    module: HloModule, options: Mapping[str, Any] | None = None, *, text: str | None = None
+) -> tuple[HloModule, BufferAssignment]:
+    """The optimized copy of `module` and the buffer assignment that `compile_module` lowers
+    and the program executes (the memory reports read this, without generating code)."""
+    options = dict(options or {})
+    prepared = _prepared_module(module.to_text() if text is None else text, options, module)
+    return prepared, assign_buffers(prepared)
 
 
 def _prepared_module(text: str, options: Mapping[str, Any], original: HloModule) -> HloModule:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from xlapy.backends.base import PROFILE
 from xlapy.backends.cpu.runtime.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
@@ -362,6 +363,10 @@ class ThunkSequence:
     choice: GraphChoice | None = None
 
     def run(self, ctx: ExecutionContext) -> None:
+        profile = PROFILE.get()
+        if profile is not None:  # one thunk after another, each timed
+            profile.run_sequence(self.name, self.thunks, lambda thunk: thunk.run(ctx))
+            return
         plan = self.plan
         if plan is None:
             for thunk in self.thunks:

@@ -1,0 +1,100 @@
+"""debug_options: `xla_dump_to` and friends are honoured (dumps before and after
+optimization, as XLA writes them) or rejected with a clear error, from Python and through
+JAX's compiler options and XLA_FLAGS-style DebugOptions."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.lib import xla_client
+
+from xlapy.pjrt.options import compile_options_from_proto
+from xlapy.runtime import Client, CompileOptions, RuntimeApiError
+
+PROGRAM = """HloModule dumped
+ENTRY main {
+  x = f32[64] parameter(0)
+  y = f32[64] parameter(1)
+  s = f32[64] sine(x)
+  m = f32[64] multiply(s, y)
+  ROOT e = f32[64] exponential(m)
+}
+"""
+
+
+@pytest.fixture
+def client():
+    c = Client("cpu")
+    yield c
+    c.close()
+
+
+def test_xla_dump_to_writes_the_hlo_before_and_after_optimization(client, tmp_path):
+    options = CompileOptions.make(debug_options={"xla_dump_to": str(tmp_path / "dump")})
+    exe = client.compile(PROGRAM, options)
+    files = sorted(p.name for p in (tmp_path / "dump").iterdir())
+    assert len(files) == 3
+    before = next(p for p in (tmp_path / "dump").iterdir() if "before" in p.name)
+    after = next(p for p in (tmp_path / "dump").glob("*cpu_after_optimizations.txt"))
+    plan = next(p for p in (tmp_path / "dump").glob("*-buffer-assignment.txt"))
+    assert before.name.startswith("module_") and ".dumped.before_optimizations" in before.name
+    assert before.read_text() == exe.hlo_text()
+    assert "fusion" in after.read_text() and "fusion" not in before.read_text()
+    assert after.read_text() == exe.backend_program().module.to_text()
+    assert plan.read_text() == exe.memory_plan().to_text() + "\n"
+    rng = np.random.default_rng(11)
+    x, y = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+    [out] = exe.execute([[client.buffer_from_pyval(x), client.buffer_from_pyval(y)]])[0]
+    np.testing.assert_allclose(out.to_numpy(), np.exp(np.sin(x) * y), rtol=2e-6)
+
+
+def test_module_re_limits_the_dumps(client, tmp_path):
+    options = CompileOptions.make(
+        debug_options={"xla_dump_to": str(tmp_path), "xla_dump_hlo_module_re": "^other"}
+    )
+    client.compile(PROGRAM, options)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "debug, message",
+    [
+        ({"xla_cpu_enable_fast_math": True}, "xla_cpu_enable_fast_math is not supported"),
+        ({"xla_dump_hlo_pass_re": ".*", "xla_dump_to": "/tmp"}, "xla_dump_hlo_pass_re"),
+        ({"xla_dump_to": ""}, "must name a directory"),
+        ({"xla_dump_to": "/tmp/x", "xla_dump_hlo_as_text": False}, "as text only"),
+        ({"xla_dump_hlo_module_re": "("}, "xla_dump_hlo_module_re"),
+    ],
+)
+def test_options_xlapy_cannot_honour_are_errors(client, debug, message):
+    with pytest.raises(RuntimeApiError, match=message):
+        client.compile(PROGRAM, CompileOptions.make(debug_options=debug))
+
+
+def test_debug_options_from_the_pjrt_compile_options_proto(tmp_path):
+    options = xla_client.CompileOptions()
+    plain = compile_options_from_proto(options.SerializeAsString())
+    assert plain.debug_options == ()  # XLA's defaults request nothing
+    options.executable_build_options.debug_options.xla_dump_to = str(tmp_path)
+    options.env_option_overrides = [("xla_dump_hlo_module_re", "jit_"), ("xla_flag", 3)]
+    decoded = dict(compile_options_from_proto(options.SerializeAsString()).debug_options)
+    assert decoded == {
+        "xla_dump_to": str(tmp_path),
+        "xla_dump_hlo_module_re": "jit_",
+        "xla_flag": 3,
+    }
+
+
+def test_jax_compiler_options_are_honoured_or_rejected(tmp_path):
+    xlapy = jax.devices("xlapy")[0]
+    sharding = jax.sharding.SingleDeviceSharding(xlapy)
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=sharding)
+    lowered = jax.jit(lambda a: jnp.sin(a) * 2).lower(spec)
+    lowered.compile(compiler_options={"xla_dump_to": str(tmp_path)})
+    names = [p.name for p in tmp_path.iterdir()]
+    assert any(n.endswith("before_optimizations.txt") for n in names), names
+    assert any(n.endswith("cpu_after_optimizations.txt") for n in names), names
+    with pytest.raises(Exception, match="xla_cpu_use_thunk_runtime is not supported by xlapy"):
+        lowered.compile(compiler_options={"xla_cpu_use_thunk_runtime": False})
