@@ -7,6 +7,11 @@ import pytest
 
 import xlapy.pjrt
 
+# A kernel the CPU code generator accepted but cannot compile is a bug: in the tests it raises
+# (xlapy.backends.cpu.lowering.KernelCompileError) instead of warning and falling back.
+# Tests of the fallback itself pass the compile option strict_kernels=False.
+os.environ.setdefault("XLAPY_STRICT_KERNELS", "1")
+
 # JAX's platform "xlapy" (the PJRT plugin), registered before any test starts JAX's
 # backends; it ranks below "cpu", so JAX programs elsewhere keep running on XLA:CPU.
 xlapy.pjrt.initialize()

@@ -364,3 +364,81 @@ def test_graph_edits_go_through_the_ir():
                     continue  # another class's own field of that name
                 found.append(f"xlapy/{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert not found, "direct graph edits:\n" + "\n".join(found)
+
+
+# -- the CPU backend's own layers (DESIGN.md: backends/cpu) ------------------------------------
+CPU = ROOT / "backends" / "cpu"
+# sub-layer -> the sub-layers it may import. codegen (HLO -> LLVM IR) and runtime (thunks,
+# the pool, the executor) stand on nothing else of the backend; jit compiles and loads what
+# codegen emits (sizing its compile pool by runtime.pool); the driver modules at the top
+# (lowering, compiler, backend, the package) use them all and nothing below imports them.
+CPU_LAYERS = {
+    "codegen": {"codegen"},
+    "runtime": {"runtime"},
+    "jit": {"jit", "codegen", "runtime"},
+}
+
+
+def _cpu_layer(module: str) -> str | None:
+    """The sub-layer of a module of xlapy.backends.cpu ("driver" for the modules at its top
+    and the package itself), None for modules outside the CPU backend."""
+    parts = module.split(".")
+    if parts[:3] != ["xlapy", "backends", "cpu"]:
+        return None
+    if len(parts) > 3 and parts[3] in CPU_LAYERS:
+        return parts[3]
+    return "driver"
+
+
+def _runtime_imports(path: Path):
+    """(line, module) of every import in `path` outside `if TYPE_CHECKING:` blocks, at
+    module level or inside functions (a lazy import is still a dependency)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            full = [f"{node.module}.{alias.name}" for alias in node.names]
+            yield from ((node.lineno, m) for m in [node.module, *full])
+        pending.extend(ast.iter_child_nodes(node))
+
+
+def test_cpu_backend_sub_layers():
+    """codegen never imports runtime or jit, runtime never imports codegen or jit, and no
+    sub-layer imports the driver (lowering, compiler, backend): checked for every import,
+    type-only ones included."""
+    assert set(CPU_LAYERS) <= {p.name for p in CPU.iterdir() if p.is_dir()}
+    violations = []
+    for path in CPU.rglob("*.py"):
+        here = _cpu_layer(_module_name(path))
+        if here == "driver":
+            continue
+        for lineno, module in imported_modules(path):
+            there = _cpu_layer(module)
+            if there is not None and there not in CPU_LAYERS[here]:
+                rel = path.relative_to(ROOT)
+                violations.append(f"xlapy/{rel}:{lineno} ({here}) imports {module} ({there})")
+    assert not violations, "imports against the CPU backend's layers:\n" + "\n".join(violations)
+
+
+def test_no_cycles_inside_the_cpu_backend_even_lazily():
+    """The CPU backend's modules form no import cycle even counting imports done inside
+    functions (a lazy import only hides a cycle: break it by moving the shared piece down,
+    as codegen/common.py does for the emitter and its elemental rules)."""
+    paths = {_module_name(p): p for p in CPU.rglob("*.py")}
+    graph = {}
+    for module, path in paths.items():
+        deps = set()
+        for _, name in _runtime_imports(path):
+            while name and name not in paths:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                deps.add(name)
+        graph[module] = deps
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)

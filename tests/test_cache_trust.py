@@ -12,8 +12,9 @@ import warnings
 import numpy as np
 import pytest
 
-from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.compiler import clear_kernel_cache, compile_module
+from xlapy.backends.cpu.compiler import compile_module
+from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client
 
@@ -142,7 +143,7 @@ def test_key_readable_by_others_is_refused(cache, tmp_path):
     run(ADD)
     key = tmp_path / "config" / "xlapy" / "cache-key"
     os.chmod(key, 0o644)
-    from xlapy.backends.cpu import disk_cache
+    from xlapy.backends.cpu.jit import disk_cache
 
     disk_cache._keys.clear()
     with pytest.warns(UserWarning, match="other users may access"):
@@ -180,7 +181,7 @@ def test_oversized_entry_is_not_read(cache, monkeypatch):
     (obj,) = entries(cache, ".o")
     with open(obj, "ab") as f:
         f.truncate(os.path.getsize(obj) + (64 << 20))  # sparse: 64 MiB more
-    from xlapy.backends.cpu import disk_cache
+    from xlapy.backends.cpu.jit import disk_cache
 
     monkeypatch.setattr(disk_cache, "MAX_ENTRY_BYTES", 1 << 20)
     assert jit.read_entry(obj.stem, ".o") is None

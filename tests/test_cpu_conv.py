@@ -1,4 +1,4 @@
-"""The CPU backend's fast convolutions and dots (lib_conv.py, lib_dot.py) against the
+"""The CPU backend's fast convolutions and dots (conv_thunk.py, dot_thunk.py) against the
 interpreter's rules on HLO lowered from JAX: floats within per-dtype tolerances (the order of
 the additions differs), integers bit for bit; every case checks that the fast path, not the
 rule, ran the instruction."""
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-from xlapy.backends.cpu import lib_conv, lib_dot
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.lib_conv import plan_convolution
-from xlapy.backends.cpu.lib_dot import plan_dot, work_dtype
+from xlapy.backends.cpu.runtime import conv_thunk, dot_thunk
+from xlapy.backends.cpu.runtime.conv_thunk import plan_convolution
+from xlapy.backends.cpu.runtime.dot_thunk import plan_dot, work_dtype
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
@@ -262,7 +262,7 @@ def test_integer_work_dtype_is_exact(bound, work):
     a = np.array([bound, -3], np.int64)
     b = np.array([bound, 2], np.int64)
     assert work_dtype(np.dtype(np.int64), a, b, 1024) == work
-    assert lib_dot.work_dtype(np.dtype(np.float32), a, b, 1024) == np.float32
+    assert dot_thunk.work_dtype(np.dtype(np.float32), a, b, 1024) == np.float32
 
 
 def test_planners_decline_what_they_do_not_handle():
@@ -287,9 +287,9 @@ ENTRY e {
 def bands_everywhere(monkeypatch):
     """Make every eligible convolution take the band-row path, however small, its products
     split into blocks of a few output rows."""
-    monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 1)
-    monkeypatch.setattr(lib_conv, "_BAND_MIN_ROWS", 1)
-    monkeypatch.setattr(lib_conv, "_BAND_BLOCK_ROWS", 7)
+    monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 1)
+    monkeypatch.setattr(conv_thunk, "_BAND_MIN_ROWS", 1)
+    monkeypatch.setattr(conv_thunk, "_BAND_BLOCK_ROWS", 7)
 
 
 @pytest.mark.parametrize("name,xdims,kdims,dtype,f", CONVS, ids=[c[0] for c in CONVS])
@@ -313,13 +313,13 @@ def test_kept_buffers_give_fresh_results_each_run(monkeypatch, banded):
     """Work buffers live across runs: a second run on other inputs (padding and base
     dilation leave zeros that must stay zero) matches the interpreter again."""
     if not banded:
-        monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 10**9)
+        monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 10**9)
     f = conv("NHWC", "HWIO", window_strides=(1, 1), padding=((2, 1), (1, 2)), lhs_dilation=(2, 1))
     rng = np.random.default_rng(11)
     x, k = random(rng, (3, 7, 40, 16), np.float32), random(rng, (3, 3, 16, 5), np.float32)
     text = jax.jit(f).lower(x, k).as_text(dialect="hlo")
-    calls, banded_body = [], lib_conv._banded
-    monkeypatch.setattr(lib_conv, "_banded", lambda *a: calls.append(banded_body(*a)))
+    calls, banded_body = [], conv_thunk._banded
+    monkeypatch.setattr(conv_thunk, "_banded", lambda *a: calls.append(banded_body(*a)))
     program = CpuProgram(parse_module(text))
     for _ in range(2):
         x, k = random(rng, x.shape, np.float32), random(rng, k.shape, np.float32)
@@ -332,10 +332,10 @@ def test_kept_buffers_give_fresh_results_each_run(monkeypatch, banded):
 def reduce_everywhere(monkeypatch):
     """Make every eligible convolution take the long-contraction path, however small; count
     the runs that took it."""
-    monkeypatch.setattr(lib_conv, "_REDUCE_MIN_WINDOW", 1)
-    monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 10**9)
-    calls, body = [], lib_conv._reducing
-    monkeypatch.setattr(lib_conv, "_reducing", lambda *a: calls.append(body(*a)))
+    monkeypatch.setattr(conv_thunk, "_REDUCE_MIN_WINDOW", 1)
+    monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 10**9)
+    calls, body = [], conv_thunk._reducing
+    monkeypatch.setattr(conv_thunk, "_reducing", lambda *a: calls.append(body(*a)))
     return calls
 
 
@@ -384,8 +384,8 @@ FILTER_GRADS = [
 )
 def test_filter_gradient_shapes_take_long_contractions(monkeypatch, name, xdims, kdims, specs,
                                                        dtype, kw):  # fmt: skip
-    calls, body = [], lib_conv._reducing
-    monkeypatch.setattr(lib_conv, "_reducing", lambda *a: calls.append(body(*a)))
+    calls, body = [], conv_thunk._reducing
+    monkeypatch.setattr(conv_thunk, "_reducing", lambda *a: calls.append(body(*a)))
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)
     kw = {"window_strides": (1, 1), **kw}

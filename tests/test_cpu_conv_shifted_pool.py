@@ -1,5 +1,5 @@
-"""The CPU backend's shifted-slices convolutions (lib_conv.py, `_shifted`) and pooling
-reduce-windows whose init pass is left out (lib_window.py) against the interpreter: every
+"""The CPU backend's shifted-slices convolutions (conv_thunk.py, `_shifted`) and pooling
+reduce-windows whose init pass is left out (window_thunk.py) against the interpreter: every
 convolution of the fast-path table forced through the shifted path where it applies, the
 convnet's first layer at its own size, kept buffers across runs; max / min pools with
 identity and other inits, NaN, signed zeros and integers, bit for bit."""
@@ -20,8 +20,8 @@ from test_cpu_conv import (
     test_convolution_gradients_match_interpreter,
 )
 
-from xlapy.backends.cpu import lib_conv
 from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.runtime import conv_thunk
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
@@ -32,13 +32,13 @@ pytestmark = pytest.mark.usefixtures("x64_mode")
 @pytest.fixture
 def shift_everywhere(monkeypatch):
     """Make every eligible convolution take the shifted path; count the runs that took it."""
-    monkeypatch.setattr(lib_conv, "_SHIFT_MAX_FEATURES", 10**9)
-    monkeypatch.setattr(lib_conv, "_SHIFT_MAX_WASTE", 10**9)
-    monkeypatch.setattr(lib_conv, "_SHIFT_BLOCK_BYTES", 1)  # many small blocks
-    monkeypatch.setattr(lib_conv, "_CHUNK_BYTES", 1)  # one batch item a staged block
-    monkeypatch.setattr(lib_conv, "_BAND_MIN_DEPTH", 10**9)
-    calls, body = [], lib_conv._shifted
-    monkeypatch.setattr(lib_conv, "_shifted", lambda *a: calls.append(body(*a)))
+    monkeypatch.setattr(conv_thunk, "_SHIFT_MAX_FEATURES", 10**9)
+    monkeypatch.setattr(conv_thunk, "_SHIFT_MAX_WASTE", 10**9)
+    monkeypatch.setattr(conv_thunk, "_SHIFT_BLOCK_BYTES", 1)  # many small blocks
+    monkeypatch.setattr(conv_thunk, "_CHUNK_BYTES", 1)  # one batch item a staged block
+    monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 10**9)
+    calls, body = [], conv_thunk._shifted
+    monkeypatch.setattr(conv_thunk, "_shifted", lambda *a: calls.append(body(*a)))
     return calls
 
 
@@ -79,8 +79,8 @@ NATURAL = [
 
 @pytest.mark.parametrize("name,xdims,kdims,kw", NATURAL, ids=[c[0] for c in NATURAL])
 def test_shifted_at_natural_sizes(monkeypatch, name, xdims, kdims, kw):
-    calls, body = [], lib_conv._shifted
-    monkeypatch.setattr(lib_conv, "_shifted", lambda *a: calls.append(body(*a)))
+    calls, body = [], conv_thunk._shifted
+    monkeypatch.setattr(conv_thunk, "_shifted", lambda *a: calls.append(body(*a)))
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     dtype = np.float64 if "f64" in name else np.float32
     x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)

@@ -3,7 +3,7 @@ every operand layout (as stored or transposed, through the dot's dimension order
 layouts), a column-major result computed as its transpose, degenerate extents, and the
 matmul path (complex, batched, non-mergeable views). Each product runs several times so
 that both the whole and the split way of SplitChoice are checked (products of at least
-lib_dot.PARALLEL_MIN_FLOPS: blocks of rows, of columns, of a transposed result's columns)."""
+dot_thunk.PARALLEL_MIN_FLOPS: blocks of rows, of columns, of a transposed result's columns)."""
 
 from __future__ import annotations
 

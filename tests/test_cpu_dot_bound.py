@@ -11,8 +11,9 @@ import pytest
 
 from xlapy.backends.cpu import CpuBackend
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.library import DotThunk
-from xlapy.backends.cpu.thunks import Thunk, WhileThunk
+from xlapy.backends.cpu.runtime.control_flow_thunk import WhileThunk
+from xlapy.backends.cpu.runtime.dot_thunk import DotThunk
+from xlapy.backends.cpu.runtime.thunk import Thunk
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
 

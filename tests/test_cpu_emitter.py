@@ -782,7 +782,7 @@ def _in_place_comp(body: str):
 
 @pytest.mark.parametrize("name", list(IN_PLACE_OK))
 def test_in_place_variant_matches_out_of_place(name):
-    from xlapy.backends.cpu.emitter import in_place_reason
+    from xlapy.backends.cpu.codegen.emitter import in_place_reason
 
     body, pairs = IN_PLACE_OK[name]
     comp = _in_place_comp(body)
@@ -820,7 +820,7 @@ IN_PLACE_REJECTED = {
 
 @pytest.mark.parametrize("name", list(IN_PLACE_REJECTED))
 def test_in_place_rejected_where_unsafe(name):
-    from xlapy.backends.cpu.emitter import emit_kernel, in_place_reason
+    from xlapy.backends.cpu.codegen.emitter import emit_kernel, in_place_reason
 
     body, fragment = IN_PLACE_REJECTED[name]
     text = (
@@ -835,7 +835,7 @@ def test_in_place_rejected_where_unsafe(name):
 
 
 def test_equal_computations_share_one_object(tmp_path, monkeypatch):
-    from xlapy.backends.cpu.kernel import clear_loaded_objects
+    from xlapy.backends.cpu.jit.kernel import clear_loaded_objects
 
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
     clear_loaded_objects()

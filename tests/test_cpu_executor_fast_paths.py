@@ -11,7 +11,8 @@ import pytest
 
 from xlapy.backends.cpu import CpuBackend
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.thunks import ThunkSequence, WhileThunk
+from xlapy.backends.cpu.runtime.control_flow_thunk import WhileThunk
+from xlapy.backends.cpu.runtime.thunk import ThunkSequence
 from xlapy.backends.custom_calls import CustomCallRegistry
 from xlapy.backends.interpreter import evaluate
 from xlapy.errors import XlapyError

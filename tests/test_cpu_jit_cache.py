@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from xlapy.backends import execute
-from xlapy.backends.cpu import compile_computation, jit
-from xlapy.backends.cpu import kernel as kernel_mod
-from xlapy.backends.cpu.compiler import clear_kernel_cache, compile_module
-from xlapy.backends.cpu.kernel import clear_loaded_objects
+from xlapy.backends.cpu import compile_computation
+from xlapy.backends.cpu.compiler import compile_module
+from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit import kernel as kernel_mod
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache, clear_loaded_objects
 from xlapy.ir.parser import parse_module
 
 TEXT = """HloModule m

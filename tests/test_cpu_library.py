@@ -1,4 +1,4 @@
-"""The CPU backend's fast library paths (lib_sort, lib_window, lib_indexing) against the
+"""The CPU backend's fast library paths (sort_thunk, window_thunk, indexing_thunk) against the
 interpreter's rules, on HLO lowered from JAX and on hand-written HLO: NaN, -0, ties,
 duplicate and out-of-bounds indices, integer wrapping. Results must match bit for bit (the
 fast paths do the same operations in the same order), and each case checks whether the
@@ -17,6 +17,7 @@ from jax import lax
 from xlapy.backends import execute
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.interpreter import evaluate
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 
 RNG = np.random.default_rng(20261122)
@@ -355,9 +356,14 @@ SCATTERS = [
 @pytest.fixture
 def no_scatter_kernel(monkeypatch):
     """One-operand scatters normally become native kernels (emit_scatter.py); with this
-    fixture the compiler declines them, so the NumPy fast path (the fallback for what the
-    kernel cannot take) is what runs."""
-    monkeypatch.setattr("xlapy.backends.cpu.compiler.scatter_thunk", lambda *args: None)
+    fixture the lowering table lacks that strategy, so the NumPy fast path (the fallback for
+    what the kernel cannot take) is what runs."""
+    from xlapy.backends.cpu import lowering
+
+    strategies = lowering.LOWERING[Opcode.SCATTER]
+    kept = tuple(s for s in strategies if s.name != "native scatter")
+    assert len(kept) == len(strategies) - 1
+    monkeypatch.setitem(lowering.LOWERING, Opcode.SCATTER, kept)
 
 
 @pytest.mark.parametrize("name,fn,make", SCATTERS, ids=[s[0] for s in SCATTERS])

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from xlapy.backends import execute
-from xlapy.backends.cpu import jit, module_cache
-from xlapy.backends.cpu.compiler import clear_kernel_cache, compile_module
+from xlapy.backends.cpu.compiler import compile_module
+from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit import module_cache
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.ir.parser import parse_module
 
 SOFTMAX = """HloModule softmax

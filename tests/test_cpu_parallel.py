@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from xlapy.backends.cpu.kernel import default_pool, even_blocks, pool_size, run_blocks
-from xlapy.backends.cpu.thunks import SplitChoice
+from xlapy.backends.cpu.runtime.pool import default_pool, even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.thunk import SplitChoice
 from xlapy.errors import XlapyError
 
 

@@ -14,8 +14,10 @@ from jax_programs import PROGRAMS, hlo_texts
 from test_jax_programs import leaves
 
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.kernel import even_blocks, run_blocks
-from xlapy.backends.cpu.thunk_graph import (
+from xlapy.backends.cpu.runtime.control_flow_thunk import WhileThunk
+from xlapy.backends.cpu.runtime.pool import even_blocks, run_blocks
+from xlapy.backends.cpu.runtime.thunk import GraphChoice, ThunkSequence
+from xlapy.backends.cpu.runtime.thunk_graph import (
     DEFAULT_MODE,
     Access,
     ancestor_masks,
@@ -24,7 +26,6 @@ from xlapy.backends.cpu.thunk_graph import (
     plan_graph,
     run_graph,
 )
-from xlapy.backends.cpu.thunks import GraphChoice, ThunkSequence, WhileThunk
 from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.parser import parse_module
 
@@ -196,7 +197,7 @@ def compile_text(text: str, mode: str, **options) -> CpuProgram:
 
 
 def test_independent_dots_overlap():
-    """Two one-thread dots (below lib_dot.PARALLEL_MIN_FLOPS) beside each other."""
+    """Two one-thread dots (below dot_thunk.PARALLEL_MIN_FLOPS) beside each other."""
     program = compile_text(TWO_DOTS, "auto")
     seq = program.compiled.entry
     assert independent(seq, "d1", "d2")

@@ -552,3 +552,20 @@ def test_jax_layout_api_reaches_the_entry_layout():
     lowered = jax.jit(lambda a: a * 2, in_shardings=column_major).lower(f32(2, 3))
     layout = xlapy.load(lowered.as_text()).config.entry_computation_layout
     assert layout is not None and layout.parameters[0].to_text() == "f32[2,3]{0,1}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tensor<" + "9" * 5000 + "xi32>", "dimension 9+\\.\\.\\. of .* is too large"),
+        ("tensor<i32>", r"value 9+\.\.\. \(5000 characters\) is out of range"),
+    ],
+)
+def test_huge_integers_are_parse_errors(text, message):
+    value = "1" if "9" in text else "9" * 5000
+    program = (
+        f"func.func @main() -> {text} {{\n  %0 = stablehlo.constant dense<{value}> : {text}\n"
+        f"  return %0 : {text}\n}}"
+    )
+    with pytest.raises(HloParseError, match=message):
+        import_text(program)

@@ -55,10 +55,29 @@ def alias_leaves(module: HloModule) -> tuple[LeafAlias, ...]:
     return tuple(leaves)
 
 
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """An instruction a compiled program runs with the interpreter's NumPy rule instead of
+    native or library code, and why."""
+
+    name: str
+    opcode: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.opcode}): {self.reason}"
+
+
 class CompiledProgram(ABC):
     """A module compiled for one backend, ready to run on host values."""
 
     module: HloModule
+
+    @property
+    def fallbacks(self) -> list[Fallback]:
+        """The instructions this program runs with the interpreter's rule (none for a
+        backend that has no other way to run them)."""
+        return []
 
     @abstractmethod
     def run(

@@ -24,7 +24,6 @@ line and column; nesting deeper than MAX_DEPTH is rejected instead of recursing 
 
 from __future__ import annotations
 
-import bisect
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,10 +49,8 @@ from xlapy.ir.opcodes import VARIADIC, Opcode, has_async_shorthand
 from xlapy.ir.shape_inference import compatible, infer_shape
 from xlapy.ir.shapes import UNBOUNDED, Layout, ProgramShape, Shape, Tile
 from xlapy.ir.sharding import ShardingSyntaxError, parse_sharding
+from xlapy.ir.text_cursor import MAX_DEPTH, TextCursor
 from xlapy.ir.types import Kind, PrimitiveType
-
-MAX_DEPTH = 64
-"""Deepest nesting of braces, parentheses and tuple shapes the parser accepts."""
 
 _IDENT_TEXT = r"[A-Za-z_][A-Za-z0-9_.]*(?:-(?!>)[A-Za-z0-9_.]*)*"
 _IDENT = re.compile(_IDENT_TEXT)
@@ -68,7 +65,6 @@ _GAP = re.compile(r"(?:\s+|//[^\n]*)+")
 _DIM_LABELS = re.compile(r"([0-9a-z?]+)_([0-9a-z?]+)->([0-9a-z?]+)")
 _DIGITS = re.compile(r"-?[0-9]{1,19}(?![0-9])")
 _PAD_DIM = re.compile(r"(-?[0-9]{1,19})_(-?[0-9]{1,19})(?:_(-?[0-9]{1,19}))?(?![0-9])")
-_MAX_INT_CHARS = 21  # a sign and the 20 digits of 2**64 - 1
 _ELEMENT_TYPES = {t.text for t in PrimitiveType if t is not PrimitiveType.TUPLE}
 
 # Fast paths. Each regex only finds the extent of a common form; its meaning (and every
@@ -146,13 +142,13 @@ class _ComputationRef:
     pos: int
 
 
-class _Parser:
+class _Parser(TextCursor):
+    WHITESPACE = _WS
+    IDENT = _IDENT
+    INT = _INT
+
     def __init__(self, text: str, filename: str | None):
-        self.text = text
-        self.filename = filename
-        self.pos = 0
-        self.depth = 0
-        self._line_starts: list[int] | None = None
+        super().__init__(text, filename)
         self.computation_refs: list[tuple[HloInstruction, str, Any]] = []
         self.multiline_strings = False  # header strings may span lines
         self.sugar: tuple[Opcode, Opcode] | None = None  # set by opcode(): (async op, wrapped)
@@ -162,17 +158,7 @@ class _Parser:
         self.wrapper_computations: list[HloComputation] = []
 
     # -- errors ----------------------------------------------------------------------------
-    def error(self, message: str, pos: int | None = None) -> HloParseError:
-        pos = self.pos if pos is None else pos
-        if self._line_starts is None:
-            self._line_starts = [0] + [m.end() for m in re.finditer(r"\n", self.text)]
-        line = bisect.bisect_right(self._line_starts, pos)
-        start = self._line_starts[line - 1]
-        end = self.text.find("\n", start)
-        source = self.text[start : end if end >= 0 else len(self.text)]
-        return HloParseError(message, line, pos - start + 1, source, self.filename)
-
-    def describe_here(self) -> str:
+    def found(self) -> str:
         if self.pos >= len(self.text):
             return "end of input"
         m = _IDENT.match(self.text, self.pos) or _FLOAT.match(self.text, self.pos)
@@ -183,7 +169,7 @@ class _Parser:
         """An error for a missing `what`. When the unexpected token starts a later line and
         the previous line stopped inside a construct (not after a closing '}'), the missing
         piece belongs at the end of that line, so point there."""
-        message = f"expected {what}, found {self.describe_here()}"
+        message = f"expected {what}, found {self.found()}"
         end_of_previous = len(self.text[: self.pos].rstrip())
         if (
             end_of_previous
@@ -193,74 +179,17 @@ class _Parser:
             return self.error(message, end_of_previous)
         return self.error(message)
 
-    def enter(self) -> None:
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise self.error(f"nesting deeper than {MAX_DEPTH} levels")
-
-    def leave(self) -> None:
-        self.depth -= 1
-
     # -- low-level scanning ----------------------------------------------------------------
     def skip(self) -> None:
-        ws = _WS.match(self.text, self.pos)
-        assert ws is not None, "the whitespace pattern matches the empty string"
-        pos = self.pos = ws.end()
-        if self.text.startswith("/*", pos):
+        super().skip()
+        if self.text.startswith("/*", self.pos):
             raise self.error("unterminated comment")
-
-    def peek(self, s: str) -> bool:
-        self.skip()
-        return self.text.startswith(s, self.pos)
-
-    def accept(self, s: str) -> bool:
-        self.skip()
-        if self.text.startswith(s, self.pos):
-            self.pos += len(s)
-            return True
-        return False
-
-    def expect(self, s: str, what: str | None = None) -> None:
-        if not self.accept(s):
-            raise self.expected(what or f"'{s}'")
-
-    def match(self, regex: re.Pattern) -> re.Match | None:
-        self.skip()
-        m = regex.match(self.text, self.pos)
-        if m:
-            self.pos = m.end()
-        return m
-
-    def at_end(self) -> bool:
-        self.skip()
-        return self.pos >= len(self.text)
-
-    def ident(self, what: str = "an identifier") -> str:
-        m = self.match(_IDENT)
-        if not m:
-            raise self.expected(what)
-        return m.group(0)
-
-    def peek_ident(self) -> str | None:
-        self.skip()
-        m = _IDENT.match(self.text, self.pos)
-        return m.group(0) if m else None
 
     def name(self, what: str = "a name") -> str:
         m = self.match(_NAME)
         if not m:
             raise self.expected(what)
         return m.group(1)
-
-    def integer(self, what: str = "an integer") -> int:
-        m = self.match(_INT)
-        if not m:
-            raise self.expected(what)
-        text = m.group(0)
-        if len(text) > _MAX_INT_CHARS:  # also keeps Python's 4300-digit int() limit away
-            shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} digits)"
-            raise self.error(f"value {shown} is out of range", m.start())
-        return int(text)
 
     def boolean(self) -> bool:
         word = self.peek_ident()

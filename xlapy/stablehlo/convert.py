@@ -34,6 +34,7 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 from xlapy.ir.shapes import Shape
+from xlapy.ir.text_cursor import error_at
 from xlapy.ir.types import PrimitiveType
 from xlapy.ir.verifier import verify
 from xlapy.stablehlo import mlir
@@ -106,6 +107,8 @@ def _shape_of(text: str) -> Shape:
         while len(parts) > 1 and (parts[0].isdigit() or parts[0] == "?"):
             if parts[0] == "?":
                 raise TypeProblem(f"dynamic shape '{text}' is not supported (need static shapes)")
+            if len(parts[0]) > 19:
+                raise TypeProblem(f"dimension {parts[0][:20]}... of '{text[:60]}' is too large")
             dims.append(int(parts.pop(0)))
         element = "x".join(parts)
     else:
@@ -184,6 +187,9 @@ def dense_array(attr: DenseAttr, shape: Shape | None) -> np.ndarray:
         return arr.reshape(dims)
     kind = shape.element_type.kind.value
     tokens = _DENSE_TOKEN.findall(body)
+    for t in tokens:
+        if len(t) > 40 and kind != "float":  # no integer of any element type is this long
+            raise TypeProblem(f"value {t[:20]}... ({len(t)} characters) is out of range")
     if kind == "complex":
         reals = [_float_token(t, np.float64) for t in tokens]
         values: Any = np.array(reals[0::2]) + 1j * np.array(reals[1::2])
@@ -457,7 +463,7 @@ class Converter:
     def error(self, message: str, pos: int | None = None) -> HloParseError:
         if pos is None:
             pos = self.op.pos if self.op is not None else 0
-        return mlir.error_at(self.text, self.filename, message, pos)
+        return error_at(self.text, self.filename, message, pos)
 
     def fresh(self, stem: str) -> str:
         self.counter += 1

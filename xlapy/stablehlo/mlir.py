@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xlapy.errors import HloParseError
-
-MAX_DEPTH = 64
+from xlapy.ir.text_cursor import MAX_DEPTH, TextCursor
 
 _WS = re.compile(r"(?:\s+|//[^\n]*)*")
-_SPACE_OR_COMMENT = frozenset(" \t\n\r\f\v/")
+_TOKEN = re.compile(r"\S+")
 _VALUE = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#[0-9]+)?")
 _SYMBOL = re.compile(r'@(?:[A-Za-z0-9_$.\-]+|"(?:[^"\\]|\\.)*")')
 _HASH = re.compile(r"#[A-Za-z_][A-Za-z0-9_$.]*")
@@ -182,83 +181,25 @@ class Module:
     meshes: dict[str, str] = field(default_factory=dict)  # sdy.mesh name -> `["x"=2, ...]`
 
 
-class Reader:
+class Reader(TextCursor):
     """The cursor over the text, and the grammar rules."""
 
+    WHITESPACE = _WS
+    IDENT = _IDENT
+    INT = _INT
+    INT_BASE = 0  # 0x... too
+    MAX_INT_CHARS = 40
+
     def __init__(self, text: str, filename: str | None):
-        self.text = text
-        self.filename = filename
-        self.pos = 0
-        self.depth = 0
+        super().__init__(text, filename)
         self.aliases: dict[str, str] = {}
 
-    # -- errors ----------------------------------------------------------------------------
-    def error(self, message: str, pos: int | None = None) -> HloParseError:
-        return error_at(self.text, self.filename, message, self.pos if pos is None else pos)
-
-    def expected(self, what: str) -> HloParseError:
+    def found(self) -> str:
         self.skip()
         if self.pos >= len(self.text):
-            return self.error(f"expected {what}, found end of input")
-        m = re.compile(r"\S+").match(self.text, self.pos)
-        found = m.group(0)[:20] if m else self.text[self.pos]
-        return self.error(f"expected {what}, found '{found}'")
-
-    def enter(self) -> None:
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise self.error(f"nesting deeper than {MAX_DEPTH} levels")
-
-    def leave(self) -> None:
-        self.depth -= 1
-
-    # -- tokens ----------------------------------------------------------------------------
-    def skip(self) -> None:
-        pos = self.pos
-        if pos < len(self.text) and self.text[pos] not in _SPACE_OR_COMMENT:
-            return
-        m = _WS.match(self.text, pos)
-        assert m is not None  # the pattern matches the empty string
-        self.pos = m.end()
-
-    def peek(self, s: str) -> bool:
-        self.skip()
-        return self.text.startswith(s, self.pos)
-
-    def accept(self, s: str) -> bool:
-        if self.peek(s):
-            self.pos += len(s)
-            return True
-        return False
-
-    def expect(self, s: str, what: str | None = None) -> None:
-        if not self.accept(s):
-            raise self.expected(what or f"'{s}'")
-
-    def match(self, regex: re.Pattern) -> re.Match | None:
-        self.skip()
-        m = regex.match(self.text, self.pos)
-        if m:
-            self.pos = m.end()
-        return m
-
-    def peek_ident(self) -> str | None:
-        self.skip()
-        m = _IDENT.match(self.text, self.pos)
-        return m.group(0) if m else None
-
-    def ident(self, what: str = "an identifier") -> str:
-        m = self.match(_IDENT)
-        if m is None:
-            raise self.expected(what)
-        return m.group(0)
-
-    def keyword(self, word: str) -> bool:
-        """Accept `word` when it stands alone (not the start of a longer identifier)."""
-        if self.peek_ident() == word:
-            self.pos += len(word)
-            return True
-        return False
+            return "end of input"
+        m = _TOKEN.match(self.text, self.pos)
+        return f"'{m.group(0)[:20] if m else self.text[self.pos]}'"
 
     def value(self, what: str = "a value such as %0") -> tuple[str, int]:
         self.skip()
@@ -267,12 +208,6 @@ class Reader:
         if m is None:
             raise self.expected(what)
         return m.group(0), pos
-
-    def integer(self, what: str = "an integer") -> int:
-        m = self.match(_INT)
-        if m is None:
-            raise self.expected(what)
-        return int(m.group(0), 0)
 
     def string(self) -> str:
         m = self.match(_STRING)
@@ -1072,19 +1007,6 @@ def unescape(s: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
-
-
-def error_at(text: str, filename: str | None, message: str, pos: int) -> HloParseError:
-    """An HloParseError at offset `pos` of `text` (line, column, the line and a caret)."""
-    pos = max(0, min(pos, len(text)))
-    line = text.count("\n", 0, pos) + 1
-    line_start = text.rfind("\n", 0, pos) + 1
-    line_end = text.find("\n", pos)
-    if line_end < 0:
-        line_end = len(text)
-    return HloParseError(
-        message, line, pos - line_start + 1, text[line_start:line_end], filename=filename
-    )
 
 
 def read_module(text: str, filename: str | None = None) -> Module:

@@ -43,6 +43,8 @@ class BenchResult:
     devices: int = 1
     device_median_us: tuple[float, ...] = ()
     """Multi-device programs: per device, the median time until its outputs were ready."""
+    fallbacks: tuple[str, ...] = ()
+    """The instructions the backend runs with the interpreter's rule: "name (opcode): why"."""
 
     def to_text(self) -> str:
         text = (
@@ -55,7 +57,8 @@ class BenchResult:
         if self.devices > 1:
             per = ", ".join(f"{i}: {t:.1f}" for i, t in enumerate(self.device_median_us))
             text += f"\n{self.devices} devices, median us until each device's outputs: {per}"
-        return text
+        text += f"\nfallbacks: {len(self.fallbacks) or 'none'}"
+        return "\n  ".join([text, *self.fallbacks])
 
 
 def format_us(us: float) -> str:
@@ -84,7 +87,7 @@ def kernel_cache_dir(path: str) -> Iterator[None]:
 def clear_process_kernel_cache() -> None:
     """Forget the kernels the CPU compiler keeps in memory, so the next compile reads the
     disk cache (or compiles) again."""
-    from xlapy.backends.cpu.compiler import clear_kernel_cache
+    from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 
     clear_kernel_cache()
 
@@ -109,6 +112,21 @@ def time_compile(backend: str, text: str, replicas: int = 1, partitions: int = 1
     start = time.perf_counter()
     executable = client.compile(text, options)
     return 1e3 * (time.perf_counter() - start), executable
+
+
+def program_fallbacks(backend: str, module) -> tuple[str, ...]:
+    """The instructions `backend` runs `module` with the interpreter's rule for, as
+    "name (opcode): reason" (one compile, from the kernel cache a timed compile filled).
+    A module that needs several devices is compiled as one device's program would be
+    before partitioning; where that fails, the one line says why."""
+    from xlapy.backends import get_backend
+    from xlapy.errors import XlapyError
+
+    try:
+        program = get_backend(backend).compile(module)
+    except XlapyError as e:
+        return (f"(not listed: compiling for one device failed: {e})",)
+    return tuple(str(f) for f in program.fallbacks)
 
 
 def time_runs(executable, args, runs: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
@@ -145,6 +163,7 @@ def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchRes
         warm_ms, executable = time_compile(backend, text, *counts)
         times, per_device = time_runs(executable, args, runs, warmup)
         times *= 1e6
+        fallbacks = program_fallbacks(backend, module)
     return BenchResult(
         module=module.name,
         backend=backend,
@@ -161,6 +180,7 @@ def bench_module(module, args, backend: str, runs: int, warmup: int) -> BenchRes
         device_median_us=tuple(round(float(t) * 1e6, 3) for t in np.median(per_device, axis=0))
         if counts[0] * counts[1] > 1
         else (),
+        fallbacks=fallbacks,
     )
 
 

@@ -214,7 +214,13 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, nu
     help="SPMD-partition the sharded module for N devices first (then only the --passes "
     "given run); the report of ops that fell back to replication goes to stderr",
 )
-def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions):
+@click.option(
+    "--backend",
+    type=click.Choice(["cpu"]),
+    help="also compile the result for this backend and list, on stderr, every instruction "
+    "it runs with the interpreter's rule (its fallbacks) and why",
+)
+def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions, backend):
     """Optimize MODULE.hlo and print the result."""
     from xlapy.passes.pipelines import CPU_PIPELINE, build
 
@@ -245,6 +251,13 @@ def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions):
         f"{', '.join(changed) or 'none'}",
         err=True,
     )
+    if backend is not None:
+        from xlapy.backends import get_backend
+
+        fallbacks = get_backend(backend).compile(module, text=text).fallbacks
+        click.echo(f"{backend} fallbacks: {len(fallbacks) or 'none'}", err=True)
+        for f in fallbacks:
+            click.echo(f"  {f}", err=True)
 
 
 cli.add_command(bench)

@@ -10,18 +10,18 @@ assignment, then a thunk sequence of kernels, BLAS dots, library and control-flo
 (`compile_module`), executed over one arena per execution (`CpuProgram.run`).
 """
 
-from xlapy.backends.cpu import elemental  # noqa: F401  (registers the elemental emit rules)
 from xlapy.backends.cpu.backend import CpuBackend, CpuProgram
+from xlapy.backends.cpu.codegen.common import KernelSpec, UnsupportedForCodegen
+from xlapy.backends.cpu.codegen.emitter import emit_kernel, supported
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module
-from xlapy.backends.cpu.emitter import KernelSpec, UnsupportedForCodegen, emit_kernel, supported
-from xlapy.backends.cpu.kernel import (
+from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     compile_computation,
     compile_instruction,
-    default_pool,
     run_parallel,
     wrap_instruction,
 )
+from xlapy.backends.cpu.runtime.pool import default_pool
 
 __all__ = [
     "CompiledModule",

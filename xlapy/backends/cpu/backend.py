@@ -31,11 +31,12 @@ import numpy as np
 from xlapy.backends.base import (
     Backend,
     CompiledProgram,
+    Fallback,
     alias_leaves,
     leaf_at,
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module
-from xlapy.backends.cpu.thunks import (
+from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     ExecutionContext,
     address,
@@ -385,6 +386,12 @@ class CpuProgram(CompiledProgram):
             return tuple(leaves)
         by_index = {out.index: leaf for out, leaf in zip(self._outputs_plan, leaves, strict=True)}
         return _build(self._root.shape, (), by_index)
+
+    @property
+    def fallbacks(self) -> list[Fallback]:
+        """The instructions run with the interpreter's rule alone (no kernel and no library
+        path), each with its reason."""
+        return list(self.compiled.fallbacks)
 
     # -- dumps -----------------------------------------------------------------------------
     def thunk_listing(self) -> str:

@@ -40,110 +40,39 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from llvmlite import ir
 
-from xlapy.backends.cpu.math import MathEmitter
+from xlapy.backends.cpu.codegen import elemental
+from xlapy.backends.cpu.codegen.common import (
+    EMIT_RULES,
+    F16,
+    F32,
+    I1,
+    I8,
+    I16,
+    I32,
+    I64,
+    Index,
+    KernelSpec,
+    P,
+    UnsupportedForCodegen,
+    check_type,
+    mem_type,
+    physical_strides,
+    reduce_hero,
+    reg_type,
+)
+from xlapy.backends.cpu.codegen.math import MathEmitter
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
-
-P = PrimitiveType
-I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
-
-REDUCE_BLOCK = 256
-"""Elements of the innermost reduced dimension summed into one partial result."""
-
-
-class UnsupportedForCodegen(XlapyError):
-    """The CPU emitter cannot compile this instruction or type; run it in the interpreter."""
-
-
-@dataclass(frozen=True, slots=True)
-class KernelSpec:
-    """An emitted kernel: its LLVM IR text and the signature the caller must honour."""
-
-    name: str
-    llvm_ir: str
-    outputs: tuple[Shape, ...]
-    params: tuple[Shape, ...]
-    outer_extent: int
-    in_place: tuple[tuple[int, int], ...] = ()
-
-
-_SUPPORTED_TYPES = {
-    P.PRED, P.S8, P.S16, P.S32, P.S64, P.U8, P.U16, P.U32, P.U64,
-    P.F16, P.BF16, P.F32, P.F64,
-}  # fmt: skip
-
-
-def reg_type(t: PrimitiveType):
-    """The LLVM type a value of element type `t` has in registers."""
-    if t is P.PRED:
-        return I1
-    if t.is_integral:
-        return ir.IntType(t.bits)
-    return F64 if t is P.F64 else F32
-
-
-def mem_type(t: PrimitiveType):
-    """The LLVM type one element of `t` has in memory."""
-    if t is P.PRED:
-        return I8
-    if t is P.F16:
-        return F16
-    if t is P.BF16:
-        return I16
-    return reg_type(t)
-
-
-def physical_strides(shape: Shape) -> list[int]:
-    """Element stride of each logical dimension in a dense buffer laid out by the layout."""
-    strides = [0] * shape.rank
-    step = 1
-    for d in shape.layout_or_default.minor_to_major:
-        strides[d] = step
-        step *= shape.dims[d]
-    return strides
-
-
-def _check_type(instr: HloInstruction, shape: Shape) -> None:
-    if shape.is_tuple:
-        for s in shape.tuple_shapes:
-            _check_type(instr, s)
-        return
-    if shape.element_type not in _SUPPORTED_TYPES:
-        raise UnsupportedForCodegen(
-            f"{instr.name}: the CPU emitter does not handle element type {shape.element_type}"
-        )
-    if shape.is_dynamic:
-        raise UnsupportedForCodegen(f"{instr.name}: dynamic shape {shape} is not supported")
-    if shape.layout is not None and shape.layout.tiles:
-        raise UnsupportedForCodegen(f"{instr.name}: tiled layout {shape.layout} not supported")
-
-
-Index = tuple  # tuple of i64 ir.Values, one per logical dimension
-Rule = Callable[["KernelEmitter", HloInstruction, Index], object]
-EMIT_RULES: dict[Opcode, Rule] = {}
-
-
-def emits(*opcodes: Opcode):
-    """Register the decorated function as the elemental emission rule of `opcodes`."""
-
-    def register(fn: Rule) -> Rule:
-        for op in opcodes:
-            EMIT_RULES[op] = fn
-        return fn
-
-    return register
 
 
 def supported(comp: HloComputation) -> str | None:
@@ -161,7 +90,7 @@ def _precheck(comp: HloComputation) -> None:
             raise UnsupportedForCodegen(
                 f"{instr.name}: the CPU emitter has no rule for '{instr.opcode.text}'"
             )
-        _check_type(instr, instr.shape)
+        check_type(instr, instr.shape)
         for sub in instr.called_computations():
             _precheck(sub)
     root = comp.root_instruction()
@@ -186,16 +115,6 @@ def _precheck(comp: HloComputation) -> None:
                 f"{root.name}: multi-output roots need equal dimensions, got "
                 f"{', '.join(str(s) for s in shapes)} and {dims}"
             )
-
-
-def reduce_hero(leaves: Sequence[HloInstruction]) -> HloInstruction | None:
-    """The first output of a kernel that is a reduce over some dimensions, if any: the
-    kernel's loops run over its output, and outputs over its input (XLA's multi-output
-    reduction fusion: an `exp` returned beside the sum of it) are stored from inside its
-    reduction loop, once per input element."""
-    return next(
-        (x for x in leaves if x.opcode is Opcode.REDUCE and x.attrs.get("dimensions")), None
-    )
 
 
 def _over_input(hero: HloInstruction | None, leaf: HloInstruction) -> bool:
@@ -425,7 +344,7 @@ class KernelEmitter:
                 index[d] = i
                 nest(level + 1)
 
-        reduces = _elemental().kept_minor_reduces(self.out_leaves) if shape0.rank else None
+        reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
         window = self._in_place_window() if shape0.rank else None
         if shape0.rank == 0:
             with self.loop(start, end, "once"):
@@ -435,7 +354,7 @@ class KernelEmitter:
                 self.flat = (i,) * shape0.rank
                 self._store_outputs(self.flat, out_ptrs)
         elif reduces is not None:
-            _elemental().emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
+            elemental.emit_kept_minor_reduce(self, reduces, out_ptrs, start, end)
         elif window is not None:
             self._store_window(window, order, out_ptrs[0], start, end)
         else:
@@ -460,7 +379,7 @@ class KernelEmitter:
         order = list(reversed(shape0.layout_or_default.minor_to_major))
         if self._flat_elementwise(shape0):
             return shape0.num_elements
-        if _elemental().kept_minor_reduces(self.out_leaves) is None:
+        if elemental.kept_minor_reduces(self.out_leaves) is None:
             window = self._in_place_window()
             if window is not None:
                 return window.operands[1].shape.dims[order[0]]
@@ -523,7 +442,7 @@ class KernelEmitter:
         keeps the operand's bytes, which it already holds."""
         update = dus.operands[1]
         out_shape = self.out_leaves[0][2]
-        starts = _elemental().dynamic_starts(self, dus, out_shape.dims, update.shape.dims, 2)
+        starts = elemental.dynamic_starts(self, dus, out_shape.dims, update.shape.dims, 2)
         index: list = [None] * out_shape.rank
 
         def nest(level: int):
@@ -746,21 +665,9 @@ class _Loop:
         return False
 
 
-def _elemental():
-    """xlapy.backends.cpu.elemental, which imports this module (so not at import time here;
-    the package imports it, registering the elemental rules)."""
-    from xlapy.backends.cpu import elemental
-
-    return elemental
-
-
 __all__ = [
-    "EMIT_RULES",
     "KernelEmitter",
-    "KernelSpec",
-    "UnsupportedForCodegen",
     "emit_kernel",
     "in_place_reason",
     "output_leaves",
-    "physical_strides",
 ]

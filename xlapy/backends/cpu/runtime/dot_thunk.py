@@ -1,150 +1,313 @@
-# Library thunks: operations the kernel emitter does not generate code for, run on NumPy views
-# of the executable's memory.
+# Dots: BLAS on the arena (DotThunk), and the fast library path for the others.
 #
-# - DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type. Without a
-#   batch, and where each operand's slice reads as one matrix (its dims merge into rows and
-#   columns with one stride each, as stored or transposed), it is one cblas gemm on arena
-#   addresses planned at compile time (lib_dot.cblas_gemm; a column-major result is computed
-#   as its transpose), so a run only adds the allocation bases: ~1 us of Python per dot, not
-#   the ~5 us of building NumPy views. Other f32/f64/complex dots go to NumPy's matmul on
-#   views of the slices (transpose flags instead of copies wherever the contraction allows).
-#   Mixed precision and integer dots go through RuleThunk, whose fast path is lib_dot.py.
-#   Every BLAS call runs with one OpenBLAS thread; a large product may be split into blocks
-#   of rows, of columns when it is wider than tall (each block then packs only its part of
-#   the right operand; column blocks start on 64-byte lines), or of the batch, over the
-#   kernel pool, so BLAS's own threads never compete with the pool, and a busy machine
-#   degrades to one core instead of 5-15x. Whether a dot splits is learned per dot from its
-#   run times (thunks.SplitChoice): the hand-off to a worker costs tens of microseconds and,
-#   with the other core busy, splitting gains nothing.
-# - DynamicUpdateSliceThunk: writes only the update's window; when buffer assignment put the
-#   result on its operand (in place) nothing else moves.
-# - CustomCallThunk: C targets get pointers into the arena with the nested pointer-table
-#   layout; aliased outputs are the operand's bytes. Python and typed-FFI targets (and
-#   XLA-internal targets) go through the interpreter's rule.
-# - RuleThunk: everything else (sort, fft, rng, reduce-window, convolution, the gathers and
-#   scatters the emitters decline, ...) evaluates the interpreter's per-opcode rule on views
-#   of the operands' slices and stores the value in the instruction's slices. Where a fast
-#   NumPy implementation fits the instruction (FAST_PLANNERS: recognized sort comparators,
-#   topk, prefix-scan and pooling reduce-windows, row gathers and scatters, convolutions as
-#   im2col + matmul; see the lib_* modules), the thunk runs that instead, writing straight
-#   into the result's views; a fast path may decline at run time (a NaN key under a float
-#   compare, say) and the rule runs.
+# DotThunk: a dot of f32/f64/c64/c128 operands with a result of the same type. Without a
+# batch, and where each operand's slice reads as one matrix (its dims merge into rows and
+# columns with one stride each, as stored or transposed), it is one cblas gemm on arena
+# addresses planned at compile time (cblas_gemm below; a column-major result is computed
+# as its transpose), so a run only adds the allocation bases: ~1 us of Python per dot, not
+# the ~5 us of building NumPy views. Other f32/f64/complex dots go to NumPy's matmul on
+# views of the slices (transpose flags instead of copies wherever the contraction allows).
+# Mixed precision and integer dots run as a rule thunk with the fast path below.
+# Every BLAS call runs with one OpenBLAS thread; a large product may be split into blocks
+# of rows, of columns when it is wider than tall (each block then packs only its part of
+# the right operand; column blocks start on 64-byte lines), or of the batch, over the
+# kernel pool, so BLAS's own threads never compete with the pool, and a busy machine
+# degrades to one core instead of 5-15x. Whether a dot splits is learned per dot from its
+# run times (thunk.SplitChoice): the hand-off to a worker costs tens of microseconds and,
+# with the other core busy, splitting gains nothing.
+#
+# Fast library dots for the cases DotThunk leaves to a rule thunk: mixed element types
+# (bf16 x bf16 -> f32, f16 -> f32, bf16 -> bf16, ...) and integer dots (s8 x s8 -> s32, ...).
+#
+# The interpreter accumulates floats in f32 (f64 when the result or an operand is f64) and
+# integers in 64 bits, wrapping to the result width at the end. The fast path picks a *work*
+# dtype that gives the same numbers with BLAS:
+#
+# - floats and complex: the accumulation dtype itself (sgemm / dgemm / cgemm / zgemm); only
+#   the order of the additions differs from the rule's;
+# - integers: float32 (sgemm) when every partial sum is an integer below 2**24 in magnitude,
+#   which `max|a| * max|b| * k < 2**24` guarantees (k products per sum; s8 x s8 up to
+#   k = 1024), float64 (dgemm) below 2**53, so the float sums are exact and the result is the
+#   rule's bit for bit; otherwise int64 (NumPy's own integer loop, modular like the rule's).
+#
+# Operands are brought into [batch, m, k] @ [batch, k, n] order with one conversion copy
+# each (the copy the conversion needs anyway; supported_types keeps to the operand types
+# whose plain NumPy cast is the interpreter's conversion), so BLAS gets unit-stride matrices;
+# a strided operand reaching np.matmul would make NumPy use its slow non-BLAS loop. The
+# product goes straight into the result when the result is row-major in the work dtype.
+#
+# Threads: OpenBLAS's own threads spin-wait for each other, and on a machine whose cores are
+# busy with other work (or with xlapy's kernel pool) a multithreaded sgemm runs 5-15x slower
+# than a one-thread one (measured: f32 [8192x144] @ [144x32], 2 cores under load, 9 ms with
+# 2 BLAS threads, 0.9 ms with 1). So these paths run every BLAS call with one OpenBLAS thread
+# (`openblas_set_num_threads_local`, set around the call and restored) and get parallelism
+# the way kernels do: a large product is split into row blocks run on the kernel pool, one
+# block inline on the calling thread; a block no worker has started by the time the caller is
+# done with its own is taken back and run inline, so the caller never waits on queued work.
+#
+# cblas_gemm and raw_gemm expose OpenBLAS's gemm on raw addresses, for DotThunk's planned
+# products and for those np.matmul cannot express (accumulating into a strided block of an
+# existing result, see conv_thunk.py). They are called through cffi with addresses as plain
+# ints: ~1 us a call, against ~2 us through ctypes with argtypes and ~1 us for np.matmul's
+# own dispatch.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import glob
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import cffi
 import numpy as np
 
-from xlapy.backends.base import replace_leaf
-from xlapy.backends.cpu.kernel import even_blocks, pool_size, run_blocks
-from xlapy.backends.cpu.lib_conv import plan_convolution
-from xlapy.backends.cpu.lib_dot import (
-    NO_TRANS,
-    OPENBLAS_SERIAL_FLOPS,
-    PARALLEL_MIN_FLOPS,
-    ROW_MAJOR,
-    TRANS,
-    blas_thread_setter,
-    cblas_gemm,
-    one_blas_thread,
-    plan_dot,
-)
-from xlapy.backends.cpu.lib_indexing import plan_gather, plan_scatter
-from xlapy.backends.cpu.lib_sort import plan_sort, plan_topk, plan_xla_topk
-from xlapy.backends.cpu.lib_window import plan_reduce_window, plan_select_and_scatter
-from xlapy.backends.cpu.thunks import (
+from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.thunk import (
+    NS_PER_FLOP,
     BufferSlice,
     ExecutionContext,
     SplitChoice,
     Thunk,
-    ValueTree,
 )
-from xlapy.backends.interpreter.registry import rule_for
-from xlapy.errors import CustomCallError, EvaluationError
+from xlapy.backends.interpreter.rules.contraction import (
+    accumulation_dtype,
+    to_result,
+)
 from xlapy.ir.instruction import HloInstruction
-from xlapy.ir.opcodes import Opcode
 from xlapy.ir.types import PrimitiveType
 
+_EXACT_F32, _EXACT_F64 = 1 << 24, 1 << 53
+OPENBLAS_SERIAL_FLOPS = 2 * 4 * 65536
+"""Products of at most this many flops (m*n*k <= 4 * 65536) OpenBLAS computes on one
+thread of its own accord: no thread-count change is needed around them."""
+
+PARALLEL_MIN_FLOPS = 1 << 23
+"""Products with fewer multiply-adds (x2) than this run on the calling thread alone."""
+
+
+@functools.cache
+def _openblas_paths() -> tuple[str | None, ...]:
+    here = os.path.dirname(np.__file__)
+    found = glob.glob(os.path.join(here, os.pardir, "numpy.libs", "*openblas*.so*"))
+    return (*sorted(found), None)
+
+
+def _openblas_symbol(names: tuple[str, ...]):
+    """(library path, name, ctypes function) for the first of `names` exported by OpenBLAS
+    (NumPy's bundled copy first, then the process), or None."""
+    for path in _openblas_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in names:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return path, name, fn
+    return None
+
+
+@functools.cache
+def _ffi_function(names: tuple[str, ...], signature: str):
+    """The first of `names` that OpenBLAS exports, through cffi: `signature` is its C
+    declaration with `{name}` for the name, and every pointer declared `uintptr_t`, so plain
+    Python ints pass without conversion objects (a cffi call costs ~0.5 us; ctypes with
+    argtypes ~2 us for a gemm's 14 arguments). None when no OpenBLAS is found."""
+    found = _openblas_symbol(names)
+    if found is None:
+        return None
+    path, name, _ = found
+    ffi = cffi.FFI()
+    ffi.cdef(signature.format(name=name, index="int64_t" if name.endswith("64_") else "int"))
+    return getattr(ffi.dlopen(path), name)
+
+
+@functools.cache
+def blas_thread_setter():
+    """OpenBLAS's `openblas_set_num_threads_local(n) -> previous`, or None."""
+    return _ffi_function(("openblas_set_num_threads_local",), "int {name}(int);")
+
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+"""cblas's enums: row-major order; an operand as stored; an operand transposed."""
+_GEMM_LETTERS = {np.dtype(np.float32): ("s", "float"), np.dtype(np.float64): ("d", "double")}
+
+
+@functools.cache
+def cblas_gemm(dtype: np.dtype):
+    """OpenBLAS's cblas `?gemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta,
+    c, ldc)` for float32 / float64 with addresses as ints (enums: ROW_MAJOR, NO_TRANS, TRANS),
+    or None when `dtype` has none or no OpenBLAS is loaded."""
+    if dtype not in _GEMM_LETTERS:
+        return None
+    letter, scalar = _GEMM_LETTERS[dtype]
+    names = (f"scipy_cblas_{letter}gemm64_", f"cblas_{letter}gemm64_", f"cblas_{letter}gemm")
+    signature = (
+        "void {name}(int, int, int, {index}, {index}, {index}, SCALAR, uintptr_t, {index},"
+        " uintptr_t, {index}, SCALAR, uintptr_t, {index});"
+    ).replace("SCALAR", scalar)
+    return _ffi_function(names, signature)
+
+
+@functools.cache
+def raw_gemm(dtype: np.dtype):
+    """OpenBLAS's row-major `C = A @ B + beta * C` for float32 / float64 on raw addresses, as
+    `gemm(m, n, k, a, lda, b, ldb, beta, c, ldc, trans_a=False)` (leading dimensions in
+    elements; with `trans_a`, A is stored as its [k, m] transpose), or None when `dtype` has
+    none or no OpenBLAS is loaded. For products that np.matmul cannot express: accumulating
+    into a strided block of an existing result."""
+    fn = cblas_gemm(dtype)
+    if fn is None:
+        return None
+
+    def gemm(m: int, n: int, k: int, a: int, lda: int, b: int, ldb: int, beta: float,
+             c: int, ldc: int, trans_a: bool = False) -> None:  # fmt: skip
+        ta = TRANS if trans_a else NO_TRANS
+        fn(ROW_MAJOR, ta, NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
+
+    return gemm
+
+
+def one_blas_thread(body, lo: int, hi: int) -> None:
+    """`body(lo, hi)` with OpenBLAS limited to the calling thread (see the file comment)."""
+    setter = blas_thread_setter()
+    if setter is None:
+        body(lo, hi)
+        return
+    previous = setter(1)
+    try:
+        body(lo, hi)
+    finally:
+        setter(previous)
+
+
+def split_run(units: int, flops: float, body) -> None:
+    """`body(lo, hi)` over [0, units): in row blocks on the kernel pool when `flops` is large
+    (kernel.run_blocks: the caller runs one and takes back any no worker started), every
+    block with one BLAS thread (see the file comment)."""
+    if flops <= OPENBLAS_SERIAL_FLOPS:
+        body(0, units)  # OpenBLAS runs these on the calling thread by itself
+        return
+    if flops < PARALLEL_MIN_FLOPS or units < 2:
+        one_blas_thread(body, 0, units)
+        return
+    parts = pool_size()
+    run_blocks(lambda lo, hi: one_blas_thread(body, lo, hi), even_blocks(units, parts))
+
+
+def supported_types(instr: HloInstruction) -> bool:
+    """Whether the fast contractions handle `instr`'s element types: float or complex
+    operands with a float or complex result, or integer operands with an integer result."""
+    result = instr.shape.element_type
+    types = [op.shape.element_type for op in instr.operands]
+    if result.is_pred or any(t.is_pred for t in types):
+        return False
+    if result.is_integral:
+        return all(t.is_integral for t in types)
+    return result.is_floating_or_complex and all(t.is_floating_or_complex for t in types)
+
+
+def _magnitude(x: np.ndarray) -> int:
+    if x.size == 0:
+        return 0
+    return max(abs(int(x.min())), abs(int(x.max())))
+
+
+def work_dtype(acc: np.dtype, a: np.ndarray, b: np.ndarray, terms: int) -> np.dtype:
+    """The dtype to multiply in (see the file comment) for operands `a`, `b` whose products
+    are summed `terms` at a time, accumulating in `acc`."""
+    if acc.kind not in "iu":
+        return acc
+    bound = _magnitude(a) * _magnitude(b) * max(terms, 1)
+    if bound < _EXACT_F32:
+        return np.dtype(np.float32)
+    if bound < _EXACT_F64:
+        return np.dtype(np.float64)
+    return acc
+
+
+def blas_ready(m: np.ndarray) -> np.ndarray:
+    """`m` itself when its last two axes are a unit-stride matrix BLAS accepts, else a
+    contiguous copy."""
+    if m.ndim < 2 or m.size == 0:
+        return m
+    it = m.itemsize
+    (r, c), (sr, sc) = m.shape[-2:], m.strides[-2:]
+    if (sc == it or c == 1) and sr >= max(c, 1) * it and sr % it == 0:
+        return m
+    if (sr == it or r == 1) and sc >= max(r, 1) * it and sc % it == 0:
+        return m
+    return np.ascontiguousarray(m)
+
+
+def from_work(y: np.ndarray, acc: np.dtype, result: PrimitiveType) -> np.ndarray:
+    """A product computed in the work dtype, as the interpreter's result value."""
+    if y.dtype != acc:  # exact float integers
+        y = y.astype(np.int64)
+        if acc != y.dtype:
+            y = y.astype(acc)
+    return to_result(y, result)
+
+
+def plan_dot(instr: HloInstruction):
+    """A fast dot for mixed-precision and integer dots (see the file comment), or None."""
+    if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
+        return None
+    lhs, rhs = instr.operands
+    a = instr.attrs
+    lb, rb = tuple(a.get("lhs_batch_dims") or ()), tuple(a.get("rhs_batch_dims") or ())
+    lc, rc = tuple(a.get("lhs_contracting_dims") or ()), tuple(a.get("rhs_contracting_dims") or ())
+    ls, rs = lhs.shape.dims, rhs.shape.dims
+    if len(lb) != len(rb) or len(lc) != len(rc):
+        return None
+    if any(ls[i] != rs[j] for i, j in zip((*lb, *lc), (*rb, *rc), strict=True)):
+        return None
+    lf = [d for d in range(len(ls)) if d not in lb and d not in lc]
+    rf = [d for d in range(len(rs)) if d not in rb and d not in rc]
+    b = math.prod(ls[d] for d in lb)
+    m = math.prod(ls[d] for d in lf)
+    k = math.prod(ls[d] for d in lc)
+    n = math.prod(rs[d] for d in rf)
+    dims = instr.shape.dims
+    if math.prod(dims) != b * m * n or 0 in (b, m, n):
+        return None
+    lperm, rperm = [*lb, *lf, *lc], [*rb, *rc, *rf]
+    result = instr.shape.element_type
+
+    flops = 2.0 * b * m * k * n
+    batched = b > 1
+
+    def run(values, out, ctx) -> bool:
+        x, y = values
+        acc = accumulation_dtype(result, x, y)
+        work = work_dtype(acc, x, y, k)
+        xa = np.ascontiguousarray(x.transpose(lperm), dtype=work).reshape(b, m, k)
+        ya = np.ascontiguousarray(y.transpose(rperm), dtype=work).reshape(b, k, n)
+        direct = work == out.dtype and out.flags.c_contiguous
+        prod = out.reshape(b, m, n) if direct else np.empty((b, m, n), work)
+
+        def block(lo: int, hi: int) -> None:
+            if batched:
+                np.matmul(xa[lo:hi], ya[lo:hi], out=prod[lo:hi])
+            else:
+                np.matmul(xa[0, lo:hi], ya[0], out=prod[0, lo:hi])
+
+        split_run(b if batched else m, flops, block)
+        if not direct:
+            np.copyto(out, from_work(prod, acc, result).reshape(dims))
+        return True
+
+    return run
+
+
+# -- DotThunk: BLAS on arena addresses ---------------------------------------------------
 P = PrimitiveType
 _BLAS_TYPES = frozenset({P.F32, P.F64, P.C64, P.C128})
-
-# opcode -> planner(instr) returning fast(values, result views, ctx) -> bool (False: declined)
-FAST_PLANNERS = {
-    Opcode.SORT: plan_sort,
-    Opcode.TOPK: plan_topk,
-    Opcode.REDUCE_WINDOW: plan_reduce_window,
-    Opcode.SELECT_AND_SCATTER: plan_select_and_scatter,
-    Opcode.GATHER: plan_gather,
-    Opcode.SCATTER: plan_scatter,
-    Opcode.CONVOLUTION: plan_convolution,
-    Opcode.DOT: plan_dot,
-}
-# XLA-internal custom-call target -> planner
-FAST_CUSTOM_CALL_PLANNERS = {"TopK": plan_xla_topk}
-
-
-def plan_fast(instr: HloInstruction):
-    """The fast implementation of `instr` (see the file comment), or None."""
-    if instr.opcode is Opcode.CUSTOM_CALL:
-        planner = FAST_CUSTOM_CALL_PLANNERS.get(instr.attrs.get("custom_call_target", ""))
-    else:
-        planner = FAST_PLANNERS.get(instr.opcode)
-    if planner is None:
-        return None
-    try:
-        return planner(instr)
-    except Exception:  # an instruction a planner misreads keeps the interpreter's rule
-        return None
-
-
-def _tree_lines(label: str, tree: ValueTree, path: str = "") -> list[str]:
-    if isinstance(tree, tuple):
-        return [line for i, t in enumerate(tree) for line in _tree_lines(label, t, f"{path}{i}.")]
-    if tree is None:
-        return []
-    return [f"{label}{{{path.rstrip('.')}}}: {tree}"]
-
-
-class RuleThunk(Thunk):
-    """The interpreter's rule for the instruction, on views of the arena."""
-
-    kind = "library"
-
-    def __init__(self, instr: HloInstruction, operands: list[ValueTree], result: ValueTree, why):
-        self.instr, self.operands, self.result, self.why = instr, operands, result, why
-        self.rule = rule_for(instr.opcode)
-        self.fast = plan_fast(instr) if _all_arrays(result) else None
-
-    def run(self, ctx: ExecutionContext) -> None:
-        values = [ctx.read(t) for t in self.operands]
-        if self.fast is not None:
-            with np.errstate(all="ignore"):
-                if self.fast(values, ctx.read(self.result), ctx):
-                    return
-        try:
-            out = self.rule(self.instr, values, ctx.interpreter)
-        except EvaluationError as e:
-            if self.instr.name in str(e):
-                raise
-            raise EvaluationError(f"{self.instr.name}: {e}") from e
-        ctx.write(self.result, out, self.instr.name)
-
-    def describe(self) -> list[str]:
-        if self.fast is not None:
-            head = f"library {self.instr.name} = {self.instr.opcode.text} (fast NumPy path)"
-        else:
-            head = f"library {self.instr.name} = {self.instr.opcode.text} (interpreter rule"
-            head += f": {self.why})" if self.why else ")"
-        lines = [head]
-        for i, t in enumerate(self.operands):
-            lines += _tree_lines(f"in{i}", t)
-        return lines + _tree_lines("out", self.result)
 
 
 def blas_dot_supported(instr: HloInstruction) -> bool:
@@ -470,107 +633,8 @@ class DotThunk(Thunk):
             f"out: {self.out}",
         ]
 
+    def cost(self) -> float:
+        return 2_000 + self.flops * NS_PER_FLOP
 
-class DynamicUpdateSliceThunk(Thunk):
-    """Copies the operand into the result unless they share bytes, then writes the update
-    at the clamped start indices."""
-
-    kind = "library"
-
-    def __init__(self, instr, operand: BufferSlice, update: BufferSlice, starts, out):
-        self.instr, self.operand, self.update, self.starts, self.out = (
-            instr,
-            operand,
-            update,
-            tuple(starts),
-            out,
-        )
-        self.in_place = operand.same_bytes(out)
-
-    def run(self, ctx: ExecutionContext) -> None:
-        if not self.in_place:
-            np.copyto(ctx.view(self.out), ctx.view(self.operand))
-        update = ctx.view(self.update)
-        window = []
-        for s, dim, size in zip(self.starts, self.out.shape.dims, update.shape, strict=True):
-            begin = min(max(int(ctx.physical(s).reshape(())), 0), dim - size)
-            window.append(slice(begin, begin + size))
-        ctx.view(self.out)[tuple(window)] = update
-
-    def describe(self) -> list[str]:
-        note = "in place" if self.in_place else "copy, then update"
-        return [
-            f"library {self.instr.name} = dynamic-update-slice ({note})",
-            f"operand: {self.operand}",
-            f"update: {self.update}",
-            f"out: {self.out}",
-        ]
-
-
-class CustomCallThunk(Thunk):
-    """A C target called on arena pointers (see the file comment); others use the rule."""
-
-    kind = "custom-call"
-
-    def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases):
-        self.instr, self.operands, self.result = instr, operands, result
-        self.target_name = instr.attrs.get("custom_call_target")
-        config = instr.attrs.get("backend_config")
-        self.opaque = config.text if config is not None else ""
-        self.fallback = RuleThunk(instr, operands, result, "")
-        # (operand number, operand index, result tree leaf) for each aliased output
-        self.aliases = aliases
-        leaves = [leaf for leaf in _leaves(result) if leaf is not None]
-        self.unaliased = [leaf for leaf in leaves if not any(leaf is a[2] for a in aliases)]
-
-    def run(self, ctx: ExecutionContext) -> None:
-        from xlapy.backends.custom_calls import call_cpu_c_target, find
-
-        target = find(self.target_name, "Host", ctx.state.get("custom_calls"))
-        if not target.api_version.is_c:
-            self.fallback.run(ctx)
-            return
-        operands = [_physical_tree(ctx, t) for t in self.operands]
-        for number, index, out in self.aliases:
-            src = _at(self.operands[number], index)
-            if not src.same_bytes(out):
-                ctx.copy(src, out)
-            operands[number] = replace_leaf(operands[number], index, ctx.physical(out))
-        for leaf in self.unaliased:
-            ctx.physical(leaf).fill(0)
-        try:
-            call_cpu_c_target(target, operands, _physical_tree(ctx, self.result), self.opaque)
-        except CustomCallError as e:
-            raise CustomCallError(
-                f"{self.instr.name}: custom-call target {self.target_name!r} failed: {e}"
-            ) from e
-
-    def describe(self) -> list[str]:
-        lines = [f"custom-call {self.instr.name} -> {self.target_name!r}"]
-        for i, t in enumerate(self.operands):
-            lines += _tree_lines(f"in{i}", t)
-        return lines + _tree_lines("out", self.result)
-
-
-def _all_arrays(tree: ValueTree) -> bool:
-    return all(leaf is not None for leaf in _leaves(tree))
-
-
-def _leaves(tree: ValueTree) -> list:
-    if isinstance(tree, tuple):
-        return [leaf for t in tree for leaf in _leaves(t)]
-    return [tree]
-
-
-def _at(tree: ValueTree, index) -> ValueTree:
-    for i in index:
-        tree = tree[i]
-    return tree
-
-
-def _physical_tree(ctx: ExecutionContext, tree: ValueTree):
-    if isinstance(tree, tuple):
-        return tuple(_physical_tree(ctx, t) for t in tree)
-    if tree is None:
-        return None
-    return ctx.physical(tree)
+    def runs_alone(self) -> bool:
+        return self.flops < PARALLEL_MIN_FLOPS

@@ -40,9 +40,9 @@ import llvmlite
 import llvmlite.binding as llvm
 
 import xlapy
-from xlapy.backends.cpu.disk_cache import FORMAT, read_entry, write_entry
-from xlapy.backends.cpu.disk_cache import cache_dir as cache_dir  # where the files are
-from xlapy.backends.cpu.math import LIBM_FUNCTIONS
+from xlapy.backends.cpu.codegen.math import LIBM_FUNCTIONS
+from xlapy.backends.cpu.jit.disk_cache import FORMAT, read_entry, write_entry
+from xlapy.backends.cpu.jit.disk_cache import cache_dir as cache_dir  # where the files are
 
 _lock = threading.Lock()
 _local = threading.local()

@@ -29,9 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import itertools
 import json
-import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -41,14 +39,15 @@ from pathlib import Path
 
 import numpy as np
 
-from xlapy.backends.cpu import jit
-from xlapy.backends.cpu.emitter import (
-    KernelSpec,
+from xlapy.backends.cpu.codegen.common import SYMBOL, KernelSpec, physical_dims, symbol_name
+from xlapy.backends.cpu.codegen.emitter import (
     denormals_flushed,
     emit_kernel,
     outer_extent_of,
     output_leaves,
 )
+from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -73,25 +72,15 @@ def from_physical(buf: np.ndarray, shape: Shape) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(buf, np.argsort(_major_to_minor(shape))))
 
 
-def _physical_dims(shape: Shape) -> tuple[int, ...]:
-    return tuple(shape.dims[d] for d in _major_to_minor(shape))
-
-
-SYMBOL = "xla_kernel"
-"""The symbol every kernel is compiled under: kernels are emitted without the names of their
-instructions, so structurally equal computations give the same IR text, share one disk cache
-entry and, within a process, one loaded object. Dumps show the kernel's own name instead."""
-
-
 @functools.cache
 def source_fingerprint() -> str:
     """A SHA-256 of the code generator's Python sources (this package, and the IR whose
     text keys the cache): part of every kernel cache key, so an entry written by other
     code generator sources is never used."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for path in sorted([*here.glob("*.py"), *(root / "ir").glob("*.py")]):
+    backend = Path(__file__).resolve().parents[1]
+    for path in sorted([*backend.rglob("*.py"), *(root / "ir").glob("*.py")]):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
@@ -150,25 +139,6 @@ def clear_loaded_objects() -> None:
     with _loaded_lock:
         _objects.clear()
         _entries.clear()
-
-
-THREADS_ENV_VAR = "XLAPY_NUM_THREADS"
-
-
-@functools.cache
-def pool_size() -> int:
-    """Worker threads for the process: the cores this process may run on
-    (`os.sched_getaffinity`, so `taskset` and container CPU sets are honoured, unlike
-    `os.cpu_count()`), or $XLAPY_NUM_THREADS where it is set to a positive integer."""
-    override = os.environ.get(THREADS_ENV_VAR, "").strip()
-    if override:
-        if not override.isdigit() or int(override) < 1:
-            raise XlapyError(f"${THREADS_ENV_VAR} must be a positive integer, got {override!r}")
-        return int(override)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # platforms without affinity masks
-        return os.cpu_count() or 1
 
 
 @functools.cache
@@ -406,7 +376,7 @@ class Kernel:
                     f"got {arr.dtype}{list(arr.shape)}"
                 )
             inputs.append(to_physical(arr, shape))
-        outputs = [np.empty(_physical_dims(s), s.dtype) for s in self.signature.outputs]
+        outputs = [np.empty(physical_dims(s), s.dtype) for s in self.signature.outputs]
         return outputs, inputs
 
     @staticmethod
@@ -536,9 +506,59 @@ def _write_entry(key: str, object_key: str, signature: Signature) -> None:
     jit.write_entry(key, ".kernel", json.dumps(entry).encode())
 
 
-def symbol_name(name: str) -> str:
-    """`name` as an LLVM symbol: characters other than letters, digits and _ become _."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", name) or "xla_kernel"
+_kernel_cache: dict[tuple, Kernel] = {}
+_kernel_lock = threading.Lock()
+
+
+def clear_kernel_cache() -> None:
+    """Forget the kernels compiled in this process (the disk cache stays), so the next
+    compile loads them from disk or compiles them again: what `xlapy bench` times."""
+    with _kernel_lock:
+        _kernel_cache.clear()
+    clear_loaded_objects()
+
+
+def kernel_for(
+    comp: HloComputation,
+    name: str,
+    in_place: tuple[tuple[int, int], ...] = (),
+    defer: bool = False,
+    flush_denormals: bool = True,
+) -> Kernel:
+    """The compiled kernel of `comp`, compiled once per process per computation text.
+    `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
+    (the caller has checked emitter.in_place_reason and passes the same slice for both).
+    `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
+    `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`."""
+    text = comp.to_text()
+    key = (text, tuple(in_place), flush_denormals)
+    with _kernel_lock:
+        kernel = _kernel_cache.get(key)
+    if kernel is None:
+        kernel = compile_computation(
+            comp,
+            name,
+            in_place=in_place,
+            defer=True,
+            comp_text=text,
+            flush_denormals=flush_denormals,
+        )
+        with _kernel_lock:
+            kernel = _kernel_cache.setdefault(key, kernel)
+    if defer:
+        return kernel
+    try:
+        return kernel.wait()
+    except Exception:
+        forget_kernel(kernel)
+        raise
+
+
+def forget_kernel(kernel: Kernel) -> None:
+    """Drop `kernel` (one whose compile failed) from the process's kernel cache."""
+    with _kernel_lock:
+        for key in [k for k, v in _kernel_cache.items() if v is kernel]:
+            del _kernel_cache[key]
 
 
 def wrap_instruction(instr: HloInstruction) -> HloComputation:
@@ -556,42 +576,6 @@ def wrap_instruction(instr: HloInstruction) -> HloComputation:
 def compile_instruction(instr: HloInstruction, use_cache: bool = True) -> Kernel:
     """Compile one unfused instruction (elementwise, shape op or reduce) as a kernel."""
     return compile_computation(wrap_instruction(instr), instr.name, use_cache)
-
-
-@functools.cache
-def default_pool() -> ThreadPoolExecutor:
-    """The process-wide worker pool (`pool_size()` threads)."""
-    return ThreadPoolExecutor(max_workers=pool_size(), thread_name_prefix="xlapy-cpu")
-
-
-def even_blocks(extent: int, parts: int) -> list[tuple[int, int]]:
-    """[0, extent) cut into at most `parts` non-empty blocks of nearly equal size."""
-    bounds = [extent * k // parts for k in range(parts + 1)]
-    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
-
-
-def run_blocks(body, blocks: Sequence[tuple[int, int]]) -> None:
-    """`body(lo, hi)` for every block: the first on the calling thread, the others on the
-    pool. A block no worker has started by the time the caller is done is taken back and
-    run by the caller, so a busy pool (or a caller that is itself a pool worker) never
-    waits on queued work: with the other cores taken the caller does everything itself,
-    at the price of one submission per block."""
-    if not blocks:
-        return
-    pool = default_pool()
-    futures = [pool.submit(body, lo, hi) for lo, hi in blocks[1:]]
-    try:
-        body(*blocks[0])
-    except BaseException:
-        for f in futures:
-            if not f.cancel():
-                f.exception()
-        raise
-    for f, (lo, hi) in zip(futures, blocks[1:], strict=True):
-        if f.cancel():
-            body(lo, hi)
-        else:
-            f.result()
 
 
 def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None = None):

@@ -32,19 +32,18 @@ import math
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.emitter import (
+from xlapy.backends.cpu.codegen.common import (
     I1,
     I8,
     I64,
-    KernelEmitter,
+    SYMBOL,
     KernelSpec,
     mem_type,
+    physical_dims,
     physical_strides,
     reg_type,
-    supported,
 )
-from xlapy.backends.cpu.kernel import SYMBOL, Kernel, symbol_name
-from xlapy.backends.cpu.thunks import BufferSlice, KernelThunk, physical_dims
+from xlapy.backends.cpu.codegen.emitter import KernelEmitter, supported
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
@@ -341,19 +340,3 @@ def emit_scatter(instr: HloInstruction, in_place: bool = False) -> KernelSpec:
     """The LLVM IR of `instr`'s scatter kernel (see the file comment); `in_place` for the
     variant whose output is the operand's bytes. The caller has checked scatter_reason."""
     return _ScatterEmitter(instr, in_place).emit()
-
-
-def scatter_thunk(
-    instr: HloInstruction, out: BufferSlice, inputs: list[BufferSlice]
-) -> KernelThunk | None:
-    """A kernel thunk running `instr` as a native scatter loop, or None when it cannot."""
-    if scatter_reason(instr) is not None:
-        return None
-    operand, indices, updates = inputs
-    in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
-    try:
-        spec = emit_scatter(instr, in_place)
-        kernel = Kernel(spec, symbol_name(instr.name))
-    except Exception:  # anything the emitter or LLVM rejects keeps the library path
-        return None
-    return KernelThunk(instr, kernel, [out], inputs)

@@ -1,4 +1,5 @@
-# Fast library convolutions: im2col through strided views, then BLAS.
+# Convolutions: ConvolutionThunk runs a convolution as a library thunk, its fast path im2col
+# through strided views, then BLAS (below), else the interpreter's rule.
 #
 # Every convolution is brought to one canonical form, whatever its dimension labels:
 #
@@ -7,7 +8,7 @@
 #   kernel [G, K..., Cg, Og]    window positions, input features, output features per group
 #   output [Nb, O..., G * Og]   output features group-major, as XLA orders them
 #
-# The input is written once, in the work dtype (see lib_dot.py: the accumulation dtype, or
+# The input is written once, in the work dtype (see dot_thunk.py: the accumulation dtype, or
 # an exact float type for integers), into a zero buffer with
 # base (lhs) dilation as a strided store and the padding around it; negative padding only
 # crops what is stored. An `as_strided` view of that buffer then has, for each output
@@ -25,7 +26,7 @@
 # of products, one per position of the other window dims: a copy of [Nb, P_outer...,
 # O_last, K_last * Cg] band rows (a third of the im2col copy for a 3x3 window) holds every
 # such product's left operand as a row-major matrix at some offset, and OpenBLAS's gemm
-# (raw_gemm in lib_dot.py) accumulates it into the output rows of one batch item and group
+# (raw_gemm in dot_thunk.py) accumulates it into the output rows of one batch item and group
 # (beta = 1 after the first product), straight in the result when it is row-major in the
 # work dtype. The products of one batch item run back to back, its bands still in cache, in
 # blocks of output rows (all window positions of a block, then the next block) so the rows
@@ -60,7 +61,7 @@ import threading
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from xlapy.backends.cpu.lib_dot import (
+from xlapy.backends.cpu.runtime.dot_thunk import (
     blas_ready,
     from_work,
     raw_gemm,
@@ -68,6 +69,8 @@ from xlapy.backends.cpu.lib_dot import (
     supported_types,
     work_dtype,
 )
+from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
+from xlapy.backends.cpu.runtime.thunk import NS_PER_FLOP
 from xlapy.backends.interpreter.rules.contraction import accumulation_dtype, window_output_size
 from xlapy.ir.attributes import ConvDimLabels, Window
 from xlapy.ir.instruction import HloInstruction
@@ -569,3 +572,24 @@ def _shifted(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) ->
 
     flops = 2.0 * total * depth * og
     split_run(geo.nb, flops, block)
+
+
+class ConvolutionThunk(RuleThunk):
+    """A convolution: `plan_convolution`'s fast path where it has one, else the rule. Its
+    cost is its flops at BLAS speed, and it splits itself over the pool."""
+
+    def cost(self) -> float:
+        return 5_000 + convolution_flops(self.instr) * NS_PER_FLOP * 2
+
+    def runs_alone(self) -> bool:
+        return False
+
+
+def convolution_flops(instr: HloInstruction) -> float:
+    """The multiply-adds of a convolution, times two."""
+    labels = instr.attrs.get("dim_labels")
+    kernel = instr.operands[1].shape
+    if labels is None or not instr.shape.is_array:
+        return 0.0
+    per_output = kernel.num_elements / max(kernel.dims[labels.kernel_output_feature], 1)
+    return 2.0 * instr.shape.num_elements * per_output

@@ -18,7 +18,7 @@
 # thunk that splits itself over the pool already uses the cores); otherwise (every chain,
 # most small programs) it keeps the plain loop. Whether another thread helps depends on a
 # core being free, which only the load at run time decides, so each execution of such a
-# sequence runs as a graph or in order, whichever has been faster (thunks.GraphChoice).
+# sequence runs as a graph or in order, whichever has been faster (thunk.GraphChoice).
 # Mode "always" (tests) runs every sequence that has two independent thunks as a graph,
 # every time; "off" runs none.
 #
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
-from xlapy.backends.cpu.kernel import default_pool, pool_size
+from xlapy.backends.cpu.runtime.pool import default_pool, pool_size
 from xlapy.errors import XlapyError
 
 MIN_OVERLAP_NS = 20_000.0

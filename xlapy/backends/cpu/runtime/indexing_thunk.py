@@ -1,6 +1,9 @@
-# Fast library implementations of gather and scatter for the row pattern JAX emits for
-# `table[ids]`, `x.at[ids].op(u)` and segment sums. Both normally compile to native kernels
-# (the emitter's gather rule, emit_scatter.py); these serve what the kernels decline.
+# Indexing: dynamic-update-slice on the arena (DynamicUpdateSliceThunk: writes only the
+# update's window; when buffer assignment put the result on its operand, in place, nothing
+# else moves), and fast library implementations of gather and scatter for the row pattern
+# JAX emits for `table[ids]`, `x.at[ids].op(u)` and segment sums. Both normally compile to
+# native kernels (the emitter's gather rule, codegen/emit_scatter.py); these serve what the
+# kernels decline.
 #
 # The pattern: no batching dimensions; the index vector addresses leading operand dims
 # 0..m-1 (in any component order), each with a window of size 1 that the result collapses
@@ -19,7 +22,8 @@
 #   it too applies the updates one at a time in index order. Either way each element sees
 #   its updates in order, so float results match the interpreter's `ufunc.at` bit for bit.
 # Everything else keeps the interpreter's rule. The CPU compiler runs one-operand scatters as
-# native in-order loops (emit_scatter.py) whenever it can; `plan_scatter` serves the rest.
+# native in-order loops (codegen/emit_scatter.py) whenever it can; `plan_scatter` serves
+# the rest.
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import math
 
 import numpy as np
 
+from xlapy.backends.cpu.runtime.thunk import BufferSlice, ExecutionContext, Thunk
 from xlapy.backends.interpreter.rules.indexing import _REPLACE, _simple_combiner
 from xlapy.ir.instruction import HloInstruction
 
@@ -227,3 +232,39 @@ def _combine_rows(simple, target, rows, src, flat, row_size: int, cols) -> None:
         chosen = picked[bounds[r] : bounds[r + 1]]
         where = rows[chosen]
         target[where] = simple(target[where], src[chosen])
+
+
+class DynamicUpdateSliceThunk(Thunk):
+    """Copies the operand into the result unless they share bytes, then writes the update
+    at the clamped start indices."""
+
+    kind = "library"
+
+    def __init__(self, instr, operand: BufferSlice, update: BufferSlice, starts, out):
+        self.instr, self.operand, self.update, self.starts, self.out = (
+            instr,
+            operand,
+            update,
+            tuple(starts),
+            out,
+        )
+        self.in_place = operand.same_bytes(out)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        if not self.in_place:
+            np.copyto(ctx.view(self.out), ctx.view(self.operand))
+        update = ctx.view(self.update)
+        window = []
+        for s, dim, size in zip(self.starts, self.out.shape.dims, update.shape, strict=True):
+            begin = min(max(int(ctx.physical(s).reshape(())), 0), dim - size)
+            window.append(slice(begin, begin + size))
+        ctx.view(self.out)[tuple(window)] = update
+
+    def describe(self) -> list[str]:
+        note = "in place" if self.in_place else "copy, then update"
+        return [
+            f"library {self.instr.name} = dynamic-update-slice ({note})",
+            f"operand: {self.operand}",
+            f"update: {self.update}",
+            f"out: {self.out}",
+        ]

@@ -17,8 +17,8 @@
 from __future__ import annotations
 
 from xlapy.backends.collectives import result_parts
-from xlapy.backends.cpu.library import RuleThunk
-from xlapy.backends.cpu.thunks import BufferSlice, ExecutionContext, Thunk, ValueTree
+from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
+from xlapy.backends.cpu.runtime.thunk import BufferSlice, ExecutionContext, Thunk, ValueTree
 from xlapy.ir.instruction import HloInstruction
 
 

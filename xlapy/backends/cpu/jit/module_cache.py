@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from xlapy.backends.cpu import jit
+from xlapy.backends.cpu.jit import engine as jit
 
 SUFFIX = ".hlo"
 PIPELINE_OPTIONS = ("optimize", "verify")
@@ -34,7 +34,7 @@ PIPELINE_OPTIONS = ("optimize", "verify")
 @functools.cache
 def package_fingerprint() -> str:
     """A SHA-256 of every Python source of the xlapy package, computed once per process."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode())

@@ -8,25 +8,29 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.emitter import (
+from xlapy.backends.cpu.codegen.common import (
     F32,
     F64,
     I1,
     I32,
     I64,
     REDUCE_BLOCK,
-    KernelEmitter,
     UnsupportedForCodegen,
     emits,
+    mem_type,
     reduce_hero,
     reg_type,
 )
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.types import PrimitiveType
+
+if TYPE_CHECKING:
+    from xlapy.backends.cpu.codegen.emitter import KernelEmitter
 
 P = PrimitiveType
 Op = Opcode
@@ -395,16 +399,34 @@ def _convert(em: KernelEmitter, instr, index):
 
 @emits(Op.BITCAST_CONVERT)
 def _bitcast_convert(em: KernelEmitter, instr, index):
+    """Same width: the bits reinterpreted. To a narrower type the result has one more, minor
+    dim of `wide / narrow` elements, element k being the k-th least significant chunk of the
+    operand element (what the bytes of a little-endian host hold); to a wider type the
+    operand has that dim and its elements are combined the same way."""
     frm, to = _ot(instr), _et(instr)
-    if frm.bits != to.bits or P.PRED in (frm, to):
-        raise _unsupported(instr, f"from {frm} to {to} changes the width; not supported")
-    x = em.operand_at(instr, 0, index)
-    bits = em.b.bitcast(em.to_mem(x, frm), ir.IntType(frm.bits))
-    if to.is_integral:
-        return bits
-    from xlapy.backends.cpu.emitter import mem_type
+    if P.PRED in (frm, to) or frm.bits % 8 or to.bits % 8:
+        raise _unsupported(instr, f"bitcast-convert from {frm} to {to} is not supported")
+    b = em.b
 
-    return em.from_mem(em.b.bitcast(bits, mem_type(to)), to)
+    def bits_of(value, t: PrimitiveType):
+        return b.bitcast(em.to_mem(value, t), ir.IntType(t.bits))
+
+    def value_of(bits):
+        return bits if to.is_integral else em.from_mem(b.bitcast(bits, mem_type(to)), to)
+
+    if frm.bits == to.bits:
+        return value_of(bits_of(em.operand_at(instr, 0, index), frm))
+    wide = ir.IntType(max(frm.bits, to.bits))
+    if frm.bits > to.bits:  # index[-1] picks the chunk
+        bits = bits_of(em.operand_at(instr, 0, tuple(index[:-1])), frm)
+        shift = b.mul(index[-1], ir.Constant(I64, to.bits))
+        shift = shift if wide.width == 64 else b.trunc(shift, wide)
+        return value_of(b.trunc(b.lshr(bits, shift), ir.IntType(to.bits)))
+    acc = ir.Constant(wide, 0)
+    for k in range(to.bits // frm.bits):
+        part = bits_of(em.operand_at(instr, 0, (*index, ir.Constant(I64, k))), frm)
+        acc = b.or_(acc, b.shl(b.zext(part, wide), ir.Constant(wide, k * frm.bits)))
+    return value_of(acc)
 
 
 # -- shape ops -----------------------------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""The CPU backend's fallbacks are loud: a kernel that fails to compile raises under
+strict_kernels (the suite's default, tests/conftest.py) and otherwise warns once and runs
+another way; every instruction left to the interpreter's rule is listed with its reason on
+the compiled program, by `xlapy opt --backend cpu` and by `xlapy bench`. Also the kernels
+that used to fail to compile: width-changing bitcast-convert."""
+
+import json
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from xlapy.backends.base import Fallback
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.codegen.common import EMIT_RULES
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
+from xlapy.backends.cpu.lowering import (
+    KernelCompileError,
+    KernelFallbackWarning,
+    strict_kernels,
+)
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.parser import parse_module
+
+pytestmark = pytest.mark.usefixtures("kernel_cache")
+RNG = np.random.default_rng(20261126)
+
+FFT = """HloModule with_fft
+ENTRY e {
+  x = c64[4,8] parameter(0)
+  f = c64[4,8] fft(x), fft_type=FFT, fft_length={8}
+  ROOT n = c64[4,8] negate(f)
+}"""
+
+SORTED = """HloModule sorted
+cmp {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT lt = pred[] compare(a, b), direction=LT
+}
+ENTRY e {
+  x = f32[6,9] parameter(0)
+  ROOT s = f32[6,9] sort(x), dimensions={1}, to_apply=cmp
+}"""
+
+
+def _complex(*shape):
+    return (RNG.standard_normal(shape) + 1j * RNG.standard_normal(shape)).astype(np.complex64)
+
+
+def test_the_suite_runs_strict():
+    assert strict_kernels({})
+    assert not strict_kernels({"strict_kernels": False})
+
+
+def test_an_instruction_without_kernel_or_library_path_is_a_listed_fallback():
+    program = CpuProgram(parse_module(FFT))
+    assert program.fallbacks == [
+        Fallback("f", "fft", "no kernel for 'fft'"),
+        Fallback("n", "negate", "p0: the CPU emitter does not handle element type c64"),
+    ]
+    assert str(program.fallbacks[0]) == "f (fft): no kernel for 'fft'"
+    x = _complex(4, 8)
+    want = evaluate(parse_module(FFT), [x])
+    np.testing.assert_allclose(program.run([x]), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_library_fast_path_is_not_a_fallback():
+    program = CpuProgram(parse_module(SORTED))
+    assert "fast NumPy path" in program.thunk_listing()
+    assert program.fallbacks == []
+    x = RNG.standard_normal((6, 9)).astype(np.float32)
+    np.testing.assert_array_equal(program.run([x]), np.sort(x, axis=1))
+
+
+# A negate the emitter accepts but whose emission raises: what a code generator bug looks like.
+BROKEN = """HloModule broken
+ENTRY e {
+  x = f32[13,7] parameter(0)
+  ROOT n = f32[13,7] negate(x)
+}"""
+
+
+@pytest.fixture
+def broken_negate(monkeypatch):
+    def explode(em, instr, index):
+        raise RuntimeError("emitter bug")
+
+    clear_kernel_cache()
+    monkeypatch.setitem(EMIT_RULES, Opcode.NEGATE, explode)
+    yield
+    clear_kernel_cache()
+
+
+def test_a_kernel_that_fails_to_compile_raises_when_strict(broken_negate):
+    with pytest.raises(KernelCompileError, match=r"n: its kernel failed to compile.*emitter bug"):
+        CpuProgram(parse_module(BROKEN), {"strict_kernels": True})
+
+
+def test_a_kernel_that_fails_to_compile_warns_once_and_falls_back(broken_negate):
+    options = {"strict_kernels": False}
+    with pytest.warns(KernelFallbackWarning, match=r"n: kernel compile failed.*emitter bug"):
+        program = CpuProgram(parse_module(BROKEN), options)
+    [fallback] = program.fallbacks
+    assert (fallback.name, fallback.opcode) == ("n", "negate")
+    assert "kernel compile failed: RuntimeError: emitter bug" in fallback.reason
+    x = RNG.standard_normal((13, 7)).astype(np.float32)
+    np.testing.assert_array_equal(program.run([x]), -x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        again = CpuProgram(parse_module(BROKEN), options)  # the same failure: no second warning
+    assert again.fallbacks == program.fallbacks
+
+
+# (operand, result): every direction of a width-changing bitcast-convert, floats and ints
+BITCASTS = [
+    ("f32[3,5]", "u16[3,5,2]"),
+    ("f64[4]", "u32[4,2]"),
+    ("f32[6]", "s8[6,4]"),
+    ("s64[3]", "bf16[3,4]"),
+    ("u32[2,3,2]", "u64[2,3]"),
+    ("u8[7,4]", "f32[7]"),
+    ("u16[5,2]", "f32[5]"),
+    ("s16[2,4]", "f64[2]"),
+]
+
+
+DTYPES = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "u32": np.uint32,
+    "u8": np.uint8,
+    "u16": np.uint16,
+    "s64": np.int64,
+    "s16": np.int16,
+}
+
+
+def _random(shape_text: str) -> np.ndarray:
+    dtype = DTYPES[shape_text.split("[")[0]]
+    dims = [int(d) for d in re.findall(r"\d+", shape_text.split("[")[1])]
+    bits = RNG.integers(0, 256, int(np.prod(dims)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+    return bits.view(dtype).reshape(dims)
+
+
+@pytest.mark.parametrize("operand,result", BITCASTS, ids=[f"{a}->{b}" for a, b in BITCASTS])
+def test_width_changing_bitcast_convert_is_a_kernel(operand, result):
+    text = f"""HloModule bitcast
+ENTRY e {{
+  x = {operand} parameter(0)
+  b = {result} bitcast-convert(x)
+  ROOT r = {result} reverse(b), dimensions={{0}}
+}}"""
+    program = CpuProgram(parse_module(text))
+    assert program.fallbacks == []
+    assert "library" not in program.thunk_listing()
+    x = _random(operand)
+    got, want = program.run([x]), evaluate(parse_module(text), [x])
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
+
+
+def test_opt_lists_the_cpu_fallbacks(run_cli, write):
+    path = write("fft.hlo", FFT)
+    code, out, err = run_cli("opt", path, "--backend", "cpu")
+    assert code == 0, err
+    assert "fft(" in out
+    assert "cpu fallbacks: 2\n  f (fft): no kernel for 'fft'\n  n (negate): " in err
+    code, _, err = run_cli("opt", write("sorted.hlo", SORTED), "--backend", "cpu")
+    assert code == 0 and "cpu fallbacks: none" in err
+
+
+def test_bench_lists_the_fallbacks(run_cli, write):
+    path = write("fft.hlo", FFT)
+    code, out, err = run_cli("bench", path, "--random-inputs", "--runs", "2", "--warmup", "0")
+    assert code == 0, err
+    assert "fallbacks: 2\n  f (fft): no kernel for 'fft'\n  n (negate): " in out
+    code, out, err = run_cli(
+        "bench", path, "--random-inputs", "--runs", "2", "--warmup", "0", "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["fallbacks"][0] == "f (fft): no kernel for 'fft'"

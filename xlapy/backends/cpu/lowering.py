@@ -1,0 +1,507 @@
+# Lowering: HLO instructions -> thunks, through one table.
+#
+# LOWERING maps an opcode to its strategies in order of preference; an opcode not in the
+# table has DEFAULT_STRATEGIES (a native kernel, else the interpreter's rule). A strategy
+# either builds the instruction's thunk or answers why it does not apply; the first that
+# builds wins, and the last of every list (a library or rule thunk) always applies, taking
+# the reason the strategies before it gave (shown in the thunk listing, and recorded as a
+# fallback when the thunk runs the interpreter's rule alone).
+#
+#   while, conditional, call    nested thunk sequences (runtime/control_flow_thunk.py)
+#   collectives                 the execution's peers (runtime/collective_thunk.py)
+#   dot                         BLAS on the arena, else the mixed-type library path
+#   dynamic-update-slice, copy  window writes and memmoves on the arena
+#   custom-call                 C targets on arena pointers, XLA's TopK as a library sort
+#   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
+#   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
+#                               a fast NumPy library path where the family has one
+#   everything else             a fused or single-instruction kernel where the emitter
+#                               supports it (codegen/), else the interpreter's rule
+#
+# `Lowering` holds the state of lowering one module: the buffer assignment's slices, the
+# kernels still compiling on the JIT's pool, and the fallbacks; `sequence(comp)` lowers a
+# computation in schedule order and, where thunks may overlap, plans it as a graph.
+#
+# A kernel the emitter accepted but that fails to compile (the emitter or LLVM raising) is a
+# bug in the code generator, never a way to decline: with `strict_kernels` (compile option,
+# else $XLAPY_STRICT_KERNELS=1; the test suite turns it on) it raises KernelCompileError;
+# otherwise it warns once per instruction and reason (KernelFallbackWarning) and the
+# instruction takes its next strategy.
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from xlapy.backends.base import Fallback
+from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
+from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
+from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
+from xlapy.backends.cpu.jit.kernel import (
+    Kernel,
+    forget_kernel,
+    kernel_for,
+    symbol_name,
+    wrap_instruction,
+)
+from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
+from xlapy.backends.cpu.runtime.control_flow_thunk import CallThunk, ConditionalThunk, WhileThunk
+from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
+from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
+from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk
+from xlapy.backends.cpu.runtime.dot_thunk import DotThunk, blas_dot_supported, plan_dot
+from xlapy.backends.cpu.runtime.indexing_thunk import (
+    DynamicUpdateSliceThunk,
+    plan_gather,
+    plan_scatter,
+)
+from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
+from xlapy.backends.cpu.runtime.sort_thunk import plan_sort, plan_topk, plan_xla_topk
+from xlapy.backends.cpu.runtime.thunk import (
+    BufferSlice,
+    GraphChoice,
+    Thunk,
+    ThunkSequence,
+    ValueTree,
+    physical_dims,
+    tree_slices,
+)
+from xlapy.backends.cpu.runtime.thunk_graph import concurrency_mode, plan_graph
+from xlapy.backends.cpu.runtime.window_thunk import plan_reduce_window, plan_select_and_scatter
+from xlapy.errors import EvaluationError, XlapyError
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.shapes import ShapeIndex
+from xlapy.memory.buffer_assignment import BufferAssignment
+
+KERNEL_OPCODES = frozenset(
+    {
+        Opcode.BROADCAST,
+        Opcode.TRANSPOSE,
+        Opcode.RESHAPE,
+        Opcode.SLICE,
+        Opcode.CONCATENATE,
+        Opcode.PAD,
+        Opcode.IOTA,
+        Opcode.REVERSE,
+        Opcode.REDUCE,
+        Opcode.DYNAMIC_SLICE,
+        Opcode.GATHER,
+        Opcode.FUSION,
+    }
+)
+"""Unfused opcodes (besides elementwise ones) that become kernels when the emitter can."""
+
+NO_THUNK = frozenset({Opcode.PARAMETER, Opcode.TUPLE, Opcode.CONSTANT, Opcode.AFTER_ALL})
+"""Opcodes that run no code (besides those that forward their operand's value)."""
+
+Built = Thunk | str
+"""What a strategy answers: the thunk it built, or why it does not apply."""
+
+STRICT_ENV = "XLAPY_STRICT_KERNELS"
+
+
+class KernelCompileError(XlapyError):
+    """A kernel the code generator accepted failed to compile (strict_kernels)."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """A kernel failed to compile and its instruction runs another way (the interpreter's
+    rule, or a library path): a code generator bug, worth reporting."""
+
+
+def strict_kernels(options: Mapping[str, Any]) -> bool:
+    """Whether a kernel compile failure raises: compile option `strict_kernels`, else
+    $XLAPY_STRICT_KERNELS set to 1 / true / yes."""
+    value = options.get("strict_kernels")
+    if value is None:
+        value = os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+    return bool(value)
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One way to lower an instruction: `build(lowering, instr, why)` returns the thunk, or
+    why this strategy does not apply; `why` is the reason the strategy before it gave."""
+
+    name: str
+    build: Callable[[Lowering, HloInstruction, str], Built]
+
+
+# -- the strategies ------------------------------------------------------------------------------
+def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    cond, body = instr.attrs["condition"], instr.attrs["body"]
+    init = instr.operands[0]
+    limit = lw.options.get("max_while_iterations")
+    return WhileThunk(
+        instr,
+        lw.sequence(cond),
+        lw.sequence(body),
+        lw.slice_at(cond.root),
+        lw.leaf_copies(init, instr),
+        lw.leaf_copies(instr, cond.parameter(0)),
+        lw.leaf_copies(instr, body.parameter(0)),
+        lw.leaf_copies(body.root, instr),
+        None if limit is None else int(limit),
+    )
+
+
+def _conditional(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    branches = instr.attrs.get("branch_computations")
+    is_pred = branches is None
+    if branches is None:
+        branches = (instr.attrs["true_computation"], instr.attrs["false_computation"])
+    ins, outs, seqs = [], [], []
+    for i, branch in enumerate(branches):
+        copies = []
+        if branch.num_parameters:
+            copies = lw.leaf_copies(instr.operands[i + 1], branch.parameter(0))
+        ins.append(copies)
+        outs.append(lw.leaf_copies(branch.root, instr))
+        seqs.append(lw.sequence(branch))
+    return ConditionalThunk(instr, lw.slice_at(instr.operands[0]), seqs, ins, outs, is_pred)
+
+
+def _call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    comp = instr.attrs["to_apply"]
+    copies = [
+        c for o, p in zip(instr.operands, comp.parameters, strict=True)
+        for c in lw.leaf_copies(o, p)
+    ]  # fmt: skip
+    return CallThunk(instr, lw.sequence(comp), copies)
+
+
+def _collective(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    operands = [lw.tree_at(o) for o in instr.operands]
+    return CollectiveThunk(instr, operands, lw.tree_at(instr))
+
+
+def _blas_dot(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    if not blas_dot_supported(instr):
+        return "not one BLAS element type (f32, f64, c64, c128) in and out"
+    lhs, rhs = instr.operands
+    return DotThunk(instr, lw.slice_at(lhs), lw.slice_at(rhs), lw.slice_at(instr))
+
+
+def _dynamic_update_slice(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    if not instr.shape.is_array:
+        return "a tuple result"
+    operand, update, *starts = instr.operands
+    return DynamicUpdateSliceThunk(
+        instr,
+        lw.slice_at(operand),
+        lw.slice_at(update),
+        [lw.slice_at(s) for s in starts],
+        lw.slice_at(instr),
+    )
+
+
+def _copy(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    if not instr.shape.is_array:
+        return "a tuple result"
+    src, dst = lw.slice_at(instr.operands[0]), lw.slice_at(instr)
+    if physical_dims(src.shape) != physical_dims(dst.shape) or (
+        src.shape.layout_or_default != dst.shape.layout_or_default
+    ):
+        return "a copy that changes the layout"
+    return CopyThunk(instr, src, dst)
+
+
+def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    from xlapy.backends.custom_calls import XLA_INTERNAL_TARGET_NAMES
+
+    target = instr.attrs.get("custom_call_target")
+    if target in XLA_INTERNAL_TARGET_NAMES:
+        return f"XLA-internal target {target!r}"
+    leaves = [s for o in instr.operands for _, s in o.shape.leaves()]
+    leaves += [s for _, s in instr.shape.leaves()]
+    if any(s.is_array and s.layout is not None and not s.layout.is_default for s in leaves):
+        return "an operand or result in a non-default layout"
+    operands = [lw.tree_at(o) for o in instr.operands]
+    result = lw.tree_at(instr)
+    aliases = []
+    for alias in instr.attrs.get("output_to_operand_aliasing") or ():
+        out = result
+        for i in alias.output_index:
+            out = out[i]
+        aliases.append((alias.operand_number, tuple(alias.operand_index), out))
+    return CustomCallThunk(instr, operands, result, aliases)
+
+
+def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    if len(instr.operands) != 3 or not instr.shape.is_array:
+        return "not a one-operand scatter"
+    reason = scatter_reason(instr)
+    if reason is not None:
+        return reason
+    out = lw.slice_at(instr)
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    operand, indices, updates = inputs
+    in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
+    try:
+        kernel = Kernel(emit_scatter(instr, in_place), symbol_name(instr.name))
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    return KernelThunk(instr, kernel, [out], inputs)
+
+
+def kernel_reason(instr: HloInstruction) -> str | None:
+    """None when `instr` can be a kernel thunk, else why not."""
+    op = instr.opcode
+    if op not in KERNEL_OPCODES and not op.is_elementwise:
+        return f"no kernel for '{op.text}'"
+    if op in (Opcode.RNG, Opcode.STOCHASTIC_CONVERT):
+        return f"no kernel for '{op.text}'"
+    if any(not o.shape.is_array for o in instr.operands):
+        return "a tuple or token operand"
+    for _, shape in instr.shape.leaves():
+        if not shape.is_array:
+            return "a token result"
+    return supported(kernel_computation(instr))
+
+
+def kernel_computation(instr: HloInstruction) -> HloComputation:
+    """The computation a kernel for `instr` compiles: its fused computation, or `instr`
+    wrapped alone."""
+    if instr.opcode is Opcode.FUSION:
+        return instr.attrs["calls"]
+    return wrap_instruction(instr)
+
+
+def _kernel(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or kernel_reason(instr)
+    if reason is not None:
+        return reason
+    try:
+        return lw.kernel_thunk(instr)
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+
+
+def _rule(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    return lw.rule_thunk(instr, RuleThunk(instr, lw.operand_trees(instr), lw.tree_at(instr), why))
+
+
+def library(planner: Planner, thunk: type[RuleThunk] = RuleThunk) -> Strategy:
+    """The strategy that runs an instruction as `thunk` with `planner`'s fast path, where it
+    has one, else with the interpreter's rule."""
+
+    def build(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+        result = lw.tree_at(instr)
+        fast = plan_safely(planner, instr) if all_arrays(result) else None
+        return lw.rule_thunk(instr, thunk(instr, lw.operand_trees(instr), result, why, fast))
+
+    return Strategy(f"library {getattr(planner, '__name__', 'planner')}", build)
+
+
+CUSTOM_CALL_PLANNERS: dict[str, Planner] = {"TopK": plan_xla_topk}
+"""XLA-internal custom-call target -> its library planner."""
+
+
+def _custom_call_library(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    planner = CUSTOM_CALL_PLANNERS.get(instr.attrs.get("custom_call_target", ""))
+    if planner is None:
+        return _rule(lw, instr, why)
+    return library(planner).build(lw, instr, why)
+
+
+KERNEL = Strategy("kernel", _kernel)
+RULE = Strategy("interpreter rule", _rule)
+DEFAULT_STRATEGIES = (KERNEL, RULE)
+
+LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
+    Opcode.WHILE: (Strategy("while", _while),),
+    Opcode.CONDITIONAL: (Strategy("conditional", _conditional),),
+    Opcode.CALL: (Strategy("call", _call),),
+    **{op: (Strategy("collective", _collective),) for op in COLLECTIVE_OPCODES},
+    Opcode.DOT: (Strategy("blas dot", _blas_dot), KERNEL, library(plan_dot)),
+    Opcode.DYNAMIC_UPDATE_SLICE: (
+        Strategy("dynamic-update-slice", _dynamic_update_slice),
+        KERNEL,
+        RULE,
+    ),
+    Opcode.COPY: (Strategy("copy", _copy), KERNEL, RULE),
+    Opcode.CUSTOM_CALL: (
+        Strategy("custom call", _custom_call),
+        KERNEL,
+        Strategy("custom call library", _custom_call_library),
+    ),
+    Opcode.SCATTER: (Strategy("native scatter", _native_scatter), KERNEL, library(plan_scatter)),
+    Opcode.GATHER: (KERNEL, library(plan_gather)),
+    Opcode.SORT: (KERNEL, library(plan_sort)),
+    Opcode.TOPK: (KERNEL, library(plan_topk)),
+    Opcode.REDUCE_WINDOW: (KERNEL, library(plan_reduce_window)),
+    Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
+    Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
+}
+"""opcode -> its lowering strategies, in order (see the file comment)."""
+
+
+def strategies_for(opcode: Opcode) -> tuple[Strategy, ...]:
+    """The lowering strategies of `opcode`, in order."""
+    return LOWERING.get(opcode, DEFAULT_STRATEGIES)
+
+
+def in_place_pairs(
+    comp: HloComputation, outputs: list[BufferSlice], inputs: list[BufferSlice]
+) -> tuple[tuple[int, int], ...] | None:
+    """The (output, input) pairs of a kernel whose slices are the same bytes, when every
+    overlap between its outputs and inputs is such a pair and the kernel can run them in
+    place; None when nothing overlaps or some overlap needs a scratch copy."""
+    pairs = []
+    for o, out in enumerate(outputs):
+        for i, inp in enumerate(inputs):
+            if not out.overlaps(inp):
+                continue
+            if not out.same_bytes(inp) or in_place_reason(comp, o, i) is not None:
+                return None
+            pairs.append((o, i))
+    return tuple(pairs) or None
+
+
+# -- lowering one module -------------------------------------------------------------------------
+class Lowering:
+    """The state of lowering one module's computations to thunk sequences (see the file
+    comment). `failed`: instruction -> why its kernel failed to compile in an earlier
+    lowering of the same module, so this one gives it its next strategy."""
+
+    def __init__(
+        self,
+        assignment: BufferAssignment,
+        options: dict[str, Any],
+        failed: Mapping[str, str] | None = None,
+    ):
+        self.assignment = assignment
+        self.dataflow = assignment.dataflow
+        self.options = options
+        self.fallbacks: list[Fallback] = []
+        self.failed = dict(failed or {})
+        self.strict = strict_kernels(options)
+        self.concurrency = concurrency_mode(options)
+        self.flush_denormals = denormals_flushed(options)
+        self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
+
+    def wait_for_kernels(self) -> dict[str, str]:
+        """Wait for the kernels this lowering asked for; {instruction: why} of those whose
+        compile failed."""
+        failed = {}
+        for name, kernel in self.kernels:
+            try:
+                kernel.wait()
+            except Exception as e:  # a code generator bug: loud (see the file comment)
+                forget_kernel(kernel)
+                failed[name] = self.kernel_failed(name, e)
+        return failed
+
+    def kernel_failed(self, name: str, error: Exception) -> str:
+        """The reason to record for instruction `name` whose kernel failed to compile with
+        `error`, after warning once; with strict_kernels, raise KernelCompileError."""
+        reason = f"kernel compile failed: {type(error).__name__}: {error}"
+        if self.strict:
+            raise KernelCompileError(
+                f"{name}: its kernel failed to compile ({type(error).__name__}: {error}); "
+                f"a code generator bug (strict_kernels is on)"
+            ) from error
+        with _warned_lock:
+            first = (name, reason) not in _warned
+            _warned.add((name, reason))
+        if first:
+            message = f"{name}: {reason}; running it another way"
+            warnings.warn(message, KernelFallbackWarning, stacklevel=2)
+        return reason
+
+    # -- slices ----------------------------------------------------------------------------
+    def slice_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> BufferSlice:
+        value = self.dataflow.value_at(instr, index)
+        s = self.assignment.slices[value]
+        return BufferSlice(s.allocation, s.offset, s.size, instr.shape.subshape(index))
+
+    def tree_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> ValueTree:
+        shape = instr.shape.subshape(index)
+        if shape.is_tuple:
+            return tuple(self.tree_at(instr, (*index, i)) for i in range(len(shape.tuple_shapes)))
+        if not shape.is_array:
+            return None
+        return self.slice_at(instr, index)
+
+    def operand_trees(self, instr: HloInstruction) -> list[ValueTree]:
+        return [self.tree_at(o) for o in instr.operands]
+
+    def leaf_copies(self, src: HloInstruction, dst: HloInstruction) -> list:
+        """(from, to) slices for each array leaf where `src` and `dst` differ in bytes."""
+        copies = []
+        for index, shape in dst.shape.leaves():
+            if not shape.is_array:
+                continue
+            a, b = self.slice_at(src, index), self.slice_at(dst, index)
+            if not a.same_bytes(b):
+                copies.append((a, b))
+        return copies
+
+    # -- sequences -------------------------------------------------------------------------
+    def sequence(self, comp: HloComputation) -> ThunkSequence:
+        seq = ThunkSequence(comp.name)
+        for instr in self.assignment.schedule.sequence(comp):
+            if instr.opcode in NO_THUNK or instr.opcode.forwards_operand:
+                continue
+            seq.thunks.append(self.lower(instr))
+        if self.concurrency != "off" and not _meets_peers(comp):
+            accesses = [t.access for t in seq.thunks]
+            costs = [t.cost() for t in seq.thunks]
+            alone = [t.runs_alone() for t in seq.thunks]
+            seq.plan = plan_graph(accesses, costs, self.concurrency, alone)
+            if seq.plan is not None and self.concurrency == "auto":
+                seq.choice = GraphChoice()
+        return seq
+
+    def lower(self, instr: HloInstruction) -> Thunk:
+        """The thunk of the first strategy of LOWERING that applies to `instr`."""
+        why = ""
+        for strategy in strategies_for(instr.opcode):
+            built = strategy.build(self, instr, why)
+            if isinstance(built, Thunk):
+                reads = [s for o in instr.operands for s in tree_slices(self.tree_at(o))]
+                built.declare(reads, tree_slices(self.tree_at(instr)))
+                if self.concurrency != "off":
+                    built.access = built.buffer_access()
+                return built
+            why = built
+        raise EvaluationError(f"{instr.name}: no lowering strategy applies ({why})")
+
+    def rule_thunk(self, instr: HloInstruction, thunk: RuleThunk) -> RuleThunk:
+        """`thunk`, recorded as a fallback when it runs the interpreter's rule alone."""
+        if thunk.is_fallback:
+            self.fallbacks.append(Fallback(instr.name, instr.opcode.text, thunk.why))
+        return thunk
+
+    def kernel_thunk(self, instr: HloInstruction) -> KernelThunk:
+        comp = kernel_computation(instr)
+        outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+        inputs = [self.slice_at(o) for o in instr.operands]
+        pairs = in_place_pairs(comp, outputs, inputs)
+        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals)
+        self.kernels.append((instr.name, kernel))
+        return KernelThunk(instr, kernel, outputs, inputs)
+
+
+def _meets_peers(comp: HloComputation) -> bool:
+    """Whether `comp` (or a computation it calls) runs a collective or a recv, which waits
+    for other devices and so must not run on the shared pool (collective_thunk.py)."""
+    for instr in comp.instructions:
+        if instr.opcode in COLLECTIVE_OPCODES or instr.opcode in (Opcode.SEND, Opcode.RECV):
+            return True
+        if instr.opcode is not Opcode.FUSION and any(
+            _meets_peers(c) for c in instr.called_computations()
+        ):
+            return True
+    return False

@@ -1,0 +1,271 @@
+# Control-flow thunks: while, conditional and call run nested thunk sequences; each copies
+# the loop state, branch operands or call arguments where buffer assignment gave two slices
+# (usually none). A while run binds its nested thunks once for all its iterations
+# (Thunk.bind); a loop whose condition is one compare of two integer scalars (`i < n`) reads
+# them from memory and compares them in Python (HostCompare) instead of calling a kernel and
+# reading back its pred. Their buffer accesses and costs are their nested sequences'.
+
+from __future__ import annotations
+
+import ctypes
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.thunk import (
+    UNKNOWN_TRIP_COUNT,
+    BufferSlice,
+    ExecutionContext,
+    NativeKernel,
+    Thunk,
+    ThunkSequence,
+    bind_copies,
+    copy_lines,
+    has_side_effect,
+    raw_copies,
+    run_copies,
+    slice_range,
+)
+from xlapy.backends.cpu.runtime.thunk_graph import Access
+from xlapy.errors import EvaluationError
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+
+_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "EQ": operator.eq,
+    "NE": operator.ne,
+    "LT": operator.lt,
+    "LE": operator.le,
+    "GT": operator.gt,
+    "GE": operator.ge,
+}
+
+_SCALAR_CTYPES: dict[np.dtype, Any] = {  # ctypes scalar types
+    np.dtype(t): np.ctypeslib.as_ctypes_type(t)
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HostCompare:
+    """A loop condition that is one compare of two integer scalars, evaluated in Python on
+    the scalars read from memory: `op(lhs, rhs)` with each read as `ctype`."""
+
+    op: Callable[[Any, Any], bool]
+    ctype: Any  # a ctypes integer type
+    lhs: BufferSlice
+    rhs: BufferSlice
+
+    @staticmethod
+    def of(condition: ThunkSequence, pred: BufferSlice) -> HostCompare | None:
+        """The host compare `condition` computes into `pred`, or None when it is anything
+        else (several thunks, a fusion, floats, a compare written elsewhere)."""
+        if condition.plan is not None or len(condition.thunks) != 1:
+            return None
+        thunk = condition.thunks[0]
+        if not isinstance(thunk, KernelThunk) or thunk.instr.opcode is not Opcode.COMPARE:
+            return None
+        if thunk.scratch or len(thunk.inputs) != 2 or thunk.outputs != (pred,):
+            return None
+        lhs, rhs = thunk.inputs
+        ctype = _SCALAR_CTYPES.get(lhs.shape.dtype)
+        if ctype is None or lhs.shape.rank or rhs.shape.rank or rhs.shape.dtype != lhs.shape.dtype:
+            return None
+        direction = thunk.instr.attrs.get(
+            "direction", thunk.instr.attrs.get("comparison_direction")
+        )
+        op = _COMPARISONS.get(getattr(direction, "text", str(direction)))
+        return None if op is None else HostCompare(op, ctype, lhs, rhs)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], bool]:
+        read = self.ctype.from_address
+        lhs, rhs, op = read(ctx.ptr(self.lhs)), read(ctx.ptr(self.rhs)), self.op
+        return lambda: op(lhs.value, rhs.value)
+
+
+def _nested_access(
+    thunk: Thunk, extra_reads: list[BufferSlice], nested: list[Thunk], copies: list
+) -> Access | None:
+    """A control-flow thunk's access: its own slices (`extra_reads` besides its operands),
+    its copies', and everything its nested thunks touch (None, a barrier, when any nested
+    thunk's access is unknown)."""
+    reads = [slice_range(s) for s in (*thunk.reads, *extra_reads)]
+    writes = [slice_range(s) for s in thunk.writes]
+    reads += [slice_range(src) for src, _ in copies]
+    writes += [slice_range(dst) for _, dst in copies]
+    own = Access.of(reads, writes, has_side_effect(thunk.instr))
+    return Access.union([own, *(t.access for t in nested)])
+
+
+class WhileThunk(Thunk):
+    """Runs the condition, reads its pred from the condition root's slice, runs the body;
+    `*_copies` move the loop state where buffer assignment gave two slices (usually none).
+    Each run binds the nested thunks once for all its iterations (Thunk.bind); a condition
+    that is a compare of two integer scalars runs as a HostCompare."""
+
+    kind = "while"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        condition: ThunkSequence,
+        body: ThunkSequence,
+        pred: BufferSlice,
+        init_copies,
+        cond_copies,
+        body_copies,
+        back_copies,
+        max_iterations: int | None = None,
+    ):
+        self.instr = instr
+        self.condition, self.body, self.pred = condition, body, pred
+        self.init_copies, self.cond_copies = init_copies, cond_copies
+        self.body_copies, self.back_copies = body_copies, back_copies
+        self.max_iterations = max_iterations
+        self.host_compare = HostCompare.of(condition, pred)
+        self._raw = tuple(
+            raw_copies(c) for c in (init_copies, cond_copies, body_copies, back_copies)
+        )
+
+    def run(self, ctx: ExecutionContext) -> None:
+        bases = ctx.bases
+        init, cond_copies, body_copies, back_copies = self._raw
+        run_copies(bases, init)
+        before = bind_copies(bases, cond_copies)
+        if self.host_compare is not None:
+            test = self.host_compare.bind(ctx)
+        else:
+            before += self.condition.bind(ctx)
+            pred = ctypes.c_uint8.from_address(ctx.ptr(self.pred))
+
+            def test() -> bool:
+                return bool(pred.value)
+
+        after = [
+            *bind_copies(bases, body_copies),
+            *self.body.bind(ctx),
+            *bind_copies(bases, back_copies),
+        ]
+        limit = self.max_iterations
+        iterations = 0
+        while True:
+            for step in before:
+                step()
+            if not test():
+                return
+            if limit is not None and iterations >= limit:
+                raise EvaluationError(f"{self.instr.name}: while loop ran past {limit} iterations")
+            for step in after:
+                step()
+            iterations += 1
+
+    def describe(self) -> list[str]:
+        lines = [*super().describe(), f"pred: {self.pred}"]
+        if self.host_compare is not None:
+            lines[0] += " (condition compared on the host)"
+        return [
+            *lines,
+            *copy_lines("init copy", self.init_copies),
+            *copy_lines("condition copy", self.cond_copies),
+            *copy_lines("body copy", self.body_copies),
+            *copy_lines("back copy", self.back_copies),
+            *self.condition.describe(),
+            *self.body.describe(),
+        ]
+
+    def kernels(self) -> list[NativeKernel]:
+        return self.condition.kernels() + self.body.kernels()
+
+    def buffer_access(self) -> Access | None:
+        nested = [*self.condition.thunks, *self.body.thunks]
+        copies = [*self.init_copies, *self.cond_copies, *self.body_copies, *self.back_copies]
+        # the loop state is read back every iteration
+        return _nested_access(self, [*self.writes, self.pred], nested, copies)
+
+    def cost(self) -> float:
+        trips = self.instr.known_trip_count or UNKNOWN_TRIP_COUNT
+        return trips * sum(t.cost() for t in [*self.condition.thunks, *self.body.thunks])
+
+
+class ConditionalThunk(Thunk):
+    """Reads the pred or branch index from its slice and runs one branch (an out-of-range
+    index runs the last branch, as XLA does)."""
+
+    kind = "conditional"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        selector: BufferSlice,
+        branches: Sequence[ThunkSequence],
+        in_copies: Sequence,
+        out_copies: Sequence,
+        is_pred: bool,
+    ):
+        self.instr, self.selector, self.branches = instr, selector, tuple(branches)
+        self.in_copies, self.out_copies, self.is_pred = tuple(in_copies), tuple(out_copies), is_pred
+        self._in = tuple(raw_copies(c) for c in self.in_copies)
+        self._out = tuple(raw_copies(c) for c in self.out_copies)
+        self._ctype = ctypes.c_uint8 if is_pred else _SCALAR_CTYPES[selector.shape.dtype]
+
+    def run(self, ctx: ExecutionContext) -> None:
+        value = self._ctype.from_address(ctx.ptr(self.selector)).value
+        if self.is_pred:
+            index = 0 if value else 1
+        else:
+            index = value
+            if not 0 <= index < len(self.branches):
+                index = len(self.branches) - 1
+        bases = ctx.bases
+        run_copies(bases, self._in[index])
+        self.branches[index].run(ctx)
+        run_copies(bases, self._out[index])
+
+    def describe(self) -> list[str]:
+        lines = [*super().describe(), f"selector: {self.selector}"]
+        for i, branch in enumerate(self.branches):
+            lines += copy_lines(f"branch {i} in", self.in_copies[i])
+            lines += copy_lines(f"branch {i} out", self.out_copies[i])
+            lines += branch.describe()
+        return lines
+
+    def kernels(self) -> list[NativeKernel]:
+        return [k for b in self.branches for k in b.kernels()]
+
+    def buffer_access(self) -> Access | None:
+        nested = [t for b in self.branches for t in b.thunks]
+        copies = [c for cs in (*self.in_copies, *self.out_copies) for c in cs]
+        return _nested_access(self, [], nested, copies)
+
+    def cost(self) -> float:
+        return max((sum(t.cost() for t in b.thunks) for b in self.branches), default=0.0)
+
+
+class CallThunk(Thunk):
+    """Runs the called computation's thunks (its result is the root's slices)."""
+
+    kind = "call"
+
+    def __init__(self, instr: HloInstruction, body: ThunkSequence, in_copies):
+        self.instr, self.body, self.in_copies = instr, body, tuple(in_copies)
+        self._in = raw_copies(self.in_copies)
+
+    def run(self, ctx: ExecutionContext) -> None:
+        run_copies(ctx.bases, self._in)
+        self.body.run(ctx)
+
+    def describe(self) -> list[str]:
+        return [*super().describe(), *copy_lines("in", self.in_copies), *self.body.describe()]
+
+    def kernels(self) -> list[NativeKernel]:
+        return self.body.kernels()
+
+    def buffer_access(self) -> Access | None:
+        return _nested_access(self, list(self.writes), list(self.body.thunks), list(self.in_copies))
+
+    def cost(self) -> float:
+        return sum(t.cost() for t in self.body.thunks)

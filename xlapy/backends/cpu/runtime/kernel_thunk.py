@@ -1,0 +1,168 @@
+# Kernel thunks: a native kernel (jit.kernel.Kernel, compiled from codegen's LLVM IR) called
+# on the raw addresses of its output and input slices over its outer range, whole on the
+# calling thread or split over the pool where that measures faster (SplitChoice).
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.thunk import (
+    NS_PER_KERNEL_ELEMENT,
+    BufferSlice,
+    ExecutionContext,
+    NativeKernel,
+    SplitChoice,
+    Thunk,
+    address,
+    slice_lines,
+)
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+
+PARALLEL_MIN_ELEMENTS = 1 << 16
+"""Kernels that touch more elements than this (their largest output, or the operand of a
+reduce they compute) may split their outer range over the pool; SplitChoice decides per
+kernel whether they do."""
+
+
+def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
+    """About how many elements a kernel for `instr` touches: its largest output, or the
+    operand of a reduce it computes (a reduction reads far more than it writes)."""
+    elements = max((s.shape.num_elements for s in outputs), default=0)
+    comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
+    for i in comp.instructions if comp is not None else (instr,):
+        if i.opcode is Opcode.REDUCE:
+            elements = max(elements, i.operands[0].shape.num_elements)
+    return elements
+
+
+def _pointer_call(fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int):
+    """A function of an execution's allocation bases that calls kernel entry `fn` on the
+    addresses of `slots` ((allocation, offset) pairs) over its whole outer range. The
+    common argument counts get a closure that adds the addresses up without building a list
+    (several tenths of a microsecond of a small kernel's ~1 us)."""
+    if len(slots) == 1:
+        ((a0, o0),) = slots
+        return lambda b: fn(b[a0] + o0, 0, extent)
+    if len(slots) == 2:
+        (a0, o0), (a1, o1) = slots
+        return lambda b: fn(b[a0] + o0, b[a1] + o1, 0, extent)
+    if len(slots) == 3:
+        (a0, o0), (a1, o1), (a2, o2) = slots
+        return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, 0, extent)
+    if len(slots) == 4:
+        (a0, o0), (a1, o1), (a2, o2), (a3, o3) = slots
+        return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, b[a3] + o3, 0, extent)
+    return lambda b: fn(*[b[a] + offset for a, offset in slots], 0, extent)
+
+
+class KernelThunk(Thunk):
+    """A native kernel on raw addresses. An output may share its exact bytes with an input
+    when the kernel was compiled for that (output, input) pair (`kernel.in_place`: it reads
+    the input through the output's pointer). Any other overlap sets `scratch`: the kernel's
+    arguments are noalias, so it writes fresh scratch buffers that are copied into the
+    outputs afterwards."""
+
+    kind = "kernel"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        kernel: NativeKernel,
+        outputs: Sequence[BufferSlice],
+        inputs: Sequence[BufferSlice],
+    ):
+        self.instr = instr
+        self.kernel = kernel
+        self.outputs = tuple(outputs)
+        self.inputs = tuple(inputs)
+        in_place = set(kernel.in_place)
+        self.scratch = any(
+            o.overlaps(i) and not ((a, b) in in_place and o.same_bytes(i))
+            for a, o in enumerate(self.outputs)
+            for b, i in enumerate(self.inputs)
+        )
+        self._slots = tuple((s.allocation, s.offset) for s in (*self.outputs, *self.inputs))
+        elements = work_elements(instr, self.outputs)
+        extent = self._extent = kernel.outer_extent
+        self.chunks = (
+            min(extent, pool_size()) if elements > PARALLEL_MIN_ELEMENTS and extent > 1 else 1
+        )
+        self.split_choice = SplitChoice() if self.chunks > 1 else None
+        self._call: Callable[[list[int]], object] | None = None  # made on first run
+
+    def run(self, ctx: ExecutionContext) -> None:
+        call = self._call
+        if call is None:
+            if self.scratch or self.split_choice is not None:
+                self._run_general(ctx)
+                return
+            call = self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
+        call(ctx.bases)
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        if self.scratch or self.split_choice is not None:
+            return functools.partial(self._run_general, ctx)
+        bases = ctx.bases
+        args = [ctypes.c_void_p(bases[a] + offset) for a, offset in self._slots]
+        return functools.partial(
+            self.kernel.function, *args, ctypes.c_int64(0), ctypes.c_int64(self._extent)
+        )
+
+    def _run_general(self, ctx: ExecutionContext) -> None:
+        """A run through scratch buffers or with a split choice to make."""
+        if self.scratch:
+            outs = [np.empty(o.size, np.uint8) for o in self.outputs]
+            ptrs = [address(o) for o in outs] + [ctx.ptr(i) for i in self.inputs]
+        else:
+            bases = ctx.bases
+            ptrs = [bases[a] + offset for a, offset in self._slots]
+        extent = self._extent
+        choice = self.split_choice
+        if choice is None:
+            self.kernel.run_raw(ptrs, 0, extent)
+        else:
+            split = choice.next_split()
+            start = time.perf_counter()
+            if split:
+                run = self.kernel.run_raw
+                run_blocks(lambda lo, hi: run(ptrs, lo, hi), even_blocks(extent, self.chunks))
+            else:
+                self.kernel.run_raw(ptrs, 0, extent)
+            choice.record(split, time.perf_counter() - start)
+        if self.scratch:
+            for o, buf in zip(self.outputs, outs, strict=True):
+                mem = ctx.memory[o.allocation]
+                assert mem is not None, "a kernel output has memory"
+                mem[o.offset : o.offset + o.size] = buf
+
+    def describe(self) -> list[str]:
+        head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"
+        notes = []
+        if self.chunks > 1:
+            notes.append(f"parallel x{self.chunks} when faster")
+        if self.scratch:
+            notes.append("in place via scratch")
+        if notes:
+            head += f" ({', '.join(notes)})"
+        return [head, *slice_lines("out", self.outputs), *slice_lines("in", self.inputs)]
+
+    def kernels(self) -> list[NativeKernel]:
+        return [self.kernel]
+
+    def cost(self) -> float:
+        elements = work_elements(self.instr, self.outputs)
+        if self.kernel.in_place:  # writes the window its other inputs give
+            shared = {i for _, i in self.kernel.in_place}
+            others = [s for i, s in enumerate(self.inputs) if i not in shared]
+            elements = max((s.shape.num_elements for s in others), default=1)
+        return 1_000 + elements * NS_PER_KERNEL_ELEMENT
+
+    def runs_alone(self) -> bool:
+        return self.chunks == 1
