@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cpu_vs_xla import BIG, Program, copy_bandwidth, report, run_program  # noqa: E402
+from cpu_vs_xla import BIG, Program, copy_bandwidth, report, run_program
 
 PROGRAMS: dict[str, Program] = {}
 
@@ -69,7 +69,7 @@ for n, batch in ((64, ()), (256, ()), (8, (512,))):
     add(
         f"tri_solve_{tag}",
         _tri,
-        lambda rng, s=shape, n=n: (normal(rng, s) + n * np.eye(n, dtype=np.float32), normal(rng, s)),
+        lambda rng, s=shape, n=n: (normal(rng, s) + n * np.eye(n, dtype="f4"), normal(rng, s)),
     )
     add(f"solve_{tag}", jnp.linalg.solve, lambda rng, s=shape: (normal(rng, s), normal(rng, s)))
 for n, batch in ((64, ()), (128, ()), (8, (256,))):

@@ -18,6 +18,8 @@ enforce before anything runs.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from xlapy.backends.host import available_cores
@@ -85,7 +87,8 @@ def transform(kind: str, x: np.ndarray, lengths: tuple[int, ...], what: str = "f
     import scipy.fft
 
     axes = tuple(range(x.ndim - len(lengths), x.ndim))
-    workers = available_cores() if max(x.size, np.prod(out_dims)) >= THREADED_MIN_ELEMENTS else 1
+    big = max(x.size, math.prod(out_dims)) >= THREADED_MIN_ELEMENTS
+    workers = available_cores() if big else 1
     if kind == "FFT":
         out = scipy.fft.fftn(x, axes=axes, workers=workers)
     elif kind == "IFFT":

@@ -61,7 +61,7 @@ from xlapy.errors import CustomCallError
 TYPES = {"s": "f32", "d": "f64", "c": "c64", "z": "c128"}
 REAL_TYPES = {"s": "f32", "d": "f64", "c": "f32", "z": "f64"}
 COMPLEX_TYPES = {"s": "c64", "d": "c128", "c": "c64", "z": "c128"}
-DTYPES = {
+DTYPES: dict[str, np.dtype] = {
     "s": np.dtype(np.float32),
     "d": np.dtype(np.float64),
     "c": np.dtype(np.complex64),

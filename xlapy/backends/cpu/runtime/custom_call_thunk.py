@@ -90,8 +90,10 @@ class FfiCallThunk(Thunk):
     kind = "custom-call"
 
     def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases, target):
-        from xlapy.backends.ffi import prepare_handler
+        from xlapy.backends.ffi import FfiHandler, prepare_handler
 
+        if not isinstance(target.fn, FfiHandler):
+            raise CustomCallError(f"{instr.name}: target {target.name!r} is not a typed handler")
         self.instr, self.operands, self.result = instr, operands, result
         self.target, self.handler = target, target.fn
         self.attrs = prepare_handler(self.handler, instr)
