@@ -49,7 +49,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cffi
 import numpy as np
@@ -70,6 +70,7 @@ DTYPES: dict[str, np.dtype] = {
 REAL_DTYPES = {p: np.dtype(d.char.lower()) if d.kind == "c" else d for p, d in DTYPES.items()}
 
 _FFI = cffi.FFI()
+_LENGTHS = (1, 1, 1, 1)  # hidden Fortran lengths of character arguments
 _JIT_LOCK = threading.Lock()
 
 
@@ -94,10 +95,11 @@ class Routine:
     address: int
     nargs: int
     nchars: int
+    call: Callable = field(repr=False, compare=False)
 
     def __call__(self, *addresses: int) -> None:
         """One call on `addresses` (one per argument)."""
-        _single_caller(self.nargs, self.nchars)(self.address, *addresses)
+        self.call(*addresses, *_LENGTHS[: self.nchars])
 
     def batch(self, count: int, *args: tuple[int, int], flops: float = 0.0) -> None:
         """`count` calls; argument k of call i is `address + i * step` for args[k] =
@@ -164,21 +166,11 @@ def routine(name: str, nargs: int, nchars: int = 0) -> Routine:
     for module in (cython_lapack, cython_blas):
         capsule = module.__pyx_capi__.get(name)
         if capsule is not None:
-            return Routine(name, _capsule_pointer(capsule), nargs, nchars)
+            address = _capsule_pointer(capsule)
+            params = ", ".join(["uintptr_t"] * nargs + ["size_t"] * nchars)
+            call = _FFI.cast(f"void (*)({params})", address)
+            return Routine(name, address, nargs, nchars, call)
     raise CustomCallError(f"SciPy's LAPACK has no routine {name!r}")
-
-
-@functools.cache
-def _single_caller(nargs: int, nchars: int) -> Callable:
-    """cffi's call of a routine address on `nargs` addresses (hidden lengths added)."""
-    params = ", ".join(["uintptr_t"] * nargs + ["size_t"] * nchars)
-    lengths = (1,) * nchars
-
-    def call(address: int, *addresses: int) -> None:
-        fn = _FFI.cast(f"void (*)({params})", address)
-        fn(*addresses, *lengths)
-
-    return call
 
 
 @functools.cache
@@ -245,8 +237,21 @@ def _char(code: int) -> str:
     return chr(code).upper()
 
 
-def _letters(*codes: str) -> np.ndarray:
-    return np.frombuffer(("".join(codes)).encode(), np.uint8).copy()
+@functools.cache
+def _letters(*codes: str) -> int:
+    """The address of the characters `codes`, in memory kept for the process."""
+    _CONSTANTS.append(np.frombuffer("".join(codes).encode(), np.uint8).copy())
+    return _address(_CONSTANTS[-1])
+
+
+@functools.cache
+def _one(p: str) -> int:
+    """The address of a 1 of type `p`, in memory kept for the process."""
+    _CONSTANTS.append(np.ones(1, DTYPES[p]))
+    return _address(_CONSTANTS[-1])
+
+
+_CONSTANTS: list[np.ndarray] = []
 
 
 def _address(a: np.ndarray) -> int:
@@ -354,7 +359,7 @@ def _potrf(p: str):
         nn, lda = map(_fixed, args.addrs)
         routine(p + "potrf", 5, 1).batch(
             _batch(a),
-            _fixed(_address(letters)),
+            _fixed(letters),
             nn,
             _each(work, 2),
             lda,
@@ -385,12 +390,12 @@ def _trsm(p: str):
         tri = np.ascontiguousarray(np.swapaxes(a, -1, -2))
         work = memory.matrices(x, b)
         if m and n:
-            args, alpha = _Args(m, n, max(1, k), max(1, m)), np.ones(1, DTYPES[p])
+            args = _Args(m, n, max(1, k), max(1, m))
             letters = _letters(_char(side), _char(uplo), _char(trans_x), _char(diag))
-            options = [_fixed(_address(letters) + i) for i in range(4)]
+            options = [_fixed(letters + i) for i in range(4)]
             mm, nn, lda, ldb = map(_fixed, args.addrs)
             routine(p + "trsm", 11, 4).batch(
-                _batch(b), *options, mm, nn, _fixed(_address(alpha)), _each(tri, 2), lda,
+                _batch(b), *options, mm, nn, _fixed(_one(p)), _each(tri, 2), lda,
                 _each(work, 2), ldb, flops=m * n * k,
             )  # fmt: skip
         memory.finish()
@@ -500,7 +505,7 @@ def _syevd(p: str):
         n = a.shape[-1]
         job = "V" if _char(mode) == "V" else "N"
         letters = _letters(job, _char(uplo))
-        jz, up = _fixed(_address(letters)), _fixed(_address(letters) + 1)
+        jz, up = _fixed(letters), _fixed(letters + 1)
         args = _Args(n, max(1, n), -1, -1, -1)
         nn, lda, lwork, lrwork, liwork = map(_fixed, args.addrs)
         fn = routine(name, 13 if cplx else 11, 2)
@@ -568,7 +573,7 @@ def _svd(p: str, routine_name: str):
         args = _Args(m, n, max(1, m), ldu, ldvt, -1)
         mm, nn, lda, lu_, lvt, lwork = map(_fixed, args.addrs)
         letters = _letters(job, job)
-        j1, j2 = _fixed(_address(letters)), _fixed(_address(letters) + 1)
+        j1, j2 = _fixed(letters), _fixed(letters + 1)
         r, iw = _fixed(_address(rscratch)), _fixed(_address(iscratch))
         gesdd = routine_name == "gesdd"
         fn = routine(p + routine_name, 15 if cplx else 14, 1 if gesdd else 2)
@@ -629,7 +634,7 @@ def _geev(p: str):
         vals = [memory.dense(v) for v in value_outs]
         codes = memory.dense(info)
         letters = _letters(*jobs)
-        j1, j2 = _fixed(_address(letters)), _fixed(_address(letters) + 1)
+        j1, j2 = _fixed(letters), _fixed(letters + 1)
         args = _Args(n, max(1, n), -1)
         nn, lda, lwork = map(_fixed, args.addrs)
         rscratch = np.empty(max(1, 2 * n), REAL_DTYPES[p])
