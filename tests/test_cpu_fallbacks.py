@@ -27,11 +27,12 @@ from xlapy.ir.parser import parse_module
 pytestmark = pytest.mark.usefixtures("kernel_cache")
 RNG = np.random.default_rng(20261126)
 
-FFT = """HloModule with_fft
+# cholesky (the HLO op, not JAX's LAPACK custom call) has no kernel and no library path
+CHOLESKY = """HloModule with_cholesky
 ENTRY e {
-  x = c64[4,8] parameter(0)
-  f = c64[4,8] fft(x), fft_type=FFT, fft_length={8}
-  ROOT n = c64[4,8] negate(f)
+  x = c64[4,4] parameter(0)
+  f = c64[4,4] cholesky(x), lower=true
+  ROOT n = c64[4,4] negate(f)
 }"""
 
 SORTED = """HloModule sorted
@@ -56,14 +57,15 @@ def test_the_suite_runs_strict():
 
 
 def test_an_instruction_without_kernel_or_library_path_is_a_listed_fallback():
-    program = CpuProgram(parse_module(FFT))
+    program = CpuProgram(parse_module(CHOLESKY))
     assert program.fallbacks == [
-        Fallback("f", "fft", "no kernel for 'fft'"),
+        Fallback("f", "cholesky", "no kernel for 'cholesky'"),
         Fallback("n", "negate", "p0: the CPU emitter does not handle element type c64"),
     ]
-    assert str(program.fallbacks[0]) == "f (fft): no kernel for 'fft'"
-    x = _complex(4, 8)
-    want = evaluate(parse_module(FFT), [x])
+    assert str(program.fallbacks[0]) == "f (cholesky): no kernel for 'cholesky'"
+    a = _complex(4, 4)
+    x = (a @ a.conj().T + 4 * np.eye(4)).astype(np.complex64)
+    want = evaluate(parse_module(CHOLESKY), [x])
     np.testing.assert_allclose(program.run([x]), want, rtol=1e-5, atol=1e-5)
 
 
@@ -163,22 +165,22 @@ ENTRY e {{
 
 
 def test_opt_lists_the_cpu_fallbacks(run_cli, write):
-    path = write("fft.hlo", FFT)
+    path = write("cholesky.hlo", CHOLESKY)
     code, out, err = run_cli("opt", path, "--backend", "cpu")
     assert code == 0, err
-    assert "fft(" in out
-    assert "cpu fallbacks: 2\n  f (fft): no kernel for 'fft'\n  n (negate): " in err
+    assert "cholesky(" in out
+    assert "cpu fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (negate): " in err
     code, _, err = run_cli("opt", write("sorted.hlo", SORTED), "--backend", "cpu")
     assert code == 0 and "cpu fallbacks: none" in err
 
 
 def test_bench_lists_the_fallbacks(run_cli, write):
-    path = write("fft.hlo", FFT)
+    path = write("cholesky.hlo", CHOLESKY)
     code, out, err = run_cli("bench", path, "--random-inputs", "--runs", "2", "--warmup", "0")
     assert code == 0, err
-    assert "fallbacks: 2\n  f (fft): no kernel for 'fft'\n  n (negate): " in out
+    assert "fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (negate): " in out
     code, out, err = run_cli(
         "bench", path, "--random-inputs", "--runs", "2", "--warmup", "0", "--json"
     )
     assert code == 0, err
-    assert json.loads(out)["fallbacks"][0] == "f (fft): no kernel for 'fft'"
+    assert json.loads(out)["fallbacks"][0] == "f (cholesky): no kernel for 'cholesky'"

@@ -504,10 +504,21 @@ def call_handler(h: FfiHandler | ForeignHandler, instr, ins: Sequence, outs: lis
     if not isinstance(h, FfiHandler):
         h.call(instr, ins, outs)
         return
+    invoke_handler(h, instr, prepare_handler(h, instr), ins, outs)
+
+
+def prepare_handler(h: FfiHandler, instr) -> dict:
+    """The keyword attributes of handler `h` for `instr`, after checking its signature:
+    what a backend does once, at compile time. Problems raise CustomCallError."""
     problems = check_signature(h, instr)
     if problems:
         raise CustomCallError("\n".join(problems))
-    attrs = decode_attributes(h, instr)
+    return decode_attributes(h, instr)
+
+
+def invoke_handler(h: FfiHandler, instr, attrs: dict, ins: Sequence, outs: list) -> None:
+    """Run handler `h` (checked by `prepare_handler`, which gave `attrs`) on operand leaves
+    `ins` and result leaves `outs`, filled in place; failures raise CustomCallError."""
     target = instr.attrs.get("custom_call_target")
     try:
         returned = h.fn(*ins, *outs, **attrs)

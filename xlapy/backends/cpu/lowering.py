@@ -11,7 +11,9 @@
 #   collectives                 the execution's peers (runtime/collective_thunk.py)
 #   dot                         BLAS on the arena, else the mixed-type library path
 #   dynamic-update-slice, copy  window writes and memmoves on the arena
-#   custom-call                 C targets on arena pointers, XLA's TopK as a library sort
+#   custom-call                 C targets on arena pointers, typed FFI handlers (LAPACK) on
+#                               arena views, XLA's TopK as a library sort
+#   fft                         scipy.fft on arena views (runtime/fft_thunk.py)
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
@@ -52,8 +54,9 @@ from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
 from xlapy.backends.cpu.runtime.control_flow_thunk import CallThunk, ConditionalThunk, WhileThunk
 from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
 from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
-from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk
+from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk, FfiCallThunk
 from xlapy.backends.cpu.runtime.dot_thunk import DotThunk, blas_dot_supported, plan_dot
+from xlapy.backends.cpu.runtime.fft_thunk import FftThunk
 from xlapy.backends.cpu.runtime.indexing_thunk import (
     DynamicUpdateSliceThunk,
     plan_gather,
@@ -223,10 +226,6 @@ def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     target = instr.attrs.get("custom_call_target")
     if target in XLA_INTERNAL_TARGET_NAMES:
         return f"XLA-internal target {target!r}"
-    leaves = [s for o in instr.operands for _, s in o.shape.leaves()]
-    leaves += [s for _, s in instr.shape.leaves()]
-    if any(s.is_array and s.layout is not None and not s.layout.is_default for s in leaves):
-        return "an operand or result in a non-default layout"
     operands = [lw.tree_at(o) for o in instr.operands]
     result = lw.tree_at(instr)
     aliases = []
@@ -235,7 +234,39 @@ def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         for i in alias.output_index:
             out = out[i]
         aliases.append((alias.operand_number, tuple(alias.operand_index), out))
+    handler = _typed_ffi_target(lw, target)
+    if handler is not None:
+        if not all(all_arrays(t) for t in (*operands, result)):
+            return "a typed FFI call with a token operand or result"
+        return FfiCallThunk(instr, operands, result, aliases, handler)
+    leaves = [s for o in instr.operands for _, s in o.shape.leaves()]
+    leaves += [s for _, s in instr.shape.leaves()]
+    if any(s.is_array and s.layout is not None and not s.layout.is_default for s in leaves):
+        return "an operand or result in a non-default layout"
     return CustomCallThunk(instr, operands, result, aliases)
+
+
+def _typed_ffi_target(lw: Lowering, name: str | None):
+    """The registered typed-FFI target `name` (found as a run would find it), or None."""
+    from xlapy.backends.custom_calls import ApiVersion, find
+
+    try:
+        target = find(name or "", "Host", lw.options.get("custom_calls"))
+    except XlapyError:
+        return None
+    from xlapy.backends.ffi import FfiHandler
+
+    typed = target.api_version is ApiVersion.TYPED_FFI and isinstance(target.fn, FfiHandler)
+    return target if typed else None  # a handler in C goes through CustomCallThunk
+
+
+def _fft(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    if not instr.shape.is_array:
+        return "a tuple result"
+    try:
+        return FftThunk(instr, lw.slice_at(instr.operands[0]), lw.slice_at(instr))
+    except EvaluationError as e:  # the rule reports the same problem when it runs
+        return str(e)
 
 
 def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -343,6 +374,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.REDUCE_WINDOW: (KERNEL, library(plan_reduce_window)),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
     Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
+    Opcode.FFT: (Strategy("fft", _fft), RULE),
 }
 """opcode -> its lowering strategies, in order (see the file comment)."""
 

@@ -1,10 +1,22 @@
 # Custom-call thunks: a C target ("Host" platform) is called on pointers into the arena with
 # the nested pointer-table layout; aliased outputs (output_to_operand_aliasing) are the
-# operand's bytes, copied first where buffer assignment gave them two slices. Python and
-# typed-FFI targets go through the interpreter's rule (XLA-internal targets never reach this
-# thunk: the lowering gives them a library or rule thunk).
+# operand's bytes, copied first where buffer assignment gave them two slices. Python targets
+# go through the interpreter's rule (XLA-internal targets never reach this thunk: the
+# lowering gives them a library or rule thunk).
+#
+# FfiCallThunk: a typed-FFI handler (the LAPACK targets among them) found at compile time is
+# checked and its attributes decoded once; a run calls it on logical NumPy views of the
+# arena, whatever the layouts (a column-major `{1,2,0}` result is a view LAPACK works on in
+# place), read-only views for the operands, the other results zeroed (the interpreter's
+# contract). An aliased result first gets its operand's values: copied where buffer
+# assignment gave it other bytes, rearranged in place where it shares the operand's bytes in
+# another layout (a row-major operand, a column-major result); the handler then sees that
+# operand as a read-only view of the result. A target registered again under the same name
+# after compiling runs through the interpreter's rule.
 
 from __future__ import annotations
+
+import numpy as np
 
 from xlapy.backends.base import replace_leaf
 from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
@@ -70,3 +82,60 @@ def _physical_tree(ctx: ExecutionContext, tree: ValueTree):
     if tree is None:
         return None
     return ctx.physical(tree)
+
+
+class FfiCallThunk(Thunk):
+    """A typed-FFI handler called on views of the arena (see the file comment)."""
+
+    kind = "custom-call"
+
+    def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases, target):
+        from xlapy.backends.ffi import FfiHandler, prepare_handler
+
+        if not isinstance(target.fn, FfiHandler):
+            raise CustomCallError(f"{instr.name}: target {target.name!r} is not a typed handler")
+        self.instr, self.operands, self.result = instr, operands, result
+        self.target, self.handler = target, target.fn
+        self.attrs = prepare_handler(self.handler, instr)
+        self.fallback = RuleThunk(instr, operands, result, "")
+        self.ins = [leaf for t in operands for leaf in tree_leaves(t)]
+        self.outs = tree_leaves(result)
+        # (source slice, result slice, the source's position in self.ins) per aliased output
+        self.aliased = []
+        for number, index, out in aliases:
+            position = sum(len(tree_leaves(t)) for t in operands[:number])
+            tree = operands[number]
+            for i in index:
+                position += sum(len(tree_leaves(t)) for t in tree[:i])
+                tree = tree[i]
+            self.aliased.append((tree_at(operands[number], index), out, position))
+        aliased = [a[2] for a in aliases]
+        self.zeroed = [leaf for leaf in self.outs if not any(leaf is a for a in aliased)]
+
+    def run(self, ctx: ExecutionContext) -> None:
+        from xlapy.backends.custom_calls import calling, find
+        from xlapy.backends.ffi import invoke_handler
+
+        name = self.target.name
+        if find(name, "Host", ctx.state.get("custom_calls")).fn is not self.handler:
+            self.fallback.run(ctx)
+            return
+        for leaf in self.zeroed:
+            ctx.physical(leaf).fill(0)
+        ins = [ctx.view(leaf) for leaf in self.ins]
+        for src, out, position in self.aliased:
+            same_layout = src.shape.layout_or_default == out.shape.layout_or_default
+            if not (src.same_bytes(out) and same_layout):
+                np.copyto(ctx.view(out), ins[position])  # NumPy buffers an overlapping source
+            ins[position] = ctx.view(out)
+        for view in ins:
+            view.flags.writeable = False
+        outs = [ctx.view(leaf) for leaf in self.outs]
+        with calling(name):
+            invoke_handler(self.handler, self.instr, self.attrs, ins, outs)
+
+    def describe(self) -> list[str]:
+        lines = [f"custom-call {self.instr.name} -> {self.target.name!r} (typed FFI handler)"]
+        for i, t in enumerate(self.operands):
+            lines += tree_lines(f"in{i}", t)
+        return lines + tree_lines("out", self.result)
