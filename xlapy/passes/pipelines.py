@@ -22,6 +22,7 @@ CPU_PIPELINE: list[PlanEntry] = [
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
+    "reduce-window-rewriter",  # prefix scans (cumsum...) as reduce-window: O(n^2) -> O(n)
     SIMPLIFY,  # a list is a FixedPoint group
     "buffer-donor-to-alias",
     # -- late stages: fusion, then copy insertion ---------------------------------------------
