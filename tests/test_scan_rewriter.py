@@ -245,7 +245,7 @@ def test_jax_scans_against_jax(name, shape):
     np.testing.assert_allclose(got, want_jax, rtol=1e-5, atol=1e-5 * np.sum(np.abs(x)))
 
 
-def test_cpu_backend_runs_the_rewritten_scans():
+def test_cpu_backend_reverse_cumsum_matches_jax():
     from xlapy.runtime.client import Client
 
     fn = JAX_SCANS["cumsum_reverse"]
