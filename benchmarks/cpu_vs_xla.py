@@ -19,6 +19,13 @@ second as a fraction of this machine's copy bandwidth (a large np.copyto), for b
   .venv/bin/python benchmarks/cpu_vs_xla.py -p softmax -p mlp  # names containing these
   .venv/bin/python benchmarks/cpu_vs_xla.py --small --runs 3   # tiny shapes (harness check)
   .venv/bin/python benchmarks/cpu_vs_xla.py --list
+  .venv/bin/python benchmarks/cpu_vs_xla.py --threads 1,2,4,8,16   # scaling table
+
+Programs belong to the families of issue 17 (FAMILIES: by name prefix); the report ends with
+per-family geometric means. --threads reruns the whole selection once per thread count T,
+pinned with `taskset -c 0-(T-1)` (XLA:CPU sizes its pools by the cores it may use) and with
+XLAPY_NUM_THREADS=T (xlapy's pool, kernel.pool_size()); counts above the machine's cores are
+skipped. benchmarks/device_run.sh runs it on a many-core machine without network access.
 """
 
 from __future__ import annotations
@@ -76,15 +83,39 @@ class Program:
     fn: Callable
     make_args: Callable[[np.random.Generator, Sizes], tuple]
     memory_bound: bool = False
+    family: str = "other"
 
 
 PROGRAMS: dict[str, Program] = {}
+
+# The slow families named in issue 17, by the program-name prefixes that belong to each
+# (programs added for a family that nobody tuned on count like the others).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "scans": ("cum",),
+    "loops": ("fori_", "while_", "lstm_", "gru_", "rnn_"),
+    "linalg": ("eig", "svd", "qr", "cholesky"),
+    "fft": ("fft", "rfft"),
+    "pooling": ("maxpool", "avgpool"),
+    "conv": ("conv2d", "convnet"),
+    "rng": ("rng_", "threefry"),
+    "f16": ("f16_",),
+    "int_bits": ("int_",),
+    "rows": ("softmax", "log_softmax", "row_", "layernorm"),
+    "transformer": ("transformer",),
+}
+
+
+def family_of(name: str) -> str:
+    for family, prefixes in FAMILIES.items():
+        if name.startswith(prefixes):
+            return family
+    return "other"
 
 
 def program(name: str, memory_bound: bool = False):
     def register(make):
         fn, make_args = make()
-        PROGRAMS[name] = Program(name, fn, make_args, memory_bound)
+        PROGRAMS[name] = Program(name, fn, make_args, memory_bound, family_of(name))
         return make
 
     return register
@@ -511,6 +542,234 @@ def _():
     return (lambda d, ids: jax.ops.segment_sum(d, ids, num_segments=1024)), args
 
 
+# -- issue 17 families: scans, loops, linalg, FFT, pooling, RNG, f16, integer bits -----------
+
+
+@program("cumsum_reverse")
+def _():
+    return (lambda x: lax.cumsum(x, axis=1, reverse=True)), one(lambda s: s.elems)
+
+
+@program("cumprod_cols")
+def _():
+    return (lambda x: jnp.cumprod(1 + 0.001 * x, axis=0)), one(lambda s: s.elems)
+
+
+@program("cummax_1d")
+def _():
+    return lax.cummax, one(lambda s: (s.elems[0] * s.elems[1] // 16,))
+
+
+@program("cumlogsumexp_rows")
+def _():
+    return (lambda x: lax.cumlogsumexp(x, axis=1)), one(lambda s: (s.elems[0] // 8, s.elems[1]))
+
+
+@program("cumsum_grad")
+def _():
+    return jax.grad(lambda x: jnp.sum(jnp.cumsum(x, axis=1) ** 2)), one(lambda s: s.elems)
+
+
+@program("fori_dynamic_update_slice")
+def _():
+    def loop(x):
+        def body(i, acc):
+            row = jnp.tanh(lax.dynamic_index_in_dim(acc, i, keepdims=True) * 0.5 + 1.0)
+            return lax.dynamic_update_index_in_dim(acc, row, i + 1, axis=0)
+
+        return lax.fori_loop(0, x.shape[0] - 1, body, x)
+
+    return loop, one(lambda s: (s.steps * 4, s.model))
+
+
+@program("while_converge")
+def _():
+    def newton_sqrt(a):
+        def cond(state):
+            y, prev, i = state
+            return (jnp.max(jnp.abs(y - prev)) > 1e-6) & (i < 100)
+
+        def body(state):
+            y, _, i = state
+            return 0.5 * (y + a / y), y, i + 1
+
+        return lax.while_loop(cond, body, (a, a + 1.0, 0))[0]
+
+    return newton_sqrt, lambda rng, s: (1.0 + np.abs(normal(rng, (s.elems[0] * 16,))),)
+
+
+def lstm_data(rng, s, gates):
+    hidden = s.model // 2
+    return (
+        normal(rng, (hidden, gates * hidden), scale=1 / math.sqrt(hidden)),
+        normal(rng, (hidden, gates * hidden), scale=1 / math.sqrt(hidden)),
+        normal(rng, (s.steps // 2, 8 if s is BIG else 2, hidden)),
+    )
+
+
+def lstm_loss(w, u, xs):
+    def cell(carry, x):
+        h, c = carry
+        i, f, g, o = jnp.split(x @ w + h @ u, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    h0 = jnp.zeros(xs.shape[1:], xs.dtype)
+    return jnp.mean(lax.scan(cell, (h0, h0), xs)[1] ** 2)
+
+
+def gru_loss(w, u, xs):
+    def cell(h, x):
+        zr = x @ w[:, : 2 * h.shape[-1]] + h @ u[:, : 2 * h.shape[-1]]
+        z, r = jnp.split(jax.nn.sigmoid(zr), 2, axis=-1)
+        n = jnp.tanh(x @ w[:, 2 * h.shape[-1] :] + (r * h) @ u[:, 2 * h.shape[-1] :])
+        h = (1 - z) * n + z * h
+        return h, h
+
+    h0 = jnp.zeros(xs.shape[1:], xs.dtype)
+    return jnp.mean(lax.scan(cell, h0, xs)[1] ** 2)
+
+
+@program("lstm_bptt")
+def _():
+    return jax.grad(lstm_loss, argnums=(0, 1)), lambda rng, s: lstm_data(rng, s, 4)
+
+
+@program("gru_bptt")
+def _():
+    return jax.grad(gru_loss, argnums=(0, 1)), lambda rng, s: lstm_data(rng, s, 3)
+
+
+def spd(rng, n):
+    a = normal(rng, (n, n))
+    return a @ a.T / n + np.eye(n, dtype=np.float32)
+
+
+@program("eigh")
+def _():
+    return jnp.linalg.eigh, lambda rng, s: (spd(rng, s.mat // 4),)
+
+
+@program("eig_values")
+def _():
+    return (lambda a: jnp.linalg.eigvals(a)), lambda rng, s: (
+        normal(rng, (s.mat // 8, s.mat // 8)),
+    )
+
+
+@program("svd")
+def _():
+    return (lambda a: jnp.linalg.svd(a, full_matrices=False)), one(
+        lambda s: (s.mat // 2, s.mat // 4)
+    )
+
+
+@program("qr")
+def _():
+    return jnp.linalg.qr, one(lambda s: (s.mat, s.mat // 4))
+
+
+@program("cholesky_solve")
+def _():
+    def solve(a, b):
+        return jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b)
+
+    return solve, lambda rng, s: (spd(rng, s.mat), normal(rng, (s.mat, 16)))
+
+
+@program("fft_complex")
+def _():
+    return (lambda x: jnp.fft.fft(x.astype(jnp.complex64), axis=-1)), one(lambda s: s.elems)
+
+
+@program("rfft_irfft")
+def _():
+    return (lambda x: jnp.fft.irfft(jnp.fft.rfft(x, axis=-1), axis=-1)), one(lambda s: s.elems)
+
+
+def maxpool(x):
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+
+
+@program("maxpool")
+def _():
+    return maxpool, one(lambda s: (16, s.image * 2, s.image * 2, 16))
+
+
+@program("maxpool_grad")
+def _():
+    return jax.grad(lambda x: jnp.sum(maxpool(x) ** 2)), one(
+        lambda s: (16, s.image * 2, s.image * 2, 16)
+    )
+
+
+@program("avgpool_grad")
+def _():
+    def avgpool(x):
+        return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
+
+    return jax.grad(lambda x: jnp.sum(avgpool(x) ** 2)), one(
+        lambda s: (16, s.image * 2, s.image * 2, 16)
+    )
+
+
+@program("conv2d_strided_5x5")
+def _():
+    def strided(x, w):
+        return lax.conv_general_dilated(
+            x, w, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    return strided, lambda rng, s: (
+        normal(rng, (8, s.image * 2, s.image * 2, 8)),
+        normal(rng, (5, 5, 8, 32), scale=0.1),
+    )
+
+
+@program("threefry_normal")
+def _():
+    def normals(key, like):
+        return jax.random.normal(jax.random.wrap_key_data(key), like.shape)
+
+    return normals, lambda rng, s: (np.array([0, 42], np.uint32), np.zeros(s.elems, np.float32))
+
+
+@program("rng_bit_generator")
+def _():
+    def bits(key, like):
+        return lax.rng_bit_generator(key, like.shape, dtype=jnp.uint32)
+
+    return bits, lambda rng, s: (np.arange(4, dtype=np.uint32) + 7, np.zeros(s.elems, np.float32))
+
+
+@program("f16_arith")
+def _():
+    def f(x, y):
+        x, y = x.astype(jnp.float16), y.astype(jnp.float16)
+        return (x * y + jnp.tanh(x) - y * 0.5).astype(jnp.float32)
+
+    return f, two(lambda s: s.elems)
+
+
+@program("int_bit_ops")
+def _():
+    def f(x, y):
+        return ((x ^ (y << 3)) & 0x0F0F0F0F) | ((x >> 5) + lax.population_count(y))
+
+    def args(rng, s):
+        return tuple(
+            rng.integers(0, 2**31, s.elems, dtype=np.int64).astype(np.uint32) for _ in "xy"
+        )
+
+    return f, args
+
+
+@program("row_softmax_wide")
+def _():
+    return (lambda x: jax.nn.softmax(x, axis=-1)), one(lambda s: (s.elems[0] // 4, s.elems[1] * 4))
+
+
 # -- the harness ---------------------------------------------------------------------------------
 
 
@@ -590,6 +849,8 @@ def matches(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
             if not np.array_equal(g, w) and np.mean(g != w) > 0.001:
                 return False
             continue
+        if w.dtype.kind == "c":  # compare real and imaginary parts as one real array
+            g, w = np.stack([g.real, g.imag]), np.stack([w.real, w.imag])
         g64, w64 = g.astype(np.float64), w.astype(np.float64)
         scale = max(float(np.max(np.abs(w64), initial=0.0)), 1e-6)
         if not np.allclose(g64, w64, rtol=2e-2, atol=2e-3 * scale, equal_nan=True):
@@ -684,6 +945,17 @@ def report(rows: list[Row], bandwidth: float) -> None:
         f"{len(with_fallbacks)} of {len(rows)} programs have fallbacks, "
         f"{sum(r.fallbacks for r in rows)} instructions in all"
     )
+
+    families: dict[str, list[float]] = {}
+    for r in good:
+        families.setdefault(family_of(r.name), []).append(r.run_us / r.xla_run_us)
+    print("\nrun-time ratio xlapy/XLA per family (geometric mean; worst program)")
+    for family, ratios in sorted(families.items()):
+        print(
+            f"  {family:12s} {geomean(ratios):6.2f}  over {len(ratios):2d}; "
+            f"worst {max(ratios):6.2f}"
+        )
+    print(f"  {'overall':12s} {geomean(r.run_us / r.xla_run_us for r in good):6.2f}")
     bound = [r for r in rows if r.memory_bound and r.status == "ok"]
     if not bound:
         return
@@ -698,6 +970,47 @@ def report(rows: list[Row], bandwidth: float) -> None:
         )
 
 
+def summary(rows: list[Row]) -> dict[str, float]:
+    """Per-family and overall geometric means of the run-time ratio (ok programs only)."""
+    good = [r for r in rows if r.status == "ok"]
+    out = {"overall": geomean(r.run_us / r.xla_run_us for r in good)}
+    for family in {family_of(r.name) for r in good}:
+        out[family] = geomean(r.run_us / r.xla_run_us for r in good if family_of(r.name) == family)
+    return out
+
+
+def scaling(threads: list[int], argv: list[str]) -> None:
+    """Rerun this script once per thread count T, pinned to cores 0..T-1 with `taskset`
+    (XLA:CPU sizes its thread pools by the cores the process may use) and with
+    $XLAPY_NUM_THREADS=T (xlapy's pool, kernel.pool_size()); print the geometric means."""
+    import json
+    import os
+    import subprocess
+
+    cores = len(os.sched_getaffinity(0))
+    results: dict[int, dict[str, float]] = {}
+    for t in [t for t in threads if t <= cores]:
+        env = dict(os.environ, XLAPY_NUM_THREADS=str(t))
+        cmd = ["taskset", "-c", f"0-{t - 1}", sys.executable, __file__, *argv, "--json-summary"]
+        print(f"[scaling] {t} threads: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("SUMMARY ")]
+        if not lines:
+            print(f"[scaling] {t} threads failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+            continue
+        results[t] = json.loads(lines[-1][len("SUMMARY ") :])
+        print(done.stdout.split("SUMMARY ")[0], flush=True)
+    skipped = [t for t in threads if t > cores]
+    print(f"\nscaling: run-time ratio xlapy/XLA by thread count (machine has {cores} cores)")
+    if skipped:
+        print(f"  (not run: {skipped}, more threads than cores)")
+    names = sorted({k for r in results.values() for k in r}, key=lambda k: (k == "overall", k))
+    print(f"  {'family':12s} " + " ".join(f"{t:>6d}" for t in results))
+    for name in names:
+        cells = " ".join(f"{results[t].get(name, math.nan):6.2f}" for t in results)
+        print(f"  {name:12s} {cells}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -708,7 +1021,22 @@ def main(argv=None) -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes (checks the harness)")
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
     parser.add_argument("-v", action="store_true", help="print tracebacks of failures")
+    parser.add_argument(
+        "--threads",
+        default="",
+        help="comma-separated thread counts (e.g. 1,2,4,8,16): one pinned run per count "
+        "(see scaling()) and a table of geometric means",
+    )
+    parser.add_argument("--json-summary", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
+    if opts.threads:
+        raw = list(sys.argv[1:] if argv is None else argv)
+        rest = [
+            a for i, a in enumerate(raw) if a != "--threads" and raw[i - 1 : i] != ["--threads"]
+        ]
+        rest = [a for a in rest if not a.startswith("--threads=")]
+        scaling([int(t) for t in opts.threads.split(",")], rest)
+        return
     names = [n for n in PROGRAMS if not opts.program or any(p in n for p in opts.program)]
     if opts.list:
         print("\n".join(names))
@@ -718,9 +1046,14 @@ def main(argv=None) -> None:
     rows = []
     for name in names:
         row = run_program(PROGRAMS[name], sizes, opts.runs, opts.warmup)
-        print(f"  {name}: {row.status}", file=sys.stderr, flush=True)
+        ratio = row.run_us / row.xla_run_us
+        print(f"  {name}: {row.status} (run {ratio:.2f} of XLA)", file=sys.stderr, flush=True)
         rows.append(row)
     report(rows, bandwidth)
+    if opts.json_summary:
+        import json
+
+        print("SUMMARY " + json.dumps(summary(rows)), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ PASS_MODULES = (
     "inline",
     "layout_normalize",
     "reshape_to_bitcast",
+    "scan_rewriter",
     "simplify",
     "tuple_simplify",
 )

@@ -22,6 +22,9 @@ CPU_PIPELINE: list[PlanEntry] = [
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
+    # "reduce-window-rewriter" (prefix scans as reduce-window -> blocked O(n) scans) is not in
+    # the pipeline yet: the CPU backend runs its slice/concatenate chains slower than its
+    # NumPy accumulate path on forward scans (see benchmarks/RESULTS.md, "scans").
     SIMPLIFY,  # a list is a FixedPoint group
     "buffer-donor-to-alias",
     # -- late stages: fusion, then copy insertion ---------------------------------------------

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# benchmarks/device_run.sh: xlapy's CPU backend against XLA:CPU on a many-core machine, with
+# no network access: one prepared run that prints the cpu_vs_xla.py table (every program, at
+# all the cores the machine gives) and then the scaling table over 1, 2, 4, 8 and 16 threads
+# on one or two programs per family of issue 17. Budget: under 8 minutes on 16 cores (each
+# stage has its own timeout; a stage that runs out prints what it has and the next starts).
+#
+#   bash benchmarks/device_run.sh                 # from the repository root
+#   RUNS=10 SCALING="1,4,16" bash benchmarks/device_run.sh
+#
+# Python: the repository's .venv when present (it must hold jax, jaxlib, numpy, scipy,
+# llvmlite and ml_dtypes: nothing is installed here), else python3 on PATH. xlapy's pool
+# follows XLAPY_NUM_THREADS (kernel.pool_size()); XLA:CPU's follows the cores the process may
+# use, so the scaling runs pin each run with `taskset -c 0-(T-1)` and set XLAPY_NUM_THREADS=T.
+set -u
+cd "$(dirname "$0")/.."
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export JAX_PLATFORMS=cpu
+RUNS="${RUNS:-5}"
+SCALING="${SCALING:-1,2,4,8,16}"
+SUBSET=(-p cumsum_reverse -p cumlogsumexp -p fori_dynamic -p lstm_bptt -p eigh -p svd
+        -p fft_complex -p maxpool_grad -p conv2d_3x3 -p threefry -p f16_arith -p int_bit_ops
+        -p softmax -p transformer_forward)
+
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "== date: $(date -u '+%Y-%m-%d %H:%M UTC'), load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== python: $PY ($($PY -c 'import jax; print("jax", jax.__version__)' 2>&1 | tail -1))"
+if ! $PY -c 'import jax, llvmlite, numpy, scipy' 2>/dev/null; then
+  echo "missing packages for $PY: needs jax, llvmlite, numpy, scipy" >&2
+  exit 2
+fi
+
+echo "== every program, all cores (timeout 270 s)"
+timeout 270 "$PY" benchmarks/cpu_vs_xla.py --runs "$RUNS" --warmup 1
+echo "== scaling over $SCALING threads, family subset (timeout 180 s)"
+timeout 180 "$PY" benchmarks/cpu_vs_xla.py --runs "$RUNS" --warmup 1 "${SUBSET[@]}" \
+  --threads "$SCALING" 2>/dev/null | sed -n '/^scaling:/,$p'
+echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
