@@ -7,6 +7,16 @@
 # the first element: the same operations in the same order as the interpreter's rule, so the
 # results agree bit for bit (floats included; integers wrap in their own type).
 #
+# A reverse scan (the window's padding is high: w - 1 elements after the axis, as JAX
+# writes cumsum(reverse=True) and the gradient of cumsum) folds init, x[i], ..., x[n-1]:
+# accumulate over the reversed axis, init folded into the last element. For max/min (and
+# integers) that is the rule's result bit for bit; a float sum or product is folded from
+# the other end, so it may differ from the rule in the last bits (as XLA's own rewrite of
+# scans into blocked associative scans does). A reducer that is not one NumPy ufunc
+# (cumlogsumexp's) is lifted to whole slices (interpreter rules, one call per position
+# along the axis): O(n) reducer calls instead of the rule's O(n^2) element visits, and the
+# rule's order in the forward direction.
+#
 # Pooling windows without padding or base dilation fold the window offsets in row-major
 # order into the output in place (`ufunc(acc, strided view, out=acc)`), again the rule's
 # order, without the padded copies and validity masks the general rule builds. A max (min)
@@ -46,18 +56,32 @@ _MIRRORED = {
 _SELECT_DTYPES = frozenset(map(np.dtype, ("f4", "f8", "i1", "i2", "i4", "i8")))
 
 
-def _scan_axis(window, dims: tuple[int, ...]) -> int | None:
-    """The axis of a prefix-scan window over `dims`, or None."""
-    axis = None
+def _trivial(d) -> bool:
+    return (
+        d.size == 1
+        and d.stride == 1
+        and not (d.pad_low or d.pad_high)
+        and (d.window_dilation == 1 and d.base_dilation == 1)
+    )
+
+
+def _scan_axis(window, dims: tuple[int, ...]) -> tuple[int, bool] | None:
+    """(axis, reverse) of a prefix-scan window over `dims`, or None."""
+    found = None
     for a, (d, n) in enumerate(zip(window.dims, dims, strict=True)):
-        if d.stride != 1 or d.window_dilation != 1 or d.base_dilation != 1:
+        if d.stride != 1 or d.window_dilation != 1 or d.base_dilation != 1 or d.reversal:
             return None
         if d.size == 1 and d.pad_low == 0 and d.pad_high == 0:
             continue
-        if axis is not None or d.size < n or d.pad_low != d.size - 1 or d.pad_high:
+        if found is not None or d.size < n:
             return None
-        axis = a
-    return axis
+        if d.pad_low == d.size - 1 and d.pad_high == 0:
+            found = (a, False)
+        elif d.pad_high == d.size - 1 and d.pad_low == 0:
+            found = (a, True)
+        else:
+            return None
+    return found
 
 
 def plan_reduce_window(instr: HloInstruction):
@@ -67,19 +91,21 @@ def plan_reduce_window(instr: HloInstruction):
     x = instr.operands[0]
     window = instr.attrs.get("window")
     reducer = instr.attrs.get("to_apply")
-    if reducer is None:
-        return None
-    ufunc = simple_reducer(reducer)
-    if window is None or ufunc is None or not x.shape.is_array:
+    if reducer is None or window is None or not x.shape.is_array:
         return None
     dims = x.shape.dims
     if len(window.dims) != len(dims) or 0 in dims or x.shape.dtype != instr.shape.dtype:
         return None
-    if any(d.reversal for d in window.dims):
+    ufunc = simple_reducer(reducer)
+    scan = _scan_axis(window, dims)
+    if scan is not None:
+        if ufunc is None:
+            return _lifted_scan(reducer, *scan)
+        return _prefix_scan(ufunc, *scan)
+    if ufunc is None and all(_trivial(d) for d in window.dims):
+        return _lifted_scan(reducer, None, False)  # out[i] = reducer(init, x[i])
+    if ufunc is None or any(d.reversal for d in window.dims):
         return None
-    axis = _scan_axis(window, dims)
-    if axis is not None:
-        return _prefix_scan(ufunc, axis)
     if any(d.pad_low or d.pad_high or d.base_dilation != 1 for d in window.dims):
         return None
     if 0 in instr.shape.dims:
@@ -87,15 +113,46 @@ def plan_reduce_window(instr: HloInstruction):
     return _pooling(ufunc, window, instr.shape.dims)
 
 
-def _prefix_scan(ufunc: np.ufunc, axis: int):
+def _prefix_scan(ufunc: np.ufunc, axis: int, reverse: bool):
     def run(values, out, ctx) -> bool:
         x, init = values
         if np.may_share_memory(x, out):
             x = x.copy()
+        target = np.flip(out, axis) if reverse else out
+        source = np.flip(x, axis) if reverse else x
         first = (slice(None),) * axis + (slice(0, 1),)
-        np.copyto(out, x)
-        out[first] = ufunc(init, x[first])
-        ufunc.accumulate(out, axis=axis, dtype=out.dtype, out=out)
+        np.copyto(target, source)
+        target[first] = ufunc(init, source[first])
+        ufunc.accumulate(target, axis=axis, dtype=out.dtype, out=target)
+        return True
+
+    return run
+
+
+def _lifted_scan(reducer, axis: int | None, reverse: bool):
+    """A scan whose reducer is any scalar computation, one lifted call per position along
+    `axis`; with no axis (a window of one element), one call on the whole operand."""
+    from xlapy.backends.interpreter.rules._lifted import call_elementwise, lifted
+
+    if reducer.root is None or lifted(reducer, (1,)) is None:
+        return None  # not purely scalar: the rule (element by element) is as good
+
+    def run(values, out, ctx) -> bool:
+        x, init = values
+        if axis is None:
+            acc = np.broadcast_to(np.asarray(init, dtype=out.dtype), x.shape)
+            out[...] = call_elementwise(ctx.interpreter, reducer, [acc, x])
+            return True
+        if np.may_share_memory(x, out):
+            x = x.copy()
+        n = x.shape[axis]
+        rest = x.shape[:axis] + x.shape[axis + 1 :]
+        acc = np.broadcast_to(np.asarray(init, dtype=out.dtype), rest).copy()
+        order = range(n - 1, -1, -1) if reverse else range(n)
+        for i in order:
+            at = (slice(None),) * axis + (i,)
+            acc = np.asarray(call_elementwise(ctx.interpreter, reducer, [acc, x[at]]))
+            out[at] = acc
         return True
 
     return run
