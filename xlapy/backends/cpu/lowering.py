@@ -7,7 +7,9 @@
 # the reason the strategies before it gave (shown in the thunk listing, and recorded as a
 # fallback when the thunk runs the interpreter's rule alone).
 #
-#   while, conditional, call    nested thunk sequences (runtime/control_flow_thunk.py)
+#   while, conditional, call    nested thunk sequences (runtime/control_flow_thunk.py); a
+#                               while of kernels and copies alone becomes one native loop
+#                               (codegen/emit_loop.py) once its kernels are loaded
 #   collectives                 the execution's peers (runtime/collective_thunk.py)
 #   dot                         BLAS on the arena, else the mixed-type library path
 #   dynamic-update-slice, copy  window writes and memmoves on the arena
@@ -30,6 +32,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import warnings
@@ -39,17 +42,32 @@ from typing import Any
 
 from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
+from xlapy.backends.cpu.codegen.emit_loop import (
+    LOOP_SYMBOL,
+    LoopCall,
+    LoopCopy,
+    LoopNested,
+    LoopPlan,
+    LoopStep,
+    emit_loop,
+)
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     forget_kernel,
     kernel_for,
+    load_function,
     symbol_name,
     wrap_instruction,
 )
 from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
-from xlapy.backends.cpu.runtime.control_flow_thunk import CallThunk, ConditionalThunk, WhileThunk
+from xlapy.backends.cpu.runtime.control_flow_thunk import (
+    CallThunk,
+    ConditionalThunk,
+    NativeLoop,
+    WhileThunk,
+)
 from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
 from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
 from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk
@@ -69,6 +87,7 @@ from xlapy.backends.cpu.runtime.thunk import (
     ThunkSequence,
     ValueTree,
     physical_dims,
+    raw_copies,
     tree_slices,
 )
 from xlapy.backends.cpu.runtime.thunk_graph import concurrency_mode, plan_graph
@@ -143,7 +162,7 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     cond, body = instr.attrs["condition"], instr.attrs["body"]
     init = instr.operands[0]
     limit = lw.options.get("max_while_iterations")
-    return WhileThunk(
+    thunk = WhileThunk(
         instr,
         lw.sequence(cond),
         lw.sequence(body),
@@ -154,6 +173,48 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         lw.leaf_copies(body.root, instr),
         None if limit is None else int(limit),
     )
+    lw.whiles.append(thunk)
+    return thunk
+
+
+def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
+    """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points, or
+    why it has none: its condition and body must be kernels that run whole on the calling
+    thread, copies, and while loops that are native loops themselves. Its kernels must be
+    loaded (their addresses go into the table)."""
+    table: list[int] = []
+
+    def copies(raw) -> list[LoopStep]:
+        return [LoopCopy((da, do), (sa, so), size) for da, do, sa, so, size in raw]
+
+    def steps(seq: ThunkSequence) -> list[LoopStep] | str:
+        if seq.plan is not None:
+            return f"{seq.name} runs as a graph"
+        out: list[LoopStep] = []
+        for t in seq.thunks:
+            if isinstance(t, KernelThunk):
+                if t.scratch or t.split_choice is not None:
+                    return f"{t.instr.name}: its kernel needs scratch or may split"
+                table.append(ctypes.cast(t.kernel.function, ctypes.c_void_p).value or 0)
+                slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
+                out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
+            elif isinstance(t, CopyThunk):
+                out += copies(raw_copies([(t.src, t.dst)]))
+            elif isinstance(t, WhileThunk) and t.native is not None:
+                out += copies(t.raw_copies[0])
+                table.extend((t.native.address, t.native.table_address))
+                out.append(LoopNested(len(table) - 2))
+            else:
+                return f"{t.instr.name} is a {t.kind} thunk"
+        return out
+
+    cond, body = steps(thunk.condition), steps(thunk.body)
+    if isinstance(cond, str) or isinstance(body, str):
+        return cond if isinstance(cond, str) else str(body)
+    init, cond_copies, body_copies, back_copies = thunk.raw_copies
+    before = (*copies(cond_copies), *cond)
+    after = (*copies(body_copies), *body, *copies(back_copies))
+    return LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after), table
 
 
 def _conditional(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -390,6 +451,20 @@ class Lowering:
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
+        self.whiles: list[WhileThunk] = []  # inner loops before the loops around them
+
+    def compile_loops(self) -> None:
+        """Make every while loop that can be one native function (native_loop_plan) one,
+        inner loops first (an outer loop calls its inner loops' functions). Call after
+        wait_for_kernels; compile option `native_loops=False` keeps them all in Python."""
+        if not self.options.get("native_loops", True):
+            return
+        for thunk in self.whiles:
+            planned = native_loop_plan(thunk)
+            if isinstance(planned, str):
+                continue
+            plan, table = planned
+            thunk.native = NativeLoop(load_function(emit_loop(plan), LOOP_SYMBOL), table)
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

@@ -586,3 +586,12 @@ def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None 
     parts = max(1, chunks or pool_size())
     run_blocks(lambda lo, hi: kernel.run_raw(ptrs, lo, hi), even_blocks(kernel.outer_extent, parts))
     return kernel.finish(outputs)
+
+
+def load_function(ir_text: str, symbol: str) -> int:
+    """The address of function `symbol` of `ir_text` once loaded (compiled, or read from the
+    disk cache; one load per process for the same text). For code that is not a kernel of
+    the kernel ABI, such as a native while loop (codegen.emit_loop)."""
+    future, _ = _request(ir_text, jit.cache_key(ir_text), symbol, defer=False)
+    _await_loaded(future)
+    return future.result().address

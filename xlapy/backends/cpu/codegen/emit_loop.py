@@ -1,0 +1,150 @@
+# A while loop as one native function: the condition's kernels, a test of its pred byte, and
+# the body's kernels and copies, called in order with no Python between iterations.
+#
+#   i32 xla_loop(i64* bases, i64* table, i64 limit)
+#
+# `bases` holds an execution's allocation addresses (the runtime's ExecutionContext.bases);
+# every step names its buffers as (allocation, byte offset) pairs, so the function serves any
+# execution. `table` holds the entry points of the kernels the loop calls (and, for a nested
+# native loop, its function and its own table), known only once the kernels are loaded; the
+# function reads them from there, so its IR (and the cached object) does not depend on where
+# this process loaded them. Kernels are called over their whole outer range, as the runtime
+# does for a kernel that does not split: `f(pointers..., 0, extent)`.
+#
+# The loop state needs no copies between iterations where buffer assignment aliased it (the
+# body's root, the loop's result and the condition's and body's parameters share slices);
+# where it did not, the runtime's copies become memmoves here. The function returns 0, or 1
+# once the body has run `limit` times (limit >= 0) and the condition still holds (the
+# runtime's max_while_iterations), or what a nested loop returned.
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from xlapy.backends.cpu.codegen.common import I1, I8, I32, I64
+
+LOOP_SYMBOL = "xla_loop"
+
+Slot = tuple[int, int]
+"""(allocation, byte offset) of a buffer."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopCall:
+    """Call the kernel at `table[entry]` on the addresses of `slots` over [0, extent)."""
+
+    entry: int
+    slots: tuple[Slot, ...]
+    extent: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoopCopy:
+    """Move `size` bytes from `src` to `dst` (which may overlap)."""
+
+    dst: Slot
+    src: Slot
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoopNested:
+    """Run the native loop at `table[entry]` with its table at `table[entry + 1]` (and this
+    loop's limit); a nonzero result ends this loop with it."""
+
+    entry: int
+
+
+LoopStep = LoopCall | LoopCopy | LoopNested
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPlan:
+    """One iteration: `before` (condition copies and kernels), then a test of the pred byte
+    at `pred`; while it is nonzero, `after` (body copies, kernels, copies back)."""
+
+    before: tuple[LoopStep, ...]
+    pred: Slot
+    after: tuple[LoopStep, ...]
+
+
+def _kernel_type(arity: int) -> ir.FunctionType:
+    return ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * arity + [I64, I64])
+
+
+LOOP_TYPE = ir.FunctionType(I32, [I64.as_pointer(), I64.as_pointer(), I64])
+
+
+def emit_loop(plan: LoopPlan) -> str:
+    """The LLVM IR of `plan` as the function LOOP_SYMBOL."""
+    module = ir.Module(name="xla_loop")
+    fn = ir.Function(module, LOOP_TYPE, LOOP_SYMBOL)
+    fn.attributes.add("nounwind")
+    bases_arg, table_arg, limit = fn.args
+    entry = ir.IRBuilder(fn.append_basic_block("entry"))
+    memmove = module.declare_intrinsic("llvm.memmove", [I8.as_pointer(), I8.as_pointer(), I64])
+
+    # loop invariants, loaded once: allocation bases and table entries
+    bases: dict[int, ir.Value] = {}
+    entries: dict[int, ir.Value] = {}
+
+    def base(allocation: int) -> ir.Value:
+        if allocation not in bases:
+            at = entry.gep(bases_arg, [ir.Constant(I64, allocation)])
+            bases[allocation] = entry.inttoptr(entry.load(at), I8.as_pointer())
+        return bases[allocation]
+
+    def table(index: int, ty: ir.Type) -> ir.Value:
+        if index not in entries:
+            at = entry.gep(table_arg, [ir.Constant(I64, index)])
+            entries[index] = entry.inttoptr(entry.load(at), ty)
+        return entries[index]
+
+    def pointer(b: ir.IRBuilder, slot: Slot) -> ir.Value:
+        allocation, offset = slot
+        return b.gep(base(allocation), [ir.Constant(I64, offset)])
+
+    def emit_steps(b: ir.IRBuilder, steps: tuple[LoopStep, ...]) -> ir.IRBuilder:
+        for step in steps:
+            if isinstance(step, LoopCopy):
+                size = ir.Constant(I64, step.size)
+                args = [pointer(b, step.dst), pointer(b, step.src), size, ir.Constant(I1, 0)]
+                b.call(memmove, args)
+            elif isinstance(step, LoopCall):
+                callee = table(step.entry, _kernel_type(len(step.slots)).as_pointer())
+                args = [pointer(b, s) for s in step.slots]
+                b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, step.extent)])
+            else:
+                callee = table(step.entry, LOOP_TYPE.as_pointer())
+                inner = table(step.entry + 1, I64.as_pointer())
+                rc = b.call(callee, [bases_arg, inner, limit])
+                failed = b.icmp_signed("!=", rc, ir.Constant(I32, 0))
+                with b.if_then(failed, likely=False):
+                    b.ret(rc)
+        return b
+
+    header = fn.append_basic_block("header")
+    b = ir.IRBuilder(header)
+    count = b.phi(I64, "iterations")
+    count.add_incoming(ir.Constant(I64, 0), entry.block)
+    emit_steps(b, plan.before)
+    pred = b.load(pointer(b, plan.pred))
+    done = fn.append_basic_block("done")
+    check = fn.append_basic_block("check")
+    b.cbranch(b.icmp_unsigned("==", pred, ir.Constant(I8, 0)), done, check)
+    ir.IRBuilder(done).ret(ir.Constant(I32, 0))
+
+    b = ir.IRBuilder(check)
+    over = b.and_(
+        b.icmp_signed(">=", limit, ir.Constant(I64, 0)), b.icmp_signed(">=", count, limit)
+    )
+    with b.if_then(over, likely=False):
+        b.ret(ir.Constant(I32, 1))
+    emit_steps(b, plan.after)
+    following = b.add(count, ir.Constant(I64, 1))
+    count.add_incoming(following, b.block)
+    b.branch(header)
+    entry.branch(header)
+    return str(module)
