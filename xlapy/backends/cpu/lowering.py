@@ -211,7 +211,7 @@ def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
     cond, body = steps(thunk.condition), steps(thunk.body)
     if isinstance(cond, str) or isinstance(body, str):
         return cond if isinstance(cond, str) else str(body)
-    init, cond_copies, body_copies, back_copies = thunk.raw_copies
+    _, cond_copies, body_copies, back_copies = thunk.raw_copies
     before = (*copies(cond_copies), *cond)
     after = (*copies(body_copies), *body, *copies(back_copies))
     return LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after), table
