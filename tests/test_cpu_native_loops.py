@@ -98,6 +98,27 @@ def dus_rows(x):
     return lax.fori_loop(0, 12, body, jnp.zeros((12, x.shape[0]), x.dtype))
 
 
+def rnn(w, x):
+    return lax.fori_loop(0, 6, lambda i, h: jnp.tanh(h @ w + x[i % 4]), x)
+
+
+def lstm_grad(params, xs):
+    def loss(params, xs):
+        wx, wh = params
+
+        def cell(carry, x):
+            h, c = carry
+            i, f, g, o = jnp.split(x @ wx + h @ wh, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+
+        zeros = jnp.zeros((xs.shape[1], wh.shape[0]), xs.dtype)
+        return jnp.mean(lax.scan(cell, (zeros, zeros), xs)[1] ** 2)
+
+    return jax.value_and_grad(loss)(params, xs)
+
+
 def f32(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
@@ -118,6 +139,11 @@ CASES = {
     "zero_trip": (zero_trip, lambda r: (f32(r, 3), np.int32(0))),
     "some_trips": (zero_trip, lambda r: (f32(r, 3) * 0.1, np.int32(2))),
     "dus_rows": (dus_rows, lambda r: (f32(r, 7),)),
+    "rnn_gemm": (rnn, lambda r: (f32(r, 16, 16) * 0.25, f32(r, 4, 16))),
+    "lstm_grad": (
+        lstm_grad,
+        lambda r: ((f32(r, 6, 32) * 0.3, f32(r, 8, 32) * 0.3), f32(r, 5, 3, 6)),
+    ),
 }
 
 
@@ -141,7 +167,7 @@ def test_native_loop_matches_python_loop_interpreter_and_xla(name):
     python = compile_text(text, native_loops=False)
     assert all(w.native is None for w in while_thunks(python.compiled.entry))
 
-    flat = [np.asarray(a) for a in args]
+    flat = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
     got = leaves(native.run(flat))
     for g, p in zip(got, leaves(python.run(flat)), strict=True):
         np.testing.assert_array_equal(g, p)  # the same kernels in the same order
@@ -183,13 +209,10 @@ def test_nested_native_loop_limit_reaches_the_inner_loop():
         program.run([np.asarray(args[0])])  # the inner loop runs 5 times
 
 
-def test_loop_with_a_library_thunk_stays_in_python():
+def test_loop_with_a_large_dot_stays_in_python():
     rng = np.random.default_rng(6)
 
-    def rnn(w, x):
-        return lax.fori_loop(0, 6, lambda i, h: jnp.tanh(h @ w), x)
-
-    args = (f32(rng, 16, 16) * 0.25, f32(rng, 4, 16))
+    args = (f32(rng, 72, 72) * 0.1, f32(rng, 72, 72))  # a dot too large for one native call
     text = lowered(rnn, args)
     program = compile_text(text)
     assert [w.native for w in while_thunks(program.compiled.entry)] == [None]

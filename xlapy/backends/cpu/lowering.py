@@ -46,6 +46,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
     LoopCall,
     LoopCopy,
+    LoopGemm,
     LoopNested,
     LoopPlan,
     LoopStep,
@@ -180,7 +181,8 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
     """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points, or
     why it has none: its condition and body must be kernels that run whole on the calling
-    thread, copies, and while loops that are native loops themselves. Its kernels must be
+    thread, copies, small dots that are one cblas gemm (DotThunk.native_gemm), and while
+    loops that are native loops themselves. Its kernels must be
     loaded (their addresses go into the table)."""
     table: list[int] = []
 
@@ -200,6 +202,14 @@ def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
                 out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
+            elif isinstance(t, DotThunk) and (gemm := t.native_gemm()) is not None:
+                address, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
+                table.append(address)
+                dtype = "float" if t.out.shape.dtype.itemsize == 4 else "double"
+                bits = 64 if wide else 32
+                entry = len(table) - 1
+                step = LoopGemm(entry, dtype, bits, order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
+                out.append(step)
             elif isinstance(t, WhileThunk) and t.native is not None:
                 out += copies(t.raw_copies[0])
                 table.extend((t.native.address, t.native.table_address))

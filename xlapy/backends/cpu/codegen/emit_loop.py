@@ -9,7 +9,9 @@
 # native loop, its function and its own table), known only once the kernels are loaded; the
 # function reads them from there, so its IR (and the cached object) does not depend on where
 # this process loaded them. Kernels are called over their whole outer range, as the runtime
-# does for a kernel that does not split: `f(pointers..., 0, extent)`.
+# does for a kernel that does not split: `f(pointers..., 0, extent)`. A small dot that the
+# runtime runs as one cblas gemm on the arena is that call here too (OpenBLAS's entry point
+# from the table, the same arguments DotThunk passes).
 #
 # The loop state needs no copies between iterations where buffer assignment aliased it (the
 # body's root, the loop's result and the condition's and body's parameters share slices);
@@ -57,7 +59,30 @@ class LoopNested:
     entry: int
 
 
-LoopStep = LoopCall | LoopCopy | LoopNested
+@dataclass(frozen=True, slots=True)
+class LoopGemm:
+    """Call the cblas gemm at `table[entry]`: `c = a @ b` (alpha 1, beta 0) in `dtype`
+    ("float" or "double"), sizes 64-bit or 32-bit as `index_bits` says; `order`, `trans_a`
+    and `trans_b` are cblas's enum values."""
+
+    entry: int
+    dtype: str
+    index_bits: int
+    order: int
+    trans_a: int
+    trans_b: int
+    m: int
+    n: int
+    k: int
+    a: Slot
+    lda: int
+    b: Slot
+    ldb: int
+    c: Slot
+    ldc: int
+
+
+LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +100,32 @@ def _kernel_type(arity: int) -> ir.FunctionType:
 
 
 LOOP_TYPE = ir.FunctionType(I32, [I64.as_pointer(), I64.as_pointer(), I64])
+
+
+def _gemm_call(b: ir.IRBuilder, step: LoopGemm, pointer, table) -> tuple[ir.Value, list]:
+    """(callee, arguments) of `step`'s cblas gemm call."""
+    index = ir.IntType(step.index_bits)
+    scalar = ir.FloatType() if step.dtype == "float" else ir.DoubleType()
+    ptr = I8.as_pointer()
+    enums = [I32] * 3
+    sizes = [index] * 3
+    matrix = [ptr, index]
+    gemm_type = ir.FunctionType(
+        ir.VoidType(), [*enums, *sizes, scalar, *matrix, *matrix, scalar, *matrix]
+    )
+    args = [
+        *(ir.Constant(I32, v) for v in (step.order, step.trans_a, step.trans_b)),
+        *(ir.Constant(index, v) for v in (step.m, step.n, step.k)),
+        ir.Constant(scalar, 1.0),
+        pointer(b, step.a),
+        ir.Constant(index, step.lda),
+        pointer(b, step.b),
+        ir.Constant(index, step.ldb),
+        ir.Constant(scalar, 0.0),
+        pointer(b, step.c),
+        ir.Constant(index, step.ldc),
+    ]
+    return table(step.entry, gemm_type.as_pointer()), args
 
 
 def emit_loop(plan: LoopPlan) -> str:
@@ -112,6 +163,8 @@ def emit_loop(plan: LoopPlan) -> str:
                 size = ir.Constant(I64, step.size)
                 args = [pointer(b, step.dst), pointer(b, step.src), size, ir.Constant(I1, 0)]
                 b.call(memmove, args)
+            elif isinstance(step, LoopGemm):
+                b.call(*_gemm_call(b, step, pointer, table))
             elif isinstance(step, LoopCall):
                 callee = table(step.entry, _kernel_type(len(step.slots)).as_pointer())
                 args = [pointer(b, s) for s in step.slots]
