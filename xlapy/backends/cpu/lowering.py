@@ -32,7 +32,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import warnings
@@ -195,9 +194,9 @@ def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
         out: list[LoopStep] = []
         for t in seq.thunks:
             if isinstance(t, KernelThunk):
-                if t.scratch or t.split_choice is not None:
+                if t.scratch or t.split_choice is not None or not isinstance(t.kernel, Kernel):
                     return f"{t.instr.name}: its kernel needs scratch or may split"
-                table.append(ctypes.cast(t.kernel.function, ctypes.c_void_p).value or 0)
+                table.append(t.kernel.address)
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
                 out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
             elif isinstance(t, CopyThunk):

@@ -357,6 +357,11 @@ class Kernel:
         start, end), what run_raw calls (waiting for the code first)."""
         return self.wait()._fn
 
+    @property
+    def address(self) -> int:
+        """The address of the loaded entry point (for native code that calls the kernel)."""
+        return self.wait()._loaded.address
+
     def run_raw(self, pointers: Sequence[int], start: int = 0, end: int | None = None) -> None:
         """Run rows [start, end) of the outer dimension on raw buffer addresses (outputs
         first, then parameters)."""
