@@ -32,6 +32,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -473,7 +474,8 @@ class Lowering:
             if isinstance(planned, str):
                 continue
             plan, table = planned
-            thunk.native = NativeLoop(load_function(emit_loop(plan), LOOP_SYMBOL), table)
+            address = load_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
+            thunk.native = NativeLoop(address, table)
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

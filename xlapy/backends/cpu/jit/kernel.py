@@ -593,10 +593,14 @@ def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None 
     return kernel.finish(outputs)
 
 
-def load_function(ir_text: str, symbol: str) -> int:
-    """The address of function `symbol` of `ir_text` once loaded (compiled, or read from the
-    disk cache; one load per process for the same text). For code that is not a kernel of
-    the kernel ABI, such as a native while loop (codegen.emit_loop)."""
-    future, _ = _request(ir_text, jit.cache_key(ir_text), symbol, defer=False)
+def load_function(description: str, emit: Callable[[], str], symbol: str) -> int:
+    """The address of function `symbol` of the IR `emit()` makes, once loaded, for code
+    that is not a kernel of the kernel ABI (a native while loop, codegen.emit_loop). The
+    object is cached under `description` (which must determine the IR) and the code
+    generator's sources, so a warm compile reads it without emitting the IR; one load per
+    process for the same description."""
+    key = jit.content_key(source_fingerprint(), symbol, description)
+    found = _request_cached(key)
+    future = _request(emit(), key, symbol, defer=False)[0] if found is None else found[0]
     _await_loaded(future)
     return future.result().address
