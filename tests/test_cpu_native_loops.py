@@ -16,7 +16,7 @@ from jax import lax
 
 from xlapy.backends.cpu import CpuBackend
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.runtime.control_flow_thunk import WhileThunk
+from xlapy.backends.cpu.runtime.control_flow_thunk import NativeLoop, WhileThunk
 from xlapy.backends.cpu.runtime.thunk import ThunkSequence
 from xlapy.backends.interpreter import evaluate
 from xlapy.errors import XlapyError
@@ -222,3 +222,21 @@ def test_loop_with_a_large_dot_stays_in_python():
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+def test_native_loop_resumes_between_rounds(monkeypatch):
+    """A loop run in rounds of a few iterations (as it is in rounds of ROUND, so that Ctrl-C
+    reaches Python) gives the same bits and still honours max_while_iterations."""
+    rng = np.random.default_rng(7)
+    args = (f32(rng, 5),)
+    text = lowered(nested, args)
+    whole = compile_text(text).run([np.asarray(args[0])])
+    monkeypatch.setattr(NativeLoop, "ROUND", 3)
+    program = compile_text(text)
+    np.testing.assert_array_equal(program.run([np.asarray(args[0])]), whole)
+    text = lowered(zero_trip, (f32(rng, 3), np.int32(0)))
+    program = compile_text(text, max_while_iterations=7)
+    x = f32(rng, 3) * 0.01
+    program.run([x, np.array(7, np.int32)])
+    with pytest.raises(XlapyError, match="ran past 7 iterations"):
+        program.run([x, np.array(8, np.int32)])

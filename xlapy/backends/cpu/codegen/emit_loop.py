@@ -1,7 +1,7 @@
 # A while loop as one native function: the condition's kernels, a test of its pred byte, and
 # the body's kernels and copies, called in order with no Python between iterations.
 #
-#   i32 xla_loop(i64* bases, i64* table, i64 limit)
+#   i32 xla_loop(i64* bases, i64* table, i64 limit, i64 budget)
 #
 # `bases` holds an execution's allocation addresses (the runtime's ExecutionContext.bases);
 # every step names its buffers as (allocation, byte offset) pairs, so the function serves any
@@ -15,9 +15,12 @@
 #
 # The loop state needs no copies between iterations where buffer assignment aliased it (the
 # body's root, the loop's result and the condition's and body's parameters share slices);
-# where it did not, the runtime's copies become memmoves here. The function returns 0, or 1
-# once the body has run `limit` times (limit >= 0) and the condition still holds (the
-# runtime's max_while_iterations), or what a nested loop returned.
+# where it did not, the runtime's copies become memmoves here. The function returns 0 when
+# the condition fails; 1 once the body has run `limit` times (limit >= 0) and the condition
+# still holds (the runtime's max_while_iterations), or what a nested loop returned; 2 after
+# `budget` iterations (budget > 0) with the state in memory, so that calling it again goes
+# on where it stopped (it starts at the condition): the runtime calls it in rounds and Python
+# gets to handle signals (Ctrl-C) between them. A nested loop runs without a budget.
 
 from __future__ import annotations
 
@@ -99,7 +102,7 @@ def _kernel_type(arity: int) -> ir.FunctionType:
     return ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * arity + [I64, I64])
 
 
-LOOP_TYPE = ir.FunctionType(I32, [I64.as_pointer(), I64.as_pointer(), I64])
+LOOP_TYPE = ir.FunctionType(I32, [I64.as_pointer(), I64.as_pointer(), I64, I64])
 
 
 def _gemm_call(b: ir.IRBuilder, step: LoopGemm, pointer, table) -> tuple[ir.Value, list]:
@@ -133,7 +136,7 @@ def emit_loop(plan: LoopPlan) -> str:
     module = ir.Module(name="xla_loop")
     fn = ir.Function(module, LOOP_TYPE, LOOP_SYMBOL)
     fn.attributes.add("nounwind")
-    bases_arg, table_arg, limit = fn.args
+    bases_arg, table_arg, limit, budget = fn.args
     entry = ir.IRBuilder(fn.append_basic_block("entry"))
     memmove = module.declare_intrinsic("llvm.memmove", [I8.as_pointer(), I8.as_pointer(), I64])
 
@@ -172,7 +175,7 @@ def emit_loop(plan: LoopPlan) -> str:
             else:
                 callee = table(step.entry, LOOP_TYPE.as_pointer())
                 inner = table(step.entry + 1, I64.as_pointer())
-                rc = b.call(callee, [bases_arg, inner, limit])
+                rc = b.call(callee, [bases_arg, inner, limit, ir.Constant(I64, -1)])
                 failed = b.icmp_signed("!=", rc, ir.Constant(I32, 0))
                 with b.if_then(failed, likely=False):
                     b.ret(rc)
@@ -197,6 +200,11 @@ def emit_loop(plan: LoopPlan) -> str:
         b.ret(ir.Constant(I32, 1))
     emit_steps(b, plan.after)
     following = b.add(count, ir.Constant(I64, 1))
+    spent = b.and_(
+        b.icmp_signed(">", budget, ir.Constant(I64, 0)), b.icmp_signed(">=", following, budget)
+    )
+    with b.if_then(spent, likely=False):
+        b.ret(ir.Constant(I32, 2))
     count.add_incoming(following, b.block)
     b.branch(header)
     entry.branch(header)

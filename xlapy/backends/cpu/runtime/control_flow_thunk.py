@@ -106,13 +106,19 @@ def _nested_access(
     return Access.union([own, *(t.access for t in nested)])
 
 
-_LOOP_FUNCTION = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+_LOOP_FUNCTION = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
+)
 
 
 class NativeLoop:
     """A while loop compiled to one native function `i32 f(i64* bases, i64* table, i64
-    limit)` (codegen/emit_loop.py) and the table of entry points it calls: the kernels'
-    addresses and, for a nested native loop, its function's and its table's."""
+    limit, i64 budget)` (codegen/emit_loop.py) and the table of entry points it calls: the
+    kernels' addresses and, for a nested native loop, its function's and its table's. It
+    runs ROUND iterations a call, so Python handles signals (Ctrl-C on a loop that never
+    ends) between calls."""
+
+    ROUND = 1 << 20
 
     def __init__(self, address: int, table: Sequence[int]):
         self.address = address
@@ -120,10 +126,17 @@ class NativeLoop:
         self.table = (ctypes.c_int64 * max(1, len(table)))(*table)
         self.table_address = ctypes.addressof(self.table)
 
-    def run(self, bases: list[int], limit: int) -> int:
-        """Run the loop on an execution's allocation bases: 0, or nonzero when some loop
-        ran past `limit` iterations (limit < 0: no limit)."""
-        return self.function((ctypes.c_int64 * len(bases))(*bases), self.table, limit)
+    def run(self, bases: list[int], limit: int | None) -> bool:
+        """Run the loop on an execution's allocation bases: False when some loop ran past
+        `limit` iterations (None: no limit), else True."""
+        memory = (ctypes.c_int64 * len(bases))(*bases)
+        left = -1 if limit is None else limit
+        while True:
+            status = self.function(memory, self.table, left, self.ROUND)
+            if status != 2:
+                return status == 0
+            if left >= 0:
+                left -= self.ROUND
 
 
 class WhileThunk(Thunk):
@@ -169,7 +182,7 @@ class WhileThunk(Thunk):
         run_copies(bases, init)
         if self.native is not None:
             limit = self.max_iterations
-            if self.native.run(bases, -1 if limit is None else limit):
+            if not self.native.run(bases, limit):
                 raise EvaluationError(
                     f"{self.instr.name}: while loop (or one nested in it) ran past {limit} "
                     f"iterations"
