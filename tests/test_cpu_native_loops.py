@@ -119,6 +119,14 @@ def lstm_grad(params, xs):
     return jax.value_and_grad(loss)(params, xs)
 
 
+def branchy(x):
+    def body(i, v):
+        v = lax.cond(jnp.sum(v) > 0, lambda u: u * 0.5 - 1.0, lambda u: jnp.cos(u) + 0.25, v)
+        return lax.switch(i % 3, [jnp.sin, lambda u: u + 1.0, lambda u: u * -0.75], v)
+
+    return lax.fori_loop(0, 11, body, x)
+
+
 def f32(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
@@ -139,6 +147,7 @@ CASES = {
     "zero_trip": (zero_trip, lambda r: (f32(r, 3), np.int32(0))),
     "some_trips": (zero_trip, lambda r: (f32(r, 3) * 0.1, np.int32(2))),
     "dus_rows": (dus_rows, lambda r: (f32(r, 7),)),
+    "conditionals": (branchy, lambda r: (f32(r, 6),)),
     "rnn_gemm": (rnn, lambda r: (f32(r, 16, 16) * 0.25, f32(r, 4, 16))),
     "lstm_grad": (
         lstm_grad,
@@ -240,3 +249,59 @@ def test_native_loop_resumes_between_rounds(monkeypatch):
     program.run([x, np.array(7, np.int32)])
     with pytest.raises(XlapyError, match="ran past 7 iterations"):
         program.run([x, np.array(8, np.int32)])
+
+
+SWITCH_ANY_INDEX = """HloModule switch_any_index
+b0 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] sine(p)
+}
+b1 {
+  p = f32[4] parameter(0)
+  c = f32[] constant(0.5)
+  h = f32[4] broadcast(c), dimensions={}
+  ROOT r = f32[4] add(p, h)
+}
+b2 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] negate(p)
+}
+cond {
+  s = (s32[], s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(9)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+body {
+  s = (s32[], s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  k = s32[] get-tuple-element(s), index=1
+  x = f32[4] get-tuple-element(s), index=2
+  y = f32[4] conditional(k, x, x, x), branch_computations={b0, b1, b2}
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  k1 = s32[] add(k, one)
+  ROOT t = (s32[], s32[], f32[4]) tuple(i1, k1, y)
+}
+ENTRY e {
+  k = s32[] parameter(0)
+  x = f32[4] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], s32[], f32[4]) tuple(zero, k, x)
+  w = (s32[], s32[], f32[4]) while(init), condition=cond, body=body
+  ROOT r = f32[4] get-tuple-element(w), index=2
+}"""
+
+
+@pytest.mark.parametrize("start", [-5, 0, 1, 2])
+def test_native_switch_with_out_of_range_indices_runs_the_last_branch(start):
+    """Indices walk from `start` through negatives, 0..2 and past the end: outside [0, 3)
+    the last branch runs, as XLA's conditional does."""
+    program = compile_text(SWITCH_ANY_INDEX)
+    assert all(w.native is not None for w in while_thunks(program.compiled.entry))
+    x = f32(np.random.default_rng(start + 10), 4)
+    args = [np.array(start, np.int32), x]
+    got = program.run(args)
+    np.testing.assert_array_equal(got, compile_text(SWITCH_ANY_INDEX, native_loops=False).run(args))
+    want = evaluate(parse_module(SWITCH_ANY_INDEX), args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -50,6 +50,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopNested,
     LoopPlan,
     LoopStep,
+    LoopSwitch,
     emit_loop,
 )
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
@@ -181,8 +182,8 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
     """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points, or
     why it has none: its condition and body must be kernels that run whole on the calling
-    thread, copies, small dots that are one cblas gemm (DotThunk.native_gemm), and while
-    loops that are native loops themselves. Its kernels must be
+    thread, copies, small dots that are one cblas gemm (DotThunk.native_gemm), conditionals
+    of such branches, and while loops that are native loops themselves. Its kernels must be
     loaded (their addresses go into the table)."""
     table: list[int] = []
 
@@ -210,6 +211,18 @@ def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
                 entry = len(table) - 1
                 step = LoopGemm(entry, dtype, bits, order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
                 out.append(step)
+            elif isinstance(t, ConditionalThunk):
+                branches = []
+                for i, branch in enumerate(t.branches):
+                    inner = steps(branch)
+                    if isinstance(inner, str):
+                        return inner
+                    moves_in, moves_out = raw_copies(t.in_copies[i]), raw_copies(t.out_copies[i])
+                    branches.append((*copies(moves_in), *inner, *copies(moves_out)))
+                selector = (t.selector.allocation, t.selector.offset)
+                dtype = t.selector.shape.dtype
+                bits = 0 if t.is_pred else 8 * dtype.itemsize
+                out.append(LoopSwitch(selector, bits, dtype.kind == "i", tuple(branches)))
             elif isinstance(t, WhileThunk) and t.native is not None:
                 out += copies(t.raw_copies[0])
                 table.extend((t.native.address, t.native.table_address))

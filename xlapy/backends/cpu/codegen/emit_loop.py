@@ -11,7 +11,8 @@
 # this process loaded them. Kernels are called over their whole outer range, as the runtime
 # does for a kernel that does not split: `f(pointers..., 0, extent)`. A small dot that the
 # runtime runs as one cblas gemm on the arena is that call here too (OpenBLAS's entry point
-# from the table, the same arguments DotThunk passes).
+# from the table, the same arguments DotThunk passes). A conditional becomes a switch over
+# its branches' steps.
 #
 # The loop state needs no copies between iterations where buffer assignment aliased it (the
 # body's root, the loop's result and the condition's and body's parameters share slices);
@@ -85,7 +86,20 @@ class LoopGemm:
     ldc: int
 
 
-LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm
+@dataclass(frozen=True, slots=True)
+class LoopSwitch:
+    """A conditional: run one of `branches` (each its steps, copies in and out included).
+    A pred selector (`bits` 0) picks branch 0 when true, else 1; an integer selector of
+    `bits` bits (`signed` or not) picks its branch, the last one when out of range (XLA's
+    rule)."""
+
+    selector: Slot
+    bits: int
+    signed: bool
+    branches: tuple[tuple[LoopStep, ...], ...]
+
+
+LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm | LoopSwitch
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +175,7 @@ def emit_loop(plan: LoopPlan) -> str:
         return b.gep(base(allocation), [ir.Constant(I64, offset)])
 
     def emit_steps(b: ir.IRBuilder, steps: tuple[LoopStep, ...]) -> ir.IRBuilder:
+        """Emit `steps` from `b`; the builder where they end (a conditional adds blocks)."""
         for step in steps:
             if isinstance(step, LoopCopy):
                 size = ir.Constant(I64, step.size)
@@ -168,6 +183,8 @@ def emit_loop(plan: LoopPlan) -> str:
                 b.call(memmove, args)
             elif isinstance(step, LoopGemm):
                 b.call(*_gemm_call(b, step, pointer, table))
+            elif isinstance(step, LoopSwitch):
+                b = emit_switch(b, step)
             elif isinstance(step, LoopCall):
                 callee = table(step.entry, _kernel_type(len(step.slots)).as_pointer())
                 args = [pointer(b, s) for s in step.slots]
@@ -181,11 +198,39 @@ def emit_loop(plan: LoopPlan) -> str:
                     b.ret(rc)
         return b
 
+    def emit_switch(b: ir.IRBuilder, step: LoopSwitch) -> ir.IRBuilder:
+        last = len(step.branches) - 1
+        if step.bits == 0:
+            pred = b.load(pointer(b, step.selector))
+            index = b.select(
+                b.icmp_unsigned("!=", pred, ir.Constant(I8, 0)),
+                ir.Constant(I64, 0),
+                ir.Constant(I64, 1),
+            )
+        else:
+            at = b.bitcast(pointer(b, step.selector), ir.IntType(step.bits).as_pointer())
+            raw = b.load(at)
+            if step.bits == 64:
+                wide = raw
+            else:
+                wide = b.sext(raw, I64) if step.signed else b.zext(raw, I64)
+            inside = b.icmp_unsigned("<", wide, ir.Constant(I64, last))  # also not negative
+            index = b.select(inside, wide, ir.Constant(I64, last))
+        merge = fn.append_basic_block("merge")
+        blocks = [fn.append_basic_block(f"branch{i}") for i in range(last + 1)]
+        switch = b.switch(index, blocks[last])
+        for i, block in enumerate(blocks[:last]):
+            switch.add_case(ir.Constant(I64, i), block)
+        for block, steps in zip(blocks, step.branches, strict=True):
+            end = emit_steps(ir.IRBuilder(block), steps)
+            end.branch(merge)
+        return ir.IRBuilder(merge)
+
     header = fn.append_basic_block("header")
     b = ir.IRBuilder(header)
     count = b.phi(I64, "iterations")
     count.add_incoming(ir.Constant(I64, 0), entry.block)
-    emit_steps(b, plan.before)
+    b = emit_steps(b, plan.before)
     pred = b.load(pointer(b, plan.pred))
     done = fn.append_basic_block("done")
     check = fn.append_basic_block("check")
@@ -198,7 +243,7 @@ def emit_loop(plan: LoopPlan) -> str:
     )
     with b.if_then(over, likely=False):
         b.ret(ir.Constant(I32, 1))
-    emit_steps(b, plan.after)
+    b = emit_steps(b, plan.after)
     following = b.add(count, ir.Constant(I64, 1))
     spent = b.and_(
         b.icmp_signed(">", budget, ir.Constant(I64, 0)), b.icmp_signed(">=", following, budget)
