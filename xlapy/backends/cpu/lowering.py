@@ -36,7 +36,8 @@ import functools
 import os
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,9 @@ from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reaso
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     forget_kernel,
+    function_address,
     kernel_for,
-    load_function,
+    request_function,
     symbol_name,
     wrap_instruction,
 )
@@ -175,17 +177,29 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         lw.leaf_copies(body.root, instr),
         None if limit is None else int(limit),
     )
-    lw.whiles.append(thunk)
+    lw.plan_native_loop(thunk)
     return thunk
 
 
-def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
-    """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points, or
-    why it has none: its condition and body must be kernels that run whole on the calling
-    thread, copies, small dots that are one cblas gemm (DotThunk.native_gemm), conditionals
-    of such branches, and while loops that are native loops themselves. Its kernels must be
-    loaded (their addresses go into the table)."""
-    table: list[int] = []
+def _kernel_address(kernel: Kernel) -> int:
+    return kernel.address
+
+
+def _native_of(thunk: WhileThunk, what: str) -> int:
+    """An address of `thunk`'s native loop (`what`: "address" or "table_address")."""
+    assert thunk.native is not None, "inner loops are made native before outer ones"
+    return getattr(thunk.native, what)
+
+
+def native_loop_plan(
+    thunk: WhileThunk, native: Collection[WhileThunk] = ()
+) -> tuple[LoopPlan, list[Callable[[], int]]] | str:
+    """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points (each
+    a function answering the address, once kernels and inner loops are loaded), or why it
+    has none: its condition and body must be kernels that run whole on the calling thread,
+    copies, small dots that are one cblas gemm (DotThunk.native_gemm), conditionals of such
+    branches, and while loops in `native` (those that will be native loops themselves)."""
+    table: list[Callable[[], int]] = []
 
     def copies(raw) -> list[LoopStep]:
         return [LoopCopy((da, do), (sa, so), size) for da, do, sa, so, size in raw]
@@ -198,14 +212,14 @@ def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
             if isinstance(t, KernelThunk):
                 if t.scratch or t.split_choice is not None or not isinstance(t.kernel, Kernel):
                     return f"{t.instr.name}: its kernel needs scratch or may split"
-                table.append(t.kernel.address)
+                table.append(functools.partial(_kernel_address, t.kernel))
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
                 out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
             elif isinstance(t, DotThunk) and (gemm := t.native_gemm()) is not None:
                 address, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
-                table.append(address)
+                table.append(functools.partial(int, address))
                 dtype = "float" if t.out.shape.dtype.itemsize == 4 else "double"
                 bits = 64 if wide else 32
                 entry = len(table) - 1
@@ -223,9 +237,10 @@ def native_loop_plan(thunk: WhileThunk) -> tuple[LoopPlan, list[int]] | str:
                 dtype = t.selector.shape.dtype
                 bits = 0 if t.is_pred else 8 * dtype.itemsize
                 out.append(LoopSwitch(selector, bits, dtype.kind == "i", tuple(branches)))
-            elif isinstance(t, WhileThunk) and t.native is not None:
+            elif isinstance(t, WhileThunk) and t in native:
                 out += copies(t.raw_copies[0])
-                table.extend((t.native.address, t.native.table_address))
+                table.extend((functools.partial(_native_of, t, "address"),
+                              functools.partial(_native_of, t, "table_address")))  # fmt: skip
                 out.append(LoopNested(len(table) - 2))
             else:
                 return f"{t.instr.name} is a {t.kind} thunk"
@@ -474,21 +489,28 @@ class Lowering:
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
-        self.whiles: list[WhileThunk] = []  # inner loops before the loops around them
+        # while loops becoming native, inner loops before the loops around them:
+        # thunk -> (its function's Future, its table's entries)
+        self.native_loops: dict[WhileThunk, tuple[Future, list[Callable[[], int]]]] = {}
 
-    def compile_loops(self) -> None:
-        """Make every while loop that can be one native function (native_loop_plan) one,
-        inner loops first (an outer loop calls its inner loops' functions). Call after
-        wait_for_kernels; compile option `native_loops=False` keeps them all in Python."""
+    def plan_native_loop(self, thunk: WhileThunk) -> None:
+        """When `thunk` can be one native function (native_loop_plan), start compiling it on
+        the JIT's pool (its IR needs no kernel address); compile_loops finishes it. Compile
+        option `native_loops=False` keeps every loop in Python."""
         if not self.options.get("native_loops", True):
             return
-        for thunk in self.whiles:
-            planned = native_loop_plan(thunk)
-            if isinstance(planned, str):
-                continue
-            plan, table = planned
-            address = load_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
-            thunk.native = NativeLoop(address, table)
+        planned = native_loop_plan(thunk, self.native_loops)
+        if isinstance(planned, str):
+            return
+        plan, table = planned
+        future = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
+        self.native_loops[thunk] = (future, table)
+
+    def compile_loops(self) -> None:
+        """Make the loops plan_native_loop started native, inner loops first (an outer
+        loop's table holds its inner loops' functions). Call after wait_for_kernels."""
+        for thunk, (future, table) in self.native_loops.items():
+            thunk.native = NativeLoop(function_address(future), [entry() for entry in table])
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

@@ -593,14 +593,20 @@ def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None 
     return kernel.finish(outputs)
 
 
-def load_function(description: str, emit: Callable[[], str], symbol: str) -> int:
-    """The address of function `symbol` of the IR `emit()` makes, once loaded, for code
-    that is not a kernel of the kernel ABI (a native while loop, codegen.emit_loop). The
-    object is cached under `description` (which must determine the IR) and the code
-    generator's sources, so a warm compile reads it without emitting the IR; one load per
-    process for the same description."""
+def request_function(description: str, emit: Callable[[], str], symbol: str) -> Future:
+    """Start loading function `symbol` of the IR `emit()` makes, for code that is not a
+    kernel of the kernel ABI (a native while loop, codegen.emit_loop); `function_address`
+    waits for it. The object is cached under `description` (which must determine the IR)
+    and the code generator's sources, so a warm compile reads it without emitting the IR;
+    a cold one compiles it on the JIT's pool, beside the kernels. One load per process for
+    the same description."""
     key = jit.content_key(source_fingerprint(), symbol, description)
     found = _request_cached(key)
-    future = _request(emit(), key, symbol, defer=False)[0] if found is None else found[0]
+    return _request(emit(), key, symbol, defer=True)[0] if found is None else found[0]
+
+
+def function_address(future: Future) -> int:
+    """The address of the function `future` (from request_function) loads, once loaded
+    (re-raising a compile failure)."""
     _await_loaded(future)
     return future.result().address
