@@ -480,6 +480,29 @@ def _():
     return loop, one(lambda s: (s.elems[0] * 64,))
 
 
+@program("fori_dus_rows")
+def _():
+    def loop(x):
+        def body(i, buf):
+            return lax.dynamic_update_slice(buf, jnp.sin(x + i.astype(x.dtype))[None], (i, 0))
+
+        return lax.fori_loop(0, 1000, body, jnp.zeros((1000, x.shape[0]), x.dtype))
+
+    return loop, one(lambda s: (16,))
+
+
+@program("while_data_dependent")
+def _():
+    def loop(a):
+        def cond(state):
+            i, x = state
+            return (i < 2000) & (jnp.max(jnp.abs(x - a)) < 1e30)
+
+        return lax.while_loop(cond, lambda s: (s[0] + 1, 0.5 * (s[1] + a / s[1])), (0, a + 1.0))[1]
+
+    return loop, lambda rng, s: (rng.uniform(1.0, 4.0, 64).astype(np.float32),)
+
+
 # -- sort ---------------------------------------------------------------------------------------
 
 

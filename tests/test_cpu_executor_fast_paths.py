@@ -24,6 +24,9 @@ RNG = np.random.default_rng(11)
 
 
 def compile_text(text: str, **options) -> CpuProgram:
+    """The program of `text`, its while loops kept in Python (the paths this file tests;
+    test_cpu_native_loops.py tests native loops)."""
+    options.setdefault("native_loops", False)
     return CpuBackend().compile(parse_module(text), options)
 
 

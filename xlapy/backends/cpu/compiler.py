@@ -84,6 +84,7 @@ def compile_module(
         lowering = Lowering(assignment, options, failed)
         entry = lowering.sequence(entry_comp)
         lowering.wait_for_kernels()
+    lowering.compile_loops()
     return CompiledModule(
         module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
     )

@@ -7,7 +7,9 @@
 # the reason the strategies before it gave (shown in the thunk listing, and recorded as a
 # fallback when the thunk runs the interpreter's rule alone).
 #
-#   while, conditional, call    nested thunk sequences (runtime/control_flow_thunk.py)
+#   while, conditional, call    nested thunk sequences (runtime/control_flow_thunk.py); a
+#                               while of kernels and copies alone becomes one native loop
+#                               (codegen/emit_loop.py) once its kernels are loaded
 #   collectives                 the execution's peers (runtime/collective_thunk.py)
 #   dot                         BLAS on the arena, else the mixed-type library path
 #   dynamic-update-slice, copy  window writes and memmoves on the arena
@@ -32,26 +34,46 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
+from xlapy.backends.cpu.codegen.emit_loop import (
+    LOOP_SYMBOL,
+    LoopCall,
+    LoopCopy,
+    LoopGemm,
+    LoopNested,
+    LoopPlan,
+    LoopStep,
+    LoopSwitch,
+    emit_loop,
+)
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     forget_kernel,
+    function_address,
     kernel_for,
+    request_function,
     symbol_name,
     wrap_instruction,
 )
 from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
-from xlapy.backends.cpu.runtime.control_flow_thunk import CallThunk, ConditionalThunk, WhileThunk
+from xlapy.backends.cpu.runtime.control_flow_thunk import (
+    CallThunk,
+    ConditionalThunk,
+    NativeLoop,
+    WhileThunk,
+)
 from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
 from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
 from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk, FfiCallThunk
@@ -72,6 +94,7 @@ from xlapy.backends.cpu.runtime.thunk import (
     ThunkSequence,
     ValueTree,
     physical_dims,
+    raw_copies,
     tree_slices,
 )
 from xlapy.backends.cpu.runtime.thunk_graph import concurrency_mode, plan_graph
@@ -146,7 +169,7 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     cond, body = instr.attrs["condition"], instr.attrs["body"]
     init = instr.operands[0]
     limit = lw.options.get("max_while_iterations")
-    return WhileThunk(
+    thunk = WhileThunk(
         instr,
         lw.sequence(cond),
         lw.sequence(body),
@@ -157,6 +180,82 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         lw.leaf_copies(body.root, instr),
         None if limit is None else int(limit),
     )
+    lw.plan_native_loop(thunk)
+    return thunk
+
+
+def _kernel_address(kernel: Kernel) -> int:
+    return kernel.address
+
+
+def _native_of(thunk: WhileThunk, what: str) -> int:
+    """An address of `thunk`'s native loop (`what`: "address" or "table_address")."""
+    assert thunk.native is not None, "inner loops are made native before outer ones"
+    return getattr(thunk.native, what)
+
+
+def native_loop_plan(
+    thunk: WhileThunk, native: Collection[WhileThunk] = ()
+) -> tuple[LoopPlan, list[Callable[[], int]]] | str:
+    """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points (each
+    a function answering the address, once kernels and inner loops are loaded), or why it
+    has none: its condition and body must be kernels that run whole on the calling thread,
+    copies, small dots that are one cblas gemm (DotThunk.native_gemm), conditionals of such
+    branches, and while loops in `native` (those that will be native loops themselves)."""
+    table: list[Callable[[], int]] = []
+
+    def copies(raw) -> list[LoopStep]:
+        return [LoopCopy((da, do), (sa, so), size) for da, do, sa, so, size in raw]
+
+    def steps(seq: ThunkSequence) -> list[LoopStep] | str:
+        if seq.plan is not None:
+            return f"{seq.name} runs as a graph"
+        out: list[LoopStep] = []
+        for t in seq.thunks:
+            if isinstance(t, KernelThunk):
+                if t.scratch or t.split_choice is not None or not isinstance(t.kernel, Kernel):
+                    return f"{t.instr.name}: its kernel needs scratch or may split"
+                table.append(functools.partial(_kernel_address, t.kernel))
+                slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
+                out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
+            elif isinstance(t, CopyThunk):
+                out += copies(raw_copies([(t.src, t.dst)]))
+            elif isinstance(t, DotThunk) and (gemm := t.native_gemm()) is not None:
+                address, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
+                table.append(functools.partial(int, address))
+                dtype = "float" if t.out.shape.dtype.itemsize == 4 else "double"
+                bits = 64 if wide else 32
+                entry = len(table) - 1
+                step = LoopGemm(entry, dtype, bits, order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
+                out.append(step)
+            elif isinstance(t, ConditionalThunk):
+                branches = []
+                for i, branch in enumerate(t.branches):
+                    inner = steps(branch)
+                    if isinstance(inner, str):
+                        return inner
+                    moves_in, moves_out = raw_copies(t.in_copies[i]), raw_copies(t.out_copies[i])
+                    branches.append((*copies(moves_in), *inner, *copies(moves_out)))
+                selector = (t.selector.allocation, t.selector.offset)
+                dtype = t.selector.shape.dtype
+                bits = 0 if t.is_pred else 8 * dtype.itemsize
+                out.append(LoopSwitch(selector, bits, dtype.kind == "i", tuple(branches)))
+            elif isinstance(t, WhileThunk) and t in native:
+                out += copies(t.raw_copies[0])
+                table.extend((functools.partial(_native_of, t, "address"),
+                              functools.partial(_native_of, t, "table_address")))  # fmt: skip
+                out.append(LoopNested(len(table) - 2))
+            else:
+                return f"{t.instr.name} is a {t.kind} thunk"
+        return out
+
+    cond, body = steps(thunk.condition), steps(thunk.body)
+    if isinstance(cond, str) or isinstance(body, str):
+        return cond if isinstance(cond, str) else str(body)
+    _, cond_copies, body_copies, back_copies = thunk.raw_copies
+    before = (*copies(cond_copies), *cond)
+    after = (*copies(body_copies), *body, *copies(back_copies))
+    return LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after), table
 
 
 def _conditional(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -422,6 +521,28 @@ class Lowering:
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
+        # while loops becoming native, inner loops before the loops around them:
+        # thunk -> (its function's Future, its table's entries)
+        self.native_loops: dict[WhileThunk, tuple[Future, list[Callable[[], int]]]] = {}
+
+    def plan_native_loop(self, thunk: WhileThunk) -> None:
+        """When `thunk` can be one native function (native_loop_plan), start compiling it on
+        the JIT's pool (its IR needs no kernel address); compile_loops finishes it. Compile
+        option `native_loops=False` keeps every loop in Python."""
+        if not self.options.get("native_loops", True):
+            return
+        planned = native_loop_plan(thunk, self.native_loops)
+        if isinstance(planned, str):
+            return
+        plan, table = planned
+        future = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
+        self.native_loops[thunk] = (future, table)
+
+    def compile_loops(self) -> None:
+        """Make the loops plan_native_loop started native, inner loops first (an outer
+        loop's table holds its inner loops' functions). Call after wait_for_kernels."""
+        for thunk, (future, table) in self.native_loops.items():
+            thunk.native = NativeLoop(function_address(future), [entry() for entry in table])
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

@@ -357,6 +357,11 @@ class Kernel:
         start, end), what run_raw calls (waiting for the code first)."""
         return self.wait()._fn
 
+    @property
+    def address(self) -> int:
+        """The address of the loaded entry point (for native code that calls the kernel)."""
+        return self.wait()._loaded.address
+
     def run_raw(self, pointers: Sequence[int], start: int = 0, end: int | None = None) -> None:
         """Run rows [start, end) of the outer dimension on raw buffer addresses (outputs
         first, then parameters)."""
@@ -586,3 +591,22 @@ def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None 
     parts = max(1, chunks or pool_size())
     run_blocks(lambda lo, hi: kernel.run_raw(ptrs, lo, hi), even_blocks(kernel.outer_extent, parts))
     return kernel.finish(outputs)
+
+
+def request_function(description: str, emit: Callable[[], str], symbol: str) -> Future:
+    """Start loading function `symbol` of the IR `emit()` makes, for code that is not a
+    kernel of the kernel ABI (a native while loop, codegen.emit_loop); `function_address`
+    waits for it. The object is cached under `description` (which must determine the IR)
+    and the code generator's sources, so a warm compile reads it without emitting the IR;
+    a cold one compiles it on the JIT's pool, beside the kernels. One load per process for
+    the same description."""
+    key = jit.content_key(source_fingerprint(), symbol, description)
+    found = _request_cached(key)
+    return _request(emit(), key, symbol, defer=True)[0] if found is None else found[0]
+
+
+def function_address(future: Future) -> int:
+    """The address of the function `future` (from request_function) loads, once loaded
+    (re-raising a compile failure)."""
+    _await_loaded(future)
+    return future.result().address

@@ -4,6 +4,11 @@
 # (Thunk.bind); a loop whose condition is one compare of two integer scalars (`i < n`) reads
 # them from memory and compares them in Python (HostCompare) instead of calling a kernel and
 # reading back its pred. Their buffer accesses and costs are their nested sequences'.
+#
+# A loop whose condition and body are all native kernels and copies (nested native loops
+# among them) runs as one native function instead (NativeLoop: the compiler emits it with
+# codegen/emit_loop.py once the kernels are loaded): no Python between iterations, about a
+# microsecond saved per kernel call of each iteration.
 
 from __future__ import annotations
 
@@ -101,6 +106,39 @@ def _nested_access(
     return Access.union([own, *(t.access for t in nested)])
 
 
+_LOOP_FUNCTION = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
+)
+
+
+class NativeLoop:
+    """A while loop compiled to one native function `i32 f(i64* bases, i64* table, i64
+    limit, i64 budget)` (codegen/emit_loop.py) and the table of entry points it calls: the
+    kernels' addresses and, for a nested native loop, its function's and its table's. It
+    runs ROUND iterations a call, so Python handles signals (Ctrl-C on a loop that never
+    ends) between calls."""
+
+    ROUND = 1 << 20
+
+    def __init__(self, address: int, table: Sequence[int]):
+        self.address = address
+        self.function = _LOOP_FUNCTION(address)
+        self.table = (ctypes.c_int64 * max(1, len(table)))(*table)
+        self.table_address = ctypes.addressof(self.table)
+
+    def run(self, bases: list[int], limit: int | None) -> bool:
+        """Run the loop on an execution's allocation bases: False when some loop ran past
+        `limit` iterations (None: no limit), else True."""
+        memory = (ctypes.c_int64 * len(bases))(*bases)
+        left = -1 if limit is None else limit
+        while True:
+            status = self.function(memory, self.table, left, self.ROUND)
+            if status != 2:
+                return status == 0
+            if left >= 0:
+                left -= self.ROUND
+
+
 class WhileThunk(Thunk):
     """Runs the condition, reads its pred from the condition root's slice, runs the body;
     `*_copies` move the loop state where buffer assignment gave two slices (usually none).
@@ -130,11 +168,26 @@ class WhileThunk(Thunk):
         self._raw = tuple(
             raw_copies(c) for c in (init_copies, cond_copies, body_copies, back_copies)
         )
+        self.native: NativeLoop | None = None
+
+    @property
+    def raw_copies(self):
+        """The init, condition, body and back copies as (dst allocation, dst offset, src
+        allocation, src offset, size) tuples."""
+        return self._raw
 
     def run(self, ctx: ExecutionContext) -> None:
         bases = ctx.bases
         init, cond_copies, body_copies, back_copies = self._raw
         run_copies(bases, init)
+        if self.native is not None:
+            limit = self.max_iterations
+            if not self.native.run(bases, limit):
+                raise EvaluationError(
+                    f"{self.instr.name}: while loop (or one nested in it) ran past {limit} "
+                    f"iterations"
+                )
+            return
         before = bind_copies(bases, cond_copies)
         if self.host_compare is not None:
             test = self.host_compare.bind(ctx)
@@ -165,7 +218,9 @@ class WhileThunk(Thunk):
 
     def describe(self) -> list[str]:
         lines = [*super().describe(), f"pred: {self.pred}"]
-        if self.host_compare is not None:
+        if self.native is not None:
+            lines[0] += " (native loop)"
+        elif self.host_compare is not None:
             lines[0] += " (condition compared on the host)"
         return [
             *lines,

@@ -128,6 +128,21 @@ def _ffi_function(names: tuple[str, ...], signature: str):
 
 
 @functools.cache
+def cblas_gemm_address(dtype: np.dtype) -> tuple[int, bool] | None:
+    """(the address of the cblas gemm that cblas_gemm(dtype) calls, whether its sizes are
+    64-bit), for native code that calls it (a native while loop); None without one."""
+    if dtype not in _GEMM_LETTERS:
+        return None
+    letter = _GEMM_LETTERS[dtype][0]
+    found = _openblas_symbol((f"scipy_cblas_{letter}gemm64_", f"cblas_{letter}gemm64_",
+                              f"cblas_{letter}gemm"))  # fmt: skip
+    if found is None:
+        return None
+    _, name, fn = found
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0, name.endswith("64_")
+
+
+@functools.cache
 def blas_thread_setter():
     """OpenBLAS's `openblas_set_num_threads_local(n) -> previous`, or None."""
     return _ffi_function(("openblas_set_num_threads_local",), "int {name}(int);")
@@ -539,6 +554,34 @@ class DotThunk(Thunk):
                 setter(previous)
 
         return one_thread
+
+    def native_gemm(self) -> tuple[int, bool, tuple] | None:
+        """For native code calling this dot's gemm itself (a native while loop): (the gemm's
+        address, whether its sizes are 64-bit, its arguments with (allocation, offset) pairs
+        for the three matrices); None unless the dot is one planned gemm that runs whole on
+        the calling thread with no thread-count change (small, no split choice)."""
+        g = self._gemm
+        if g is None or self.split_choice is not None or self.flops > OPENBLAS_SERIAL_FLOPS:
+            return None
+        found = cblas_gemm_address(self.out.shape.dtype)
+        if found is None:
+            return None
+        lhs, rhs, out = g.lhs, g.rhs, g.out
+        args = (
+            ROW_MAJOR,
+            TRANS if lhs.trans else NO_TRANS,
+            TRANS if rhs.trans else NO_TRANS,
+            g.m,
+            g.n,
+            g.k,
+            (lhs.allocation, lhs.offset),
+            lhs.ld,
+            (rhs.allocation, rhs.offset),
+            rhs.ld,
+            (out.allocation, out.offset),
+            out.ld,
+        )
+        return found[0], found[1], args
 
     def _run(self, ctx: ExecutionContext, split: bool) -> None:
         if self._gemm is not None:
