@@ -661,3 +661,24 @@ def test_huge_integers_are_parse_errors(text, message):
     )
     with pytest.raises(HloParseError, match=message):
         import_text(program)
+
+
+FAILING_CHECK = """
+func.func @main() {
+  %0 = stablehlo.constant dense<[1.0, 2.0]> : tensor<2xf32>
+  check.expect_eq_const %0, dense<[1.0, WANT]> : tensor<2xf32>
+  func.return
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpreter"])
+def test_failed_check_in_a_program_without_outputs_is_raised(backend):
+    """A program with no outputs has nothing to carry its failure: execute raises it."""
+    from xlapy.runtime.errors import ExecutionError
+
+    client = xlapy.Client(backend)
+    assert client.compile(import_text(FAILING_CHECK.replace("WANT", "2.0"))).execute([[]]) == [[]]
+    failing = client.compile(import_text(FAILING_CHECK.replace("WANT", "3.0")))
+    with pytest.raises(ExecutionError, match=r"check.expect_eq failed: 1 of 2 elements differ"):
+        failing.execute([[]])

@@ -274,7 +274,8 @@ class LoadedExecutable(Executable):
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
-        if _no_donation(donate, non_donatable) and not self._multi_device:
+        no_outputs = not self._signature.output_leaves
+        if _no_donation(donate, non_donatable) and not (self._multi_device or no_outputs):
             device, program = self._only
             outputs = run_inline(self._signature, program, device, argument_lists[0])
             if outputs is not None:
@@ -289,7 +290,12 @@ class LoadedExecutable(Executable):
             run = self._collective_run()
             for plan in plans:
                 plan.collectives = run.for_device(*self._positions[plan.device.id])
-        return commit(plans, whole_execution=True)
+        results = commit(plans, whole_execution=True)
+        if no_outputs:  # nothing carries a failure (a failed check.expect_*): raise it here
+            for plan in plans:
+                if plan.completion is not None:
+                    plan.completion.result()
+        return results
 
     def _collective_run(self, run_id: Any = None) -> CollectiveRun:
         """What the devices of one execution share to meet in collectives. Every process

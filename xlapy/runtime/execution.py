@@ -136,6 +136,7 @@ class CallPlan:
     buffers: list[Buffer | None]
     donated: frozenset[int]  # parameters whose buffers the caller gives up
     collectives: Any = None  # DeviceCollectives of a multi-device execution
+    completion: Future | None = None  # set by commit: done when the run is
 
     @property
     def name(self) -> str:
@@ -545,6 +546,7 @@ def _commit_one(plan: CallPlan):
         for (_, shape, _), storage in zip(signature.output_leaves, out_storages, strict=True)
     ]
     plan.buffers = []  # the plan must not keep the argument buffers alive
+    plan.completion = ready
 
     def task() -> None:
         _run(plan, storages, inputs_ready, out_storages, in_place, ready)
