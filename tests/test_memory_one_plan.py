@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import runtime_programs
-from test_collectives_xla import _explicit_mesh_groups
 
 from xlapy.backends import get_backend
 from xlapy.ir.parser import parse_module
@@ -31,9 +30,7 @@ HLO_FILES = sorted(
     for p in [*TESTS.rglob("*.hlo"), TESTS.parent / "examples" / "mlp_train_step.hlo"]
     if not p.name.endswith(".xla.hlo")
 )
-TEXTS = {  # XLA's `replica_groups=mesh[...]` as explicit groups, as test_collectives_xla does
-    p.relative_to(TESTS.parent).as_posix(): _explicit_mesh_groups(p.read_text()) for p in HLO_FILES
-}
+TEXTS = {p.relative_to(TESTS.parent).as_posix(): p.read_text() for p in HLO_FILES}
 TEXTS.update(
     {
         f"runtime_programs.{name}": getattr(runtime_programs, name)
