@@ -46,21 +46,34 @@ def package_of(module: str) -> str | None:
     return parts[1] if parts[1] in RANK else None
 
 
-def test_imports_point_one_way():
+def _layering_violations(imports_of, how: str) -> list[str]:
+    """Imports (from `imports_of(path)`: (line, module) pairs, "?" for a computed name) of
+    every layered package that point against the layering; `how` ends each message
+    (`{there}` in it names the imported package)."""
     violations = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
         if len(rel.parts) < 2 or rel.parts[0] not in RANK:
             continue
         here = rel.parts[0]
-        for lineno, module in imported_modules(path):
+        for lineno, module in imports_of(path):
+            if module == "?":
+                violations.append(f"xlapy/{rel}:{lineno} imports a module by a computed name")
+                continue
             there = package_of(module)
             if there is None or there == here:
                 continue
             if any(here == p and module.startswith(m) for p, m in ALLOWED_UPWARD):
                 continue
             if RANK[there] >= RANK[here]:
-                violations.append(f"xlapy/{rel}:{lineno} ({here}) imports {module} ({there})")
+                violations.append(
+                    f"xlapy/{rel}:{lineno} ({here}) imports {module} {how.format(there=there)}"
+                )
+    return violations
+
+
+def test_imports_point_one_way():
+    violations = _layering_violations(imported_modules, "({there})")
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
 
 
@@ -190,23 +203,7 @@ def named_imports(path: Path):
 def test_imports_by_name_point_one_way():
     """importlib.import_module / __import__ follow the layering too, and name their module
     (or its package) in the call, so that this test can read it."""
-    violations = []
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT)
-        if len(rel.parts) < 2 or rel.parts[0] not in RANK:
-            continue
-        here = rel.parts[0]
-        for lineno, module in named_imports(path):
-            if module == "?":
-                violations.append(f"xlapy/{rel}:{lineno} imports a module by a computed name")
-                continue
-            there = package_of(module)
-            if there is None or there == here:
-                continue
-            if any(here == p and module.startswith(m) for p, m in ALLOWED_UPWARD):
-                continue
-            if RANK[there] >= RANK[here]:
-                violations.append(f"xlapy/{rel}:{lineno} ({here}) imports {module} by name")
+    violations = _layering_violations(named_imports, "by name")
     assert not violations, "\n".join(violations)
 
 

@@ -1963,18 +1963,18 @@ def _collective_attrs(conv: Converter, op: Op) -> str:
     return text
 
 
+def _along_dimension(conv: Converter, op: Op, scope: Scope, operands, opcode: str, dim):
+    """A collective whose results travel as one HLO value, with `dimensions={dim}`."""
+    shape = conv.joint_result_shape(op)
+    text = f"{_collective_attrs(conv, op)}, dimensions={{{dim}}}"
+    value = conv.add(scope, opcode, shape, [x for x, _ in operands], text)
+    return conv.results(scope, value, op)
+
+
 @rule("stablehlo.all_gather")
 def _all_gather(conv: Converter, op: Op, scope: Scope, operands):
     dim = ival(attr(op, "all_gather_dim"))
-    shape = conv.joint_result_shape(op)
-    value = conv.add(
-        scope,
-        "all-gather",
-        shape,
-        [x for x, _ in operands],
-        f"{_collective_attrs(conv, op)}, dimensions={{{dim}}}",
-    )
-    return conv.results(scope, value, op)
+    return _along_dimension(conv, op, scope, operands, "all-gather", dim)
 
 
 @rule("stablehlo.all_to_all")
@@ -1983,15 +1983,7 @@ def _all_to_all(conv: Converter, op: Op, scope: Scope, operands):
     concat = ival(attr(op, "concat_dimension"))
     if split != concat:
         raise conv.error("all_to_all with split_dimension != concat_dimension is not supported")
-    shape = conv.joint_result_shape(op)
-    value = conv.add(
-        scope,
-        "all-to-all",
-        shape,
-        [x for x, _ in operands],
-        f"{_collective_attrs(conv, op)}, dimensions={{{split}}}",
-    )
-    return conv.results(scope, value, op)
+    return _along_dimension(conv, op, scope, operands, "all-to-all", split)
 
 
 @rule("stablehlo.collective_permute")
