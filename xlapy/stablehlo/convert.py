@@ -802,6 +802,21 @@ class Converter:
             return operands[-1][1]
         raise self.error(f"'{op.name}' needs a result type", op.pos)
 
+    def single(
+        self,
+        scope: Scope,
+        op: Op,
+        operands,
+        opcode: str,
+        attrs: str = "",
+        *,
+        names: list[str] | None = None,
+    ) -> list[tuple[str, Shape]]:
+        """One HLO instruction for an op with one result: every operand (or `names`)."""
+        shape = self.result_shape(op, operands)
+        args = [n for n, _ in operands] if names is None else names
+        return [self.add(scope, opcode, shape, args, attrs)]
+
     def result_shapes(self, op: Op) -> list[Shape]:
         return [self.shape(t) for t in op.result_types]
 
@@ -1008,8 +1023,7 @@ _ELEMENTWISE = {
 
 def _simple(opcode: str) -> Rule:
     def convert(conv: Converter, op: Op, scope: Scope, operands):
-        shape = conv.result_shape(op, operands)
-        return [conv.add(scope, opcode, shape, [n for n, _ in operands])]
+        return conv.single(scope, op, operands, opcode)
 
     return convert
 
@@ -1058,8 +1072,7 @@ def _compare(conv: Converter, op: Op, scope: Scope, operands):
     extra = f", direction={direction}"
     if ctype in ("TOTALORDER",):
         extra += f", type={ctype}"
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "compare", shape, [n for n, _ in operands], extra)]
+    return conv.single(scope, op, operands, "compare", extra)
 
 
 @rule("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim")
@@ -1084,26 +1097,33 @@ def _broadcast(conv: Converter, op: Op, scope: Scope, operands):
 @rule("stablehlo.transpose")
 def _transpose(conv: Converter, op: Op, scope: Scope, operands):
     dims = ints(attr(op, "dims", "permutation"))
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "transpose", shape, [operands[0][0]], f", dimensions={int_list(dims)}")]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "transpose",
+        names=[operands[0][0]],
+        attrs=f", dimensions={int_list(dims)}",
+    )
 
 
 @rule("stablehlo.reverse")
 def _reverse(conv: Converter, op: Op, scope: Scope, operands):
     dims = ints(attr(op, "dims", "dimensions"))
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "reverse", shape, [operands[0][0]], f", dimensions={int_list(dims)}")]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "reverse",
+        names=[operands[0][0]],
+        attrs=f", dimensions={int_list(dims)}",
+    )
 
 
 @rule("stablehlo.concatenate")
 def _concatenate(conv: Converter, op: Op, scope: Scope, operands):
     dim = ints(attr(op, "dim", "dimension"))
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope, "concatenate", shape, [n for n, _ in operands], f", dimensions={int_list(dim)}"
-        )
-    ]
+    return conv.single(scope, op, operands, "concatenate", f", dimensions={int_list(dim)}")
 
 
 @rule("stablehlo.iota", "stablehlo.dynamic_iota")
@@ -1122,8 +1142,9 @@ def _slice(conv: Converter, op: Op, scope: Scope, operands):
         strides = ints(attr(op, "strides")) or (1,) * len(starts)
         spec = list(zip(starts, limits, strides, strict=False))
     text = ", ".join(f"[{a}:{b}:{c}]" for a, b, c in spec)
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "slice", shape, [operands[0][0]], f", slice={{{text}}}")]
+    return conv.single(
+        scope, op, operands, "slice", names=[operands[0][0]], attrs=f", slice={{{text}}}"
+    )
 
 
 @rule("stablehlo.dynamic_slice")
@@ -1138,8 +1159,7 @@ def _dynamic_slice(conv: Converter, op: Op, scope: Scope, operands):
 
 @rule("stablehlo.dynamic_update_slice")
 def _dynamic_update_slice(conv: Converter, op: Op, scope: Scope, operands):
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "dynamic-update-slice", shape, [n for n, _ in operands])]
+    return conv.single(scope, op, operands, "dynamic-update-slice")
 
 
 @rule("stablehlo.pad", "stablehlo.dynamic_pad")
@@ -1155,8 +1175,7 @@ def _pad(conv: Converter, op: Op, scope: Scope, operands):
         high = ints(attr(op, "high", "edge_padding_high"))
         interior = ints(attr(op, "interior", "interior_padding")) or (0,) * len(low)
     text = "x".join(f"{a}_{b}_{c}" for a, b, c in zip(low, high, interior, strict=False))
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "pad", shape, [n for n, _ in operands], f", padding={text or '{}'}")]
+    return conv.single(scope, op, operands, "pad", f", padding={text or '{}'}")
 
 
 _PRECISION = {"DEFAULT": "default", "HIGH": "high", "HIGHEST": "highest"}
@@ -1189,16 +1208,14 @@ def _dot_general(conv: Converter, op: Op, scope: Scope, operands):
     if lb or rb:
         text += f", lhs_batch_dims={int_list(lb)}, rhs_batch_dims={int_list(rb)}"
     text += f", lhs_contracting_dims={int_list(lc)}, rhs_contracting_dims={int_list(rc)}"
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "dot", shape, [n for n, _ in operands], text + _precision(op))]
+    return conv.single(scope, op, operands, "dot", text + _precision(op))
 
 
 @rule("stablehlo.dot")
 def _dot(conv: Converter, op: Op, scope: Scope, operands):
     lhs_rank = len(operands[0][1].dims)
     text = f", lhs_contracting_dims={{{lhs_rank - 1}}}, rhs_contracting_dims={{0}}"
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "dot", shape, [n for n, _ in operands], text + _precision(op))]
+    return conv.single(scope, op, operands, "dot", text + _precision(op))
 
 
 @rule("stablehlo.get_tuple_element")
@@ -1236,16 +1253,14 @@ def _reduce_precision(conv: Converter, op: Op, scope: Scope, operands):
         e, m_ = int(m.group(1)), int(m.group(2))
     else:
         e, m_ = ival(attr(op, "exponent_bits")), ival(attr(op, "mantissa_bits"))
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope,
-            "reduce-precision",
-            shape,
-            [operands[0][0]],
-            f", exponent_bits={e}, mantissa_bits={m_}",
-        )
-    ]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "reduce-precision",
+        names=[operands[0][0]],
+        attrs=f", exponent_bits={e}, mantissa_bits={m_}",
+    )
 
 
 _RNG_ALGORITHMS = {"DEFAULT": "rng_default", "THREE_FRY": "rng_three_fry", "PHILOX": "rng_philox"}
@@ -1268,23 +1283,27 @@ def _rng_bit_generator(conv: Converter, op: Op, scope: Scope, operands):
 @rule("stablehlo.rng")
 def _rng(conv: Converter, op: Op, scope: Scope, operands):
     dist = enum_word(attr(op, "distribution", "rng_distribution", default="UNIFORM"))
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope,
-            "rng",
-            shape,
-            [n for n, _ in operands[:2]],
-            f", distribution=rng_{dist.lower()}",
-        )
-    ]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "rng",
+        names=[n for n, _ in operands[:2]],
+        attrs=f", distribution=rng_{dist.lower()}",
+    )
 
 
 @rule("stablehlo.cholesky")
 def _cholesky(conv: Converter, op: Op, scope: Scope, operands):
     lower = bool(ival(attr(op, "lower", default=False)))
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "cholesky", shape, [operands[0][0]], f", lower={str(lower).lower()}")]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "cholesky",
+        names=[operands[0][0]],
+        attrs=f", lower={str(lower).lower()}",
+    )
 
 
 @rule("stablehlo.triangular_solve")
@@ -1294,32 +1313,23 @@ def _triangular_solve(conv: Converter, op: Op, scope: Scope, operands):
         for key in ("left_side", "lower", "unit_diagonal")
     )
     transpose = enum_word(attr(op, "transpose_a", default="NO_TRANSPOSE"))
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope,
-            "triangular-solve",
-            shape,
-            [n for n, _ in operands],
-            f", {flags}, transpose_a={transpose}",
-        )
-    ]
+    return conv.single(
+        scope, op, operands, "triangular-solve", f", {flags}, transpose_a={transpose}"
+    )
 
 
 @rule("stablehlo.fft")
 def _fft(conv: Converter, op: Op, scope: Scope, operands):
     kind = enum_word(attr(op, "type", "fft_type"))
     length = ints(attr(op, "length", "fft_length"))
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope,
-            "fft",
-            shape,
-            [operands[0][0]],
-            f", fft_type={kind}, fft_length={int_list(length)}",
-        )
-    ]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "fft",
+        names=[operands[0][0]],
+        attrs=f", fft_type={kind}, fft_length={int_list(length)}",
+    )
 
 
 @rule("stablehlo.replica_id", "stablehlo.partition_id")
@@ -1336,12 +1346,14 @@ def _after_all(conv: Converter, op: Op, scope: Scope, operands):
 @rule("stablehlo.get_dimension_size")
 def _get_dimension_size(conv: Converter, op: Op, scope: Scope, operands):
     dim = ints(attr(op, "dimension", "dim"))
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope, "get-dimension-size", shape, [operands[0][0]], f", dimensions={int_list(dim)}"
-        )
-    ]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "get-dimension-size",
+        names=[operands[0][0]],
+        attrs=f", dimensions={int_list(dim)}",
+    )
 
 
 @rule(
@@ -1385,8 +1397,9 @@ def _gather(conv: Converter, op: Op, scope: Scope, operands):
     text += f", slice_sizes={int_list(sizes)}"
     if ival(attr(op, "indices_are_sorted", default=False)) is True:
         text += ", indices_are_sorted=true"
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "gather", shape, [n for n, _ in operands[:2]], text)]
+    return conv.single(
+        scope, op, operands, "gather", names=[n for n, _ in operands[:2]], attrs=text
+    )
 
 
 @rule("stablehlo.scatter")
@@ -1496,16 +1509,13 @@ def _select_and_scatter(conv: Converter, op: Op, scope: Scope, operands):
     conv.finish(Scope(conv, select, None), outs, tuple_always=False)
     src = Shape.array(operands[1][1].element_type, ())
     scatter = conv.applied(scope, op, [src], "scatter", region=1)
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope,
-            "select-and-scatter",
-            shape,
-            [x for x, _ in operands],
-            f"{_window(op, len(size), size)}, select={select.name}, scatter={scatter}",
-        )
-    ]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "select-and-scatter",
+        f"{_window(op, len(size), size)}, select={select.name}, scatter={scatter}",
+    )
 
 
 @rule("stablehlo.sort")
@@ -1541,16 +1551,9 @@ def _map(conv: Converter, op: Op, scope: Scope, operands):
     scalars = [Shape.array(s.element_type, ()) for _, s in operands]
     comp, outs = conv.region_comp(scope, op.regions[0], op, scalars, "map")
     conv.finish(Scope(conv, comp, None), outs, tuple_always=False)
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope,
-            "map",
-            shape,
-            [x for x, _ in operands],
-            f", dimensions={int_list(dims)}, to_apply={comp.name}",
-        )
-    ]
+    return conv.single(
+        scope, op, operands, "map", f", dimensions={int_list(dims)}, to_apply={comp.name}"
+    )
 
 
 @rule("stablehlo.while")
@@ -1992,18 +1995,21 @@ def _collective_permute(conv: Converter, op: Op, scope: Scope, operands):
     rows: Any = dense_array(pairs, None).reshape(-1, 2) if isinstance(pairs, DenseAttr) else []
     inner = ",".join(f"{{{int(a)},{int(b)}}}" for a, b in rows)
     text = f", source_target_pairs={{{inner}}}" + _collective_attrs(conv, op)
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "collective-permute", shape, [operands[0][0]], text)]
+    return conv.single(
+        scope, op, operands, "collective-permute", names=[operands[0][0]], attrs=text
+    )
 
 
 @rule("stablehlo.collective_broadcast")
 def _collective_broadcast(conv: Converter, op: Op, scope: Scope, operands):
-    shape = conv.result_shape(op, operands)
-    return [
-        conv.add(
-            scope, "collective-broadcast", shape, [operands[0][0]], _collective_attrs(conv, op)
-        )
-    ]
+    return conv.single(
+        scope,
+        op,
+        operands,
+        "collective-broadcast",
+        names=[operands[0][0]],
+        attrs=_collective_attrs(conv, op),
+    )
 
 
 @rule("stablehlo.convolution", "stablehlo.dynamic_conv")
@@ -2026,8 +2032,7 @@ def _convolution(conv: Converter, op: Op, scope: Scope, operands):
         value = ival(attr(op, key, default=1))
         if value != 1:
             text += f", {key}={value}"
-    shape = conv.result_shape(op, operands)
-    return [conv.add(scope, "convolution", shape, [x for x, _ in operands], text + _precision(op))]
+    return conv.single(scope, op, operands, "convolution", text + _precision(op))
 
 
 def _unsupported_quant(conv: Converter, op: Op, scope: Scope, operands):
