@@ -112,20 +112,22 @@ f = jax.jit(shard_map(lambda x: jax.lax.psum(x, "x"), mesh=mesh, in_specs=P("x")
             out_specs=P("x")))
 out = {{}}
 for nbytes in {sizes}:
-    k = nbytes // 4
-    x = jax.device_put(jnp.ones({n} * k, jnp.float32), NamedSharding(mesh, P("x")))
-    f(x).block_until_ready()
-    reps = max(3, min(50, (64 << 20) // nbytes // 4))
+    x = jax.device_put(jnp.ones({n} * (nbytes // 4), jnp.float32), NamedSharding(mesh, P("x")))
+    for _ in range({warmup}):
+        f(x).block_until_ready()
     times = []
-    for _ in range(reps):
+    for _ in range({reps}):
         t = time.perf_counter(); f(x).block_until_ready(); times.append(time.perf_counter() - t)
-    out[nbytes] = min(times)
+    times.sort()
+    out[nbytes] = (times[0], times[len(times) // 2])
 print(json.dumps(out))
 """
 
 
-def xla_in_process(devices: int, all_sizes: list[int]) -> dict[int, float]:
-    script = XLA_SCRIPT.format(n=devices, sizes=all_sizes)
+def xla_times(devices: int, sizes: list[int], warmup: int, reps: str) -> dict[int, list[float]]:
+    """XLA:CPU's (best, median) seconds per all-reduce size, in a child process with
+    `devices` host devices; `reps` is an expression in `nbytes`."""
+    script = XLA_SCRIPT.format(n=devices, sizes=sizes, warmup=warmup, reps=reps)
     try:
         done = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
@@ -136,32 +138,12 @@ def xla_in_process(devices: int, all_sizes: list[int]) -> dict[int, float]:
         return {}
 
 
-LATENCY_SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 4 << 20]
+def xla_in_process(devices: int, all_sizes: list[int]) -> dict[int, float]:
+    times = xla_times(devices, all_sizes, 1, "max(3, min(50, (64 << 20) // nbytes // 4))")
+    return {k: v[0] for k, v in times.items()}
 
-XLA_LATENCY = """
-import os, sys, time, json
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={n}"
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import Mesh, PartitionSpec as P, NamedSharding
-try:
-    from jax import shard_map
-except ImportError:
-    from jax.experimental.shard_map import shard_map
-mesh = Mesh(np.array(jax.devices()[:{n}]), ("x",))
-f = jax.jit(shard_map(lambda x: jax.lax.psum(x, "x"), mesh=mesh, in_specs=P("x"),
-            out_specs=P("x")))
-out = {{}}
-for nbytes in {sizes}:
-    x = jax.device_put(jnp.ones({n} * (nbytes // 4), jnp.float32), NamedSharding(mesh, P("x")))
-    for _ in range(10):
-        f(x).block_until_ready()
-    times = []
-    for _ in range({reps} if nbytes < (1 << 20) else 30):
-        t = time.perf_counter(); f(x).block_until_ready(); times.append(time.perf_counter() - t)
-    times.sort()
-    out[nbytes] = (times[0], times[len(times) // 2])
-print(json.dumps(out))
-"""
+
+LATENCY_SIZES = [4, 64, 1 << 10, 16 << 10, 256 << 10, 4 << 20]
 
 
 def spread(fn, reps: int) -> tuple[float, float]:
@@ -183,15 +165,7 @@ def latency(devices: list[int], reps: int) -> None:
         f"{'devices':>7} {'size':>8} {'xlapy best':>11} {'median':>8} {'XLA best':>9} {'median':>8}"
     )
     for n in devices:
-        script = XLA_LATENCY.format(n=n, sizes=LATENCY_SIZES, reps=reps)
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
-            )
-            xla = {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-        except Exception as e:  # JAX missing or failing: report without it
-            print(f"(XLA:CPU not measured: {e})")
-            xla = {}
+        xla = xla_times(n, LATENCY_SIZES, 10, f"{reps} if nbytes < (1 << 20) else 30")
         client = Client("cpu", device_count=n)
         for nbytes in LATENCY_SIZES:
             k = nbytes // 4
