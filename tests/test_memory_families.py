@@ -5,35 +5,25 @@ place (no second copy of them). Each is checked for the memory and for the value
 from __future__ import annotations
 
 import numpy as np
+from hlo_snippets import ARGMAX_REDUCER
 
 from xlapy.backends import get_backend
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 
-ARGMAX = """HloModule argmax
-max_index {
-  a = f32[] parameter(0)
-  i = s32[] parameter(1)
-  b = f32[] parameter(2)
-  j = s32[] parameter(3)
-  gt = pred[] compare(a, b), direction=GT
-  eq = pred[] compare(a, b), direction=EQ
-  lt = pred[] compare(i, j), direction=LT
-  tie = pred[] and(eq, lt)
-  take = pred[] or(gt, tie)
-  v = f32[] select(take, a, b)
-  k = s32[] select(take, i, j)
-  ROOT t = (f32[], s32[]) tuple(v, k)
-}
-ENTRY main {
+ARGMAX = (
+    "HloModule argmax\n"
+    + ARGMAX_REDUCER
+    + """ENTRY main {
   x = f32[256,1000] parameter(0)
   iota = s32[256,1000] iota(), iota_dimension=1
   lo = f32[] constant(-inf)
   zero = s32[] constant(0)
-  r = (f32[256], s32[256]) reduce(x, iota, lo, zero), dimensions={1}, to_apply=max_index
+  r = (f32[256], s32[256]) reduce(x, iota, lo, zero), dimensions={1}, to_apply=argmax
   ROOT idx = s32[256] get-tuple-element(r), index=1
 }
 """
+)
 
 ARGSORT = """HloModule argsort
 less {

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from hlo_snippets import ARGMAX_REDUCER
 from test_spmd_partition import run_partitioned
 
 from xlapy.backends.interpreter import evaluate
@@ -107,21 +108,6 @@ SCATTERED = module(
     "sharding={devices=[4,1]<=[4]}",
 )
 
-ARGMAX_REDUCER = """argmax {
-  a = f32[] parameter(0)
-  i = s32[] parameter(1)
-  b = f32[] parameter(2)
-  j = s32[] parameter(3)
-  gt = pred[] compare(a, b), direction=GT
-  eq = pred[] compare(a, b), direction=EQ
-  lt = pred[] compare(i, j), direction=LT
-  tie = pred[] and(eq, lt)
-  pick = pred[] or(gt, tie)
-  v = f32[] select(pick, a, b)
-  k = s32[] select(pick, i, j)
-  ROOT r = (f32[], s32[]) tuple(v, k)
-}
-"""
 PAIR_SUM = """pair_sum {
   a = f32[] parameter(0)
   i = f32[] parameter(1)
