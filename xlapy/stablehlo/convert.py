@@ -810,12 +810,11 @@ class Converter:
         opcode: str,
         attrs: str = "",
         *,
-        names: list[str] | None = None,
+        take: int | None = None,
     ) -> list[tuple[str, Shape]]:
-        """One HLO instruction for an op with one result: every operand (or `names`)."""
+        """One HLO instruction for an op with one result, on its operands (the first `take`)."""
         shape = self.result_shape(op, operands)
-        args = [n for n, _ in operands] if names is None else names
-        return [self.add(scope, opcode, shape, args, attrs)]
+        return [self.add(scope, opcode, shape, [n for n, _ in operands[:take]], attrs)]
 
     def result_shapes(self, op: Op) -> list[Shape]:
         return [self.shape(t) for t in op.result_types]
@@ -1098,12 +1097,7 @@ def _broadcast(conv: Converter, op: Op, scope: Scope, operands):
 def _transpose(conv: Converter, op: Op, scope: Scope, operands):
     dims = ints(attr(op, "dims", "permutation"))
     return conv.single(
-        scope,
-        op,
-        operands,
-        "transpose",
-        names=[operands[0][0]],
-        attrs=f", dimensions={int_list(dims)}",
+        scope, op, operands, "transpose", take=1, attrs=f", dimensions={int_list(dims)}"
     )
 
 
@@ -1111,12 +1105,7 @@ def _transpose(conv: Converter, op: Op, scope: Scope, operands):
 def _reverse(conv: Converter, op: Op, scope: Scope, operands):
     dims = ints(attr(op, "dims", "dimensions"))
     return conv.single(
-        scope,
-        op,
-        operands,
-        "reverse",
-        names=[operands[0][0]],
-        attrs=f", dimensions={int_list(dims)}",
+        scope, op, operands, "reverse", take=1, attrs=f", dimensions={int_list(dims)}"
     )
 
 
@@ -1142,9 +1131,7 @@ def _slice(conv: Converter, op: Op, scope: Scope, operands):
         strides = ints(attr(op, "strides")) or (1,) * len(starts)
         spec = list(zip(starts, limits, strides, strict=False))
     text = ", ".join(f"[{a}:{b}:{c}]" for a, b, c in spec)
-    return conv.single(
-        scope, op, operands, "slice", names=[operands[0][0]], attrs=f", slice={{{text}}}"
-    )
+    return conv.single(scope, op, operands, "slice", take=1, attrs=f", slice={{{text}}}")
 
 
 @rule("stablehlo.dynamic_slice")
@@ -1258,7 +1245,7 @@ def _reduce_precision(conv: Converter, op: Op, scope: Scope, operands):
         op,
         operands,
         "reduce-precision",
-        names=[operands[0][0]],
+        take=1,
         attrs=f", exponent_bits={e}, mantissa_bits={m_}",
     )
 
@@ -1284,12 +1271,7 @@ def _rng_bit_generator(conv: Converter, op: Op, scope: Scope, operands):
 def _rng(conv: Converter, op: Op, scope: Scope, operands):
     dist = enum_word(attr(op, "distribution", "rng_distribution", default="UNIFORM"))
     return conv.single(
-        scope,
-        op,
-        operands,
-        "rng",
-        names=[n for n, _ in operands[:2]],
-        attrs=f", distribution=rng_{dist.lower()}",
+        scope, op, operands, "rng", take=2, attrs=f", distribution=rng_{dist.lower()}"
     )
 
 
@@ -1297,12 +1279,7 @@ def _rng(conv: Converter, op: Op, scope: Scope, operands):
 def _cholesky(conv: Converter, op: Op, scope: Scope, operands):
     lower = bool(ival(attr(op, "lower", default=False)))
     return conv.single(
-        scope,
-        op,
-        operands,
-        "cholesky",
-        names=[operands[0][0]],
-        attrs=f", lower={str(lower).lower()}",
+        scope, op, operands, "cholesky", take=1, attrs=f", lower={str(lower).lower()}"
     )
 
 
@@ -1327,7 +1304,7 @@ def _fft(conv: Converter, op: Op, scope: Scope, operands):
         op,
         operands,
         "fft",
-        names=[operands[0][0]],
+        take=1,
         attrs=f", fft_type={kind}, fft_length={int_list(length)}",
     )
 
@@ -1347,12 +1324,7 @@ def _after_all(conv: Converter, op: Op, scope: Scope, operands):
 def _get_dimension_size(conv: Converter, op: Op, scope: Scope, operands):
     dim = ints(attr(op, "dimension", "dim"))
     return conv.single(
-        scope,
-        op,
-        operands,
-        "get-dimension-size",
-        names=[operands[0][0]],
-        attrs=f", dimensions={int_list(dim)}",
+        scope, op, operands, "get-dimension-size", take=1, attrs=f", dimensions={int_list(dim)}"
     )
 
 
@@ -1397,9 +1369,7 @@ def _gather(conv: Converter, op: Op, scope: Scope, operands):
     text += f", slice_sizes={int_list(sizes)}"
     if ival(attr(op, "indices_are_sorted", default=False)) is True:
         text += ", indices_are_sorted=true"
-    return conv.single(
-        scope, op, operands, "gather", names=[n for n, _ in operands[:2]], attrs=text
-    )
+    return conv.single(scope, op, operands, "gather", take=2, attrs=text)
 
 
 @rule("stablehlo.scatter")
@@ -1995,20 +1965,13 @@ def _collective_permute(conv: Converter, op: Op, scope: Scope, operands):
     rows: Any = dense_array(pairs, None).reshape(-1, 2) if isinstance(pairs, DenseAttr) else []
     inner = ",".join(f"{{{int(a)},{int(b)}}}" for a, b in rows)
     text = f", source_target_pairs={{{inner}}}" + _collective_attrs(conv, op)
-    return conv.single(
-        scope, op, operands, "collective-permute", names=[operands[0][0]], attrs=text
-    )
+    return conv.single(scope, op, operands, "collective-permute", take=1, attrs=text)
 
 
 @rule("stablehlo.collective_broadcast")
 def _collective_broadcast(conv: Converter, op: Op, scope: Scope, operands):
     return conv.single(
-        scope,
-        op,
-        operands,
-        "collective-broadcast",
-        names=[operands[0][0]],
-        attrs=_collective_attrs(conv, op),
+        scope, op, operands, "collective-broadcast", take=1, attrs=_collective_attrs(conv, op)
     )
 
 
