@@ -34,6 +34,7 @@ import ctypes.util
 import functools
 import hashlib
 import threading
+import weakref
 from dataclasses import dataclass
 
 import llvmlite
@@ -220,48 +221,68 @@ def _new_engine() -> llvm.ExecutionEngine:
     return llvm.create_mcjit_compiler(empty, new_target_machine())
 
 
+class CodeBlock:
+    """One batch of objects loaded into an execution engine of its own. The code lives as
+    long as the block: every kernel (and native loop) that runs it holds the block, and
+    when the last one dies the engine is disposed and its code memory freed."""
+
+    __slots__ = ("__weakref__", "addresses", "engine")
+
+    def __init__(self, engine: llvm.ExecutionEngine, addresses: dict[str, int]):
+        self.engine, self.addresses = engine, addresses
+
+
 class SharedEngine:
-    """The execution engine that holds every kernel object of the process: objects are
-    added in batches, each batch finalized once (MCJIT relocates and protects only the new
-    sections, so code already running is untouched). A batch of four objects loads in
-    ~0.1 ms, against ~1.2 ms for a new engine (a target machine, an empty module and a
-    finalization each). An object is loaded once per key (the same key is the same code,
-    whether it came from the disk cache or not). Loaded code is never freed: if
-    a batch fails, the engine is retired (kept alive, its code still in use) and the next
-    batch starts a new one."""
+    """Loads kernel objects for the process. Objects are added in batches, each batch into
+    a new engine finalized once (a CodeBlock: ~1 ms for a target machine, an empty module
+    and a finalization, paid once per batch, and a compile's kernels mostly load as one
+    batch). An object is loaded once while its code is alive: a key already loaded in a
+    living block is answered from that block (the same key is the same code, whether it
+    came from the disk cache or not), so the new user keeps that block alive too. The
+    blocks are held weakly here: a program's code is freed when its last executable dies.
+    A batch that fails to load is dropped with its engine (nothing runs its code)."""
 
     def __init__(self) -> None:
-        self._engine: llvm.ExecutionEngine | None = None
-        self._retired: list[llvm.ExecutionEngine] = []
-        self._addresses: dict[str, int] = {}
+        self._blocks: weakref.WeakValueDictionary[str, CodeBlock] = weakref.WeakValueDictionary()
+        self.blocks_created = 0  # counters for tests and memory reports
+        self.blocks_freed = 0
 
-    def load(self, objects: list[tuple[str, bytes]]) -> dict[str, int]:
-        """Load the objects (key, data) not loaded yet; the address of every given
-        object's kernel function (`exported_symbol(key)`), by key."""
+    def load(self, objects: list[tuple[str, bytes]]) -> dict[str, tuple[int, CodeBlock]]:
+        """Load the objects (key, data) not loaded in a living block; the address of every
+        given object's kernel function (`exported_symbol(key)`) and the block holding it,
+        by key. The caller keeps the block for as long as it runs the code."""
         _initialize()
         with _lock:
-            fresh = [(k, d) for k, d in dict(objects).items() if k not in self._addresses]
+            found = {k: self._blocks.get(k) for k, _ in objects}
+            fresh = [(k, d) for k, d in dict(objects).items() if found[k] is None]
             if fresh:
-                self._load(fresh)
-            return {k: self._addresses[k] for k, _ in objects}
+                block = self._load(fresh)
+                found.update({k: block for k, _ in fresh})
+            return {k: (b.addresses[k], b) for k, b in found.items() if b is not None}
 
-    def _load(self, fresh: list[tuple[str, bytes]]) -> None:
-        if self._engine is None:
-            self._engine = _new_engine()
-        engine = self._engine
-        try:
-            for _, data in fresh:
-                engine.add_object_file(llvm.ObjectFileRef.from_data(data))
-            engine.finalize_object()
-            addresses = {k: engine.get_function_address(exported_symbol(k)) for k, _ in fresh}
-        except BaseException:
-            self._retired.append(engine)
-            self._engine = None
-            raise
+    def live_blocks(self) -> int:
+        """How many blocks of code are alive (loaded and still used)."""
+        with _lock:
+            return len({id(b) for b in self._blocks.values()})
+
+    def _load(self, fresh: list[tuple[str, bytes]]) -> CodeBlock:
+        engine = _new_engine()
+        for _, data in fresh:
+            engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+        engine.finalize_object()
+        addresses = {k: engine.get_function_address(exported_symbol(k)) for k, _ in fresh}
         missing = [k for k, a in addresses.items() if not a]
         if missing:
             raise RuntimeError(f"symbol {exported_symbol(missing[0])} is not in its object")
-        self._addresses.update(addresses)
+        block = CodeBlock(engine, addresses)
+        self.blocks_created += 1
+        weakref.finalize(block, self._freed)
+        for k in addresses:
+            self._blocks[k] = block
+        return block
+
+    def _freed(self) -> None:
+        self.blocks_freed += 1
 
 
 @functools.cache

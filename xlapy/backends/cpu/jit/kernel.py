@@ -32,6 +32,7 @@ import hashlib
 import json
 import re
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -104,15 +105,18 @@ class Signature:
 
 
 class _Loaded:
-    """A loaded object: the engine holding it and the address of its kernel function."""
+    """A loaded object: the block of code holding it (kept alive by this reference) and
+    the address of its kernel function."""
 
-    __slots__ = ("address", "engine", "from_cache")
+    __slots__ = ("address", "block", "from_cache")
 
-    def __init__(self, engine: jit.SharedEngine, address: int, from_cache: bool):
-        self.engine, self.address, self.from_cache = engine, address, from_cache
+    def __init__(self, block: jit.CodeBlock, address: int, from_cache: bool):
+        self.block, self.address, self.from_cache = block, address, from_cache
 
 
-_objects: dict[str, Future] = {}  # object key -> Future[_Loaded]
+# object key -> Future[_Loaded], held by the kernels (and native loops) that use it: once
+# the last one dies the entry goes, and with it the code (see jit.SharedEngine).
+_objects: weakref.WeakValueDictionary[str, Future] = weakref.WeakValueDictionary()
 _entries: dict[str, tuple[str, Signature]] = {}  # kernel key -> (object key, signature)
 _loaded_lock = threading.Lock()
 
@@ -150,8 +154,8 @@ def _load_object(ir_text: str, key: str, symbol: str, use_cache: bool) -> _Loade
     """Compile `ir_text` (or read its object from the disk cache) and load the object
     `key` at once (for kernels built outside the kernel cache)."""
     obj = jit.compile_object(ir_text, use_cache, symbol, key)
-    engine = jit.shared_engine()
-    return _Loaded(engine, engine.load([(key, obj.data)])[key], obj.from_cache)
+    address, block = jit.shared_engine().load([(key, obj.data)])[key]
+    return _Loaded(block, address, obj.from_cache)
 
 
 def _enqueue(item: _Queued) -> None:
@@ -188,9 +192,8 @@ def flush_loads() -> None:
         _queued.clear()
     if not batch:
         return
-    engine = jit.shared_engine()
     try:
-        addresses = engine.load([(item.key, item.data) for item in batch])
+        addresses = jit.shared_engine().load([(item.key, item.data) for item in batch])
     except BaseException as e:
         for item in batch:
             _fail(item.future, item.key, e)
@@ -201,7 +204,8 @@ def flush_loads() -> None:
         try:
             if item.on_loaded is not None:
                 item.on_loaded()
-            item.future.set_result(_Loaded(engine, addresses[item.key], item.from_cache))
+            address, block = addresses[item.key]
+            item.future.set_result(_Loaded(block, address, item.from_cache))
         except BaseException as e:
             _fail(item.future, item.key, e)
     with _queue_changed:
@@ -301,7 +305,7 @@ class Kernel:
             n = len(self.signature.outputs) + len(self.signature.params)
             proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
             self._fn = proto(loaded.address)
-            self._pending = None
+            self._future, self._pending = self._pending, None  # the future keeps the code
         return self
 
     @property
@@ -511,7 +515,9 @@ def _write_entry(key: str, object_key: str, signature: Signature) -> None:
     jit.write_entry(key, ".kernel", json.dumps(entry).encode())
 
 
-_kernel_cache: dict[tuple, Kernel] = {}
+# Kernels by computation text, held by the programs that run them (their code is freed when
+# the last such program dies).
+_kernel_cache: weakref.WeakValueDictionary[tuple, Kernel] = weakref.WeakValueDictionary()
 _kernel_lock = threading.Lock()
 
 
@@ -562,8 +568,8 @@ def kernel_for(
 def forget_kernel(kernel: Kernel) -> None:
     """Drop `kernel` (one whose compile failed) from the process's kernel cache."""
     with _kernel_lock:
-        for key in [k for k, v in _kernel_cache.items() if v is kernel]:
-            del _kernel_cache[key]
+        for key in [k for k, v in list(_kernel_cache.items()) if v is kernel]:
+            _kernel_cache.pop(key, None)
 
 
 def wrap_instruction(instr: HloInstruction) -> HloComputation:

@@ -120,7 +120,8 @@ class NativeLoop:
 
     ROUND = 1 << 20
 
-    def __init__(self, address: int, table: Sequence[int]):
+    def __init__(self, address: int, table: Sequence[int], keep: object = None):
+        self.keep = keep  # what keeps the code at `address` and the table's entries loaded
         self.address = address
         self.function = _LOOP_FUNCTION(address)
         self.table = (ctypes.c_int64 * max(1, len(table)))(*table)
