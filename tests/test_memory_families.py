@@ -140,3 +140,47 @@ def test_lstm_cell_state_is_kept_once_and_the_embedding_gather_fuses():
     want = np.asarray(get_backend("interpreter").compile(parse_module(text)).run(args))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got, np.asarray(jax.jit(_lstm_forward)(*args)), rtol=1e-4, atol=1e-5)
+
+
+def _conv_pool(w, b, x):
+    """A vmapped conv -> relu -> 2x2 average pool, written per example in channels-last
+    order as equinox's Pool does (its HLO transposes NCHW -> NHWC around the pooling)."""
+    import jax
+    from jax import lax
+
+    def one(image):  # [C, H, W]
+        y = lax.conv_general_dilated(image[None], w, (1, 1), ((2, 2), (2, 2)))[0]
+        y = jax.nn.relu(y + b)
+        hwc = y.transpose(1, 2, 0)[None]
+        pooled = lax.reduce_window(hwc, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return pooled[0].transpose(2, 0, 1) / 4
+
+    return jax.vmap(one)(x)
+
+
+def test_pooling_of_a_convolution_moves_no_transposed_copy():
+    """Before: the convolution's output (f32[2,64,20,20]) and its channels-last transpose
+    (the same size) were both live at the pooling: 409,600 bytes here (XLA 54,400: its
+    conv, relu and pooling run as one library fusion whose scratch memory_analysis() does
+    not count), as for equinox's Conv2d(1, 64, 5) + AvgPool2d. Now the pooling runs before the
+    transpose (reduce-window(transpose(x)) -> transpose(reduce-window(x))), the transposes
+    meet and cancel, and bias + relu are written over the dying convolution output."""
+    import jax
+
+    rng = np.random.default_rng(2026112602)
+    args = [
+        (rng.standard_normal((64, 1, 5, 5)) * 0.2).astype(np.float32),
+        (rng.standard_normal((64, 1, 1)) * 0.1).astype(np.float32),
+        rng.standard_normal((2, 1, 20, 20)).astype(np.float32),
+    ]
+    text = jax.jit(_conv_pool).lower(*args).as_text(dialect="hlo")
+    program = get_backend("cpu").compile(parse_module(text))
+    entry = program.module.entry
+    assert Opcode.TRANSPOSE not in {i.opcode for i in entry.instructions}
+    conv_bytes = 2 * 64 * 20 * 20 * 4
+    temp = program.buffer_assignment.temp_bytes
+    assert temp <= conv_bytes + conv_bytes // 4, temp  # the conv's output, the pooled result
+    got = np.asarray(program.run(args))
+    want = np.asarray(get_backend("interpreter").compile(parse_module(text)).run(args))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, np.asarray(jax.jit(_conv_pool)(*args)), rtol=1e-4, atol=1e-5)
