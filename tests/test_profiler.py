@@ -131,17 +131,17 @@ body {{
 }}
 
 cond {{
-  p = (s32[], f32[32,32], f32[32,32]) parameter(0)
-  i = s32[] get-tuple-element(p), index=0
+  cp = (s32[], f32[32,32], f32[32,32]) parameter(0)
+  ci = s32[] get-tuple-element(cp), index=0
   n = s32[] constant(5)
-  ROOT lt = pred[] compare(i, n), direction=LT
+  ROOT lt = pred[] compare(ci, n), direction=LT
 }}
 
 ENTRY main {{
-  x = f32[32,32] parameter(0)
-  w = f32[32,32] parameter(1)
+  x0 = f32[32,32] parameter(0)
+  w0 = f32[32,32] parameter(1)
   zero = s32[] constant(0)
-  init = (s32[], f32[32,32], f32[32,32]) tuple(zero, x, w)
+  init = (s32[], f32[32,32], f32[32,32]) tuple(zero, x0, w0)
   loop = (s32[], f32[32,32], f32[32,32]) while(init), condition=cond, body=body
   y = f32[32,32] get-tuple-element(loop), index=1
   ROOT e = f32[32,32] exponential(y)
