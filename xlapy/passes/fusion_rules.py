@@ -18,7 +18,8 @@ fusion). Such a fusion is never a producer and never takes its operand 0 in.
 Cost follows XLA's instruction fusion: an *expensive* producer (transcendental functions,
 divide, power, remainder; a fusion containing one) is never duplicated and never fused into a
 consumer that reads each of its elements many times (an expanding broadcast, a dynamic-slice
-index). A cheap producer may be duplicated into several consumers.
+index, a gather's operands: its indices once per window element, its operand wherever
+indices repeat). A cheap producer may be duplicated into several consumers.
 """
 
 from __future__ import annotations
