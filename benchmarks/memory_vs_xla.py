@@ -388,6 +388,76 @@ def sort_key_value(k, v):
     return lax.sort((k, v), dimension=1, num_keys=1)
 
 
+# -- the families of the third memory session: `make demo`'s step, an LSTM, a conv + pool --
+DEMO = (64, 256, 256, 10)
+
+
+def demo_args(rng):
+    p = mlp_params(rng, DEMO)
+    return [np.int32(3), *p, *[x * 0.01 for x in p], *[np.abs(x) * 1e-3 for x in p],
+            f32(rng, 256, DEMO[0]), ints(rng, DEMO[-1], 256)]  # fmt: skip
+
+
+@bench(demo_args, donate=range(19))
+def demo_mlp_adam_step(count, *a):
+    """examples/jax_on_xlapy.py's step: a gelu MLP 64-256-256-10 at batch 256, Adam over
+    its parameters, parameters and optimizer state donated."""
+    p, m, v, (x, y) = list(a[0:6]), list(a[6:12]), list(a[12:18]), a[18:]
+
+    def loss_fn(p):
+        h = x
+        for i in range(0, 4, 2):
+            h = jax.nn.gelu(h @ p[i] + p[i + 1])
+        logp = jax.nn.log_softmax(h @ p[4] + p[5])
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    loss, g = jax.value_and_grad(loss_fn)(p)
+    count = count + 1
+    m = [0.9 * mi + 0.1 * gi for mi, gi in zip(m, g, strict=True)]
+    v = [0.999 * vi + 0.001 * gi * gi for vi, gi in zip(v, g, strict=True)]
+    t = count.astype(jnp.float32)
+    scale = 1e-3 * jnp.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+    p = [pi - scale * mi / (jnp.sqrt(vi) + 1e-8) for pi, mi, vi in zip(p, m, v, strict=True)]
+    return count, p, m, v, loss
+
+
+def lstm_args(rng, vocab=1000, emb=128, hidden=256, steps=16, batch=32):
+    return [f32(rng, vocab, emb), ints(rng, vocab, steps, batch),
+            f32(rng, emb + hidden, 4 * hidden, scale=0.05), f32(rng, 4 * hidden, scale=0.1),
+            f32(rng, 2 * hidden, 4 * hidden, scale=0.05), f32(rng, 4 * hidden, scale=0.1),
+            f32(rng, hidden, vocab, scale=0.05)]  # fmt: skip
+
+
+@bench(lstm_args)
+def lstm_unrolled_forward(emb, tokens, w1, b1, w2, b2, wo):
+    """Two LSTM layers unrolled over 16 steps after an embedding lookup (hk.static_unroll)."""
+    x = emb[tokens]
+    for w, b in ((w1, b1), (w2, b2)):
+        h = c = jnp.zeros((x.shape[1], w.shape[1] // 4), x.dtype)
+        outs = []
+        for t in range(x.shape[0]):
+            i, f, g, o = jnp.split(jnp.concatenate([x[t], h], axis=1) @ w + b, 4, axis=1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            outs.append(h)
+        x = jnp.stack(outs)
+    return x @ wo
+
+
+@bench(lambda rng: [f32(rng, 64, 3, 5, 5, scale=0.1), f32(rng, 64, 1, 1), f32(rng, 8, 3, 32, 32)])
+def conv_pool_vmapped(w, b, x):
+    """equinox's Conv2d + relu + AvgPool2d, vmapped: the pooling runs channels-last."""
+
+    def one(image):
+        y = jax.nn.relu(lax.conv_general_dilated(image[None], w, (1, 1), ((2, 2), (2, 2)))[0] + b)
+        pooled = lax.reduce_window(
+            y.transpose(1, 2, 0)[None], 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"
+        )
+        return pooled[0].transpose(2, 0, 1) / 4
+
+    return jax.vmap(one)(x)
+
+
 # -- measuring --------------------------------------------------------------------------------
 FIELDS = ("argument", "output", "alias", "temp")
 

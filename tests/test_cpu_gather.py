@@ -168,7 +168,11 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def _check(text: str, args, native: bool = True) -> None:
     listing = CpuProgram(parse_module(text)).thunk_listing()
-    lines = [line.strip() for line in listing.splitlines() if "= gather" in line]
+    lines = [  # the gather alone, or fused with the ops that compute its indices
+        line.strip()
+        for line in listing.splitlines()
+        if "= gather" in line or ("gather" in line.split("=")[0] and "= fusion" in line)
+    ]
     assert lines, listing
     assert all(line.startswith("kernel") == native for line in lines), lines
     got = np.asarray(execute(parse_module(text), args, "cpu"))

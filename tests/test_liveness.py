@@ -69,3 +69,46 @@ def test_reachability():
     assert not r.reaches(get("n"), get("a"))
     assert r.independent(get("p"), get("q"))
     assert not r.independent(get("q"), get("r"))
+
+
+IN_PLACE_RESHAPE = """HloModule m
+fused {
+  p = f32[2,6,4] parameter(0)
+  b = f32[2,6,4] parameter(1)
+  a = f32[2,6,4] add(p, b)
+  r = f32[2,6,4,1] reshape(a)
+  ROOT n = f32[2,6,4,1] negate(r)
+}
+fused_t {
+  p = f32[2,6,4] parameter(0)
+  t = f32[2,4,6] transpose(p), dimensions={0,2,1}
+  ROOT r = f32[2,4,6,1] reshape(t)
+}
+ENTRY e {
+  x = f32[2,6,4] parameter(0)
+  y = f32[2,6,4] parameter(1)
+  s = f32[2,6,4] sine(x)
+  f = f32[2,6,4,1] fusion(s, y), kind=kLoop, calls=fused
+  c = f32[2,6,4] cosine(x)
+  g = f32[2,4,6,1] fusion(c), kind=kLoop, calls=fused_t
+  ROOT t = (f32[2,6,4,1], f32[2,4,6,1]) tuple(f, g)
+}
+"""
+
+
+def test_elementwise_fusion_through_a_reshape_may_write_over_its_operand():
+    """Row-major reshapes keep each element's position: the fusion's output element k is
+    computed from its operand's element k, so it may take the dying operand's bytes; a
+    transpose on the way moves elements, so it may not."""
+    from xlapy.analysis.liveness import may_update_in_place
+
+    module = parse_module(IN_PLACE_RESHAPE)
+    dataflow = DataflowAnalysis.run(module)
+    by_name = {i.name: i for i in module.entry.instructions}
+
+    def can(out: str, operand: str) -> bool:
+        value = dataflow.value_at(by_name[out], ())
+        return may_update_in_place(value, dataflow.value_at(by_name[operand], ()), dataflow)
+
+    assert can("f", "s") and can("f", "y")
+    assert not can("g", "c")

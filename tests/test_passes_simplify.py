@@ -502,3 +502,92 @@ def test_transpose_of_dot_before_and_after_text():
     root = module.entry.root.to_text()
     assert "dot(b, a), lhs_contracting_dims={0}, rhs_contracting_dims={1}" in root
     assert root.startswith("ROOT r") and "f32[5,3]" in root
+
+
+# -- data movement around poolings: reshape(transpose) and reduce-window(transpose) ----------
+POOL_HEADER = """HloModule pool
+add {
+  p = f32[] parameter(0)
+  q = f32[] parameter(1)
+  ROOT s = f32[] add(p, q)
+}
+max {
+  p = f32[] parameter(0)
+  q = f32[] parameter(1)
+  ROOT s = f32[] maximum(p, q)
+}
+ENTRY e {
+  a = f32[2,6,8,8] parameter(0)
+  zero = f32[] constant(0)
+  lo = f32[] constant(-inf)
+"""
+
+POOL_FIRES = [
+    (
+        "reshape adding a unit dim sinks below the transpose",
+        "t = f32[2,8,8,6] transpose(a), dimensions={0,2,3,1}\n  ROOT r = f32[2,1,8,8,6] reshape(t)",
+        "transpose(reshape(a))",
+    ),
+    (
+        "reshape dropping unit dims sinks below the transpose",
+        "t = f32[8,2,6,8] transpose(a), dimensions={2,0,1,3}\n"
+        "  r0 = f32[8,1,2,6,1,8] reshape(t)\n"
+        "  ROOT r = f32[8,2,6,8,1] reshape(r0)",
+        "transpose(reshape(a))",
+    ),
+    (
+        "reduce-window runs before the transpose, its window permuted",
+        "t = f32[2,8,8,6] transpose(a), dimensions={0,2,3,1}\n"
+        "  ROOT r = f32[2,4,5,6] reduce-window(t, zero), window={size=1x2x3x1 stride=1x2x2x1 pad=0_0x0_0x1_2x0_0}, to_apply=add",
+        "transpose(reduce-window(a, c(0.0)))",
+    ),
+    (
+        "an NHWC pooling of an NCHW value (equinox's vmapped AvgPool2d): no transpose left",
+        "t = f32[2,8,8,6] transpose(a), dimensions={0,2,3,1}\n"
+        "  r = f32[2,1,8,8,6] reshape(t)\n"
+        "  w = f32[2,1,4,4,6] reduce-window(r, lo), window={size=1x1x2x2x1 stride=1x1x2x2x1}, to_apply=max\n"
+        "  s = f32[2,4,4,6] reshape(w)\n"
+        "  ROOT b = f32[2,6,4,4] transpose(s), dimensions={0,3,1,2}",
+        "reshape(reduce-window(reshape(a), c(-inf)))",
+    ),
+]
+
+POOL_DOES_NOT_FIRE = [
+    (
+        "transpose with another user",
+        "t = f32[2,8,8,6] transpose(a), dimensions={0,2,3,1}\n"
+        "  r = f32[2,1,8,8,6] reshape(t)\n"
+        "  ROOT u = (f32[2,1,8,8,6], f32[2,8,8,6]) tuple(r, t)",
+        "tuple(reshape(transpose(a)), transpose(a))",
+    ),
+    (
+        "reshape that merges dims",
+        "t = f32[2,8,8,6] transpose(a), dimensions={0,2,3,1}\n  ROOT r = f32[2,64,6] reshape(t)",
+        "reshape(transpose(a))",
+    ),
+]
+
+
+def _pool(body: str):
+    return parse_module(f"{POOL_HEADER}  {body}\n}}\n")
+
+
+@pytest.mark.parametrize("name,body,expected", POOL_FIRES, ids=[c[0] for c in POOL_FIRES])
+def test_movement_around_pooling_fires_and_keeps_values(name, body, expected):
+    before, after = _pool(body), _pool(body)
+    assert AlgebraicSimplifier().run(after)
+    DeadCodeElimination().run(after)
+    verify(after)
+    assert expr(after.entry.root) == expected
+    assert after.entry.root.shape.dims == before.entry.root.shape.dims
+    a = np.random.default_rng(len(name)).standard_normal((2, 6, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(evaluate(after, [a]), evaluate(before, [a]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name,body,expected", POOL_DOES_NOT_FIRE, ids=[c[0] for c in POOL_DOES_NOT_FIRE]
+)
+def test_movement_around_pooling_does_not_fire(name, body, expected):
+    module = _pool(body)
+    assert not AlgebraicSimplifier().run(module)
+    assert expr(module.entry.root) == expected

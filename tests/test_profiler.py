@@ -114,3 +114,79 @@ def test_run_verbose_reports_time_per_pass(run_cli, write, tmp_path, monkeypatch
     assert code == 0, err
     assert "output_0: f32[64,64]" in out
     assert "passes" in err and "algsimp" in err and "outside the passes" in err
+
+
+LOOP_META = 'metadata={op_name="jit(f)/while/body/tanh" source_file="loop.py" source_line=7}'
+LOOP_PROGRAM = f"""HloModule looped
+body {{
+  p = (s32[], f32[32,32], f32[32,32]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[32,32] get-tuple-element(p), index=1
+  w = f32[32,32] get-tuple-element(p), index=2
+  d = f32[32,32] dot(x, w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  t = f32[32,32] tanh(d), {LOOP_META}
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  ROOT r = (s32[], f32[32,32], f32[32,32]) tuple(j, t, w)
+}}
+
+cond {{
+  cp = (s32[], f32[32,32], f32[32,32]) parameter(0)
+  ci = s32[] get-tuple-element(cp), index=0
+  n = s32[] constant(5)
+  ROOT lt = pred[] compare(ci, n), direction=LT
+}}
+
+ENTRY main {{
+  x0 = f32[32,32] parameter(0)
+  w0 = f32[32,32] parameter(1)
+  zero = s32[] constant(0)
+  init = (s32[], f32[32,32], f32[32,32]) tuple(zero, x0, w0)
+  loop = (s32[], f32[32,32], f32[32,32]) while(init), condition=cond, body=body
+  y = f32[32,32] get-tuple-element(loop), index=1
+  ROOT e = f32[32,32] exponential(y)
+}}
+"""
+
+
+def test_profile_times_the_thunks_inside_a_loop_body_every_iteration(tmp_path):
+    program = get_backend("cpu").compile(parse_module(LOOP_PROGRAM))
+    described = "\n".join(program.compiled.entry.describe())
+    assert "(native loop)" in described  # profiled all the same, thunk by thunk
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal((32, 32)).astype(np.float32) * 0.3 for _ in range(2)]
+    profile = profile_program(program, args, runs=3)
+    rows = {r.name: r for r in profile.rows()}
+    loop = next(r for r in rows.values() if r.opcode == "while")
+    inside = [r for r in rows.values() if r.parent == loop.name]
+    assert inside, profile.to_text()
+    dot = next(r for r in inside if r.opcode == "dot")
+    assert dot.calls == 3 * 5 and dot.depth == 1 and dot.sequence != profile.entry
+    tanh = next(r for r in inside if r.source == "loop.py:7")
+    assert tanh.calls == 3 * 5 and tanh.op_name == "jit(f)/while/body/tanh"
+    # the body's steps ran inside the loop's: their time is part of it
+    assert sum(r.total_ns for r in inside) <= loop.total_ns
+    assert f"(in {loop.name}: " in profile.to_text()
+    assert any(s["parent"] == loop.name for s in profile.to_json()["steps"])
+    # in the trace each body event lies inside one of the loop's events, on its thread
+    trace = json.loads(profile.write_trace(tmp_path / "t.json").read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
+    loops = [e for e in events if e["name"] == loop.name]
+    nested = [e for e in events if e["args"]["in"] == loop.name]
+    assert len(loops) == 3 and len(nested) >= 2 * 15
+    for e in nested:
+        assert any(
+            o["tid"] == e["tid"]
+            and o["ts"] <= e["ts"]
+            and e["ts"] + e["dur"] <= o["ts"] + o["dur"] + 1e-3
+            for o in loops
+        )
+    # the profiled runs (loop run from Python) give the values the interpreter gives
+    x, w = args
+    want = get_backend("interpreter").compile(parse_module(LOOP_PROGRAM)).run(args)
+    got = program.run(args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for _ in range(5):
+        x = np.tanh(x @ w)
+    np.testing.assert_allclose(got, np.exp(x), rtol=1e-4, atol=1e-5)

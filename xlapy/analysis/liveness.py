@@ -149,13 +149,18 @@ def may_update_in_place(
 
 def _fusion_elementwise_in(fusion: HloInstruction, operand: HloValue, value_at, output) -> bool:
     """True if every path from the fused parameters reading `operand` to the fusion's root
-    (an array of `operand`'s dims and element size) goes through elementwise operations."""
+    (an array of `operand`'s element count and element size) goes through elementwise
+    operations and reshapes, all row-major: each output element is then computed from the
+    operand's element at its own position, so the output may be written over the operand."""
     comp = fusion.attrs.get("calls")
     if comp is None or output.index != () or not output.shape.is_array:
         return False
-    if not operand.shape.is_array or operand.shape.dims != output.shape.dims:
+    if not operand.shape.is_array or operand.shape.num_elements != output.shape.num_elements:
         return False
     if operand.shape.element_type.byte_size != output.shape.element_type.byte_size:
+        return False
+    reshaped = operand.shape.dims != output.shape.dims
+    if reshaped and not (_row_major(operand.shape) and _row_major(output.shape)):
         return False
     numbers = [
         n for n, op in enumerate(fusion.operands) if op.shape.is_array and value_at(op) is operand
@@ -172,10 +177,17 @@ def _fusion_elementwise_in(fusion: HloInstruction, operand: HloValue, value_at, 
         if instr is not comp.root and not instr.users:
             continue
         for user in instr.users:
-            if not user.opcode.is_elementwise or user.shape.dims != operand.shape.dims:
+            if user.opcode.is_elementwise and user.shape.dims == instr.shape.dims:
+                pending.append(user)
+            elif user.opcode is Opcode.RESHAPE and _row_major(user.shape):
+                pending.append(user)  # the same elements in the same order
+            else:
                 return False
-            pending.append(user)
     return True
+
+
+def _row_major(shape) -> bool:
+    return shape.layout is None or shape.layout.is_default
 
 
 class LivenessAnalysis:

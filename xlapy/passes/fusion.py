@@ -13,7 +13,10 @@ run in that operand's bytes.
 
 A producer with other users stays in place and its work is duplicated into the consumer; that
 is allowed only when the producer is cheap and either reads no more bytes than it writes or
-every one of its users can fuse it (so it disappears). Sweeps repeat until nothing changes.
+every one of its users can fuse it (so it disappears) and the computed values it reads are no
+larger than it (duplicated into users further on, it would hold them live until its last user
+instead of holding its own buffer: memory, where XLA's rule only weighs memory traffic).
+Sweeps repeat until nothing changes.
 """
 
 from __future__ import annotations
@@ -151,12 +154,16 @@ class LoopFusion(HloPass):
 
     def _may_duplicate(self, editor: FusionEditor, producer, others) -> bool:
         """Duplicate a multi-user producer only when it is cheap and either reads no more
-        than it writes or every user can take it in (so it disappears)."""
+        than it writes or every user can take it in (so it disappears) and the temporaries
+        it reads are no larger than it (they live on to its last user instead)."""
         if is_expensive(producer):
             return False
         if operand_bytes(producer) <= producer.shape.byte_size:
             return True
-        if editor.is_root(producer):
+        if (
+            editor.is_root(producer)
+            or _held_operand_bytes(editor, producer) > producer.shape.byte_size
+        ):
             return False
         return all(
             self._consumer_ok(editor, u) and not any(u is c for c in producer.control_predecessors)
@@ -169,6 +176,29 @@ class LoopFusion(HloPass):
         if len(operands) > self.max_parameters:
             return False
         return _size(producer) + _size(consumer) <= self.max_instructions
+
+
+def _held_operand_bytes(editor: FusionEditor, producer: HloInstruction) -> int:
+    """Bytes of the operands of `producer` that are computed values (not parameters or
+    constants, which live throughout anyway) and that nothing else reads (or others would
+    hold them anyway). Duplicating the producer into all its users keeps these alive until
+    its last user: for an LSTM's cell state c = f*c' + i*g, fused into the next step's c and
+    into tanh(c), its three gates, step after step, instead of one buffer for c."""
+    held = {
+        id(op): op.shape.byte_size
+        for op in producer.operands
+        if op.shape.is_array
+        and not _lives_throughout(op)
+        and not editor.is_root(op)
+        and all(u is producer for u in editor.users_of(op))  # else others hold it anyway
+    }
+    return sum(held.values())
+
+
+def _lives_throughout(instr: HloInstruction) -> bool:
+    while instr.opcode is Opcode.GET_TUPLE_ELEMENT:
+        instr = instr.operands[0]
+    return instr.opcode in (Opcode.PARAMETER, Opcode.CONSTANT)
 
 
 def _size(instr: HloInstruction) -> int:

@@ -2,10 +2,11 @@
 
 An instruction is *loop-fusible* when a fused kernel can compute any one element of its
 result from elements of its operands: every elementwise op but copy, the data-movement ops
-(broadcast, reshape, bitcast, transpose, slice, concatenate, pad, reverse, dynamic-slice),
-iota and constants. A reduce may join a fusion only as its root (XLA's input fusion,
+(broadcast, reshape, bitcast, transpose, slice, concatenate, pad, reverse, dynamic-slice,
+gather: each element is one operand element at a place its indices give, as XLA's CPU
+fusion allows), iota and constants. A reduce may join a fusion only as its root (XLA's input fusion,
 `kInput`); a variadic reduce (argmax: values and indices reduced together) only as the root
-itself. Dots, convolutions, custom calls, sorts, gathers, scatters, control flow, random
+itself. Dots, convolutions, custom calls, sorts, scatters, control flow, random
 numbers and anything with a side effect stay out. An existing fusion takes part when its kind is
 kLoop or kInput and everything inside it obeys the same rules.
 
@@ -17,7 +18,8 @@ fusion). Such a fusion is never a producer and never takes its operand 0 in.
 Cost follows XLA's instruction fusion: an *expensive* producer (transcendental functions,
 divide, power, remainder; a fusion containing one) is never duplicated and never fused into a
 consumer that reads each of its elements many times (an expanding broadcast, a dynamic-slice
-index). A cheap producer may be duplicated into several consumers.
+index, a gather's operands: its indices once per window element, its operand wherever
+indices repeat). A cheap producer may be duplicated into several consumers.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ LOOP_FUSIBLE_NON_ELEMENTWISE = frozenset(
         O.CONCATENATE,
         O.CONSTANT,
         O.DYNAMIC_SLICE,
+        O.GATHER,
         O.IOTA,
         O.PAD,
         O.RESHAPE,
@@ -242,6 +245,8 @@ def _op_reuses(instr: HloInstruction, operand_index: int) -> bool:
         return instr.shape.num_elements > operand.shape.num_elements
     if op is O.DYNAMIC_SLICE:
         return operand_index > 0
+    if op is O.GATHER:  # an index per window element; the operand at repeated indices
+        return True
     if op is O.PAD:
         return operand_index == 1
     if op is O.REDUCE:

@@ -29,7 +29,7 @@ from xlapy.ir.attributes import SliceSpec
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.literal import Literal
 from xlapy.ir.opcodes import Opcode
-from xlapy.ir.shapes import Shape
+from xlapy.ir.shapes import Layout, Shape
 from xlapy.ir.types import PrimitiveType
 from xlapy.passes.hlo_edit import Editor
 
@@ -340,6 +340,60 @@ def _merge_transposes(m: Match):
     return m.new(Op.TRANSPOSE, [m["x"]], {"dimensions": tuple(inner[j] for j in outer)})
 
 
+def _single_use(instr: HloInstruction, m: Match) -> bool:
+    """`instr` feeds only the matched instruction (rewriting it duplicates no work)."""
+    return (
+        len(instr.users) == 1 and not instr.control_successors and instr is not m.editor.comp.root
+    )
+
+
+def _row_major_like(shape: Shape, dims) -> Shape:
+    """`shape` with `dims`, row-major where `shape` carries a layout."""
+    new = shape.with_dims(dims)
+    return new if shape.layout is None else new.with_layout(Layout.default(len(dims)))
+
+
+def _reshape_of_transpose(m: Match):
+    """reshape(transpose(x)) -> transpose(reshape(x)) when the reshape only adds or drops
+    dims of size 1: x's other dims keep their order and its unit dims go last, then the
+    permutation places them. Moves the transpose down, where it meets the transpose that
+    undoes it (a pooling's NCHW -> NHWC -> NCHW) or a reduce-window it can pass."""
+    t = m["t"]
+    if not _single_use(t, m):
+        return None
+    x, perm, out = m["x"], t.dimensions, m.root.shape.dims
+    big_t = [d for d in t.shape.dims if d != 1]
+    if big_t != [d for d in out if d != 1] or len(out) == t.shape.rank:
+        return None
+    x_big = [j for j in range(x.shape.rank) if x.shape.dims[j] != 1]
+    from_t = iter(perm[i] for i in range(t.shape.rank) if t.shape.dims[i] != 1)
+    units = iter(range(len(x_big), len(x_big) + out.count(1)))
+    new_perm = tuple(next(units) if d == 1 else x_big.index(next(from_t)) for d in out)
+    dims = [x.shape.dims[j] for j in x_big] + [1] * out.count(1)
+    inner = m.new(Op.RESHAPE, [x], shape=_row_major_like(m.root.shape, dims))
+    return m.new(Op.TRANSPOSE, [inner], {"dimensions": new_perm})
+
+
+def _reduce_window_of_transpose(m: Match):
+    """reduce-window(transpose(x), v) -> transpose(reduce-window(x, v)), the window's dims
+    permuted back: the pooling runs in x's order and only its (smaller) result moves."""
+    t = m["t"]
+    window = m.root.attrs.get("window")
+    if window is None or not _single_use(t, m) or m.root.shape.is_tuple:
+        return None
+    perm = t.dimensions
+    dims: list = [None] * len(perm)
+    out: list = [0] * len(perm)
+    for i, d in enumerate(perm):
+        dims[d], out[d] = window.dims[i], m.root.shape.dims[i]
+    attrs = dict(m.root.attrs)
+    attrs["window"] = type(window)(tuple(dims))
+    pooled = m.new(
+        Op.REDUCE_WINDOW, [m["x"], m["v"]], attrs, shape=_row_major_like(m.root.shape, out)
+    )
+    return m.new(Op.TRANSPOSE, [pooled], {"dimensions": perm})
+
+
 def _no_padding(m: Match):
     padding = m.root.attrs.get("padding")
     if padding is None or any(d != (0, 0, 0) for d in padding.dims):
@@ -565,6 +619,16 @@ RULES: list[Rule] = [
         "transpose(transpose(x)) -> transpose(x)",
         op(Op.TRANSPOSE, op(Op.TRANSPOSE, X, name="inner")),
         _merge_transposes,
+    ),
+    (
+        "reshape(transpose(x)) -> transpose(reshape(x))   (only unit dims added or dropped)",
+        op(Op.RESHAPE, op(Op.TRANSPOSE, X, name="t")),
+        _reshape_of_transpose,
+    ),
+    (
+        "reduce-window(transpose(x), v) -> transpose(reduce-window(x, v))   (window permuted)",
+        op(Op.REDUCE_WINDOW, op(Op.TRANSPOSE, X, name="t"), var("v")),
+        _reduce_window_of_transpose,
     ),
     ("slice(x) -> x   (full range)", op(Op.SLICE, X), keep("x")),
     ("concatenate(x) -> x", op(Op.CONCATENATE, X), keep("x")),

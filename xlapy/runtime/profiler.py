@@ -4,14 +4,19 @@
 times on the calling thread with a Profile installed (xlapy.backends.base.PROFILE). The CPU
 backend then runs every thunk sequence one thunk after another (no concurrent graph), and
 the Profile times each thunk: a fused kernel, a BLAS call, a library step, a control-flow
-op (a while loop counts as one step: its body runs many times inside it). Each row of the
-report is one thunk: its instruction with its HLO text, the op_name and source line JAX put
-in its metadata, its calls, total and mean time and share of the run, sorted by total time.
-`chrome_trace()` gives the same runs as a Chrome / Perfetto trace (JSON "X" events, one per
-thunk run; open it in ui.perfetto.dev or chrome://tracing).
+op (a while loop, a conditional, a call: its whole run). The thunks of the computations a
+control-flow op runs (a loop's condition and body, a branch, a called computation) are
+timed too, every time they run: a loop body's thunk has one call per iteration, its time
+summed over them, and its row names the op it runs in (a loop compiled to one native
+function runs thunk by thunk from Python while profiled, so that each step can be timed).
+Each row of the report is one thunk: its instruction with its HLO text, the op_name and
+source line JAX put in its metadata, the control-flow op it runs in, its calls, total and
+mean time and share of the run, sorted by total time. `chrome_trace()` gives the same runs
+as a Chrome / Perfetto trace (JSON "X" events, one per thunk run, sorted by start; a nested
+thunk's event lies inside its loop's on the same thread, so the viewer draws it below it;
+open it in ui.perfetto.dev or chrome://tracing).
 
-The interpreter backend runs no thunks: profiling it is a ProfilerError. Steps inside a
-loop body run through the loop's thunk and are not timed one by one.
+The interpreter backend runs no thunks: profiling it is a ProfilerError.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ class StepStats:
     hlo: str
     op_name: str
     source: str
+    parent: str = ""
+    """The control-flow instruction whose computation runs this step ("" in the entry)."""
+    depth: int = 0
+    """How many control-flow ops this step runs inside (0 in the entry)."""
     calls: int = 0
     total_ns: int = 0
 
@@ -60,10 +69,13 @@ class Profile:
     """The name of the entry computation's sequence (the first sequence run)."""
     steps: dict[int, StepStats] = field(default_factory=dict)
     events: list[tuple[int, int, int, int]] = field(default_factory=list)
-    """(step id, start ns, duration ns, thread id) of every step run, for the trace."""
+    """(step id, start ns, duration ns, thread id) of every step run, for the trace (a
+    nested step's event is recorded before its loop's, which ends after it)."""
     runs: list[int] = field(default_factory=list)
     """Wall nanoseconds of each whole run."""
     origin: int = field(default_factory=time.perf_counter_ns)
+    _running: list[Any] = field(default_factory=list, repr=False)
+    """The steps running now, outermost first (a loop's step while its body runs)."""
 
     def run_sequence(self, name: str, steps: Sequence[Any], run: Callable[[Any], None]) -> None:
         """Run `steps` in order with `run(step)`, timing each (the backend's hook)."""
@@ -71,13 +83,21 @@ class Profile:
         tid = threading.get_ident()
         if not self.entry:
             self.entry = name
+        running = self._running
         for step in steps:
+            running.append(step)
             start = clock()
-            run(step)
-            elapsed = clock() - start
+            try:
+                run(step)
+            finally:
+                elapsed = clock() - start
+                running.pop()
             stats = self.steps.get(id(step))
             if stats is None:
                 stats = self.steps[id(step)] = _describe(name, step)
+                if running:
+                    stats.parent = _describe(name, running[-1]).name
+                    stats.depth = len(running)
             stats.calls += 1
             stats.total_ns += elapsed
             self.events.append((id(step), start - self.origin, elapsed, tid))
@@ -104,7 +124,8 @@ class Profile:
         rows = self.rows()
         for n, s in enumerate(rows[:top], 1):
             share = 100.0 * s.total_ns / max(self.total_ns, 1)
-            where = " ".join(x for x in (s.op_name, s.source) if x)
+            inside = f"(in {s.parent}: {s.sequence})" if s.parent else ""
+            where = " ".join(x for x in (s.op_name, s.source, inside) if x)
             lines.append(
                 f"  {n:>3} {_us(s.total_ns / runs):>10} {share:>5.1f}% {s.calls // runs:>6} "
                 f"{s.kind:<8} {s.name:<28} {s.opcode:<16} {where}"
@@ -127,6 +148,8 @@ class Profile:
             "steps": [
                 {
                     "sequence": s.sequence,
+                    "parent": s.parent,
+                    "depth": s.depth,
                     "kind": s.kind,
                     "instruction": s.name,
                     "opcode": s.opcode,
@@ -147,7 +170,7 @@ class Profile:
         events: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": self.program}}
         ]
-        for step_id, start, duration, tid in self.events:
+        for step_id, start, duration, tid in sorted(self.events, key=lambda e: (e[1], -e[2])):
             s = self.steps[step_id]
             events.append(
                 {
@@ -163,6 +186,7 @@ class Profile:
                         "op_name": s.op_name,
                         "source": s.source,
                         "computation": s.sequence,
+                        "in": s.parent,
                         "hlo": s.hlo,
                     },
                 }

@@ -11,7 +11,8 @@ replicas or partitions runs on as many devices (every device given the same inpu
 report adds, per device, the median time until its outputs were ready.
 
 `--profile` then runs the warm program `--runs` more times with the profiler
-(xlapy.runtime.profiler): time per thunk with its HLO, op_name and source line, most first;
+(xlapy.runtime.profiler): time per thunk with its HLO, op_name and source line, most first,
+the thunks of loop bodies, branches and called computations included (per iteration, summed);
 `--trace FILE.json` writes those runs as a Chrome/Perfetto trace. `--verbose` echoes the
 cold compile's progress (once it runs past a second) and its time per pass.
 """

@@ -387,8 +387,9 @@ class ThunkSequence:
 
     def bind(self, ctx: ExecutionContext) -> list[Callable[[], object]]:
         """The thunks bound to `ctx` (Thunk.bind), to call in order; a sequence that runs as
-        a graph is one call."""
-        if self.plan is not None:
+        a graph is one call, and so is one run under the profiler (which times each thunk
+        of every execution, a loop body's included)."""
+        if self.plan is not None or PROFILE.get() is not None:
             return [functools.partial(self.run, ctx)]
         return [b for t in self.thunks if (b := t.bind(ctx)) is not None]
 
