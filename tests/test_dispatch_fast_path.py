@@ -299,3 +299,20 @@ def test_a_null_argument_is_a_pjrt_error():
         in ffi.string(err.message, err.message_size).decode()
     )
     assert outs[0] == ffi.NULL
+
+
+@pytest.mark.parametrize("writeable", [True, False])
+def test_address_of_read_only_and_writable_arrays(writeable):
+    from xlapy.backends.cpu.runtime.thunk import address
+
+    rng = np.random.default_rng(20)
+    arrays = [
+        rng.standard_normal(8).astype(np.float32),
+        rng.standard_normal((3, 4))[1:],
+        np.zeros(0, np.float32),
+        rng.standard_normal(10)[::2],  # not contiguous: NumPy's own answer
+    ]
+    for a in arrays:
+        view = a.view()
+        view.flags.writeable = writeable
+        assert address(view) == view.ctypes.data
