@@ -102,6 +102,13 @@ class CompiledProgram(ABC):
         return 0
 
     @property
+    def fixed_cost_seconds(self) -> float | None:
+        """An estimate of one run's time when it depends only on the shapes, never on the
+        data (no loops, library calls or custom calls); None when it may (the runtime then
+        times the runs to decide whether they are cheap, see xlapy.runtime.execution)."""
+        return None
+
+    @property
     def fallbacks(self) -> list[Fallback]:
         """The instructions this program runs with the interpreter's rule (none for a
         backend that has no other way to run them)."""

@@ -97,6 +97,18 @@ class PBuffer:
         self.layout: Any = None
         self.ext_refs: list[Any] = []
 
+    @classmethod
+    def in_memory(cls, buffer: Buffer, client: PClient, memory: Any) -> PBuffer:
+        """`PBuffer(buffer, client)` for a live buffer known to be in `memory` (a PMemory):
+        the same handle without looking the memory up."""
+        pb = cls.__new__(cls)
+        pb.buffer, pb.client = buffer, client
+        pb.c = c = register(pb, "PJRT_Buffer *")
+        c.device, c.memory = memory.device.c, memory.c
+        pb.dims = pb.layout = None
+        pb.ext_refs = []
+        return pb
+
     @property
     def ptr(self):
         return self.c

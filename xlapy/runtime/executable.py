@@ -235,6 +235,16 @@ class LoadedExecutable(Executable):
 
             dump_compiled(self)
 
+    def execute_inline(self, arguments: Sequence[Any]) -> list[Buffer] | None:
+        """The common call of a one-device executable with outputs, nothing donated
+        (`execute([arguments])[0]` when `run_inline` applies to it: see there), run on the
+        calling thread; None, having touched nothing, when it does not apply (the caller then
+        makes the general call, which also reports any error in the arguments)."""
+        if self._multi_device or not self._signature.output_leaves:
+            return None
+        device, program = self._only
+        return run_inline(self._signature, program, device, arguments)
+
     def backend_program(self) -> CompiledProgram:
         """The backend's compiled program this executable runs (on its first device)."""
         return self._only[1]

@@ -26,9 +26,10 @@ against it with a few attribute reads, and takes the slow, message-building path
 report an error. The common call (one device, every parameter one array, nothing donated,
 inputs ready, a cheap program, an idle device) goes through `run_inline`: one hold of the
 device's lock to check and take the inputs, count the outputs and reserve the device, the
-run, and one more hold to let go of the inputs and the device; its outputs share the
-completed future. Anything else, errors included, takes the general path (plan_call, then
-commit), which holds the lock of every device of the call while it commits.
+run (untimed when the program's cost is fixed by its shapes and small), and one more hold
+to let go of the inputs and the device; its outputs share the completed future. Anything
+else, errors included, takes the general path (plan_call, then commit), which holds the
+lock of every device of the call while it commits.
 """
 
 from __future__ import annotations
@@ -348,7 +349,7 @@ def commit(plans: Sequence[CallPlan], whole_execution: bool = False) -> list[lis
                 inputs_done
                 and i == last
                 and (plan.collectives is None or whole_execution)
-                and _is_cheap(plan.signature)
+                and (_is_cheap(plan.signature) or _fixed_cheap(plan.program))
             )
             tasks.append((plan.device, task, inline_ok))
         inline = None
@@ -374,7 +375,9 @@ def run_inline(
     checks = signature.inline_checks
     if checks is None or not device.inline_execution or len(args) != signature.num_params:
         return None
-    if signature.cheap_streak < signature.streak_needed:
+    fixed = program.fixed_cost_seconds
+    untimed = fixed is not None and fixed < FIXED_CHEAP_SECONDS  # cheap whatever the data
+    if not untimed and signature.cheap_streak < signature.streak_needed:
         return None
     storages, values = [], []
     for buf, (element_type, dims) in zip(args, checks):
@@ -411,12 +414,15 @@ def run_inline(
     try:
         for i in signature.protected:
             values[i] = np.array(values[i], copy=True)  # copy-protection
-        start, start_cpu = time.perf_counter(), time.thread_time()
-        try:
+        if untimed:
             out = program.run(values, signature.aliased_params)
-        finally:
-            wall = time.perf_counter() - start
-            _record_run(signature, wall, time.thread_time() - start_cpu)
+        else:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            try:
+                out = program.run(values, signature.aliased_params)
+            finally:
+                wall = time.perf_counter() - start
+                _record_run(signature, wall, time.thread_time() - start_cpu)
         arrays = (out,) if signature.single_output else _output_arrays(signature, out)
         ready = COMPLETED
     except (KeyboardInterrupt, SystemExit):  # the caller's own: raised, nothing kept
@@ -492,6 +498,18 @@ def _record_run(signature: CallSignature, seconds: float, cpu_seconds: float) ->
 
 def _is_cheap(signature: CallSignature) -> bool:
     return signature.cheap_streak >= signature.streak_needed
+
+
+FIXED_CHEAP_SECONDS = INLINE_MAX_SECONDS / 10
+"""A program whose run time is fixed by its shapes (`CompiledProgram.fixed_cost_seconds`)
+and estimated under this runs inline from its first call, and its inline runs are not
+timed (two clock reads each side, ~2 us of a ~20 us call): no data can make it slow. The
+margin of 10 covers the estimate's error."""
+
+
+def _fixed_cheap(program: CompiledProgram) -> bool:
+    fixed = program.fixed_cost_seconds
+    return fixed is not None and fixed < FIXED_CHEAP_SECONDS
 
 
 def _recheck(plan: CallPlan) -> None:

@@ -18,6 +18,10 @@
 # array that no output aliases, every output a whole fresh allocation of its own) has a
 # shorter path for the common call (C-contiguous NumPy arguments of the right dtypes): a
 # byte view and an address per argument, a fresh allocation per output, then the thunks.
+# When those thunks are native kernels in a row (no temps, no scratch copies, no split over
+# the pool) the short path calls the kernels' entries on the addresses directly, and the
+# program's run time is fixed by its shapes (`fixed_cost_seconds`), which lets the runtime
+# skip timing its runs.
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from xlapy.backends.base import (
+    PROFILE,
     Backend,
     CompiledProgram,
     Fallback,
@@ -36,6 +41,7 @@ from xlapy.backends.base import (
     leaf_at,
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
+from xlapy.backends.cpu.runtime.kernel_thunk import KernelCall, KernelThunk
 from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     ExecutionContext,
@@ -185,6 +191,33 @@ class CpuProgram(CompiledProgram):
             t.is_array for t in self._root.shape.tuple_shapes
         )
         self._simple = self._simple_plan()
+        self._kernel_calls = self._straight_line_kernels()
+        self._fixed_cost = (
+            None
+            if self._kernel_calls is None
+            else sum(thunk.cost() for thunk in self.compiled.entry.thunks) * 1e-9
+        )
+
+    def _straight_line_kernels(self) -> tuple[KernelCall, ...] | None:
+        """The kernel calls of `_run_simple` when the entry is native kernels in a row that
+        need nothing but the allocations' addresses (no temps, scratch copies, pool splits or
+        concurrent schedule); None otherwise."""
+        entry = self.compiled.entry
+        if self._simple is None or self._temps or entry.plan is not None or not entry.thunks:
+            return None
+        calls = []
+        for thunk in entry.thunks:
+            call = thunk.direct_call() if isinstance(thunk, KernelThunk) else None
+            if call is None:
+                return None
+            calls.append(call)
+        return tuple(calls)
+
+    @property
+    def fixed_cost_seconds(self) -> float | None:
+        """The estimated time of one run when it does not depend on the data (native kernels
+        in a row: no loops, library calls or interpreter rules); None otherwise."""
+        return self._fixed_cost
 
     def _simple_plan(self) -> _SimplePlan | None:
         """The plan of `_run_simple`, or None when this program needs the general path."""
@@ -272,7 +305,11 @@ class CpuProgram(CompiledProgram):
         for index, size in self._fresh:
             memory[index] = mem = np.empty(size, _U8)
             bases[index] = address(mem)
-        if not self._temps:
+        calls = self._kernel_calls
+        if calls is not None and PROFILE.get() is None:
+            for call in calls:
+                call(bases)
+        elif not self._temps:
             self.compiled.entry.run(ExecutionContext(memory, state, bases))
         else:
             arenas = self._take_arenas()

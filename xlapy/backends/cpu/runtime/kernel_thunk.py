@@ -42,7 +42,13 @@ def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
     return elements
 
 
-def _pointer_call(fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int):
+KernelCall = Callable[[list[int]], object]
+"""A kernel's entry bound to its slices: called with an execution's allocation bases."""
+
+
+def _pointer_call(
+    fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int
+) -> KernelCall:
     """A function of an execution's allocation bases that calls kernel entry `fn` on the
     addresses of `slots` ((allocation, offset) pairs) over its whole outer range. The
     common argument counts get a closure that adds the addresses up without building a list
@@ -95,7 +101,7 @@ class KernelThunk(Thunk):
             min(extent, pool_size()) if elements > PARALLEL_MIN_ELEMENTS and extent > 1 else 1
         )
         self.split_choice = SplitChoice() if self.chunks > 1 else None
-        self._call: Callable[[list[int]], object] | None = None  # made on first run
+        self._call: KernelCall | None = None  # made on first run
 
     def run(self, ctx: ExecutionContext) -> None:
         call = self._call
@@ -105,6 +111,15 @@ class KernelThunk(Thunk):
                 return
             call = self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
         call(ctx.bases)
+
+    def direct_call(self) -> KernelCall | None:
+        """The kernel's entry over its whole range as a function of the allocation bases,
+        when a run needs nothing else (no scratch copies, no split over the pool)."""
+        if self.scratch or self.split_choice is not None:
+            return None
+        if self._call is None:
+            self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
+        return self._call
 
     def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
         if self.scratch or self.split_choice is not None:
