@@ -31,9 +31,11 @@ import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -152,6 +154,8 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
         JAX_NUM_GENERATED_CASES=str(args.cases),
         JAX_SUITE_MAX_TESTS=str(args.max_tests),
         XLAPY_DEVICE_COUNT=str(FILES.get(name, 1)),
+        PYTHONUNBUFFERED="1",
+        COLUMNS="300",  # the short summary keeps more of each failure message
         PYTHONPATH=os.pathsep.join(
             [str(REPO), str(HERE), str(deps), env.get("PYTHONPATH", "")]
         ).rstrip(os.pathsep),
@@ -165,12 +169,14 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
     counts: collections.Counter[str] = collections.Counter()
     classes: collections.Counter[str] = collections.Counter()
     start = time.monotonic()
-    timed_out = False
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             command, cwd=tests_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, errors="replace", start_new_session=True,
         )  # fmt: skip
+        # A hung test prints nothing: the watchdog kills the file's process group.
+        watchdog = threading.Timer(args.timeout, os.killpg, (process.pid, signal.SIGKILL))
+        watchdog.start()
         assert process.stdout is not None
         for line in process.stdout:
             log.write(line)
@@ -179,11 +185,9 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
                 counts[match.group(2)] += 1
             elif match := SUMMARY.match(line):
                 classes[failure_class(match.group(3))] += 1
-            if time.monotonic() - start > args.timeout:
-                timed_out = True
-                os.killpg(process.pid, 9)
-                break
         rc = process.wait()
+        timed_out = not watchdog.is_alive() and rc < 0
+        watchdog.cancel()
     return {
         "file": name,
         "passed": counts["PASSED"] + counts["XPASS"],

@@ -27,7 +27,8 @@ close(jax.pmap(lambda a: lax.pmean(a, "i"), axis_name="i")(x), np.broadcast_to(x
 np.testing.assert_array_equal(
     np.asarray(jax.pmap(lambda a: lax.pmax(a, "i"), axis_name="i")(n)),
     np.broadcast_to(n.max(0), n.shape))
-close(jax.pmap(lambda a: lax.all_gather(a, "i"), axis_name="i")(x), np.broadcast_to(x, (4,) + x.shape))
+gathered = jax.pmap(lambda a: lax.all_gather(a, "i"), axis_name="i")(x)
+close(gathered, np.broadcast_to(x, (4,) + x.shape))
 perm = [(0, 1), (1, 2), (2, 3), (3, 0)]
 close(jax.pmap(lambda a: lax.ppermute(a, "i", perm), axis_name="i")(x), np.roll(x, 1, axis=0))
 idx = jax.pmap(lambda a: a + lax.axis_index("i"), axis_name="i")(n)

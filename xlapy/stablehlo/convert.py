@@ -33,7 +33,7 @@ from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
-from xlapy.ir.shapes import Shape
+from xlapy.ir.shapes import Layout, Shape
 from xlapy.ir.text_cursor import error_at
 from xlapy.ir.types import PrimitiveType
 from xlapy.ir.verifier import verify
@@ -1773,6 +1773,16 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     sharding = conv.sharding(op.attrs, op.pos)
     if sharding:
         text += f", sharding={sharding}"
+    # Declared operand layouts (JAX's LAPACK calls: column-major matrices) become XLA's
+    # operand_layout_constraints, as in the HLO text JAX prints: a handler in C receives
+    # its operands in them. JAX's batch count for its LAPACK calls is kept too.
+    declared = _declared_layouts(attr(op, "operand_layouts"), [s for _, s in operands])
+    if declared is not None:
+        text += f", operand_layout_constraints={{{', '.join(map(str, declared))}}}"
+    frontend = attr(op, "mhlo.frontend_attributes")
+    if isinstance(frontend, AttrDict) and frontend:
+        items = [f"{k}={_quote(str(ival(v)))}" for k, v in frontend.items()]
+        text += f", frontend_attributes={{{','.join(items)}}}"
     shapes = conv.result_shapes(op)
     shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
     value = conv.add(scope, "custom-call", shape, [x for x, _ in operands], text)
@@ -1781,6 +1791,26 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     if not op.results:
         return []
     return conv.tuple_parts(scope, value)
+
+
+def _declared_layouts(layouts, shapes: list[Shape]) -> list[Shape] | None:
+    """`shapes` with the custom call's declared layouts, or None when it declares none
+    but the default (row-major) ones."""
+    if not isinstance(layouts, list | tuple) or len(layouts) != len(shapes):
+        return None
+    out = []
+    for layout, shape in zip(layouts, shapes, strict=True):
+        layout = ival(layout)
+        if isinstance(layout, DenseAttr):  # dense<[0, 1]> : tensor<2xindex>
+            order = tuple(int(t) for t in re.findall(r"\d+", layout.body))
+        else:
+            order = ints(layout)
+        if shape.is_tuple or sorted(order) != list(range(shape.rank)):
+            return None
+        out.append(shape.with_layout(Layout(order)))
+    if all(s.layout is None or s.layout.is_default for s in out):
+        return None
+    return out
 
 
 @rule("sdy.sharding_constraint")
