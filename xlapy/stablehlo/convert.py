@@ -308,6 +308,7 @@ def _quote(s: str) -> str:
 _SDY_SHARDING = re.compile(r"\s*@([A-Za-z0-9_$.\-]+)\s*,\s*\[(.*)\]", re.DOTALL)
 _SDY_AXIS = re.compile(r'"([^"]+)"(:\([0-9]+\)[0-9]+)?')
 _SDY_MESH_AXIS = re.compile(r'"([^"]+)"\s*=\s*([0-9]+)')
+_SDY_UNREDUCED = re.compile(r"\bunreduced\s*=\s*\{([^{}]*)\}")
 
 
 def hlo_sharding(value: Any, meshes: dict[str, str]) -> str | None:
@@ -334,6 +335,16 @@ def sdy_sharding(body: str, meshes: dict[str, str], keep: set[str] | None = None
     m = _SDY_SHARDING.match(body)
     if m is None:
         raise TypeProblem(f"cannot read the Shardy sharding '{body}'")
+    unreduced = _SDY_UNREDUCED.search(body[m.end() :])
+    if unreduced and unreduced.group(1).strip():
+        # A partial sum on each device (JAX's P(unreduced={...})): read as replicated it
+        # would be summed again later, a silently wrong answer.
+        raise TypeProblem(
+            f"the sharding '{body.strip()}' has unreduced axes {{{unreduced.group(1)}}} "
+            "(each device holds a partial sum); xlapy's SPMD partitioner does not support "
+            "unreduced values: keep the reduction inside the program (a psum or a reduced "
+            "out_sharding without unreduced axes)"
+        )
     axes = sdy_mesh_axes(m.group(1), meshes)
     if isinstance(axes, str):
         return axes
