@@ -430,7 +430,7 @@ REDUCE_ONE_ARG = """func.func @main(%a: tensor<4xf32>) -> tensor<f32> {
 # name -> (text, line, column, message pattern)
 UNREDUCED = """module @jit_f attributes {mhlo.num_partitions = 2 : i32} {
   sdy.mesh @mesh = <["x"=2]>
-  func.func public @main(%arg0: tensor<4x2xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"x"}, {}]>}) -> (tensor<4x2xf32>) {
+  func.func public @main(%arg0: tensor<4x2xf32>) -> (tensor<4x2xf32>) {
     %0 = sdy.sharding_constraint %arg0 <@mesh, [{}, {}], unreduced={"x"}> : tensor<4x2xf32>
     return %0 : tensor<4x2xf32>
   }
