@@ -2022,9 +2022,42 @@ def _all_gather(conv: Converter, op: Op, scope: Scope, operands):
 def _all_to_all(conv: Converter, op: Op, scope: Scope, operands):
     split = ival(attr(op, "split_dimension"))
     concat = ival(attr(op, "concat_dimension"))
-    if split != concat:
-        raise conv.error("all_to_all with split_dimension != concat_dimension is not supported")
-    return _along_dimension(conv, op, scope, operands, "all-to-all", split)
+    if split == concat:
+        return _along_dimension(conv, op, scope, operands, "all-to-all", split)
+    if len(operands) != 1:
+        raise conv.error(
+            "all_to_all of several operands with split_dimension != concat_dimension is "
+            "not supported"
+        )
+    return [_all_to_all_moving(conv, op, scope, operands[0], split, concat)]
+
+
+def _all_to_all_moving(conv: Converter, op: Op, scope: Scope, operand, split: int, concat: int):
+    """all_to_all that splits one dimension and concatenates along another, in HLO's
+    all-to-all (which exchanges the pieces of one dimension) as XLA writes it: split
+    dimension S of size n*c reshaped to [n, c], n moved to the front and exchanged, then
+    moved in front of concat dimension C and merged into it."""
+    x, shape = operand
+    (result,) = conv.result_shapes(op)
+    dims, et = list(shape.dims), shape.element_type
+    if result.dims[split] == 0 or dims[split] % result.dims[split]:
+        raise conv.error(f"all_to_all: split dimension {split} of {shape} does not divide")
+    n = dims[split] // result.dims[split]
+    pieces = dims[:split] + [n, dims[split] // n] + dims[split + 1 :]
+    rest = [pieces[i] for i in range(len(pieces)) if i != split]  # dims, S divided by n
+    front = [split] + [i for i in range(len(pieces)) if i != split]
+
+    def add(opcode, dims_out, arg, text=""):
+        return conv.add(scope, opcode, Shape.array(et, dims_out), [arg], text)[0]
+
+    value = add("reshape", pieces, x)
+    value = add("transpose", [n, *rest], value, f", dimensions={{{','.join(map(str, front))}}}")
+    text = f"{_collective_attrs(conv, op)}, dimensions={{0}}"
+    value = add("all-to-all", [n, *rest], value, text)
+    back = [i + 1 for i in range(concat)] + [0] + [i + 1 for i in range(concat, len(rest))]
+    moved = [([n, *rest])[i] for i in back]
+    value = add("transpose", moved, value, f", dimensions={{{','.join(map(str, back))}}}")
+    return conv.add(scope, "reshape", result, [value])
 
 
 @rule("stablehlo.collective_permute")
