@@ -57,8 +57,11 @@ FILES: dict[str, int] = {
     "pmap_test": 8,
 }
 
-# Test names hold spaces ("in_axes=(0, None)"): the outcome is the word before "[ nn%]".
-OUTCOME = re.compile(r"^(\S+::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: +\[ *\d+%\])?$")
+# Test names hold spaces ("in_axes=(0, None)"): the outcome is the word before "[ nn%]"
+# (on a wide terminal a skip's reason follows it in parentheses).
+OUTCOME = re.compile(
+    r"^(\S+::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \(.*\))?(?: +\[ *\d+%\])?$"
+)
 SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+::.*?)(?: - (.*))?$")
 
 
@@ -146,6 +149,18 @@ def failure_class(message: str | None) -> str:
     return message[:110]
 
 
+def count(lines) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """Outcomes and failure classes in pytest -v -rfE output."""
+    counts: collections.Counter[str] = collections.Counter()
+    classes: collections.Counter[str] = collections.Counter()
+    for line in lines:
+        if match := OUTCOME.match(line):
+            counts[match.group(2)] += 1
+        elif match := SUMMARY.match(line):
+            classes[failure_class(match.group(3))] += 1
+    return counts, classes
+
+
 def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dict:
     env = dict(os.environ)
     env.update(
@@ -166,8 +181,6 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
         *args.pytest_args,
     ]  # fmt: skip
     log_path = log_dir / f"{name}.log"
-    counts: collections.Counter[str] = collections.Counter()
-    classes: collections.Counter[str] = collections.Counter()
     start = time.monotonic()
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -178,16 +191,14 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
         watchdog = threading.Timer(args.timeout, os.killpg, (process.pid, signal.SIGKILL))
         watchdog.start()
         assert process.stdout is not None
+        lines = []
         for line in process.stdout:
             log.write(line)
-            line = line.rstrip("\n")
-            if match := OUTCOME.match(line):
-                counts[match.group(2)] += 1
-            elif match := SUMMARY.match(line):
-                classes[failure_class(match.group(3))] += 1
+            lines.append(line.rstrip("\n"))
         rc = process.wait()
         timed_out = not watchdog.is_alive() and rc < 0
         watchdog.cancel()
+    counts, classes = count(lines)
     return {
         "file": name,
         "passed": counts["PASSED"] + counts["XPASS"],
@@ -212,8 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tests", type=int, default=150, help="per file; 0: all")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per file")
     parser.add_argument("--dut", default="cpu", help="JAX_TEST_DUT (cpu or xlapy)")
+    parser.add_argument("--recount", help="only count the outcomes in this log folder")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args(argv)
+    if args.recount:
+        for log in sorted(Path(args.recount).glob("*.log")):
+            counts, classes = count(log.read_text(errors="replace").splitlines())
+            print(log.stem, dict(counts), dict(classes.most_common(8)))
+        return 0
 
     tests_dir = Path(args.tests_dir or f"/tmp/jax-suite-{jax_version()}")
     tests_dir = locate_tests(tests_dir, args.git_dir)
@@ -231,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['errors']:3d}  skipped {row['skipped']:4d}  {row['seconds']:6.0f} s{note}",
             flush=True,
         )
-        for text, count in row["classes"].most_common(8):
-            print(f"    {count:4d} x {text}", flush=True)
+        for text, times in row["classes"].most_common(8):
+            print(f"    {times:4d} x {text}", flush=True)
     total = {k: sum(r[k] for r in rows) for k in ("passed", "failed", "errors", "skipped")}
     print("total", "  ".join(f"{k} {v}" for k, v in total.items()))
     print(f"logs in {log_dir}")

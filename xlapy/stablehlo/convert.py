@@ -2043,9 +2043,9 @@ def _all_to_all_moving(conv: Converter, op: Op, scope: Scope, operand, split: in
     if result.dims[split] == 0 or dims[split] % result.dims[split]:
         raise conv.error(f"all_to_all: split dimension {split} of {shape} does not divide")
     n = dims[split] // result.dims[split]
-    pieces = dims[:split] + [n, dims[split] // n] + dims[split + 1 :]
+    pieces = [*dims[:split], n, dims[split] // n, *dims[split + 1 :]]
     rest = [pieces[i] for i in range(len(pieces)) if i != split]  # dims, S divided by n
-    front = [split] + [i for i in range(len(pieces)) if i != split]
+    front = [split, *(i for i in range(len(pieces)) if i != split)]
 
     def add(opcode, dims_out, arg, text=""):
         return conv.add(scope, opcode, Shape.array(et, dims_out), [arg], text)[0]
