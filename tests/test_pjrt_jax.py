@@ -386,3 +386,26 @@ LINALG = {
 @pytest.mark.parametrize("name", sorted(LINALG))
 def test_linalg(name):
     check(LINALG[name], SPD, rtol=1e-4, atol=1e-5)
+
+
+# LAPACK routines xlapy has no handler of its own for: jaxlib's handlers run them, with
+# JAX's layout convention (column-major matrices after num_batch_dims batch dimensions).
+_M = np.random.default_rng().standard_normal((2, 5, 5)).astype(np.float32)
+_DIAG = np.random.default_rng().standard_normal((3, 2, 6)).astype(np.float32)
+_B = np.random.default_rng().standard_normal((2, 6, 4)).astype(np.float32)
+JAXLIB_LAPACK = {
+    "gtsv": (
+        lambda dl, d, du, b: lax.linalg.tridiagonal_solve(dl, d + 4.0, du, b),
+        (_DIAG[0], _DIAG[1], _DIAG[2], _B),
+    ),
+    "gehrd": (lambda a: lax.linalg.hessenberg(a), (_M,)),
+    "sytrd": (lambda a: lax.linalg.tridiagonal(a + jnp.swapaxes(a, -1, -2)), (_M,)),
+    "geqp3": (lambda a: jax.scipy.linalg.qr(a, pivoting=True), (_M[0],)),
+    "gees": (lambda a: lax.linalg.schur(a), (_M[0],)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JAXLIB_LAPACK))
+def test_lapack_routines_run_by_jaxlib_handlers(name):
+    fn, args = JAXLIB_LAPACK[name]
+    check(fn, *args, rtol=1e-4, atol=1e-4)

@@ -452,6 +452,10 @@ class CHandler:
 
     name: str
     address: int
+    column_major: bool = False
+    """JAX's LAPACK convention (jaxlib's own handlers): with the call's frontend attribute
+    num_batch_dims = k, every operand and result of rank k + 2 is a batch of column-major
+    matrices, every other one row-major, whatever layouts the program kept."""
 
     def call(self, instr, ins, outs, device_ordinal: int = 0) -> None:
         """Run the handler for custom-call `instr` on operand leaves `ins` and result leaves
@@ -469,9 +473,14 @@ class CHandler:
         frame.struct_size = struct_size("XLA_FFI_CallFrame", "attrs")
         frame.api = api()
         frame.stage = STAGE_EXECUTE
-        results = [np.ascontiguousarray(o) if o is not None else None for o in outs]
-        _buffers(frame.args, "args", [_contiguous(a) for a in ins], keep)
-        _buffers(frame.rets, "rets", results, keep)
+        if self.column_major:
+            arg_orders, ret_orders = _lapack_orders(instr, ins), _lapack_orders(instr, outs)
+        else:
+            arg_orders, ret_orders = _physical_orders(instr, len(ins), len(outs))
+        results = [_physical(o, order) for o, order in zip(outs, ret_orders, strict=True)]
+        args = [_physical(a, order) for a, order in zip(ins, arg_orders, strict=True)]
+        _buffers(frame.args, "args", args, keep, arg_orders)
+        _buffers(frame.rets, "rets", results, keep, ret_orders)
         try:
             _attributes(frame.attrs, attrs, keep)
         except CustomCallError as e:
@@ -490,9 +499,55 @@ class CHandler:
                 _wait(frame.future, where)
         finally:
             del _CONTEXTS[key]
-        for out, result in zip(outs, results):
+        for out, result, order in zip(outs, results, ret_orders, strict=True):
             if out is not None and result is not out:
-                out[...] = result
+                out[...] = result if order is None else result.transpose(np.argsort(order))
+
+
+def _physical_orders(instr, n_args: int, n_rets: int) -> tuple[list, list]:
+    """The major-to-minor dimension order each operand and result leaf must have in memory
+    (None: row-major): XLA hands a C handler its buffers in the layouts the custom call
+    declares (`operand_layout_constraints`, the result shape's layouts); JAX's LAPACK
+    calls declare column-major matrices."""
+
+    def order(shape) -> tuple[int, ...] | None:
+        layout = getattr(shape, "layout", None)
+        if layout is None or shape.is_tuple or layout.is_default:
+            return None
+        return tuple(reversed(layout.minor_to_major))
+
+    constraints = instr.attrs.get("operand_layout_constraints") or ()
+    args = [order(c) for c in constraints] if len(constraints) == n_args else [None] * n_args
+    leaves = [leaf for _, leaf in instr.shape.leaves()]
+    rets = [order(leaf) for leaf in leaves] if len(leaves) == n_rets else [None] * n_rets
+    return args, rets
+
+
+def _lapack_orders(instr, arrays) -> list:
+    """Major-to-minor orders under JAX's LAPACK convention (CHandler.column_major)."""
+    frontend = instr.attrs.get("frontend_attributes")
+    batch = dict(getattr(frontend, "items", ())).get("num_batch_dims")
+    if batch is None:
+        raise CustomCallError(
+            f"{instr.name}: a LAPACK call needs its frontend attribute num_batch_dims"
+        )
+    k = int(batch)
+    orders: list = []
+    for array in arrays:
+        if array is None or array.ndim != k + 2:
+            orders.append(None)
+        else:
+            orders.append((*range(k), k + 1, k))
+    return orders
+
+
+def _physical(array, order):
+    """`array` with its bytes in major-to-minor `order` (C-contiguous when order is None)."""
+    if array is None:
+        return None
+    if order is None:
+        return np.ascontiguousarray(array)
+    return np.ascontiguousarray(np.transpose(array, order))
 
 
 def _wait(future, where: str) -> None:
@@ -511,19 +566,16 @@ def _wait(future, where: str) -> None:
         raise CustomCallError(f"{where} failed: {message} (error code {code})")
 
 
-def _contiguous(array):
-    return None if array is None else np.ascontiguousarray(array)
-
-
-def _buffers(dest, field: str, arrays: list, keep: list) -> None:
-    """Fill XLA_FFI_Args/Rets `dest` with one XLA_FFI_Buffer per array (None: a token)."""
+def _buffers(dest, field: str, arrays: list, keep: list, orders: list) -> None:
+    """Fill XLA_FFI_Args/Rets `dest` with one XLA_FFI_Buffer per array (None: a token);
+    an array stored in a major-to-minor `order` is described by its logical dims."""
     n = len(arrays)
     dest.struct_size = struct_size(f"XLA_FFI_{field.capitalize()}", field)
     dest.size = n
     types = ffi.new("int[]", [ARG_BUFFER] * max(n, 1))
     pointers = ffi.new("void *[]", max(n, 1))
     keep += [types, pointers]
-    for i, array in enumerate(arrays):
+    for i, (array, order) in enumerate(zip(arrays, orders, strict=True)):
         buf = ffi.new("XLA_FFI_Buffer *")
         buf.struct_size = struct_size("XLA_FFI_Buffer", "dims")
         if array is None:
@@ -533,7 +585,8 @@ def _buffers(dest, field: str, arrays: list, keep: list) -> None:
             code = _DTYPE_CODES.get(array.dtype)
             if code is None:
                 raise CustomCallError(f"XLA's FFI has no element type for {array.dtype}")
-            dims = ffi.new("int64_t[]", list(array.shape) or [0])
+            shape = array.shape if order is None else np.array(array.shape)[np.argsort(order)]
+            dims = ffi.new("int64_t[]", [int(d) for d in shape] or [0])
             keep.append(dims)
             buf.dtype = code
             buf.data = ffi.cast("void *", array.__array_interface__["data"][0])

@@ -66,7 +66,30 @@ def initialize(options: dict[str, Any] | None = None) -> Any:
     # before this call are replayed now).
     xla_client.register_custom_call_handler("xlapy", register_ffi_target)
     xla_client.register_custom_type_handler("xlapy", register_ffi_type)
+    register_jaxlib_lapack()
     return c_api
+
+
+def register_jaxlib_lapack() -> list[str]:
+    """jaxlib's own LAPACK handlers (C, XLA's FFI) for the CPU targets JAX emits that xlapy
+    has no handler of its own for (tridiagonal solve, Schur, Hessenberg, pivoted QR, ...):
+    the xlapy platform receives the CPU's lowerings, so each of them must resolve. xlapy's
+    handlers keep their names. Returns the names registered."""
+    from jaxlib.cpu import _lapack
+
+    from xlapy.backends.custom_calls import GLOBAL_REGISTRY, ApiVersion, register
+    from xlapy.backends.xla_ffi import CHandler
+
+    _lapack.initialize()  # jaxlib's kernels call SciPy's LAPACK through pointers set here
+    added = []
+    for name, fn in sorted(_lapack.registrations().items()):
+        if not name.startswith("lapack_") or (name, "Host") in GLOBAL_REGISTRY:
+            continue
+        pointer = capsule_pointer(fn, f"jaxlib's LAPACK target {name!r}")
+        handler = CHandler(name, pointer, column_major=name.startswith("lapack_"))
+        register(name, handler, "Host", ApiVersion.TYPED_FFI)
+        added.append(name)
+    return added
 
 
 def capsule_pointer(obj: Any, what: str) -> int:

@@ -33,7 +33,7 @@ from xlapy.ir.literal import Literal
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
-from xlapy.ir.shapes import Shape
+from xlapy.ir.shapes import Layout, Shape
 from xlapy.ir.text_cursor import error_at
 from xlapy.ir.types import PrimitiveType
 from xlapy.ir.verifier import verify
@@ -308,6 +308,7 @@ def _quote(s: str) -> str:
 _SDY_SHARDING = re.compile(r"\s*@([A-Za-z0-9_$.\-]+)\s*,\s*\[(.*)\]", re.DOTALL)
 _SDY_AXIS = re.compile(r'"([^"]+)"(:\([0-9]+\)[0-9]+)?')
 _SDY_MESH_AXIS = re.compile(r'"([^"]+)"\s*=\s*([0-9]+)')
+_SDY_UNREDUCED = re.compile(r"\bunreduced\s*=\s*\{([^{}]*)\}")
 
 
 def hlo_sharding(value: Any, meshes: dict[str, str]) -> str | None:
@@ -334,6 +335,16 @@ def sdy_sharding(body: str, meshes: dict[str, str], keep: set[str] | None = None
     m = _SDY_SHARDING.match(body)
     if m is None:
         raise TypeProblem(f"cannot read the Shardy sharding '{body}'")
+    unreduced = _SDY_UNREDUCED.search(body[m.end() :])
+    if unreduced and unreduced.group(1).strip():
+        # A partial sum on each device (JAX's P(unreduced={...})): read as replicated it
+        # would be summed again later, a silently wrong answer.
+        raise TypeProblem(
+            f"the sharding '{body.strip()}' has unreduced axes {{{unreduced.group(1)}}} "
+            "(each device holds a partial sum); xlapy's SPMD partitioner does not support "
+            "unreduced values: keep the reduction inside the program (a psum or a reduced "
+            "out_sharding without unreduced axes)"
+        )
     axes = sdy_mesh_axes(m.group(1), meshes)
     if isinstance(axes, str):
         return axes
@@ -1746,6 +1757,16 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     sharding = conv.sharding(op.attrs, op.pos)
     if sharding:
         text += f", sharding={sharding}"
+    # Declared operand layouts (JAX's LAPACK calls: column-major matrices) become XLA's
+    # operand_layout_constraints, as in the HLO text JAX prints: a handler in C receives
+    # its operands in them. JAX's batch count for its LAPACK calls is kept too.
+    declared = _declared_layouts(attr(op, "operand_layouts"), [s for _, s in operands])
+    if declared is not None:
+        text += f", operand_layout_constraints={{{', '.join(map(str, declared))}}}"
+    frontend = attr(op, "mhlo.frontend_attributes")
+    if isinstance(frontend, AttrDict) and frontend:
+        items = [f"{k}={_quote(str(ival(v)))}" for k, v in frontend.items()]
+        text += f", frontend_attributes={{{','.join(items)}}}"
     shapes = conv.result_shapes(op)
     shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
     value = conv.add(scope, "custom-call", shape, [x for x, _ in operands], text)
@@ -1754,6 +1775,26 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     if not op.results:
         return []
     return conv.tuple_parts(scope, value)
+
+
+def _declared_layouts(layouts, shapes: list[Shape]) -> list[Shape] | None:
+    """`shapes` with the custom call's declared layouts, or None when it declares none
+    but the default (row-major) ones."""
+    if not isinstance(layouts, list | tuple) or len(layouts) != len(shapes):
+        return None
+    out = []
+    for layout, shape in zip(layouts, shapes, strict=True):
+        layout = ival(layout)
+        if isinstance(layout, DenseAttr):  # dense<[0, 1]> : tensor<2xindex>
+            order = tuple(int(t) for t in re.findall(r"\d+", layout.body))
+        else:
+            order = ints(layout)
+        if shape.is_tuple or sorted(order) != list(range(shape.rank)):
+            return None
+        out.append(shape.with_layout(Layout(order)))
+    if all(s.layout is None or s.layout.is_default for s in out):
+        return None
+    return out
 
 
 @rule("sdy.sharding_constraint")
@@ -1954,9 +1995,42 @@ def _all_gather(conv: Converter, op: Op, scope: Scope, operands):
 def _all_to_all(conv: Converter, op: Op, scope: Scope, operands):
     split = ival(attr(op, "split_dimension"))
     concat = ival(attr(op, "concat_dimension"))
-    if split != concat:
-        raise conv.error("all_to_all with split_dimension != concat_dimension is not supported")
-    return _along_dimension(conv, op, scope, operands, "all-to-all", split)
+    if split == concat:
+        return _along_dimension(conv, op, scope, operands, "all-to-all", split)
+    if len(operands) != 1:
+        raise conv.error(
+            "all_to_all of several operands with split_dimension != concat_dimension is "
+            "not supported"
+        )
+    return [_all_to_all_moving(conv, op, scope, operands[0], split, concat)]
+
+
+def _all_to_all_moving(conv: Converter, op: Op, scope: Scope, operand, split: int, concat: int):
+    """all_to_all that splits one dimension and concatenates along another, in HLO's
+    all-to-all (which exchanges the pieces of one dimension) as XLA writes it: split
+    dimension S of size n*c reshaped to [n, c], n moved to the front and exchanged, then
+    moved in front of concat dimension C and merged into it."""
+    x, shape = operand
+    (result,) = conv.result_shapes(op)
+    dims, et = list(shape.dims), shape.element_type
+    if result.dims[split] == 0 or dims[split] % result.dims[split]:
+        raise conv.error(f"all_to_all: split dimension {split} of {shape} does not divide")
+    n = dims[split] // result.dims[split]
+    pieces = [*dims[:split], n, dims[split] // n, *dims[split + 1 :]]
+    rest = [pieces[i] for i in range(len(pieces)) if i != split]  # dims, S divided by n
+    front = [split, *(i for i in range(len(pieces)) if i != split)]
+
+    def add(opcode, dims_out, arg, text=""):
+        return conv.add(scope, opcode, Shape.array(et, dims_out), [arg], text)[0]
+
+    value = add("reshape", pieces, x)
+    value = add("transpose", [n, *rest], value, f", dimensions={{{','.join(map(str, front))}}}")
+    text = f"{_collective_attrs(conv, op)}, dimensions={{0}}"
+    value = add("all-to-all", [n, *rest], value, text)
+    back = [i + 1 for i in range(concat)] + [0] + [i + 1 for i in range(concat, len(rest))]
+    moved = [([n, *rest])[i] for i in back]
+    value = add("transpose", moved, value, f", dimensions={{{','.join(map(str, back))}}}")
+    return conv.add(scope, "reshape", result, [value])
 
 
 @rule("stablehlo.collective_permute")
