@@ -16,6 +16,7 @@ from test_cpu_conv import (
     GRADS,
     check,
     conv,
+    no_gather_path,  # noqa: F401 (autouse fixture: the small cases keep their paths)
     random,
     test_convolution_gradients_match_interpreter,
 )
