@@ -92,7 +92,7 @@ _REDUCE_MIN_WINDOW = 64  # window positions per output element that make a long 
 _SHIFT_MAX_FEATURES = 8  # more input features per group: band rows or im2col copy well
 _SHIFT_MAX_WASTE = 1.5  # padded positions per output position, at most
 _SHIFT_BLOCK_BYTES = 1 << 18  # transposed im2col block of the shifted-slices path
-_GATHER_MAX = 1 << 16  # index elements (8 bytes each) of the largest gather-path convolution
+_GATHER_MAX = 1 << 17  # index elements (8 bytes each) of the largest gather-path convolution
 
 
 def _split_axis(x: np.ndarray, axis: int, outer: int) -> np.ndarray:
