@@ -285,7 +285,9 @@ def _ordered(scratch, name, shape, work, strides, keep_order, src=None) -> np.nd
     return buf
 
 
-def _index_plan(geo: _Geometry, x_dims, k_dims, out_dims):
+def _index_plan(
+    geo: _Geometry, x_dims, k_dims, out_dims
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(input, kernel, output) index arrays of a small convolution's gather path: into the
     flat input with one zero appended, [G, rows, depth]; into the flat kernel, [G, depth,
     Og]; and for each element of the flat row-major result, its place in the flat
@@ -321,12 +323,13 @@ def _gathered(geo: _Geometry, instr: HloInstruction):
     x_dims, k_dims = instr.operands[0].shape.dims, instr.operands[1].shape.dims
     out_dims = instr.shape.dims
     flops = convolution_flops(instr)
-    plan = []  # filled on the first run: a compile does not pay for index arrays
+    # filled on the first run: a compile does not pay for the index arrays
+    plan: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
 
     def run(x: np.ndarray, k: np.ndarray, out: np.ndarray, work: np.dtype) -> None:
         if not plan:
-            plan.extend(_index_plan(geo, x_dims, k_dims, out_dims))
-        x_idx, k_idx, o_idx = plan
+            plan.append(_index_plan(geo, x_dims, k_dims, out_dims))
+        x_idx, k_idx, o_idx = plan[0]
         flat = np.empty(x.size + 1, work)
         flat[-1] = 0
         np.copyto(flat[:-1].reshape(x.shape), x, casting="unsafe")
