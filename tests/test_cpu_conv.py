@@ -22,6 +22,14 @@ from xlapy.ir.parser import parse_module
 
 pytestmark = pytest.mark.usefixtures("x64_mode")
 
+
+@pytest.fixture(autouse=True)
+def no_gather_path(monkeypatch):
+    """These small test convolutions would all take the gather path
+    (test_cpu_conv_gather.py checks it); here they exercise the paths for larger ones."""
+    monkeypatch.setattr(conv_thunk, "_GATHER_MAX", 0)
+
+
 BF16 = ml_dtypes.bfloat16
 TOL = {
     np.dtype(np.float32): 2e-5,

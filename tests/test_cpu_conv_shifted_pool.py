@@ -16,12 +16,13 @@ from test_cpu_conv import (
     GRADS,
     check,
     conv,
+    no_gather_path,  # noqa: F401 (autouse fixture: the small cases keep their paths)
     random,
     test_convolution_gradients_match_interpreter,
 )
 
 from xlapy.backends.cpu.backend import CpuProgram
-from xlapy.backends.cpu.runtime import conv_thunk
+from xlapy.backends.cpu.runtime import conv_thunk, window_thunk
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
@@ -137,11 +138,34 @@ POOLS = [
      (6, 8), np.int8),
     ("min_int32_not_identity", lambda x: lax.reduce_window(
         x, np.int32(3), lax.min, (2, 3), (1, 2), "VALID"), (6, 9), np.int32),
+    # padding: folded in where init changes no accumulator, else the rule (run-time decline)
+    ("max_3x3_stride2_padded", lambda x: lax.reduce_window(
+        x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (0, 1), (0, 1), (0, 0))),
+     (3, 8, 9, 4), np.float32),
+    ("max_same_dilated", lambda x: lax.reduce_window(
+        x, -jnp.inf, lax.max, (3, 2), (1, 2), ((2, 1), (1, 1)), window_dilation=(2, 1)),
+     (7, 6), np.float64),
+    ("sum_avgpool_same", lambda x: lax.reduce_window(
+        x, np.float32(0), lax.add, (3, 3), (1, 1), "SAME"), (6, 7), np.float32),
+    ("max_int16_padded", lambda x: lax.reduce_window(
+        x, np.int16(-32768), lax.max, (2, 3), (2, 1), ((1, 0), (1, 1))), (5, 6), np.int16),
+    ("sum_padded_init_one", lambda x: lax.reduce_window(
+        x, np.float32(1), lax.add, (2, 2), (1, 1), ((1, 0), (0, 1))), (5, 4), np.float32),
+    ("min_padded_init_not_identity", lambda x: lax.reduce_window(
+        x, np.float32(0.5), lax.min, (2, 2), (2, 2), ((1, 1), (0, 1))), (6, 5), np.float32),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name,fn,dims,dtype", POOLS, ids=[p[0] for p in POOLS])
-def test_pools_match_interpreter_bit_for_bit(name, fn, dims, dtype):
+def test_pools_match_interpreter_bit_for_bit(monkeypatch, name, fn, dims, dtype):
+    ran = []
+    padded = window_thunk._padded_pooling
+
+    def counted(*a):
+        body = padded(*a)
+        return lambda *v: ran.append(body(*v)) or ran[-1]
+
+    monkeypatch.setattr(window_thunk, "_padded_pooling", counted)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     if np.dtype(dtype).kind == "f":
         x = _specials(rng, dims, dtype)
@@ -158,3 +182,5 @@ def test_pools_match_interpreter_bit_for_bit(name, fn, dims, dtype):
     want = np.asarray(evaluate(parse_module(text), [x]))
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(_bits(got), _bits(want))
+    if "padded" in name or "same" in name:  # the padded path ran, or declined where it must
+        assert ran == ["not_identity" not in name and "init_one" not in name]

@@ -43,6 +43,14 @@
 # keeps the memory order of the operand, so making it is a plain copy. Blocks of input
 # features run in parallel, each into its own partial sum; the partials are added at the end.
 #
+# Small float convolutions (index arrays under _GATHER_MAX elements: most of a small-batch
+# training step's, forward and both gradients) take none of these paths: setting up their
+# strided views costs 100-200 us of Python, far more than their arithmetic. Their im2col
+# rows, kernel matrix and result order are worked out once, on an array of element numbers
+# run through the same canonical views, as index arrays; a run is then a copy of the input
+# (one zero appended, which padded positions index), three np.take gathers and one batched
+# matmul, 20-40 us.
+#
 # Work buffers (the padded input, the im2col and band blocks) are kept between runs, one set
 # per thread: the padding stays zero, and no run faults in fresh pages.
 #
@@ -84,6 +92,7 @@ _REDUCE_MIN_WINDOW = 64  # window positions per output element that make a long 
 _SHIFT_MAX_FEATURES = 8  # more input features per group: band rows or im2col copy well
 _SHIFT_MAX_WASTE = 1.5  # padded positions per output position, at most
 _SHIFT_BLOCK_BYTES = 1 << 18  # transposed im2col block of the shifted-slices path
+_GATHER_MAX = 1 << 17  # index elements (8 bytes each) of the largest gather-path convolution
 
 
 def _split_axis(x: np.ndarray, axis: int, outer: int) -> np.ndarray:
@@ -276,6 +285,89 @@ def _ordered(scratch, name, shape, work, strides, keep_order, src=None) -> np.nd
     return buf
 
 
+def _index_plan(
+    geo: _Geometry, x_dims, k_dims, out_dims
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(input, kernel, output) index arrays of a small convolution's gather path: into the
+    flat input with one zero appended, [G, rows, depth]; into the flat kernel, [G, depth,
+    Og]; and for each element of the flat row-major result, its place in the flat
+    [G, rows, Og] product, or None when that is the identity."""
+    n = math.prod(x_dims)
+    positions = np.arange(n, dtype=np.intp).reshape(x_dims)
+    grouped = geo.grouped_input(positions)  # [G, Nb, S..., Cg]
+    padded = np.full((*grouped.shape[:2], *geo.padded, grouped.shape[-1]), n, np.intp)
+    dst, src = geo.stored_slices()
+    if dst is not None:
+        padded[(Ellipsis, *dst, slice(None))] = grouped[(Ellipsis, *src, slice(None))]
+    depth = geo.pwin * geo.cg
+    rows = geo.nb * geo.pout
+    x_idx = np.ascontiguousarray(geo.windows(padded, 2)).reshape(geo.g, rows, depth)
+    kernel = geo.kernel(np.arange(math.prod(k_dims), dtype=np.intp).reshape(k_dims))
+    k_idx = np.ascontiguousarray(kernel).reshape(geo.g, depth, geo.og)
+    # where each result element sits in the product [G, rows, Og]
+    product = np.arange(geo.g * rows * geo.og, dtype=np.intp).reshape(geo.g, rows, geo.og)
+    canon = np.moveaxis(product, 0, 1).reshape(geo.nb, *geo.outs, geo.g * geo.og)
+    placed = np.empty(out_dims, np.intp)
+    geo.output(placed)[...] = canon
+    o_idx = placed.reshape(-1)
+    if np.array_equal(o_idx, product.reshape(-1)):
+        return x_idx, k_idx, None
+    return x_idx, k_idx, o_idx
+
+
+def _gathered(geo: _Geometry, instr: HloInstruction):
+    """A small float convolution as three gathers and one batched matmul: the im2col rows
+    and the kernel matrix are np.take of precomputed index arrays (padding, dilation,
+    reversal and groups are all in the indices), so a run is a handful of NumPy calls instead
+    of the strided-view set-up that costs more than a small convolution's arithmetic."""
+    x_dims, k_dims = instr.operands[0].shape.dims, instr.operands[1].shape.dims
+    out_dims = instr.shape.dims
+    flops = convolution_flops(instr)
+    # filled on the first run: a compile does not pay for the index arrays
+    plan: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+
+    def run(x: np.ndarray, k: np.ndarray, out: np.ndarray, work: np.dtype) -> None:
+        if not plan:
+            plan.append(_index_plan(geo, x_dims, k_dims, out_dims))
+        x_idx, k_idx, o_idx = plan[0]
+        flat = np.empty(x.size + 1, work)
+        flat[-1] = 0
+        np.copyto(flat[:-1].reshape(x.shape), x, casting="unsafe")
+        cols = np.take(flat, x_idx)
+        kmat = np.take(np.asarray(k, dtype=work).reshape(-1), k_idx)
+        y = np.empty((geo.g, cols.shape[1], geo.og), work)
+
+        def rows(lo: int, hi: int) -> None:
+            np.matmul(cols[:, lo:hi], kmat, out=y[:, lo:hi])
+
+        split_run(cols.shape[1], flops, rows)  # BLAS on one thread, as every conv path
+        if o_idx is not None:
+            y = np.take(y.reshape(-1), o_idx)
+        np.copyto(out, y.reshape(out.shape), casting="unsafe")
+
+    return run
+
+
+def _small_float(geo: _Geometry, instr: HloInstruction):
+    """The gather path (`_gathered`) for a float or complex convolution small enough that its
+    index arrays stay under _GATHER_MAX elements, or None."""
+    operands = [np.empty(0, op.shape.dtype) for op in instr.operands]
+    work = accumulation_dtype(instr.shape.element_type, *operands)
+    if work.kind in "iu":
+        return None
+    depth = geo.pwin * geo.cg
+    sizes = (geo.g * geo.nb * geo.pout * depth, geo.g * depth * geo.og, instr.shape.num_elements)
+    if max(sizes) > _GATHER_MAX:
+        return None
+    body = _gathered(geo, instr)
+
+    def run(values, out, ctx) -> bool:
+        body(*values, out, work)
+        return True
+
+    return run
+
+
 def plan_convolution(instr: HloInstruction):
     """A fast convolution (see the file comment), or None when the rule should run."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
@@ -289,6 +381,9 @@ def plan_convolution(instr: HloInstruction):
         return None
     geo = _Geometry(instr, labels, window)
     result = instr.shape.element_type
+    gathered = _small_float(geo, instr)
+    if gathered is not None:
+        return gathered
     body = _depthwise if geo.depthwise else _im2col
     scratch = _Scratch()
 

@@ -122,6 +122,25 @@ class BufferSlice:
     offset: int
     size: int
     shape: Shape
+    # how to view the bytes, worked out once (views are made on every run of every thunk):
+    # dtype, physical dims, and the transpose to logical order (None: row-major)
+    _view: tuple[np.dtype, tuple[int, ...], tuple[int, ...] | None] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
+
+    def __post_init__(self):
+        shape, recipe = self.shape, None
+        if shape.is_array:
+            perm = None
+            if shape.layout is not None and not shape.layout.is_default and shape.rank >= 2:
+                perm = tuple(
+                    int(i) for i in np.argsort(tuple(reversed(shape.layout.minor_to_major)))
+                )
+            try:
+                recipe = (shape.dtype, physical_dims(shape), perm)
+            except TypeError:  # an element type with no host array representation
+                recipe = None
+        object.__setattr__(self, "_view", recipe)
 
     def overlaps(self, other: BufferSlice) -> bool:
         return (
@@ -205,12 +224,21 @@ class ExecutionContext:
         mem = self.memory[s.allocation]
         assert mem is not None, "a slice read at run time has memory"
         raw = mem[s.offset : s.offset + s.size]
-        return raw.view(s.shape.dtype).reshape(physical_dims(s.shape))
+        recipe = s._view
+        if recipe is None:
+            return raw.view(s.shape.dtype).reshape(physical_dims(s.shape))
+        return raw.view(recipe[0]).reshape(recipe[1])
 
     def view(self, s: BufferSlice) -> np.ndarray:
         """The slice as a writable array indexed logically (a transposed view for layouts
         that are not row-major)."""
-        return logical_from_physical(self.physical(s), s.shape)
+        recipe = s._view
+        if recipe is None:
+            return logical_from_physical(self.physical(s), s.shape)
+        mem = self.memory[s.allocation]
+        assert mem is not None, "a slice read at run time has memory"
+        raw = mem[s.offset : s.offset + s.size].view(recipe[0]).reshape(recipe[1])
+        return raw if recipe[2] is None else raw.transpose(recipe[2])
 
     def read(self, tree: ValueTree):
         """The interpreter value of a tree of slices (tokens are None leaves)."""

@@ -17,9 +17,12 @@
 # along the axis): O(n) reducer calls instead of the rule's O(n^2) element visits, and the
 # rule's order in the forward direction.
 #
-# Pooling windows without padding or base dilation fold the window offsets in row-major
+# Pooling windows without base dilation fold the window offsets in row-major
 # order into the output in place (`ufunc(acc, strided view, out=acc)`), again the rule's
-# order, without the padded copies and validity masks the general rule builds. A max (min)
+# order, without the padded copies and validity masks the general rule builds. With
+# padding, the operand is first copied into a buffer of init values; the rule skips padded
+# positions, so this runs only where init folded into the accumulator changes no bit (a max
+# with -inf, a sum with +0), and declines to the rule otherwise. A max (min)
 # whose init is -inf (+inf, or the integer extreme) leaves every element unchanged, so the
 # init pass is left out and the first two offsets are combined in the first pass.
 #
@@ -106,10 +109,12 @@ def plan_reduce_window(instr: HloInstruction):
         return _lifted_scan(reducer, None, False)  # out[i] = reducer(init, x[i])
     if ufunc is None or any(d.reversal for d in window.dims):
         return None
-    if any(d.pad_low or d.pad_high or d.base_dilation != 1 for d in window.dims):
+    if any(d.base_dilation != 1 for d in window.dims) or 0 in instr.shape.dims:
         return None
-    if 0 in instr.shape.dims:
+    if any(d.pad_low < 0 or d.pad_high < 0 for d in window.dims):
         return None
+    if any(d.pad_low or d.pad_high for d in window.dims):
+        return _padded_pooling(ufunc, window, dims, instr.shape.dims)
     return _pooling(ufunc, window, instr.shape.dims)
 
 
@@ -195,6 +200,39 @@ def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
         for index in rest:
             ufunc(out, x[index], out=out)
         return True
+
+    return run
+
+
+def _pad_neutral(ufunc: np.ufunc, init: np.ndarray) -> bool:
+    """Whether folding `init` into an accumulator that started at `init` never changes it,
+    bit for bit: the identities of max and min, and a +0 (or integer 0) sum init (an
+    accumulator started at +0 never becomes -0 under round-to-nearest, and acc + 0 = acc
+    for every other value, NaN and infinities included)."""
+    if _identity(ufunc, init):
+        return True
+    if ufunc is not np.add or init.dtype.kind not in "fiu":
+        return False
+    return bool(init == 0) and not bool(np.signbit(init))
+
+
+def _padded_pooling(ufunc: np.ufunc, window, x_dims: tuple[int, ...], out_dims):
+    """Pooling with padding (a max pool with SAME padding): the operand is copied into a
+    buffer of init values, and the padded positions, which the rule skips, are folded in
+    only where init leaves every accumulator unchanged (`_pad_neutral`); other inits decline
+    to the rule."""
+    padded = tuple(d.pad_low + n + d.pad_high for d, n in zip(window.dims, x_dims, strict=True))
+    inner = tuple(slice(d.pad_low, d.pad_low + n) for d, n in zip(window.dims, x_dims, strict=True))
+    body = _pooling(ufunc, window, out_dims)
+
+    def run(values, out, ctx) -> bool:
+        x, init = values
+        init = np.asarray(init)
+        if not _pad_neutral(ufunc, init):
+            return False
+        buf = np.full(padded, init, dtype=x.dtype)
+        buf[inner] = x
+        return body([buf, init], out, ctx)
 
     return run
 
