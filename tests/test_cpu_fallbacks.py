@@ -184,3 +184,54 @@ def test_bench_lists_the_fallbacks(run_cli, write):
     )
     assert code == 0, err
     assert json.loads(out)["fallbacks"][0] == "f (cholesky): no kernel for 'cholesky'"
+
+
+# XLA's optimized HLO: a dot fused with its bias add and tanh (an output fusion), and a
+# reduce-window fused with its operand's producer; the defuser undoes both, the dot runs as
+# BLAS, the reduce-window as its library path, and xlapy fuses the elementwise rest again.
+FOREIGN_FUSIONS = """HloModule foreign
+fused_dot {
+  p0 = f32[8,16] parameter(0)
+  p1 = f32[16,4] parameter(1)
+  p2 = f32[4] parameter(2)
+  d = f32[8,4] dot(p0, p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  b = f32[8,4] broadcast(p2), dimensions={1}
+  a = f32[8,4] add(d, b)
+  ROOT t = f32[8,4] tanh(a)
+}
+add_f32 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+fused_window {
+  q0 = f32[8,4] parameter(0)
+  e = f32[8,4] exponential(q0)
+  z = f32[] constant(0)
+  ROOT w = f32[8,4] reduce-window(e, z), window={size=8x1 pad=7_0x0_0}, to_apply=add_f32
+}
+ENTRY e {
+  x = f32[8,16] parameter(0)
+  w = f32[16,4] parameter(1)
+  b = f32[4] parameter(2)
+  f = f32[8,4] fusion(x, w, b), kind=kOutput, calls=fused_dot
+  ROOT g = f32[8,4] fusion(f), kind=kLoop, calls=fused_window
+}"""
+
+
+def test_foreign_fusions_around_own_thunk_ops_are_undone():
+    from xlapy.passes.inline import Defuser
+
+    module = parse_module(FOREIGN_FUSIONS)
+    assert Defuser().run(module)
+    opcodes = {i.opcode for i in module.entry_computation().instructions}
+    assert Opcode.FUSION not in opcodes
+    assert {Opcode.DOT, Opcode.REDUCE_WINDOW, Opcode.TANH} <= opcodes
+    assert [c.name for c in module.computations] == ["add_f32", "e"]
+    assert not Defuser().run(module)
+
+    program = CpuProgram(parse_module(FOREIGN_FUSIONS))
+    assert program.fallbacks == []
+    args = [RNG.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 4), (4,))]
+    want = evaluate(parse_module(FOREIGN_FUSIONS), args)
+    np.testing.assert_allclose(program.run(args), want, rtol=2e-5, atol=2e-5)
