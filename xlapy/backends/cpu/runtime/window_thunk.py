@@ -21,7 +21,10 @@
 # order into the output in place (`ufunc(acc, strided view, out=acc)`), again the rule's
 # order, without the padded copies and validity masks the general rule builds. A max (min)
 # whose init is -inf (+inf, or the integer extreme) leaves every element unchanged, so the
-# init pass is left out and the first two offsets are combined in the first pass.
+# init pass is left out and the first two offsets are combined in the first pass. With
+# padding or base dilation they run over the operand padded (dilated) with init where init
+# is neutral for the reducer (0 for a sum, -inf for a max): the fold leaves it unchanged,
+# as the rule leaves the padding out; any other init declines to the rule.
 #
 # select-and-scatter (the max-pool gradient) with a select that is one compare of its two
 # parameters and a one-op scatter: the window offsets are visited in row-major order over
@@ -34,6 +37,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 
@@ -106,10 +110,10 @@ def plan_reduce_window(instr: HloInstruction):
         return _lifted_scan(reducer, None, False)  # out[i] = reducer(init, x[i])
     if ufunc is None or any(d.reversal for d in window.dims):
         return None
-    if any(d.pad_low or d.pad_high or d.base_dilation != 1 for d in window.dims):
-        return None
     if 0 in instr.shape.dims:
         return None
+    if any(d.pad_low or d.pad_high or d.base_dilation != 1 for d in window.dims):
+        return _padded_pooling(ufunc, window, instr.shape.dims)
     return _pooling(ufunc, window, instr.shape.dims)
 
 
@@ -195,6 +199,39 @@ def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
         for index in rest:
             ufunc(out, x[index], out=out)
         return True
+
+    return run
+
+
+def _neutral(ufunc: np.ufunc, init: np.ndarray) -> bool:
+    """Whether folding `init` into an accumulator that started at `init` leaves it as it is
+    (so padding filled with `init` may take part in the fold): 0 for add, 1 for multiply,
+    the extremes for max/min, false for or/xor, true for and."""
+    if ufunc in (np.maximum, np.minimum):
+        return _identity(ufunc, init)
+    neutral = {np.add: 0, np.multiply: 1, np.logical_or: 0, np.logical_xor: 0, np.logical_and: 1}
+    value = neutral.get(ufunc)
+    return value is not None and init.dtype.kind in "fiub" and bool(init == value)
+
+
+def _padded_pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
+    """Pooling over the operand dilated and padded with init: the rule leaves padding out of
+    the fold, which is the same when init is neutral (_neutral); otherwise it declines."""
+    from xlapy.backends.interpreter.rules.contraction import dilate_and_pad
+
+    plain = type(window)(
+        tuple(replace(d, pad_low=0, pad_high=0, base_dilation=1) for d in window.dims)
+    )
+    pool = _pooling(ufunc, plain, out_dims)
+
+    def run(values, out, ctx) -> bool:
+        x, init = values
+        init = np.asarray(init)
+        if not _neutral(ufunc, init):
+            return False
+        for axis, d in enumerate(window.dims):
+            x = dilate_and_pad(x, axis, d, init)
+        return pool([x, init], out, ctx)
 
     return run
 
