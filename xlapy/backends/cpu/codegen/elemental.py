@@ -25,6 +25,12 @@ from xlapy.backends.cpu.codegen.common import (
     reduce_hero,
     reg_type,
 )
+from xlapy.backends.cpu.codegen.complex import (
+    Complex,
+    complex_binary,
+    complex_convert,
+    complex_unary,
+)
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.types import PrimitiveType
@@ -242,6 +248,8 @@ def _unary(em: KernelEmitter, instr, index):
     t = _ot(instr)
     if instr.opcode is Op.IS_FINITE:
         return em.b.fcmp_ordered("<", em.math.fabs(x), _const(x.type, math.inf))
+    if t.is_complex:
+        return complex_unary(em, instr, x)
     if t is P.PRED:
         if instr.opcode is Op.NOT:
             return em.b.not_(x)
@@ -264,6 +272,8 @@ def _binary(em: KernelEmitter, instr, index):
     a = em.operand_at(instr, 0, index)
     c = em.operand_at(instr, 1, index)
     t = _ot(instr)
+    if t.is_complex:
+        return complex_binary(em, instr, a, c)
     if t is P.PRED:
         name = _PRED_BINARY.get(instr.opcode)
         if name is None:
@@ -302,6 +312,8 @@ def _compare(em: KernelEmitter, instr, index):
         raise _unsupported(instr, f"needs direction=EQ|NE|LT|LE|GT|GE, got {direction}")
     kind = instr.comparison_type or ""
     b = em.b
+    if t.is_complex:
+        return Complex(em).compare(op, a, c)
     if t.is_float:
         if kind == "TOTALORDER":
             return b.icmp_signed(op, _total_order_key(em, a), _total_order_key(em, c))
@@ -354,6 +366,8 @@ def convert_value(em: KernelEmitter, x, frm: PrimitiveType, to: PrimitiveType):
     b = em.b
     if frm is to:
         return x
+    if to.is_complex:
+        return complex_convert(em, x, frm, to, convert_value)
     if to is P.PRED:
         if frm.is_float:
             return b.fcmp_unordered("!=", x, _const(x.type, 0.0))
@@ -390,6 +404,20 @@ def convert_value(em: KernelEmitter, x, frm: PrimitiveType, to: PrimitiveType):
             return b.fptrunc(x, F32)
         return em.round_to(_round_to_odd_f32(em, x), to)
     return em.round_to(x, to)
+
+
+@emits(Op.REAL, Op.IMAG)
+def _real_imag(em: KernelEmitter, instr, index):
+    x = em.operand_at(instr, 0, index)
+    if not _ot(instr).is_complex:  # of a real value: itself, or 0
+        return x if instr.opcode is Op.REAL else _const(x.type, 0.0)
+    return em.b.extract_value(x, 0 if instr.opcode is Op.REAL else 1)
+
+
+@emits(Op.COMPLEX)
+def _complex(em: KernelEmitter, instr, index):
+    re, im = em.operand_at(instr, 0, index), em.operand_at(instr, 1, index)
+    return Complex(em).make(re, im)
 
 
 @emits(Op.CONVERT)
