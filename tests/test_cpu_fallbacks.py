@@ -8,6 +8,7 @@ import json
 import re
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -235,3 +236,52 @@ def test_foreign_fusions_around_own_thunk_ops_are_undone():
     args = [RNG.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 4), (4,))]
     want = evaluate(parse_module(FOREIGN_FUSIONS), args)
     np.testing.assert_allclose(program.run(args), want, rtol=2e-5, atol=2e-5)
+
+
+REDUCE_PRECISION = [  # (type, exponent_bits, mantissa_bits)
+    ("f32", 5, 10),
+    ("f32", 8, 7),
+    ("f32", 4, 3),
+    ("f32", 5, 2),
+    ("f32", 8, 23),
+    ("f64", 8, 23),
+    ("f64", 11, 10),
+    ("f64", 5, 0),
+    ("f16", 4, 3),
+    ("f16", 5, 2),
+    ("bf16", 5, 2),
+    ("bf16", 4, 5),
+]
+FLOATS = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _wide_range(dtype, n: int) -> np.ndarray:
+    """Magnitudes over the type's whole range with NaN, +-inf, +-0 and subnormals."""
+    info = ml_dtypes.finfo(dtype)
+    exps = RNG.uniform(np.log2(float(info.smallest_subnormal)), np.log2(float(info.max)), n)
+    x = (np.sign(RNG.standard_normal(n)) * np.exp2(exps)).astype(np.float64)
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, float(info.smallest_subnormal)]
+    x[: len(specials)] = specials
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "t,e,m", REDUCE_PRECISION, ids=[f"{t}-e{e}m{m}" for t, e, m in REDUCE_PRECISION]
+)
+def test_reduce_precision_is_a_kernel(t, e, m):
+    text = f"""HloModule rp
+ENTRY e {{
+  x = {t}[257] parameter(0)
+  r = {t}[257] reduce-precision(x), exponent_bits={e}, mantissa_bits={m}
+  ROOT n = {t}[257] negate(r)
+}}"""
+    program = CpuProgram(parse_module(text), {"denormals": "ieee"})
+    assert program.fallbacks == []
+    x = _wide_range(FLOATS[t], 257)
+    got, want = np.asarray(program.run([x])), np.asarray(evaluate(parse_module(text), [x]))
+    assert got.dtype == want.dtype
+    nan = np.isnan(want.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), nan)
+    np.testing.assert_array_equal(
+        got[~nan].view(f"u{got.itemsize}"), want[~nan].view(f"u{got.itemsize}")
+    )

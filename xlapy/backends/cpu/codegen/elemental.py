@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import (
+    F16,
     F32,
     F64,
     I1,
+    I16,
     I32,
     I64,
     REDUCE_BLOCK,
@@ -418,6 +420,53 @@ def _real_imag(em: KernelEmitter, instr, index):
 def _complex(em: KernelEmitter, instr, index):
     re, im = em.operand_at(instr, 0, index), em.operand_at(instr, 1, index)
     return Complex(em).make(re, im)
+
+
+_IEEE_LAYOUT = {P.F16: (5, 10), P.F32: (8, 23), P.F64: (11, 52)}
+
+
+def _reduce_precision_bits(em: KernelEmitter, u, src: tuple[int, int], exp_bits, mant_bits):
+    """XLA's reduce-precision on the bits `u` of an IEEE float with (exponent, mantissa)
+    widths `src`: round the mantissa to nearest even, then send exponents beyond the reduced
+    range to signed infinity (above) or signed zero (below)."""
+    b, ity = em.b, u.type
+    src_exp, src_mant = src
+    if mant_bits < src_mant:
+        drop = src_mant - mant_bits
+        last = 1 << drop
+        lsb = b.lshr(b.and_(u, _const(ity, last)), _const(ity, drop))
+        u = b.add(u, b.add(lsb, _const(ity, (last >> 1) - 1)))
+        u = b.and_(u, _const(ity, ~(last - 1) & ((1 << ity.width) - 1)))
+    if exp_bits < src_exp:
+        exp_mask = ((1 << src_exp) - 1) << src_mant
+        src_bias, red_bias = (1 << (src_exp - 1)) - 1, (1 << (exp_bits - 1)) - 1
+        exponent = b.and_(u, _const(ity, exp_mask))
+        signed_zero = b.and_(u, _const(ity, 1 << (ity.width - 1)))
+        over = b.icmp_unsigned(">", exponent, _const(ity, (src_bias + red_bias) << src_mant))
+        under = b.icmp_unsigned("<=", exponent, _const(ity, (src_bias - red_bias) << src_mant))
+        inf = b.or_(signed_zero, _const(ity, exp_mask))
+        u = b.select(over, inf, b.select(under, signed_zero, u))
+    return u
+
+
+@emits(Op.REDUCE_PRECISION)
+def _reduce_precision(em: KernelEmitter, instr, index):
+    x = em.operand_at(instr, 0, index)
+    t = _ot(instr)
+    exp_bits, mant_bits = instr.attrs.get("exponent_bits"), instr.attrs.get("mantissa_bits")
+    if exp_bits is None or mant_bits is None or not t.is_float:
+        raise _unsupported(instr, "needs a float operand, exponent_bits and mantissa_bits")
+    b = em.b
+    if t is P.F16:  # the register holds an f32 that is an f16 value: work on its f16 bits
+        bits = b.bitcast(b.fptrunc(x, F16), I16)
+        bits = _reduce_precision_bits(em, bits, _IEEE_LAYOUT[P.F16], exp_bits, mant_bits)
+        result = b.fpext(b.bitcast(bits, F16), F32)
+    else:  # bf16 is reduced as the f32 it is in registers, then rounded back (as the rule)
+        layout = _IEEE_LAYOUT[P.F64 if t is P.F64 else P.F32]
+        ity = I64 if t is P.F64 else I32
+        bits = _reduce_precision_bits(em, b.bitcast(x, ity), layout, exp_bits, mant_bits)
+        result = em.round_to(b.bitcast(bits, x.type), t)
+    return b.select(em.math.isnan(x), x, result)
 
 
 @emits(Op.CONVERT)
