@@ -39,7 +39,9 @@ def inline_call(
     clones: dict[int, HloInstruction] = {}
     for instr in callee.post_order():
         if instr.opcode is Opcode.PARAMETER:
-            clones[id(instr)] = call.operands[instr.parameter_number]
+            number = instr.parameter_number
+            assert number is not None, "a parameter has a number"
+            clones[id(instr)] = call.operands[number]
             continue
         clone = HloInstruction(
             editor.namer.fresh(instr.name),

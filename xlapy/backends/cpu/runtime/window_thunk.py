@@ -209,7 +209,13 @@ def _neutral(ufunc: np.ufunc, init: np.ndarray) -> bool:
     the extremes for max/min, false for or/xor, true for and."""
     if ufunc in (np.maximum, np.minimum):
         return _identity(ufunc, init)
-    neutral = {np.add: 0, np.multiply: 1, np.logical_or: 0, np.logical_xor: 0, np.logical_and: 1}
+    neutral: dict[np.ufunc, int] = {
+        np.add: 0,
+        np.multiply: 1,
+        np.logical_or: 0,
+        np.logical_xor: 0,
+        np.logical_and: 1,
+    }
     value = neutral.get(ufunc)
     return value is not None and init.dtype.kind in "fiub" and bool(init == value)
 
