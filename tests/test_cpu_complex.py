@@ -162,3 +162,36 @@ ENTRY e {
     assert "no complex rule for 'tanh'" in fallback.reason
     x = _complex(np.complex64, (4,))
     np.testing.assert_allclose(program.run([x]), np.tanh(x), rtol=1e-5)
+
+
+REDUCES = [  # (operand dims, layout, reduced dimensions)
+    ((6, 11), "{1,0}", "{1}"),
+    ((6, 11), "{1,0}", "{0}"),
+    ((6, 11), "{0,1}", "{0}"),
+    ((6, 11), "{1,0}", "{0,1}"),
+    ((3, 4, 70), "{2,1,0}", "{0,2}"),
+]
+
+
+@pytest.mark.parametrize("t", list(TYPES))
+@pytest.mark.parametrize(
+    "dims,layout,reduced", REDUCES, ids=[f"{r[0]}{r[1]}->{r[2]}" for r in REDUCES]
+)
+def test_complex_sum_is_a_kernel(t, dims, layout, reduced):
+    axes = [int(a) for a in reduced.strip("{}").split(",")]
+    kept = [d for i, d in enumerate(dims) if i not in axes]
+    shape = ",".join(map(str, dims))
+    text = f"""HloModule complex_sum
+add {{
+  a = {t}[] parameter(0)
+  b = {t}[] parameter(1)
+  ROOT s = {t}[] add(a, b)
+}}
+ENTRY e {{
+  x = {t}[{shape}]{layout} parameter(0)
+  z = {t}[] constant((0, 0))
+  m = {t}[{shape}]{layout} multiply(x, x)
+  ROOT r = {t}[{",".join(map(str, kept))}] reduce(m, z), dimensions={reduced}, to_apply=add
+}}"""
+    x = _complex(TYPES[t][0], dims)
+    _check(text, [x], t)

@@ -16,6 +16,7 @@
 #   real, imag, complex     extract / build the struct
 #   compare EQ / NE         both parts
 #   convert                 from a real type (imaginary part 0) and between c64 and c128
+#   reduce                  folds through its reducer computation, in the rule's order
 # Anything else on a complex operand or result is declined (complex_reason) before emission,
 # so the instruction keeps its interpreter rule, listed as a fallback.
 
@@ -48,7 +49,7 @@ COMPLEX_OPCODES = frozenset(
         Op.SQRT, Op.REAL, Op.IMAG, Op.COMPLEX, Op.COMPARE, Op.CONVERT, Op.SELECT, Op.COPY,
         Op.PARAMETER, Op.CONSTANT, Op.BROADCAST, Op.TRANSPOSE, Op.RESHAPE, Op.BITCAST,
         Op.SLICE, Op.CONCATENATE, Op.PAD, Op.REVERSE, Op.DYNAMIC_SLICE,
-        Op.DYNAMIC_UPDATE_SLICE, Op.TUPLE, Op.GET_TUPLE_ELEMENT,
+        Op.DYNAMIC_UPDATE_SLICE, Op.TUPLE, Op.GET_TUPLE_ELEMENT, Op.REDUCE,
     }
 )  # fmt: skip
 """Opcodes a kernel computes with complex operands or results."""

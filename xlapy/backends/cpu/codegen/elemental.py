@@ -738,6 +738,8 @@ def simple_reducer(comp) -> Opcode | None:
 
 
 def _identity(op: Opcode, t: PrimitiveType):
+    if t.is_complex:  # complex reduces fold through their reducer computation
+        return None
     ty = reg_type(t)
     if t.is_float:
         value = {
