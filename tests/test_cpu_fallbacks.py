@@ -28,12 +28,13 @@ from xlapy.ir.parser import parse_module
 pytestmark = pytest.mark.usefixtures("kernel_cache")
 RNG = np.random.default_rng(20261126)
 
-# cholesky (the HLO op, not JAX's LAPACK custom call) has no kernel and no library path
+# cholesky (the HLO op, not JAX's LAPACK custom call) has no kernel and no library path;
+# complex tanh has no kernel rule
 CHOLESKY = """HloModule with_cholesky
 ENTRY e {
   x = c64[4,4] parameter(0)
   f = c64[4,4] cholesky(x), lower=true
-  ROOT n = c64[4,4] negate(f)
+  ROOT n = c64[4,4] tanh(f)
 }"""
 
 SORTED = """HloModule sorted
@@ -61,7 +62,7 @@ def test_an_instruction_without_kernel_or_library_path_is_a_listed_fallback():
     program = CpuProgram(parse_module(CHOLESKY))
     assert program.fallbacks == [
         Fallback("f", "cholesky", "no kernel for 'cholesky'"),
-        Fallback("n", "negate", "p0: the CPU emitter does not handle element type c64"),
+        Fallback("n", "tanh", "n: the CPU emitter has no complex rule for 'tanh'"),
     ]
     assert str(program.fallbacks[0]) == "f (cholesky): no kernel for 'cholesky'"
     a = _complex(4, 4)
@@ -170,7 +171,7 @@ def test_opt_lists_the_cpu_fallbacks(run_cli, write):
     code, out, err = run_cli("opt", path, "--backend", "cpu")
     assert code == 0, err
     assert "cholesky(" in out
-    assert "cpu fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (negate): " in err
+    assert "cpu fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (tanh): " in err
     code, _, err = run_cli("opt", write("sorted.hlo", SORTED), "--backend", "cpu")
     assert code == 0 and "cpu fallbacks: none" in err
 
@@ -179,7 +180,7 @@ def test_bench_lists_the_fallbacks(run_cli, write):
     path = write("cholesky.hlo", CHOLESKY)
     code, out, err = run_cli("bench", path, "--random-inputs", "--runs", "2", "--warmup", "0")
     assert code == 0, err
-    assert "fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (negate): " in out
+    assert "fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (tanh): " in out
     code, out, err = run_cli(
         "bench", path, "--random-inputs", "--runs", "2", "--warmup", "0", "--json"
     )
