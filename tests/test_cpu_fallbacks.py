@@ -8,6 +8,7 @@ import json
 import re
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -27,12 +28,13 @@ from xlapy.ir.parser import parse_module
 pytestmark = pytest.mark.usefixtures("kernel_cache")
 RNG = np.random.default_rng(20261126)
 
-# cholesky (the HLO op, not JAX's LAPACK custom call) has no kernel and no library path
+# cholesky (the HLO op, not JAX's LAPACK custom call) has no kernel and no library path;
+# complex tanh has no kernel rule
 CHOLESKY = """HloModule with_cholesky
 ENTRY e {
   x = c64[4,4] parameter(0)
   f = c64[4,4] cholesky(x), lower=true
-  ROOT n = c64[4,4] negate(f)
+  ROOT n = c64[4,4] tanh(f)
 }"""
 
 SORTED = """HloModule sorted
@@ -60,7 +62,7 @@ def test_an_instruction_without_kernel_or_library_path_is_a_listed_fallback():
     program = CpuProgram(parse_module(CHOLESKY))
     assert program.fallbacks == [
         Fallback("f", "cholesky", "no kernel for 'cholesky'"),
-        Fallback("n", "negate", "p0: the CPU emitter does not handle element type c64"),
+        Fallback("n", "tanh", "n: the CPU emitter has no complex rule for 'tanh'"),
     ]
     assert str(program.fallbacks[0]) == "f (cholesky): no kernel for 'cholesky'"
     a = _complex(4, 4)
@@ -169,7 +171,7 @@ def test_opt_lists_the_cpu_fallbacks(run_cli, write):
     code, out, err = run_cli("opt", path, "--backend", "cpu")
     assert code == 0, err
     assert "cholesky(" in out
-    assert "cpu fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (negate): " in err
+    assert "cpu fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (tanh): " in err
     code, _, err = run_cli("opt", write("sorted.hlo", SORTED), "--backend", "cpu")
     assert code == 0 and "cpu fallbacks: none" in err
 
@@ -178,9 +180,109 @@ def test_bench_lists_the_fallbacks(run_cli, write):
     path = write("cholesky.hlo", CHOLESKY)
     code, out, err = run_cli("bench", path, "--random-inputs", "--runs", "2", "--warmup", "0")
     assert code == 0, err
-    assert "fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (negate): " in out
+    assert "fallbacks: 2\n  f (cholesky): no kernel for 'cholesky'\n  n (tanh): " in out
     code, out, err = run_cli(
         "bench", path, "--random-inputs", "--runs", "2", "--warmup", "0", "--json"
     )
     assert code == 0, err
     assert json.loads(out)["fallbacks"][0] == "f (cholesky): no kernel for 'cholesky'"
+
+
+# XLA's optimized HLO: a dot fused with its bias add and tanh (an output fusion), and a
+# reduce-window fused with its operand's producer; the defuser undoes both, the dot runs as
+# BLAS, the reduce-window as its library path, and xlapy fuses the elementwise rest again.
+FOREIGN_FUSIONS = """HloModule foreign
+fused_dot {
+  p0 = f32[8,16] parameter(0)
+  p1 = f32[16,4] parameter(1)
+  p2 = f32[4] parameter(2)
+  d = f32[8,4] dot(p0, p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  b = f32[8,4] broadcast(p2), dimensions={1}
+  a = f32[8,4] add(d, b)
+  ROOT t = f32[8,4] tanh(a)
+}
+add_f32 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+fused_window {
+  q0 = f32[8,4] parameter(0)
+  e = f32[8,4] exponential(q0)
+  z = f32[] constant(0)
+  ROOT w = f32[8,4] reduce-window(e, z), window={size=8x1 pad=7_0x0_0}, to_apply=add_f32
+}
+ENTRY e {
+  x = f32[8,16] parameter(0)
+  w = f32[16,4] parameter(1)
+  b = f32[4] parameter(2)
+  f = f32[8,4] fusion(x, w, b), kind=kOutput, calls=fused_dot
+  ROOT g = f32[8,4] fusion(f), kind=kLoop, calls=fused_window
+}"""
+
+
+def test_foreign_fusions_around_own_thunk_ops_are_undone():
+    from xlapy.passes.inline import Defuser
+
+    module = parse_module(FOREIGN_FUSIONS)
+    assert Defuser().run(module)
+    opcodes = {i.opcode for i in module.entry_computation().instructions}
+    assert Opcode.FUSION not in opcodes
+    assert {Opcode.DOT, Opcode.REDUCE_WINDOW, Opcode.TANH} <= opcodes
+    assert [c.name for c in module.computations] == ["add_f32", "e"]
+    assert not Defuser().run(module)
+
+    program = CpuProgram(parse_module(FOREIGN_FUSIONS))
+    assert program.fallbacks == []
+    args = [RNG.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 4), (4,))]
+    want = evaluate(parse_module(FOREIGN_FUSIONS), args)
+    np.testing.assert_allclose(program.run(args), want, rtol=2e-5, atol=2e-5)
+
+
+REDUCE_PRECISION = [  # (type, exponent_bits, mantissa_bits)
+    ("f32", 5, 10),
+    ("f32", 8, 7),
+    ("f32", 4, 3),
+    ("f32", 5, 2),
+    ("f32", 8, 23),
+    ("f64", 8, 23),
+    ("f64", 11, 10),
+    ("f64", 5, 0),
+    ("f16", 4, 3),
+    ("f16", 5, 2),
+    ("bf16", 5, 2),
+    ("bf16", 4, 5),
+]
+FLOATS = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _wide_range(dtype, n: int) -> np.ndarray:
+    """Magnitudes over the type's whole range with NaN, +-inf, +-0 and subnormals."""
+    info = ml_dtypes.finfo(dtype)
+    exps = RNG.uniform(np.log2(float(info.smallest_subnormal)), np.log2(float(info.max)), n)
+    x = (np.sign(RNG.standard_normal(n)) * np.exp2(exps)).astype(np.float64)
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, float(info.smallest_subnormal)]
+    x[: len(specials)] = specials
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize(
+    "t,e,m", REDUCE_PRECISION, ids=[f"{t}-e{e}m{m}" for t, e, m in REDUCE_PRECISION]
+)
+def test_reduce_precision_is_a_kernel(t, e, m):
+    text = f"""HloModule rp
+ENTRY e {{
+  x = {t}[257] parameter(0)
+  r = {t}[257] reduce-precision(x), exponent_bits={e}, mantissa_bits={m}
+  ROOT n = {t}[257] negate(r)
+}}"""
+    program = CpuProgram(parse_module(text), {"denormals": "ieee"})
+    assert program.fallbacks == []
+    x = _wide_range(FLOATS[t], 257)
+    got, want = np.asarray(program.run([x])), np.asarray(evaluate(parse_module(text), [x]))
+    assert got.dtype == want.dtype
+    nan = np.isnan(want.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), nan)
+    np.testing.assert_array_equal(
+        got[~nan].view(f"u{got.itemsize}"), want[~nan].view(f"u{got.itemsize}")
+    )

@@ -266,10 +266,42 @@ WINDOWS = [
         True,
     ),
     (
-        "sumpool_padded_keeps_rule",
+        "sumpool_padded",
         lambda x: lax.reduce_window(x, 0.0, lax.add, (3, 3), (1, 1), "SAME"),
         lambda: _floats((9, 11)),
-        False,
+        True,
+    ),
+    (
+        "maxpool_same_stride2",
+        lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME"),
+        lambda: _floats((2, 7, 6, 3)),
+        True,
+    ),
+    (
+        "sumpool_uneven_and_negative_padding",
+        lambda x: lax.reduce_window(x, 0.0, lax.add, (2, 3), (1, 2), ((2, 0), (1, -1))),
+        lambda: _floats((6, 9)),
+        True,
+    ),
+    (
+        "sumpool_base_dilation",
+        lambda x: lax.reduce_window(x, 0.0, lax.add, (2, 2), (1, 1), "VALID", base_dilation=(2, 1)),
+        lambda: _floats((5, 6)),
+        True,
+    ),
+    (
+        "minpool_s32_padded_dilated_window",
+        lambda x: lax.reduce_window(
+            x, jnp.iinfo(jnp.int32).max, lax.min, (2, 2), (1, 1), "SAME", window_dilation=(2, 1)
+        ),
+        lambda: _ints((7, 5), -1000, 1000),
+        True,
+    ),
+    (  # init 2 is not neutral for a sum: the padding must stay out, the rule runs it
+        "sumpool_padded_init_not_neutral",
+        lambda x: lax.reduce_window(x, 2.0, lax.add, (3, 3), (1, 1), "SAME"),
+        lambda: _floats((5, 4)),
+        True,
     ),
 ]
 

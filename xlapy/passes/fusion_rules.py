@@ -58,6 +58,27 @@ NEVER_FUSED = frozenset({O.COPY})
 # Only as the root of a fusion.
 ROOT_ONLY = frozenset({O.REDUCE})
 
+# Ops that run as their own thunk (a library call or a kernel of their own), never inside a
+# loop fusion. Another compiler's fusion around one (XLA's output fusion of a dot and its
+# bias add, its fusions holding a reduce-window or a scatter) is undone by the defuser
+# (passes/inline.py) before xlapy fuses again by its own rules.
+OWN_THUNK = frozenset(
+    {
+        O.CHOLESKY,
+        O.CONVOLUTION,
+        O.CUSTOM_CALL,
+        O.DOT,
+        O.FFT,
+        O.REDUCE_WINDOW,
+        O.RNG_BIT_GENERATOR,
+        O.SCATTER,
+        O.SELECT_AND_SCATTER,
+        O.SORT,
+        O.TOPK,
+        O.TRIANGULAR_SOLVE,
+    }
+)
+
 # Only as the root of a fusion, with this operand a fusion parameter (updated in place).
 IN_PLACE_ROOT_OPERAND = {O.DYNAMIC_UPDATE_SLICE: 0}
 

@@ -1,18 +1,27 @@
-"""Call inlining: every `call` is replaced by a copy of the computation it calls.
+"""Call inlining: every `call` is replaced by a copy of the computation it calls; the defuser
+does the same to fusions that hold an op with a thunk of its own.
 
 The callee's instructions are cloned into the caller just before the call, with fresh
 names, parameters mapped to the call's operands and control edges kept; the clone of the
 callee's root replaces the call. Calls inside cloned code are inlined in turn (the call
 graph has no cycles), so after the pass no reachable computation holds a `call`; calls on
 another execution thread are left alone. Callees that nothing calls any more are dropped.
+
+The defuser inlines a fusion whose fused computation holds an op that runs as its own thunk
+(fusion_rules.OWN_THUNK: dot, convolution, reduce-window, scatter, sort...): such fusions come
+from another compiler (XLA's optimized HLO fuses a dot with its bias add, a reduce-window
+with its operand's producers) and a loop-fusion kernel cannot compute them; inlined, the op
+gets its library path or kernel and xlapy's fusion pass fuses the elementwise rest again.
 """
 
 from __future__ import annotations
 
+from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
+from xlapy.passes.fusion_rules import OWN_THUNK, fused_computation
 from xlapy.passes.hlo_edit import (
     Editor,
     reachable_computations,
@@ -21,13 +30,18 @@ from xlapy.passes.hlo_edit import (
 from xlapy.passes.pass_base import HloPass, register_pass
 
 
-def inline_call(editor: Editor, call: HloInstruction) -> HloInstruction:
-    """Inline one `call` instruction; returns what replaced it."""
-    callee = call.attrs["to_apply"]
+def inline_call(
+    editor: Editor, call: HloInstruction, callee: HloComputation | None = None
+) -> HloInstruction:
+    """Inline one `call` instruction (or another caller of `callee`, such as a fusion);
+    returns what replaced it."""
+    callee = call.attrs["to_apply"] if callee is None else callee
     clones: dict[int, HloInstruction] = {}
     for instr in callee.post_order():
         if instr.opcode is Opcode.PARAMETER:
-            clones[id(instr)] = call.operands[instr.parameter_number]
+            number = instr.parameter_number
+            assert number is not None, "a parameter has a number"
+            clones[id(instr)] = call.operands[number]
             continue
         clone = HloInstruction(
             editor.namer.fresh(instr.name),
@@ -77,6 +91,34 @@ class CallInliner(HloPass):
                     break
                 for call in calls:
                     inline_call(editor, call)
+                changed = True
+        if changed:
+            remove_unreachable_computations(module)
+        return changed
+
+
+def holds_own_thunk_op(comp: HloComputation) -> bool:
+    """Whether `comp` holds an OWN_THUNK op."""
+    return any(i.opcode in OWN_THUNK for i in comp.instructions)
+
+
+@register_pass
+class Defuser(HloPass):
+    """Inlines every fusion whose fused computation holds an op that runs as its own thunk
+    (see the module comment); other fusions are left alone."""
+
+    name = "defuser"
+
+    def run(self, module: HloModule) -> bool:
+        namer = NameUniquer(module)
+        changed = False
+        for comp in reachable_computations(module):
+            editor = Editor(comp, namer)
+            for instr in list(comp.instructions):
+                body = fused_computation(instr)
+                if body is None or not holds_own_thunk_op(body):
+                    continue
+                inline_call(editor, instr, body)
                 changed = True
         if changed:
             remove_unreachable_computations(module)

@@ -19,6 +19,7 @@ SIMPLIFY: list[str | HloPass] = ["algsimp", "constant-folding", "tuple-simplifie
 
 CPU_PIPELINE: list[PlanEntry] = [
     "call-inliner",
+    "defuser",  # XLA's fusions around a dot, reduce-window, scatter...: fused again below
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
@@ -61,8 +62,7 @@ def build(
 
 
 def default_cpu_pipeline(dump_dir: str | Path | None = None, verify: bool = True) -> PassPipeline:
-    """The CPU compiler's pipeline (CPU_PIPELINE): inline, make intermediate layouts
-    row-major, expand, simplify to a fixed point,
-    turn donors into aliases, then fuse, turn reshapes that move no bytes into bitcasts
-    and insert copies."""
+    """The CPU compiler's pipeline (CPU_PIPELINE): inline calls and foreign fusions, make
+    intermediate layouts row-major, expand, simplify to a fixed point, turn donors into
+    aliases, then fuse, turn reshapes that move no bytes into bitcasts and insert copies."""
     return build("cpu", CPU_PIPELINE, dump_dir, verify)

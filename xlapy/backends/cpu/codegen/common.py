@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 P = PrimitiveType
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+C64_TYPE = ir.LiteralStructType([F32, F32])  # (real, imaginary): codegen/complex.py
+C128_TYPE = ir.LiteralStructType([F64, F64])
 
 REDUCE_BLOCK = 256
 """Elements of the innermost reduced dimension summed into one partial result."""
@@ -48,7 +50,7 @@ class KernelSpec:
 
 _SUPPORTED_TYPES = {
     P.PRED, P.S8, P.S16, P.S32, P.S64, P.U8, P.U16, P.U32, P.U64,
-    P.F16, P.BF16, P.F32, P.F64,
+    P.F16, P.BF16, P.F32, P.F64, P.C64, P.C128,
 }  # fmt: skip
 
 
@@ -58,6 +60,8 @@ def reg_type(t: PrimitiveType):
         return I1
     if t.is_integral:
         return ir.IntType(t.bits)
+    if t.is_complex:
+        return C64_TYPE if t is P.C64 else C128_TYPE
     return F64 if t is P.F64 else F32
 
 

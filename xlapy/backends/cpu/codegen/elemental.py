@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import (
+    F16,
     F32,
     F64,
     I1,
+    I16,
     I32,
     I64,
     REDUCE_BLOCK,
@@ -24,6 +26,12 @@ from xlapy.backends.cpu.codegen.common import (
     mem_type,
     reduce_hero,
     reg_type,
+)
+from xlapy.backends.cpu.codegen.complex import (
+    Complex,
+    complex_binary,
+    complex_convert,
+    complex_unary,
 )
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
@@ -242,6 +250,8 @@ def _unary(em: KernelEmitter, instr, index):
     t = _ot(instr)
     if instr.opcode is Op.IS_FINITE:
         return em.b.fcmp_ordered("<", em.math.fabs(x), _const(x.type, math.inf))
+    if t.is_complex:
+        return complex_unary(em, instr, x)
     if t is P.PRED:
         if instr.opcode is Op.NOT:
             return em.b.not_(x)
@@ -264,6 +274,8 @@ def _binary(em: KernelEmitter, instr, index):
     a = em.operand_at(instr, 0, index)
     c = em.operand_at(instr, 1, index)
     t = _ot(instr)
+    if t.is_complex:
+        return complex_binary(em, instr, a, c)
     if t is P.PRED:
         name = _PRED_BINARY.get(instr.opcode)
         if name is None:
@@ -302,6 +314,8 @@ def _compare(em: KernelEmitter, instr, index):
         raise _unsupported(instr, f"needs direction=EQ|NE|LT|LE|GT|GE, got {direction}")
     kind = instr.comparison_type or ""
     b = em.b
+    if t.is_complex:
+        return Complex(em).compare(op, a, c)
     if t.is_float:
         if kind == "TOTALORDER":
             return b.icmp_signed(op, _total_order_key(em, a), _total_order_key(em, c))
@@ -354,6 +368,8 @@ def convert_value(em: KernelEmitter, x, frm: PrimitiveType, to: PrimitiveType):
     b = em.b
     if frm is to:
         return x
+    if to.is_complex:
+        return complex_convert(em, x, frm, to, convert_value)
     if to is P.PRED:
         if frm.is_float:
             return b.fcmp_unordered("!=", x, _const(x.type, 0.0))
@@ -390,6 +406,67 @@ def convert_value(em: KernelEmitter, x, frm: PrimitiveType, to: PrimitiveType):
             return b.fptrunc(x, F32)
         return em.round_to(_round_to_odd_f32(em, x), to)
     return em.round_to(x, to)
+
+
+@emits(Op.REAL, Op.IMAG)
+def _real_imag(em: KernelEmitter, instr, index):
+    x = em.operand_at(instr, 0, index)
+    if not _ot(instr).is_complex:  # of a real value: itself, or 0
+        return x if instr.opcode is Op.REAL else _const(x.type, 0.0)
+    return em.b.extract_value(x, 0 if instr.opcode is Op.REAL else 1)
+
+
+@emits(Op.COMPLEX)
+def _complex(em: KernelEmitter, instr, index):
+    re, im = em.operand_at(instr, 0, index), em.operand_at(instr, 1, index)
+    return Complex(em).make(re, im)
+
+
+_IEEE_LAYOUT = {P.F16: (5, 10), P.F32: (8, 23), P.F64: (11, 52)}
+
+
+def _reduce_precision_bits(em: KernelEmitter, u, src: tuple[int, int], exp_bits, mant_bits):
+    """XLA's reduce-precision on the bits `u` of an IEEE float with (exponent, mantissa)
+    widths `src`: round the mantissa to nearest even, then send exponents beyond the reduced
+    range to signed infinity (above) or signed zero (below)."""
+    b, ity = em.b, u.type
+    src_exp, src_mant = src
+    if mant_bits < src_mant:
+        drop = src_mant - mant_bits
+        last = 1 << drop
+        lsb = b.lshr(b.and_(u, _const(ity, last)), _const(ity, drop))
+        u = b.add(u, b.add(lsb, _const(ity, (last >> 1) - 1)))
+        u = b.and_(u, _const(ity, ~(last - 1) & ((1 << ity.width) - 1)))
+    if exp_bits < src_exp:
+        exp_mask = ((1 << src_exp) - 1) << src_mant
+        src_bias, red_bias = (1 << (src_exp - 1)) - 1, (1 << (exp_bits - 1)) - 1
+        exponent = b.and_(u, _const(ity, exp_mask))
+        signed_zero = b.and_(u, _const(ity, 1 << (ity.width - 1)))
+        over = b.icmp_unsigned(">", exponent, _const(ity, (src_bias + red_bias) << src_mant))
+        under = b.icmp_unsigned("<=", exponent, _const(ity, (src_bias - red_bias) << src_mant))
+        inf = b.or_(signed_zero, _const(ity, exp_mask))
+        u = b.select(over, inf, b.select(under, signed_zero, u))
+    return u
+
+
+@emits(Op.REDUCE_PRECISION)
+def _reduce_precision(em: KernelEmitter, instr, index):
+    x = em.operand_at(instr, 0, index)
+    t = _ot(instr)
+    exp_bits, mant_bits = instr.attrs.get("exponent_bits"), instr.attrs.get("mantissa_bits")
+    if exp_bits is None or mant_bits is None or not t.is_float:
+        raise _unsupported(instr, "needs a float operand, exponent_bits and mantissa_bits")
+    b = em.b
+    if t is P.F16:  # the register holds an f32 that is an f16 value: work on its f16 bits
+        bits = b.bitcast(b.fptrunc(x, F16), I16)
+        bits = _reduce_precision_bits(em, bits, _IEEE_LAYOUT[P.F16], exp_bits, mant_bits)
+        result = b.fpext(b.bitcast(bits, F16), F32)
+    else:  # bf16 is reduced as the f32 it is in registers, then rounded back (as the rule)
+        layout = _IEEE_LAYOUT[P.F64 if t is P.F64 else P.F32]
+        ity = I64 if t is P.F64 else I32
+        bits = _reduce_precision_bits(em, b.bitcast(x, ity), layout, exp_bits, mant_bits)
+        result = em.round_to(b.bitcast(bits, x.type), t)
+    return b.select(em.math.isnan(x), x, result)
 
 
 @emits(Op.CONVERT)
@@ -661,6 +738,8 @@ def simple_reducer(comp) -> Opcode | None:
 
 
 def _identity(op: Opcode, t: PrimitiveType):
+    if t.is_complex:  # complex reduces fold through their reducer computation
+        return None
     ty = reg_type(t)
     if t.is_float:
         value = {

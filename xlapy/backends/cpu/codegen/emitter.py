@@ -66,6 +66,7 @@ from xlapy.backends.cpu.codegen.common import (
     reduce_hero,
     reg_type,
 )
+from xlapy.backends.cpu.codegen.complex import Complex, complex_reason
 from xlapy.backends.cpu.codegen.math import MathEmitter
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -91,6 +92,9 @@ def _precheck(comp: HloComputation) -> None:
                 f"{instr.name}: the CPU emitter has no rule for '{instr.opcode.text}'"
             )
         check_type(instr, instr.shape)
+        reason = complex_reason(instr)
+        if reason is not None:
+            raise UnsupportedForCodegen(reason)
         for sub in instr.called_computations():
             _precheck(sub)
     root = comp.root_instruction()
@@ -612,6 +616,8 @@ class KernelEmitter:
             values = [ir.Constant(I16, int(x)) for x in flat.view(np.uint16)]
         elif t.is_integral:
             values = [ir.Constant(ety, int(x)) for x in flat]
+        elif t.is_complex:
+            values = [Complex(self).constant(complex(x), t) for x in flat]
         else:
             values = [ir.Constant(ety, float(x)) for x in flat]
         arrty = ir.ArrayType(ety, len(values))
@@ -628,6 +634,8 @@ class KernelEmitter:
             return ir.Constant(I1, int(bool(value)))
         if t.is_integral:
             return ir.Constant(ty, int(value) & ((1 << t.bits) - 1))
+        if t.is_complex:
+            return Complex(self).constant(complex(value), t)
         return ir.Constant(ty, float(value))
 
 

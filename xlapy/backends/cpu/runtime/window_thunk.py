@@ -17,14 +17,14 @@
 # along the axis): O(n) reducer calls instead of the rule's O(n^2) element visits, and the
 # rule's order in the forward direction.
 #
-# Pooling windows without base dilation fold the window offsets in row-major
-# order into the output in place (`ufunc(acc, strided view, out=acc)`), again the rule's
-# order, without the padded copies and validity masks the general rule builds. With
-# padding, the operand is first copied into a buffer of init values; the rule skips padded
-# positions, so this runs only where init folded into the accumulator changes no bit (a max
-# with -inf, a sum with +0), and declines to the rule otherwise. A max (min)
+# Pooling windows fold the window offsets in row-major order into the output in place
+# (`ufunc(acc, strided view, out=acc)`), again the rule's order, without the validity masks
+# the general rule builds. A max (min)
 # whose init is -inf (+inf, or the integer extreme) leaves every element unchanged, so the
-# init pass is left out and the first two offsets are combined in the first pass.
+# init pass is left out and the first two offsets are combined in the first pass. With
+# padding or base dilation they run over the operand padded (dilated) with init where init
+# is neutral for the reducer (0 for a sum, -inf for a max): the fold leaves it unchanged,
+# as the rule leaves the padding out; any other init declines to the rule.
 #
 # select-and-scatter (the max-pool gradient) with a select that is one compare of its two
 # parameters and a one-op scatter: the window offsets are visited in row-major order over
@@ -37,6 +37,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 
@@ -109,12 +110,10 @@ def plan_reduce_window(instr: HloInstruction):
         return _lifted_scan(reducer, None, False)  # out[i] = reducer(init, x[i])
     if ufunc is None or any(d.reversal for d in window.dims):
         return None
-    if any(d.base_dilation != 1 for d in window.dims) or 0 in instr.shape.dims:
+    if 0 in instr.shape.dims:
         return None
-    if any(d.pad_low < 0 or d.pad_high < 0 for d in window.dims):
-        return None
-    if any(d.pad_low or d.pad_high for d in window.dims):
-        return _padded_pooling(ufunc, window, dims, instr.shape.dims)
+    if any(d.pad_low or d.pad_high or d.base_dilation != 1 for d in window.dims):
+        return _padded_pooling(ufunc, window, instr.shape.dims)
     return _pooling(ufunc, window, instr.shape.dims)
 
 
@@ -204,35 +203,41 @@ def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
     return run
 
 
-def _pad_neutral(ufunc: np.ufunc, init: np.ndarray) -> bool:
-    """Whether folding `init` into an accumulator that started at `init` never changes it,
-    bit for bit: the identities of max and min, and a +0 (or integer 0) sum init (an
-    accumulator started at +0 never becomes -0 under round-to-nearest, and acc + 0 = acc
-    for every other value, NaN and infinities included)."""
-    if _identity(ufunc, init):
-        return True
-    if ufunc is not np.add or init.dtype.kind not in "fiu":
-        return False
-    return bool(init == 0) and not bool(np.signbit(init))
+def _neutral(ufunc: np.ufunc, init: np.ndarray) -> bool:
+    """Whether folding `init` into an accumulator that started at `init` leaves it as it is
+    (so padding filled with `init` may take part in the fold): 0 for add, 1 for multiply,
+    the extremes for max/min, false for or/xor, true for and."""
+    if ufunc in (np.maximum, np.minimum):
+        return _identity(ufunc, init)
+    neutral: dict[np.ufunc, int] = {
+        np.add: 0,
+        np.multiply: 1,
+        np.logical_or: 0,
+        np.logical_xor: 0,
+        np.logical_and: 1,
+    }
+    value = neutral.get(ufunc)
+    return value is not None and init.dtype.kind in "fiub" and bool(init == value)
 
 
-def _padded_pooling(ufunc: np.ufunc, window, x_dims: tuple[int, ...], out_dims):
-    """Pooling with padding (a max pool with SAME padding): the operand is copied into a
-    buffer of init values, and the padded positions, which the rule skips, are folded in
-    only where init leaves every accumulator unchanged (`_pad_neutral`); other inits decline
-    to the rule."""
-    padded = tuple(d.pad_low + n + d.pad_high for d, n in zip(window.dims, x_dims, strict=True))
-    inner = tuple(slice(d.pad_low, d.pad_low + n) for d, n in zip(window.dims, x_dims, strict=True))
-    body = _pooling(ufunc, window, out_dims)
+def _padded_pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
+    """Pooling over the operand dilated and padded with init: the rule leaves padding out of
+    the fold, which is the same when init is neutral (_neutral); otherwise it declines."""
+    from xlapy.backends.interpreter.rules.contraction import dilate_and_pad
+
+    plain = type(window)(
+        tuple(replace(d, pad_low=0, pad_high=0, base_dilation=1) for d in window.dims)
+    )
+    pool = _pooling(ufunc, plain, out_dims)
 
     def run(values, out, ctx) -> bool:
         x, init = values
         init = np.asarray(init)
-        if not _pad_neutral(ufunc, init):
+        if not _neutral(ufunc, init):
             return False
-        buf = np.full(padded, init, dtype=x.dtype)
-        buf[inner] = x
-        return body([buf, init], out, ctx)
+        for axis, d in enumerate(window.dims):
+            x = dilate_and_pad(x, axis, d, init)
+        return pool([x, init], out, ctx)
 
     return run
 
