@@ -33,6 +33,7 @@ import ctypes
 import ctypes.util
 import functools
 import hashlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ import xlapy
 from xlapy.backends.cpu.codegen.math import LIBM_FUNCTIONS
 from xlapy.backends.cpu.jit.disk_cache import FORMAT, read_entry, write_entry
 from xlapy.backends.cpu.jit.disk_cache import cache_dir as cache_dir  # where the files are
+from xlapy.errors import XlapyError
 
 _lock = threading.Lock()
 _local = threading.local()
@@ -100,12 +102,32 @@ def data_layout() -> str:
     return str(target_machine().target_data)
 
 
+OPT_LEVEL_ENV = "XLAPY_CPU_LLVM_OPT"
+"""Environment variable: LLVM's optimization level for kernels, 1-3 (default DEFAULT_OPT_LEVEL)."""
+DEFAULT_OPT_LEVEL = 3
+
+
+@functools.cache
+def opt_level() -> int:
+    """LLVM's optimization level (the new pass manager's speed level) for every object this
+    process compiles: $XLAPY_CPU_LLVM_OPT, read once, else DEFAULT_OPT_LEVEL. Part of every
+    cache key, so objects made at another level are not reused."""
+    raw = os.environ.get(OPT_LEVEL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_OPT_LEVEL
+    if raw not in ("1", "2", "3"):
+        raise XlapyError(f"${OPT_LEVEL_ENV} must be 1, 2 or 3, got {raw!r}")
+    return int(raw)
+
+
 def content_key(*parts: str) -> str:
     """A SHA-256 over `parts`, this machine's CPU and features, the xlapy and llvmlite
-    versions and the cache format: what every cache file is named by."""
+    versions, LLVM's optimization level and the cache format: what every cache file is
+    named by."""
     host = host_target()
     h = hashlib.sha256()
-    for part in (*parts, host.triple, host.cpu, host.features, xlapy.__version__):
+    level = f"O{opt_level()}"
+    for part in (*parts, host.triple, host.cpu, host.features, xlapy.__version__, level):
         h.update(part.encode())
         h.update(b"\0")
     h.update(llvmlite.__version__.encode())
@@ -148,7 +170,7 @@ def _parse(ir_text: str, context, rename: tuple[str, str] | None = None) -> llvm
 
 
 def _run_pipeline(mod: llvm.ModuleRef, tm, locked: bool) -> None:
-    pto = llvm.PipelineTuningOptions(speed_level=3)
+    pto = llvm.PipelineTuningOptions(speed_level=opt_level())
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_interleaving = True
