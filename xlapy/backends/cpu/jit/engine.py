@@ -2,7 +2,10 @@
 #
 # The target machine is the host CPU with all its features (so AVX/FMA are used where the
 # machine has them). Optimization is LLVM's O3 pipeline built by the new pass manager
-# (PassBuilder with loop and SLP vectorization on). The optimized module is emitted as an
+# (PassBuilder with loop and SLP vectorization on); $XLAPY_CPU_LLVM_OPT picks level 1 or 2
+# instead (`opt_level`). The cost is in the code, not per object: linking a program's 77
+# kernels into one module saved no LLVM time (benchmarks/RESULTS.md, compile time, third
+# session), so each kernel stays its own object. The optimized module is emitted as an
 # object file; objects are loaded in batches into one MCJIT execution engine shared by the
 # whole process (`SharedEngine`: one finalization per batch, no engine per object).
 #
