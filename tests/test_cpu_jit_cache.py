@@ -17,6 +17,7 @@ from xlapy.backends.cpu.compiler import compile_module
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import kernel as kernel_mod
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache, clear_loaded_objects
+from xlapy.errors import XlapyError
 from xlapy.ir.parser import parse_module
 
 TEXT = """HloModule m
@@ -290,3 +291,41 @@ def test_shared_engine_names_a_missing_symbol(tmp_path, monkeypatch):
     other = "0" * 64
     with pytest.raises(RuntimeError, match=jit.exported_symbol(other)):
         jit.SharedEngine().load([(other, data)])
+
+
+@pytest.fixture
+def _opt_level_from_env():
+    jit.opt_level.cache_clear()
+    yield
+    jit.opt_level.cache_clear()
+
+
+@pytest.mark.usefixtures("_opt_level_from_env")
+@pytest.mark.parametrize("level", ["1", "2", "3"])
+def test_every_optimization_level_compiles_correct_kernels(tmp_path, monkeypatch, level):
+    """$XLAPY_CPU_LLVM_OPT picks LLVM's level; every level gives kernels that agree with the
+    interpreter, and the level is part of every cache key (objects of another level are
+    never reused)."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(jit.OPT_LEVEL_ENV, level)
+    assert jit.opt_level() == int(level)
+    key = jit.cache_key("; some IR")
+    monkeypatch.setenv(jit.OPT_LEVEL_ENV, "3" if level != "3" else "2")
+    jit.opt_level.cache_clear()
+    assert jit.cache_key("; some IR") != key
+    monkeypatch.setenv(jit.OPT_LEVEL_ENV, level)
+    jit.opt_level.cache_clear()
+    kernel = compile_computation(parse_module(TEXT).entry)
+    assert not kernel.from_cache
+    rng = np.random.default_rng(11)
+    x, y = rng.standard_normal((2, 32, 64)).astype(np.float32)
+    expected = execute(parse_module(TEXT), [x, y], backend="interpreter")
+    np.testing.assert_allclose(kernel(x, y), expected, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.usefixtures("_opt_level_from_env")
+@pytest.mark.parametrize("raw", ["0", "4", "O2", "fast"])
+def test_bad_optimization_level_is_a_clear_error(monkeypatch, raw):
+    monkeypatch.setenv(jit.OPT_LEVEL_ENV, raw)
+    with pytest.raises(XlapyError, match=r"XLAPY_CPU_LLVM_OPT must be 1, 2 or 3"):
+        jit.opt_level()

@@ -2,7 +2,10 @@
 #
 # The target machine is the host CPU with all its features (so AVX/FMA are used where the
 # machine has them). Optimization is LLVM's O3 pipeline built by the new pass manager
-# (PassBuilder with loop and SLP vectorization on). The optimized module is emitted as an
+# (PassBuilder with loop and SLP vectorization on); $XLAPY_CPU_LLVM_OPT picks level 1 or 2
+# instead (`opt_level`). The cost is in the code, not per object: linking a program's 77
+# kernels into one module saved no LLVM time (benchmarks/RESULTS.md, compile time, third
+# session), so each kernel stays its own object. The optimized module is emitted as an
 # object file; objects are loaded in batches into one MCJIT execution engine shared by the
 # whole process (`SharedEngine`: one finalization per batch, no engine per object).
 #
@@ -33,6 +36,7 @@ import ctypes
 import ctypes.util
 import functools
 import hashlib
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -44,6 +48,7 @@ import xlapy
 from xlapy.backends.cpu.codegen.math import LIBM_FUNCTIONS
 from xlapy.backends.cpu.jit.disk_cache import FORMAT, read_entry, write_entry
 from xlapy.backends.cpu.jit.disk_cache import cache_dir as cache_dir  # where the files are
+from xlapy.errors import XlapyError
 
 _lock = threading.Lock()
 _local = threading.local()
@@ -101,12 +106,32 @@ def data_layout() -> str:
     return str(target_machine().target_data)
 
 
+OPT_LEVEL_ENV = "XLAPY_CPU_LLVM_OPT"
+"""Environment variable: LLVM's optimization level for kernels, 1-3 (default DEFAULT_OPT_LEVEL)."""
+DEFAULT_OPT_LEVEL = 3
+
+
+@functools.cache
+def opt_level() -> int:
+    """LLVM's optimization level (the new pass manager's speed level) for every object this
+    process compiles: $XLAPY_CPU_LLVM_OPT, read once, else DEFAULT_OPT_LEVEL. Part of every
+    cache key, so objects made at another level are not reused."""
+    raw = os.environ.get(OPT_LEVEL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_OPT_LEVEL
+    if raw not in ("1", "2", "3"):
+        raise XlapyError(f"${OPT_LEVEL_ENV} must be 1, 2 or 3, got {raw!r}")
+    return int(raw)
+
+
 def content_key(*parts: str) -> str:
     """A SHA-256 over `parts`, this machine's CPU and features, the xlapy and llvmlite
-    versions and the cache format: what every cache file is named by."""
+    versions, LLVM's optimization level and the cache format: what every cache file is
+    named by."""
     host = host_target()
     h = hashlib.sha256()
-    for part in (*parts, host.triple, host.cpu, host.features, xlapy.__version__):
+    level = f"O{opt_level()}"
+    for part in (*parts, host.triple, host.cpu, host.features, xlapy.__version__, level):
         h.update(part.encode())
         h.update(b"\0")
     h.update(llvmlite.__version__.encode())
@@ -149,7 +174,7 @@ def _parse(ir_text: str, context, rename: tuple[str, str] | None = None) -> llvm
 
 
 def _run_pipeline(mod: llvm.ModuleRef, tm, locked: bool) -> None:
-    pto = llvm.PipelineTuningOptions(speed_level=3)
+    pto = llvm.PipelineTuningOptions(speed_level=opt_level())
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_interleaving = True
