@@ -542,7 +542,8 @@ class Lowering:
         """Make the loops plan_native_loop started native, inner loops first (an outer
         loop's table holds its inner loops' functions). Call after wait_for_kernels."""
         for thunk, (future, table) in self.native_loops.items():
-            thunk.native = NativeLoop(function_address(future), [entry() for entry in table])
+            table_addresses = [entry() for entry in table]
+            thunk.native = NativeLoop(function_address(future), table_addresses, future)
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

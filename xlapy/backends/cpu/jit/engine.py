@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import functools
@@ -220,48 +221,144 @@ def _new_engine() -> llvm.ExecutionEngine:
     return llvm.create_mcjit_compiler(empty, new_target_machine())
 
 
-class SharedEngine:
-    """The execution engine that holds every kernel object of the process: objects are
-    added in batches, each batch finalized once (MCJIT relocates and protects only the new
-    sections, so code already running is untouched). A batch of four objects loads in
-    ~0.1 ms, against ~1.2 ms for a new engine (a target machine, an empty module and a
-    finalization each). An object is loaded once per key (the same key is the same code,
-    whether it came from the disk cache or not). Loaded code is never freed: if
-    a batch fails, the engine is retired (kept alive, its code still in use) and the next
-    batch starts a new one."""
+class CodeHold:
+    """One user's hold on a loaded object: the address of its kernel function. The code
+    stays mapped while any hold on it lives; dropping the last hold on every object of an
+    engine frees the engine's code (SharedEngine)."""
+
+    __slots__ = ("_engine", "address", "code", "key")
+
+    def __init__(self, engine: SharedEngine, code: _EngineCode, key: str, address: int):
+        self._engine, self.code, self.key, self.address = engine, code, key, address
+
+    def __del__(self) -> None:
+        self._engine.release(self.code, self.key)
+
+
+class _EngineCode:
+    """One MCJIT execution engine and the holds on the objects loaded into it."""
+
+    __slots__ = ("engine", "holds", "keys", "size")
 
     def __init__(self) -> None:
-        self._engine: llvm.ExecutionEngine | None = None
-        self._retired: list[llvm.ExecutionEngine] = []
-        self._addresses: dict[str, int] = {}
+        self.engine: llvm.ExecutionEngine | None = _new_engine()
+        self.keys: list[str] = []  # every object loaded, held or not
+        self.holds: dict[str, int] = {}  # key -> live CodeHolds on it
+        self.size = 0  # bytes of object files loaded
 
-    def load(self, objects: list[tuple[str, bytes]]) -> dict[str, int]:
-        """Load the objects (key, data) not loaded yet; the address of every given
-        object's kernel function (`exported_symbol(key)`), by key."""
+
+class SharedEngine:
+    """The execution engines that hold the kernel objects of the process: objects are
+    added in batches to the current engine, each batch finalized once (MCJIT relocates and
+    protects only the new sections, so code already running is untouched). A batch of four
+    objects loads in ~0.1 ms, against ~1.2 ms for a new engine (a target machine, an empty
+    module and a finalization each). An object is loaded once per key while its engine
+    lives (the same key is the same code, whether it came from the disk cache or not).
+
+    Lifetime: `load` hands out a CodeHold per object; users (kernels, native loops) keep
+    theirs while they may run the code. MCJIT cannot unload one object, so code is freed a
+    whole engine at a time: when no hold on any of its objects is left and it is not the
+    current engine, or it is the current one and nothing in it is held. The current engine
+    is retired after ENGINE_OBJECTS objects (or a failed batch), which bounds the dead code
+    a live kernel can keep mapped. Holds are dropped from any thread, even inside a garbage
+    collection that runs while this thread holds the lock: a dropped hold is queued and the
+    queue is drained by whoever takes the lock next (at once when it is free)."""
+
+    ENGINE_OBJECTS = 64
+
+    def __init__(self) -> None:
+        self._current: _EngineCode | None = None
+        self._loaded: dict[str, tuple[_EngineCode, int]] = {}  # key -> (engine, address)
+        self._released: collections.deque[tuple[_EngineCode, str]] = collections.deque()
+
+    def load(self, objects: list[tuple[str, bytes]]) -> dict[str, CodeHold]:
+        """Load the objects (key, data) not loaded yet; a hold on every given object's
+        kernel function (`exported_symbol(key)`), by key."""
         _initialize()
         with _lock:
-            fresh = [(k, d) for k, d in dict(objects).items() if k not in self._addresses]
+            self._drain()
+            unique = dict(objects)
+            holds = {k: self._hold(k) for k in unique if k in self._loaded}
+            fresh = [(k, d) for k, d in unique.items() if k not in holds]
             if fresh:
                 self._load(fresh)
-            return {k: self._addresses[k] for k, _ in objects}
+                holds.update((k, self._hold(k)) for k, _ in fresh)
+            return {k: holds[k] for k in unique}
+
+    def _hold(self, key: str) -> CodeHold:
+        code, address = self._loaded[key]
+        code.holds[key] = code.holds.get(key, 0) + 1
+        return CodeHold(self, code, key, address)
+
+    def release(self, code: _EngineCode, key: str) -> None:
+        """Drop one hold on object `key` of `code` (CodeHold.__del__)."""
+        self._released.append((code, key))
+        if _lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                _lock.release()
+
+    def stats(self) -> dict[str, int]:
+        """Engines alive, objects loaded in them, held objects and object bytes mapped."""
+        with _lock:
+            self._drain()
+            codes = {id(c): c for c, _ in self._loaded.values()}
+            if self._current is not None:
+                codes[id(self._current)] = self._current
+            return {
+                "engines": len(codes),
+                "objects": len(self._loaded),
+                "held": sum(len(c.holds) for c in codes.values()),
+                "bytes": sum(c.size for c in codes.values()),
+            }
+
+    def _drain(self) -> None:
+        while self._released:
+            code, key = self._released.popleft()
+            code.holds[key] -= 1
+            if not code.holds[key]:
+                del code.holds[key]
+                if not code.holds:
+                    self._free(code)
+
+    def _free(self, code: _EngineCode) -> None:
+        if code is self._current:
+            self._current = None
+        for key in code.keys:
+            if self._loaded.get(key, (None,))[0] is code:
+                del self._loaded[key]
+        engine, code.engine = code.engine, None
+        if engine is not None:
+            engine.close()
 
     def _load(self, fresh: list[tuple[str, bytes]]) -> None:
-        if self._engine is None:
-            self._engine = _new_engine()
-        engine = self._engine
+        if self._current is not None and len(self._current.keys) >= self.ENGINE_OBJECTS:
+            self._retire()
+        if self._current is None:
+            self._current = _EngineCode()
+        code = self._current
+        engine = code.engine
+        assert engine is not None, "the current engine is never closed"
         try:
             for _, data in fresh:
                 engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+                code.size += len(data)
             engine.finalize_object()
             addresses = {k: engine.get_function_address(exported_symbol(k)) for k, _ in fresh}
         except BaseException:
-            self._retired.append(engine)
-            self._engine = None
+            self._retire()  # its state is unknown: code in use stays, nothing new goes in
             raise
         missing = [k for k, a in addresses.items() if not a]
         if missing:
             raise RuntimeError(f"symbol {exported_symbol(missing[0])} is not in its object")
-        self._addresses.update(addresses)
+        code.keys += addresses
+        self._loaded.update((k, (code, a)) for k, a in addresses.items())
+
+    def _retire(self) -> None:
+        code, self._current = self._current, None
+        if code is not None and not code.holds:
+            self._free(code)
 
 
 @functools.cache
