@@ -379,7 +379,7 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     operand, indices, updates = inputs
     in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
     try:
-        kernel = Kernel(emit_scatter(instr, in_place), symbol_name(instr.name))
+        kernel = Kernel(emit_scatter(instr, in_place, lw.flush_denormals), symbol_name(instr.name))
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
     return KernelThunk(instr, kernel, [out], inputs)
