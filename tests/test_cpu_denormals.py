@@ -78,3 +78,67 @@ def test_bad_mode_is_an_error(kernel_cache):
 
     with pytest.raises(XlapyError, match="denormals must be one of"):
         run(program("f32[64]", "add(x, x)"), np.full(64, TINY), denormals="maybe")
+
+
+SCATTER_ADD = """HloModule scatter_denormals
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+ENTRY e {
+  o = f32[8] parameter(0)
+  i = s32[4,1] parameter(1)
+  u = f32[4] parameter(2)
+  ROOT r = f32[8] scatter(o, i, u), update_window_dims={}, inserted_window_dims={0},
+    scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
+}"""
+
+
+def test_scatter_kernels_follow_the_denormals_option(kernel_cache):
+    """Issue 16 item 7: the scatter kernel flushed subnormals whatever the option said. It
+    flushes by default (as jax.jit's scatter does) and keeps them with denormals="ieee"."""
+    rng = np.random.default_rng(7)
+    operand = (rng.uniform(1, 2, 8) * 1e-39).astype(np.float32)  # subnormals
+    index = np.array([[1], [3], [3], [6]], np.int32)
+    updates = (rng.uniform(1, 2, 4) * 1e-40).astype(np.float32)
+
+    def run_scatter(**backend):
+        client = Client("cpu")
+        exe = client.compile(SCATTER_ADD, CompileOptions.make(backend_options=backend))
+        bufs = [client.buffer_from_pyval(a) for a in (operand, index, updates)]
+        out = exe.execute([bufs])[0][0].to_numpy()
+        client.close()
+        return out
+
+    on_xla = [jax.device_put(a, jax.devices("cpu")[0]) for a in (operand, updates)]
+    want = jax.jit(lambda o, u: o.at[index[:, 0]].add(u))(*on_xla)  # XLA:CPU, not xlapy
+    np.testing.assert_array_equal(run_scatter(), np.asarray(want))
+    exact = operand.copy()
+    np.add.at(exact, index[:, 0], updates)  # IEEE float32 arithmetic, subnormals kept
+    np.testing.assert_array_equal(run_scatter(denormals="ieee"), exact)
+
+
+DOT = """HloModule dot_denormals
+ENTRY e {
+  a = f32[8,8] parameter(0)
+  b = f32[8,8] parameter(1)
+  ROOT r = f32[8,8] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}"""
+
+
+@pytest.mark.parametrize("mode", ["flush", "ieee"])
+def test_blas_dots_keep_subnormals_in_either_mode_as_documented(mode, kernel_cache):
+    """docs/runtime.md: BLAS dots run in IEEE arithmetic whatever `denormals` says (XLA:CPU's
+    Eigen dot flushes: a known difference, not a silent one)."""
+    rng = np.random.default_rng(8)
+    a = (rng.uniform(1, 2, (8, 8)) * 1e-20).astype(np.float32)
+    b = (rng.uniform(1, 2, (8, 8)) * 1e-20).astype(np.float32)
+    client = Client("cpu")
+    exe = client.compile(DOT, CompileOptions.make(backend_options={"denormals": mode}))
+    out = exe.execute([[client.buffer_from_pyval(a), client.buffer_from_pyval(b)]])[0][0]
+    got = out.to_numpy()
+    client.close()
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    assert np.all(want != 0) and np.all(np.abs(want) < np.finfo(np.float32).tiny)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=0)

@@ -279,11 +279,56 @@ def test_shared_engine_loads_batches_once_per_key(tmp_path, monkeypatch):
     engine = jit.SharedEngine()
     one, two, three = (_object(c, tmp_path, monkeypatch) for c in (1.0, 2.0, 3.0))
     first = engine.load([one, two])
-    assert _call(first[one[0]], 5.0) == 6.0 and _call(first[two[0]], 5.0) == 7.0
+    assert _call(first[one[0]].address, 5.0) == 6.0 and _call(first[two[0]].address, 5.0) == 7.0
     second = engine.load([two, three, three])
-    assert second[two[0]] == first[two[0]]
-    assert _call(second[three[0]], 5.0) == 8.0
-    assert _call(first[one[0]], 1.5) == 2.5
+    assert second[two[0]].address == first[two[0]].address
+    assert _call(second[three[0]].address, 5.0) == 8.0
+    assert _call(first[one[0]].address, 1.5) == 2.5
+
+
+def test_shared_engine_frees_code_with_its_last_hold(tmp_path, monkeypatch):
+    """Issue 16 item 5: code is freed when the last hold on it goes (an engine at a time),
+    not kept for the life of the process; code still held keeps working."""
+    engine = jit.SharedEngine()
+    objects = [_object(float(c), tmp_path, monkeypatch) for c in range(5)]
+    first = engine.load(objects[:2])
+    assert engine.stats()["objects"] == 2 and engine.stats()["bytes"] > 0
+    del first
+    assert engine.stats() == {"engines": 0, "objects": 0, "held": 0, "bytes": 0}
+    kept = engine.load(objects[2:3])
+    dropped = engine.load(objects[3:])
+    del dropped
+    assert engine.stats()["held"] == 1  # one engine: the dropped code waits for it
+    assert _call(kept[objects[2][0]].address, 1.0) == 3.0
+    del kept
+    assert engine.stats()["engines"] == 0
+
+
+def test_shared_engine_bounds_dead_code_behind_a_live_hold(tmp_path, monkeypatch):
+    """An engine takes ENGINE_OBJECTS objects, then the next batch goes to a new one: a
+    kernel kept for long keeps at most one engine's worth of dead code mapped."""
+    monkeypatch.setattr(jit.SharedEngine, "ENGINE_OBJECTS", 4)
+    engine = jit.SharedEngine()
+    objects = [_object(float(c), tmp_path, monkeypatch) for c in range(40)]
+    kept = engine.load(objects[:1])
+    for obj in objects[1:]:
+        holds = engine.load([obj])
+        assert _call(holds[obj[0]].address, 1.0) == 1.0 + float(objects.index(obj))
+        del holds
+    stats = engine.stats()
+    assert stats["engines"] == 1 and stats["objects"] <= 4 and stats["held"] == 1
+    assert _call(kept[objects[0][0]].address, 2.0) == 2.0
+
+
+def test_a_hold_dropped_while_the_engine_is_busy_is_released_later(tmp_path, monkeypatch):
+    """A hold dropped by a garbage collection that runs while the engine's lock is held
+    (this thread or another) is queued, not deadlocked on, and released by the next user."""
+    engine = jit.SharedEngine()
+    obj = _object(7.0, tmp_path, monkeypatch)
+    holds = engine.load([obj])
+    with jit._lock:
+        del holds  # CodeHold.__del__ cannot take the lock here
+    assert engine.stats()["engines"] == 0
 
 
 def test_shared_engine_names_a_missing_symbol(tmp_path, monkeypatch):

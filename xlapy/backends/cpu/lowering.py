@@ -379,7 +379,7 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     operand, indices, updates = inputs
     in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
     try:
-        kernel = Kernel(emit_scatter(instr, in_place), symbol_name(instr.name))
+        kernel = Kernel(emit_scatter(instr, in_place, lw.flush_denormals), symbol_name(instr.name))
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
     return KernelThunk(instr, kernel, [out], inputs)
@@ -542,9 +542,8 @@ class Lowering:
         """Make the loops plan_native_loop started native, inner loops first (an outer
         loop's table holds its inner loops' functions). Call after wait_for_kernels."""
         for thunk, (future, table) in self.native_loops.items():
-            thunk.native = NativeLoop(
-                function_address(future), [entry() for entry in table], keep=(future, table)
-            )
+            table_addresses = [entry() for entry in table]
+            thunk.native = NativeLoop(function_address(future), table_addresses, future)
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

@@ -63,10 +63,10 @@ def _plain(shape: Shape) -> bool:
 class _ScatterEmitter(KernelEmitter):
     """Emits the scatter loop of one instruction; the combiner goes through call_scalar."""
 
-    def __init__(self, instr: HloInstruction, in_place: bool):
+    def __init__(self, instr: HloInstruction, in_place: bool, flush_denormals: bool):
         self.instr = instr
         self.combiner = instr.attrs["to_apply"]
-        super().__init__(self.combiner, SYMBOL, ((0, 0),) if in_place else ())
+        super().__init__(self.combiner, SYMBOL, ((0, 0),) if in_place else (), flush_denormals)
         operand, indices, updates = instr.operands
         self.operand, self.indices, self.updates = operand.shape, indices.shape, updates.shape
         a = instr.attrs
@@ -336,7 +336,11 @@ def scatter_reason(instr: HloInstruction) -> str | None:
     return None
 
 
-def emit_scatter(instr: HloInstruction, in_place: bool = False) -> KernelSpec:
+def emit_scatter(
+    instr: HloInstruction, in_place: bool = False, flush_denormals: bool = True
+) -> KernelSpec:
     """The LLVM IR of `instr`'s scatter kernel (see the file comment); `in_place` for the
-    variant whose output is the operand's bytes. The caller has checked scatter_reason."""
-    return _ScatterEmitter(instr, in_place).emit()
+    variant whose output is the operand's bytes; `flush_denormals` as the other kernels
+    (emitter.denormals_flushed: the program's `denormals` option). The caller has checked
+    scatter_reason."""
+    return _ScatterEmitter(instr, in_place, flush_denormals).emit()

@@ -105,19 +105,25 @@ class Signature:
 
 
 class _Loaded:
-    """A loaded object: the block of code holding it (kept alive by this reference) and
-    the address of its kernel function."""
+    """A loaded object: the hold on its code (jit.CodeHold: the code is freed when the last
+    hold goes) and the address of its kernel function."""
 
-    __slots__ = ("address", "block", "from_cache")
+    __slots__ = ("address", "from_cache", "hold")
 
-    def __init__(self, block: jit.CodeBlock, address: int, from_cache: bool):
-        self.block, self.address, self.from_cache = block, address, from_cache
+    def __init__(self, hold: jit.CodeHold, from_cache: bool):
+        self.hold, self.address, self.from_cache = hold, hold.address, from_cache
+
+    @property
+    def engine(self) -> object:
+        """The execution engine holding the code (engines are compared by identity)."""
+        return self.hold.code
 
 
-# object key -> Future[_Loaded], held by the kernels (and native loops) that use it: once
-# the last one dies the entry goes, and with it the code (see jit.SharedEngine).
+# object key -> Future[_Loaded], while anything (a kernel, a native loop, a queued load)
+# keeps the future: a process-wide table must not keep dead programs' code mapped
 _objects: weakref.WeakValueDictionary[str, Future] = weakref.WeakValueDictionary()
 _entries: dict[str, tuple[str, Signature]] = {}  # kernel key -> (object key, signature)
+_MAX_ENTRIES = 4096  # kernel entries remembered (then forgotten and read from disk again)
 _loaded_lock = threading.Lock()
 
 
@@ -154,8 +160,7 @@ def _load_object(ir_text: str, key: str, symbol: str, use_cache: bool) -> _Loade
     """Compile `ir_text` (or read its object from the disk cache) and load the object
     `key` at once (for kernels built outside the kernel cache)."""
     obj = jit.compile_object(ir_text, use_cache, symbol, key)
-    address, block = jit.shared_engine().load([(key, obj.data)])[key]
-    return _Loaded(block, address, obj.from_cache)
+    return _Loaded(jit.shared_engine().load([(key, obj.data)])[key], obj.from_cache)
 
 
 def _enqueue(item: _Queued) -> None:
@@ -204,8 +209,7 @@ def flush_loads() -> None:
         try:
             if item.on_loaded is not None:
                 item.on_loaded()
-            address, block = addresses[item.key]
-            item.future.set_result(_Loaded(block, address, item.from_cache))
+            item.future.set_result(_Loaded(addresses[item.key], item.from_cache))
         except BaseException as e:
             _fail(item.future, item.key, e)
     with _queue_changed:
@@ -497,14 +501,19 @@ def _read_entry(
         hit = entry["object"], signature
     except (ValueError, KeyError, TypeError, XlapyError):
         return None
-    with _loaded_lock:
-        _entries[key] = hit
+    _remember(key, hit)
     return hit
 
 
-def _write_entry(key: str, object_key: str, signature: Signature) -> None:
+def _remember(key: str, hit: tuple[str, Signature]) -> None:
     with _loaded_lock:
-        _entries[key] = object_key, signature
+        if len(_entries) >= _MAX_ENTRIES:
+            _entries.clear()
+        _entries[key] = hit
+
+
+def _write_entry(key: str, object_key: str, signature: Signature) -> None:
+    _remember(key, (object_key, signature))
     entry = {
         "object": object_key,
         "outputs": [s.to_text() for s in signature.outputs],
@@ -515,8 +524,7 @@ def _write_entry(key: str, object_key: str, signature: Signature) -> None:
     jit.write_entry(key, ".kernel", json.dumps(entry).encode())
 
 
-# Kernels by computation text, held by the programs that run them (their code is freed when
-# the last such program dies).
+# (computation text, in-place pairs, flush) -> Kernel, while some program uses the kernel
 _kernel_cache: weakref.WeakValueDictionary[tuple, Kernel] = weakref.WeakValueDictionary()
 _kernel_lock = threading.Lock()
 

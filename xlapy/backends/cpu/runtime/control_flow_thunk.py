@@ -122,9 +122,8 @@ class NativeLoop:
 
     ROUND = 1 << 20
 
-    def __init__(self, address: int, table: Sequence[int], keep: object = None):
-        self.keep = keep  # what keeps the code at `address` and the table's entries loaded
-        self.address = address
+    def __init__(self, address: int, table: Sequence[int], code: object = None):
+        self.address, self.code = address, code  # code: what keeps `address` mapped
         self.function = _LOOP_FUNCTION(address)
         self.table = (ctypes.c_int64 * max(1, len(table)))(*table)
         self.table_address = ctypes.addressof(self.table)
