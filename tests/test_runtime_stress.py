@@ -155,6 +155,7 @@ def test_code_is_freed_with_the_last_executable():
         time.sleep(0.05)
     assert workers() <= workers_before
 
+
 def _distinct_program(i: int) -> str:
     return f"""HloModule distinct{i}
 ENTRY e {{
