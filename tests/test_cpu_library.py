@@ -10,6 +10,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
@@ -266,7 +267,6 @@ WINDOWS = [
         True,
     ),
     (
-<<<<<<< HEAD
         "sumpool_padded",
         lambda x: lax.reduce_window(x, 0.0, lax.add, (3, 3), (1, 1), "SAME"),
         lambda: _floats((9, 11)),
@@ -303,12 +303,6 @@ WINDOWS = [
         lambda x: lax.reduce_window(x, 2.0, lax.add, (3, 3), (1, 1), "SAME"),
         lambda: _floats((5, 4)),
         True,
-=======
-        "sumpool_padded",  # a +0 init changes no accumulator: padding is folded in
-        lambda x: lax.reduce_window(x, 0.0, lax.add, (3, 3), (1, 1), "SAME"),
-        lambda: _floats((9, 11)),
-        True,
->>>>>>> modelperf
     ),
 ]
 
@@ -352,10 +346,13 @@ def test_gather(name, fn, make):
 
 def test_gather_rows_claimed_and_clamps():
     """Row gathers are native kernels where the emitter can (test_cpu_gather.py); the fast
-    path still claims those it declines, e.g. complex tables."""
-    t, i = _table_and_ids()
-    t = (t + 1j * t[::-1]).astype(np.complex64)
-    _check(_hlo(lambda t, i: t[i], t, i), [t, i], "gather", fast=True)
+    path still claims those it declines, e.g. f8 tables (no f8 arithmetic in kernels),
+    and clamps out-of-range indices as the rule does."""
+    from test_cpu_gather import _module
+
+    t, _ = _table_and_ids(8, 5)
+    i = RNG.integers(-12, 12, (12, 1)).astype(np.int32)  # out of bounds both ways
+    _check(_module("rows", "f8e4m3fn"), [t.astype(ml_dtypes.float8_e4m3fn), i], "gather", True)
 
 
 def _scatter_args(dtype=np.float32, rows=16, cols=5, n=60):

@@ -49,7 +49,7 @@ COMPLEX_OPCODES = frozenset(
         Op.SQRT, Op.REAL, Op.IMAG, Op.COMPLEX, Op.COMPARE, Op.CONVERT, Op.SELECT, Op.COPY,
         Op.PARAMETER, Op.CONSTANT, Op.BROADCAST, Op.TRANSPOSE, Op.RESHAPE, Op.BITCAST,
         Op.SLICE, Op.CONCATENATE, Op.PAD, Op.REVERSE, Op.DYNAMIC_SLICE,
-        Op.DYNAMIC_UPDATE_SLICE, Op.TUPLE, Op.GET_TUPLE_ELEMENT, Op.REDUCE,
+        Op.DYNAMIC_UPDATE_SLICE, Op.TUPLE, Op.GET_TUPLE_ELEMENT, Op.REDUCE, Op.GATHER,
     }
 )  # fmt: skip
 """Opcodes a kernel computes with complex operands or results."""
