@@ -114,8 +114,6 @@ def is_loop_fusible_op(instr: HloInstruction) -> bool:
         return False
     if instr.has_side_effect or instr.control_predecessors:
         return False
-    if op is O.GATHER and instr.shape.element_type.is_complex:
-        return False  # no fused kernel reads complex tables; the library gather does
     return _plain_array(instr)
 
 
