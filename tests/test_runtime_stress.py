@@ -100,62 +100,6 @@ def test_no_leak_over_many_executions():
     client.close()
 
 
-def _compile_and_drop(i: int) -> None:
-    """A fresh client compiles a program of its own (new kernels), runs it (on the device's
-    worker too, so that thread exists) and is dropped."""
-    client = Client("cpu")
-    n = 40 + i
-    exe = client.compile(
-        f"""HloModule fresh_{i}
-ENTRY main {{
-  x = f32[{n}] parameter(0)
-  c = f32[] constant({i}.25)
-  b = f32[{n}] broadcast(c), dimensions={{}}
-  ROOT y = f32[{n}] multiply(x, b)
-}}"""
-    )
-    x = np.random.default_rng(i).standard_normal(n).astype(np.float32)
-    [[out]] = exe.execute([[client.buffer_from_pyval(x)]])
-    np.testing.assert_allclose(out.to_numpy(), x * np.float32(i + 0.25), rtol=1e-6)
-    ran = threading.Event()
-    client.devices()[0].start(ran.set, inline_ok=False)  # runs on the device's worker thread
-    assert ran.wait(30), "the device worker did not run a task in 30 s"
-
-
-def test_code_is_freed_with_the_last_executable():
-    """Issue 16 item 5: a client with its executables, once dropped, is collected (its device
-    worker thread does not keep it) and the JIT code of its programs is freed; compiling
-    program after program leaves the number of loaded code blocks flat."""
-    import weakref
-
-    from xlapy.backends.cpu.jit.engine import SharedEngine, shared_engine
-
-    def workers() -> int:
-        return sum(t.name.startswith("xlapy-cpu-") for t in threading.enumerate())
-
-    engine = shared_engine()
-    workers_before = workers()
-    client = Client("cpu")
-    probe = weakref.ref(client)
-    del client
-    gc.collect()
-    assert probe() is None, "an unused Client was not collected"
-    _compile_and_drop(0)
-    gc.collect()
-    before = engine.stats()
-    for i in range(1, 41):
-        _compile_and_drop(i)
-    gc.collect()
-    after = engine.stats()
-    assert after["held"] <= before["held"], (before, after)
-    assert after["objects"] <= before["objects"] + SharedEngine.ENGINE_OBJECTS, (before, after)
-    for _ in range(100):  # the dropped clients' workers were told to stop: they end
-        if workers() <= workers_before:
-            break
-        time.sleep(0.05)
-    assert workers() <= workers_before
-
-
 def _distinct_program(i: int) -> str:
     return f"""HloModule distinct{i}
 ENTRY e {{

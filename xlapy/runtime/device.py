@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -131,11 +130,10 @@ class MemorySpace:
 
 
 class _Worker:
-    """One daemon thread running tasks of one device in FIFO order; `on_done` (held weakly,
-    so the thread does not keep its device, and with it the client, alive) is called after
-    each task. The device stops the worker when it is closed or collected."""
+    """One daemon thread running tasks of one device in FIFO order; `on_done` is called
+    after each task."""
 
-    def __init__(self, name: str, on_done: weakref.WeakMethod):
+    def __init__(self, name: str, on_done: Callable[[], None]):
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._on_done = on_done
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -160,10 +158,7 @@ class _Worker:
                 task()
             finally:
                 del task  # drop the finished task before blocking on the next one
-                on_done = self._on_done()
-                if on_done is not None:
-                    on_done()
-                del on_done
+                self._on_done()
 
 
 class Device:
@@ -298,9 +293,7 @@ class Device:
             self._backlog.append(task)
             return
         if self._worker is None:
-            name = f"xlapy-{self.client.platform}-{self.id}"
-            self._worker = _Worker(name, weakref.WeakMethod(self._task_done))
-            weakref.finalize(self, self._worker.stop)
+            self._worker = _Worker(f"xlapy-{self.client.platform}-{self.id}", self._task_done)
         self._queued += 1
         self._worker.submit(task)
 
