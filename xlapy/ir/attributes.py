@@ -95,6 +95,9 @@ ATTRIBUTE_KINDS: dict[str, AttrKind] = {
     "comparison_direction": AttrKind.ENUM,  # EQ NE LT LE GT GE
     "direction": AttrKind.ENUM,  # compare's direction as XLA prints it: direction=LT
     "type": AttrKind.ENUM,  # compare type: FLOAT TOTALORDER SIGNED UNSIGNED
+    # compare's ordering as newer XLA prints it (jaxlib >= 0.11): order=TOTAL is the old
+    # type=TOTALORDER, order=PARTIAL the IEEE comparison
+    "order": AttrKind.ENUM,
     "exponent_bits": AttrKind.INT,
     "mantissa_bits": AttrKind.INT,
     "result_accuracy": AttrKind.RAW,
@@ -217,7 +220,7 @@ OPCODE_ATTRIBUTES: dict[str, frozenset[str]] = {
             "collective-permute-done copy-done",
             "",
         ),
-        ("compare", "direction comparison_direction type"),
+        ("compare", "direction comparison_direction type order"),
         ("reduce-precision", "exponent_bits mantissa_bits"),
         ("constant", ""),
         ("parameter", "parameter_replication"),
@@ -239,7 +242,7 @@ OPCODE_ATTRIBUTES: dict[str, frozenset[str]] = {
         ("gather", _GATHER),
         ("scatter", _SCATTER),
         ("sort", "dimensions is_stable to_apply"),
-        ("topk", "k largest to_apply"),
+        ("topk", "k largest is_stable to_apply"),
         ("call", "to_apply is_composite has_dynamic_root"),
         ("conditional", "true_computation false_computation branch_computations"),
         ("while", "condition body"),
@@ -286,6 +289,7 @@ ENUM_VALUES: dict[str, frozenset[str]] = {
         ("direction", "EQ NE LT LE GT GE"),
         ("comparison_direction", "EQ NE LT LE GT GE"),
         ("type", "FLOAT TOTALORDER SIGNED UNSIGNED PARTIALORDER"),
+        ("order", "TOTAL PARTIAL"),
         ("fft_type", "FFT IFFT RFFT IRFFT"),
         ("distribution", "rng_uniform rng_normal"),
         ("transpose_a", "NO_TRANSPOSE TRANSPOSE ADJOINT"),

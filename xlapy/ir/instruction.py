@@ -124,9 +124,14 @@ class HloInstruction:
 
     @property
     def comparison_type(self) -> str | None:
-        """A compare's `type=` (FLOAT, TOTALORDER, SIGNED, UNSIGNED), None when absent."""
+        """A compare's `type=` (FLOAT, TOTALORDER, SIGNED, UNSIGNED), None when absent.
+        Newer XLA prints the ordering instead (`order=TOTAL` / `order=PARTIAL`): TOTAL reads
+        as TOTALORDER and PARTIAL as the default comparison of the operands' type (None)."""
         value = self.attrs.get("type")
-        return None if value is None else str(value)
+        if value is None:
+            order = self.attrs.get("order")
+            return "TOTALORDER" if order is not None and str(order) == "TOTAL" else None
+        return str(value)
 
     @property
     def dimensions(self) -> tuple[int, ...]:

@@ -214,6 +214,13 @@ def _check_instruction(instr: HloInstruction) -> Iterator[str]:
         yield f"parameter takes no operands, has {len(instr.operands)}"
     if instr.opcode is not Opcode.PARAMETER and instr.parameter_number is not None:
         yield f"{instr.opcode.text} has a parameter number"
+    if instr.opcode is Opcode.COMPARE and "type" in instr.attrs and "order" in instr.attrs:
+        total_type = str(instr.attrs["type"]) == "TOTALORDER"
+        if total_type != (str(instr.attrs["order"]) == "TOTAL"):
+            yield (
+                f"compare says type={instr.attrs['type']} and order={instr.attrs['order']}, "
+                "which disagree (order=TOTAL is type=TOTALORDER)"
+            )
     try:
         inferred = infer_shape(
             instr.opcode, [op.shape for op in instr.operands], instr.attrs, instr.shape
