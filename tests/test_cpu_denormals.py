@@ -142,3 +142,26 @@ def test_blas_dots_keep_subnormals_in_either_mode_as_documented(mode, kernel_cac
     want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
     assert np.all(want != 0) and np.all(np.abs(want) < np.finfo(np.float32).tiny)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sort_comparator_reads_subnormals_as_zero(dtype, kernel_cache):
+    """JAX's stable argsort with subnormals: XLA:CPU's comparator reads them as zero, so
+    they tie with both zeros and keep their input order; the values sorted keep their bits."""
+    rng = np.random.default_rng(21)
+    tiny = np.finfo(dtype).smallest_normal / 4
+    x = rng.standard_normal(48).astype(dtype)
+    x[rng.choice(48, 8, replace=False)] = [0.0, -0.0, tiny, -tiny, 2 * tiny, -3 * tiny, 0.0, tiny]
+    fn = jax.jit(lambda v: jax.numpy.argsort(v, stable=True))
+    with jax.enable_x64(dtype == np.float64):
+        text = fn.lower(x).as_text(dialect="hlo")
+        want = np.asarray(fn(x))
+    client = Client("cpu")
+    exe = client.compile(text)
+    got = exe.execute([[client.buffer_from_pyval(x)]])[0][0].to_numpy()
+    np.testing.assert_array_equal(got, want)
+    ieee = client.compile(text, CompileOptions.make(backend_options={"denormals": "ieee"}))
+    kept = ieee.execute([[client.buffer_from_pyval(x)]])[0][0].to_numpy()
+    np.testing.assert_array_equal(kept, np.argsort(x, kind="stable"))  # IEEE order
+    assert not np.array_equal(kept, got)
+    client.close()

@@ -434,6 +434,12 @@ def library(planner: Planner, thunk: type[RuleThunk] = RuleThunk) -> Strategy:
     return Strategy(f"library {getattr(planner, '__name__', 'planner')}", build)
 
 
+def _sort_library(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """The library sort, its comparator reading subnormals as the kernels do."""
+    flush = lw.flush_denormals
+    return library(lambda i: plan_sort(i, flush)).build(lw, instr, why)
+
+
 CUSTOM_CALL_PLANNERS: dict[str, Planner] = {"TopK": plan_xla_topk}
 """XLA-internal custom-call target -> its library planner."""
 
@@ -468,7 +474,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     ),
     Opcode.SCATTER: (Strategy("native scatter", _native_scatter), KERNEL, library(plan_scatter)),
     Opcode.GATHER: (KERNEL, library(plan_gather)),
-    Opcode.SORT: (KERNEL, library(plan_sort)),
+    Opcode.SORT: (KERNEL, Strategy("library plan_sort", _sort_library)),
     Opcode.TOPK: (KERNEL, library(plan_topk)),
     Opcode.REDUCE_WINDOW: (KERNEL, library(plan_reduce_window)),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from xlapy.backends.interpreter.rules._lifted import call_elementwise
@@ -251,11 +252,29 @@ def _descending(key: np.ndarray) -> np.ndarray:
     return ~key  # reverses integer order without overflow (and is logical not for bools)
 
 
-def key_arrays(ctx, keys: list[SortKey], operands: list[np.ndarray]) -> list[np.ndarray] | None:
-    """One ascending integer key array per SortKey, or None to fall back."""
+def flush_subnormals(values: np.ndarray) -> np.ndarray:
+    """`values` with subnormal floats replaced by zero of the same sign (what a comparator
+    reads under XLA:CPU's denormals-are-zero); other arrays unchanged."""
+    if values.dtype.kind != "f" and values.dtype != ml_dtypes.bfloat16:
+        return values
+    smallest = ml_dtypes.finfo(values.dtype).smallest_normal
+    with np.errstate(invalid="ignore"):
+        tiny = np.abs(values) < smallest
+    if not tiny.any():
+        return values
+    return np.where(tiny, np.copysign(np.zeros((), values.dtype), values), values)
+
+
+def key_arrays(
+    ctx, keys: list[SortKey], operands: list[np.ndarray], flush_denormals: bool = False
+) -> list[np.ndarray] | None:
+    """One ascending integer key array per SortKey, or None to fall back. With
+    `flush_denormals` the comparator reads subnormals as zero, as XLA:CPU's sort does."""
     out = []
     for k in keys:
         values = operands[k.operand]
+        if flush_denormals:
+            values = flush_subnormals(values)
         if k.expr is not None:
             values = np.asarray(call_elementwise(ctx.interpreter, k.expr, [values]))
         key = order_keys(values, k.kind)
@@ -277,8 +296,10 @@ def stable_permutation(keys: list[np.ndarray], axis: int) -> np.ndarray:
 FastFn = Callable[[list, object, object], bool]
 
 
-def plan_sort(instr: HloInstruction) -> FastFn | None:
-    """A fast sort for `instr` when its comparator is recognized, else None."""
+def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | None:
+    """A fast sort for `instr` when its comparator is recognized, else None.
+    `flush_denormals`: the comparator reads subnormal floats as zero (the CPU backend's
+    default, XLA:CPU's behaviour); the values sorted keep their bits either way."""
     dims = instr.attrs.get("dimensions", ())
     comparator = instr.attrs.get("to_apply")
     if len(dims) != 1 or comparator is None:
@@ -299,7 +320,7 @@ def plan_sort(instr: HloInstruction) -> FastFn | None:
 
     def run(values, outs, ctx) -> bool:
         arrays = [np.asarray(v) for v in values]
-        key = key_arrays(ctx, keys, arrays)
+        key = key_arrays(ctx, keys, arrays, flush_denormals)
         if key is None:
             return False
         perm = stable_permutation(key, axis)
