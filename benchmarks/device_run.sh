@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # benchmarks/device_run.sh: xlapy's CPU backend against XLA:CPU on a many-core machine, with
-# no network access: one prepared run that prints the cpu_vs_xla.py table (every program, at
-# all the cores the machine gives) and then the scaling table over 1, 2, 4, 8 and 16 threads
+# no network access: one prepared run that first checks that xlapy reads the HLO the
+# machine's JAX prints (jax_version_probe.py: only programs that are not ok are shown), then
+# prints the cpu_vs_xla.py table (every program, at all the cores the machine gives) and then the scaling table over 1, 2, 4, 8 and 16 threads
 # on one or two programs per family of issue 17. Budget: under 8 minutes on 16 cores (each
 # stage has its own timeout; a stage that runs out prints what it has and the next starts).
 #
@@ -31,6 +32,8 @@ if ! $PY -c 'import jax, llvmlite, numpy, scipy' 2>/dev/null; then
   exit 2
 fi
 
+echo "== does xlapy read this JAX's HLO? (benchmarks/jax_version_probe.py, timeout 60 s)"
+timeout 60 "$PY" benchmarks/jax_version_probe.py 2>&1 | grep -v "^[a-z_0-9]* *ok$"
 echo "== every program, all cores (timeout 270 s)"
 timeout 270 "$PY" benchmarks/cpu_vs_xla.py --runs "$RUNS" --warmup 1
 echo "== scaling over $SCALING threads, family subset (timeout 180 s)"
