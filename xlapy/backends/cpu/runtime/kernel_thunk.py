@@ -121,6 +121,14 @@ class KernelThunk(Thunk):
             self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
         return self._call
 
+    def native_entry(self) -> tuple[int, tuple[tuple[int, int], ...], int] | None:
+        """What native code calls when `direct_call` applies: (the entry's address, the
+        (allocation, offset) of each pointer argument, the outer extent); else None."""
+        if self.direct_call() is None:
+            return None
+        address = ctypes.cast(self.kernel.function, ctypes.c_void_p).value
+        return (address, self._slots, self._extent) if address else None
+
     def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
         if self.scratch or self.split_choice is not None:
             return functools.partial(self._run_general, ctx)
