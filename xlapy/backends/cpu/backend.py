@@ -238,18 +238,19 @@ class CpuProgram(CompiledProgram):
             return None
         outputs = tuple(alloc for alloc, _, _ in self._simple.outputs)
         sizes = dict(self._fresh)
-        if set(sizes) != set(outputs):
-            return None
+        params = tuple((alloc, number) for alloc, number, _, _ in self._simple.params)
+        constants = tuple((i, self._template_bases[i]) for i in self.compiled.constants)
+        known = {a for a, _ in params} | {a for a, _ in constants} | set(outputs)
         kernels = []
         for thunk in self.compiled.entry.thunks:
             entry = thunk.native_entry() if isinstance(thunk, KernelThunk) else None
-            if entry is None:
-                return None
+            if entry is None or any(alloc not in known for alloc, _ in entry[1]):
+                return None  # (a fresh allocation no kernel touches, a tuple's, is left out)
             kernels.append(entry)
         return NativePlan(
             len(self._template),
-            tuple((alloc, number) for alloc, number, _, _ in self._simple.params),
-            tuple((i, self._template_bases[i]) for i in self.compiled.constants),
+            params,
+            constants,
             tuple((alloc, sizes[alloc]) for alloc in outputs),
             tuple(kernels),
         )
