@@ -141,7 +141,7 @@ def test_not_taken_with_donation_and_donation_still_invalidates():
     z = donating(y)
     assert y.is_deleted()
     np.testing.assert_allclose(np.asarray(z), (x + 1.0) * 3.0, rtol=1e-6)
-    with pytest.raises((RuntimeError, ValueError), match="deleted|donated"):
+    with pytest.raises((RuntimeError, ValueError), match=r"deleted|donated"):
         plain(y)  # JAX or the plugin's Python (the handle was retired) says so
     # the donated handle's bytes are no longer read natively: a donated argument's
     # handle was retired before the donation
