@@ -78,8 +78,12 @@ def arm(pb: PBuffer) -> None:
     ready = pb.buffer._ready
     if ready.done():
         _arm_now(pb)
-    else:
-        ready.add_done_callback(lambda _, pb=pb: _arm_now(pb))
+        return
+
+    def on_ready(_: Any) -> None:
+        _arm_now(pb)
+
+    ready.add_done_callback(on_ready)
 
 
 def _arm_now(pb: PBuffer) -> None:

@@ -8,6 +8,7 @@ import ctypes
 import functools
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -126,7 +127,8 @@ class KernelThunk(Thunk):
         (allocation, offset) of each pointer argument, the outer extent); else None."""
         if self.direct_call() is None:
             return None
-        address = ctypes.cast(self.kernel.function, ctypes.c_void_p).value
+        function: Any = self.kernel.function  # a ctypes function pointer
+        address = ctypes.cast(function, ctypes.c_void_p).value
         return (address, self._slots, self._extent) if address else None
 
     def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
