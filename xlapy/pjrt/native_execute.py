@@ -30,6 +30,7 @@ same bytes, counted already, freed (and uncounted) when that Buffer lets go of t
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -86,7 +87,16 @@ def arm(pb: PBuffer) -> None:
     ready.add_done_callback(on_ready)
 
 
+_MIRROR_LOCK = threading.Lock()
+"""Orders arming (maybe on a device worker, when an output becomes ready) and retiring."""
+
+
 def _arm_now(pb: PBuffer) -> None:
+    with _MIRROR_LOCK:
+        _arm_locked(pb)
+
+
+def _arm_locked(pb: PBuffer) -> None:
     buffer = pb.buffer
     storage = buffer._storage
     if pb.retired or storage is None or buffer._ready.exception() is not None:
@@ -115,11 +125,12 @@ def retire(pb: PBuffer) -> None:
     global _RETIRE
     if pb.retired:
         return
-    pb.retired = True
-    if pb.c.plain:
-        if _RETIRE is None:
-            _RETIRE = ffi.cast("void(*)(PJRT_Buffer *)", native.ADDRESSES["xlapy_retire"])
-        _RETIRE(pb.c)
+    with _MIRROR_LOCK:
+        pb.retired = True
+        if pb.c.plain:
+            if _RETIRE is None:
+                _RETIRE = ffi.cast("void(*)(PJRT_Buffer *)", native.ADDRESSES["xlapy_retire"])
+            _RETIRE(pb.c)  # waits for native readers: they never need this lock
 
 
 # -- native handles seen from Python ---------------------------------------------------------
