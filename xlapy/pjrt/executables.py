@@ -28,7 +28,7 @@ from xlapy.pjrt.core import (
     named_values,
     register,
 )
-from xlapy.pjrt.native_execute import build, materialize
+from xlapy.pjrt.native_execute import arm_pending, build, materialize
 from xlapy.pjrt.options import compile_options_from_proto, device_assignment_proto, proto_field
 from xlapy.pjrt.program import module_from_program
 from xlapy.runtime import (
@@ -508,6 +508,8 @@ def _arguments(row, count: int) -> list[Buffer]:
         pb = get(ptr.index) if ptr != ffi.NULL else None
         if pb is None:
             pb = materialize(ptr)
+        elif not pb.c.plain:
+            arm_pending(pb)  # ready by now, maybe: native calls may read it from now on
         if pb is None:
             raise PjrtError(INVALID_ARGUMENT, f"argument {i} is not a live xlapy PJRT buffer")
         buffers.append(pb.buffer)

@@ -73,18 +73,17 @@ def enabled() -> bool:
 
 # -- the mirror of a Python-made handle ------------------------------------------------------
 def arm(pb: PBuffer) -> None:
-    """Make `pb` readable natively once its buffer is ready (see the module docstring)."""
-    if not native.ADDRESSES:
-        return
-    ready = pb.buffer._ready
-    if ready.done():
-        _arm_now(pb)
-        return
-
-    def on_ready(_: Any) -> None:
+    """Make `pb` readable natively if its buffer is ready (see the module docstring); one
+    not ready yet is armed when a call that takes the Python path meets it as an argument
+    (`arm_pending`): no callback on the device's worker, which would contend for the GIL."""
+    if native.ADDRESSES and pb.buffer._ready.done():
         _arm_now(pb)
 
-    ready.add_done_callback(on_ready)
+
+def arm_pending(pb: PBuffer) -> None:
+    """`arm` for a handle met as an argument of the Python Execute."""
+    if not pb.retired and not pb.c.plain and native.ADDRESSES and pb.buffer._ready.done():
+        _arm_now(pb)
 
 
 _MIRROR_LOCK = threading.Lock()
