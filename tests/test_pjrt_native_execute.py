@@ -143,11 +143,12 @@ def test_not_taken_with_donation_and_donation_still_invalidates():
     np.testing.assert_allclose(np.asarray(z), (x + 1.0) * 3.0, rtol=1e-6)
     with pytest.raises((RuntimeError, ValueError), match=r"deleted|donated"):
         plain(y)  # JAX or the plugin's Python (the handle was retired) says so
-    # the donated handle's bytes are no longer read natively: a donated argument's
-    # handle was retired before the donation
+    # the output of the donating call (maybe not ready when its handle was made) is armed
+    # when the Python path first meets it; later calls on it are native
     calls = fast_calls(plain, a)
-    np.testing.assert_allclose(np.asarray(plain(z)), (x + 1.0) * 3.0 + 1.0, rtol=1e-6)
-    assert fast_calls(plain, a) == calls + 1
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(plain(z)), (x + 1.0) * 3.0 + 1.0, rtol=1e-6)
+    assert fast_calls(plain, a) >= calls + 2
 
 
 def test_delete_then_use_raises_and_is_not_taken():
