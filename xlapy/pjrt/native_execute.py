@@ -158,9 +158,16 @@ _FREE: Any = None
 def materialize(ptr: Any) -> PBuffer | None:
     """The PBuffer of a handle the native Execute made (registered now, over the same
     bytes, counted already); None when `ptr` is not such a handle."""
-    global _FREE
     if ptr == ffi.NULL or not ptr.native or ptr.index:
         return None
+    with _MIRROR_LOCK:  # two threads meeting the same new handle make one PBuffer
+        if ptr.index:
+            return OBJECTS.get(ptr.index)
+        return _materialize_locked(ptr)
+
+
+def _materialize_locked(ptr: Any) -> PBuffer:
+    global _FREE
     from xlapy.pjrt.buffers import PBuffer
 
     if _FREE is None:
