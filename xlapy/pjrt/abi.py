@@ -86,8 +86,11 @@ typedef struct PJRT_TopologyDescription { int64_t index; } PJRT_TopologyDescript
 typedef struct PJRT_Executable { int64_t index;
   int64_t num_replicas; int64_t num_partitions; int64_t num_outputs; } PJRT_Executable;
 typedef struct PJRT_LoadedExecutable { int64_t index;
-  int64_t num_replicas; int64_t num_partitions; int64_t num_outputs; } PJRT_LoadedExecutable;
-typedef struct PJRT_Buffer { int64_t index; PJRT_Device* device; void* memory; } PJRT_Buffer;
+  int64_t num_replicas; int64_t num_partitions; int64_t num_outputs;
+  void* fast; int64_t fast_calls; } PJRT_LoadedExecutable;
+typedef struct PJRT_Buffer { int64_t index; PJRT_Device* device; void* memory;
+  void* data; int64_t nbytes; int64_t plain; int64_t readers; int64_t shape_key;
+  int64_t native; int64_t* counters; } PJRT_Buffer;
 typedef struct PJRT_Event { int64_t index; int64_t completed; } PJRT_Event;
 typedef struct PJRT_ExecuteContext { int64_t index; } PJRT_ExecuteContext;
 typedef struct PJRT_SerializedExecutable PJRT_SerializedExecutable;

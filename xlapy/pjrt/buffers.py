@@ -22,6 +22,7 @@ from xlapy.pjrt.core import (
     forget,
     register,
 )
+from xlapy.pjrt.native_execute import adopt_handle, arm, free_native, materialize, retire
 from xlapy.runtime import (
     Buffer,
     BufferDeletedError,
@@ -80,7 +81,7 @@ HOST_SEMANTICS = (
 class PBuffer:
     """A PJRT_Buffer over a runtime Buffer."""
 
-    __slots__ = ("buffer", "c", "client", "dims", "ext_refs", "layout")
+    __slots__ = ("adopted", "buffer", "c", "client", "dims", "ext_refs", "layout", "retired")
 
     def __init__(self, buffer: Buffer, client: PClient):
         self.buffer = buffer
@@ -96,6 +97,9 @@ class PBuffer:
         self.dims: Any = None
         self.layout: Any = None
         self.ext_refs: list[Any] = []
+        self.retired = self.adopted = False
+        if memory is not None:
+            arm(self)
 
     @classmethod
     def in_memory(cls, buffer: Buffer, client: PClient, memory: Any) -> PBuffer:
@@ -107,6 +111,20 @@ class PBuffer:
         c.device, c.memory = memory.device.c, memory.c
         pb.dims = pb.layout = None
         pb.ext_refs = []
+        pb.retired = pb.adopted = False
+        arm(pb)
+        return pb
+
+    @classmethod
+    def adopt(cls, c: Any, buffer: Buffer, memory: Any) -> PBuffer:
+        """The PBuffer of a handle the native Execute made (`c`, allocated natively; see
+        native_execute.materialize): registered under a new key, freed with this object."""
+        pb = cls.__new__(cls)
+        pb.buffer, pb.client, pb.c = buffer, memory.device.client, c
+        pb.dims = pb.layout = None
+        pb.ext_refs = []
+        pb.retired, pb.adopted = False, True
+        adopt_handle(pb, c)
         return pb
 
     @property
@@ -116,10 +134,20 @@ class PBuffer:
     def __del__(self) -> None:
         # PJRT_Buffer_Destroy: delete the buffer (external references keep its memory).
         self.buffer.delete()
+        if self.adopted:  # the handle struct is native memory: freed here, once
+            self.adopted = False
+            free_native(self.c)
+
+    def retire(self) -> None:
+        """Before the buffer is deleted or donated: no native reader may use it any more
+        (see native_execute.retire)."""
+        retire(self)
 
 
 def get_buffer(ptr) -> PBuffer:
     obj = OBJECTS.get(ptr.index) if ptr != ffi.NULL else None
+    if obj is None:
+        obj = materialize(ptr)
     if obj is None:
         raise PjrtError(INVALID_ARGUMENT, "buffer is not a live xlapy PJRT buffer")
     return obj
@@ -302,7 +330,9 @@ def _buffer_memory(args):
 
 @export("Buffer_Delete", "PJRT_Buffer_Only_Args")
 def _buffer_delete(args):
-    get_buffer(args.buffer).buffer.delete()
+    pb = get_buffer(args.buffer)
+    pb.retire()
+    pb.buffer.delete()
 
 
 @export("Buffer_IsDeleted", "PJRT_Buffer_Flag_Args")

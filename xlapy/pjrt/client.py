@@ -7,6 +7,7 @@ import hashlib
 import os
 from typing import Any
 
+from xlapy.pjrt import native
 from xlapy.pjrt.abi import ffi
 from xlapy.pjrt.core import (
     INVALID_ARGUMENT,
@@ -23,6 +24,7 @@ from xlapy.pjrt.core import (
 from xlapy.runtime import (
     Client,
 )
+from xlapy.runtime.device import MEMORY_KINDS
 
 
 def _stablehlo_versions() -> tuple[list[int], list[int]]:
@@ -152,6 +154,9 @@ class PClient:
     def __init__(self, device_count: int):
         self.client = Client("cpu", device_count=device_count)
         self.c = register(self, "PJRT_Client *")
+        if native.ADDRESSES:  # native code allocates and frees: the counts go native
+            for device in self.client.devices():
+                device.allocator.use_counters(native.NativeCounters(MEMORY_KINDS))
         self.name = cstr(PLATFORM_NAME)
         self.version = cstr(self.client.platform_version)
         self.devices = [PDevice(d, self) for d in self.client.devices()]

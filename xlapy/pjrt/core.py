@@ -94,6 +94,13 @@ def register(obj: Any, ctype: str):
     return c
 
 
+def register_at(obj: Any, c: Any) -> None:
+    """Key the existing handle struct `c` (not made by `register`) for `obj`."""
+    key = next(_KEYS)
+    OBJECTS[key] = obj
+    c.index = key
+
+
 def forget(ptr) -> None:
     """Drop the handle `ptr` (a *_Destroy). C++ may call a destroy while a Python exception
     is pending (JAX arrays freed during unwinding); then any call of a C function from

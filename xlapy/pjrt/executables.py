@@ -28,6 +28,7 @@ from xlapy.pjrt.core import (
     named_values,
     register,
 )
+from xlapy.pjrt.native_execute import arm_pending, build, materialize
 from xlapy.pjrt.options import compile_options_from_proto, device_assignment_proto, proto_field
 from xlapy.pjrt.program import module_from_program
 from xlapy.runtime import (
@@ -51,6 +52,8 @@ class PExecutable:
         executable = info.executable  # what the Num* functions answer natively
         c.num_replicas, c.num_partitions = executable.num_replicas, executable.num_partitions
         c.num_outputs = len(info.outputs)
+        if loaded:  # the native Execute of its common call (NULL: none)
+            c.fast = ffi.cast("void *", info.native_entry())
 
     @property
     def ptr(self):
@@ -90,10 +93,25 @@ class ExecInfo:
         self.donated = tuple(sorted({a.param_number for a in _aliases(executable)}))
         """The parameters an output aliases: donated unless JAX says they may not be."""
         self._memory: Any = None  # the PMemory of inline runs' outputs (made on first use)
+        self._native: Any = None  # (engine, address) of the native Execute, once built
         self.cost: Any = None
         self.proto: bytes | None = None
         self.options = b""
         """The serialized CompileOptionsProto it was compiled with."""
+
+    def native_entry(self) -> int:
+        """The address of this executable's native Execute (native_execute.build), 0
+        when its calls always take the Python path."""
+        if self._native is None:
+            try:
+                self._native = build(self) or (None, 0)
+            except Exception as e:  # never fatal: the Python Execute serves
+                import warnings
+
+                warnings.warn(f"xlapy: {self.executable.name} has no native Execute: {e}",
+                              stacklevel=2)  # fmt: skip
+                self._native = (None, 0)
+        return self._native[1]
 
     def output_buffer(self, buffer: Buffer):
         """The handle of an output of an inline run (on the executable's one device, in
@@ -385,7 +403,9 @@ def _loaded_device_assignment(args):
 
 @export("LoadedExecutable_Delete")
 def _loaded_delete(args):
-    get_executable(args.executable).deleted = True
+    e = get_executable(args.executable)
+    e.deleted = True
+    e.c.fast = ffi.NULL  # its calls now fail in Python
 
 
 @export("LoadedExecutable_IsDeleted")
@@ -449,6 +469,8 @@ def _loaded_execute(args):
         indices = options.non_donatable_input_indices
         kept = {indices[i] for i in range(options.num_non_donatable_input_indices)}
         donate = tuple(p for p in donate if p not in kept)
+    if donate:  # no native reader may use a buffer given away (see native_execute)
+        _retire_donated(args, donate)
     if args.execute_device != ffi.NULL:
         device = get_device(args.execute_device).device
         if info.single:
@@ -467,6 +489,16 @@ def _loaded_execute(args):
             events[d] = PEvent.of(_all_ready(outputs))
 
 
+def _retire_donated(args, donate: tuple[int, ...]) -> None:
+    for d in range(args.num_devices):
+        row = args.argument_lists[d]
+        for p in donate:
+            if p < args.num_args:
+                pb = OBJECTS.get(row[p].index) if row[p] != ffi.NULL else None
+                if pb is not None:
+                    pb.retire()
+
+
 def _arguments(row, count: int) -> list[Buffer]:
     """The runtime buffers of one device's argument list (a C array of PJRT_Buffer*)."""
     buffers = []
@@ -474,6 +506,10 @@ def _arguments(row, count: int) -> list[Buffer]:
     for i in range(count):
         ptr = row[i]
         pb = get(ptr.index) if ptr != ffi.NULL else None
+        if pb is None:
+            pb = materialize(ptr)
+        elif not pb.c.plain:
+            arm_pending(pb)  # ready by now, maybe: native calls may read it from now on
         if pb is None:
             raise PjrtError(INVALID_ARGUMENT, f"argument {i} is not a live xlapy PJRT buffer")
         buffers.append(pb.buffer)

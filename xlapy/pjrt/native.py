@@ -216,7 +216,133 @@ def _user_data_ir(fallback: int, slots: int = 4) -> str:
     return "\n".join(lines)
 
 
+# -- native buffers ---------------------------------------------------------------------------
+# Counters: the allocator of a device whose buffers native code makes and frees keeps its
+# figures in one block of int64 words in native memory (COUNTER_FIELDS, then the bytes of
+# each memory kind), updated only by atomic read-modify-writes, from Python under the
+# device's lock and from native code without it, so every figure stays exact: the peak is
+# the atomic maximum of the in-use values each allocation produced.
+COUNTER_FIELDS = ("in_use", "peak", "num_allocs", "largest", "live")
+
+HELPERS = ("xlapy_count_alloc", "xlapy_count_free", "xlapy_retire")
+"""Native helpers called from Python too (see NativeCounters and executes.retire)."""
+
+
+def _field(name: str) -> int:
+    return _offset("PJRT_Buffer", name)
+
+
+def _helpers_ir() -> str:
+    kinds = len(COUNTER_FIELDS)
+    return f"""
+define void @xlapy_count_alloc(ptr %c, i64 %n, i64 %k) {{
+  %old = atomicrmw add ptr %c, i64 %n seq_cst
+  %new = add i64 %old, %n
+  %pp = getelementptr i64, ptr %c, i64 1
+  %p0 = atomicrmw max ptr %pp, i64 %new seq_cst
+  %ap = getelementptr i64, ptr %c, i64 2
+  %a0 = atomicrmw add ptr %ap, i64 1 seq_cst
+  %lp = getelementptr i64, ptr %c, i64 3
+  %l0 = atomicrmw max ptr %lp, i64 %n seq_cst
+  %vp = getelementptr i64, ptr %c, i64 4
+  %v0 = atomicrmw add ptr %vp, i64 1 seq_cst
+  %ki = add i64 %k, {kinds}
+  %kp = getelementptr i64, ptr %c, i64 %ki
+  %k0 = atomicrmw add ptr %kp, i64 %n seq_cst
+  ret void
+}}
+
+define void @xlapy_count_free(ptr %c, i64 %n, i64 %k) {{
+  %old = atomicrmw sub ptr %c, i64 %n seq_cst
+  %vp = getelementptr i64, ptr %c, i64 4
+  %v0 = atomicrmw sub ptr %vp, i64 1 seq_cst
+  %ki = add i64 %k, {kinds}
+  %kp = getelementptr i64, ptr %c, i64 %ki
+  %k0 = atomicrmw sub ptr %kp, i64 %n seq_cst
+  ret void
+}}
+
+; No native reader may start on the buffer after this returns, and none is still reading.
+define void @xlapy_retire(ptr %h) {{
+entry:
+  %pp = getelementptr i8, ptr %h, i64 {_field("plain")}
+  %old = atomicrmw xchg ptr %pp, i64 0 seq_cst
+  %rp = getelementptr i8, ptr %h, i64 {_field("readers")}
+  br label %wait
+wait:
+  %r = load atomic i64, ptr %rp seq_cst, align 8
+  %idle = icmp eq i64 %r, 0
+  br i1 %idle, label %done, label %wait
+done:
+  ret void
+}}
+"""
+
+
+def _buffer_destroy_ir(fallback: int) -> str:
+    """Buffer_Destroy of a handle native code made and Python never saw (`native` set,
+    `index` 0): free its bytes and itself and count the free; any other asks Python."""
+    return f"""
+define ptr @Buffer_Destroy(ptr %args) {{
+entry:
+  %hp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Only_Args", "buffer")}
+  %h = load ptr, ptr %hp
+  %isnull = icmp eq ptr %h, null
+  br i1 %isnull, label %slow, label %check
+check:
+  %np = getelementptr i8, ptr %h, i64 {_field("native")}
+  %n = load i64, ptr %np
+  %ip = getelementptr i8, ptr %h, i64 {_field("index")}
+  %i = load atomic i64, ptr %ip acquire, align 8
+  %isnative = icmp ne i64 %n, 0
+  %unseen = icmp eq i64 %i, 0
+  %mine = and i1 %isnative, %unseen
+  br i1 %mine, label %fast, label %slow
+fast:
+  %dp = getelementptr i8, ptr %h, i64 {_field("data")}
+  %d = load ptr, ptr %dp
+  call void @free(ptr %d)
+  %cp = getelementptr i8, ptr %h, i64 {_field("counters")}
+  %c = load ptr, ptr %cp
+  %sp = getelementptr i8, ptr %h, i64 {_field("nbytes")}
+  %s = load i64, ptr %sp
+  call void @xlapy_count_free(ptr %c, i64 %s, i64 0)
+  call void @free(ptr %h)
+  ret ptr null
+slow:
+{chr(10).join(_fallback(fallback))}
+}}
+"""
+
+
+def _execute_ir(fallback: int) -> str:
+    """LoadedExecutable_Execute: the executable's own native entry when it has one (it
+    falls back to Python itself when the call is not its case), else Python."""
+    executable = _offset("PJRT_LoadedExecutable_Execute_Args", "executable")
+    return f"""
+define ptr @LoadedExecutable_Execute(ptr %args) {{
+entry:
+  %ep = getelementptr i8, ptr %args, i64 {executable}
+  %e = load ptr, ptr %ep
+  %isnull = icmp eq ptr %e, null
+  br i1 %isnull, label %slow, label %check
+check:
+  %fp = getelementptr i8, ptr %e, i64 {_offset("PJRT_LoadedExecutable", "fast")}
+  %f = load ptr, ptr %fp
+  %nofast = icmp eq ptr %f, null
+  br i1 %nofast, label %slow, label %fast
+fast:
+  %r0 = tail call ptr %f(ptr %args)
+  ret ptr %r0
+slow:
+{chr(10).join(_fallback(fallback))}
+}}
+"""
+
+
 _ENGINE: Any = None
+ADDRESSES: dict[str, int] = {}
+"""Name -> address of every function compiled by `compile_fast_paths` (empty: none)."""
 
 
 def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
@@ -226,30 +352,119 @@ def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
     if not ENABLED:
         return {}
     try:
-        import llvmlite.binding as llvm
-
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        bodies = []
+        _llvm()
+        bodies = ["declare void @free(ptr)", _helpers_ir()]
         for name, getter in GETTERS.items():
             bodies.append(_getter_ir(name, getter, _address(python[name])))
         for name in EVENT_FUNCTIONS:
             bodies.append(_event_ir(name, _address(python[name])))
         bodies.append(_user_data_ir(_address(python["Memory_GetUserData"])))
-        module = llvm.parse_assembly("\n\n".join(bodies))
-        module.verify()
-        target = llvm.Target.from_default_triple().create_target_machine(opt=2)
-        engine = llvm.create_mcjit_compiler(module, target)
-        engine.finalize_object()
+        bodies.append(_buffer_destroy_ir(_address(python["Buffer_Destroy"])))
+        bodies.append(_execute_ir(_address(python["LoadedExecutable_Execute"])))
+        engine = compile_ir("\n\n".join(bodies))
     except Exception as e:  # never fatal: the Python implementations serve
         import warnings
 
         warnings.warn(f"xlapy's PJRT plugin runs without native fast paths: {e}", stacklevel=2)
         return {}
-    _ENGINE = (engine, module)  # keeps the code alive for the process
-    names = [*GETTERS, *EVENT_FUNCTIONS, "Memory_GetUserData"]
-    return {name: engine.get_function_address(name) for name in names}
+    _ENGINE = engine
+    names = [
+        *GETTERS, *EVENT_FUNCTIONS, "Memory_GetUserData", "Buffer_Destroy",
+        "LoadedExecutable_Execute", *HELPERS,
+    ]  # fmt: skip
+    ADDRESSES.update({name: engine.get_function_address(name) for name in names})
+    ADDRESSES["python_execute"] = _address(python["LoadedExecutable_Execute"])
+    return {name: ADDRESSES[name] for name in names if name not in HELPERS}
+
+
+def _llvm() -> Any:
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    if not _LIBC:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        for name in ("malloc", "free", "aligned_alloc"):
+            _LIBC[name] = ctypes.cast(getattr(libc, name), ctypes.c_void_p).value or 0
+            llvm.add_symbol(name, _LIBC[name])
+    return llvm
+
+
+_LIBC: dict[str, int] = {}
+"""libc's malloc, free and aligned_alloc (name -> address), as native code calls them."""
+
+
+def compile_ir(text: str, immortal: bool = True) -> Any:
+    """An MCJIT engine with the LLVM IR `text` compiled. `immortal`: never freed, for the
+    plugin's table functions, which JAX's C++ side may call (freeing a buffer) until the
+    process is gone, after Python has torn its objects down."""
+    import ctypes
+
+    llvm = _llvm()
+    module = llvm.parse_assembly(text)
+    module.verify()
+    target = llvm.Target.from_default_triple().create_target_machine(opt=2)
+    engine = llvm.create_mcjit_compiler(module, target)
+    engine.finalize_object()
+    if immortal:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
+    return engine
+
+
+def libc_free() -> int:
+    """The address of libc's free (0 before native code was compiled)."""
+    return _LIBC.get("free", 0)
 
 
 def _address(callback) -> int:
     return int(ffi.cast("uintptr_t", callback))
+
+
+class NativeCounters:
+    """A device allocator's figures in native memory (see COUNTER_FIELDS), for
+    `Allocator.use_counters`: Python's allocations and frees go through the same atomic
+    helpers the native Execute and Buffer_Destroy call."""
+
+    def __init__(self, kinds: tuple[str, ...]):
+        import ctypes
+
+        self.kinds = {kind: i for i, kind in enumerate(kinds)}
+        size = 8 * (len(COUNTER_FIELDS) + len(kinds))
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        address = libc.malloc(size)  # never freed: native frees may come at process exit
+        if not address:
+            raise MemoryError("xlapy: no memory for a device's allocator counters")
+        self.address = address
+        self.words = ffi.cast("int64_t *", address)
+        for i in range(size // 8):
+            self.words[i] = 0
+        fn = "void(*)(int64_t *, int64_t, int64_t)"
+        self._alloc = ffi.cast(fn, ADDRESSES["xlapy_count_alloc"])
+        self._free = ffi.cast(fn, ADDRESSES["xlapy_count_free"])
+
+    def load(self, in_use: int, peak: int, num_allocs: int, largest: int, live: int,
+             by_kind: dict[str, int]) -> None:  # fmt: skip
+        """Start from these figures (the allocator's so far; the caller holds its lock)."""
+        for i, value in enumerate((in_use, peak, num_allocs, largest, live)):
+            self.words[i] = value
+        for kind, i in self.kinds.items():
+            self.words[len(COUNTER_FIELDS) + i] = by_kind.get(kind, 0)
+
+    def allocate(self, nbytes: int, kind: str) -> None:
+        self._alloc(self.words, nbytes, self.kinds[kind])
+
+    def free(self, nbytes: int, kind: str) -> None:
+        self._free(self.words, nbytes, self.kinds[kind])
+
+    def figures(self) -> tuple[int, int, int, int, int, dict[str, int]]:
+        """(in_use, peak, num_allocs, largest, live, bytes by kind)."""
+        w = self.words
+        base = len(COUNTER_FIELDS)
+        by_kind = {kind: w[base + i] for kind, i in self.kinds.items()}
+        return w[0], w[1], w[2], w[3], w[4], by_kind
+
+    def reset_peak(self) -> None:
+        self.words[1] = self.words[0]

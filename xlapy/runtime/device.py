@@ -34,7 +34,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xlapy.runtime.errors import RuntimeApiError
 
@@ -67,6 +67,7 @@ class Allocator:
         self._largest = 0
         self._live = 0
         self._by_kind = dict.fromkeys(MEMORY_KINDS, 0)
+        self._counters: Any = None  # native counters in use (see use_counters)
 
     def allocate(self, nbytes: int, kind: str) -> None:
         with self._lock:
@@ -93,7 +94,24 @@ class Allocator:
         self._by_kind[kind] -= nbytes
         self._live -= 1
 
+    def use_counters(self, counters: Any) -> None:
+        """Keep the figures in `counters` from now on (xlapy.pjrt.native.NativeCounters:
+        native memory that native code allocating and freeing buffers without this lock
+        updates too, atomically): allocations and frees go to it, `stats` reads it."""
+        with self._lock:
+            counters.load(
+                self._in_use, self._peak, self._num_allocs, self._largest, self._live,
+                self._by_kind,
+            )  # fmt: skip
+            self.allocate_locked = counters.allocate  # type: ignore[method-assign]
+            self.free_locked = counters.free  # type: ignore[method-assign]
+            self._counters = counters
+
     def stats(self) -> MemoryStats:
+        counters = self._counters
+        if counters is not None:
+            in_use, peak, allocs, largest, live, by_kind = counters.figures()
+            return MemoryStats(in_use, peak, allocs, largest, live, tuple(by_kind.items()))
         with self._lock:
             return MemoryStats(
                 self._in_use,
@@ -106,6 +124,8 @@ class Allocator:
 
     def reset_peak(self) -> None:
         with self._lock:
+            if self._counters is not None:
+                self._counters.reset_peak()
             self._peak = self._in_use
 
 

@@ -245,6 +245,12 @@ class LoadedExecutable(Executable):
         device, program = self._only
         return run_inline(self._signature, program, device, arguments)
 
+    @property
+    def call_signature(self) -> CallSignature:
+        """What every call shares (parameter and output leaves, aliasing), for callers
+        that replay the common call themselves (the PJRT plugin's native Execute)."""
+        return self._signature
+
     def backend_program(self) -> CompiledProgram:
         """The backend's compiled program this executable runs (on its first device)."""
         return self._only[1]

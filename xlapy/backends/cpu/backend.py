@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,21 @@ ARENA_POOL_SIZE = 4
 """Idle arenas an executable keeps for reuse."""
 _NO_ARENAS: tuple[list[np.ndarray], list[int]] = ([], [])
 _U8 = np.dtype(np.uint8)
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """A program of native kernels in a row, for native callers (`CpuProgram.native_plan`):
+    `params` (allocation, parameter number), `constants` (allocation, address: kept alive
+    by the program), `outputs` (allocation, bytes) in output order, `kernels` (entry
+    address, (allocation, offset) per pointer argument, outer extent) in run order; each
+    kernel's entry takes its pointers, then the range start and end."""
+
+    num_allocations: int
+    params: tuple[tuple[int, int], ...]
+    constants: tuple[tuple[int, int], ...]
+    outputs: tuple[tuple[int, int], ...]
+    kernels: tuple[tuple[int, tuple[tuple[int, int], ...], int], ...]
 
 
 def _is_row_major(shape: Shape) -> bool:
@@ -212,6 +228,32 @@ class CpuProgram(CompiledProgram):
                 return None
             calls.append(call)
         return tuple(calls)
+
+    def native_plan(self) -> NativePlan | None:
+        """The run of native kernels in a row (`fixed_cost_seconds` is set) as data native
+        code can replay without Python: where each parameter and constant sits, the fresh
+        allocations (each an output, in output order) and the kernels' entries; None for
+        any other program."""
+        if self._kernel_calls is None or self._simple is None:
+            return None
+        outputs = tuple(alloc for alloc, _, _ in self._simple.outputs)
+        sizes = dict(self._fresh)
+        params = tuple((alloc, number) for alloc, number, _, _ in self._simple.params)
+        constants = tuple((i, self._template_bases[i]) for i in self.compiled.constants)
+        known = {a for a, _ in params} | {a for a, _ in constants} | set(outputs)
+        kernels = []
+        for thunk in self.compiled.entry.thunks:
+            entry = thunk.native_entry() if isinstance(thunk, KernelThunk) else None
+            if entry is None or any(alloc not in known for alloc, _ in entry[1]):
+                return None  # (a fresh allocation no kernel touches, a tuple's, is left out)
+            kernels.append(entry)
+        return NativePlan(
+            len(self._template),
+            params,
+            constants,
+            tuple((alloc, sizes[alloc]) for alloc in outputs),
+            tuple(kernels),
+        )
 
     @property
     def fixed_cost_seconds(self) -> float | None:

@@ -8,6 +8,7 @@ import ctypes
 import functools
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +121,15 @@ class KernelThunk(Thunk):
         if self._call is None:
             self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
         return self._call
+
+    def native_entry(self) -> tuple[int, tuple[tuple[int, int], ...], int] | None:
+        """What native code calls when `direct_call` applies: (the entry's address, the
+        (allocation, offset) of each pointer argument, the outer extent); else None."""
+        if self.direct_call() is None:
+            return None
+        function: Any = self.kernel.function  # a ctypes function pointer
+        address = ctypes.cast(function, ctypes.c_void_p).value
+        return (address, self._slots, self._extent) if address else None
 
     def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
         if self.scratch or self.split_choice is not None:
