@@ -17,6 +17,8 @@
 #                               arena views, XLA's TopK as a library sort
 #   fft                         scipy.fft on arena views (runtime/fft_thunk.py)
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
+#   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
+#                               directions, variadic) as a native scan (codegen/emit_scan.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
 #   everything else             a fused or single-instruction kernel where the emitter
@@ -56,6 +58,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopSwitch,
     emit_loop,
 )
+from xlapy.backends.cpu.codegen.emit_scan import emit_scan, scan_reason
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
@@ -385,6 +388,19 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, [out], inputs)
 
 
+def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or scan_reason(instr)
+    if reason is not None:
+        return reason
+    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    try:
+        kernel = Kernel(emit_scan(instr, lw.flush_denormals), symbol_name(instr.name))
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    return KernelThunk(instr, kernel, outputs, inputs)
+
+
 def kernel_reason(instr: HloInstruction) -> str | None:
     """None when `instr` can be a kernel thunk, else why not."""
     op = instr.opcode
@@ -470,7 +486,11 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.GATHER: (KERNEL, library(plan_gather)),
     Opcode.SORT: (KERNEL, library(plan_sort)),
     Opcode.TOPK: (KERNEL, library(plan_topk)),
-    Opcode.REDUCE_WINDOW: (KERNEL, library(plan_reduce_window)),
+    Opcode.REDUCE_WINDOW: (
+        Strategy("native scan", _native_scan),
+        KERNEL,
+        library(plan_reduce_window),
+    ),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
     Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
     Opcode.FFT: (Strategy("fft", _fft), RULE),
