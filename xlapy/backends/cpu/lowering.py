@@ -58,11 +58,18 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopSwitch,
     emit_loop,
 )
-from xlapy.backends.cpu.codegen.emit_scan import emit_scan, scan_reason
+from xlapy.backends.cpu.codegen.emit_scan import (
+    emit_scan,
+    scan_description,
+    scan_reason,
+    scan_signature,
+)
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
+    Signature,
+    described_kernel,
     forget_kernel,
     function_address,
     kernel_for,
@@ -394,10 +401,17 @@ def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         return reason
     outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
     inputs = [lw.slice_at(o) for o in instr.operands]
+    flush = lw.flush_denormals
     try:
-        kernel = Kernel(emit_scan(instr, lw.flush_denormals), symbol_name(instr.name))
+        kernel = described_kernel(
+            scan_description(instr, flush),
+            Signature(*scan_signature(instr)),
+            symbol_name(instr.name),
+            functools.partial(emit_scan, instr, flush),
+        )
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
     return KernelThunk(instr, kernel, outputs, inputs)
 
 

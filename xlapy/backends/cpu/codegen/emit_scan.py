@@ -10,7 +10,8 @@
 # init, x[i], ..., x[n-1]; the kernel runs the same recurrence from the other end,
 # out[i] = f(out[i + 1], x[i]): the same result for max/min and integers, a float sum or
 # product folded from the other end (last bits may differ, as they do in XLA's own rewrite
-# of scans into blocked associative scans). A reduce-window of size-1 windows without
+# of scans into blocked associative scans; like XLA, a reverse scan takes the reducer to be
+# associative and commutative, as reduce-window's semantics allow). A reduce-window of size-1 windows without
 # padding (out = f(init, x)) is the same kernel with a scan axis of length 1.
 #
 # Variadic reduce-windows (several inputs and inits, a tuple reducer) scan all inputs
@@ -22,12 +23,17 @@
 # other two loops inside: when M is large the innermost loop runs over contiguous inner
 # positions (RB = 1) and vectorizes; when M is small (a scan along the minor dimension,
 # M = 1) a tile holds RB rows whose recurrences are independent, so their chains overlap
-# in the pipeline instead of one long serial chain. Tiles are independent: a thunk may split
-# the range over the pool. The kernel is
+# in the pipeline instead of one long serial chain: rows take turns of 16 steps (one cache
+# line each; rows a power of two apart share cache sets, so one step per turn would keep
+# evicting them) where the reducer is one op, and of one step where it is longer (its
+# chain's latency then dominates, and one step of each row fits the out-of-order window).
+# Tiles are independent: a thunk may split the range over the pool. The kernel is
 #
 #   void f(i8* out_0..out_k-1, i8* x_0..x_k-1, i8* init_0..init_k-1, i64 start, i64 end)
 #
-# with noalias pointers (the thunk gives any overlapping output a scratch buffer).
+# with noalias pointers (the thunk gives any overlapping output a scratch buffer). Its object
+# is cached under scan_description (jit.kernel.described_kernel): a warm compile neither
+# emits the IR nor waits for LLVM.
 
 from __future__ import annotations
 
@@ -47,8 +53,12 @@ from xlapy.backends.cpu.codegen.emitter import KernelEmitter, supported
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.shapes import Shape
 
-_ROWS = 16
+_ROWS = 8
 """Outer positions per tile when the scan axis is (nearly) minor: independent chains."""
+_CHUNK = 16
+"""Scan steps each of those rows takes before the next row's turn (a cache line of f32),
+for a reducer of one op; a longer one (cumlogsumexp's) takes one step per row in turn, so
+the rows' long dependency chains overlap in the pipeline."""
 _VECTOR_MIN = 16
 """Inner positions from which a tile runs one outer position over a block of them."""
 _COLUMNS = 1024
@@ -145,8 +155,11 @@ class _ScanEmitter(KernelEmitter):
             self.inner = math.prod(shape.dims[d] for d in major_to_minor[p + 1 :])
         if self.inner >= _VECTOR_MIN:
             self.rows, self.cols = 1, min(self.inner, _COLUMNS)
+            self.chunk = max(self.n - 1, 1)
         else:
             self.rows, self.cols = min(self.outer, _ROWS), self.inner
+            one_op = len(self.reducer.instructions) <= 2 * self.k + 1
+            self.chunk = _CHUNK if one_op else 1
         self.col_tiles = -(-self.inner // self.cols)
         self.extent = -(-self.outer // self.rows) * self.col_tiles
 
@@ -170,10 +183,13 @@ class _ScanEmitter(KernelEmitter):
             first = self.n - 1 if self.reverse else 0
             self._step(o0, o1, j0, j1, c(first), None, inits)
             if self.n > 1:
-                with self.loop(c(1), c(self.n), "step") as s:
-                    i = b.sub(c(self.n - 1), s) if self.reverse else s
-                    back = self.inner if self.reverse else -self.inner
-                    self._step(o0, o1, j0, j1, i, back, inits)
+                with self.loop(c(0), c(-(-(self.n - 1) // self.chunk)), "chunk") as chunk:
+                    s0 = b.add(b.mul(chunk, c(self.chunk)), c(1))
+                    s1 = self._min(b.add(s0, c(self.chunk)), c(self.n))
+                    with self.loop(o0, o1, "row") as o, self.loop(s0, s1, "step") as s:
+                        i = b.sub(c(self.n - 1), s) if self.reverse else s
+                        back = self.inner if self.reverse else -self.inner
+                        self._step(o, None, j0, j1, i, back, inits)
         self.end_function(body)
         outs = tuple(s for _, s in self.instr.shape.leaves())
         return KernelSpec(
@@ -188,35 +204,59 @@ class _ScanEmitter(KernelEmitter):
         return self.b.select(self.b.icmp_signed("<", a, b_), a, b_)
 
     def _step(self, o0, o1, j0, j1, i, back: int | None, inits) -> None:
-        """out[o, i, j] = f(previous, x[o, i, j]) over the tile; previous is the output one
-        step back along the scan (`back` elements away), or the init on the first step."""
+        """out[o, i, j] = f(previous, x[o, i, j]) over rows [o0, o1) (row o0 alone when o1
+        is None) and columns [j0, j1); previous is the output one step back along the scan
+        (`back` elements away), or the init on the first step."""
+        if o1 is None:
+            self._row(o0, j0, j1, i, back, inits)
+            return
+        with self.loop(o0, o1, "row") as o:
+            self._row(o, j0, j1, i, back, inits)
+
+    def _row(self, o, j0, j1, i, back: int | None, inits) -> None:
         b = self.b
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
-        with self.loop(o0, o1, "row") as o:
-            row = b.add(b.mul(o, c(self.n * self.inner)), b.mul(i, c(self.inner)))
-            with self.loop(j0, j1, "col") as j:
-                at = b.add(row, j)
-                xs = [
-                    self.from_mem(b.load(b.gep(p, [at], True)), t)
-                    for p, t in zip(self.x, self.types, strict=True)
+        row = b.add(b.mul(o, c(self.n * self.inner)), b.mul(i, c(self.inner)))
+        with self.loop(j0, j1, "col") as j:
+            at = b.add(row, j)
+            xs = [
+                self.from_mem(b.load(b.gep(p, [at], True)), t)
+                for p, t in zip(self.x, self.types, strict=True)
+            ]
+            if back is None:
+                accs = list(inits)
+            else:
+                prev = b.add(at, c(back))
+                accs = [
+                    self.from_mem(b.load(b.gep(p, [prev], True)), t)
+                    for p, t in zip(self.out, self.types, strict=True)
                 ]
-                if back is None:
-                    accs = list(inits)
-                else:
-                    prev = b.add(at, c(back))
-                    accs = [
-                        self.from_mem(b.load(b.gep(p, [prev], True)), t)
-                        for p, t in zip(self.out, self.types, strict=True)
-                    ]
-                result = self.call_scalar(self.reducer, [*accs, *xs])
-                results = result if isinstance(result, tuple) else (result,)
-                if len(results) != self.k:
-                    raise UnsupportedForCodegen(
-                        f"{self.instr.name}: the reducer returns {len(results)} values "
-                        f"for {self.k} inputs"
-                    )
-                for p, t, v in zip(self.out, self.types, results, strict=True):
-                    b.store(self.to_mem(v, t), b.gep(p, [at], True))
+            result = self.call_scalar(self.reducer, [*accs, *xs])
+            results = result if isinstance(result, tuple) else (result,)
+            if len(results) != self.k:
+                raise UnsupportedForCodegen(
+                    f"{self.instr.name}: the reducer returns {len(results)} values "
+                    f"for {self.k} inputs"
+                )
+            for p, t, v in zip(self.out, self.types, results, strict=True):
+                b.store(self.to_mem(v, t), b.gep(p, [at], True))
+
+
+def scan_description(instr: HloInstruction, flush_denormals: bool = True) -> str:
+    """A text that determines the IR emit_scan makes for `instr` (a cache key): its
+    operand and result shapes with layouts, window and reducer."""
+    shapes = " ".join(o.shape.to_text() for o in instr.operands)
+    return (
+        f"scan v1 {'ftz' if flush_denormals else 'ieee'} {shapes} -> {instr.shape.to_text()} "
+        f"window={instr.attrs['window']!r}\n{instr.attrs['to_apply'].to_text()}"
+    )
+
+
+def scan_signature(instr: HloInstruction) -> tuple[tuple[Shape, ...], tuple[Shape, ...], int]:
+    """(outputs, params, outer extent) of `instr`'s scan kernel, without emitting it."""
+    emitter = _ScanEmitter(instr, True)
+    outs = tuple(s for _, s in instr.shape.leaves())
+    return outs, tuple(o.shape for o in instr.operands), emitter.extent
 
 
 def emit_scan(instr: HloInstruction, flush_denormals: bool = True) -> KernelSpec:
