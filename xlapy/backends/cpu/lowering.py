@@ -17,6 +17,7 @@
 #                               arena views, XLA's TopK as a library sort
 #   fft                         scipy.fft on arena views (runtime/fft_thunk.py)
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
+#   rng-bit-generator           native threefry / philox (codegen/emit_rng.py)
 #   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
 #                               directions, variadic) as a native scan (codegen/emit_scan.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
@@ -58,6 +59,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopSwitch,
     emit_loop,
 )
+from xlapy.backends.cpu.codegen.emit_rng import emit_rng, rng_description, rng_reason, rng_signature
 from xlapy.backends.cpu.codegen.emit_scan import (
     emit_scan,
     scan_description,
@@ -415,6 +417,25 @@ def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, outputs, inputs)
 
 
+def _native_rng(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or rng_reason(instr)
+    if reason is not None:
+        return reason
+    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    try:
+        kernel = described_kernel(
+            rng_description(instr),
+            Signature(*rng_signature(instr)),
+            symbol_name(instr.name),
+            functools.partial(emit_rng, instr),
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
+    return KernelThunk(instr, kernel, outputs, inputs)
+
+
 def kernel_reason(instr: HloInstruction) -> str | None:
     """None when `instr` can be a kernel thunk, else why not."""
     op = instr.opcode
@@ -508,6 +529,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
     Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
     Opcode.FFT: (Strategy("fft", _fft), RULE),
+    Opcode.RNG_BIT_GENERATOR: (Strategy("native rng", _native_rng), RULE),
 }
 """opcode -> its lowering strategies, in order (see the file comment)."""
 

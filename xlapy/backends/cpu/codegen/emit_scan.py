@@ -11,8 +11,9 @@
 # out[i] = f(out[i + 1], x[i]): the same result for max/min and integers, a float sum or
 # product folded from the other end (last bits may differ, as they do in XLA's own rewrite
 # of scans into blocked associative scans; like XLA, a reverse scan takes the reducer to be
-# associative and commutative, as reduce-window's semantics allow). A reduce-window of size-1 windows without
-# padding (out = f(init, x)) is the same kernel with a scan axis of length 1.
+# associative and commutative, as reduce-window's semantics allow). A reduce-window of
+# size-1 windows without padding (out = f(init, x)) is the same kernel with a scan axis of
+# length 1.
 #
 # Variadic reduce-windows (several inputs and inits, a tuple reducer) scan all inputs
 # together: the reducer takes (acc_0..acc_k-1, x_0..x_k-1) as the rule calls it.
