@@ -79,7 +79,7 @@ from xlapy.backends.cpu.jit.kernel import (
     symbol_name,
     wrap_instruction,
 )
-from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
+from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk, plan_device_id
 from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
     ConditionalThunk,
@@ -530,6 +530,8 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
     Opcode.FFT: (Strategy("fft", _fft), RULE),
     Opcode.RNG_BIT_GENERATOR: (Strategy("native rng", _native_rng), RULE),
+    Opcode.REPLICA_ID: (library(plan_device_id),),
+    Opcode.PARTITION_ID: (library(plan_device_id),),
 }
 """opcode -> its lowering strategies, in order (see the file comment)."""
 
