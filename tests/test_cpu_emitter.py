@@ -646,7 +646,10 @@ def test_compile_single_instruction_from_a_module():
             "no rule for 'dot'",
         ),
         ("x = c64[4] parameter(0)\n ROOT r = c64[4] tanh(x)", "no complex rule for 'tanh'"),
-        ("x = f8e5m2[4] parameter(0)\n ROOT r = f8e5m2[4] negate(x)", "element type f8e5m2"),
+        (
+            "x = f8e8m0fnu[4] parameter(0)\n ROOT r = f8e8m0fnu[4] negate(x)",
+            "element type f8e8m0fnu",
+        ),
     ],
 )
 def test_unsupported_raises(body, fragment):

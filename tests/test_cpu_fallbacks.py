@@ -286,3 +286,22 @@ ENTRY e {{
     np.testing.assert_array_equal(
         got[~nan].view(f"u{got.itemsize}"), want[~nan].view(f"u{got.itemsize}")
     )
+
+
+def test_replica_and_partition_id_are_not_fallbacks():
+    """replica-id and partition-id read the execution's ids (0 when run on its own)."""
+    text = """HloModule ids, replica_count=4, num_partitions=6
+ENTRY e {
+  r = u32[] replica-id()
+  p = u32[] partition-id()
+  ROOT t = (u32[], u32[]) tuple(r, p)
+}"""
+    plain = CpuProgram(parse_module(text))
+    assert not plain.fallbacks, plain.fallbacks
+    r, p = plain.run([])
+    assert (int(np.asarray(r)), int(np.asarray(p))) == (0, 0)
+    program = CpuProgram(parse_module(text), {"replica_id": 3, "partition_id": 5})
+    r, p = program.run([])
+    assert (int(np.asarray(r)), int(np.asarray(p))) == (3, 5)
+    want = evaluate(parse_module(text), [], replica_id=3, partition_id=5)
+    assert (int(want[0]), int(want[1])) == (3, 5)

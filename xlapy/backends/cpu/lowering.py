@@ -17,6 +17,9 @@
 #                               arena views, XLA's TopK as a library sort
 #   fft                         scipy.fft on arena views (runtime/fft_thunk.py)
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
+#   rng-bit-generator           native threefry / philox (codegen/emit_rng.py)
+#   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
+#                               directions, variadic) as a native scan (codegen/emit_scan.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
 #   everything else             a fused or single-instruction kernel where the emitter
@@ -56,10 +59,19 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopSwitch,
     emit_loop,
 )
+from xlapy.backends.cpu.codegen.emit_rng import emit_rng, rng_description, rng_reason, rng_signature
+from xlapy.backends.cpu.codegen.emit_scan import (
+    emit_scan,
+    scan_description,
+    scan_reason,
+    scan_signature,
+)
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
+    Signature,
+    described_kernel,
     forget_kernel,
     function_address,
     kernel_for,
@@ -67,7 +79,7 @@ from xlapy.backends.cpu.jit.kernel import (
     symbol_name,
     wrap_instruction,
 )
-from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk
+from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk, plan_device_id
 from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
     ConditionalThunk,
@@ -385,6 +397,45 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, [out], inputs)
 
 
+def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or scan_reason(instr)
+    if reason is not None:
+        return reason
+    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    flush = lw.flush_denormals
+    try:
+        kernel = described_kernel(
+            scan_description(instr, flush),
+            Signature(*scan_signature(instr)),
+            symbol_name(instr.name),
+            functools.partial(emit_scan, instr, flush),
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
+    return KernelThunk(instr, kernel, outputs, inputs)
+
+
+def _native_rng(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or rng_reason(instr)
+    if reason is not None:
+        return reason
+    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    try:
+        kernel = described_kernel(
+            rng_description(instr),
+            Signature(*rng_signature(instr)),
+            symbol_name(instr.name),
+            functools.partial(emit_rng, instr),
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
+    return KernelThunk(instr, kernel, outputs, inputs)
+
+
 def kernel_reason(instr: HloInstruction) -> str | None:
     """None when `instr` can be a kernel thunk, else why not."""
     op = instr.opcode
@@ -476,10 +527,17 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.GATHER: (KERNEL, library(plan_gather)),
     Opcode.SORT: (KERNEL, Strategy("library plan_sort", _sort_library)),
     Opcode.TOPK: (KERNEL, library(plan_topk)),
-    Opcode.REDUCE_WINDOW: (KERNEL, library(plan_reduce_window)),
+    Opcode.REDUCE_WINDOW: (
+        Strategy("native scan", _native_scan),
+        KERNEL,
+        library(plan_reduce_window),
+    ),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
     Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
     Opcode.FFT: (Strategy("fft", _fft), RULE),
+    Opcode.RNG_BIT_GENERATOR: (Strategy("native rng", _native_rng), RULE),
+    Opcode.REPLICA_ID: (library(plan_device_id),),
+    Opcode.PARTITION_ID: (library(plan_device_id),),
 }
 """opcode -> its lowering strategies, in order (see the file comment)."""
 

@@ -51,7 +51,12 @@ class KernelSpec:
 _SUPPORTED_TYPES = {
     P.PRED, P.S8, P.S16, P.S32, P.S64, P.U8, P.U16, P.U32, P.U64,
     P.F16, P.BF16, P.F32, P.F64, P.C64, P.C128,
+    P.F8E4M3FN, P.F8E5M2, P.F8E4M3, P.F8E3M4, P.F8E4M3FNUZ, P.F8E5M2FNUZ, P.F8E4M3B11FNUZ,
 }  # fmt: skip
+F8_TYPES = frozenset(
+    {P.F8E4M3FN, P.F8E5M2, P.F8E4M3, P.F8E3M4, P.F8E4M3FNUZ, P.F8E5M2FNUZ, P.F8E4M3B11FNUZ}
+)
+"""8-bit floats: f32 in registers, one byte in memory (codegen/f8.py)."""
 
 
 def reg_type(t: PrimitiveType):
@@ -73,6 +78,8 @@ def mem_type(t: PrimitiveType):
         return F16
     if t is P.BF16:
         return I16
+    if t in F8_TYPES:
+        return I8
     return reg_type(t)
 
 

@@ -49,6 +49,7 @@ from llvmlite import ir
 from xlapy.backends.cpu.codegen import elemental
 from xlapy.backends.cpu.codegen.common import (
     EMIT_RULES,
+    F8_TYPES,
     F16,
     F32,
     I1,
@@ -67,6 +68,7 @@ from xlapy.backends.cpu.codegen.common import (
     reg_type,
 )
 from xlapy.backends.cpu.codegen.complex import Complex, complex_reason
+from xlapy.backends.cpu.codegen.f8 import f8_to_f32, f32_to_f8
 from xlapy.backends.cpu.codegen.math import MathEmitter
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -576,6 +578,8 @@ class KernelEmitter:
             return b.fpext(v, F32)
         if t is P.BF16:
             return b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32)
+        if t in F8_TYPES:
+            return f8_to_f32(self, v, t)
         return v
 
     def to_mem(self, v, t: PrimitiveType):
@@ -586,6 +590,8 @@ class KernelEmitter:
             return b.fptrunc(v, F16)
         if t is P.BF16:  # register bf16 values are already rounded: keep the high half
             return b.trunc(b.lshr(b.bitcast(v, I32), ir.Constant(I32, 16)), I16)
+        if t in F8_TYPES:  # already rounded: rounding again is exact
+            return f32_to_f8(self, v, t)
         return v
 
     def round_bf16(self, v):
@@ -604,6 +610,8 @@ class KernelEmitter:
             return self.round_bf16(v)
         if t is P.F16:
             return self.b.fpext(self.b.fptrunc(v, F16), F32)
+        if t in F8_TYPES:
+            return f8_to_f32(self, f32_to_f8(self, v, t), t)
         return v
 
     def global_array(self, arr: np.ndarray, t: PrimitiveType):
@@ -614,6 +622,8 @@ class KernelEmitter:
             values = [ir.Constant(I8, int(x)) for x in flat]
         elif t is P.BF16:
             values = [ir.Constant(I16, int(x)) for x in flat.view(np.uint16)]
+        elif t in F8_TYPES:
+            values = [ir.Constant(I8, int(x)) for x in flat.view(np.uint8)]
         elif t.is_integral:
             values = [ir.Constant(ety, int(x)) for x in flat]
         elif t.is_complex:

@@ -619,6 +619,25 @@ def request_function(description: str, emit: Callable[[], str], symbol: str) -> 
     return _request(emit(), key, symbol, defer=True)[0] if found is None else found[0]
 
 
+def described_kernel(
+    description: str, signature: Signature, name: str, emit: Callable[[], KernelSpec]
+) -> Kernel:
+    """The kernel `emit()` makes (a kernel of the kernel ABI that is not a computation's:
+    a scan, a scatter), cached under `description` (which must determine the IR) and the
+    code generator's sources like request_function: a warm compile loads it without
+    emitting the IR; a cold one emits it now and compiles it on the JIT's pool (`wait()`
+    before running it). `signature` must be the one `emit()` gives."""
+    key = jit.content_key(source_fingerprint(), "kernel", description)
+    request = _request_cached(key)
+    spec = None
+    if request is None:
+        spec = emit()
+        if Signature.of(spec) != signature:
+            raise XlapyError(f"kernel {name}: emitted {Signature.of(spec)}, expected {signature}")
+        request = _request(spec.llvm_ir, key, SYMBOL, defer=True)
+    return Kernel._deferred(signature, name, request, spec, emit)
+
+
 def function_address(future: Future) -> int:
     """The address of the function `future` (from request_function) loads, once loaded
     (re-raising a compile failure)."""

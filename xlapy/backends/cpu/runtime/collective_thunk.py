@@ -31,6 +31,7 @@ from xlapy.backends.cpu.runtime.thunk import (
     physical_dims,
 )
 from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
 
 
 def _leaves(tree: ValueTree) -> list[BufferSlice]:
@@ -99,3 +100,17 @@ class _Viewer:
     def __call__(self, memory: list) -> np.ndarray:
         raw = memory[self.allocation][self.start : self.stop].view(self.dtype).reshape(self.dims)
         return logical_from_physical(raw, self.shape)
+
+
+def plan_device_id(instr: HloInstruction):
+    """replica-id and partition-id: the execution's own id (ctx.state, as the interpreter's
+    rule reads it: 0 for a program run on its own) written into the u32 result."""
+    if instr.opcode not in (Opcode.REPLICA_ID, Opcode.PARTITION_ID) or instr.operands:
+        return None
+    key = "replica_id" if instr.opcode is Opcode.REPLICA_ID else "partition_id"
+
+    def run(values, out, ctx: ExecutionContext) -> bool:
+        out[...] = np.uint32(ctx.state.get(key, 0))
+        return True
+
+    return run
