@@ -458,6 +458,100 @@ def conv_pool_vmapped(w, b, x):
     return jax.vmap(one)(x)
 
 
+# -- programs of the fourth session, added untuned: a U-Net, an attention backward pass, a
+# scan with a large carry, a gather-heavy embedding step. Each takes a size `n` (1: the
+# benchmark; tests/memory/*.hlo holds the same programs lowered small).
+def unet_args(rng, n=1):
+    c = 16 // n
+    return [f32(rng, 8 // n, 64 // n, 64 // n, 4),
+            f32(rng, 3, 3, 4, c, scale=0.2), f32(rng, 3, 3, c, 2 * c, scale=0.1),
+            f32(rng, 3, 3, 2 * c, 4 * c, scale=0.1), f32(rng, 3, 3, 4 * c, 2 * c, scale=0.1),
+            f32(rng, 3, 3, 4 * c, c, scale=0.1), f32(rng, 3, 3, 2 * c, 4, scale=0.1)]  # fmt: skip
+
+
+def _up(x):
+    b, h, w, c = x.shape
+    return jnp.broadcast_to(x[:, :, None, :, None, :], (b, h, 2, w, 2, c)).reshape(
+        b, 2 * h, 2 * w, c
+    )
+
+
+@bench(unet_args)
+def unet_forward(x, k1, k2, k3, k4, k5, k6):
+    """A U-Net-like encoder/decoder: two stride-2 convolutions down, nearest upsampling and
+    skip concatenations up, relu between."""
+    e1 = jax.nn.relu(conv(x, k1))
+    e2 = jax.nn.relu(conv(e1, k2, 2))
+    mid = jax.nn.relu(conv(e2, k3, 2))
+    d2 = jax.nn.relu(conv(_up(mid), k4))
+    d1 = jax.nn.relu(conv(jnp.concatenate([d2, e2], axis=-1), k5))
+    return conv(jnp.concatenate([_up(d1), e1], axis=-1), k6) + x
+
+
+def mha_args(rng, n=1):
+    d, s, b = 256 // n, 128 // n, 4 // min(n, 4)
+    return [f32(rng, d, d, scale=d**-0.5) for _ in range(4)] + [f32(rng, b, s, d)]
+
+
+@bench(mha_args)
+def attention_backward(wq, wk, wv, wo, x):
+    """Gradients of causal multi-head self-attention (4 heads) with its four projections."""
+
+    def loss(wq, wk, wv, wo, x):
+        heads = 4
+        sh = (*x.shape[:-1], heads, x.shape[-1] // heads)
+        q, k, v = ((x @ w).reshape(sh) for w in (wq, wk, wv))
+        y = _attention(q, k, v, True).reshape(x.shape) @ wo
+        return jnp.mean(jnp.tanh(y) ** 2)
+
+    return jax.grad(loss, (0, 1, 2, 3, 4))(wq, wk, wv, wo, x)
+
+
+def big_carry_args(rng, n=1):
+    return [f32(rng, 1024 // n, 1024 // n), f32(rng, 256 // n, 256 // n, scale=0.05),
+            f32(rng, 12, 256 // n)]  # fmt: skip
+
+
+@bench(big_carry_args)
+def scan_large_carry(state, w, xs):
+    """A scan whose carry (a 4 MiB state and a small vector) is rewritten in slices each
+    step; the per-step output is a scalar."""
+
+    def step(carry, x):
+        big, h = carry
+        h = jnp.tanh(h @ w + x)
+        big = big * 0.9 + jnp.tile(h, big.shape[0] * big.shape[1] // h.shape[0]).reshape(
+            big.shape
+        )
+        return (big, h), jnp.sum(big[0])
+
+    (big, h), ys = lax.scan(step, (state, xs[0]), xs)
+    return big, h, ys
+
+
+def embed_step_args(rng, n=1):
+    vocab, dim, batch, seq = 20000 // n, 128 // n, 64 // n, 32
+    return [f32(rng, vocab, dim, scale=0.1), f32(rng, 2 * dim, dim, scale=0.1),
+            f32(rng, dim, 16, scale=0.1), ints(rng, vocab, batch, seq),
+            ints(rng, vocab, batch, seq), ints(rng, 16, batch)]  # fmt: skip
+
+
+@bench(embed_step_args, donate=(0, 1, 2))
+def embedding_gather_step(table, w, head, words, context, labels):
+    """An SGD step of a bag-of-embeddings classifier: two gathers from one table (words
+    and context), mean pooling, two dense layers; the table update is a scatter-add."""
+
+    def loss(table, w, head):
+        a = jnp.mean(table[words], axis=1)
+        b = jnp.mean(table[context], axis=1)
+        h = jax.nn.relu(jnp.concatenate([a, b], axis=-1) @ w)
+        logp = jax.nn.log_softmax(h @ head)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    value, grads = jax.value_and_grad(loss, (0, 1, 2))(table, w, head)
+    return value, [p - 0.1 * g for p, g in zip((table, w, head), grads, strict=True)]
+
+
 # -- measuring --------------------------------------------------------------------------------
 FIELDS = ("argument", "output", "alias", "temp")
 
