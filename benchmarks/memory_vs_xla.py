@@ -11,6 +11,7 @@ alias and temp bytes the same way (peak = argument + output - alias + temp). The
 is xlapy's temp over XLA's; the geometric mean is over the programs where XLA's temp is not zero.
 
     .venv/bin/python benchmarks/memory_vs_xla.py [--only NAME ...] [--markdown]
+    .venv/bin/python benchmarks/memory_vs_xla.py --write-test-programs tests/memory
 """
 
 from __future__ import annotations
@@ -591,11 +592,40 @@ def kib(n: int) -> str:
     return f"{n / 1024:,.1f}"
 
 
+TEST_PROGRAMS = {  # name -> the size divisor of its small version in tests/memory/
+    "unet_forward": 4,
+    "attention_backward": 8,
+    "scan_large_carry": 16,
+    "embedding_gather_step": 8,
+}
+
+
+def write_test_programs(directory: Path) -> None:
+    """Lower the small versions of TEST_PROGRAMS (and a small mlp_sgd) to HLO text files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    small = {name: (b, n) for b in BENCHES for name, n in TEST_PROGRAMS.items() if b.name == name}
+    for name, (b, n) in small.items():
+        signature = b.args.__code__.co_varnames[: b.args.__code__.co_argcount]
+        assert "n" in signature, f"{name}: its argument maker takes no size"
+        args = b.args(np.random.default_rng(0), n)
+        text = jax.jit(b.fn, donate_argnums=b.donate).lower(*args).as_text(dialect="hlo")
+        (directory / f"{name}.hlo").write_text(text)
+    rng = np.random.default_rng(0)
+    mlp = [*mlp_params(rng, [16, 32, 32, 8]), f32(rng, 8, 16), ints(rng, 8, 8)]
+    (directory / "mlp_sgd.hlo").write_text(jax.jit(sgd).lower(*mlp).as_text(dialect="hlo"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="program names to run")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument(
+        "--write-test-programs", metavar="DIR", help="write the small HLO programs and stop"
+    )
     opts = parser.parse_args(argv)
+    if opts.write_test_programs:
+        write_test_programs(Path(opts.write_test_programs))
+        return 0
     chosen = [b for b in BENCHES if not opts.only or b.name in opts.only]
     rows = []
     for b in chosen:
