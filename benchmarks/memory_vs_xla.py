@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -521,9 +523,7 @@ def scan_large_carry(state, w, xs):
     def step(carry, x):
         big, h = carry
         h = jnp.tanh(h @ w + x)
-        big = big * 0.9 + jnp.tile(h, big.shape[0] * big.shape[1] // h.shape[0]).reshape(
-            big.shape
-        )
+        big = big * 0.9 + jnp.tile(h, big.shape[0] * big.shape[1] // h.shape[0]).reshape(big.shape)
         return (big, h), jnp.sum(big[0])
 
     (big, h), ys = lax.scan(step, (state, xs[0]), xs)
@@ -561,6 +561,27 @@ def xla_figures(b: Bench, args) -> dict[str, int]:
     compiled = jax.jit(b.fn, donate_argnums=b.donate).lower(*args).compile()
     m = compiled.memory_analysis()
     return {f: int(getattr(m, f"{f}_size_in_bytes")) for f in FIELDS}
+
+
+UNFUSED_XLA_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
+"""XLA:CPU with no library (YNNPACK) fusions: every buffer it holds is in its figures (a
+YNNPACK fusion's own scratch, e.g. a convolution's output pooled inside it, is not)."""
+
+
+def xla_temp(b: Bench) -> int:
+    args = jax.tree_util.tree_map(np.asarray, b.args(np.random.default_rng(0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return xla_figures(b, args)["temp"]
+
+
+def unfused_xla_temps(names: list[str]) -> dict[str, int]:
+    """XLA's temp bytes per program with UNFUSED_XLA_FLAGS (a fresh process: XLA reads its
+    flags once)."""
+    env = dict(os.environ, XLA_FLAGS=UNFUSED_XLA_FLAGS)
+    argv = [sys.executable, __file__, "--xla-temps-json", "--only", *names]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def xlapy_figures(b: Bench, args) -> tuple[dict[str, int], str, float]:
@@ -622,11 +643,22 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--write-test-programs", metavar="DIR", help="write the small HLO programs and stop"
     )
+    parser.add_argument(
+        "--unfused-xla",
+        action="store_true",
+        help="add a column: XLA's temp with its library (YNNPACK) fusions off, whose scratch "
+        "memory_analysis() does not count",
+    )
+    parser.add_argument("--xla-temps-json", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.write_test_programs:
         write_test_programs(Path(opts.write_test_programs))
         return 0
     chosen = [b for b in BENCHES if not opts.only or b.name in opts.only]
+    if opts.xla_temps_json:
+        print(json.dumps({b.name: xla_temp(b) for b in chosen}))
+        return 0
+    unfused = unfused_xla_temps([b.name for b in chosen]) if opts.unfused_xla else {}
     rows = []
     for b in chosen:
         args = jax.tree_util.tree_map(np.asarray, b.args(np.random.default_rng(0)))
@@ -636,9 +668,15 @@ def main(argv=None) -> int:
             ours, scheduler, seconds = xlapy_figures(b, args)
         r = ratio(ours["temp"], theirs["temp"])
         rows.append((b.name, ours, theirs, r, scheduler, seconds))
+        plain = (
+            f"; XLA unfused {kib(unfused[b.name])} KiB, ratio "
+            f"{ratio(ours['temp'], unfused[b.name]):.3f}"
+            if b.name in unfused
+            else ""
+        )
         print(
             f"{b.name:<28} temp {kib(ours['temp']):>10} KiB vs XLA {kib(theirs['temp']):>10}"
-            f" KiB  ratio {r:6.3f}  (arg {kib(ours['argument'])}/{kib(theirs['argument'])},"
+            f" KiB  ratio {r:6.3f}{plain}  (arg {kib(ours['argument'])}/{kib(theirs['argument'])},"
             f" out {kib(ours['output'])}/{kib(theirs['output'])}, alias "
             f"{kib(ours['alias'])}/{kib(theirs['alias'])}; {scheduler}, {seconds:.1f}s)",
             file=sys.stderr if opts.markdown else sys.stdout,
@@ -649,16 +687,22 @@ def main(argv=None) -> int:
     wins = sum(1 for *_, r, _, _ in rows if r <= 1.0)
     if opts.markdown:
         print(f"Machine: {machine()}; jax {jax.__version__}; {time.strftime('%Y-%m-%d')}\n")
+        extra = " temp KiB XLA unfused | ratio unfused |" if unfused else ""
         print(
             "| program | argument KiB (xlapy / XLA) | output KiB | alias KiB | temp KiB xlapy |"
-            " temp KiB XLA | temp ratio | scheduler |"
+            f" temp KiB XLA | temp ratio |{extra} scheduler |"
         )
-        print("|---|---|---|---|---:|---:|---:|---|")
+        print("|---|---|---|---|---:|---:|---:|" + ("---:|---:|" if unfused else "") + "---|")
         for name, ours, theirs, r, scheduler, _ in rows:
             pair = {f: f"{kib(ours[f])} / {kib(theirs[f])}" for f in FIELDS}
+            cells = (
+                f" {kib(unfused[name])} | {ratio(ours['temp'], unfused[name]):.3f} |"
+                if unfused
+                else ""
+            )
             print(
                 f"| {name} | {pair['argument']} | {pair['output']} | {pair['alias']} | "
-                f"{kib(ours['temp'])} | {kib(theirs['temp'])} | {r:.3f} | {scheduler} |"
+                f"{kib(ours['temp'])} | {kib(theirs['temp'])} | {r:.3f} |{cells} {scheduler} |"
             )
         print()
     print(
