@@ -80,9 +80,11 @@ class _Loop:
         after = _gte_reads(loop)
         if body_reads is None or cond_reads is None or after is None:
             return
-        if loop.parent is not None and loop.parent.root is loop:
+        caller = loop.parent
+        if caller is None or caller.root is loop:
             return
-        self.init, self.body, self.cond = init, body, cond
+        self.init, self.body, self.cond, self.caller = init, body, cond, caller
+        self.root: HloInstruction = body.root
         self.body_reads, self.cond_reads, self.after = body_reads, cond_reads, after
         self.ok = True
 
@@ -167,7 +169,7 @@ class WhileLoopSimplifier(HloPass):
     def _is_dead(info: _Loop, k: int) -> bool:
         if info.used(k, "cond after"):
             return False
-        root = info.body.root
+        root = info.root
         for g in info.body_reads:
             if g.tuple_index != k:
                 continue
@@ -187,7 +189,7 @@ class WhileLoopSimplifier(HloPass):
             return False  # nothing reads k: a merge would change nothing
         if not _same_init(info.init.operands[j], info.init.operands[k]):
             return False
-        root = info.body.root
+        root = info.root
         param = info.body.parameter(0)
         return _same_next(root.operands[j], root.operands[k], param, j, k)
 
@@ -213,7 +215,7 @@ class WhileLoopSimplifier(HloPass):
         for comp, source, reads in (
             (info.body, info.body.parameter(0), info.body_reads),
             (info.cond, info.cond.parameter(0), info.cond_reads),
-            (info.loop.parent, info.loop, info.after),
+            (info.caller, info.loop, info.after),
         ):
             olds = [g for g in reads if g.tuple_index == k]
             if not olds:
@@ -224,8 +226,7 @@ class WhileLoopSimplifier(HloPass):
 
     def _remove(self, info: _Loop, k: int, names: NameUniquer) -> None:
         """Drop element k from the loop's state, its init, its next value and its reads."""
-        loop, caller = info.loop, info.loop.parent
-        assert caller is not None
+        loop, caller = info.loop, info.caller
         for reads, comp in ((info.body_reads, info.body), (info.cond_reads, info.cond)):
             for g in reads:
                 if g.tuple_index == k and not _used(g):
@@ -244,7 +245,7 @@ class WhileLoopSimplifier(HloPass):
         )
         caller.add_instruction(init, before=loop)
         loop.replace_operand_at(0, init)
-        old_root = info.body.root
+        old_root = info.root
         root = HloInstruction(
             names.fresh("tuple"),
             Opcode.TUPLE,
