@@ -11,13 +11,16 @@ alias and temp bytes the same way (peak = argument + output - alias + temp). The
 is xlapy's temp over XLA's; the geometric mean is over the programs where XLA's temp is not zero.
 
     .venv/bin/python benchmarks/memory_vs_xla.py [--only NAME ...] [--markdown]
+    .venv/bin/python benchmarks/memory_vs_xla.py --write-test-programs tests/memory
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -458,6 +461,98 @@ def conv_pool_vmapped(w, b, x):
     return jax.vmap(one)(x)
 
 
+# -- programs of the fourth session, added untuned: a U-Net, an attention backward pass, a
+# scan with a large carry, a gather-heavy embedding step. Each takes a size `n` (1: the
+# benchmark; tests/memory/*.hlo holds the same programs lowered small).
+def unet_args(rng, n=1):
+    c = 16 // n
+    return [f32(rng, 8 // n, 64 // n, 64 // n, 4),
+            f32(rng, 3, 3, 4, c, scale=0.2), f32(rng, 3, 3, c, 2 * c, scale=0.1),
+            f32(rng, 3, 3, 2 * c, 4 * c, scale=0.1), f32(rng, 3, 3, 4 * c, 2 * c, scale=0.1),
+            f32(rng, 3, 3, 4 * c, c, scale=0.1), f32(rng, 3, 3, 2 * c, 4, scale=0.1)]  # fmt: skip
+
+
+def _up(x):
+    b, h, w, c = x.shape
+    return jnp.broadcast_to(x[:, :, None, :, None, :], (b, h, 2, w, 2, c)).reshape(
+        b, 2 * h, 2 * w, c
+    )
+
+
+@bench(unet_args)
+def unet_forward(x, k1, k2, k3, k4, k5, k6):
+    """A U-Net-like encoder/decoder: two stride-2 convolutions down, nearest upsampling and
+    skip concatenations up, relu between."""
+    e1 = jax.nn.relu(conv(x, k1))
+    e2 = jax.nn.relu(conv(e1, k2, 2))
+    mid = jax.nn.relu(conv(e2, k3, 2))
+    d2 = jax.nn.relu(conv(_up(mid), k4))
+    d1 = jax.nn.relu(conv(jnp.concatenate([d2, e2], axis=-1), k5))
+    return conv(jnp.concatenate([_up(d1), e1], axis=-1), k6) + x
+
+
+def mha_args(rng, n=1):
+    d, s, b = 256 // n, 128 // n, 4 // min(n, 4)
+    return [f32(rng, d, d, scale=d**-0.5) for _ in range(4)] + [f32(rng, b, s, d)]
+
+
+@bench(mha_args)
+def attention_backward(wq, wk, wv, wo, x):
+    """Gradients of causal multi-head self-attention (4 heads) with its four projections."""
+
+    def loss(wq, wk, wv, wo, x):
+        heads = 4
+        sh = (*x.shape[:-1], heads, x.shape[-1] // heads)
+        q, k, v = ((x @ w).reshape(sh) for w in (wq, wk, wv))
+        y = _attention(q, k, v, True).reshape(x.shape) @ wo
+        return jnp.mean(jnp.tanh(y) ** 2)
+
+    return jax.grad(loss, (0, 1, 2, 3, 4))(wq, wk, wv, wo, x)
+
+
+def big_carry_args(rng, n=1):
+    return [f32(rng, 1024 // n, 1024 // n), f32(rng, 256 // n, 256 // n, scale=0.05),
+            f32(rng, 12, 256 // n)]  # fmt: skip
+
+
+@bench(big_carry_args)
+def scan_large_carry(state, w, xs):
+    """A scan whose carry (a 4 MiB state and a small vector) is rewritten in slices each
+    step; the per-step output is a scalar."""
+
+    def step(carry, x):
+        big, h = carry
+        h = jnp.tanh(h @ w + x)
+        big = big * 0.9 + jnp.tile(h, big.shape[0] * big.shape[1] // h.shape[0]).reshape(big.shape)
+        return (big, h), jnp.sum(big[0])
+
+    (big, h), ys = lax.scan(step, (state, xs[0]), xs)
+    return big, h, ys
+
+
+def embed_step_args(rng, n=1):
+    vocab, dim, batch, seq = 20000 // n, 128 // n, 64 // n, 32
+    return [f32(rng, vocab, dim, scale=0.1), f32(rng, 2 * dim, dim, scale=0.1),
+            f32(rng, dim, 16, scale=0.1), ints(rng, vocab, batch, seq),
+            ints(rng, vocab, batch, seq), ints(rng, 16, batch)]  # fmt: skip
+
+
+@bench(embed_step_args, donate=(0, 1, 2))
+def embedding_gather_step(table, w, head, words, context, labels):
+    """An SGD step of a bag-of-embeddings classifier: two gathers from one table (words
+    and context), mean pooling, two dense layers; the table update is a scatter-add."""
+
+    def loss(table, w, head):
+        a = jnp.mean(table[words], axis=1)
+        b = jnp.mean(table[context], axis=1)
+        h = jax.nn.relu(jnp.concatenate([a, b], axis=-1) @ w)
+        logp = jax.nn.log_softmax(h @ head)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+    value, grads = jax.value_and_grad(loss, (0, 1, 2))(table, w, head)
+    return value, [p - 0.1 * g for p, g in zip((table, w, head), grads, strict=True)]
+
+
 # -- measuring --------------------------------------------------------------------------------
 FIELDS = ("argument", "output", "alias", "temp")
 
@@ -466,6 +561,27 @@ def xla_figures(b: Bench, args) -> dict[str, int]:
     compiled = jax.jit(b.fn, donate_argnums=b.donate).lower(*args).compile()
     m = compiled.memory_analysis()
     return {f: int(getattr(m, f"{f}_size_in_bytes")) for f in FIELDS}
+
+
+UNFUSED_XLA_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
+"""XLA:CPU with no library (YNNPACK) fusions: every buffer it holds is in its figures (a
+YNNPACK fusion's own scratch, e.g. a convolution's output pooled inside it, is not)."""
+
+
+def xla_temp(b: Bench) -> int:
+    args = jax.tree_util.tree_map(np.asarray, b.args(np.random.default_rng(0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return xla_figures(b, args)["temp"]
+
+
+def unfused_xla_temps(names: list[str]) -> dict[str, int]:
+    """XLA's temp bytes per program with UNFUSED_XLA_FLAGS (a fresh process: XLA reads its
+    flags once)."""
+    env = dict(os.environ, XLA_FLAGS=UNFUSED_XLA_FLAGS)
+    argv = [sys.executable, __file__, "--xla-temps-json", "--only", *names]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def xlapy_figures(b: Bench, args) -> tuple[dict[str, int], str, float]:
@@ -497,12 +613,52 @@ def kib(n: int) -> str:
     return f"{n / 1024:,.1f}"
 
 
+TEST_PROGRAMS = {  # name -> the size divisor of its small version in tests/memory/
+    "unet_forward": 4,
+    "attention_backward": 8,
+    "scan_large_carry": 16,
+    "embedding_gather_step": 8,
+}
+
+
+def write_test_programs(directory: Path) -> None:
+    """Lower the small versions of TEST_PROGRAMS (and a small mlp_sgd) to HLO text files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    small = {name: (b, n) for b in BENCHES for name, n in TEST_PROGRAMS.items() if b.name == name}
+    for name, (b, n) in small.items():
+        signature = b.args.__code__.co_varnames[: b.args.__code__.co_argcount]
+        assert "n" in signature, f"{name}: its argument maker takes no size"
+        args = b.args(np.random.default_rng(0), n)
+        text = jax.jit(b.fn, donate_argnums=b.donate).lower(*args).as_text(dialect="hlo")
+        (directory / f"{name}.hlo").write_text(text)
+    rng = np.random.default_rng(0)
+    mlp = [*mlp_params(rng, [16, 32, 32, 8]), f32(rng, 8, 16), ints(rng, 8, 8)]
+    (directory / "mlp_sgd.hlo").write_text(jax.jit(sgd).lower(*mlp).as_text(dialect="hlo"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="program names to run")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument(
+        "--write-test-programs", metavar="DIR", help="write the small HLO programs and stop"
+    )
+    parser.add_argument(
+        "--unfused-xla",
+        action="store_true",
+        help="add a column: XLA's temp with its library (YNNPACK) fusions off, whose scratch "
+        "memory_analysis() does not count",
+    )
+    parser.add_argument("--xla-temps-json", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
+    if opts.write_test_programs:
+        write_test_programs(Path(opts.write_test_programs))
+        return 0
     chosen = [b for b in BENCHES if not opts.only or b.name in opts.only]
+    if opts.xla_temps_json:
+        print(json.dumps({b.name: xla_temp(b) for b in chosen}))
+        return 0
+    unfused = unfused_xla_temps([b.name for b in chosen]) if opts.unfused_xla else {}
     rows = []
     for b in chosen:
         args = jax.tree_util.tree_map(np.asarray, b.args(np.random.default_rng(0)))
@@ -512,9 +668,15 @@ def main(argv=None) -> int:
             ours, scheduler, seconds = xlapy_figures(b, args)
         r = ratio(ours["temp"], theirs["temp"])
         rows.append((b.name, ours, theirs, r, scheduler, seconds))
+        plain = (
+            f"; XLA unfused {kib(unfused[b.name])} KiB, ratio "
+            f"{ratio(ours['temp'], unfused[b.name]):.3f}"
+            if b.name in unfused
+            else ""
+        )
         print(
             f"{b.name:<28} temp {kib(ours['temp']):>10} KiB vs XLA {kib(theirs['temp']):>10}"
-            f" KiB  ratio {r:6.3f}  (arg {kib(ours['argument'])}/{kib(theirs['argument'])},"
+            f" KiB  ratio {r:6.3f}{plain}  (arg {kib(ours['argument'])}/{kib(theirs['argument'])},"
             f" out {kib(ours['output'])}/{kib(theirs['output'])}, alias "
             f"{kib(ours['alias'])}/{kib(theirs['alias'])}; {scheduler}, {seconds:.1f}s)",
             file=sys.stderr if opts.markdown else sys.stdout,
@@ -525,16 +687,22 @@ def main(argv=None) -> int:
     wins = sum(1 for *_, r, _, _ in rows if r <= 1.0)
     if opts.markdown:
         print(f"Machine: {machine()}; jax {jax.__version__}; {time.strftime('%Y-%m-%d')}\n")
+        extra = " temp KiB XLA unfused | ratio unfused |" if unfused else ""
         print(
             "| program | argument KiB (xlapy / XLA) | output KiB | alias KiB | temp KiB xlapy |"
-            " temp KiB XLA | temp ratio | scheduler |"
+            f" temp KiB XLA | temp ratio |{extra} scheduler |"
         )
-        print("|---|---|---|---|---:|---:|---:|---|")
+        print("|---|---|---|---|---:|---:|---:|" + ("---:|---:|" if unfused else "") + "---|")
         for name, ours, theirs, r, scheduler, _ in rows:
             pair = {f: f"{kib(ours[f])} / {kib(theirs[f])}" for f in FIELDS}
+            cells = (
+                f" {kib(unfused[name])} | {ratio(ours['temp'], unfused[name]):.3f} |"
+                if unfused
+                else ""
+            )
             print(
                 f"| {name} | {pair['argument']} | {pair['output']} | {pair['alias']} | "
-                f"{kib(ours['temp'])} | {kib(theirs['temp'])} | {r:.3f} | {scheduler} |"
+                f"{kib(ours['temp'])} | {kib(theirs['temp'])} | {r:.3f} |{cells} {scheduler} |"
             )
         print()
     print(

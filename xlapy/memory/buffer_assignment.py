@@ -1,8 +1,10 @@
 """Buffer assignment: give every HLO value a slice of a real allocation.
 
 The steps follow XLA's BufferAssigner:
- 1. fix a sequential schedule (the one with the lowest peak of post-order, DFS and list
-    scheduling, unless the caller gives one);
+ 1. fix a sequential schedule: the module's order when it is scheduled (as
+    `prepare_for_buffer_assignment` leaves it: the order of post-order, DFS and list
+    scheduling whose whole plan has the fewest temp bytes), else the given schedule, else
+    the lowest peak of the three per computation;
  2. run the dataflow, alias and liveness analyses (xlapy.analysis) over it;
  3. check that the values of every must-share buffer do not interfere: a while loop whose
     body swaps two state elements, or an output that is also a non-donated parameter that
@@ -49,9 +51,9 @@ from xlapy.memory.heap_simulator import (
     simulate_heap,
 )
 from xlapy.memory.scheduler import (
+    SCHEDULERS,
     ComputationSchedule,
     Schedule,
-    pick_best_schedule,
     schedule_computation,
 )
 from xlapy.passes.copy_insertion import CopyInsertion
@@ -354,19 +356,53 @@ def _module_schedule(dataflow: Dataflow) -> Schedule:
     )
 
 
-def prepare_for_buffer_assignment(module: HloModule) -> dict[str, str]:
+PLAN_CANDIDATES = ("best", *SCHEDULERS)
+"""The orders `prepare_for_buffer_assignment` tries, in tie-break order: "best" (each
+computation's lowest peak under the scheduler's size model), then each scheduler alone."""
+
+
+def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") -> str:
     """Make `module` ready for assign_buffers: flatten its call graph, then insert copies
-    judged under the best sequential schedule of each computation, which becomes the
-    module's order. Returns the scheduler chosen per computation name."""
+    judged under one sequential order of each computation, which becomes the module's order
+    (copy insertion and buffer assignment see the same sequence). `scheduler` names the
+    order (one of PLAN_CANDIDATES), or is "plan": each candidate is tried on a copy of the
+    module, copy insertion and buffer assignment included, and the one whose plan has the
+    fewest temp bytes (then the lowest peak; then the earliest) is kept, as XLA keeps the
+    scheduler whose heap simulation is smallest. The scheduler size model alone misjudges
+    the copies that copy insertion will remove and the in-place updates and output reuse
+    that buffer assignment will accept, so the real plan decides. Returns the order kept."""
+    if scheduler != "plan" and scheduler not in PLAN_CANDIDATES:
+        known = ", ".join(["plan", *PLAN_CANDIDATES])
+        raise MemoryPlanningError(f"unknown scheduler {scheduler!r}; expected one of {known}")
     FlattenCallGraph().run(module)
-    chosen: dict[str, str] = {}
+    if scheduler == "plan":
+        scheduler = _smallest_plan(module)
+    CopyInsertion(_order_of(scheduler)).run(module)
+    return scheduler
 
-    def best(comp):
-        result = pick_best_schedule(comp)
-        chosen[comp.name] = result.algorithm
-        return result.sequence
 
-    CopyInsertion(best).run(module)
+def _order_of(scheduler: str):
+    def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
+        return schedule_computation(comp, scheduler).sequence
+
+    return order
+
+
+def _smallest_plan(module: HloModule) -> str:
+    """The candidate order whose plan of `module` (flattened) has the fewest temp bytes."""
+    text = module.to_text()
+    best: tuple[int, int, int] | None = None
+    chosen = PLAN_CANDIDATES[0]
+    for rank, name in enumerate(PLAN_CANDIDATES):
+        trial = parse_module(text)
+        CopyInsertion(_order_of(name)).run(trial)
+        try:
+            assignment = assign_buffers(trial)
+        except MemoryPlanningError:
+            continue  # the module's own call reports it, if every order fails
+        score = (assignment.temp_bytes, assignment.peak_bytes, rank)
+        if best is None or score < best:
+            best, chosen = score, name
     return chosen
 
 

@@ -32,6 +32,7 @@ PASS_MODULES = (
     "scan_rewriter",
     "simplify",
     "tuple_simplify",
+    "while_simplify",
 )
 """The modules under xlapy.passes that register passes."""
 

@@ -15,7 +15,14 @@ from xlapy.passes.pass_base import FixedPoint, HloPass, PassPipeline, make_pass
 
 PlanEntry = str | HloPass | list[str | HloPass]
 
-SIMPLIFY: list[str | HloPass] = ["algsimp", "constant-folding", "tuple-simplifier", "cse", "dce"]
+SIMPLIFY: list[str | HloPass] = [
+    "algsimp",
+    "constant-folding",
+    "tuple-simplifier",
+    "while-loop-simplifier",
+    "cse",
+    "dce",
+]
 
 CPU_PIPELINE: list[PlanEntry] = [
     "call-inliner",

@@ -485,6 +485,41 @@ def _trivial_reduce(m: Match):
     return m.new(Op.RESHAPE, [x])
 
 
+def _scatter_add_onto_zero(instr: HloInstruction) -> bool:
+    """`instr` is a one-operand scatter whose combiner adds, onto a splat of zero."""
+    if instr.opcode is not Op.SCATTER or len(instr.operands) != 3 or not instr.shape.is_array:
+        return False
+    if instr.shape.element_type is PrimitiveType.PRED:
+        return False
+    value = splat_value(instr.operands[0])
+    return value is not None and reducer_opcode(instr.to_apply) is Op.ADD and _float(value) == 0
+
+
+def _chain_scatter_adds(m: Match):
+    """scatter-add(0, i, u) + scatter-add(0, j, w) -> scatter-add(scatter-add(0, i, u), j, w):
+    one zero-filled buffer takes both sets of updates in turn (an embedding table's gradient
+    from two lookups holds one table-sized buffer, not two). The base scattered onto first
+    must be +0.0: no sum that starts there is -0.0, so an element neither scatter touches
+    is the same either way. An element that several of w's updates reach is summed in
+    another order ((s + w1) + w2 against s + (w1 + w2)), so for floats the rule fires only
+    when j's indices are unique or the simplifier may reassociate (ieee_exact=False, as
+    XLA's simplifier does); integer sums are exact in any order."""
+    exact_type = m.root.shape.element_type.is_integral
+    for first, second in ((m["a"], m["b"]), (m["b"], m["a"])):
+        if not _single_use(second, m) or first is second:
+            continue
+        unique = bool(second.attrs.get("unique_indices", False))
+        if not (exact_type or unique or not m.options.ieee_exact):
+            continue
+        if np.signbit(splat_value(first.operands[0])):
+            continue
+        if first.shape != m.root.shape or second.shape != m.root.shape:
+            continue
+        _, indices, updates = second.operands
+        return m.new(Op.SCATTER, [first, indices, updates], dict(second.attrs))
+    return None
+
+
 # -- dots -----------------------------------------------------------------------------------
 # A dot's result dimensions are its batch dimensions, then the lhs's free (neither batch nor
 # contracting) dimensions, then the rhs's, each group in operand order.
@@ -650,6 +685,11 @@ RULES: list[Rule] = [
         "dynamic-update-slice(x, u, i...) -> u   (u covers x)",
         Pat(Op.DYNAMIC_UPDATE_SLICE),
         _operand(1),
+    ),
+    (
+        "scatter-add(0, i, u) + scatter-add(0, j, w) -> scatter-add(scatter-add(0, i, u), j, w)",
+        op(Op.ADD, var("a", _scatter_add_onto_zero), var("b", _scatter_add_onto_zero)),
+        _chain_scatter_adds,
     ),
     # dots
     (
