@@ -310,3 +310,32 @@ def test_concurrent_writers_leave_a_valid_entry(cache, text, tmp_path, monkeypat
         got = run(text, inputs(41))
     np.testing.assert_array_equal(np.concatenate([g.ravel() for g in got]), outs[0])
     assert spy.hits == 1
+
+
+def test_verifier_runs_once_per_program_text(cache, text, monkeypatch):
+    import xlapy.runtime.compiler as runtime_compiler
+
+    calls: list[int] = []
+    real = runtime_compiler.verify
+    monkeypatch.setattr(runtime_compiler, "verify", lambda m: calls.append(1) or real(m))
+    run(text, inputs(51))
+    assert calls == [1]
+    (marker,) = cache.glob(f"*{executable_cache.VERIFIED}")
+    clear_kernel_cache()
+    run(text, inputs(52))
+    assert calls == [1]  # the authenticated marker stands for the verifier's verdict
+    damage_foreign_key(marker)
+    clear_kernel_cache()
+    run(text, inputs(53))
+    assert calls == [1, 1]  # a marker not made with this user's key is not believed
+
+
+def test_invalid_program_is_never_marked_verified(cache, text):
+    from xlapy.errors import XlapyError
+
+    bad = text.replace("f32[8,12]{1,0} dot(", "f32[8,13]{1,0} dot(", 1)
+    assert bad != text
+    for _ in range(2):
+        with pytest.raises(XlapyError):
+            Client("cpu").compile(bad)
+    assert list(cache.glob(f"*{executable_cache.VERIFIED}")) == []

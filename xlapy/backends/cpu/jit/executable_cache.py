@@ -156,3 +156,22 @@ def write(key: str, module_text: str, book: KernelBook) -> bool:
     payload = json.dumps(head).encode() + b"\n" + b"".join(objects.values())
     jit.write_entry(key, SUFFIX, payload)
     return True
+
+
+VERIFIED = ".verified"
+_VERIFIED_MARK = b"verified"
+
+
+def _verified_key(text: str) -> str:
+    return jit.content_key("verified", text, package_fingerprint())
+
+
+def verified_before(text: str) -> bool:
+    """Whether this user's xlapy, with these very sources, verified the module of `text`
+    before (an authenticated marker: verification depends on nothing else)."""
+    return jit.read_entry(_verified_key(text), VERIFIED) == _VERIFIED_MARK
+
+
+def mark_verified(text: str) -> None:
+    """Record that the module of `text` passed the verifier."""
+    jit.write_entry(_verified_key(text), VERIFIED, _VERIFIED_MARK)
