@@ -60,6 +60,7 @@ from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
+    book_knows,
     forget_kernel,
     function_address,
     kernel_for,
@@ -385,8 +386,10 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, [out], inputs)
 
 
-def kernel_reason(instr: HloInstruction) -> str | None:
-    """None when `instr` can be a kernel thunk, else why not."""
+def kernel_reason(instr: HloInstruction, known: bool = False) -> str | None:
+    """None when `instr` can be a kernel thunk, else why not. `known`: a compile of the same
+    program by the same sources made it a kernel (an authenticated whole-executable cache
+    entry says so), so the code generator's precheck is not run again."""
     op = instr.opcode
     if op not in KERNEL_OPCODES and not op.is_elementwise:
         return f"no kernel for '{op.text}'"
@@ -397,7 +400,7 @@ def kernel_reason(instr: HloInstruction) -> str | None:
     for _, shape in instr.shape.leaves():
         if not shape.is_array:
             return "a token result"
-    return supported(kernel_computation(instr))
+    return None if known else supported(kernel_computation(instr))
 
 
 def kernel_computation(instr: HloInstruction) -> HloComputation:
@@ -409,7 +412,7 @@ def kernel_computation(instr: HloInstruction) -> HloComputation:
 
 
 def _kernel(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    reason = lw.failed.get(instr.name) or kernel_reason(instr)
+    reason = lw.failed.get(instr.name) or kernel_reason(instr, book_knows(instr.name))
     if reason is not None:
         return reason
     try:

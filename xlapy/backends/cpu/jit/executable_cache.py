@@ -68,6 +68,8 @@ class KernelBook:
     used: dict[KernelId, KernelRecord] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
     """Why entries' kernels were not used (the compile then made them again)."""
+    known_names: frozenset[str] = frozenset()
+    """The instructions of `known`."""
 
 
 @dataclass
@@ -123,6 +125,7 @@ def _decode(key: str, payload: bytes) -> Entry:
         book.known[kid] = KernelRecord(
             kernel_key, object_key, tuple(map(str, outputs)), tuple(map(str, params)), int(extent)
         )
+    book.known_names = frozenset(name for name, _, _ in book.known)
     module_text = doc["module"]
     if not isinstance(module_text, str):
         raise ValueError("the module is not text")

@@ -598,6 +598,13 @@ def using_book(book: KernelBook) -> Iterator[KernelBook]:
         _book.reset(token)
 
 
+def book_knows(name: str) -> bool:
+    """Whether the kernel book in use (see `using_book`) came from an entry in which
+    instruction `name` ran a kernel."""
+    book = _book.get()
+    return book is not None and name in book.known_names
+
+
 def kernel_for(
     comp: HloComputation,
     name: str,
