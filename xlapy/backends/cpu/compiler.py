@@ -3,7 +3,10 @@
 # 1. The module (a private copy: the caller's is never changed) runs the default CPU pipeline
 #    (simplification, fusion, flatten-call-graph, copy insertion), then is prepared for and
 #    given a buffer assignment. The prepared module's text is kept on disk
-#    (jit/module_cache.py), so a later compile of the same module skips the passes.
+#    (jit/module_cache.py), so a later compile of the same module skips the passes; and the
+#    whole program's entry (jit/executable_cache.py: that module, which kernel each
+#    instruction runs and the kernels' objects) lets a warm compile read one file, then
+#    assign buffers and lower as always with the kernels taken from the entry.
 # 2. Each computation that runs sequentially (the entry, while bodies and conditions,
 #    branches, called computations) becomes a ThunkSequence in its schedule's order, each
 #    instruction lowered by the first strategy of the lowering table that applies
