@@ -14,6 +14,7 @@ import pytest
 
 from xlapy.backends.cpu.compiler import compile_module
 from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit import executable_cache
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client
@@ -33,7 +34,10 @@ Y = np.full(64, 3.0, np.float32)
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A fresh cache directory and key directory; the process's in-memory caches cleared."""
+    """A fresh cache directory and key directory; the process's in-memory caches cleared.
+    The whole-executable entries are not read, so the module and kernel entries are (the
+    executable entries' own trust tests: test_cpu_executable_cache.py)."""
+    monkeypatch.setattr(executable_cache, "read", lambda key: None)
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     clear_kernel_cache()

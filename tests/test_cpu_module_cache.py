@@ -9,7 +9,7 @@ import pytest
 from xlapy.backends import execute
 from xlapy.backends.cpu.compiler import compile_module
 from xlapy.backends.cpu.jit import engine as jit
-from xlapy.backends.cpu.jit import module_cache
+from xlapy.backends.cpu.jit import executable_cache, module_cache
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.ir.parser import parse_module
 
@@ -40,8 +40,11 @@ ENTRY e {
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A fresh cache directory, and the keys read from it that were hits."""
+    """A fresh cache directory, and the keys read from it that were hits. The
+    whole-executable cache above the module cache (test_cpu_executable_cache.py) is off:
+    these tests are about what a compile does when it has no entry."""
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(executable_cache, "read", lambda key: None)
     clear_kernel_cache()
     hits: list[str] = []
     read = module_cache.read

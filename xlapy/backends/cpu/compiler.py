@@ -3,7 +3,10 @@
 # 1. The module (a private copy: the caller's is never changed) runs the default CPU pipeline
 #    (simplification, fusion, flatten-call-graph, copy insertion), then is prepared for and
 #    given a buffer assignment. The prepared module's text is kept on disk
-#    (jit/module_cache.py), so a later compile of the same module skips the passes.
+#    (jit/module_cache.py), so a later compile of the same module skips the passes; and the
+#    whole program's entry (jit/executable_cache.py: that module, which kernel each
+#    instruction runs and the kernels' objects) lets a warm compile read one file, then
+#    assign buffers and lower as always with the kernels taken from the entry.
 # 2. Each computation that runs sequentially (the entry, while bodies and conditions,
 #    branches, called computations) becomes a ThunkSequence in its schedule's order, each
 #    instruction lowered by the first strategy of the lowering table that applies
@@ -25,8 +28,11 @@ from typing import Any
 import numpy as np
 
 from xlapy.backends.base import Fallback
-from xlapy.backends.cpu.jit import module_cache
-from xlapy.backends.cpu.jit.kernel import Kernel
+from xlapy.backends.cpu.codegen.emitter import denormals_flushed
+from xlapy.backends.cpu.jit import executable_cache, module_cache
+from xlapy.backends.cpu.jit.disk_cache import warn_rejected
+from xlapy.backends.cpu.jit.executable_cache import KernelBook
+from xlapy.backends.cpu.jit.kernel import Kernel, using_book
 from xlapy.backends.cpu.lowering import Lowering
 from xlapy.backends.cpu.runtime.thunk import ThunkSequence
 from xlapy.errors import EvaluationError, XlapyError
@@ -73,21 +79,56 @@ def compile_module(
     module: HloModule, options: Mapping[str, Any] | None = None, *, text: str | None = None
 ) -> CompiledModule:
     """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
-    the caller has it, is `module.to_text()`."""
+    the caller has it, is `module.to_text()`. A program compiled before with the same
+    options comes from its whole-executable cache entry (jit/executable_cache.py)."""
     options = dict(options or {})
-    module, assignment = plan_module(module, options, text=text)
-    entry_comp = module.entry_computation()
-    lowering = Lowering(assignment, options)
-    entry = lowering.sequence(entry_comp)
-    failed = lowering.wait_for_kernels()
-    if failed:  # lower again, those instructions as rule thunks
-        lowering = Lowering(assignment, options, failed)
-        entry = lowering.sequence(entry_comp)
-        lowering.wait_for_kernels()
-    lowering.compile_loops()
+    text = module.to_text() if text is None else text
+    key = executable_cache.cache_key(text, options, denormals_flushed(options))
+    entry = executable_cache.read(key)
+    prepared = _cached_module(entry, module) if entry is not None else None
+    book = entry.book if entry is not None and prepared is not None else KernelBook()
+    if prepared is None:
+        prepared, prepared_text = _prepared_module(text, options, module)
+    else:
+        prepared_text = None
+    assignment = assign_buffers(prepared)
+    entry_comp = prepared.entry_computation()
+    with using_book(book):
+        lowering = Lowering(assignment, options)
+        entry_seq = lowering.sequence(entry_comp)
+        failed = lowering.wait_for_kernels()
+        if failed:  # lower again, those instructions as rule thunks
+            lowering = Lowering(assignment, options, failed)
+            entry_seq = lowering.sequence(entry_comp)
+            lowering.wait_for_kernels()
+        lowering.compile_loops()
+    for why in book.rejected:
+        warn_rejected(key + executable_cache.SUFFIX, why)
+    if (prepared_text is not None or book.rejected) and not failed:
+        if prepared_text is None:
+            prepared_text = prepared.to_text()
+        book.known.clear()
+        executable_cache.write(key, prepared_text, book)
     return CompiledModule(
-        module, assignment, entry, _constant_memory(assignment), lowering.fallbacks
+        prepared, assignment, entry_seq, _constant_memory(assignment), lowering.fallbacks
     )
+
+
+def _cached_module(entry: executable_cache.Entry, original: HloModule) -> HloModule | None:
+    """The optimized module of a whole-executable entry, when it parses and has
+    `original`'s parameter and result shapes (else a CacheEntryWarning, and None)."""
+    try:
+        module = parse_module(entry.module_text)
+    except XlapyError as e:
+        warn_rejected(entry.key + executable_cache.SUFFIX, f"its module does not parse ({e})")
+        return None
+    if _entry_signature(module) != _entry_signature(original):
+        warn_rejected(
+            entry.key + executable_cache.SUFFIX,
+            "its module's parameter and result shapes are not the program's",
+        )
+        return None
+    return module
 
 
 def plan_module(
@@ -96,14 +137,16 @@ def plan_module(
     """The optimized copy of `module` and the buffer assignment that `compile_module` lowers
     and the program executes (the memory reports read this, without generating code)."""
     options = dict(options or {})
-    prepared = _prepared_module(module.to_text() if text is None else text, options, module)
+    prepared, _ = _prepared_module(module.to_text() if text is None else text, options, module)
     return prepared, assign_buffers(prepared)
 
 
-def _prepared_module(text: str, options: Mapping[str, Any], original: HloModule) -> HloModule:
+def _prepared_module(
+    text: str, options: Mapping[str, Any], original: HloModule
+) -> tuple[HloModule, str]:
     """The module of `text` (`original` printed) optimized and prepared for buffer
     assignment, from the compiled-module cache when an earlier compile made it
-    (module_cache.py) and it has `original`'s parameter and result shapes."""
+    (module_cache.py) and it has `original`'s parameter and result shapes; and its text."""
     key = module_cache.cache_key(text, options)
     cached = module_cache.read(key)
     if cached is not None:
@@ -112,13 +155,14 @@ def _prepared_module(text: str, options: Mapping[str, Any], original: HloModule)
         except XlapyError:
             module = None
         if module is not None and _entry_signature(module) == _entry_signature(original):
-            return module
+            return module, cached
     module = parse_module(text)
     if options.get("optimize", True):
         default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
     prepare_for_buffer_assignment(module)
-    module_cache.write(key, module.to_text())
-    return module
+    prepared_text = module.to_text()
+    module_cache.write(key, prepared_text)
+    return module, prepared_text
 
 
 def _entry_signature(module: HloModule) -> tuple[str, ...] | None:

@@ -71,6 +71,7 @@ from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reaso
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     Signature,
+    book_knows,
     described_kernel,
     forget_kernel,
     function_address,
@@ -436,8 +437,10 @@ def _native_rng(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, outputs, inputs)
 
 
-def kernel_reason(instr: HloInstruction) -> str | None:
-    """None when `instr` can be a kernel thunk, else why not."""
+def kernel_reason(instr: HloInstruction, known: bool = False) -> str | None:
+    """None when `instr` can be a kernel thunk, else why not. `known`: a compile of the same
+    program by the same sources made it a kernel (an authenticated whole-executable cache
+    entry says so), so the code generator's precheck is not run again."""
     op = instr.opcode
     if op not in KERNEL_OPCODES and not op.is_elementwise:
         return f"no kernel for '{op.text}'"
@@ -448,7 +451,7 @@ def kernel_reason(instr: HloInstruction) -> str | None:
     for _, shape in instr.shape.leaves():
         if not shape.is_array:
             return "a token result"
-    return supported(kernel_computation(instr))
+    return None if known else supported(kernel_computation(instr))
 
 
 def kernel_computation(instr: HloInstruction) -> HloComputation:
@@ -460,7 +463,7 @@ def kernel_computation(instr: HloInstruction) -> HloComputation:
 
 
 def _kernel(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    reason = lw.failed.get(instr.name) or kernel_reason(instr)
+    reason = lw.failed.get(instr.name) or kernel_reason(instr, book_knows(instr.name))
     if reason is not None:
         return reason
     try:

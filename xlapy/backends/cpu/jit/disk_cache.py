@@ -245,3 +245,39 @@ def write_entry(key: str, suffix: str, payload: bytes) -> None:
             raise
     except OSError:
         pass
+
+
+class CacheEntryWarning(UserWarning):
+    """A cache entry was found but not used (damaged, truncated, not authenticated by this
+    user's key, not a private regular file, or inconsistent with the program): the program
+    is compiled again and the entry replaced."""
+
+
+def warn_rejected(name: str, why: str) -> None:
+    """Say that entry `name` is not used, and why."""
+    warnings.warn(
+        f"xlapy: the disk cache entry {name} is not used: {why}; compiling again",
+        CacheEntryWarning,
+        stacklevel=3,
+    )
+
+
+def read_entry_or_warn(key: str, suffix: str, what: str) -> bytes | None:
+    """`read_entry`, with a CacheEntryWarning when the entry exists but is rejected (a
+    missing entry is an ordinary miss and says nothing)."""
+    payload = read_entry(key, suffix)
+    if payload is not None:
+        return payload
+    directory = trusted_dir()
+    if directory is None:
+        return None
+    try:
+        os.lstat(directory / f"{key}{suffix}")
+    except OSError:
+        return None
+    warn_rejected(
+        f"{key}{suffix}",
+        f"the {what} is damaged, truncated, not authenticated by this user's key, too large "
+        "or not a regular file of this user",
+    )
+    return None

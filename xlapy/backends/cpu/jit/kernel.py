@@ -26,6 +26,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import hashlib
@@ -33,7 +35,7 @@ import json
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,7 @@ from xlapy.backends.cpu.codegen.emitter import (
     output_leaves,
 )
 from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit.executable_cache import KernelBook, KernelId, KernelRecord
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -235,6 +238,19 @@ def _fail(future: Future, key: str, error: BaseException) -> None:
         _queue_changed.notify_all()
 
 
+def _request_bytes(key: str, data: bytes) -> tuple[Future, bool]:
+    """(the Future of the loaded object `key`, whether an earlier request made it), `data`
+    (its bytes, from an authenticated whole-executable entry) queued for flush_loads()
+    unless the object is loaded or queued already."""
+    with _loaded_lock:
+        future = _objects.get(key)
+        if future is not None:
+            return future, True
+        future = _objects[key] = Future()
+    _enqueue(_Queued(future, key, data, True))
+    return future, False
+
+
 def _request(
     ir_text: str, key: str, symbol: str, defer: bool, on_loaded: Callable[[], None] | None = None
 ) -> tuple[Future, bool]:
@@ -271,6 +287,9 @@ class Kernel:
     """A compiled kernel. Dumps: `llvm_ir` (as emitted), `optimized_ir`, `asm`."""
 
     _pending: Future | None
+    cache_keys: tuple[str, str] | None = None
+    """(kernel entry key, object key) of a kernel from the disk cache, recorded in a
+    whole-executable entry (executable_cache.py)."""
 
     def __init__(self, spec: KernelSpec, name: str | None = None, use_cache: bool = True):
         self._spec: KernelSpec | None = spec
@@ -448,6 +467,7 @@ def compile_computation(
         request = _request_cached(object_key)
         if request is not None:
             kernel = Kernel._deferred(signature, symbol, request, None, emit)
+            kernel.cache_keys = key, object_key
             return kernel if defer else kernel.wait()
         # the entry outlived its object (or the object is damaged): compile again
     spec = emit()
@@ -461,6 +481,8 @@ def compile_computation(
 
     request = _request(spec.llvm_ir, object_key, SYMBOL, defer, store_entry)
     kernel = Kernel._deferred(signature, symbol, request, spec, emit)
+    if store_entry is not None:
+        kernel.cache_keys = key, object_key
     return kernel if defer else kernel.wait()
 
 
@@ -487,22 +509,44 @@ def _read_entry(
         return None
     try:  # authenticated (disk_cache.py), and still checked against `comp`:
         entry = json.loads(payload)
-        outputs, params = _derived(comp)
-        pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
-        signature = Signature(outputs, params, outer_extent_of(comp, pairs), pairs)
-        if (
-            entry["outputs"] != [s.to_text() for s in outputs]
-            or entry["params"] != [s.to_text() for s in params]
-            or entry["outer_extent"] != signature.outer_extent
-            or [tuple(p) for p in entry["in_place"]] != list(pairs)
-            or not _OBJECT_KEY.fullmatch(entry["object"])
-        ):
+        if not _OBJECT_KEY.fullmatch(entry["object"]):
+            return None
+        pairs = [tuple(p) for p in entry["in_place"]]
+        signature = _validated(
+            comp, in_place, entry["outputs"], entry["params"], entry["outer_extent"], pairs
+        )
+        if signature is None:
             return None
         hit = entry["object"], signature
     except (ValueError, KeyError, TypeError, XlapyError):
         return None
     _remember(key, hit)
     return hit
+
+
+def _validated(
+    comp: HloComputation,
+    in_place: Sequence[tuple[int, int]],
+    outputs: Sequence[str],
+    params: Sequence[str],
+    outer_extent: int,
+    pairs: Sequence[tuple[int, int]],
+) -> Signature | None:
+    """The signature of `comp`'s kernel with `in_place` pairs, recomputed, when a cache
+    entry's outputs, params, outer extent and pairs agree with it; else None."""
+    derived_outputs, derived_params = _derived(comp)
+    want_pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
+    signature = Signature(
+        derived_outputs, derived_params, outer_extent_of(comp, want_pairs), want_pairs
+    )
+    if (
+        list(outputs) != [s.to_text() for s in derived_outputs]
+        or list(params) != [s.to_text() for s in derived_params]
+        or outer_extent != signature.outer_extent
+        or list(pairs) != list(want_pairs)
+    ):
+        return None
+    return signature
 
 
 def _remember(key: str, hit: tuple[str, Signature]) -> None:
@@ -537,6 +581,30 @@ def clear_kernel_cache() -> None:
     clear_loaded_objects()
 
 
+_book: contextvars.ContextVar[KernelBook | None] = contextvars.ContextVar(
+    "xlapy_kernel_book", default=None
+)
+
+
+@contextlib.contextmanager
+def using_book(book: KernelBook) -> Iterator[KernelBook]:
+    """Within the block, `kernel_for` takes kernels from `book.known` where it can and
+    records every kernel it returns in `book.used` (a whole-executable cache entry's
+    kernels, executable_cache.py)."""
+    token = _book.set(book)
+    try:
+        yield book
+    finally:
+        _book.reset(token)
+
+
+def book_knows(name: str) -> bool:
+    """Whether the kernel book in use (see `using_book`) came from an entry in which
+    instruction `name` ran a kernel."""
+    book = _book.get()
+    return book is not None and name in book.known_names
+
+
 def kernel_for(
     comp: HloComputation,
     name: str,
@@ -548,22 +616,36 @@ def kernel_for(
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
     (the caller has checked emitter.in_place_reason and passes the same slice for both).
     `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
-    `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`."""
-    text = comp.to_text()
-    key = (text, tuple(in_place), flush_denormals)
-    with _kernel_lock:
-        kernel = _kernel_cache.get(key)
+    `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`.
+    Inside `using_book(book)`, instruction `name`'s kernel may come from `book` (without
+    printing `comp`), and is recorded there."""
+    book = _book.get()
+    kid = (name, tuple(in_place), flush_denormals)
+    kernel = _from_book(book, kid, comp) if book is not None else None
     if kernel is None:
-        kernel = compile_computation(
-            comp,
-            name,
-            in_place=in_place,
-            defer=True,
-            comp_text=text,
-            flush_denormals=flush_denormals,
-        )
+        text = comp.to_text()
+        key = (text, tuple(in_place), flush_denormals)
         with _kernel_lock:
-            kernel = _kernel_cache.setdefault(key, kernel)
+            kernel = _kernel_cache.get(key)
+        if kernel is None:
+            kernel = compile_computation(
+                comp,
+                name,
+                in_place=in_place,
+                defer=True,
+                comp_text=text,
+                flush_denormals=flush_denormals,
+            )
+            with _kernel_lock:
+                kernel = _kernel_cache.setdefault(key, kernel)
+    if book is not None and kernel.cache_keys is not None:
+        sig = kernel.signature
+        book.used[kid] = KernelRecord(
+            *kernel.cache_keys,
+            tuple(s.to_text() for s in sig.outputs),
+            tuple(s.to_text() for s in sig.params),
+            sig.outer_extent,
+        )
     if defer:
         return kernel
     try:
@@ -571,6 +653,42 @@ def kernel_for(
     except Exception:
         forget_kernel(kernel)
         raise
+
+
+def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation) -> Kernel | None:
+    """Kernel `kid` as `book` (an authenticated entry) names it, when its shapes, pairs and
+    outer extent are those of `comp` (recomputed); None when the book has no such kernel or
+    disagrees (the disagreement is noted in `book.rejected`)."""
+    record = book.known.get(kid)
+    if record is None:
+        return None
+    name, pairs, flush = kid
+    memo = ("entry", record.kernel_key, pairs, flush)
+    with _kernel_lock:
+        kernel = _kernel_cache.get(memo)
+    if kernel is not None:
+        return kernel
+    try:
+        signature = _validated(
+            comp, pairs, record.outputs, record.params, record.outer_extent, pairs
+        )
+    except XlapyError as e:
+        signature, why = None, str(e)
+    else:
+        why = "its shapes or outer extent differ from the computation's"
+    if signature is None:
+        book.rejected.append(f"the kernel of {name}: {why}")
+        return None
+    _remember(record.kernel_key, (record.object_key, signature))
+    request = _request_bytes(record.object_key, book.objects[record.object_key])
+
+    def emit() -> KernelSpec:
+        return emit_kernel(comp, SYMBOL, pairs, flush)
+
+    kernel = Kernel._deferred(signature, symbol_name(name), request, None, emit)
+    kernel.cache_keys = record.kernel_key, record.object_key
+    with _kernel_lock:
+        return _kernel_cache.setdefault(memo, kernel)
 
 
 def forget_kernel(kernel: Kernel) -> None:

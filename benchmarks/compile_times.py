@@ -1,0 +1,104 @@
+"""Compile times only: xlapy's cold and warm compile of every cpu_vs_xla program against
+XLA's, without the run-time measurements (so a before/after comparison of compile-path
+changes fits in a few minutes, on a shared machine or a short device lease).
+
+Per program: XLA's compile (jax `lowered.compile()`, min of --xla-runs fresh lowerings),
+xlapy's cold compile (a new, empty XLAPY_CACHE_DIR) and warm compiles (the same directory,
+the process's kernels forgotten before each: what a new process finds), each by a fresh
+client (`xlapy.tools.bench.time_compile`); warm is given as min and median of --warm-runs.
+
+  python benchmarks/compile_times.py [-p NAME ...] [--json OUT] [--warm-runs 5]
+
+To compare two trees, run it with PYTHONPATH set to each (the same minutes, the same machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cpu_vs_xla as suite
+
+from xlapy.tools.bench import clear_process_kernel_cache, kernel_cache_dir, time_compile
+
+
+def measure(name: str, warm_runs: int, xla_runs: int) -> dict[str, float | str]:
+    prog = suite.PROGRAMS[name]
+    args = prog.make_args(np.random.default_rng(0), suite.BIG)
+    xla = []
+    text = ""
+    for _ in range(xla_runs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            lowered = jax.jit(prog.fn, keep_unused=True).lower(*args)
+        text = lowered.as_text(dialect="hlo")
+        start = time.perf_counter()
+        lowered.compile()
+        xla.append(1e3 * (time.perf_counter() - start))
+    row: dict[str, float | str] = {"name": name, "xla_ms": min(xla)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="xlapy-ct-") as tmp, kernel_cache_dir(tmp):
+            row["cold_ms"] = time_compile("cpu", text)[0]
+            warm = [time_compile("cpu", text)[0] for _ in range(warm_runs)]
+    except Exception as e:
+        row["status"] = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        return row
+    finally:
+        clear_process_kernel_cache()
+    row["warm_min_ms"], row["warm_med_ms"] = min(warm), statistics.median(warm)
+    return row
+
+
+def geomean(values) -> float:
+    vals = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else math.nan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-p", action="append", default=[], help="names containing this")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--warm-runs", type=int, default=5)
+    parser.add_argument("--xla-runs", type=int, default=1)
+    opts = parser.parse_args()
+    names = [n for n in suite.PROGRAMS if not opts.p or any(p in n for p in opts.p)]
+    rows = []
+    print(f"{'program':28s} {'xla ms':>8s} {'cold ms':>8s} {'warm min':>8s} {'warm med':>8s}")
+    for name in names:
+        row = measure(name, opts.warm_runs, opts.xla_runs)
+        rows.append(row)
+        if "status" in row:
+            print(f"{name:28s} {row['status']}", flush=True)
+            continue
+        print(
+            f"{name:28s} {row['xla_ms']:8.1f} {row['cold_ms']:8.1f} {row['warm_min_ms']:8.1f} "
+            f"{row['warm_med_ms']:8.1f}",
+            flush=True,
+        )
+    good = [r for r in rows if "status" not in r]
+    cold = geomean(float(r["cold_ms"]) / float(r["xla_ms"]) for r in good)
+    warm = geomean(float(r["warm_min_ms"]) / float(r["xla_ms"]) for r in good)
+    meds = [float(r["warm_min_ms"]) for r in good]
+    print(
+        f"geomean cold {cold:.2f}x XLA, warm {warm:.2f}x XLA; warm min: median "
+        f"{statistics.median(meds or [math.nan]):.1f} ms, worst {max(meds or [math.nan]):.1f} ms"
+        f", programs over 10 ms: {sum(m > 10 for m in meds)} of {len(meds)}"
+    )
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
