@@ -224,3 +224,47 @@ def test_importer_rejects_an_axis_both_split_and_summed():
     sig = f"%a: tensor<4x2xf32> {{sdy.sharding = {S3}}}) -> (tensor<4x2xf32>)"
     with pytest.raises(Exception, match="both splits and sums over an axis"):
         import_text(program('"x"=2', 2, sig, "    return %a : tensor<4x2xf32>"))
+
+
+def test_loop_accumulates_unreduced_then_reduces_once():
+    """A scan accumulating a gradient unreduced (JAX's microbatching pattern): the loop
+    state stays a partial sum, the body's dot + transpose + add run without collectives,
+    and the one all-reduce comes after the loop."""
+    acc = sh("{}, {}", '"x"')
+    sig = (
+        f"%xs: tensor<3x4x2xf32> {{sdy.sharding = {sh('{}, {}, {}')}}}) -> "
+        f"(tensor<2x2xf32> {{sdy.sharding = {sh('{}, {}')}}})"
+    )
+    body = f"""    %z = stablehlo.constant dense<0.0> : tensor<2x2xf32>
+    %a0 = sdy.sharding_constraint %z <@mesh, [{{}}, {{}}], unreduced={{"x"}}> : tensor<2x2xf32>
+    %i0 = stablehlo.constant dense<0> : tensor<i32>
+    %w:3 = stablehlo.while(%i = %i0, %a = %a0, %x = %xs) : tensor<i32>, tensor<2x2xf32>, tensor<3x4x2xf32>
+    cond {{
+      %n = stablehlo.constant dense<3> : tensor<i32>
+      %c = stablehlo.compare LT, %i, %n, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %c : tensor<i1>
+    }} do {{
+      %zero = stablehlo.constant dense<0> : tensor<i32>
+      %s = stablehlo.dynamic_slice %x, %i, %zero, %zero, sizes = [1, 4, 2] : (tensor<3x4x2xf32>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x2xf32>
+      %m = stablehlo.reshape %s : (tensor<1x4x2xf32>) -> tensor<4x2xf32>
+      %ms = sdy.sharding_constraint %m <@mesh, [{{"x"}}, {{}}]> : tensor<4x2xf32>
+      %g = stablehlo.dot_general %ms, %ms, contracting_dims = [0] x [0] : (tensor<4x2xf32>, tensor<4x2xf32>) -> tensor<2x2xf32>
+      %gu = sdy.sharding_constraint %g <@mesh, [{{}}, {{}}], unreduced={{"x"}}> : tensor<2x2xf32>
+      %gt = stablehlo.transpose %gu, dims = [1, 0] : (tensor<2x2xf32>) -> tensor<2x2xf32>
+      %gtu = sdy.sharding_constraint %gt <@mesh, [{{}}, {{}}], unreduced={{"x"}}> : tensor<2x2xf32>
+      %new = stablehlo.add %a, %gtu : tensor<2x2xf32>
+      %nu = sdy.sharding_constraint %new {acc.removeprefix("#sdy.sharding")} : tensor<2x2xf32>
+      %one = stablehlo.constant dense<1> : tensor<i32>
+      %j = stablehlo.add %i, %one : tensor<i32>
+      stablehlo.return %j, %nu, %x : tensor<i32>, tensor<2x2xf32>, tensor<3x4x2xf32>
+    }}
+    %r = sdy.sharding_constraint %w#1 <@mesh, [{{}}, {{}}]> : tensor<2x2xf32>
+    return %r : tensor<2x2xf32>"""  # noqa: E501
+    xs = rand(3, 4, 2)
+    outs, text = run(program('"x"=2', 2, sig, body), 2, [[xs], [xs]])
+    want = sum(xs[k].T @ xs[k] for k in range(3)).T
+    for d in range(2):
+        np.testing.assert_allclose(outs[d][0], want, rtol=1e-5, atol=1e-5)
+    assert collectives(text) == {"all-reduce": 1}, text
+    loop_body = text[: text.index("ENTRY")]
+    assert "all-reduce(" not in loop_body

@@ -142,7 +142,9 @@ class Local:
 Groups = tuple[tuple[int, ...], ...]
 
 # Ops that keep partial sums partial: linear in each operand, operands summed alike.
-_LINEAR = (Opcode.ADD, Opcode.SUBTRACT, Opcode.NEGATE, Opcode.COPY)
+_LINEAR = (Opcode.ADD, Opcode.SUBTRACT, Opcode.NEGATE, Opcode.COPY, Opcode.TRANSPOSE)
+# Linear ops that keep them partial when each device holds the whole array's partial sum.
+_LINEAR_WHOLE = (Opcode.RESHAPE, Opcode.BROADCAST, Opcode.SLICE)
 
 
 _PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
@@ -254,12 +256,14 @@ class _Partitioner:
         comp: HloComputation | None = None,
         parent: _Partitioner | None = None,
         param_tilings: list | None = None,
+        param_partials: list | None = None,
     ):
         self.module = module
         self.n = n
         self.report = report
         self.entry = comp or module.entry_computation()  # the computation partitioned
         self.param_tilings = param_tilings
+        self.param_partials = param_partials
         if parent is None:
             self.namer = NameUniquer(module)
             first = 1 + max(
@@ -313,11 +317,21 @@ class _Partitioner:
             == comp.parameter(e.param_number).shape.subshape(e.param_index).dims
         )
 
-    def sub(self, comp: HloComputation, param_tilings: list, want_root=None):
+    def sub(
+        self,
+        comp: HloComputation,
+        param_tilings: list,
+        want_root=None,
+        param_partials: list | None = None,
+        want_partial=None,
+    ):
         """Partition a called computation (a loop body, a branch) whose parameters have
-        `param_tilings`; its result is resharded to `want_root` when given. Returns the
-        new computation and its result's tiling."""
-        child = _Partitioner(self.module, self.n, self.report, comp, self, param_tilings)
+        `param_tilings` (and partial-sum states `param_partials`); its result is resharded
+        to `want_root` (in state `want_partial`) when given, else its partial sums are
+        added up. Returns the new computation and its result's tiling."""
+        child = _Partitioner(
+            self.module, self.n, self.report, comp, self, param_tilings, param_partials
+        )
         for instr in comp.post_order():
             child.values[id(instr)] = child.visit(instr)
         root = comp.root_instruction()
@@ -325,7 +339,9 @@ class _Partitioner:
         if value.manual:
             raise PartitionError(f"{root.name}: a manual value leaves {comp.name}")
         if want_root is not None:
-            value = Local(child.as_tiling(value, want_root, root.shape), want_root)
+            value = child.to_state(value, want_root, want_partial, root.shape)
+        elif value.partial is not None:
+            value = child.reduced(value, root.shape)
         new = child._computation(comp.name + "_spmd", value.instr)
         self.module.add_computation(new)
         return new, value.tiling
@@ -701,9 +717,16 @@ class _Partitioner:
                 return None
             if not _same_groups(v.partial, first.partial):
                 return None
-        shape = _local_shape(instr.shape, first.tiling, instr.name)
+        tiling = first.tiling
+        if instr.opcode is Opcode.TRANSPOSE:
+            tiling = tiling.project(instr.attrs["dimensions"])
+        elif instr.opcode in _LINEAR_WHOLE:
+            if not tiling.is_replicated:
+                return None
+            tiling = Tiling.replicated(instr.shape.rank, self.n)
+        shape = _local_shape(instr.shape, tiling, instr.name)
         new = self.clone(instr, [v.instr for v in operands], shape)
-        return Local(new, first.tiling, partial=first.partial)
+        return Local(new, tiling, partial=first.partial)
 
     def replicated_of(self, shape: Shape):
         if shape.is_tuple:
@@ -792,8 +815,10 @@ class _Partitioner:
             )
             part = src.partial[k] if src.partial is not None else None
             return self.constrain(instr, Local(new, src.tiling[k], partial=part))
+        if op is Opcode.WHILE and not operands[0].manual:
+            return self.constrain(instr, self.while_loop(instr, operands))
         if any(v.partial is not None for v in operands):
-            if op in _LINEAR and not any(v.manual for v in operands):
+            if op in (*_LINEAR, *_LINEAR_WHOLE) and not any(v.manual for v in operands):
                 kept = self.linear(instr, operands)
                 if kept is not None:
                     return self.constrain(instr, kept)
@@ -817,16 +842,18 @@ class _Partitioner:
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
 
     def while_loop(self, instr: HloInstruction, operands: list[Local]) -> Local:
-        """The loop state keeps its initial tiling: the body is partitioned with its
-        parameter so tiled and its result resharded back to it; the condition likewise."""
+        """The loop state keeps its initial tiling and partial sums: the body is
+        partitioned with its parameter so held and its result resharded back to it; the
+        condition likewise (a gradient accumulated unreduced over a scan is summed once,
+        after the loop)."""
         (state,) = operands
-        tiling = state.tiling
-        body, _ = self.sub(instr.attrs["body"], [tiling], want_root=tiling)
-        cond, _ = self.sub(instr.attrs["condition"], [tiling])
+        tiling, partial = state.tiling, state.partial
+        body, _ = self.sub(instr.attrs["body"], [tiling], tiling, [partial], partial)
+        cond, _ = self.sub(instr.attrs["condition"], [tiling], None, [partial])
         attrs = dict(instr.attrs, body=body, condition=cond)
         new = self.clone(instr, [state.instr], state.instr.shape, attrs)
         self.report.native["while"] = self.report.native.get("while", 0) + 1
-        return Local(new, tiling)
+        return Local(new, tiling, partial=partial)
 
     def conditional(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Each branch is partitioned with its operand's tiling; every branch's result is
@@ -909,7 +936,10 @@ class _Partitioner:
                 base=instr.name,
                 parameter_number=instr.parameter_number,
             )
-            return Local(new, tiling)
+            partials = self.param_partials
+            return Local(
+                new, tiling, partial=partials[instr.parameter_number] if partials else None
+            )
         s = instr.attrs.get("sharding")
         tiling = (
             self.tiling_of(s, instr.shape)
@@ -1175,7 +1205,7 @@ class _Partitioner:
             keep = self.wanted_partial.get(id(instr))
             if (
                 keep is not None
-                and instr.opcode is not Opcode.REDUCE
+                and (instr.opcode is not Opcode.REDUCE or _is_sum(instr))
                 and wanted == out_tilings[0]
                 and _same_groups(keep, tuple(tuple(g) for g in groups))
             ):
@@ -1428,6 +1458,15 @@ class _Partitioner:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _is_sum(instr: HloInstruction) -> bool:
+    """Whether a reduce adds its values up (one operand, `to_apply` an add)."""
+    comp = instr.attrs.get("to_apply")
+    if len(instr.operands) != 2 or not isinstance(comp, HloComputation):
+        return False
+    root = comp.root_instruction()
+    return root.opcode is Opcode.ADD and all(o.opcode is Opcode.PARAMETER for o in root.operands)
 
 
 def _same_groups(a: Groups, b: Groups) -> bool:
