@@ -268,3 +268,28 @@ def test_loop_accumulates_unreduced_then_reduces_once():
     assert collectives(text) == {"all-reduce": 1}, text
     loop_body = text[: text.index("ENTRY")]
     assert "all-reduce(" not in loop_body
+
+
+def test_parameter_returned_as_partial_sum_keeps_its_sharding():
+    """shard_map(lambda x: x, in_specs=P(), out_specs=P(unreduced={'x'})): the result is
+    the parameter itself, read as a partial sum; the parameter's own sharding (what JAX
+    checks against its in_shardings) stays replicated."""
+    sig = (
+        f"%a: tensor<8xf32> {{sdy.sharding = {sh('{}')}}}) -> "
+        f"(tensor<8xf32> {{sdy.sharding = {S6}}})"
+    )
+    body = (
+        "    %0 = sdy.manual_computation(%a) in_shardings=[<@mesh, [{}]>] "
+        'out_shardings=[<@mesh, [{}], unreduced={"x"}>] manual_axes={"x"} '
+        "(%arg1: tensor<8xf32>) {\n      sdy.return %arg1 : tensor<8xf32>\n"
+        "    } : (tensor<8xf32>) -> tensor<8xf32>\n    return %0 : tensor<8xf32>"
+    )
+    a = rand(8)
+    client = Client("interpreter", device_count=2)
+    exe = client.compile(program('"x"=2', 2, sig, body))
+    entry = exe.module.entry_computation()
+    assert entry.parameters[0].attrs["sharding"].is_replicated
+    assert entry.root_instruction().attrs["sharding"].is_unreduced
+    outs, _ = run(program('"x"=2', 2, sig, body), 2, [[a], [a]])
+    for d in range(2):
+        np.testing.assert_array_equal(outs[d][0], a)

@@ -1453,7 +1453,16 @@ class _Partitioner:
             value = self.to_state(value, dst, self.partial_of(s, root.shape), root.shape)
         elif value.partial is not None and not isinstance(s, HloSharding):
             value = self.reduced(value, root.shape)
-        value.instr.attrs["sharding"] = _sharding_attr(value.tiling, root.shape, value.partial)
+        sharding = _sharding_attr(value.tiling, root.shape, value.partial)
+        if value.instr.opcode is Opcode.PARAMETER and value.instr.attrs.get("sharding") != sharding:
+            # a parameter returned as it is, read differently (a replicated value returned
+            # as a partial sum): the parameter keeps its own sharding
+            value = Local(
+                self.emit(Opcode.COPY, value.instr.shape, [value.instr]),
+                value.tiling,
+                partial=value.partial,
+            )
+        value.instr.attrs["sharding"] = sharding
         return value
 
 
