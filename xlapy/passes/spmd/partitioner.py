@@ -79,6 +79,7 @@ from xlapy.ir.types import PRED
 from xlapy.passes.hlo_edit import remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
+from xlapy.passes.spmd.combine import combine_all_reduces
 from xlapy.passes.spmd.labels import GATHER_AND_REDUCE, MASKED_GATHER, OpLabels, op_labels
 from xlapy.passes.spmd.tiling import Tiling, merge
 
@@ -171,6 +172,9 @@ class SpmdPartitioner(HloPass):
         _Partitioner(module, n, self.report).run()
         remove_unreachable_computations(module)
         _strip_annotations(module)
+        folded = combine_all_reduces(module.entry_computation(), NameUniquer(module))
+        if folded:
+            self.report.collectives["all-reduce combined"] = folded
         return True
 
 
