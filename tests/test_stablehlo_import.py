@@ -431,7 +431,7 @@ REDUCE_ONE_ARG = """func.func @main(%a: tensor<4xf32>) -> tensor<f32> {
 UNREDUCED = """module @jit_f attributes {mhlo.num_partitions = 2 : i32} {
   sdy.mesh @mesh = <["x"=2]>
   func.func public @main(%arg0: tensor<4x2xf32>) -> (tensor<4x2xf32>) {
-    %0 = sdy.sharding_constraint %arg0 <@mesh, [{}, {}], unreduced={"x"}> : tensor<4x2xf32>
+    %0 = sdy.sharding_constraint %arg0 <@mesh, [{"x"}, {}], unreduced={"x"}> : tensor<4x2xf32>
     return %0 : tensor<4x2xf32>
   }
 }
@@ -483,9 +483,9 @@ BAD = {
         "2 values, its type needs 4",
     ),
     "garbage": ("hello world", 1, 1, "expected 'func.func'"),
-    # jax.reshard(x, P(None, None, unreduced={"x"})): a partial sum per device, which the
-    # SPMD partitioner would read as replicated (and sum again: JAX's pjit_test got 4x)
-    "unreduced_sharding": (UNREDUCED, 4, 10, r"unreduced axes \{\"x\"\}.*partial sum"),
+    # an axis cannot both split the array and sum partial values (unreduced shardings
+    # themselves are read: tests/test_spmd_unreduced.py)
+    "unreduced_sharding": (UNREDUCED, 4, 10, r"both splits and sums over an axis"),
 }
 
 

@@ -90,11 +90,36 @@ class HloSharding:
             return True
         if self.kind != "tiled":
             return False
-        return math.prod(self.tile_dims[: self.data_rank]) == 1 and "manual" not in self.subgroups
+        if "manual" in self.subgroups or "unreduced" in self.subgroups:
+            return False
+        return math.prod(self.tile_dims[: self.data_rank]) == 1
 
     @property
     def is_manual(self) -> bool:
         return self.kind == "manual" or (self.kind == "tiled" and "manual" in self.subgroups)
+
+    @property
+    def is_unreduced(self) -> bool:
+        """Whether devices hold partial sums (an `unreduced` subgroup: the value is the sum
+        of the pieces held along it, JAX's `P(unreduced={...})`)."""
+        return self.kind == "tiled" and "unreduced" in self.subgroups
+
+    def unreduced_groups(self) -> list[list[int]]:
+        """The device groups whose pieces sum to the value (ordered by their coordinate
+        along the unreduced subgroup); [] when the sharding is not unreduced."""
+        if not self.is_unreduced:
+            return []
+        axis = self.data_rank + self.subgroups.index("unreduced")
+        groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for flat, dev in enumerate(self.devices()):
+            coords = []
+            for t in reversed(self.tile_dims):
+                flat, i = divmod(flat, t)
+                coords.append(i)
+            coords.reverse()
+            key = tuple(c for k, c in enumerate(coords) if k != axis)
+            groups.setdefault(key, []).append((coords[axis], dev))
+        return [[d for _, d in sorted(g)] for _, g in sorted(groups.items())]
 
     @property
     def is_tuple(self) -> bool:

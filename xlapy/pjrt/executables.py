@@ -308,7 +308,10 @@ def _spmd_shardings_proto(module) -> bytes:
     entry = module.entry_computation()
     root = entry.root_instruction()
     out = root.attrs.get("sharding")
-    if out is None and root.shape.is_tuple:
+    if root.shape.is_tuple and not root.shape.tuple_shapes:
+        # XLA gives an empty tuple one (replicated) element sharding, and checks for it
+        out = HloSharding("tuple", elements=(HloSharding.replicated(),))
+    elif out is None and root.shape.is_tuple:
         parts = len(root.shape.tuple_shapes)
         out = HloSharding("tuple", elements=(HloSharding.replicated(),) * parts)
     data = proto_field(12, op_sharding(out))

@@ -335,16 +335,8 @@ def sdy_sharding(body: str, meshes: dict[str, str], keep: set[str] | None = None
     m = _SDY_SHARDING.match(body)
     if m is None:
         raise TypeProblem(f"cannot read the Shardy sharding '{body}'")
-    unreduced = _SDY_UNREDUCED.search(body[m.end() :])
-    if unreduced and unreduced.group(1).strip():
-        # A partial sum on each device (JAX's P(unreduced={...})): read as replicated it
-        # would be summed again later, a silently wrong answer.
-        raise TypeProblem(
-            f"the sharding '{body.strip()}' has unreduced axes {{{unreduced.group(1)}}} "
-            "(each device holds a partial sum); xlapy's SPMD partitioner does not support "
-            "unreduced values: keep the reduction inside the program (a psum or a reduced "
-            "out_sharding without unreduced axes)"
-        )
+    found = _SDY_UNREDUCED.search(body[m.end() :])
+    unreduced = _SDY_AXIS.findall(found.group(1)) if found else []
     axes = sdy_mesh_axes(m.group(1), meshes)
     if isinstance(axes, str):
         return axes
@@ -361,14 +353,34 @@ def sdy_sharding(body: str, meshes: dict[str, str], keep: set[str] | None = None
                 names.append(axis.group(1))
         dims.append(names)
     tiles = [int(np.prod([size[a] for a in dim])) if dim else 1 for dim in dims]
-    if all(t == 1 for t in tiles):
+    partial: list[str] = []
+    for axis, sub in unreduced:
+        if sub:
+            raise TypeProblem(f"Shardy sub-axis '{axis}{sub}' is not supported")
+        if axis not in size:
+            raise TypeProblem(f"sharding has unreduced axis '{axis}', not in the mesh")
+        if keep is None or axis in keep:
+            partial.append(axis)
+    if all(t == 1 for t in tiles) and not partial:
         return "{replicated}"
     used = [a for dim in dims for a in dim]
-    unused = [a for a, _ in axes if a not in used]
+    if set(partial) & set(used):
+        raise TypeProblem(f"the sharding '{body.strip()}' both splits and sums over an axis")
+    unused = [a for a, _ in axes if a not in used and a not in partial]
     replicas = int(np.prod([size[a] for a in unused])) if unused else 1
+    devices = _mesh_devices(axes, used + partial + unused)
+    if partial:
+        # Partial sums (JAX's P(unreduced={...})): the value is the sum of the pieces the
+        # devices along these axes hold; XLA's `last_tile_dims={unreduced}` subgroup.
+        tile_dims = [*tiles, int(np.prod([size[a] for a in partial]))]
+        kinds = ["unreduced"]
+        if replicas > 1:
+            tile_dims.append(replicas)
+            kinds.append("replicated")
+        dims_text = ",".join(map(str, tile_dims))
+        return f"{{devices=[{dims_text}]{devices} last_tile_dims={{{', '.join(kinds)}}}}}"
     tile_dims = tiles + ([replicas] if replicas > 1 else [])
     last = " last_tile_dim_replicate" if replicas > 1 else ""
-    devices = _mesh_devices(axes, used + unused)
     return f"{{devices=[{','.join(map(str, tile_dims))}]{devices}{last}}}"
 
 

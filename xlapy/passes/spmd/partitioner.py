@@ -44,6 +44,16 @@ shard_map: SPMDFullToShardShape / xla.sdy.GlobalToLocalShape to the matching
 ShardToFull / LocalToGlobalShape) keep their ops as written; only the conversions at the
 region's edges map shapes. A region over part of the mesh holds its piece along the manual
 axes and is replicated over the others.
+
+Partial sums (JAX's `P(unreduced={...})`, HLO's `last_tile_dims={unreduced}`): a value may
+be held as pieces that add up to it across device groups (`Local.partial`), as a dot
+whose contracted dimension is cut leaves it before its all-reduce. An unreduced
+annotation keeps it so (the all-reduce is not emitted), linear ops (add, subtract,
+negate, copy) of alike partial values stay partial, and any other use reduces it first:
+an all-reduce over the groups, or a reduce-scatter where the use wants it tiled. A whole
+value annotated unreduced becomes partial for free: each device keeps the part of its
+piece it holds (zeros elsewhere), or one device per group keeps the value and the others
+zeros.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ from xlapy.ir.types import PRED
 from xlapy.passes.hlo_edit import remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
+from xlapy.passes.spmd.combine import combine_all_reduces
 from xlapy.passes.spmd.labels import GATHER_AND_REDUCE, MASKED_GATHER, OpLabels, op_labels
 from xlapy.passes.spmd.tiling import Tiling, merge
 
@@ -118,11 +129,23 @@ class PartitionReport:
 @dataclass
 class Local:
     """A global value's per-device form: the instruction computing it, its tiling (a tuple
-    of them for a tuple value; None for tokens) and whether it is manual (shard_map data)."""
+    of them for a tuple value; None for tokens), whether it is manual (shard_map data), and
+    whether it is a partial sum: `partial` holds the device groups whose pieces add up to
+    the value (the devices of a group hold the same piece under `tiling`), None when each
+    device holds its piece whole; a tuple of those for a tuple value."""
 
     instr: HloInstruction
     tiling: Any  # Tiling | tuple[<tiling>, ...] | None
     manual: bool = False
+    partial: Any = None  # Groups | tuple[<partial>, ...] | None
+
+
+Groups = tuple[tuple[int, ...], ...]
+
+# Ops that keep partial sums partial: linear in each operand, operands summed alike.
+_LINEAR = (Opcode.ADD, Opcode.SUBTRACT, Opcode.NEGATE, Opcode.COPY, Opcode.TRANSPOSE)
+# Linear ops that keep them partial when each device holds the whole array's partial sum.
+_LINEAR_WHOLE = (Opcode.RESHAPE, Opcode.BROADCAST, Opcode.SLICE)
 
 
 _PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
@@ -149,6 +172,9 @@ class SpmdPartitioner(HloPass):
         _Partitioner(module, n, self.report).run()
         remove_unreachable_computations(module)
         _strip_annotations(module)
+        folded = combine_all_reduces(module.entry_computation(), NameUniquer(module))
+        if folded:
+            self.report.collectives["all-reduce combined"] = folded
         return True
 
 
@@ -234,12 +260,14 @@ class _Partitioner:
         comp: HloComputation | None = None,
         parent: _Partitioner | None = None,
         param_tilings: list | None = None,
+        param_partials: list | None = None,
     ):
         self.module = module
         self.n = n
         self.report = report
         self.entry = comp or module.entry_computation()  # the computation partitioned
         self.param_tilings = param_tilings
+        self.param_partials = param_partials
         if parent is None:
             self.namer = NameUniquer(module)
             first = 1 + max(
@@ -260,6 +288,8 @@ class _Partitioner:
         self._offsets: dict[tuple[int, ...], HloInstruction] = {}
         self._zero: HloInstruction | None = None
         self._resharded: dict[tuple[int, Tiling], HloInstruction] = {}
+        self._sums: dict[tuple[int, Any], Local] = {}
+        self.wanted_partial: dict[int, Groups] = {}
         self.wanted = self._wanted_tilings()
 
     # -- driver ----------------------------------------------------------------------------
@@ -291,11 +321,21 @@ class _Partitioner:
             == comp.parameter(e.param_number).shape.subshape(e.param_index).dims
         )
 
-    def sub(self, comp: HloComputation, param_tilings: list, want_root=None):
+    def sub(
+        self,
+        comp: HloComputation,
+        param_tilings: list,
+        want_root=None,
+        param_partials: list | None = None,
+        want_partial=None,
+    ):
         """Partition a called computation (a loop body, a branch) whose parameters have
-        `param_tilings`; its result is resharded to `want_root` when given. Returns the
-        new computation and its result's tiling."""
-        child = _Partitioner(self.module, self.n, self.report, comp, self, param_tilings)
+        `param_tilings` (and partial-sum states `param_partials`); its result is resharded
+        to `want_root` (in state `want_partial`) when given, else its partial sums are
+        added up. Returns the new computation and its result's tiling."""
+        child = _Partitioner(
+            self.module, self.n, self.report, comp, self, param_tilings, param_partials
+        )
         for instr in comp.post_order():
             child.values[id(instr)] = child.visit(instr)
         root = comp.root_instruction()
@@ -303,7 +343,9 @@ class _Partitioner:
         if value.manual:
             raise PartitionError(f"{root.name}: a manual value leaves {comp.name}")
         if want_root is not None:
-            value = Local(child.as_tiling(value, want_root, root.shape), want_root)
+            value = child.to_state(value, want_root, want_partial, root.shape)
+        elif value.partial is not None:
+            value = child.reduced(value, root.shape)
         new = child._computation(comp.name + "_spmd", value.instr)
         self.module.add_computation(new)
         return new, value.tiling
@@ -516,9 +558,12 @@ class _Partitioner:
         )
 
     def as_tiling(self, value: Local, dst, shape: Shape) -> HloInstruction:
-        """`value` resharded to `dst` (a Tiling, or a tuple of them for a tuple)."""
+        """`value` resharded to `dst` (a Tiling, or a tuple of them for a tuple), its
+        partial sums added up."""
         if value.manual:
             raise PartitionError(f"{value.instr.name}: a manual value used outside its region")
+        if value.partial is not None:
+            value = self.reduced(value, shape, dst)
         if isinstance(dst, Tiling):
             return self.reshard(value.instr, value.tiling, dst, shape.dims)
         if dst is None or value.tiling == dst:
@@ -534,6 +579,158 @@ class _Partitioner:
             )
             parts.append(self.as_tiling(Local(elem, src_t), dst_t, sub))
         return self.emit(Opcode.TUPLE, Shape.tuple([p.shape for p in parts]), parts)
+
+    # -- partial sums ----------------------------------------------------------------------
+    def reduced(self, value: Local, shape: Shape, dst=None) -> Local:
+        """`value` with its partial sums added up (itself when it has none): an all-reduce
+        over the groups, or a reduce-scatter when `dst`, the tiling the caller moves it to
+        next, is then a free slice."""
+        if value.partial is None:
+            return value
+        key = (id(value.instr), dst if isinstance(dst, Tiling) else None)
+        if key in self._sums:
+            return self._sums[key]
+        if shape.is_tuple:
+            parts, tilings = [], []
+            for k, sub in enumerate(shape.tuple_shapes):
+                t = value.tiling[k]
+                elem = self.emit(
+                    Opcode.GET_TUPLE_ELEMENT, _local_shape(sub, t), [value.instr], {"index": k}
+                )
+                r = self.reduced(Local(elem, t, partial=value.partial[k]), sub)
+                parts.append(r.instr)
+                tilings.append(r.tiling)
+            new = self.emit(Opcode.TUPLE, Shape.tuple([p.shape for p in parts]), parts)
+            result = Local(new, tuple(tilings))
+        else:
+            groups = [list(g) for g in value.partial]
+            reducer = self.adder(shape.element_type)
+            found = None
+            if isinstance(dst, Tiling) and not dst.is_replicated:
+                found = self._scatter_target(value.tiling, groups, dst, value.instr.shape)
+            if found is not None:
+                j, tiling = found
+                result = Local(self.reduce_scatter(value.instr, groups, reducer, j), tiling)
+            else:
+                result = Local(self.all_reduce(value.instr, groups, reducer), value.tiling)
+        self._sums[key] = result
+        return result
+
+    def to_partial(self, value: Local, dst: Tiling, groups: Groups, shape: Shape) -> Local:
+        """`value` as partial sums over `groups`, each device's piece under `dst`. A value
+        held whole becomes one for free: when the members of each group hold distinct
+        parts of the group's piece (a value cut along the summed axes), each pads its part
+        with zeros; otherwise the first member of each group keeps the piece and the
+        others hold zeros."""
+        if value.manual:
+            raise PartitionError(f"{value.instr.name}: a manual value used outside its region")
+        if value.partial is not None:
+            if value.tiling == dst and _same_groups(value.partial, groups):
+                return value
+            value = self.reduced(value, shape)
+        local = _local_shape(shape, dst)
+        zero = self.emit(Opcode.CONVERT, Shape.scalar(shape.element_type), [self.zero()])
+        zeros = self.emit(Opcode.BROADCAST, local, [zero], {"dimensions": ()})
+        src = value.tiling
+        if _splits_groups(src, dst, groups):
+            starts = [
+                self.offset(
+                    [
+                        o - p
+                        for o, p in zip(
+                            src.offsets(i, shape.dims[i]),
+                            dst.offsets(i, shape.dims[i]),
+                            strict=True,
+                        )
+                    ]
+                )
+                for i in range(shape.rank)
+            ]
+            new = self.emit(
+                Opcode.DYNAMIC_UPDATE_SLICE, local, [zeros, value.instr, *starts], base="unreduce"
+            )
+            return Local(new, dst, partial=groups)
+        piece = self.as_tiling(value, dst, shape)
+        first = {g[0] for g in groups}
+        flag = self.offset([int(d in first) for d in range(self.n)])
+        one = self.constant(np.array(1, np.int32))
+        keep = self.emit(Opcode.COMPARE, Shape.scalar(PRED), [flag, one], {"direction": "EQ"})
+        keep = self.emit(
+            Opcode.BROADCAST, local.with_element_type(PRED), [keep], {"dimensions": ()}
+        )
+        new = self.emit(Opcode.SELECT, local, [keep, piece, zeros], base="unreduce")
+        return Local(new, dst, partial=groups)
+
+    def to_state(self, value: Local, dst, partial, shape: Shape) -> Local:
+        """`value` in the tiling `dst` and partial-sum state `partial` (per leaf for a
+        tuple, as Local holds them)."""
+        if not shape.is_tuple:
+            if partial is not None:
+                return self.to_partial(value, dst, partial, shape)
+            if value.partial is None and value.tiling == dst:
+                return value
+            return Local(self.as_tiling(value, dst, shape), dst)
+        if value.partial is None and partial is None:
+            if value.tiling == dst:
+                return value
+            return Local(self.as_tiling(value, dst, shape), dst)
+        have = value.partial or (None,) * len(shape.tuple_shapes)
+        want = partial or (None,) * len(shape.tuple_shapes)
+        parts = []
+        for k, sub in enumerate(shape.tuple_shapes):
+            t = value.tiling[k]
+            elem = self.emit(
+                Opcode.GET_TUPLE_ELEMENT, _local_shape(sub, t), [value.instr], {"index": k}
+            )
+            parts.append(self.to_state(Local(elem, t, partial=have[k]), dst[k], want[k], sub))
+        new = self.emit(
+            Opcode.TUPLE, Shape.tuple([p.instr.shape for p in parts]), [p.instr for p in parts]
+        )
+        states = tuple(p.partial for p in parts)
+        return Local(
+            new,
+            tuple(p.tiling for p in parts),
+            partial=states if any(x is not None for x in states) else None,
+        )
+
+    def partial_of(self, sharding: HloSharding, shape: Shape):
+        """The partial-sum state an annotation asks for (per leaf for a tuple), or None."""
+        if shape.is_tuple:
+            elems = (
+                sharding.elements if sharding.is_tuple else (sharding,) * len(shape.tuple_shapes)
+            )
+            states = tuple(
+                self.partial_of(e, s) for e, s in zip(elems, shape.tuple_shapes, strict=True)
+            )
+            return states if any(x is not None for x in states) else None
+        if not sharding.is_unreduced or not shape.is_array:
+            return None
+        groups = sharding.unreduced_groups()
+        if sorted(d for g in groups for d in g) != list(range(self.n)):
+            raise PartitionError(f"sharding {sharding.text()} does not cover {self.n} devices")
+        return tuple(tuple(g) for g in groups)
+
+    def linear(self, instr: HloInstruction, operands: list[Local]) -> Local | None:
+        """An add, subtract, negate or copy of partial sums alike (same groups and
+        tiling): done on each device's piece, the result is the same kind of partial sum."""
+        first = operands[0]
+        if not isinstance(first.tiling, Tiling) or first.partial is None:
+            return None
+        for v in operands[1:]:
+            if v.tiling != first.tiling or v.partial is None:
+                return None
+            if not _same_groups(v.partial, first.partial):
+                return None
+        tiling = first.tiling
+        if instr.opcode is Opcode.TRANSPOSE:
+            tiling = tiling.project(instr.attrs["dimensions"])
+        elif instr.opcode in _LINEAR_WHOLE:
+            if not tiling.is_replicated:
+                return None
+            tiling = Tiling.replicated(instr.shape.rank, self.n)
+        shape = _local_shape(instr.shape, tiling, instr.name)
+        new = self.clone(instr, [v.instr for v in operands], shape)
+        return Local(new, tiling, partial=first.partial)
 
     def replicated_of(self, shape: Shape):
         if shape.is_tuple:
@@ -576,6 +773,9 @@ class _Partitioner:
             if not t.divides(instr.shape.dims):
                 continue
             wanted[id(instr)] = t
+            groups = s.unreduced_groups()
+            if groups:
+                self.wanted_partial[id(instr)] = tuple(tuple(g) for g in groups)
             target = instr
             while (
                 target.opcode in (Opcode.CUSTOM_CALL, Opcode.GET_TUPLE_ELEMENT)
@@ -585,6 +785,8 @@ class _Partitioner:
                 if len(src.users) != 1 or src.opcode is Opcode.PARAMETER:
                     break
                 wanted.setdefault(id(src), t)
+                if groups:
+                    self.wanted_partial.setdefault(id(src), tuple(tuple(g) for g in groups))
                 if src.opcode is not Opcode.CUSTOM_CALL:
                     break
                 target = src
@@ -600,22 +802,36 @@ class _Partitioner:
             special = self.custom_call(instr, operands)
             if special is not None:
                 return self.constrain(instr, special)
-        if any(v.manual for v in operands):
-            return self.manual_op(instr, operands)
         if op is Opcode.TUPLE:
             new = self.emit(
                 Opcode.TUPLE,
                 Shape.tuple([v.instr.shape for v in operands]),
                 [v.instr for v in operands],
             )
-            return Local(new, tuple(v.tiling for v in operands))
-        if op is Opcode.GET_TUPLE_ELEMENT:
+            states = tuple(v.partial for v in operands)
+            partial = states if any(x is not None for x in states) else None
+            return Local(new, tuple(v.tiling for v in operands), partial=partial)
+        if op is Opcode.GET_TUPLE_ELEMENT and not operands[0].manual:
             src = operands[0]
             k = instr.attrs["index"]
             new = self.emit(
                 op, src.instr.shape.tuple_shapes[k], [src.instr], dict(instr.attrs), base=instr.name
             )
-            return self.constrain(instr, Local(new, src.tiling[k]))
+            part = src.partial[k] if src.partial is not None else None
+            return self.constrain(instr, Local(new, src.tiling[k], partial=part))
+        if op is Opcode.WHILE and not operands[0].manual:
+            return self.constrain(instr, self.while_loop(instr, operands))
+        if any(v.partial is not None for v in operands):
+            if op in (*_LINEAR, *_LINEAR_WHOLE) and not any(v.manual for v in operands):
+                kept = self.linear(instr, operands)
+                if kept is not None:
+                    return self.constrain(instr, kept)
+            operands = [
+                self.reduced(v, o.shape) if not v.manual else v
+                for v, o in zip(operands, instr.operands, strict=True)
+            ]
+        if any(v.manual for v in operands):
+            return self.manual_op(instr, operands)
         if op is Opcode.WHILE:
             return self.constrain(instr, self.while_loop(instr, operands))
         if op is Opcode.CONDITIONAL:
@@ -630,16 +846,18 @@ class _Partitioner:
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
 
     def while_loop(self, instr: HloInstruction, operands: list[Local]) -> Local:
-        """The loop state keeps its initial tiling: the body is partitioned with its
-        parameter so tiled and its result resharded back to it; the condition likewise."""
+        """The loop state keeps its initial tiling and partial sums: the body is
+        partitioned with its parameter so held and its result resharded back to it; the
+        condition likewise (a gradient accumulated unreduced over a scan is summed once,
+        after the loop)."""
         (state,) = operands
-        tiling = state.tiling
-        body, _ = self.sub(instr.attrs["body"], [tiling], want_root=tiling)
-        cond, _ = self.sub(instr.attrs["condition"], [tiling])
+        tiling, partial = state.tiling, state.partial
+        body, _ = self.sub(instr.attrs["body"], [tiling], tiling, [partial], partial)
+        cond, _ = self.sub(instr.attrs["condition"], [tiling], None, [partial])
         attrs = dict(instr.attrs, body=body, condition=cond)
         new = self.clone(instr, [state.instr], state.instr.shape, attrs)
         self.report.native["while"] = self.report.native.get("while", 0) + 1
-        return Local(new, tiling)
+        return Local(new, tiling, partial=partial)
 
     def conditional(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Each branch is partitioned with its operand's tiling; every branch's result is
@@ -682,9 +900,7 @@ class _Partitioner:
         if s.is_manual or not instr.shape.is_array or s.is_tuple:
             return value
         dst = self.even(self.tiling_of(s, instr.shape), instr.shape, instr.name)
-        if dst == value.tiling:
-            return value
-        return Local(self.as_tiling(value, dst, instr.shape), dst)
+        return self.to_state(value, dst, self.partial_of(s, instr.shape), instr.shape)
 
     def even(self, tiling, shape: Shape, name: str):
         """`tiling` with every dimension it cannot cut evenly left whole (an annotation
@@ -724,15 +940,21 @@ class _Partitioner:
                 base=instr.name,
                 parameter_number=instr.parameter_number,
             )
-            return Local(new, tiling)
+            partials = self.param_partials
+            return Local(
+                new, tiling, partial=partials[instr.parameter_number] if partials else None
+            )
         s = instr.attrs.get("sharding")
         tiling = (
             self.tiling_of(s, instr.shape)
             if isinstance(s, HloSharding)
             else self.replicated_of(instr.shape)
         )
+        partial = None
         if isinstance(s, HloSharding) and s.is_manual:
             tiling = self.replicated_of(instr.shape)
+        elif isinstance(s, HloSharding):
+            partial = self.partial_of(s, instr.shape)
         shape = _local_shape(instr.shape, tiling, instr.name)
         new = self.emit(
             Opcode.PARAMETER,
@@ -743,7 +965,7 @@ class _Partitioner:
         )
         new.name = instr.name
         self.params.append(new)
-        return Local(new, tiling)
+        return Local(new, tiling, partial=partial)
 
     def fallback(self, instr: HloInstruction, operands: list[Local], reason: str) -> Local:
         self.report.fallbacks.append(Fallback(instr.name, instr.opcode.text, reason))
@@ -800,14 +1022,14 @@ class _Partitioner:
             shardings = [o.attrs.get("sharding") for o in instr.operands]
         locals_ = []
         for v, o, s in zip(operands, instr.operands, shardings, strict=True):
-            if isinstance(s, HloSharding) and (s.is_manual or s.subgroups):
+            if isinstance(s, HloSharding) and (s.is_manual or (s.subgroups and not s.is_unreduced)):
                 raise PartitionError(f"{instr.name}: cannot read the region's in-sharding {s}")
-            dst = (
-                self.tiling_of(s, o.shape)
-                if isinstance(s, HloSharding)
-                else self.replicated_of(o.shape)
-            )
-            locals_.append(self.as_tiling(v, dst, o.shape))
+            if isinstance(s, HloSharding):
+                dst = self.tiling_of(s, o.shape)
+                # an unreduced in-sharding: each device enters with its partial sum
+                locals_.append(self.to_state(v, dst, self.partial_of(s, o.shape), o.shape).instr)
+            else:
+                locals_.append(self.as_tiling(v, self.replicated_of(o.shape), o.shape))
         want = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
         for local, w in zip(locals_, want, strict=True):
             if local.shape.dims != w.dims:
@@ -841,7 +1063,16 @@ class _Partitioner:
                 f"{instr.name}: the manual result {v.instr.shape} is not the local shape "
                 f"of {instr.shape} under its sharding"
             )
-        return Local(v.instr, tiling)
+        # an unreduced out-sharding: each device's result is its partial sum
+        states = tuple(
+            self.partial_of(s, shape) if isinstance(s, HloSharding) else None
+            for s, shape in zip(shardings, shapes, strict=True)
+        )
+        if instr.shape.is_tuple:
+            partial = states if any(x is not None for x in states) else None
+        else:
+            partial = states[0]
+        return Local(v.instr, tiling, partial=partial)
 
     # -- ops with dimension labels ---------------------------------------------------------
     def labelled(self, instr: HloInstruction, operands: list[Local], L: OpLabels) -> Local:
@@ -975,6 +1206,15 @@ class _Partitioner:
             out_tilings = [cand_out.project(d) for d in L.results]
             scattered = None
             wanted = self.wanted.get(id(instr))
+            keep = self.wanted_partial.get(id(instr))
+            if (
+                keep is not None
+                and (instr.opcode is not Opcode.REDUCE or _is_sum(instr))
+                and wanted == out_tilings[0]
+                and _same_groups(keep, tuple(tuple(g) for g in groups))
+            ):
+                # wanted unreduced over the cut: leave the partial sums as they are
+                return Local(new, out_tilings[0], partial=tuple(tuple(g) for g in groups))
             if wanted is not None and not instr.shape.is_tuple:
                 scattered = self._scatter_target(out_tilings[0], groups, wanted, shape)
             if scattered is not None:
@@ -1214,13 +1454,55 @@ class _Partitioner:
         s = root.attrs.get("sharding")
         if isinstance(s, HloSharding) and root.shape.is_tuple and s.is_tuple:
             dst = self.even(self.tiling_of(s, root.shape), root.shape, root.name)
-            new = self.as_tiling(value, dst, root.shape)
-            value = Local(new, dst)
-        value.instr.attrs["sharding"] = _sharding_attr(value.tiling, root.shape)
+            value = self.to_state(value, dst, self.partial_of(s, root.shape), root.shape)
+        elif value.partial is not None and not isinstance(s, HloSharding):
+            value = self.reduced(value, root.shape)
+        sharding = _sharding_attr(value.tiling, root.shape, value.partial)
+        if value.instr.opcode is Opcode.PARAMETER and value.instr.attrs.get("sharding") != sharding:
+            # a parameter returned as it is, read differently (a replicated value returned
+            # as a partial sum): the parameter keeps its own sharding
+            value = Local(
+                self.emit(Opcode.COPY, value.instr.shape, [value.instr]),
+                value.tiling,
+                partial=value.partial,
+            )
+        value.instr.attrs["sharding"] = sharding
         return value
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _is_sum(instr: HloInstruction) -> bool:
+    """Whether a reduce adds its values up (one operand, `to_apply` an add)."""
+    comp = instr.attrs.get("to_apply")
+    if len(instr.operands) != 2 or not isinstance(comp, HloComputation):
+        return False
+    root = comp.root_instruction()
+    return root.opcode is Opcode.ADD and all(o.opcode is Opcode.PARAMETER for o in root.operands)
+
+
+def _same_groups(a: Groups, b: Groups) -> bool:
+    return {frozenset(g) for g in a} == {frozenset(g) for g in b}
+
+
+def _splits_groups(src, dst: Tiling, groups: Groups) -> bool:
+    """Whether the members of each group hold distinct parts, under `src`, that together
+    make the group's piece under `dst` (so each can pad its part with zeros)."""
+    if not isinstance(src, Tiling) or src.rank != dst.rank:
+        return False
+    if any(s % d for s, d in zip(src.tiles, dst.tiles, strict=True)):
+        return False
+    ratio = [s // d for s, d in zip(src.tiles, dst.tiles, strict=True)]
+    for dev in range(src.num_devices):
+        inside = [c // r for c, r in zip(src.coords[dev], ratio, strict=True)]
+        if tuple(inside) != dst.coords[dev]:
+            return False
+    for g in groups:
+        parts = {src.coords[d] for d in g}
+        if len(parts) != len(g) or len(g) != math.prod(ratio):
+            return False
+    return True
 
 
 def _label_tiling(t: Tiling, dims, n_labels: int) -> Tiling:
@@ -1304,17 +1586,46 @@ def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
     return attrs
 
 
-def _sharding_attr(tiling, shape: Shape) -> HloSharding:
+def _sharding_attr(tiling, shape: Shape, partial=None) -> HloSharding:
     if isinstance(tiling, tuple):
+        states = partial or (None,) * len(tiling)
         return HloSharding(
             "tuple",
             elements=tuple(
-                _sharding_attr(t, s) for t, s in zip(tiling, shape.tuple_shapes, strict=True)
+                _sharding_attr(t, s, p)
+                for t, s, p in zip(tiling, shape.tuple_shapes, states, strict=True)
             ),
         )
+    if isinstance(tiling, Tiling) and partial is not None:
+        return _unreduced_sharding(tiling, partial)
     if isinstance(tiling, Tiling):
         return tiling.to_sharding()
     return HloSharding.replicated()
+
+
+def _unreduced_sharding(tiling: Tiling, groups: Groups) -> HloSharding:
+    """The HloSharding of partial sums over `groups` of pieces under `tiling`: the tile
+    dimensions, then the unreduced subgroup (a group's members), then replication."""
+    by_tile: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for g in sorted(groups):
+        by_tile.setdefault(tiling.coords[g[0]], []).append(g)
+    devices: list[int] = []
+    for c in sorted(by_tile):
+        tile_groups = by_tile[c]
+        for u in range(len(tile_groups[0])):
+            devices += [g[u] for g in tile_groups]
+    size = len(groups[0])
+    replicas = len(by_tile[next(iter(by_tile))])
+    dims = [*tiling.tiles, size] + ([replicas] if replicas > 1 else [])
+    kinds = ("unreduced", "replicated") if replicas > 1 else ("unreduced",)
+    iota = devices == list(range(len(devices)))
+    return HloSharding(
+        "tiled",
+        tuple(dims),
+        iota_reshape=(len(devices),) if iota else (),
+        explicit_devices=None if iota else tuple(devices),
+        subgroups=kinds,
+    )
 
 
 # -- Shardy's spelling -----------------------------------------------------------------------
