@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xlapy.errors import XlapyError
-from xlapy.pjrt.abi import ffi
+from xlapy.pjrt.abi import ffi, struct_size
 from xlapy.runtime import (
     BufferDeletedError,
     DonationError,
@@ -41,6 +41,14 @@ FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL = 9, 12, 13
 
 OBJECTS: dict[int, Any] = {}
 """Address of a handle struct handed to C -> the Python object behind it."""
+HANDLES: dict[int, Any] = {}
+"""Index -> the cdata owning the handle struct's memory, while the handle lives."""
+QUARANTINE_SIZE = 1 << 16
+_QUARANTINE: list[Any] = [None] * QUARANTINE_SIZE
+_QUARANTINED = [0]
+"""The memory of the last QUARANTINE_SIZE destroyed handles and errors, kept with their
+index zeroed: a use after destroy (or a second destroy) within that window reads a dead
+handle and gets a PJRT error instead of reading freed memory (see `forget`)."""
 ERRORS: dict[int, Any] = {}
 """Address of a live PJRT_Error -> (struct, message buffer)."""
 KEEP: list[Any] = []
@@ -91,6 +99,7 @@ def register(obj: Any, ctype: str):
     c = ffi.new(ctype)
     c.index = key = next(_KEYS)
     OBJECTS[key] = obj
+    HANDLES[key] = c
     return c
 
 
@@ -102,8 +111,19 @@ def forget(ptr) -> None:
     if ptr != ffi.NULL:
         key = ptr.index
         # not dict.pop: that is a C call (see above)
+        if key in HANDLES:  # its memory outlives it for a while, marked dead (index 0)
+            _quarantine(HANDLES[key])
+            del HANDLES[key]
+            ptr.index = 0
         if key in OBJECTS:
             del OBJECTS[key]  # noqa: RUF051
+
+
+def _quarantine(owner: Any) -> None:
+    """Keep `owner` (a handle's memory) until QUARANTINE_SIZE later ones. Bytecode only."""
+    slot = _QUARANTINED[0]
+    _QUARANTINE[slot] = owner
+    _QUARANTINED[0] = (slot + 1) % QUARANTINE_SIZE
 
 
 def cstr(text: str):
@@ -146,7 +166,9 @@ def _destroy_error(err) -> None:
     if err != ffi.NULL:
         key = err.index
         if key in ERRORS:  # not dict.pop (see forget)
-            del ERRORS[key]  # noqa: RUF051
+            _quarantine(ERRORS[key])
+            err.index = 0
+            del ERRORS[key]
 
 
 @ffi.callback("void(PJRT_Error *)")
@@ -156,12 +178,19 @@ def _vt_destroy(err):
 
 @ffi.callback("void(const PJRT_Error *, const char **, size_t *)")
 def _vt_message(err, message, size):
+    if message == ffi.NULL or size == ffi.NULL:
+        return
+    if err == ffi.NULL or err.index not in ERRORS:
+        message[0], size[0] = _NO_MESSAGE, len(ffi.string(_NO_MESSAGE))
+        return
     message[0] = err.message
     size[0] = err.message_size
 
 
 @ffi.callback("int(const PJRT_Error *)")
 def _vt_code(err):
+    if err == ffi.NULL or err.index not in ERRORS:
+        return INVALID_ARGUMENT
     return err.code
 
 
@@ -189,8 +218,11 @@ def export(name: str, args_type: str | None = None) -> Callable:
 
     def deco(fn: Callable) -> Callable:
         ctype = args_type or f"PJRT_{name}_Args"
+        size = struct_size(ctype)
 
         def entry(args):
+            if args == ffi.NULL or args.struct_size < size:
+                return bad_args(name, args, size)
             try:
                 fn(args)
             except BaseException as exc:
@@ -200,6 +232,8 @@ def export(name: str, args_type: str | None = None) -> Callable:
         def traced(args):
             if TRACE:
                 print(f"xlapy pjrt: PJRT_{name}", flush=True)
+            if args == ffi.NULL or args.struct_size < size:
+                return bad_args(name, args, size)
             start = time.perf_counter()
             try:
                 fn(args)
@@ -220,6 +254,17 @@ def export(name: str, args_type: str | None = None) -> Callable:
     return deco
 
 
+def bad_args(name: str, args, size: int):
+    """The error for a NULL argument struct or one smaller than this version's (a caller
+    built against an older PJRT header, or garbage): nothing of it is read."""
+    if args == ffi.NULL:
+        return new_error(INVALID_ARGUMENT, f"xlapy: PJRT_{name} was called with NULL args")
+    return new_error(
+        INVALID_ARGUMENT,
+        f"xlapy: PJRT_{name}: args.struct_size is {args.struct_size}, expected at least {size}",
+    )
+
+
 def unimplemented_entry(name: str):
     def entry(args):
         return new_error(UNIMPLEMENTED, f"xlapy does not implement PJRT_{name}")
@@ -229,18 +274,32 @@ def unimplemented_entry(name: str):
 
 @ffi.callback("void(PJRT_Error_Destroy_Args *)")
 def error_destroy(args):
-    _destroy_error(args.error)
+    if args != ffi.NULL:
+        _destroy_error(args.error)
+
+
+_NO_MESSAGE = ffi.new("char[]", b"xlapy: not a live PJRT_Error")
+KEEP.append(_NO_MESSAGE)
 
 
 @ffi.callback("void(PJRT_Error_Message_Args *)")
 def error_message(args):
-    args.message = args.error.message
-    args.message_size = args.error.message_size
+    if args == ffi.NULL:
+        return
+    err = args.error
+    if err == ffi.NULL or err.index not in ERRORS:  # NULL, destroyed or not ours
+        args.message, args.message_size = _NO_MESSAGE, len(ffi.string(_NO_MESSAGE))
+        return
+    args.message = err.message
+    args.message_size = err.message_size
 
 
 @export("Error_GetCode")
 def _error_get_code(args):
-    args.code = args.error.code
+    err = args.error
+    if err == ffi.NULL or err.index not in ERRORS:
+        raise PjrtError(INVALID_ARGUMENT, "Error_GetCode: not a live PJRT_Error")
+    args.code = err.code
 
 
 @export("Error_ForEachPayload")
@@ -322,6 +381,8 @@ def _event_is_ready(args):
 
 @ffi.callback("PJRT_Error *(PJRT_Event_Error_Args *)")
 def event_error_entry(args):
+    if args == ffi.NULL:
+        return bad_args("Event_Error", args, 0)
     try:
         return event_error(lookup(args.event, "event").future)
     except BaseException as exc:
@@ -330,6 +391,8 @@ def event_error_entry(args):
 
 @ffi.callback("PJRT_Error *(PJRT_Event_Await_Args *)")
 def event_await_entry(args):
+    if args == ffi.NULL:
+        return bad_args("Event_Await", args, 0)
     try:
         return event_error(lookup(args.event, "event").future)
     except BaseException as exc:
