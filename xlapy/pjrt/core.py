@@ -43,10 +43,11 @@ OBJECTS: dict[int, Any] = {}
 """Address of a handle struct handed to C -> the Python object behind it."""
 HANDLES: dict[int, Any] = {}
 """Index -> the cdata owning the handle struct's memory, while the handle lives."""
-QUARANTINE_SIZE = 1 << 16
+QUARANTINE_SIZE = 4096
 _QUARANTINE: list[Any] = [None] * QUARANTINE_SIZE
 _QUARANTINED = [0]
-"""The memory of the last QUARANTINE_SIZE destroyed handles and errors, kept with their
+"""The memory of the last QUARANTINE_SIZE destroyed handles and error structs (~100
+bytes each; not an error's message, which is never read once it is dead), kept with their
 index zeroed: a use after destroy (or a second destroy) within that window reads a dead
 handle and gets a PJRT error instead of reading freed memory (see `forget`)."""
 ERRORS: dict[int, Any] = {}
@@ -166,7 +167,7 @@ def _destroy_error(err) -> None:
     if err != ffi.NULL:
         key = err.index
         if key in ERRORS:  # not dict.pop (see forget)
-            _quarantine(ERRORS[key])
+            _quarantine(ERRORS[key][0])
             err.index = 0
             del ERRORS[key]
 
