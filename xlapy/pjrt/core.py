@@ -41,15 +41,13 @@ FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL = 9, 12, 13
 
 OBJECTS: dict[int, Any] = {}
 """Address of a handle struct handed to C -> the Python object behind it."""
-HANDLES: dict[int, Any] = {}
-"""Index -> the cdata owning the handle struct's memory, while the handle lives."""
 QUARANTINE_SIZE = 4096
 _QUARANTINE: list[Any] = [None] * QUARANTINE_SIZE
 _QUARANTINED = [0]
-"""The memory of the last QUARANTINE_SIZE destroyed handles and error structs (~100
-bytes each; not an error's message, which is never read once it is dead), kept with their
-index zeroed: a use after destroy (or a second destroy) within that window reads a dead
-handle and gets a PJRT error instead of reading freed memory (see `forget`)."""
+"""The memory of the last QUARANTINE_SIZE destroyed handles and errors (the handle
+object's `c`; the error's struct and message), kept with their index zeroed: a use after
+destroy (or a second destroy) within that window reads a dead handle and gets a PJRT
+error instead of reading freed memory (see `forget`)."""
 ERRORS: dict[int, Any] = {}
 """Address of a live PJRT_Error -> (struct, message buffer)."""
 KEEP: list[Any] = []
@@ -100,7 +98,6 @@ def register(obj: Any, ctype: str):
     c = ffi.new(ctype)
     c.index = key = next(_KEYS)
     OBJECTS[key] = obj
-    HANDLES[key] = c
     return c
 
 
@@ -112,19 +109,14 @@ def forget(ptr) -> None:
     if ptr != ffi.NULL:
         key = ptr.index
         # not dict.pop: that is a C call (see above)
-        if key in HANDLES:  # its memory outlives it for a while, marked dead (index 0)
-            _quarantine(HANDLES[key])
-            del HANDLES[key]
-            ptr.index = 0
         if key in OBJECTS:
-            del OBJECTS[key]  # noqa: RUF051
-
-
-def _quarantine(owner: Any) -> None:
-    """Keep `owner` (a handle's memory) until QUARANTINE_SIZE later ones. Bytecode only."""
-    slot = _QUARANTINED[0]
-    _QUARANTINE[slot] = owner
-    _QUARANTINED[0] = (slot + 1) % QUARANTINE_SIZE
+            # its memory (the object's `c`) outlives it for a while, marked dead (index 0);
+            # _quarantine inlined: a call is not bytecode only
+            slot = _QUARANTINED[0]
+            _QUARANTINE[slot] = OBJECTS[key].c
+            _QUARANTINED[0] = (slot + 1) % QUARANTINE_SIZE
+            ptr.index = 0
+            del OBJECTS[key]
 
 
 def cstr(text: str):
@@ -166,8 +158,10 @@ def _destroy_error(err) -> None:
     """Bytecode operations only (see forget)."""
     if err != ffi.NULL:
         key = err.index
-        if key in ERRORS:  # not dict.pop (see forget)
-            _quarantine(ERRORS[key][0])
+        if key in ERRORS:  # not dict.pop (see forget); kept a while as in forget
+            slot = _QUARANTINED[0]
+            _QUARANTINE[slot] = ERRORS[key]
+            _QUARANTINED[0] = (slot + 1) % QUARANTINE_SIZE
             err.index = 0
             del ERRORS[key]
 
