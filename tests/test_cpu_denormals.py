@@ -119,29 +119,139 @@ def test_scatter_kernels_follow_the_denormals_option(kernel_cache):
     np.testing.assert_array_equal(run_scatter(denormals="ieee"), exact)
 
 
-DOT = """HloModule dot_denormals
+def dot_program(t: str, lhs: str, rhs: str, out: str, dims: str) -> str:
+    return f"""HloModule dot_denormals
+ENTRY e {{
+  a = {t}[{lhs}] parameter(0)
+  b = {t}[{rhs}] parameter(1)
+  ROOT r = {t}[{out}] dot(a, b), {dims}
+}}"""
+
+
+MATRIX = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+BATCHED = (
+    "lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}"
+)
+FIRST = "lhs_contracting_dims={0}, rhs_contracting_dims={0}"
+DOTS = {  # name: (element type, lhs, rhs, out, dims): planned gemm, matmul, split, complex
+    "gemm_f32": ("f32", "8,8", "8,8", "8,8", MATRIX),
+    "gemm_f64": ("f64", "8,8", "8,8", "8,8", MATRIX),
+    "transposed_f32": ("f32", "8,6", "8,5", "6,5", FIRST),
+    "batched_f32": ("f32", "3,8,8", "3,8,8", "3,8,8", BATCHED),
+    "large_f32": ("f32", "256,256", "256,256", "256,256", MATRIX),
+    "batched_large_f64": ("f64", "4,128,128", "4,128,128", "4,128,128", BATCHED),
+    "complex64": ("c64", "8,8", "8,8", "8,8", MATRIX),
+}
+NP_TYPES = {"f32": np.float32, "f64": np.float64, "c64": np.complex64}
+
+
+def dot_operands(t: str, lhs: str, rhs: str, kind: str, rng):
+    """`kind` "tiny": normal operands whose products are subnormal; "subnormal": subnormal
+    lhs times a large rhs (IEEE gives normal results, flushing gives 0)."""
+    npt = NP_TYPES[t]
+    real = np.float64 if t == "f64" else np.float32
+    tiny = float(np.finfo(real).tiny)
+    shape = lambda s: tuple(int(d) for d in s.split(","))  # noqa: E731
+    draw = lambda s: rng.uniform(1, 2, shape(s))  # noqa: E731
+    if kind == "tiny":
+        a, b = draw(lhs) * np.sqrt(tiny) * 0.05, draw(rhs) * np.sqrt(tiny) * 0.05
+    else:
+        a, b = draw(lhs) * tiny * 0.5, draw(rhs) * 1e10
+    if t == "c64":
+        a, b = a * (0.6 + 0.8j), b * (0.8 - 0.6j)
+    return a.astype(npt), b.astype(npt)
+
+
+def on_xla(text_dims: str, a, b):
+    import jax.numpy as jnp
+
+    cpu = jax.devices("cpu")[0]
+    lc, rc = (1, 0) if "={1}, rhs_contracting_dims={0}" in text_dims else (0, 0)
+    if "batch" in text_dims:
+        fn = lambda x, y: jnp.matmul(x, y)  # noqa: E731
+    else:
+        fn = lambda x, y: jnp.tensordot(x, y, axes=([lc], [rc]))  # noqa: E731
+    with jax.enable_x64(a.dtype == np.float64):
+        return np.asarray(jax.jit(fn)(jax.device_put(a, cpu), jax.device_put(b, cpu)))
+
+
+@pytest.mark.parametrize("kind", ["tiny", "subnormal"])
+@pytest.mark.parametrize("case", DOTS)
+def test_dots_flush_subnormals_like_xla_and_keep_them_with_ieee(case, kind, kernel_cache):
+    """Issue 16 (item 7, left over): BLAS dots kept subnormals whatever `denormals` said,
+    while XLA:CPU's dots flush them. By default they flush (as jax.jit's dot), with
+    denormals="ieee" they keep them (as float64 NumPy), on every dot path."""
+    t, lhs, rhs, out, dims = DOTS[case]
+    a, b = dot_operands(t, lhs, rhs, kind, np.random.default_rng(8))
+    text = dot_program(t, lhs, rhs, out, dims)
+    client = Client("cpu")
+    got = {}
+    for mode in ("flush", "ieee"):
+        exe = client.compile(text, CompileOptions.make(backend_options={"denormals": mode}))
+        for _ in range(2):  # the first run on the worker, the second inline on this thread
+            ins = [client.buffer_from_pyval(a), client.buffer_from_pyval(b)]
+            got[mode] = exe.execute([ins])[0][0].to_numpy()
+    client.close()
+    xla = on_xla(dims, a, b)
+    assert np.all(xla == 0)  # XLA:CPU flushes
+    np.testing.assert_array_equal(got["flush"], xla)
+    wide = np.complex128 if t == "c64" else np.float64
+    lc, rc = (0, 0) if "={0}, rhs_contracting_dims={0}" in dims else (-1, -2)
+    exact = np.matmul(np.moveaxis(a, lc, -1).astype(wide), np.moveaxis(b, rc, -2).astype(wide))
+    assert np.all(exact != 0)
+    np.testing.assert_allclose(got["ieee"], exact.astype(a.dtype), rtol=2e-3, atol=0)
+    # the caller's mode is restored after inline runs
+    assert 5e-324 * 1.0 != 0.0
+
+
+LOOP_DOT = """HloModule loop_dot
+cond {
+  cs = (s32[], f32[4,4], f32[4,4]) parameter(0)
+  ci = s32[] get-tuple-element(cs), index=0
+  n = s32[] constant(3)
+  ROOT lt = pred[] compare(ci, n), direction=LT
+}
+body {
+  bs = (s32[], f32[4,4], f32[4,4]) parameter(0)
+  bi = s32[] get-tuple-element(bs), index=0
+  bx = f32[4,4] get-tuple-element(bs), index=1
+  bw = f32[4,4] get-tuple-element(bs), index=2
+  one = s32[] constant(1)
+  j = s32[] add(bi, one)
+  by = f32[4,4] dot(bx, bw), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT t = (s32[], f32[4,4], f32[4,4]) tuple(j, by, bw)
+}
 ENTRY e {
-  a = f32[8,8] parameter(0)
-  b = f32[8,8] parameter(1)
-  ROOT r = f32[8,8] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  x = f32[4,4] parameter(0)
+  w = f32[4,4] parameter(1)
+  z = s32[] constant(0)
+  s = (s32[], f32[4,4], f32[4,4]) tuple(z, x, w)
+  r = (s32[], f32[4,4], f32[4,4]) while(s), condition=cond, body=body
+  ROOT y = f32[4,4] get-tuple-element(r), index=1
 }"""
 
 
-@pytest.mark.parametrize("mode", ["flush", "ieee"])
-def test_blas_dots_keep_subnormals_in_either_mode_as_documented(mode, kernel_cache):
-    """docs/runtime.md: BLAS dots run in IEEE arithmetic whatever `denormals` says (XLA:CPU's
-    Eigen dot flushes: a known difference, not a silent one)."""
-    rng = np.random.default_rng(8)
-    a = (rng.uniform(1, 2, (8, 8)) * 1e-20).astype(np.float32)
-    b = (rng.uniform(1, 2, (8, 8)) * 1e-20).astype(np.float32)
+def test_dots_in_native_loops_flush_too(kernel_cache):
+    """A small dot in a while loop runs as a gemm call inside the loop's native code: it
+    flushes like the others (x @ w three times: 1e-13 -> ~1e-39, subnormal)."""
+    rng = np.random.default_rng(9)
+    x = (rng.uniform(1, 2, (4, 4)) * 1e-13).astype(np.float32)
+    w = (rng.uniform(1, 2, (4, 4)) * 5e-10).astype(np.float32)
     client = Client("cpu")
-    exe = client.compile(DOT, CompileOptions.make(backend_options={"denormals": mode}))
-    out = exe.execute([[client.buffer_from_pyval(a), client.buffer_from_pyval(b)]])[0][0]
-    got = out.to_numpy()
+    got = {}
+    for mode in ("flush", "ieee"):
+        exe = client.compile(LOOP_DOT, CompileOptions.make(backend_options={"denormals": mode}))
+        loops = [t for t in exe.backend_program().compiled.entry.thunks if t.kind == "while"]
+        assert [w.native is not None for w in loops] == [True]  # the gemm runs in native code
+        got[mode] = exe.execute([[client.buffer_from_pyval(x), client.buffer_from_pyval(w)]])
+        got[mode] = got[mode][0][0].to_numpy()
     client.close()
-    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
-    assert np.all(want != 0) and np.all(np.abs(want) < np.finfo(np.float32).tiny)
-    np.testing.assert_allclose(got, want, rtol=1e-3, atol=0)
+    exact = x.astype(np.float64)
+    for _ in range(3):
+        exact = (exact @ w.astype(np.float64)).astype(np.float32).astype(np.float64)
+    assert np.all(exact != 0) and np.all(np.abs(exact) < np.finfo(np.float32).tiny)
+    np.testing.assert_array_equal(got["flush"], np.zeros((4, 4), np.float32))
+    np.testing.assert_allclose(got["ieee"], exact, rtol=1e-2, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

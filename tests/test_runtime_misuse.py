@@ -178,3 +178,129 @@ def test_donation_lists_that_are_not_lists_are_typed_errors(client, what, value)
     with pytest.raises(DonationError, match=f"{what} lists parameter numbers"):
         exe.execute_portable([buf], client.devices()[0], **{what: value})
     assert not buf.is_deleted
+
+
+# -- issue 16, fourth attack: every public runtime call checks its arguments' types --------
+TWO = """HloModule two
+ENTRY e {
+  a = f32[4] parameter(0)
+  ROOT r = f32[4] negate(a)
+}"""
+SLOW_TARGET = """HloModule slow
+ENTRY e {
+  x = f32[4] parameter(0)
+  ROOT c = f32[4] custom-call(x), custom_call_target="attack4_slow"
+}"""
+
+
+def _misuse_cases():
+    """(name, call(client, exe, buffer, closed)) pairs: each must raise an XlapyError. On
+    the code before the fourth attack each raised TypeError / AttributeError / ValueError,
+    hung, or was silently accepted (device_count=True, inline_execution="no",
+    semantics="bogus", non_donatable=[5], strict_donation="yes", a target named None, a
+    copy from a closed client)."""
+    from xlapy.runtime import wait_all
+
+    return {
+        "Client(device_count=1.5)": lambda c, e, b, z: Client("cpu", 1.5),
+        "Client(device_count='2')": lambda c, e, b, z: Client("cpu", "2"),
+        "Client(device_count=None)": lambda c, e, b, z: Client("cpu", None),
+        "Client(device_count=True)": lambda c, e, b, z: Client("cpu", True),
+        "Client(device_count=2**40) (hung)": lambda c, e, b, z: Client("cpu", 1 << 40),
+        "inline_execution='no'": lambda c, e, b, z: setattr(c, "inline_execution", "no"),
+        "lookup_device(None)": lambda c, e, b, z: c.lookup_device(None),
+        "lookup_device(0.5)": lambda c, e, b, z: c.lookup_device(0.5),
+        "lookup_device(False)": lambda c, e, b, z: c.lookup_device(False),
+        "memory_stats('0')": lambda c, e, b, z: c.memory_stats("0"),
+        "default_device_assignment(0)": lambda c, e, b, z: c.default_device_assignment(0),
+        "default_device_assignment(0.5)": lambda c, e, b, z: c.default_device_assignment(0.5),
+        "buffer_from_pyval(ragged)": lambda c, e, b, z: c.buffer_from_pyval([[1, 2], [3]]),
+        "buffer_from_pyval(device=0)": lambda c, e, b, z: c.buffer_from_pyval(np.ones(4), 0),
+        "buffer_from_pyval(semantics)": lambda c, e, b, z: c.buffer_from_pyval(
+            np.ones(4), None, "bogus"
+        ),
+        "compile(None)": lambda c, e, b, z: c.compile(None),
+        "compile(42)": lambda c, e, b, z: c.compile(42),
+        "compile(options='fast')": lambda c, e, b, z: c.compile(TWO, "fast"),
+        "collective_timeout='soon'": lambda c, e, b, z: c.compile(
+            TWO, CompileOptions.make(backend_options={"collective_timeout": "soon"})
+        ),
+        "execute(a buffer)": lambda c, e, b, z: e.execute(b),
+        "execute(None)": lambda c, e, b, z: e.execute(None),
+        "execute([buffer])": lambda c, e, b, z: e.execute([b]),
+        "execute_portable(device=None)": lambda c, e, b, z: e.execute_portable([b], None),
+        "execute_portable(device=0)": lambda c, e, b, z: e.execute_portable([b], 0),
+        "execute_sharded(device=None)": lambda c, e, b, z: e.execute_sharded([b], None),
+        "non_donatable=[5]": lambda c, e, b, z: e.execute([[b]], non_donatable=[5]),
+        "non_donatable=[-1]": lambda c, e, b, z: e.execute([[b]], non_donatable=[-1]),
+        "strict_donation='yes'": lambda c, e, b, z: e.execute([[b]], strict_donation="yes"),
+        "copy_to_device(None)": lambda c, e, b, z: b.copy_to_device(None),
+        "copy_to_device(0)": lambda c, e, b, z: b.copy_to_device(0),
+        "copy_to_memory_space('device')": lambda c, e, b, z: b.copy_to_memory_space("device"),
+        "wait_all(None)": lambda c, e, b, z: wait_all(None),
+        "wait_all([1, 2])": lambda c, e, b, z: wait_all([1, 2]),
+        "register_custom_call(None)": lambda c, e, b, z: c.register_custom_call(
+            None, lambda ins, o: ins[0]
+        ),
+        "register_custom_call('')": lambda c, e, b, z: c.register_custom_call(
+            "", lambda ins, o: ins[0]
+        ),
+        "closed: copy_to_device": lambda c, e, b, z: z[1].copy_to_device(z[0].devices()[0]),
+        "closed: register_custom_call": lambda c, e, b, z: z[0].register_custom_call(
+            "late", lambda ins, o: ins[0]
+        ),
+    }
+
+
+MISUSE = _misuse_cases()
+
+
+@pytest.fixture(scope="module")
+def misuse_world():
+    c = Client("cpu")
+    exe = c.compile(TWO)
+    buf = c.buffer_from_pyval(np.random.default_rng(16).standard_normal(4).astype(np.float32))
+    closed = Client("cpu")
+    old = closed.buffer_from_pyval(np.ones(4, np.float32))
+    closed.close()
+    yield c, exe, buf, (closed, old)
+    c.close()
+
+
+@pytest.mark.parametrize("case", MISUSE)
+def test_wrong_argument_types_and_states_are_typed_errors(case, misuse_world):
+    c, exe, buf, closed = misuse_world
+    with pytest.raises(XlapyError):
+        MISUSE[case](c, exe, buf, closed)
+    # the client still works afterwards
+    out = exe.execute([[buf]])[0][0].to_numpy()
+    np.testing.assert_array_equal(out, -buf.to_numpy())
+
+
+@pytest.mark.parametrize("timeout", ["1", float("nan"), -1])
+def test_a_bad_timeout_on_a_pending_result_is_a_typed_error(timeout):
+    import threading
+
+    go = threading.Event()
+    client = Client("cpu", inline_execution=False)
+    client.register_custom_call("attack4_slow", lambda ins, o: (go.wait(10), ins[0])[1])
+    out = client.compile(SLOW_TARGET).execute([[client.buffer_from_pyval(np.ones(4, np.float32))]])
+    with pytest.raises(RuntimeApiError, match="seconds"):
+        out[0][0].ready().result(timeout)
+    go.set()
+    np.testing.assert_array_equal(out[0][0].to_numpy(), np.ones(4, np.float32))
+    client.close()
+
+
+@pytest.mark.parametrize(
+    "metadata", [b"[" * 100_000 + b"]" * 100_000, b"1" + b"0" * 100_000], ids=["deep", "huge"]
+)
+def test_metadata_json_too_deep_or_too_long_is_a_serialization_error(client, metadata):
+    """RecursionError and an untyped ValueError before the fourth attack."""
+    blob = client.compile(NEG).serialize()
+    meta_len = struct.unpack_from("<I", blob, 12)[0]
+    hlo_len = struct.unpack_from("<Q", blob, 16)[0]
+    hlo = blob[24 + meta_len : 24 + meta_len + hlo_len]
+    body = blob[:8] + struct.pack("<IIQ", 1, len(metadata), len(hlo)) + metadata + hlo
+    with pytest.raises(SerializationError, match="unreadable metadata"):
+        client.deserialize_executable(body + hashlib.sha256(body).digest())

@@ -431,6 +431,8 @@ def make_target(
     """A CustomCallTarget for `fn`, checked against its API version (C functions are bound
     to the version's signature). The API version is inferred when None: an ffi handler is
     TYPED_FFI, a C function pointer ORIGINAL, any other callable PYTHON."""
+    if not isinstance(name, str) or not name:
+        raise CustomCallError(f"a custom-call target's name must be a non-empty str, got {name!r}")
     if platform not in PLATFORMS:
         raise CustomCallError(f"custom-call platform must be one of {PLATFORMS}, got {platform!r}")
     version = _infer_version(fn) if api_version is None else ApiVersion.parse(api_version)

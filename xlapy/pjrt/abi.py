@@ -455,3 +455,10 @@ typedef struct {
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
+
+
+def struct_size(ctype: str) -> int:
+    """PJRT's size of an argument struct: the end of its last field, without the tail
+    padding `sizeof` adds (the header's PJRT_STRUCT_SIZE; JAX passes e.g. 25 for
+    PJRT_Device_IsAddressable_Args, whose last field is a bool at offset 24)."""
+    return max(ffi.offsetof(ctype, f) + ffi.sizeof(t.type) for f, t in ffi.typeof(ctype).fields)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xlapy.errors import XlapyError
-from xlapy.pjrt.abi import ffi
+from xlapy.pjrt.abi import ffi, struct_size
 from xlapy.runtime import (
     BufferDeletedError,
     DonationError,
@@ -41,6 +41,13 @@ FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL = 9, 12, 13
 
 OBJECTS: dict[int, Any] = {}
 """Address of a handle struct handed to C -> the Python object behind it."""
+QUARANTINE_SIZE = 4096
+_QUARANTINE: list[Any] = [None] * QUARANTINE_SIZE
+_QUARANTINED = [0]
+"""The memory of the last QUARANTINE_SIZE destroyed handles and errors (the handle
+object's `c`; the error's struct and message), kept with their index zeroed: a use after
+destroy (or a second destroy) within that window reads a dead handle and gets a PJRT
+error instead of reading freed memory (see `forget`)."""
 ERRORS: dict[int, Any] = {}
 """Address of a live PJRT_Error -> (struct, message buffer)."""
 KEEP: list[Any] = []
@@ -110,7 +117,13 @@ def forget(ptr) -> None:
         key = ptr.index
         # not dict.pop: that is a C call (see above)
         if key in OBJECTS:
-            del OBJECTS[key]  # noqa: RUF051
+            # its memory (the object's `c`) outlives it for a while, marked dead (index 0);
+            # _quarantine inlined: a call is not bytecode only
+            slot = _QUARANTINED[0]
+            _QUARANTINE[slot] = OBJECTS[key].c
+            _QUARANTINED[0] = (slot + 1) % QUARANTINE_SIZE
+            ptr.index = 0
+            del OBJECTS[key]
 
 
 def cstr(text: str):
@@ -152,8 +165,12 @@ def _destroy_error(err) -> None:
     """Bytecode operations only (see forget)."""
     if err != ffi.NULL:
         key = err.index
-        if key in ERRORS:  # not dict.pop (see forget)
-            del ERRORS[key]  # noqa: RUF051
+        if key in ERRORS:  # not dict.pop (see forget); kept a while as in forget
+            slot = _QUARANTINED[0]
+            _QUARANTINE[slot] = ERRORS[key]
+            _QUARANTINED[0] = (slot + 1) % QUARANTINE_SIZE
+            err.index = 0
+            del ERRORS[key]
 
 
 @ffi.callback("void(PJRT_Error *)")
@@ -163,12 +180,19 @@ def _vt_destroy(err):
 
 @ffi.callback("void(const PJRT_Error *, const char **, size_t *)")
 def _vt_message(err, message, size):
+    if message == ffi.NULL or size == ffi.NULL:
+        return
+    if err == ffi.NULL or err.index not in ERRORS:
+        message[0], size[0] = _NO_MESSAGE, len(ffi.string(_NO_MESSAGE))
+        return
     message[0] = err.message
     size[0] = err.message_size
 
 
 @ffi.callback("int(const PJRT_Error *)")
 def _vt_code(err):
+    if err == ffi.NULL or err.index not in ERRORS:
+        return INVALID_ARGUMENT
     return err.code
 
 
@@ -196,8 +220,11 @@ def export(name: str, args_type: str | None = None) -> Callable:
 
     def deco(fn: Callable) -> Callable:
         ctype = args_type or f"PJRT_{name}_Args"
+        size = struct_size(ctype)
 
         def entry(args):
+            if args == ffi.NULL or args.struct_size < size:
+                return bad_args(name, args, size)
             try:
                 fn(args)
             except BaseException as exc:
@@ -207,6 +234,8 @@ def export(name: str, args_type: str | None = None) -> Callable:
         def traced(args):
             if TRACE:
                 print(f"xlapy pjrt: PJRT_{name}", flush=True)
+            if args == ffi.NULL or args.struct_size < size:
+                return bad_args(name, args, size)
             start = time.perf_counter()
             try:
                 fn(args)
@@ -227,6 +256,17 @@ def export(name: str, args_type: str | None = None) -> Callable:
     return deco
 
 
+def bad_args(name: str, args, size: int):
+    """The error for a NULL argument struct or one smaller than this version's (a caller
+    built against an older PJRT header, or garbage): nothing of it is read."""
+    if args == ffi.NULL:
+        return new_error(INVALID_ARGUMENT, f"xlapy: PJRT_{name} was called with NULL args")
+    return new_error(
+        INVALID_ARGUMENT,
+        f"xlapy: PJRT_{name}: args.struct_size is {args.struct_size}, expected at least {size}",
+    )
+
+
 def unimplemented_entry(name: str):
     def entry(args):
         return new_error(UNIMPLEMENTED, f"xlapy does not implement PJRT_{name}")
@@ -236,18 +276,32 @@ def unimplemented_entry(name: str):
 
 @ffi.callback("void(PJRT_Error_Destroy_Args *)")
 def error_destroy(args):
-    _destroy_error(args.error)
+    if args != ffi.NULL:
+        _destroy_error(args.error)
+
+
+_NO_MESSAGE = ffi.new("char[]", b"xlapy: not a live PJRT_Error")
+KEEP.append(_NO_MESSAGE)
 
 
 @ffi.callback("void(PJRT_Error_Message_Args *)")
 def error_message(args):
-    args.message = args.error.message
-    args.message_size = args.error.message_size
+    if args == ffi.NULL:
+        return
+    err = args.error
+    if err == ffi.NULL or err.index not in ERRORS:  # NULL, destroyed or not ours
+        args.message, args.message_size = _NO_MESSAGE, len(ffi.string(_NO_MESSAGE))
+        return
+    args.message = err.message
+    args.message_size = err.message_size
 
 
 @export("Error_GetCode")
 def _error_get_code(args):
-    args.code = args.error.code
+    err = args.error
+    if err == ffi.NULL or err.index not in ERRORS:
+        raise PjrtError(INVALID_ARGUMENT, "Error_GetCode: not a live PJRT_Error")
+    args.code = err.code
 
 
 @export("Error_ForEachPayload")
@@ -329,6 +383,8 @@ def _event_is_ready(args):
 
 @ffi.callback("PJRT_Error *(PJRT_Event_Error_Args *)")
 def event_error_entry(args):
+    if args == ffi.NULL:
+        return bad_args("Event_Error", args, 0)
     try:
         return event_error(lookup(args.event, "event").future)
     except BaseException as exc:
@@ -337,6 +393,8 @@ def event_error_entry(args):
 
 @ffi.callback("PJRT_Error *(PJRT_Event_Await_Args *)")
 def event_await_entry(args):
+    if args == ffi.NULL:
+        return bad_args("Event_Await", args, 0)
     try:
         return event_error(lookup(args.event, "event").future)
     except BaseException as exc:

@@ -520,9 +520,16 @@ def _arguments(row, count: int) -> list[Buffer]:
 
 
 # -- execute contexts (accepted, unused) -----------------------------------------------------
+class _ExecuteContext:
+    """What an execute context handle stands for (nothing yet); `c` is its handle."""
+
+    __slots__ = ("c",)
+
+
 @export("ExecuteContext_Create")
 def _execute_context_create(args):
-    c = register(object(), "PJRT_ExecuteContext *")
+    context = _ExecuteContext()
+    context.c = c = register(context, "PJRT_ExecuteContext *")
     args.context = c
     KEEP.append(c)
 

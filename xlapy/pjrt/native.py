@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from xlapy.pjrt.abi import ffi
+from xlapy.pjrt.abi import ffi, struct_size
 
 ENABLED = os.environ.get("XLAPY_PJRT_NATIVE", "1") != "0"
 
@@ -89,18 +89,36 @@ def _int(bytes_: int) -> str:
     return {1: "i8", 4: "i32", 8: "i64"}[bytes_]
 
 
-def _load_handle(args_type: str, field: str) -> list[str]:
+def _load_handle(args_type: str, field: str, handle_type: str) -> list[str]:
+    """Load the handle `field` of the argument struct into %h; %isnull is true when Python
+    must answer instead: NULL args, args smaller than this version's struct, a NULL handle
+    or a destroyed one (index 0, see core.forget)."""
+    index_t = _int(_size(handle_type, "index"))
     return [
+        "  %argsnull = icmp eq i8* %args, null",
+        "  br i1 %argsnull, label %slow, label %sized",
+        "sized:",
+        "  %ssp = bitcast i8* %args to i64*",
+        "  %ss = load i64, i64* %ssp",
+        f"  %small = icmp ult i64 %ss, {struct_size(args_type)}",
+        "  br i1 %small, label %slow, label %load",
+        "load:",
         f"  %hp = getelementptr i8, i8* %args, i64 {_offset(args_type, field)}",
         "  %hpp = bitcast i8* %hp to i8**",
         "  %h = load i8*, i8** %hpp",
-        "  %isnull = icmp eq i8* %h, null",
+        "  %hnull = icmp eq i8* %h, null",
+        "  br i1 %hnull, label %slow, label %live",
+        "live:",
+        f"  %ip = getelementptr i8, i8* %h, i64 {_offset(handle_type, 'index')}",
+        f"  %ipp = bitcast i8* %ip to {index_t}*",
+        f"  %iv = load {index_t}, {index_t}* %ipp",
+        f"  %isnull = icmp eq {index_t} %iv, 0",
     ]
 
 
 def _getter_ir(name: str, g: Getter, fallback: int) -> str:
     lines = [f"define i8* @{name}(i8* %args) {{", "entry:"]
-    lines += _load_handle(g.args, g.handle)
+    lines += _load_handle(g.args, g.handle, g.handle_type)
     lines.append("  br i1 %isnull, label %slow, label %check")
     lines.append("check:")
     if g.guard is not None:
@@ -153,7 +171,7 @@ def _event_ir(name: str, fallback: int) -> str:
     args = f"PJRT_{name}_Args"
     flag = _offset("PJRT_Event", "completed")
     lines = [f"define i8* @{name}(i8* %args) {{", "entry:"]
-    lines += _load_handle(args, "event")
+    lines += _load_handle(args, "event", "PJRT_Event")
     lines += [
         "  br i1 %isnull, label %slow, label %check",
         "check:",

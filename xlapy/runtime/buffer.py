@@ -235,11 +235,20 @@ class Buffer:
     # -- transfers -------------------------------------------------------------------------
     def copy_to_device(self, device: Device) -> Buffer:
         """A new buffer with the same contents in `device`'s default memory space."""
+        from xlapy.runtime.device import Device
+
+        if not isinstance(device, Device):
+            raise RuntimeApiError(f"copy_to_device takes a Device, got {device!r}")
         return self.copy_to_memory_space(device.default_memory_space)
 
     def copy_to_memory_space(self, memory_space: MemorySpace) -> Buffer:
         """A new buffer with the same contents in `memory_space` (a copy, even on the same
         device, so the two buffers never share memory)."""
+        from xlapy.runtime.device import MemorySpace
+
+        if not isinstance(memory_space, MemorySpace):
+            raise RuntimeApiError(f"copy_to_memory_space takes a MemorySpace, got {memory_space!r}")
+        memory_space.client._check_open("copy_to_memory_space")
         source = self._hold("copy_to_memory_space")
         target = _Storage(memory_space, source.nbytes)
         ready = Future()

@@ -30,9 +30,9 @@ from xlapy.backends.custom_calls import (
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
-from xlapy.runtime import serialize
+from xlapy.runtime import checks, serialize
 from xlapy.runtime.buffer import Buffer, HostBufferSemantics, host_storage
-from xlapy.runtime.compiler import Compiler
+from xlapy.runtime.compiler import Compiler, check_options, check_program
 from xlapy.runtime.device import Device, MemorySpace
 from xlapy.runtime.errors import RuntimeApiError, SerializationError
 from xlapy.runtime.executable import Executable, LoadedExecutable, fingerprint_of
@@ -43,6 +43,9 @@ PLATFORM_VERSION = "xlapy-pjrt 1"
 # platform -> (backend name, device kind); "cpu" falls back to the interpreter until a
 # backend named "cpu" is registered.
 PLATFORMS = {"interpreter": ("interpreter", "interpreter"), "cpu": ("cpu", "cpu")}
+MAX_DEVICES = 4096
+"""The most devices a client may have per process (each has a worker thread and an
+allocator; more is a mistake, not a machine)."""
 
 
 class Client:
@@ -58,12 +61,13 @@ class Client:
         inline_execution: bool = True,
         distributed: str | None = None,
     ):
-        if platform not in PLATFORMS:
+        if not isinstance(platform, str) or platform not in PLATFORMS:
             raise RuntimeApiError(
-                f"unknown platform '{platform}'; available: {', '.join(sorted(PLATFORMS))}"
+                f"unknown platform {platform!r}; available: {', '.join(sorted(PLATFORMS))}"
             )
-        if device_count < 1:
-            raise RuntimeApiError(f"device_count must be >= 1, got {device_count}")
+        device_count = checks.integer(device_count, "device_count", 1, MAX_DEVICES)
+        cache_size = checks.integer(cache_size, "cache_size", 0)
+        inline_execution = checks.flag(inline_execution, "inline_execution")
         backend_name, kind = PLATFORMS[platform]
         self.platform = platform
         self.backend: Backend = get_backend(
@@ -107,7 +111,7 @@ class Client:
 
     @inline_execution.setter
     def inline_execution(self, value: bool) -> None:
-        self._inline_execution = bool(value)
+        self._inline_execution = checks.flag(value, "inline_execution")
         for device in self._devices:
             device.inline_execution = self._inline_execution
 
@@ -134,6 +138,7 @@ class Client:
 
     def lookup_device(self, device_id: int) -> Device:
         """The device with id `device_id`."""
+        device_id = checks.integer(device_id, "device id")
         if not 0 <= device_id < len(self._devices):
             raise RuntimeApiError(
                 f"no device {device_id} on this {self.platform} client "
@@ -145,6 +150,8 @@ class Client:
         self, num_replicas: int, num_partitions: int = 1
     ) -> tuple[tuple[int, ...], ...]:
         """Replica r, partition p runs on device r * num_partitions + p."""
+        num_replicas = checks.integer(num_replicas, "num_replicas", 1)
+        num_partitions = checks.integer(num_partitions, "num_partitions", 1)
         needed = num_replicas * num_partitions
         if needed > len(self._devices):
             raise RuntimeApiError(
@@ -166,9 +173,9 @@ class Client:
 
     def memory_stats(self, device: Device | int = 0):
         """The allocator counters of a device."""
-        if isinstance(device, int):
+        if not isinstance(device, Device):
             device = self.lookup_device(device)
-        return device.memory_stats()
+        return checks.device(self, device, "memory_stats(device)").memory_stats()
 
     # -- transfers -------------------------------------------------------------------------
     def buffer_from_pyval(
@@ -180,20 +187,23 @@ class Client:
         """A buffer holding `array` (NumPy or anything with the buffer protocol) on `device`
         (or in a memory space; default: device 0's default memory space)."""
         self._check_open("buffer_from_pyval")
+        if not isinstance(semantics, HostBufferSemantics):
+            raise RuntimeApiError(f"semantics must be a HostBufferSemantics, got {semantics!r}")
         if device is None:
             space = self._devices[0].default_memory_space
         elif isinstance(device, MemorySpace):
-            space = device
+            space = checks.memory_space(self, device, "buffer_from_pyval")
         else:
-            space = device.default_memory_space
-        if space.client is not self:
-            raise RuntimeApiError(f"{space} belongs to another client")
+            space = checks.device(self, device, "buffer_from_pyval").default_memory_space
         if space.device.process_index != self.process_index:
             raise RuntimeApiError(
                 f"device {space.device.id} belongs to process {space.device.process_index}; "
                 f"this is process {self.process_index} (see addressable_devices())"
             )
-        arr = np.asarray(array)
+        try:
+            arr = np.asarray(array)
+        except (ValueError, TypeError) as e:  # ragged nesting, unconvertible objects
+            raise RuntimeApiError(f"buffer_from_pyval: cannot make an array of it: {e}") from e
         try:
             etype = PrimitiveType.from_dtype(arr.dtype)
         except KeyError:
@@ -212,6 +222,7 @@ class Client:
         """Register custom-call target `name` for programs compiled by this client only (see
         xlapy.backends.custom_calls.make_target for `fn` and `api_version`). It is found
         before a global target of the same name; registering a name twice is an error."""
+        self._check_open("register_custom_call")
         return self.custom_calls.register(name, fn, platform, api_version)
 
     def unregister_custom_call(self, name: str, platform: str = "Host") -> None:
@@ -231,6 +242,8 @@ class Client:
         `num_partitions=` in the module header; for a global program imported from sharded
         StableHLO, the partition count it asks for: ModuleConfig.spmd_partitions)."""
         self._check_open("compile")
+        check_program(program, (HloModule, str, bytes, bytearray))
+        check_options(options)
         from xlapy.ir.parser import parse_module
         from xlapy.stablehlo import load
 

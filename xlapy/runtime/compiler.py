@@ -15,6 +15,8 @@ and root `sharding=` attributes say which piece of each global array a device ho
 
 from __future__ import annotations
 
+import math
+
 from xlapy.backends.custom_calls import CustomCallRegistry, check_custom_calls
 from xlapy.ir.module import HloModule
 from xlapy.ir.parser import parse_module
@@ -22,11 +24,36 @@ from xlapy.ir.verifier import verify
 from xlapy.passes.donors import BufferDonorToAlias
 from xlapy.passes.spmd import needs_partitioning, partition
 from xlapy.runtime.debug import check_debug_options
+from xlapy.runtime.errors import RuntimeApiError
 from xlapy.runtime.executable import Executable
 from xlapy.runtime.options import CompileOptions
 
 # runtime platform -> the custom-call platform its targets are registered for
 CUSTOM_CALL_PLATFORMS = {"interpreter": "Host", "cpu": "Host"}
+
+
+def check_program(program: object, kinds: tuple[type, ...]) -> None:
+    """RuntimeApiError unless `program` is one of `kinds` (a module, text, bytes)."""
+    if not isinstance(program, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise RuntimeApiError(f"a program to compile is a {names}, got {type(program).__name__}")
+
+
+def check_options(options: object) -> CompileOptions | None:
+    """`options` when it is None or CompileOptions, else RuntimeApiError; a
+    `collective_timeout` backend option must be a number of seconds > 0."""
+    if options is None:
+        return None
+    if not isinstance(options, CompileOptions):
+        raise RuntimeApiError(
+            f"compile options are a CompileOptions (CompileOptions.make(...)), got {options!r}"
+        )
+    timeout = dict(options.backend_options).get("collective_timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool | str) or not float(timeout) > 0 or float(timeout) == math.inf
+    ):
+        raise RuntimeApiError(f"collective_timeout must be seconds > 0, got {timeout!r}")
+    return options
 
 
 class Compiler:
@@ -43,7 +70,8 @@ class Compiler:
     ) -> Executable:
         """An Executable for `program` (an HloModule or HLO text); VerifierError or
         HloParseError when the program is invalid."""
-        options = options or CompileOptions()
+        check_program(program, (HloModule, str))
+        options = check_options(options) or CompileOptions()
         text = program if isinstance(program, str) else program.to_text()
         return self.compile_canonical(parse_module(text), options)
 

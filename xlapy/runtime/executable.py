@@ -21,7 +21,7 @@ from xlapy.backends.base import Backend, CompiledProgram, alias_leaves
 from xlapy.backends.collectives import DEFAULT_TIMEOUT_SECONDS, CollectiveRun, DeviceGrid
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
-from xlapy.runtime import serialize
+from xlapy.runtime import checks, serialize
 from xlapy.runtime.buffer import Buffer
 from xlapy.runtime.errors import RuntimeApiError
 from xlapy.runtime.execution import (
@@ -285,12 +285,15 @@ class LoadedExecutable(Executable):
         """Run on every addressable device: `argument_lists[i]` are the arguments for
         `addressable_devices[i]`; returns one list of output buffers per device."""
         devices = self._devices
+        checks.sequence(argument_lists, f"{self.name}: execute's argument lists")
         if len(argument_lists) != len(devices):
             raise RuntimeApiError(
                 f"{self.name} runs on {len(devices)} devices, {len(argument_lists)} argument "
                 "lists were given (one per device)"
             )
         no_outputs = not self._signature.output_leaves
+        if strict_donation is not None:
+            checks.flag(strict_donation, f"{self.name}: strict_donation")
         if _no_donation(donate, non_donatable) and not (self._multi_device or no_outputs):
             device, program = self._only
             outputs = run_inline(self._signature, program, device, argument_lists[0])
@@ -329,8 +332,9 @@ class LoadedExecutable(Executable):
         """Run only the replica/partition assigned to `device`. The k-th call on each of
         the executable's devices form one execution: their collectives meet (call it
         once per device, e.g. from one thread each)."""
+        checks.device(self.client, device, f"{self.name}: execute_sharded's device")
         program = self._programs.get(device.id)
-        if program is None or device.client is not self.client:
+        if program is None:
             raise RuntimeApiError(
                 f"{self.name} is not assigned to device {device.id}; its devices are "
                 f"{[d.id for d in self.addressable_devices]}"
@@ -374,8 +378,7 @@ class LoadedExecutable(Executable):
                 f"{self.name} has {self.num_replicas} replicas x {self.num_partitions} "
                 "partitions; execute_portable needs exactly one"
             )
-        if device.client is not self.client:
-            raise RuntimeApiError(f"device {device.id} belongs to another client")
+        checks.device(self.client, device, f"{self.name}: execute_portable's device")
         if self._portable is None:
             self._portable = self.backend.compile(
                 self.module, self._backend_options(), text=self.hlo_text()
@@ -385,6 +388,8 @@ class LoadedExecutable(Executable):
     def _run_one(
         self, program, arguments, device, *, donate=(), non_donatable=(), strict_donation=None
     ) -> list[Buffer]:
+        if strict_donation is not None:
+            checks.flag(strict_donation, f"{self.name}: strict_donation")
         if _no_donation(donate, non_donatable):
             outputs = run_inline(self._signature, program, device, arguments)
             if outputs is not None:
@@ -400,5 +405,9 @@ class LoadedExecutable(Executable):
         return commit([plan])[0]
 
     def _plan(self, program, args, device, donate, non_donatable, strict):
-        strict = self.options.strict_donation if strict is None else strict
+        strict = (
+            self.options.strict_donation
+            if strict is None
+            else checks.flag(strict, f"{self.name}: strict_donation")
+        )
         return plan_call(self._signature, program, args, device, donate, non_donatable, strict)

@@ -45,6 +45,7 @@ import numpy as np
 from xlapy.backends.base import CompiledProgram, LeafAlias
 from xlapy.ir.shapes import Shape, ShapeIndex
 from xlapy.runtime.buffer import Buffer, _Storage
+from xlapy.runtime.checks import sequence as check_sequence
 from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError, released
 from xlapy.runtime.futures import _DONE, COMPLETED, Future
 
@@ -224,6 +225,7 @@ def plan_call(
     """Check one device's arguments and donation request; raise before touching anything."""
     name = signature.name
     device.check_can_start(f"executing {name}")
+    check_sequence(args, f"{name}: the arguments of device {device.id}")
     if len(args) != len(signature.param_shapes):
         raise RuntimeApiError(
             f"{name} takes {len(signature.param_shapes)} arguments, {len(args)} were given"
@@ -248,7 +250,7 @@ def plan_call(
         for leaf, buf in zip(signature.leaves, buffers, strict=True):
             if buf is not None:
                 _check_leaf(name, leaf, buf, device)
-    if donate or signature.has_must_alias:
+    if donate or non_donatable or signature.has_must_alias:
         donated = _donation(signature, buffers, donate, non_donatable, strict_donation)
     else:
         donated = frozenset()
@@ -275,6 +277,11 @@ def _donation(signature: CallSignature, buffers, donate, non_donatable, strict) 
     for p in non_donatable:
         if isinstance(p, bool | np.bool_) or not isinstance(p, int | np.integer):
             raise DonationError(f"{name}: non_donatable lists parameter numbers, got {p!r}")
+        if not 0 <= p < num_params:
+            raise DonationError(
+                f"{name}: non_donatable names parameter {p}, which does not exist "
+                f"(the program has {num_params})"
+            )
     vetoed = {int(p) for p in non_donatable}
     donated = set()
     for p in requested:
@@ -373,7 +380,9 @@ def run_inline(
     nothing, when any of that does not hold; the general path then runs the call (or
     raises the error it finds)."""
     checks = signature.inline_checks
-    if checks is None or not device.inline_execution or len(args) != signature.num_params:
+    if checks is None or not device.inline_execution or type(args) not in (list, tuple):
+        return None
+    if len(args) != signature.num_params:
         return None
     fixed = program.fixed_cost_seconds
     untimed = fixed is not None and fixed < FIXED_CHEAP_SECONDS  # cheap whatever the data

@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from xlapy.backends.custom_calls import current_call
+from xlapy.runtime.checks import items
+from xlapy.runtime.checks import timeout as check_timeout
+from xlapy.runtime.errors import RuntimeApiError
 
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device
@@ -131,6 +134,7 @@ class Future:
                 fn(self)
 
     def _wait(self, timeout: float | None) -> None:
+        timeout = check_timeout(timeout)
         producer = self._producer
         if producer is not None and producer.runs_on_current_thread():
             producer.check_not_running_here("waiting for a result of an execution")
@@ -165,10 +169,19 @@ COMPLETED = Future.completed()
 host values, outputs of successful inline runs): a done future never changes."""
 
 
+def _futures(futures: Any, what: str) -> list[Future]:
+    """`futures` as a list of Futures; RuntimeApiError naming anything else."""
+    listed = items(futures, f"{what}'s futures")
+    for fut in listed:
+        if not isinstance(fut, Future):
+            raise RuntimeApiError(f"{what} takes Futures, got {fut!r}")
+    return listed
+
+
 def wait_all(futures: Iterable[Future], timeout: float | None = None) -> list[Any]:
     """Wait for every future and return their results in order; raises the first error
     (in the given order) after all have completed."""
-    futures = list(futures)
+    futures = _futures(futures, "wait_all")
     for fut in futures:
         fut.exception(timeout)
     return [fut.result() for fut in futures]
@@ -176,7 +189,7 @@ def wait_all(futures: Iterable[Future], timeout: float | None = None) -> list[An
 
 def as_completed(futures: Iterable[Future], timeout: float | None = None) -> Iterator[Future]:
     """Yield the futures as they complete (first done, first out)."""
-    futures = list(futures)
+    futures = _futures(futures, "as_completed")
     done_order: list[Future] = []
     cond = threading.Condition()
 

@@ -84,7 +84,7 @@ def decode(data: bytes) -> SerializedExecutable:
     start = _HEADER.size
     try:
         metadata = json.loads(data[start : start + meta_len].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not UTF-8 / JSON, nested or numbers too deep
         raise SerializationError(f"serialized executable has unreadable metadata: {e}") from e
     try:
         hlo_text = data[start + meta_len : start + meta_len + hlo_len].decode()

@@ -305,7 +305,8 @@ def _blas_dot(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if not blas_dot_supported(instr):
         return "not one BLAS element type (f32, f64, c64, c128) in and out"
     lhs, rhs = instr.operands
-    return DotThunk(instr, lw.slice_at(lhs), lw.slice_at(rhs), lw.slice_at(instr))
+    out = lw.slice_at(instr)
+    return DotThunk(instr, lw.slice_at(lhs), lw.slice_at(rhs), out, lw.flush_denormals)
 
 
 def _dynamic_update_slice(lw: Lowering, instr: HloInstruction, why: str) -> Built:

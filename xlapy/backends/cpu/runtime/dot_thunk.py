@@ -50,6 +50,19 @@
 # existing result, see conv_thunk.py). They are called through cffi with addresses as plain
 # ints: ~1 us a call, against ~2 us through ctypes with argtypes and ~1 us for np.matmul's
 # own dispatch.
+#
+# Subnormals: XLA:CPU runs its dots with the MXCSR's flush-to-zero and denormals-are-zero
+# bits set (`jax.jit(jnp.dot)` of 1e-20 * 1e-20 terms is 0), and so do compiled kernels here
+# by default (codegen/emitter.py). A dot of a program compiled with denormals="flush" (the
+# default) does the same on x86: its gemm is called through a small native wrapper (one per
+# element type, JIT-compiled once per process, `flushing_gemm`) that sets FTZ/DAZ, calls
+# OpenBLAS's gemm on the same thread and restores the caller's MXCSR, so subnormal inputs
+# read as zero and subnormal products, partial sums and results become zero, at no cost but
+# two MXCSR writes a call; np.matmul paths run between the same two writes
+# (`flushing(body)`). Every BLAS call of these paths runs on the thread that set the bits
+# (one OpenBLAS thread, see above), so OpenBLAS's own threads never compute with the
+# caller's mode. Native loops call the wrapper in place of the gemm. Off x86 and with
+# denormals="ieee", dots keep IEEE subnormals.
 
 from __future__ import annotations
 
@@ -59,13 +72,17 @@ import glob
 import itertools
 import math
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import cffi
 import numpy as np
+from llvmlite import ir
 
+from xlapy.backends.cpu.codegen.emitter import MXCSR_FLUSH
+from xlapy.backends.cpu.jit.engine import CodeHold, compile_object, shared_engine
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import (
     NS_PER_FLOP,
@@ -186,6 +203,110 @@ def raw_gemm(dtype: np.dtype):
         fn(ROW_MAJOR, ta, NO_TRANS, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc)
 
     return gemm
+
+
+# -- subnormals: FTZ/DAZ around BLAS (see the file comment) ------------------------------
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_I32, _I8P = ir.IntType(32), ir.IntType(8).as_pointer()
+_KEEP: list[CodeHold] = []  # the wrappers' code, mapped for the life of the process
+
+
+def _native(module: ir.Module, symbol: str) -> int:
+    """Compile and load `module` (never from the disk cache: it may embed addresses of
+    this process); the address of its function `symbol`, kept mapped for good."""
+    obj = compile_object(str(module), use_cache=False, symbol=symbol)
+    hold = shared_engine().load([(obj.key, obj.data)])[obj.key]
+    _KEEP.append(hold)
+    return hold.address
+
+
+def _mxcsr_calls(module: ir.Module) -> tuple[ir.Function, ir.Function]:
+    sig = ir.FunctionType(ir.VoidType(), [_I8P])
+    return ir.Function(module, sig, "llvm.x86.sse.stmxcsr"), ir.Function(
+        module, sig, "llvm.x86.sse.ldmxcsr"
+    )
+
+
+@functools.cache
+def _mxcsr_update():
+    """`update(value, mask) -> previous`: the MXCSR becomes `previous & ~mask | value`
+    (x86 only; `update(MXCSR_FLUSH, 0)` sets FTZ/DAZ, `update(previous, -1)` restores)."""
+    module = ir.Module(name="xlapy_mxcsr")
+    fn = ir.Function(module, ir.FunctionType(_I32, [_I32, _I32]), "xlapy_mxcsr_update")
+    fn.attributes.add("nounwind")
+    value, mask = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    st, ld = _mxcsr_calls(module)
+    saved, new = b.alloca(_I32), b.alloca(_I32)
+    b.call(st, [b.bitcast(saved, _I8P)])
+    old = b.load(saved)
+    b.store(b.or_(b.and_(old, b.not_(mask)), value), new)
+    b.call(ld, [b.bitcast(new, _I8P)])
+    b.ret(old)
+    ffi = cffi.FFI()
+    return ffi.cast("int32_t(*)(int32_t, int32_t)", _native(module, "xlapy_mxcsr_update"))
+
+
+def flushing(body):
+    """`body(lo, hi)` run with the MXCSR's FTZ/DAZ bits set on the calling thread (x86; off
+    x86 `body` itself), the caller's mode restored after it, also when it raises."""
+    if not _X86:
+        return body
+    update = _mxcsr_update()
+
+    def run(lo: int, hi: int) -> None:
+        previous = update(MXCSR_FLUSH, 0)
+        try:
+            body(lo, hi)
+        finally:
+            update(previous, -1)
+
+    return run
+
+
+@functools.cache
+def flushing_gemm_address(dtype: np.dtype) -> tuple[int, bool] | None:
+    """(the address of a native function with the signature of the cblas gemm that
+    cblas_gemm(dtype) calls, which calls it with the MXCSR's FTZ/DAZ bits set and restores
+    the caller's MXCSR; whether its sizes are 64-bit), or None off x86 or without OpenBLAS."""
+    found = cblas_gemm_address(dtype)
+    if found is None or not _X86:
+        return None
+    address, wide = found
+    scalar = ir.FloatType() if dtype == np.float32 else ir.DoubleType()
+    index = ir.IntType(64 if wide else 32)
+    matrix = [_I8P, index]
+    params = [_I32, _I32, _I32, index, index, index, scalar, *matrix, *matrix, scalar, *matrix]
+    sig = ir.FunctionType(ir.VoidType(), params)
+    module = ir.Module(name="xlapy_flushing_gemm")
+    symbol = f"xlapy_flushing_{dtype.char}gemm"
+    fn = ir.Function(module, sig, symbol)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    st, ld = _mxcsr_calls(module)
+    saved, new = b.alloca(_I32), b.alloca(_I32)
+    b.call(st, [b.bitcast(saved, _I8P)])
+    b.store(b.or_(b.load(saved), ir.Constant(_I32, MXCSR_FLUSH)), new)
+    b.call(ld, [b.bitcast(new, _I8P)])
+    target = b.inttoptr(ir.Constant(ir.IntType(64), address), sig.as_pointer())
+    b.call(target, list(fn.args))
+    b.call(ld, [b.bitcast(saved, _I8P)])
+    b.ret_void()
+    return _native(module, symbol), wide
+
+
+@functools.cache
+def flushing_gemm(dtype: np.dtype):
+    """cblas_gemm(dtype) with subnormals flushed (flushing_gemm_address), or None."""
+    found = flushing_gemm_address(dtype)
+    if found is None:
+        return None
+    scalar = _GEMM_LETTERS[dtype][1]
+    index = "int64_t" if found[1] else "int"
+    signature = (
+        f"void(*)(int, int, int, {index}, {index}, {index}, {scalar}, uintptr_t, {index},"
+        f" uintptr_t, {index}, {scalar}, uintptr_t, {index})"
+    )
+    return cffi.FFI().cast(signature, found[0])
 
 
 def one_blas_thread(body, lo: int, hi: int) -> None:
@@ -465,8 +586,12 @@ class DotThunk(Thunk):
 
     kind = "blas"
 
-    def __init__(self, instr: HloInstruction, lhs: BufferSlice, rhs: BufferSlice, out):
+    def __init__(
+        self, instr: HloInstruction, lhs: BufferSlice, rhs: BufferSlice, out, flush: bool = True
+    ):
+        """`flush`: subnormals flushed to zero, as XLA:CPU does (see the file comment)."""
         self.instr, self.lhs, self.rhs, self.out = instr, lhs, rhs, out
+        self.flush = flush and _X86
         a = instr.attrs
         lb = tuple(a.get("lhs_batch_dims") or ())
         rb = tuple(a.get("rhs_batch_dims") or ())
@@ -488,7 +613,8 @@ class DotThunk(Thunk):
             if out.shape.layout is None or out.shape.layout.is_default
             else None
         )
-        self._fn = cblas_gemm(out.shape.dtype)
+        dtype = out.shape.dtype
+        self._fn = flushing_gemm(dtype) if self.flush else cblas_gemm(dtype)
         self._gemm = self._plan_gemm(out) if self._fn is not None else None
         splits = self.flops >= PARALLEL_MIN_FLOPS and max(b, m, n) > 1
         self.split_choice = SplitChoice() if splits else None
@@ -563,7 +689,8 @@ class DotThunk(Thunk):
         g = self._gemm
         if g is None or self.split_choice is not None or self.flops > OPENBLAS_SERIAL_FLOPS:
             return None
-        found = cblas_gemm_address(self.out.shape.dtype)
+        dtype = self.out.shape.dtype
+        found = flushing_gemm_address(dtype) if self.flush else cblas_gemm_address(dtype)
         if found is None:
             return None
         lhs, rhs, out = g.lhs, g.rhs, g.out
@@ -656,6 +783,8 @@ class DotThunk(Thunk):
             self._split(split, b, lambda lo, hi: np.matmul(a[lo:hi], c[lo:hi], out=out[lo:hi]))
 
     def _split(self, split: bool, units: int, body) -> None:
+        if self.flush:  # each block on its own thread: the bits are set per thread
+            body = flushing(body)
         if self.flops <= OPENBLAS_SERIAL_FLOPS:
             body(0, units)
         elif not split or units < 2:
@@ -666,6 +795,7 @@ class DotThunk(Thunk):
 
     def describe(self) -> list[str]:
         how = "cblas gemm" if self._gemm is not None else "matmul"
+        how += ", subnormals flushed" if self.flush else ""
         if self.split_choice is not None:
             how += f", split x{self._parts} when faster"
         return [
