@@ -84,6 +84,28 @@ def test_default_platform_and_clean_exit_with_live_buffers():
     assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("platforms", ["cpu,xlapy", ""])
+def test_exit_with_cpu_and_xlapy_clients_alive(platforms):
+    """JAX destroys its clients in the interpreter's last garbage collections, calling
+    PJRT_Client_Destroy through xlapy's table: the table and its callbacks must outlive
+    the modules torn down around them (every such process died with SIGSEGV/SIGILL)."""
+    done = run_python(
+        """
+        import numpy as np
+        import xlapy.pjrt
+        xlapy.pjrt.initialize()
+        import jax
+        x = jax.device_put(np.ones(3, np.float32), jax.devices("xlapy")[0])
+        y = jax.jit(lambda a: a + 1)(x)
+        z = jax.jit(lambda a: a * 2)(jax.device_put(np.ones(3, np.float32), jax.devices("cpu")[0]))
+        print("ok", np.asarray(y).tolist(), np.asarray(z).tolist())
+        """,
+        JAX_PLATFORMS=platforms,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "ok [2.0, 2.0, 2.0] [2.0, 2.0, 2.0]" in done.stdout
+
+
 def test_exit_with_zero_copy_host_buffers_alive_is_silent():
     """A zero-copy buffer lets go of the caller's memory when the interpreter tears down;
     telling JAX then (its side is gone) printed 'Exception ignored' at every exit."""

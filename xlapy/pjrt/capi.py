@@ -58,6 +58,7 @@ def api_pointer() -> int:
         for i, name in enumerate(SLOTS):
             fast = native.get(name)
             api.slots[i] = ffi.cast("void *", fast) if fast else ffi.cast("void *", python[name])
+        KEEP.append(api)  # jaxlib reads the table until the process is gone (core.KEEP)
         _API = api
     return address(_API)
 

@@ -16,6 +16,7 @@ Threads: JAX calls from any thread; cffi takes the GIL for each callback. Waitin
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import sys
@@ -51,7 +52,14 @@ error instead of reading freed memory (see `forget`)."""
 ERRORS: dict[int, Any] = {}
 """Address of a live PJRT_Error -> (struct, message buffer)."""
 KEEP: list[Any] = []
-"""Callbacks, tables and strings that must live as long as the process."""
+"""Callbacks, tables and strings that must live as long as the process. The list (and the
+module globals it reaches through the callbacks' functions: OBJECTS, the handles) is
+immortal: at interpreter exit the modules are torn down and garbage collected in no
+particular order while jaxlib's clients and arrays are destroyed in the same collections,
+calling PJRT_Client_Destroy / Buffer_Destroy through the table: a table or callback freed
+first crashed every process that exited with JAX on xlapy (SIGSEGV / SIGILL in
+~PjRtCApiClient)."""
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(KEEP))
 _LOCK = threading.Lock()
 TRACE = os.environ.get("XLAPY_PJRT_TRACE") == "1"
 """Print every PJRT call (and the errors returned) on stdout."""
@@ -212,6 +220,7 @@ _ERROR_TABLE.for_each_payload = _vt_payload
 
 # -- the function table ----------------------------------------------------------------------
 IMPLS: dict[str, Any] = {}
+KEEP.append(IMPLS)
 
 
 def export(name: str, args_type: str | None = None) -> Callable:
