@@ -1,0 +1,161 @@
+"""Library thunks split over the pool (window_thunk's scans, pooling and select-and-scatter;
+conv_thunk's blocks): results equal to the interpreter whether a thunk runs whole or in 2, 3
+or 5 blocks (extents smaller than the block count and odd remainders included), several
+Python threads running programs that use the pool at once, and the cost model's limits."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import xlapy
+from xlapy.backends.cpu.runtime import conv_thunk, pool, window_thunk
+from xlapy.backends.interpreter import evaluate
+
+
+def _maxpool(x):
+    return lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+
+
+def _avgpool(x):
+    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
+
+
+def _conv(x):
+    w = jnp.asarray(np.linspace(-1, 1, 3 * 3 * x.shape[-1] * 8, dtype=np.float32))
+    w = w.reshape(3, 3, x.shape[-1], 8)
+    dims = ("NHWC", "HWIO", "NHWC")
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
+
+
+CASES = {
+    "cumsum_rows": lambda x: jnp.cumsum(x, axis=2),
+    "cummax_reverse_axis1": lambda x: lax.cummax(x, axis=1, reverse=True),
+    "cumprod_axis0": lambda x: lax.cumprod(1 + x / 8, axis=0),
+    "maxpool": _maxpool,
+    "maxpool_grad": jax.grad(lambda x: jnp.sum(_maxpool(x) ** 2)),
+    "avgpool": _avgpool,
+    "avgpool_grad": jax.grad(lambda x: jnp.sum(_avgpool(x) ** 2)),
+    "conv": _conv,
+}
+SHAPES = [(1, 5, 6, 3), (3, 7, 9, 2), (5, 8, 8, 4), (7, 17, 16, 5)]
+
+
+def _forced(parts: int, calls: list[int] | None = None):
+    """split_over that always cuts into `parts` blocks (whatever the cost model says),
+    noting each split's unit count in `calls`."""
+
+    def split_over(units, seconds, body):
+        if calls is not None:
+            calls.append(units)
+        pool.run_blocks(body, pool.even_blocks(units, parts))
+
+    return split_over
+
+
+def _run(fn, x):
+    text = jax.jit(fn).lower(x).as_text()
+    client = xlapy.Client("cpu")
+    executable = client.compile(text)
+    assert not executable._programs[executable._devices[0].id].fallbacks
+    ((out,),) = executable.execute([[client.buffer_from_pyval(x)]])
+    return np.asarray(out), np.asarray(evaluate(xlapy.load(text), [x]))
+
+
+def _check(name, got, want):
+    if "max" in name and "grad" not in name:
+        np.testing.assert_array_equal(got, want)
+    else:
+        scale = float(np.max(np.abs(want))) + 1.0
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_library_thunks_match_the_interpreter(name, parts, monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(window_thunk, "split_over", _forced(parts, calls))
+    monkeypatch.setattr(conv_thunk, "split_run", _forced(parts, calls))
+    for i, shape in enumerate(SHAPES):
+        rng = np.random.default_rng(1000 * parts + i)
+        x = rng.standard_normal(shape).astype(np.float32)
+        got, want = _run(CASES[name], x)
+        _check(name, got, want)
+    assert any(units > 1 for units in calls), "no thunk of the program split"
+
+
+def test_threads_running_split_programs_at_once(monkeypatch):
+    """8 Python threads execute programs whose thunks all split over the same pool."""
+    monkeypatch.setattr(window_thunk, "split_over", _forced(3))
+    monkeypatch.setattr(conv_thunk, "split_run", _forced(3))
+    names = sorted(CASES)
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((6, 12, 10, 3)).astype(np.float32) for _ in names]
+    client = xlapy.Client("cpu")
+    programs = []
+    for name, x in zip(names, inputs, strict=True):
+        text = jax.jit(CASES[name]).lower(x).as_text()
+        want = np.asarray(evaluate(xlapy.load(text), [x]))
+        programs.append((name, client.compile(text), client.buffer_from_pyval(x), want))
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for r in range(6):
+                name, executable, buf, want = programs[(k + r) % len(programs)]
+                ((out,),) = executable.execute([[buf]])
+                _check(name, np.asarray(out), want)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[0]
+
+
+def test_split_over_from_a_pool_worker_does_not_hang():
+    """A block running on a pool worker that itself splits (every worker at once)."""
+    workers = pool.pool_size()
+    seen = np.zeros(workers * 40, np.int64)
+    lock = threading.Lock()
+
+    def leaf(lo, hi):
+        with lock:
+            seen[lo:hi] += 1
+
+    def outer(k):
+        pool.run_blocks(
+            lambda lo, hi: leaf(k * 40 + lo, k * 40 + hi), pool.even_blocks(40, workers + 2)
+        )
+
+    futures = [pool.default_pool().submit(outer, k) for k in range(workers)]
+    for f in futures:
+        f.result(timeout=60)
+    assert (seen == 1).all()
+
+
+def test_split_parts_cost_model(monkeypatch):
+    monkeypatch.setattr(pool, "pool_size", lambda: 8)
+    monkeypatch.setattr(pool, "task_seconds", lambda: 1e-5)
+    per_block = pool.MIN_BLOCK_TASKS * 1e-5
+    assert pool.split_parts(100, 0.5 * per_block) == 1  # too little work to hand off
+    assert pool.split_parts(100, 3.5 * per_block) == 3
+    assert pool.split_parts(100, 1.0) == 8  # at most one block per thread
+    assert pool.split_parts(5, 1.0) == 5  # at most one block per unit
+    assert pool.split_parts(1, 1.0) == 1
+    monkeypatch.setattr(pool, "pool_size", lambda: 1)
+    assert pool.split_parts(100, 1.0) == 1
+
+
+def test_measured_costs_are_positive():
+    assert pool.byte_seconds() > 0
+    assert pool.task_seconds() >= 0
