@@ -159,3 +159,52 @@ def test_split_parts_cost_model(monkeypatch):
 def test_measured_costs_are_positive():
     assert pool.byte_seconds() > 0
     assert pool.task_seconds() >= 0
+
+
+@pytest.mark.parametrize(
+    "m,n,parts,want",
+    [
+        (512, 512, 16, (4, 4)),
+        (8192, 32, 16, (16, 1)),
+        (32, 8192, 16, (1, 16)),
+        (512, 512, 5, (1, 5)),
+        (3, 2, 16, (3, 2)),
+        (1, 1, 4, (1, 1)),
+    ],
+)
+def test_tile_grid(m, n, parts, want):
+    from xlapy.backends.cpu.runtime.dot_thunk import tile_grid
+
+    rows, cols = tile_grid(m, n, parts)
+    assert rows * cols <= parts and rows <= m and cols <= n
+    assert (rows, cols) == want or rows * cols == want[0] * want[1]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4, 5, 16])
+@pytest.mark.parametrize("shape", [(200, 96, 300), (37, 500, 530), (130, 900, 47)])
+def test_split_gemm_tiles_match_the_interpreter(parts, shape, monkeypatch):
+    """A planned gemm split into `parts` tiles (rows, columns or a grid of both) equals the
+    interpreter: both SplitChoice ways run (the first runs alternate)."""
+    from xlapy.backends.cpu.backend import CpuProgram
+    from xlapy.backends.cpu.runtime import dot_thunk
+    from xlapy.ir.parser import parse_module
+
+    monkeypatch.setattr(dot_thunk, "pool_size", lambda: parts)
+    m, k, n = shape
+    text = f"""HloModule tiles
+
+ENTRY main {{
+  p0 = f32[{m},{k}] parameter(0)
+  p1 = f32[{k},{n}] parameter(1)
+  ROOT d = f32[{m},{n}] dot(p0, p1), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+"""
+    program = CpuProgram(parse_module(text))
+    assert "cblas gemm, split" in program.thunk_listing()
+    rng = np.random.default_rng(parts * 1000 + m)
+    args = [rng.standard_normal((m, k)).astype(np.float32),
+            rng.standard_normal((k, n)).astype(np.float32)]  # fmt: skip
+    want = np.asarray(evaluate(parse_module(text), args))
+    for _ in range(5):
+        got = np.asarray(program.run(args))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
