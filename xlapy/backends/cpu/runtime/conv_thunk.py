@@ -333,14 +333,13 @@ def _gathered(geo: _Geometry, instr: HloInstruction):
         flat = np.empty(x.size + 1, work)
         flat[-1] = 0
         np.copyto(flat[:-1].reshape(x.shape), x, casting="unsafe")
-        cols = np.take(flat, x_idx)
         kmat = np.take(np.asarray(k, dtype=work).reshape(-1), k_idx)
-        y = np.empty((geo.g, cols.shape[1], geo.og), work)
+        y = np.empty((geo.g, x_idx.shape[1], geo.og), work)
 
-        def rows(lo: int, hi: int) -> None:
-            np.matmul(cols[:, lo:hi], kmat, out=y[:, lo:hi])
+        def rows(lo: int, hi: int) -> None:  # each block gathers its own im2col rows
+            np.matmul(np.take(flat, x_idx[:, lo:hi]), kmat, out=y[:, lo:hi])
 
-        split_run(cols.shape[1], flops, rows)  # BLAS on one thread, as every conv path
+        split_run(x_idx.shape[1], flops, rows)  # BLAS on one thread, as every conv path
         if o_idx is not None:
             y = np.take(y.reshape(-1), o_idx)
         np.copyto(out, y.reshape(out.shape), casting="unsafe")
