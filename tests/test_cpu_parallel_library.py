@@ -208,3 +208,17 @@ ENTRY main {{
     for _ in range(5):
         got = np.asarray(program.run(args))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+@pytest.mark.parametrize("shape", [(1, 32, 32, 16), (3, 27, 41, 12)])
+def test_banded_convolution_split_within_batch_items(parts, shape, monkeypatch):
+    """Fewer batch items than threads: a band-row convolution splits into (item, block of
+    output rows) units, equal to the interpreter however they are cut."""
+    calls: list[int] = []
+    monkeypatch.setattr(conv_thunk, "pool_size", lambda: 16)
+    monkeypatch.setattr(conv_thunk, "split_run", _forced(parts, calls))
+    x = np.random.default_rng(parts).standard_normal(shape).astype(np.float32)
+    got, want = _run(_conv, x)
+    _check("conv", got, want)
+    assert max(calls) > shape[0], "the convolution did not split within batch items"
