@@ -222,3 +222,116 @@ def test_banded_convolution_split_within_batch_items(parts, shape, monkeypatch):
     got, want = _run(_conv, x)
     _check("conv", got, want)
     assert max(calls) > shape[0], "the convolution did not split within batch items"
+
+
+# Split kernels run on the native pool (native_pool.py) when there is one.
+
+KERNEL_SHAPES = [(257, 300), (3, 40000), (70001, 1)]
+
+
+def _kernel_fn(x, y):
+    return jnp.tanh(x) * y + jnp.sum(x, axis=1, keepdims=True)
+
+
+def _kernel_program(shape, seed):
+    rng = np.random.default_rng(seed)
+    x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    text = jax.jit(_kernel_fn).lower(x, y).as_text()
+    want = np.asarray(evaluate(xlapy.load(text), [x, y]))
+    return text, x, y, want
+
+
+@pytest.mark.parametrize("shape", KERNEL_SHAPES)
+def test_native_pool_kernels_match_the_interpreter(shape):
+    """Five runs: the first split (SplitChoice's warm-up), then split and whole in turn."""
+    text, x, y, want = _kernel_program(shape, sum(shape))
+    client = xlapy.Client("cpu")
+    executable = client.compile(text)
+    listing = executable._programs[executable._devices[0].id].thunk_listing()
+    assert "parallel x" in listing
+    bufs = [client.buffer_from_pyval(x), client.buffer_from_pyval(y)]
+    for _ in range(5):
+        ((out,),) = executable.execute([bufs])
+        np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=1e-4)
+
+
+def test_native_pool_runs_blocks_and_a_busy_pool_runs_whole():
+    from xlapy.backends.cpu.runtime.native_pool import native_pool
+
+    pool_obj = native_pool()
+    if pool.pool_size() < 2:
+        assert pool_obj is None
+        return
+    assert pool_obj is not None and pool_obj.workers == pool.pool_size() - 1
+    with pytest.raises(ValueError, match="native pool"):
+        pool_obj.run(0, [], 10, 2)
+
+
+def test_native_pool_with_8_threads_and_from_pool_workers():
+    """8 Python threads, and every Python pool worker, execute split kernels at once: each
+    call runs on the native pool or, finding it taken, whole on its own thread."""
+    programs = [_kernel_program(shape, 3 + i) for i, shape in enumerate(KERNEL_SHAPES)]
+    client = xlapy.Client("cpu")
+    loaded = []
+    for text, x, y, want in programs:
+        bufs = [client.buffer_from_pyval(x), client.buffer_from_pyval(y)]
+        loaded.append((client.compile(text), bufs, want))
+
+    def execute(k: int) -> None:
+        for r in range(8):
+            executable, bufs, want = loaded[(k + r) % len(loaded)]
+            ((out,),) = executable.execute([bufs])
+            np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=1e-4)
+
+    futures = [pool.default_pool().submit(execute, k) for k in range(pool.pool_size())]
+    errors: list[BaseException] = []
+
+    def thread(k: int) -> None:
+        try:
+            execute(k)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=thread, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for f in futures:
+        f.result(timeout=120)
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[0]
+
+
+_CHILD = """
+import numpy as np, jax, jax.numpy as jnp, xlapy
+from xlapy.backends.cpu.runtime import native_pool, pool
+rng = np.random.default_rng(5)
+x, y = (rng.standard_normal((301, 257)).astype(np.float32) for _ in range(2))
+fn = lambda x, y: jnp.tanh(x) * y + jnp.sum(x, axis=1, keepdims=True)
+client = xlapy.Client("cpu")
+ex = client.compile(jax.jit(fn).lower(x, y).as_text())
+bufs = [client.buffer_from_pyval(x), client.buffer_from_pyval(y)]
+want = np.tanh(x) * y + x.sum(axis=1, keepdims=True)
+for _ in range(5):
+    ((out,),) = ex.execute([bufs])
+    np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=1e-4)
+p = native_pool.native_pool()
+print(pool.pool_size(), 0 if p is None else p.workers)
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_native_pool_in_a_process_with_n_threads_exits_cleanly(threads):
+    """XLAPY_NUM_THREADS=N: N - 1 workers, right results, and an exit with the workers
+    alive that neither crashes nor hangs."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLAPY_NUM_THREADS=str(threads), JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == [str(threads), str(threads - 1 if threads > 1 else 0)]

@@ -553,7 +553,7 @@ def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
 
     # fewer batch items than threads: the units are (batch item, block of output rows), each
     # block copying its item's bands again (a few per cent of the products' time)
-    def rows(lo: int, hi: int) -> None:
+    def item_rows(lo: int, hi: int) -> None:
         band = scratch.get("bands", (1, *bands.shape[:1], *bands.shape[2:]), work)[0]
         band_at, item = band.ctypes.data, -1
         for unit in range(lo, hi):
@@ -566,7 +566,7 @@ def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
                 gemm(m, geo.og, depth, band_at + a_off, depth, b_at, geo.og, beta, c_n + c_off,
                      ldc)  # fmt: skip
 
-    split_run(geo.nb * groups, flops, rows)
+    split_run(geo.nb * groups, flops, item_rows)
 
 
 def _reducing(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:
