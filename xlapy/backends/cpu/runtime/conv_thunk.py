@@ -77,6 +77,7 @@ from xlapy.backends.cpu.runtime.dot_thunk import (
     supported_types,
     work_dtype,
 )
+from xlapy.backends.cpu.runtime.pool import pool_size
 from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
 from xlapy.backends.cpu.runtime.thunk import NS_PER_FLOP
 from xlapy.backends.interpreter.rules.contraction import accumulation_dtype, window_output_size
@@ -333,14 +334,13 @@ def _gathered(geo: _Geometry, instr: HloInstruction):
         flat = np.empty(x.size + 1, work)
         flat[-1] = 0
         np.copyto(flat[:-1].reshape(x.shape), x, casting="unsafe")
-        cols = np.take(flat, x_idx)
         kmat = np.take(np.asarray(k, dtype=work).reshape(-1), k_idx)
-        y = np.empty((geo.g, cols.shape[1], geo.og), work)
+        y = np.empty((geo.g, x_idx.shape[1], geo.og), work)
 
-        def rows(lo: int, hi: int) -> None:
-            np.matmul(cols[:, lo:hi], kmat, out=y[:, lo:hi])
+        def rows(lo: int, hi: int) -> None:  # each block gathers its own im2col rows
+            np.matmul(np.take(flat, x_idx[:, lo:hi]), kmat, out=y[:, lo:hi])
 
-        split_run(cols.shape[1], flops, rows)  # BLAS on one thread, as every conv path
+        split_run(x_idx.shape[1], flops, rows)  # BLAS on one thread, as every conv path
         if o_idx is not None:
             y = np.take(y.reshape(-1), o_idx)
         np.copyto(out, y.reshape(out.shape), casting="unsafe")
@@ -544,7 +544,29 @@ def _banded(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> 
                 _store(canon[a:b], target, acc, result)
 
     flops = 2.0 * geo.g * geo.nb * geo.pout * geo.pwin * geo.cg * geo.og
-    split_run(geo.nb, flops, block)
+    per_group = math.prod(geo.ksizes[:-1])  # products accumulating into one block of rows
+    grouped = [products[i : i + per_group] for i in range(0, len(products), per_group)]
+    groups = len(grouped)
+    if not direct or groups < 2 or geo.nb >= pool_size():
+        split_run(geo.nb, flops, block)
+        return
+
+    # fewer batch items than threads: the units are (batch item, block of output rows), each
+    # block copying its item's bands again (a few per cent of the products' time)
+    def item_rows(lo: int, hi: int) -> None:
+        band = scratch.get("bands", (1, *bands.shape[:1], *bands.shape[2:]), work)[0]
+        band_at, item = band.ctypes.data, -1
+        for unit in range(lo, hi):
+            n, group = divmod(unit, groups)
+            if n != item:
+                np.copyto(band, bands[:, n])
+                item = n
+            c_n = canon[n].ctypes.data
+            for m, a_off, b_at, beta, c_off in grouped[group]:
+                gemm(m, geo.og, depth, band_at + a_off, depth, b_at, geo.og, beta, c_n + c_off,
+                     ldc)  # fmt: skip
+
+    split_run(geo.nb * groups, flops, item_rows)
 
 
 def _reducing(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -> None:

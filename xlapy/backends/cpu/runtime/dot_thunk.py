@@ -573,6 +573,23 @@ _BLOCK_QUANTUM = 16
 right operand and the result start on a 64-byte line when the whole matrix does."""
 
 
+def tile_grid(m: int, n: int, parts: int) -> tuple[int, int]:
+    """(row blocks, column blocks) of an [m, n] product split into `parts` tiles: of the
+    factorizations of `parts` (or fewer tiles when an extent is short), the one whose tiles
+    pack the least of the operands. Each tile's gemm packs its rows of the left operand and
+    its columns of the right one, k elements each, so it minimises m / rows + n / columns:
+    a 512 x 512 product on 16 threads is 4 x 4 tiles (256 packed rows and columns per tile),
+    not 16 column strips (544), and a short wide one stays in column strips."""
+    best, best_packed = (1, 1), float("inf")
+    for rows in range(1, min(parts, m) + 1):
+        cols = min(parts // rows, n)
+        packed = m / rows + n / cols
+        tiles = rows * cols
+        if tiles > best[0] * best[1] or (tiles == best[0] * best[1] and packed < best_packed):
+            best, best_packed = (rows, cols), packed
+    return best
+
+
 def _blocks(extent: int, parts: int, quantum: int) -> list[tuple[int, int]]:
     if extent < 2 * quantum:
         return even_blocks(extent, parts)
@@ -754,14 +771,31 @@ class DotThunk(Thunk):
 
         if not split and self.flops <= OPENBLAS_SERIAL_FLOPS:
             rows(0, m)
-        elif not split:
+            return
+        if not split:
             one_blas_thread(rows, 0, m)
-        elif n >= m:  # short and wide: each block packs only its columns of rhs
-            blocks = _blocks(n, self._parts, _BLOCK_QUANTUM)
+            return
+        row_parts, col_parts = tile_grid(m, n, self._parts)
+        if row_parts == 1:  # short and wide: each block packs only its columns of rhs
+            blocks = _blocks(n, col_parts, _BLOCK_QUANTUM)
             run_blocks(lambda lo, hi: one_blas_thread(columns, lo, hi), blocks)
-        else:
-            blocks = even_blocks(m, self._parts)
+        elif col_parts == 1:
+            blocks = even_blocks(m, row_parts)
             run_blocks(lambda lo, hi: one_blas_thread(rows, lo, hi), blocks)
+        else:
+            row_blocks = even_blocks(m, row_parts)
+            col_blocks = _blocks(n, col_parts, _BLOCK_QUANTUM)
+            tiles = list(itertools.product(row_blocks, col_blocks))
+
+            def tile_range(lo: int, hi: int) -> None:
+                for (r0, r1), (c0, c1) in tiles[lo:hi]:
+                    a = pa + r0 * lhs.row_bytes
+                    b = pb + c0 * rhs.col_bytes
+                    c = pc + r0 * out.row_bytes + c0 * out.col_bytes
+                    fn(order, ta, tb, r1 - r0, c1 - c0, k, 1.0, a, lda, b, ldb, 0.0, c, ldc)
+
+            blocks = even_blocks(len(tiles), self._parts)
+            run_blocks(lambda lo, hi: one_blas_thread(tile_range, lo, hi), blocks)
 
     def _run_matmul(self, ctx: ExecutionContext, split: bool) -> None:
         memory = ctx.memory

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import (
     NS_PER_KERNEL_ELEMENT,
@@ -156,8 +157,7 @@ class KernelThunk(Thunk):
             split = choice.next_split()
             start = time.perf_counter()
             if split:
-                run = self.kernel.run_raw
-                run_blocks(lambda lo, hi: run(ptrs, lo, hi), even_blocks(extent, self.chunks))
+                self._run_split(ptrs, extent)
             else:
                 self.kernel.run_raw(ptrs, 0, extent)
             choice.record(split, time.perf_counter() - start)
@@ -166,6 +166,18 @@ class KernelThunk(Thunk):
                 mem = ctx.memory[o.allocation]
                 assert mem is not None, "a kernel output has memory"
                 mem[o.offset : o.offset + o.size] = buf
+
+    def _run_split(self, ptrs: list[int], extent: int) -> None:
+        """The kernel over [0, extent) in self.chunks blocks: on the native pool when there
+        is one (no Python per block), else on the Python pool."""
+        native = native_pool()
+        if native is not None and len(ptrs) <= MAX_ARGS:
+            address = getattr(self.kernel, "address", None)  # jit.kernel.Kernel has one
+            if address is not None:
+                native.run(address, ptrs, extent, self.chunks)
+                return
+        run = self.kernel.run_raw
+        run_blocks(lambda lo, hi: run(ptrs, lo, hi), even_blocks(extent, self.chunks))
 
     def describe(self) -> list[str]:
         head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"

@@ -37,10 +37,12 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
 
+from xlapy.backends.cpu.runtime.pool import byte_seconds, split_over
 from xlapy.backends.interpreter.rules.reduction import simple_reducer
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
@@ -105,7 +107,7 @@ def plan_reduce_window(instr: HloInstruction):
     if scan is not None:
         if ufunc is None:
             return _lifted_scan(reducer, *scan)
-        return _prefix_scan(ufunc, *scan)
+        return _prefix_scan(ufunc, *scan, _split_axis(window, dims))
     if ufunc is None and all(_trivial(d) for d in window.dims):
         return _lifted_scan(reducer, None, False)  # out[i] = reducer(init, x[i])
     if ufunc is None or any(d.reversal for d in window.dims):
@@ -117,17 +119,51 @@ def plan_reduce_window(instr: HloInstruction):
     return _pooling(ufunc, window, instr.shape.dims)
 
 
-def _prefix_scan(ufunc: np.ufunc, axis: int, reverse: bool):
-    def run(values, out, ctx) -> bool:
-        x, init = values
-        if np.may_share_memory(x, out):
-            x = x.copy()
+def _split_axis(window, dims: tuple[int, ...]) -> int | None:
+    """The axis a reduce-window or select-and-scatter is split along over the pool: of the
+    axes whose window is one element (no padding, stride or dilation: each output position
+    reads only its own input position there), the longest; None without one."""
+    best = None
+    for a, (d, n) in enumerate(zip(window.dims, dims, strict=True)):
+        if _trivial(d) and n > 1 and (best is None or n > dims[best]):
+            best = a
+    return best
+
+
+def _along(axis: int, lo: int, hi: int) -> tuple[slice, ...]:
+    return (slice(None),) * axis + (slice(lo, hi),)
+
+
+def _split(axis: int | None, extent: int, seconds: float, body) -> None:
+    """`body(lo, hi)` over blocks of [0, extent) along the split axis (pool.split_over), or
+    once over everything when there is no such axis."""
+    if axis is None:
+        body(0, extent)
+    else:
+        split_over(extent, seconds, body)
+
+
+def _prefix_scan(ufunc: np.ufunc, axis: int, reverse: bool, split: int | None):
+    def scan(x: np.ndarray, init, out: np.ndarray) -> None:
         target = np.flip(out, axis) if reverse else out
         source = np.flip(x, axis) if reverse else x
         first = (slice(None),) * axis + (slice(0, 1),)
         np.copyto(target, source)
         target[first] = ufunc(init, source[first])
         ufunc.accumulate(target, axis=axis, dtype=out.dtype, out=target)
+
+    def run(values, out, ctx) -> bool:
+        x, init = values
+        if np.may_share_memory(x, out):
+            x = x.copy()
+
+        def block(lo: int, hi: int) -> None:
+            at = _along(split, lo, hi) if split is not None else ()
+            scan(x[at], init, out[at])
+
+        # a copy and an accumulate: each reads and writes the result once
+        extent = out.shape[split] if split is not None else 1
+        _split(split, extent, 4 * out.nbytes * byte_seconds(), block)
         return True
 
     return run
@@ -174,19 +210,26 @@ def _identity(ufunc: np.ufunc, init: np.ndarray) -> bool:
     return bool(init == (info.max if big else info.min))
 
 
-def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
+def _fold(ufunc: np.ufunc, window, out_dims: tuple[int, ...], split: int | None):
+    """`fold(x, init, out)`: every window offset folded into `out` in row-major order. The
+    offsets' views take the split axis whole (its window is one element), so the same views
+    serve a block of the operand and result along it."""
+
+    def view(a: int, o: int, d, n: int) -> slice:
+        if a == split:
+            return slice(None)
+        start = o * d.window_dilation
+        return slice(start, start + (n - 1) * d.stride + 1, d.stride)
+
     views = [
         tuple(
-            slice(o * d.window_dilation, o * d.window_dilation + (n - 1) * d.stride + 1, d.stride)
-            for o, d, n in zip(offset, window.dims, out_dims, strict=True)
+            view(a, o, d, n)
+            for a, (o, d, n) in enumerate(zip(offset, window.dims, out_dims, strict=True))
         )
         for offset in itertools.product(*(range(d.size) for d in window.dims))
     ]
 
-    def run(values, out, ctx) -> bool:
-        x, init = values
-        if np.may_share_memory(x, out):
-            x = x.copy()
+    def fold(x: np.ndarray, init, out: np.ndarray) -> None:
         rest = views
         if not _identity(ufunc, np.asarray(init)):
             out[...] = init
@@ -198,6 +241,25 @@ def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
             rest = []
         for index in rest:
             ufunc(out, x[index], out=out)
+
+    return fold, len(views)
+
+
+def _pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
+    split = _split_axis(window, out_dims)
+    fold, passes = _fold(ufunc, window, out_dims, split)
+
+    def run(values, out, ctx) -> bool:
+        x, init = values
+        if np.may_share_memory(x, out):
+            x = x.copy()
+
+        def block(lo: int, hi: int) -> None:
+            at = _along(split, lo, hi) if split is not None else ()
+            fold(x[at], init, out[at])
+
+        extent = out.shape[split] if split is not None else 1
+        _split(split, extent, 3 * passes * out.nbytes * byte_seconds(), block)
         return True
 
     return run
@@ -228,16 +290,25 @@ def _padded_pooling(ufunc: np.ufunc, window, out_dims: tuple[int, ...]):
     plain = type(window)(
         tuple(replace(d, pad_low=0, pad_high=0, base_dilation=1) for d in window.dims)
     )
-    pool = _pooling(ufunc, plain, out_dims)
+    split = _split_axis(window, out_dims)  # not padded nor dilated: blocks are padded alone
+    fold, passes = _fold(ufunc, plain, out_dims, split)
 
     def run(values, out, ctx) -> bool:
         x, init = values
         init = np.asarray(init)
         if not _neutral(ufunc, init):
             return False
-        for axis, d in enumerate(window.dims):
-            x = dilate_and_pad(x, axis, d, init)
-        return pool([x, init], out, ctx)
+
+        def block(lo: int, hi: int) -> None:
+            at = _along(split, lo, hi) if split is not None else ()
+            part = x[at]
+            for axis, d in enumerate(window.dims):
+                part = dilate_and_pad(part, axis, d, init)
+            fold(part, init, out[at])
+
+        extent = out.shape[split] if split is not None else 1
+        _split(split, extent, (3 * passes + 2) * out.nbytes * byte_seconds(), block)
+        return True
 
     return run
 
@@ -300,6 +371,43 @@ def plan_select_and_scatter(instr: HloInstruction):
 
 
 def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
+    """The run, split over the pool along the first axis when its window is one element:
+    each block of that axis is a select-and-scatter of its own (plans per block length)."""
+    split = bool(_trivial(wd[0]) and dims[0] > 1)
+    plans: dict[int, object] = {}
+
+    def plan(n: int):
+        found = plans.get(n)
+        if found is None:
+            found = plans[n] = _select_and_scatter_block(
+                compare, ufunc, wd, (n, *dims[1:]), (n, *out_shape[1:])
+            )
+        return found
+
+    passes = 3 * math.prod(d.size for d in wd)
+
+    def run(values, out, ctx) -> bool:
+        x, src, init = values
+        if not out.flags.c_contiguous or src.shape != out_shape:
+            return False
+        if np.may_share_memory(src, out):
+            src = src.copy()
+        if np.may_share_memory(x, out):
+            x = x.copy()
+        if not split:
+            plan(dims[0])(x, src, init, out)
+            return True
+
+        def block(lo: int, hi: int) -> None:
+            plan(hi - lo)(x[lo:hi], src[lo:hi], init, out[lo:hi])
+
+        split_over(dims[0], passes * src.nbytes * byte_seconds(), block)
+        return True
+
+    return run
+
+
+def _select_and_scatter_block(compare, ufunc, wd, dims, out_shape):
     fn, swapped = compare
     if swapped:
         fn = _MIRRORED[fn]
@@ -329,12 +437,7 @@ def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
     )
     kind = np.uint8 if len(views) <= 255 else np.intp
 
-    def run(values, out, ctx) -> bool:
-        x, src, init = values
-        if not out.flags.c_contiguous or src.shape != out_shape:
-            return False
-        if np.may_share_memory(src, out):
-            src = src.copy()
+    def run(x: np.ndarray, src: np.ndarray, init, out: np.ndarray) -> None:
         mask = None
         if padded:
             x = np.pad(x, pads)
@@ -363,6 +466,5 @@ def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
             targets, updates = targets[keep], updates[keep]
         out[...] = init
         ufunc.at(out.reshape(-1), targets, updates)
-        return True
 
     return run
