@@ -4,6 +4,7 @@ Every JAX program of the table is fused in both its lowered and XLA-optimized fo
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -821,3 +822,158 @@ def test_dynamic_update_slice_fusion_is_never_a_producer_or_sibling():
     roots = [f.attrs["calls"].root.opcode.text for f in fusions(module)]
     assert roots == ["dynamic-update-slice"]
     assert "negate" in entry_ops(module)
+
+
+# -- duplication of multi-user producers (XLA's rules) ---------------------------------------
+
+
+def residual_stream(layers: int, dtype: str = "f32") -> str:
+    """A pre-norm residual stream: x_k = x_{k-1} + relu(center(x_{k-1}) @ w_k + b_k), where
+    center subtracts the row mean (a reduction on the path from x_{k-1} to its users)."""
+    body = [
+        "  x0 = f32[8,16] parameter(0)",
+        "  zero = f32[] constant(0)",
+        "  n = f32[] constant(16)",
+        "  nb = f32[8] broadcast(n), dimensions={}",
+    ]
+    for k in range(1, layers + 1):
+        body += [
+            f"  w{k} = f32[16,16] parameter({k})",
+            f"  b{k} = f32[16] parameter({layers + k})",
+            f"  s{k} = f32[8] reduce(x{k - 1}, zero), dimensions={{1}}, to_apply=add_f32",
+            f"  mu{k} = f32[8] divide(s{k}, nb)",
+            f"  mub{k} = f32[8,16] broadcast(mu{k}), dimensions={{0}}",
+            f"  c{k} = f32[8,16] subtract(x{k - 1}, mub{k})",
+            f"  d{k} = f32[8,16] dot(c{k}, w{k}), lhs_contracting_dims={{1}}, "
+            "rhs_contracting_dims={0}",
+            f"  bb{k} = f32[8,16] broadcast(b{k}), dimensions={{1}}",
+            f"  h{k} = f32[8,16] add(d{k}, bb{k})",
+            f"  zb{k} = f32[8,16] broadcast(zero), dimensions={{}}",
+            f"  r{k} = f32[8,16] maximum(h{k}, zb{k})",
+            f"  x{k} = f32[8,16] add(x{k - 1}, r{k})",
+        ]
+    body[-1] = body[-1].replace(f"  x{layers} =", f"  ROOT x{layers} =")
+    return (
+        "HloModule residual\n\nadd_f32 {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n" + "\n".join(body) + "\n}\n"
+    )
+
+
+def fused_op_count(module: HloModule, opcode: Opcode) -> int:
+    """How many `opcode` instructions run: in the entry and in every fused body."""
+    count = sum(1 for i in module.entry.instructions if i.opcode is opcode)
+    return count + sum(body_ops(f).count(opcode.text) for f in fusions(module))
+
+
+@pytest.mark.parametrize("layers", [1, 4, 8])
+def test_residual_stream_is_not_recomputed_in_every_layer(layers):
+    # x_{k-1} = add(x_{k-2}, r) reads two arrays as large as itself, and one path to its
+    # users runs through the row-mean reduction, which cannot take it in: XLA's rule marks it
+    # do-not-duplicate, so each residual add runs once (before: 2 + 4 + ... adds, the whole
+    # stream from x_0 recomputed inside every layer's kernels, 32 adds for 4 layers).
+    module = fused(residual_stream(layers), (LoopFusion,))
+    assert fused_op_count(module, Opcode.ADD) == 2 * layers
+    assert fused_op_count(module, Opcode.MAXIMUM) == layers
+
+
+def test_residual_stream_runs_like_the_interpreter():
+    from xlapy.runtime.client import Client
+
+    module = parse_module(residual_stream(4))
+    args = random_args(module, 11)
+    expected = evaluate(module, args)
+    client = Client("cpu")
+    exe = client.compile(residual_stream(4))
+    (out,) = exe.execute([[client.buffer_from_pyval(a) for a in args]])[0]
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=2e-5, atol=2e-5)
+
+
+LIGHT_SHARED = """
+HloModule light
+
+ENTRY main {
+  x = f32[64,32] parameter(0)
+  b = f32[32] parameter(1)
+  bb = f32[64,32] broadcast(b), dimensions={1}
+  a = f32[64,32] add(x, bb)
+  n = f32[64,32] negate(a)
+  m = f32[64,32] multiply(a, a)
+  ROOT t = (f32[64,32], f32[64,32]) tuple(n, m)
+}
+"""
+
+
+def test_effectively_unary_producer_is_duplicated():
+    # add(x, broadcast(b)) reads one large array (the broadcast is negligible): copying it
+    # into both users reads x twice instead of writing and reading `a`, so it is duplicated
+    module = fused(LIGHT_SHARED, (LoopFusion,))
+    assert "add" not in entry_ops(module)
+    assert fused_op_count(module, Opcode.ADD) == 2
+
+
+GATHER_SHARED = """
+HloModule gather_shared
+
+ENTRY main {
+  table = f32[50,16] parameter(0)
+  ids = s32[8,1] parameter(1)
+  g = f32[8,16] gather(table, ids), offset_dims={1}, collapsed_slice_dims={0},
+    start_index_map={0}, index_vector_dim=1, slice_sizes={1,16}
+  n = f32[8,16] negate(g)
+  m = f32[8,16] multiply(g, g)
+  ROOT t = (f32[8,16], f32[8,16]) tuple(n, m)
+}
+"""
+
+
+def test_gather_is_not_duplicated():
+    # XLA counts a gather as expensive: an embedding lookup with several users runs once
+    module = parse_module(GATHER_SHARED)
+    args = [
+        np.random.default_rng(5).standard_normal((50, 16)).astype(np.float32),
+        np.array([[3], [7], [0], [49], [3], [12], [30], [8]], np.int32),
+    ]
+    run_passes(module, (LoopFusion,), args)
+    assert fused_op_count(module, Opcode.GATHER) == 1
+
+
+WIDENING_CONVERT = """
+HloModule widen
+
+ENTRY main {
+  x = bf16[64,32] parameter(0)
+  y = f32[64,32] parameter(1)
+  c = f32[64,32] convert(x)
+  e = f32[64,32] exponential(c)
+  m = f32[64,32] multiply(c, y)
+  ROOT t = (f32[64,32], f32[64,32]) tuple(e, m)
+}
+"""
+
+
+def test_widening_convert_is_duplicated():
+    module = fused(WIDENING_CONVERT, (LoopFusion,))
+    assert "convert" not in entry_ops(module)
+    assert fused_op_count(module, Opcode.CONVERT) == 2
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 1.0])
+def test_duplicated_work_is_bounded(fraction):
+    # a long cheap unary chain with two users: copies may add at most `fraction` of the
+    # computation's arithmetic (26 ops of 2048 elements); unbounded, the chain is copied
+    # whole into both users (48 negates)
+    chain = ["  x = f32[64,32] parameter(0)", "  v0 = f32[64,32] negate(x)"]
+    for k in range(1, 24):
+        chain.append(f"  v{k} = f32[64,32] negate(v{k - 1})")
+    chain += [
+        "  e = f32[64,32] exponential(v23)",
+        "  l = f32[64,32] log(v23)",
+        "  ROOT t = (f32[64,32], f32[64,32]) tuple(e, l)",
+    ]
+    text = "HloModule chain\n\nENTRY main {\n" + "\n".join(chain) + "\n}\n"
+    module = fused(
+        text,
+        (functools.partial(LoopFusion, max_duplicated_fraction=fraction, min_duplicated_work=0),),
+    )
+    assert 24 <= fused_op_count(module, Opcode.NEGATE) <= 24 + int(fraction * 26)
+    assert fused_op_count(module, Opcode.EXP) == 1

@@ -11,16 +11,29 @@ input fusion (`kind=kInput`); everything else makes a loop fusion (`kind=kLoop`)
 indices are pulled in, its operand 0 never (nor a producer that reads it), so the fusion can
 run in that operand's bytes.
 
-A producer with other users stays in place and its work is duplicated into the consumer; that
-is allowed only when the producer is cheap and either reads no more bytes than it writes or
-every one of its users can fuse it (so it disappears) and the computed values it reads are no
-larger than it (duplicated into users further on, it would hold them live until its last user
-instead of holding its own buffer: memory, where XLA's rule only weighs memory traffic).
-Sweeps repeat until nothing changes.
+A producer with other users stays in place and its work is duplicated into the consumer. The
+rule is XLA's instruction fusion's: at the start of each sweep, a producer that reads more
+than it writes (more than one operand as large as its result, broadcasts, iotas and scalar
+constants aside, and more elements in than out) is marked *do not duplicate* unless it can be
+fused into every user along every path to it (`fuses_on_all_paths`: a path through a
+reduction, a dot, or anything else that cannot take the producer in blocks it). So the
+residual stream x_k = x_{k-1} + f(x_{k-1}) of a transformer, whose users reach it through a
+layer norm's reduction, is computed once instead of again from x_0 inside every layer.
+Beyond that, a duplicated producer must be cheap (`is_expensive`: no transcendental, divide,
+power or gather; a widening convert is always allowed, it makes its consumers read fewer
+bytes); the work copied in a computation (elements computed by arithmetic, data movement
+free) stays within `max_duplicated_fraction` of the work it had, or a small floor (a copy
+leaves the producer's operands to other consumers to copy again, so a per-kernel limit
+would not bound a long cheap chain with several users); and a producer that reads more
+bytes than it writes is duplicated only when every user can take it in and the computed
+values it reads are no larger than it (duplicated into users further on, it would hold them
+live until its last user instead of holding its own buffer: memory, where XLA's rule only
+weighs memory traffic). Sweeps repeat until nothing changes.
 """
 
 from __future__ import annotations
 
+from xlapy.analysis.reachability import Reachability
 from xlapy.ir.call_graph import CallGraph, Context
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -28,11 +41,14 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
+    arithmetic_work,
     can_be_consumer,
     can_be_producer,
     fused_computation,
     in_place_operand,
+    is_always_duplicable,
     is_expensive,
+    is_light_to_duplicate,
     operand_bytes,
     reuses_operand,
 )
@@ -61,7 +77,9 @@ class LoopFusion(HloPass):
     """Producer-consumer fusion (see the module comment). Limits: `max_parameters` operands
     per fusion, `max_instructions` fused instructions, constants up to
     `small_constant_bytes` are copied into fusions; `in_place_roots` lets dynamic-update-slice
-    root a fusion. After `run`, `fusions_made` counts the new fusion instructions and
+    root a fusion; the work copied from producers that other users keep stays within
+    `max_duplicated_fraction` of each computation's arithmetic (or `min_duplicated_work`
+    elements, whichever is more). After `run`, `fusions_made` counts the new fusion instructions and
     `producers_fused` every producer taken into one."""
 
     name = "fusion"
@@ -73,12 +91,16 @@ class LoopFusion(HloPass):
         small_constant_bytes: int = 64,
         max_sweeps: int = 8,
         in_place_roots: bool = True,
+        max_duplicated_fraction: float = 0.25,
+        min_duplicated_work: int = 1 << 16,
     ):
         self.max_parameters = max_parameters
         self.max_instructions = max_instructions
         self.small_constant_bytes = small_constant_bytes
         self.max_sweeps = max_sweeps
         self.in_place_roots = in_place_roots
+        self.max_duplicated_fraction = max_duplicated_fraction
+        self.min_duplicated_work = min_duplicated_work
         self.fusions_made = 0
         self.producers_fused = 0
 
@@ -87,6 +109,8 @@ class LoopFusion(HloPass):
         self.fusions_made = 0
         self.producers_fused = 0
         self._shared = shared_fused_computations(module)
+        self._no_dup: set[HloInstruction] = set()
+        self._copy_budget = 0  # elements of arithmetic the current computation may copy
         changed = False
         for comp in fusible_computations(module):
             changed |= self._run_on(module, comp, names)
@@ -94,14 +118,20 @@ class LoopFusion(HloPass):
 
     def _run_on(self, module: HloModule, comp: HloComputation, names: NameUniquer) -> bool:
         editor = FusionEditor(module, comp, names)
+        work = sum(arithmetic_work(i) for i in comp.instructions)
+        budget = int(self.max_duplicated_fraction * work)
+        self._copy_budget = max(budget, self.min_duplicated_work)
         changed_any = False
         for _ in range(self.max_sweeps):
             changed = False
+            self._no_dup = self.unduplicable(editor, comp)
             for consumer in reversed(comp.post_order()):
                 if consumer.parent is not comp:
                     continue
                 while (found := self._pick_producer(editor, consumer)) is not None:
                     consumer = editor.fuse(found, consumer)
+                    if found.parent is comp:  # it stays for its other users: a copy
+                        self._copy_budget -= arithmetic_work(found)
                     self.producers_fused += 1
                     changed = True
             if not changed:
@@ -129,10 +159,14 @@ class LoopFusion(HloPass):
         ok = can_be_producer(instr, editor.unfusible)
         return ok and (comp is None or id(comp) not in self._shared)
 
-    def should_fuse(
+    def can_fuse(
         self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
     ) -> bool:
-        """May operand `i` (`producer`) of `consumer` be computed inside it?"""
+        """May operand `i` (`producer`) of `consumer` be computed inside it, duplication
+        aside: both take part in fusion, the in-place operand stays out, small constants
+        only, no expensive producer re-read per element, within the limits."""
+        if not self._consumer_ok(editor, consumer):
+            return False
         if not self._producer_ok(editor, producer) or producer.control_predecessors:
             return False
         if producer.control_successors:
@@ -145,18 +179,31 @@ class LoopFusion(HloPass):
             return small and consumer.opcode is Opcode.FUSION
         if is_expensive(producer) and reuses_operand(consumer, i):
             return False
-        if not self._within_limits(producer, consumer):
+        return self._within_limits(producer, consumer)
+
+    def should_fuse(
+        self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
+    ) -> bool:
+        """May operand `i` (`producer`) of `consumer` be computed inside it?"""
+        if not self.can_fuse(editor, producer, consumer, i):
             return False
+        if producer.opcode is Opcode.CONSTANT:
+            return True
         others = [u for u in editor.users_of(producer) if u is not consumer]
         if not others and not editor.is_root(producer):
             return True
         return self._may_duplicate(editor, producer, others)
 
     def _may_duplicate(self, editor: FusionEditor, producer, others) -> bool:
-        """Duplicate a multi-user producer only when it is cheap and either reads no more
-        than it writes or every user can take it in (so it disappears) and the temporaries
-        it reads are no larger than it (they live on to its last user instead)."""
-        if is_expensive(producer):
+        """Duplicate a multi-user producer only when it is cheap, not marked do-not-duplicate
+        (see the module comment), within the computation's copy budget, and, when it reads
+        more bytes than it writes, every user can take it in and the temporaries it reads are
+        no larger than it."""
+        if is_expensive(producer) and not is_always_duplicable(producer):
+            return False
+        if producer in self._no_dup:
+            return False
+        if arithmetic_work(producer) > self._copy_budget:
             return False
         if operand_bytes(producer) <= producer.shape.byte_size:
             return True
@@ -170,12 +217,71 @@ class LoopFusion(HloPass):
             for u in others
         )
 
+    def unduplicable(self, editor: FusionEditor, comp: HloComputation) -> set[HloInstruction]:
+        """XLA's globally unfusible producers: those that read more than they write
+        (`is_light_to_duplicate` false) and cannot be fused into all their users on all
+        paths, so duplicating them into some users would leave them computed anyway."""
+        reach = Reachability(comp)
+        cache: dict[tuple[int, int], bool] = {}
+        marked: set[HloInstruction] = set()
+        for producer in reversed(comp.post_order()):
+            users = editor.users_of(producer)
+            if len(users) < 2 and not editor.is_root(producer):
+                continue
+            if is_light_to_duplicate(producer):
+                continue
+            if not self._producer_ok(editor, producer) or editor.is_root(producer):
+                marked.add(producer)
+                continue
+            for user in users:
+                if not self.fuses_on_all_paths(editor, reach, producer, user, marked, cache):
+                    marked.add(producer)
+                    break
+        return marked
+
+    def fuses_on_all_paths(
+        self,
+        editor: FusionEditor,
+        reach: Reachability,
+        producer: HloInstruction,
+        consumer: HloInstruction,
+        marked: set[HloInstruction],
+        cache: dict[tuple[int, int], bool],
+        depth: int = 0,
+    ) -> bool:
+        """Can `producer` be fused into `consumer` through every operand of `consumer` that
+        depends on it (XLA's CanFuseOnAllPaths)? Paths longer than `_MAX_PATH` count as not
+        fusible (a bound on the search, and on the fusion such a path would build)."""
+        if consumer is producer:
+            return True
+        key = (id(producer), id(consumer))
+        if key in cache:
+            return cache[key]
+        ok = depth < _MAX_PATH and self._consumer_ok(editor, consumer)
+        for i, operand in enumerate(consumer.operands):
+            if not ok:
+                break
+            if not reach.reaches(producer, operand):
+                continue
+            ok = (
+                operand not in marked
+                and self.can_fuse(editor, operand, consumer, i)
+                and self.fuses_on_all_paths(
+                    editor, reach, producer, operand, marked, cache, depth + 1
+                )
+            )
+        cache[key] = ok
+        return ok
+
     def _within_limits(self, producer: HloInstruction, consumer: HloInstruction) -> bool:
         operands = {id(op) for op in consumer.operands if op is not producer}
         operands.update(id(op) for op in producer.operands)
         if len(operands) > self.max_parameters:
             return False
         return _size(producer) + _size(consumer) <= self.max_instructions
+
+
+_MAX_PATH = 64  # instructions on a path from a producer to a user, for fuses_on_all_paths
 
 
 def _held_operand_bytes(editor: FusionEditor, producer: HloInstruction) -> int:

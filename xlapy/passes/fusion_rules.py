@@ -16,10 +16,12 @@ buffer assignment can give the fusion that operand's bytes (XLA's in-place dynam
 fusion). Such a fusion is never a producer and never takes its operand 0 in.
 
 Cost follows XLA's instruction fusion: an *expensive* producer (transcendental functions,
-divide, power, remainder; a fusion containing one) is never duplicated and never fused into a
-consumer that reads each of its elements many times (an expanding broadcast, a dynamic-slice
-index, a gather's operands: its indices once per window element, its operand wherever
-indices repeat). A cheap producer may be duplicated into several consumers.
+divide, power, remainder, gather; a fusion containing one) is never duplicated (a widening
+convert aside) and never fused into a consumer that reads each of its elements many times (an
+expanding broadcast, a dynamic-slice index, a gather's operands: its indices once per window
+element, its operand wherever indices repeat). A cheap producer may be duplicated into several
+consumers; one that is not *light* (more than one operand as large as its result, and more
+elements read than written) only where it can be fused into all its users (passes/fusion.py).
 """
 
 from __future__ import annotations
@@ -251,11 +253,53 @@ def is_expensive(instr: HloInstruction) -> bool:
     comp = fused_computation(instr)
     if comp is not None:
         return any(is_expensive(i) for i in comp.instructions)
-    if instr.opcode.is_expensive:
+    if instr.opcode.is_expensive or instr.opcode is O.GATHER:
         return True
     if instr.opcode.is_elementwise or instr.opcode in LOOP_FUSIBLE_NON_ELEMENTWISE:
         return False
     return instr.opcode not in (O.PARAMETER, O.TUPLE, O.GET_TUPLE_ELEMENT)
+
+
+def is_always_duplicable(instr: HloInstruction) -> bool:
+    """A widening convert: duplicated into its consumers, they read the narrow operand."""
+    if instr.opcode is not O.CONVERT or not instr.shape.is_array:
+        return False
+    return instr.operands[0].shape.byte_size < instr.shape.byte_size
+
+
+def arithmetic_work(instr: HloInstruction) -> int:
+    """Elements computed by arithmetic in `instr` (a fusion: in its body); data movement,
+    constants and iotas are free."""
+    comp = fused_computation(instr)
+    if comp is not None:
+        return sum(arithmetic_work(i) for i in comp.instructions)
+    if not instr.opcode.is_elementwise or not instr.shape.is_array or instr.shape.is_dynamic:
+        return 0
+    return instr.shape.num_elements
+
+
+def _true_rank(shape) -> int:
+    return sum(1 for d in shape.dims if d != 1) if shape.is_array else 0
+
+
+def is_light_to_duplicate(instr: HloInstruction) -> bool:
+    """Duplicating `instr` into several consumers does not multiply what they read: at most
+    one operand is as large as the result (broadcasts, iotas and scalar constants count as
+    negligible: XLA's "effectively at most unary"), or its operands hold no more elements
+    than its result."""
+    out_rank = _true_rank(instr.shape)
+    large = 0
+    for op in instr.operands:
+        if op.opcode in (O.BROADCAST, O.IOTA):
+            continue
+        if op.opcode is O.CONSTANT and op.shape.is_array and op.shape.num_elements == 1:
+            continue
+        large += _true_rank(op.shape) >= out_rank
+    if large <= 1:
+        return True
+    unique = dict.fromkeys(instr.operands)
+    elements = sum(op.shape.num_elements for op in unique if op.shape.is_array)
+    return instr.shape.is_array and elements <= instr.shape.num_elements
 
 
 def _op_reuses(instr: HloInstruction, operand_index: int) -> bool:
