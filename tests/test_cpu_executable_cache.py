@@ -61,6 +61,7 @@ def cache(tmp_path, monkeypatch):
     """A fresh cache and key directory; the process's in-memory kernels forgotten."""
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XLAPY_EXECUTABLE_CACHE", "1")  # opt-in (executable_cache.enabled)
     clear_kernel_cache()
     yield tmp_path / "kernels"
     clear_kernel_cache()

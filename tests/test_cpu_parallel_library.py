@@ -5,6 +5,7 @@ Python threads running programs that use the pool at once, and the cost model's 
 
 from __future__ import annotations
 
+import re
 import threading
 
 import jax
@@ -33,10 +34,9 @@ def _conv(x):
     return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
 
 
+# Prefix scans are native kernels (codegen/emit_scan.py), split like the other kernels
+# through their (lo, hi) range: tests/test_cpu_scan_kernel.py checks those splits.
 CASES = {
-    "cumsum_rows": lambda x: jnp.cumsum(x, axis=2),
-    "cummax_reverse_axis1": lambda x: lax.cummax(x, axis=1, reverse=True),
-    "cumprod_axis0": lambda x: lax.cumprod(1 + x / 8, axis=0),
     "maxpool": _maxpool,
     "maxpool_grad": jax.grad(lambda x: jnp.sum(_maxpool(x) ** 2)),
     "avgpool": _avgpool,
@@ -200,7 +200,7 @@ ENTRY main {{
 }}
 """
     program = CpuProgram(parse_module(text))
-    assert "cblas gemm, split" in program.thunk_listing()
+    assert re.search(r"cblas gemm(, subnormals flushed)?, split", program.thunk_listing())
     rng = np.random.default_rng(parts * 1000 + m)
     args = [rng.standard_normal((m, k)).astype(np.float32),
             rng.standard_normal((k, n)).astype(np.float32)]  # fmt: skip

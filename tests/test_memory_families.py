@@ -125,7 +125,9 @@ def test_lstm_cell_state_is_kept_once_and_the_embedding_gather_fuses():
     assert Opcode.GATHER not in {i.opcode for i in entry.instructions}
     temp = program.buffer_assignment.temp_bytes
     assert temp <= xla_temp, (temp, xla_temp)
-    assert temp <= 6 * 1024  # 18,816 bytes before (XLA: 11,136)
+    # 18,816 bytes before (XLA: 11,136); 5.6 KiB when fusion duplicated gathers into every
+    # consumer, 8.6 KiB since it follows XLA's rule (a gather is expensive: never duplicated)
+    assert temp <= 9 * 1024
     got = np.asarray(program.run(args))
     want = np.asarray(get_backend("interpreter").compile(parse_module(text)).run(args))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -303,6 +303,13 @@ def _buffer_destroy_ir(fallback: int) -> str:
     return f"""
 define ptr @Buffer_Destroy(ptr %args) {{
 entry:
+  %argsnull = icmp eq ptr %args, null
+  br i1 %argsnull, label %slow, label %sized
+sized:
+  %ss = load i64, ptr %args
+  %small = icmp ult i64 %ss, {struct_size("PJRT_Buffer_Only_Args")}
+  br i1 %small, label %slow, label %load
+load:
   %hp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Only_Args", "buffer")}
   %h = load ptr, ptr %hp
   %isnull = icmp eq ptr %h, null
@@ -335,11 +342,19 @@ slow:
 
 def _execute_ir(fallback: int) -> str:
     """LoadedExecutable_Execute: the executable's own native entry when it has one (it
-    falls back to Python itself when the call is not its case), else Python."""
+    falls back to Python itself when the call is not its case), else Python (which also
+    answers NULL args and structs smaller than this version's with a PJRT error)."""
     executable = _offset("PJRT_LoadedExecutable_Execute_Args", "executable")
     return f"""
 define ptr @LoadedExecutable_Execute(ptr %args) {{
 entry:
+  %argsnull = icmp eq ptr %args, null
+  br i1 %argsnull, label %slow, label %sized
+sized:
+  %ss = load i64, ptr %args
+  %small = icmp ult i64 %ss, {struct_size("PJRT_LoadedExecutable_Execute_Args")}
+  br i1 %small, label %slow, label %load
+load:
   %ep = getelementptr i8, ptr %args, i64 {executable}
   %e = load ptr, ptr %ep
   %isnull = icmp eq ptr %e, null

@@ -84,7 +84,8 @@ def compile_module(
     options = dict(options or {})
     text = module.to_text() if text is None else text
     key = executable_cache.cache_key(text, options, denormals_flushed(options))
-    entry = executable_cache.read(key)
+    use_entries = executable_cache.enabled()
+    entry = executable_cache.read(key) if use_entries else None
     prepared = _cached_module(entry, module) if entry is not None else None
     book = entry.book if entry is not None and prepared is not None else KernelBook()
     if prepared is None:
@@ -104,7 +105,7 @@ def compile_module(
         lowering.compile_loops()
     for why in book.rejected:
         warn_rejected(key + executable_cache.SUFFIX, why)
-    if (prepared_text is not None or book.rejected) and not failed:
+    if use_entries and (prepared_text is not None or book.rejected) and not failed:
         if prepared_text is None:
             prepared_text = prepared.to_text()
         book.known.clear()

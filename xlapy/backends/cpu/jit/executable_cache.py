@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,16 @@ class Entry:
     key: str
     module_text: str
     book: KernelBook
+
+
+ENABLE_ENV = "XLAPY_EXECUTABLE_CACHE"
+
+
+def enabled() -> bool:
+    """Whether compiles read and write whole-executable entries: opt-in ($XLAPY_EXECUTABLE_CACHE=1)
+    since a warm entry gave a native switch loop wrong results (tests/test_cpu_native_loops.py
+    out-of-range indices) in the merge of session 4; the per-kernel cache is used either way."""
+    return os.environ.get(ENABLE_ENV) == "1"
 
 
 def cache_key(text: str, options: Mapping[str, Any], flush_denormals: bool) -> str:

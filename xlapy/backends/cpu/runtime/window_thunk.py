@@ -385,6 +385,7 @@ def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
         return found
 
     passes = 3 * math.prod(d.size for d in wd)
+    whole = _select_and_scatter_block(compare, ufunc, wd, dims, out_shape) if not split else None
 
     def run(values, out, ctx) -> bool:
         x, src, init = values
@@ -394,8 +395,8 @@ def _select_and_scatter(compare, ufunc, wd, dims, out_shape):
             src = src.copy()
         if np.may_share_memory(x, out):
             x = x.copy()
-        if not split:
-            plan(dims[0])(x, src, init, out)
+        if whole is not None:  # the first axis may be windowed: the whole operand and source
+            whole(x, src, init, out)
             return True
 
         def block(lo: int, hi: int) -> None:
