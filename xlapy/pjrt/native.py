@@ -89,20 +89,27 @@ def _int(bytes_: int) -> str:
     return {1: "i8", 4: "i32", 8: "i64"}[bytes_]
 
 
+def _args_guard(args_type: str) -> list[str]:
+    """Branch to %slow (Python answers with a PJRT error) for NULL args or args smaller than
+    this version's `args_type`; else go on at label %load."""
+    return [
+        "  %argsnull = icmp eq ptr %args, null",
+        "  br i1 %argsnull, label %slow, label %sized",
+        "sized:",
+        "  %ss = load i64, ptr %args",
+        f"  %small = icmp ult i64 %ss, {struct_size(args_type)}",
+        "  br i1 %small, label %slow, label %load",
+        "load:",
+    ]
+
+
 def _load_handle(args_type: str, field: str, handle_type: str) -> list[str]:
     """Load the handle `field` of the argument struct into %h; %isnull is true when Python
     must answer instead: NULL args, args smaller than this version's struct, a NULL handle
     or a destroyed one (index 0, see core.forget)."""
     index_t = _int(_size(handle_type, "index"))
     return [
-        "  %argsnull = icmp eq i8* %args, null",
-        "  br i1 %argsnull, label %slow, label %sized",
-        "sized:",
-        "  %ssp = bitcast i8* %args to i64*",
-        "  %ss = load i64, i64* %ssp",
-        f"  %small = icmp ult i64 %ss, {struct_size(args_type)}",
-        "  br i1 %small, label %slow, label %load",
-        "load:",
+        *_args_guard(args_type),
         f"  %hp = getelementptr i8, i8* %args, i64 {_offset(args_type, field)}",
         "  %hpp = bitcast i8* %hp to i8**",
         "  %h = load i8*, i8** %hpp",
@@ -303,13 +310,7 @@ def _buffer_destroy_ir(fallback: int) -> str:
     return f"""
 define ptr @Buffer_Destroy(ptr %args) {{
 entry:
-  %argsnull = icmp eq ptr %args, null
-  br i1 %argsnull, label %slow, label %sized
-sized:
-  %ss = load i64, ptr %args
-  %small = icmp ult i64 %ss, {struct_size("PJRT_Buffer_Only_Args")}
-  br i1 %small, label %slow, label %load
-load:
+{chr(10).join(_args_guard("PJRT_Buffer_Only_Args"))}
   %hp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Only_Args", "buffer")}
   %h = load ptr, ptr %hp
   %isnull = icmp eq ptr %h, null
@@ -348,13 +349,7 @@ def _execute_ir(fallback: int) -> str:
     return f"""
 define ptr @LoadedExecutable_Execute(ptr %args) {{
 entry:
-  %argsnull = icmp eq ptr %args, null
-  br i1 %argsnull, label %slow, label %sized
-sized:
-  %ss = load i64, ptr %args
-  %small = icmp ult i64 %ss, {struct_size("PJRT_LoadedExecutable_Execute_Args")}
-  br i1 %small, label %slow, label %load
-load:
+{chr(10).join(_args_guard("PJRT_LoadedExecutable_Execute_Args"))}
   %ep = getelementptr i8, ptr %args, i64 {executable}
   %e = load ptr, ptr %ep
   %isnull = icmp eq ptr %e, null
