@@ -329,3 +329,192 @@ def test_stage_dict_without_execute_is_refused():
             {"instantiate": LAPACK.registrations()["lapack_spotrf_ffi"]},
             platform="xlapy",
         )
+
+
+# -- per-instruction state: a handler with an instantiate stage -------------------------------
+STATE_SOURCE = r"""
+#include <stdlib.h>
+#include <string.h>
+#include "xla/ffi/api/c_api.h"
+
+typedef struct { int64_t base; int64_t calls; } Counter;
+XLA_FFI_TypeId counter_type = {0};
+int64_t instantiated = 0, deleted = 0;
+static void delete_counter(void* object) { ++deleted; free(object); }
+XLA_FFI_TypeInfo counter_info = {XLA_FFI_TypeInfo_STRUCT_SIZE, NULL, delete_counter};
+
+static XLA_FFI_Error* fail(const XLA_FFI_Api* api, const char* message) {
+  XLA_FFI_Error_Create_Args args;
+  memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+  args.message = message;
+  args.errc = XLA_FFI_Error_Code_INVALID_ARGUMENT;
+  return api->XLA_FFI_Error_Create(&args);
+}
+
+static int metadata(XLA_FFI_CallFrame* frame) {
+  XLA_FFI_Extension_Base* ext = frame->extension_start;
+  if (ext == NULL || ext->type != XLA_FFI_Extension_Metadata) return 0;
+  XLA_FFI_Metadata* m = ((XLA_FFI_Metadata_Extension*)ext)->metadata;
+  m->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
+  m->api_version.extension_start = NULL;
+  m->api_version.major_version = XLA_FFI_API_MAJOR;
+  m->api_version.minor_version = XLA_FFI_API_MINOR;
+  m->traits = 0;
+  return 1;
+}
+
+/* Instantiate: one attribute, base (i64), no buffers; the state is a Counter. */
+XLA_FFI_Error* counter_instantiate(XLA_FFI_CallFrame* frame) {
+  const XLA_FFI_Api* api = frame->api;
+  if (metadata(frame)) return NULL;
+  if (frame->stage != XLA_FFI_ExecutionStage_INSTANTIATE) return fail(api, "stage");
+  if (frame->args.size != 0 || frame->rets.size != 0) return fail(api, "buffers at instantiate");
+  if (frame->attrs.size != 1 || frame->attrs.types[0] != XLA_FFI_AttrType_SCALAR)
+    return fail(api, "one scalar attribute expected");
+  int64_t base = *(int64_t*)((XLA_FFI_Scalar*)frame->attrs.attrs[0])->value;
+  if (base < 0) return fail(api, "base must not be negative");
+  Counter* counter = (Counter*)malloc(sizeof(Counter));
+  counter->base = base;
+  counter->calls = 0;
+  XLA_FFI_State_Set_Args set;
+  memset(&set, 0, sizeof(set));
+  set.struct_size = XLA_FFI_State_Set_Args_STRUCT_SIZE;
+  set.ctx = frame->ctx;
+  set.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  set.type_id = &counter_type;
+  set.state = counter;
+  XLA_FFI_Error* err = api->XLA_FFI_State_Set(&set);
+  if (err) { free(counter); return err; }
+  ++instantiated;
+  return NULL;
+}
+
+/* Execute: y = x + base + (number of earlier runs of this instruction). */
+XLA_FFI_Error* counter_execute(XLA_FFI_CallFrame* frame) {
+  const XLA_FFI_Api* api = frame->api;
+  if (metadata(frame)) return NULL;
+  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return fail(api, "stage");
+  XLA_FFI_State_Get_Args get;
+  memset(&get, 0, sizeof(get));
+  get.struct_size = XLA_FFI_State_Get_Args_STRUCT_SIZE;
+  get.ctx = frame->ctx;
+  get.stage = XLA_FFI_ExecutionStage_INSTANTIATE;
+  get.type_id = &counter_type;
+  XLA_FFI_Error* err = api->XLA_FFI_State_Get(&get);
+  if (err) return err;
+  Counter* counter = (Counter*)get.state;
+  XLA_FFI_Buffer* x = (XLA_FFI_Buffer*)frame->args.args[0];
+  XLA_FFI_Buffer* y = (XLA_FFI_Buffer*)frame->rets.rets[0];
+  int64_t n = 1;
+  for (int64_t d = 0; d < x->rank; ++d) n *= x->dims[d];
+  for (int64_t i = 0; i < n; ++i)
+    ((float*)y->data)[i] = ((const float*)x->data)[i] + (float)(counter->base + counter->calls);
+  ++counter->calls;
+  return NULL;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def counters(tmp_path_factory):
+    """The counter handler compiled twice (each platform's registry writes its own type id
+    into its copy), registered as "test_counter" with both stages: {platform: library}."""
+    libraries = {}
+    for platform in ("cpu", "xlapy"):
+        folder = tmp_path_factory.mktemp(f"xla_ffi_state_{platform}")
+        builder = cffi.FFI()
+        builder.cdef("extern int64_t instantiated, deleted;")
+        source = STATE_SOURCE + "\nvoid* counter_type_address(void) { return &counter_type; }\n"
+        source += "void* counter_info_address(void) { return &counter_info; }\n"
+        builder.set_source(f"_xlapy_ffi_state_{platform}", source,
+                           include_dirs=[jax.ffi.include_dir()])  # fmt: skip
+        library = ctypes.CDLL(builder.compile(tmpdir=str(folder)))
+        for fn in ("counter_type_address", "counter_info_address"):
+            getattr(library, fn).restype = ctypes.c_void_p
+        type_id = ctypes.cast(library.counter_type_address(), ctypes.c_void_p)
+        type_info = ctypes.cast(library.counter_info_address(), ctypes.c_void_p)
+        capsule = ctypes.pythonapi.PyCapsule_New
+        capsule.restype, capsule.argtypes = ctypes.py_object, [ctypes.c_void_p] * 3
+        jax.ffi.register_ffi_type(
+            "test.Counter",
+            {"type_id": capsule(type_id, None, None), "type_info": capsule(type_info, None, None)},
+            platform=platform,
+        )
+        stages = {
+            "instantiate": jax.ffi.pycapsule(library.counter_instantiate),
+            "execute": jax.ffi.pycapsule(library.counter_execute),
+        }
+        jax.ffi.register_ffi_target("test_counter", stages, platform=platform, api_version=1)
+        libraries[platform] = library
+    return libraries
+
+
+def _count(library, name: str) -> int:
+    return ctypes.c_int64.in_dll(library, name).value
+
+
+def counter_call(x, base):
+    call = jax.ffi.ffi_call("test_counter", jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return call(x, base=np.int64(base))
+
+
+def test_instantiate_stage_state_lives_with_the_compiled_instruction(counters):
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    made = _count(counters["xlapy"], "instantiated")
+    step = jax.jit(lambda a: counter_call(a, 5))
+    runs = {}
+    for platform, device in (("cpu", CPU), ("xlapy", XLAPY)):
+        arg = jax.device_put(x, device)
+        runs[platform] = [np.asarray(step(arg)) for _ in range(3)]
+    for k, got in enumerate(runs["xlapy"]):
+        np.testing.assert_array_equal(got, x + np.float32(5 + k))  # the state counts the runs
+        np.testing.assert_array_equal(got, runs["cpu"][k])
+    # one instantiation for the one compiled instruction, not one per run
+    assert _count(counters["xlapy"], "instantiated") == made + 1
+
+
+def test_each_compiled_instruction_has_its_own_state(counters):
+    x = RNG.standard_normal(6).astype(np.float32)
+    arg = jax.device_put(x, XLAPY)
+    two = jax.jit(lambda a: (counter_call(a, 1), counter_call(a * 2, 100)))
+    first, second = (jax.tree_util.tree_map(np.asarray, two(arg)) for _ in range(2))
+    np.testing.assert_array_equal(first[0], x + 1)
+    np.testing.assert_array_equal(first[1], 2 * x + 100)
+    np.testing.assert_array_equal(second[0], x + 2)
+    np.testing.assert_array_equal(second[1], 2 * x + 101)
+
+
+def test_state_is_freed_by_its_types_deleter_when_the_program_dies(counters):
+    """The state lives as long as the compiled program: here xlapy's own client, whose
+    compile cache holds the program until it is cleared (JAX's caches hold it the same way
+    through the plugin)."""
+    import gc
+
+    from xlapy.runtime import Client
+
+    library = counters["xlapy"]
+    client = Client("cpu")
+    text = """HloModule counted
+ENTRY e {
+  x = f32[3] parameter(0)
+  ROOT c = f32[3] custom-call(x), custom_call_target="test_counter",
+      api_version=API_VERSION_TYPED_FFI, backend_config={base = 7 : i64}
+}"""
+    x = RNG.standard_normal(3).astype(np.float32)
+    exe = client.compile(text)
+    for k in range(2):
+        (out,) = exe.execute_portable([client.buffer_from_pyval(x)], client.devices()[0])
+        np.testing.assert_array_equal(out.to_numpy(), x + np.float32(7 + k))
+    deleted = _count(library, "deleted")
+    del exe, out
+    client.clear_compile_cache()
+    client.close()
+    gc.collect()
+    assert _count(library, "deleted") == deleted + 1
+
+
+def test_failing_instantiate_stage_reaches_jax_with_its_message(counters):
+    x = RNG.standard_normal(3).astype(np.float32)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="base must not be negative"):
+        np.asarray(jax.jit(lambda a: counter_call(a, -1))(jax.device_put(x, XLAPY)))

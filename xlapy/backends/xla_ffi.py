@@ -18,9 +18,14 @@ asynchronously (it creates an XLA_FFI_Future and sets it in the frame) is waited
 
 xlapy's `XLA_FFI_Api` (version 0.3, the one jaxlib 0.10.2's headers declare) implements the
 errors, type-id registration, device memory (host memory on the CPU), the thread pool, the
-run id and device ordinal, and futures. There are no streams on the CPU, no user data in
-the execution context and no per-instruction state (the `instantiate` stage): those
-functions return an UNIMPLEMENTED error naming themselves, which the handler reports.
+run id and device ordinal, futures, and per-instruction state: a handler with an
+`instantiate` stage is called once per custom-call instruction, with its attributes and no
+buffers, before the instruction first runs (XLA:CPU does it when it builds the thunk); the
+state it stores there with State_Set (one object of a registered type) is what State_Get
+returns to every execution of that instruction, and the type's deleter (its
+XLA_FFI_TypeInfo) frees it when the compiled instruction is gone. There are no streams on
+the CPU and no user data in the execution context: those functions return an error naming
+themselves, which the handler reports.
 
 Struct layouts are transcribed from the header (cffi declarations below); every struct a
 handler checks carries its STRUCT_SIZE (the size up to its last field at this version).
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -133,7 +139,7 @@ Future_SetError RunId_Get DeviceOrdinal_Get
 INVALID_ARGUMENT, NOT_FOUND, UNIMPLEMENTED, INTERNAL = 3, 5, 12, 13
 ARG_BUFFER = RET_BUFFER = 1
 ATTR_ARRAY, ATTR_DICTIONARY, ATTR_SCALAR, ATTR_STRING = 1, 2, 3, 4
-STAGE_EXECUTE = 3
+STAGE_INSTANTIATE, STAGE_EXECUTE = 0, 3
 FUTURE_TIMEOUT_SECONDS = 600.0
 """How long `call` waits for a handler's asynchronous result before failing the call."""
 
@@ -178,8 +184,17 @@ _ERRORS: dict[int, tuple[Any, Any, int]] = {}  # index -> (struct, message, code
 _FUTURES: dict[int, tuple[Any, threading.Event, list]] = {}  # index -> (struct, done, [error])
 _MEMORY: dict[int, Any] = {}  # address handed out -> the cffi allocation holding it
 _TYPES: dict[str, int] = {}  # registered type name -> type id
+_DELETERS: dict[int, int] = {}  # type id -> address of its deleter (XLA_FFI_TypeInfo)
 _CONTEXTS: dict[int, _Context] = {}
 _KEEP: list[Any] = []
+
+
+@dataclass
+class _State:
+    """The state a handler's instantiate stage set for one instruction (type id 0: none)."""
+
+    type_id: int = 0
+    address: int = 0
 
 
 @dataclass
@@ -188,6 +203,8 @@ class _Context:
 
     device_ordinal: int
     run_id: int
+    stage: int = 3  # STAGE_EXECUTE
+    state: _State | None = None
 
 
 def new_error(code: int, message: str):
@@ -265,16 +282,9 @@ def _handler_register(args) -> None:
     execute = args.bundle.execute
     if execute == ffi.NULL:
         raise FfiError(INVALID_ARGUMENT, f"handler {name!r} has no execute stage")
-    if args.bundle.instantiate != ffi.NULL:
-        raise FfiError(UNIMPLEMENTED, _NO_STATE.format(name=name))
     address = int(ffi.cast("uintptr_t", execute))
-    register(name, CHandler(name, address), "Host", ApiVersion.TYPED_FFI)
-
-
-_NO_STATE = (
-    "handler {name!r} has an instantiate stage; xlapy keeps no per-instruction FFI state "
-    "and runs the execute stage only"
-)
+    instantiate = int(ffi.cast("uintptr_t", args.bundle.instantiate))
+    register(name, CHandler(name, address, instantiate=instantiate), "Host", ApiVersion.TYPED_FFI)
 
 
 def _stream_get(args) -> None:
@@ -283,12 +293,14 @@ def _stream_get(args) -> None:
 
 def _type_register(args) -> None:
     name = ffi.string(args.name.ptr, args.name.len).decode()
-    register_type(name, args.type_id)
+    register_type(name, args.type_id, args.type_info)
 
 
-def register_type(name: str, type_id) -> int:
+def register_type(name: str, type_id, type_info=None) -> int:
     """Give type `name` an id (the same one each time for a name) and write it into the
-    XLA_FFI_TypeId `type_id` points at; a nonzero id already there must be the same."""
+    XLA_FFI_TypeId `type_id` points at; a nonzero id already there must be the same.
+    `type_info` (an XLA_FFI_TypeInfo pointer, or None/NULL) gives the deleter that frees a
+    state object of this type."""
     with _LOCK:
         known = _TYPES.get(name)
         if known is None:
@@ -297,6 +309,9 @@ def register_type(name: str, type_id) -> int:
     if given not in (0, known):
         raise FfiError(INVALID_ARGUMENT, f"type {name!r} has id {known}, not {given}")
     type_id.type_id = known
+    if type_info is not None and type_info != ffi.NULL and type_info.deleter != ffi.NULL:
+        with _LOCK:
+            _DELETERS[known] = int(ffi.cast("uintptr_t", type_info.deleter))
     return known
 
 
@@ -311,8 +326,32 @@ def _execution_context_get(args) -> None:
     raise FfiError(NOT_FOUND, f"no user data of type id {args.type_id.type_id} in the context")
 
 
-def _state(args) -> None:
-    raise FfiError(UNIMPLEMENTED, "xlapy keeps no FFI state (the instantiate stage)")
+def _state_set(args) -> None:
+    context = _context(args.ctx)
+    if context.stage != STAGE_INSTANTIATE or args.stage != STAGE_INSTANTIATE:
+        raise FfiError(
+            INVALID_ARGUMENT, "state is set in the instantiate stage, for that stage only"
+        )
+    state = context.state
+    if state is None or state.type_id:
+        raise FfiError(INVALID_ARGUMENT, "the instantiate stage's state is already set")
+    if args.type_id == ffi.NULL or args.type_id.type_id not in _TYPES.values():
+        raise FfiError(INVALID_ARGUMENT, "the state's type was not registered (Type_Register)")
+    state.type_id = args.type_id.type_id
+    state.address = int(ffi.cast("uintptr_t", args.state))
+
+
+def _state_get(args) -> None:
+    context = _context(args.ctx)
+    if args.stage != STAGE_INSTANTIATE:
+        raise FfiError(UNIMPLEMENTED, "xlapy keeps the state of the instantiate stage only")
+    state = context.state
+    if state is None or not state.type_id:
+        raise FfiError(NOT_FOUND, "no state was set by this handler's instantiate stage")
+    wanted = args.type_id.type_id if args.type_id != ffi.NULL else 0
+    if wanted != state.type_id:
+        raise FfiError(INVALID_ARGUMENT, f"the state has type id {state.type_id}, not {wanted}")
+    args.state = ffi.cast("void *", state.address)
 
 
 def _memory_allocate(args) -> None:
@@ -399,8 +438,8 @@ _IMPLS = {
     "Stream_Get": _stream_get,
     "Type_Register": _type_register,
     "ExecutionContext_Get": _execution_context_get,
-    "State_Set": _state,
-    "State_Get": _state,
+    "State_Set": _state_set,
+    "State_Get": _state_get,
     "DeviceMemory_Allocate": _memory_allocate,
     "DeviceMemory_Free": _memory_free,
     "ThreadPool_Schedule": _thread_pool_schedule,
@@ -448,7 +487,8 @@ _RUN_IDS = itertools.count()
 
 @dataclass(frozen=True, slots=True)
 class CHandler:
-    """A typed FFI handler in C: the address of its `XLA_FFI_Handler` (execute stage)."""
+    """A typed FFI handler in C: the address of its `XLA_FFI_Handler` (execute stage), and
+    of its instantiate stage (0: none)."""
 
     name: str
     address: int
@@ -456,52 +496,99 @@ class CHandler:
     """JAX's LAPACK convention (jaxlib's own handlers): with the call's frontend attribute
     num_batch_dims = k, every operand and result of rank k + 2 is a batch of column-major
     matrices, every other one row-major, whatever layouts the program kept."""
+    instantiate: int = 0
 
     def call(self, instr, ins, outs, device_ordinal: int = 0) -> None:
         """Run the handler for custom-call `instr` on operand leaves `ins` and result leaves
         `outs` (NumPy arrays, None for tokens; results filled in place)."""
-        target = instr.attrs.get("custom_call_target")
-        where = f"{instr.name}: custom-call target {target!r}"
-        config = typed_ffi.backend_config_text(instr)
-        try:
-            attrs = typed_ffi.parse_attributes(config, typed=True)
-        except ValueError as e:
-            raise CustomCallError(f"{where}: cannot read backend_config {config!r}: {e}") from e
+        where = f"{instr.name}: custom-call target {instr.attrs.get('custom_call_target')!r}"
+        attrs = _frame_attributes(instr, where)
+        state = self.state_of(instr, attrs, where) if self.instantiate else None
         keep: list[Any] = []
-        frame = ffi.new("XLA_FFI_CallFrame *")
-        keep.append(frame)
-        frame.struct_size = struct_size("XLA_FFI_CallFrame", "attrs")
-        frame.api = api()
-        frame.stage = STAGE_EXECUTE
         if self.column_major:
             arg_orders, ret_orders = _lapack_orders(instr, ins), _lapack_orders(instr, outs)
         else:
             arg_orders, ret_orders = _physical_orders(instr, len(ins), len(outs))
         results = [_physical(o, order) for o, order in zip(outs, ret_orders, strict=True)]
         args = [_physical(a, order) for a, order in zip(ins, arg_orders, strict=True)]
+        frame = _frame(STAGE_EXECUTE, attrs, keep, where)
         _buffers(frame.args, "args", args, keep, arg_orders)
         _buffers(frame.rets, "rets", results, keep, ret_orders)
-        try:
-            _attributes(frame.attrs, attrs, keep)
-        except CustomCallError as e:
-            raise CustomCallError(f"{where}: {e}") from e
-        ctx = ffi.new("XLA_FFI_ExecutionContext *")
-        ctx.index = key = next(_KEYS)
-        frame.ctx = ctx
-        _CONTEXTS[key] = _Context(device_ordinal, next(_RUN_IDS))
-        try:
-            handler = ffi.cast("XLA_FFI_Handler *", self.address)
-            err = handler(frame)
-            if err != ffi.NULL:
-                code, message = take_error(err)
-                raise CustomCallError(f"{where} failed: {message} (error code {code})")
-            if frame.future != ffi.NULL:
-                _wait(frame.future, where)
-        finally:
-            del _CONTEXTS[key]
+        _run(self.address, frame, _Context(device_ordinal, next(_RUN_IDS), state=state), where)
         for out, result, order in zip(outs, results, ret_orders, strict=True):
             if out is not None and result is not out:
                 out[...] = result if order is None else result.transpose(np.argsort(order))
+
+    def state_of(self, instr, attrs: dict, where: str) -> _State:
+        """The state of `instr`: made by the instantiate stage on the first call (its
+        attributes, no buffers), kept while the instruction lives, freed by the deleter of
+        the state's type after it."""
+        with _STATE_LOCK:
+            state = _STATES.get(instr)
+            if state is not None:
+                return state
+            state = _State()
+            keep: list[Any] = []
+            frame = _frame(STAGE_INSTANTIATE, attrs, keep, where)
+            _buffers(frame.args, "args", [], keep, [])
+            _buffers(frame.rets, "rets", [], keep, [])
+            context = _Context(0, next(_RUN_IDS), stage=STAGE_INSTANTIATE, state=state)
+            _run(self.instantiate, frame, context, f"{where} (instantiate stage)")
+            _STATES[instr] = state
+        if state.type_id:
+            deleter = _DELETERS.get(state.type_id, 0)
+            if deleter:
+                weakref.finalize(instr, _delete_state, deleter, state.address).atexit = False
+        return state
+
+
+_STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
+"""custom-call instruction -> the state its handler's instantiate stage set."""
+_STATE_LOCK = threading.Lock()
+
+
+def _delete_state(deleter: int, address: int) -> None:
+    ffi.cast("void (*)(void *)", deleter)(ffi.cast("void *", address))
+
+
+def _frame_attributes(instr, where: str) -> dict:
+    config = typed_ffi.backend_config_text(instr)
+    try:
+        return typed_ffi.parse_attributes(config, typed=True)
+    except ValueError as e:
+        raise CustomCallError(f"{where}: cannot read backend_config {config!r}: {e}") from e
+
+
+def _frame(stage: int, attrs: dict, keep: list, where: str):
+    """A new XLA_FFI_CallFrame for `stage` carrying `attrs` (buffers filled by the caller)."""
+    frame = ffi.new("XLA_FFI_CallFrame *")
+    keep.append(frame)
+    frame.struct_size = struct_size("XLA_FFI_CallFrame", "attrs")
+    frame.api = api()
+    frame.stage = stage
+    try:
+        _attributes(frame.attrs, attrs, keep)
+    except CustomCallError as e:
+        raise CustomCallError(f"{where}: {e}") from e
+    return frame
+
+
+def _run(address: int, frame, context: _Context, where: str) -> None:
+    """Call the handler at `address` on `frame` in execution context `context`; its error
+    (returned, or set on its future, which is waited for) raises CustomCallError."""
+    ctx = ffi.new("XLA_FFI_ExecutionContext *")
+    ctx.index = key = next(_KEYS)
+    frame.ctx = ctx
+    _CONTEXTS[key] = context
+    try:
+        err = ffi.cast("XLA_FFI_Handler *", address)(frame)
+        if err != ffi.NULL:
+            code, message = take_error(err)
+            raise CustomCallError(f"{where} failed: {message} (error code {code})")
+        if frame.future != ffi.NULL:
+            _wait(frame.future, where)
+    finally:
+        del _CONTEXTS[key]
 
 
 def _physical_orders(instr, n_args: int, n_rets: int) -> tuple[list, list]:

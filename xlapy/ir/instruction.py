@@ -40,6 +40,7 @@ class HloInstruction:
     graph itself (operands, attrs) may be edited by passes."""
 
     __slots__ = (
+        "__weakref__",  # per-instruction runtime state (an FFI handler's) is keyed weakly
         "attrs",
         "control_predecessors",
         "control_successors",

@@ -116,9 +116,11 @@ def register_ffi_target(
     name: str, fn: Any, platform: str, api_version: int = 0, traits: Any = 0
 ) -> None:
     """JAX's custom-call handler for platform "xlapy": `fn` is a PyCapsule holding an XLA FFI
-    handler (api_version 1; or a dict of stage -> capsule of which xlapy runs "execute")
-    or a C custom-call function (api_version 0: API_VERSION_ORIGINAL). The target goes to
-    xlapy's global custom-call registry for the CPU ("Host")."""
+    handler (api_version 1; or a dict of stage -> capsule: "execute", and "instantiate" for
+    a handler keeping per-instruction state; "prepare" and "initialize" are GPU stages,
+    which XLA:CPU does not run either) or a C custom-call function (api_version 0:
+    API_VERSION_ORIGINAL). The target goes to xlapy's global custom-call registry for the
+    CPU ("Host")."""
     from xlapy.backends.custom_calls import ApiVersion, register
     from xlapy.backends.xla_ffi import CHandler
 
@@ -128,23 +130,35 @@ def register_ffi_target(
         return
     if api_version != 1:
         raise ValueError(f"{what}: api_version must be 0 or 1, got {api_version}")
+    instantiate = 0
     if isinstance(fn, dict):
-        stages = set(fn) - {"execute", "prepare", "initialize"}
-        if stages or "execute" not in fn:
+        unknown = set(fn) - {"execute", "instantiate", "prepare", "initialize"}
+        if unknown or "execute" not in fn:
             raise ValueError(
-                f"{what}: xlapy runs the execute stage of an FFI handler (prepare and "
-                f"initialize are for GPUs and are ignored); it keeps no per-instruction "
-                f"state, so it cannot run {sorted(stages) or 'a handler without execute'}"
+                f"{what}: an FFI handler's stages are instantiate, prepare, initialize and "
+                f"execute, and the execute stage is required; got {sorted(fn)}"
             )
+        if "instantiate" in fn:
+            instantiate = capsule_pointer(fn["instantiate"], f"{what} (instantiate stage)")
         fn = fn["execute"]
-    register(name, CHandler(name, capsule_pointer(fn, what)), "Host", ApiVersion.TYPED_FFI)
+    handler = CHandler(name, capsule_pointer(fn, what), instantiate=instantiate)
+    register(name, handler, "Host", ApiVersion.TYPED_FFI)
 
 
 def register_ffi_type(name: str, registration: Any) -> None:
     """JAX's type-id handler for platform "xlapy" (jax.ffi.register_ffi_type): gives the
-    type an id and writes it into the XLA_FFI_TypeId the capsule points at."""
+    type an id and writes it into the XLA_FFI_TypeId the capsule points at; an optional
+    "type_info" capsule (XLA_FFI_TypeInfo) gives the deleter of state objects of the type."""
     from xlapy.backends import xla_ffi
 
-    capsule = registration.get("type_id") if isinstance(registration, dict) else registration
+    info = None
+    if isinstance(registration, dict):
+        capsule = registration.get("type_id")
+        if registration.get("type_info") is not None:
+            where = f"FFI type {name!r} for xlapy (type_info)"
+            address = capsule_pointer(registration["type_info"], where)
+            info = xla_ffi.ffi.cast("XLA_FFI_TypeInfo *", address)
+    else:
+        capsule = registration
     pointer = capsule_pointer(capsule, f"FFI type {name!r} for xlapy")
-    xla_ffi.register_type(name, xla_ffi.ffi.cast("XLA_FFI_TypeId *", pointer))
+    xla_ffi.register_type(name, xla_ffi.ffi.cast("XLA_FFI_TypeId *", pointer), info)
