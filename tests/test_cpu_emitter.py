@@ -851,3 +851,37 @@ def test_equal_computations_share_one_object(tmp_path, monkeypatch):
     assert '@"first"' in a.llvm_ir and '@"other"' in b.llvm_ir and "other" in b.asm
     args = [RNG.standard_normal((64, 48)).astype(np.float32) for _ in range(2)]
     np.testing.assert_array_equal(a(*args), b(*args))
+
+
+def test_shifts_by_amounts_read_from_memory_stay_one_loop_nest():
+    """JAX's rolled threefry loop reads its rotation amounts from the loop state, so every
+    shift keeps its `amount >= bits` select on a loop-invariant value. LLVM's non-trivial
+    unswitching used to copy the loop nest once per such condition (2^6 vectorized and
+    unrolled copies: 1.5 MB of IR, 14 s of LLVM time for this kernel); it is off
+    (jit.engine.LLVM_OPTIONS). Results stay exact for amounts in and out of range."""
+    rotations = []
+    for k in range(3):
+        rotations.append(
+            f"""
+  s{k} = u32[1] slice(r), slice={{[{k}:{k + 1}]}}
+  a{k} = u32[] reshape(s{k})
+  b{k} = u32[2,16,16] broadcast(a{k}), dimensions={{}}
+  c{k} = u32[] subtract(w, a{k})
+  d{k} = u32[2,16,16] broadcast(c{k}), dimensions={{}}
+  l{k} = u32[2,16,16] shift-left(x{k}, b{k})
+  h{k} = u32[2,16,16] shift-right-logical(x{k}, d{k})
+  o{k} = u32[2,16,16] or(l{k}, h{k})
+  x{k + 1} = u32[2,16,16] xor(o{k}, y)"""
+        )
+    text = (
+        "HloModule rotations\nENTRY e {\n  x0 = u32[2,16,16] parameter(0)\n"
+        "  y = u32[2,16,16] parameter(1)\n  r = u32[4] parameter(2)\n"
+        "  w = u32[] constant(32)"
+        + "".join(rotations)
+        + "\n  ROOT out = u32[2,16,16] add(x3, y)\n}"
+    )
+    x = RNG.integers(0, 2**32, (2, 16, 16), dtype=np.uint32)
+    y = RNG.integers(0, 2**32, (2, 16, 16), dtype=np.uint32)
+    for amounts in ([13, 15, 26, 6], [0, 32, 40, 1]):
+        kernel = check(text, [x, y, np.array(amounts, np.uint32)])
+    assert len(kernel.optimized_ir) < 100_000, len(kernel.optimized_ir)

@@ -168,3 +168,98 @@ def test_a_loop_with_a_shared_body_or_a_backend_config_is_left_alone():
     )
     _, changed = _simplified(configured)
     assert not changed
+
+
+# -- constant sinking ------------------------------------------------------------------------
+# A loop whose state carries constants: element 2 (a u32[4] table the body slices, passed
+# through) and element 3 (a scale read after the loop too); element 4 swaps with element 2's
+# twin each step, like JAX's rolled threefry rotations, and is NOT invariant.
+SINK = """HloModule sink
+body {
+  p = (s32[], f32[6], u32[4], f32[], u32[4], u32[4]) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  one = s32[] constant(1)
+  next_i = s32[] add(i, one)
+  x = f32[6] get-tuple-element(p), index=1
+  table = u32[4] get-tuple-element(p), index=2
+  pick = u32[1] slice(table), slice={[1:2]}
+  amount = u32[] reshape(pick)
+  af = f32[] convert(amount)
+  scale = f32[] get-tuple-element(p), index=3
+  s = f32[] multiply(af, scale)
+  sb = f32[6] broadcast(s), dimensions={}
+  nx = f32[6] add(x, sb)
+  ra = u32[4] get-tuple-element(p), index=4
+  rb = u32[4] get-tuple-element(p), index=5
+  ROOT t = (s32[], f32[6], u32[4], f32[], u32[4], u32[4]) tuple(next_i, nx, table, scale, rb, ra)
+}
+cond {
+  pc = (s32[], f32[6], u32[4], f32[], u32[4], u32[4]) parameter(0)
+  ic = s32[] get-tuple-element(pc), index=0
+  sc = f32[] get-tuple-element(pc), index=3
+  n = s32[] constant(5)
+  lt = pred[] compare(ic, n), direction=LT
+  pos = f32[] constant(0)
+  ok = pred[] compare(sc, pos), direction=GT
+  ROOT both = pred[] and(lt, ok)
+}
+ENTRY main {
+  x0 = f32[6] parameter(0)
+  z = s32[] constant(0)
+  tbl = u32[4] constant({13, 15, 26, 6})
+  k = f32[] constant(0.5)
+  r0 = u32[4] constant({1, 2, 3, 4})
+  r1 = u32[4] constant({5, 6, 7, 8})
+  init = (s32[], f32[6], u32[4], f32[], u32[4], u32[4]) tuple(z, x0, tbl, k, r0, r1)
+  w = (s32[], f32[6], u32[4], f32[], u32[4], u32[4]) while(init), condition=cond, body=body
+  out = f32[6] get-tuple-element(w), index=1
+  kk = f32[] get-tuple-element(w), index=3
+  rr = u32[4] get-tuple-element(w), index=4
+  rf = f32[4] convert(rr)
+  ks = f32[6] broadcast(kk), dimensions={}
+  prod = f32[6] multiply(out, ks)
+  ROOT res = (f32[6], f32[4]) tuple(prod, rf)
+}
+"""
+
+
+def test_invariant_constants_sink_into_the_loop_and_leave_its_state():
+    from xlapy.passes.while_simplify import WhileLoopConstantSinking
+
+    module = parse_module(SINK)
+    assert WhileLoopConstantSinking().run(module)
+    assert WhileLoopSimplifier().run(module)
+    DeadCodeElimination().run(module)
+    verify(module)
+    loop = _loop(module)
+    # the table and the scale left the state; the swapping pair stays
+    assert [s.to_text() for s in loop.shape.tuple_shapes] == ["s32[]", "f32[6]", "u32[4]", "u32[4]"]
+    body_constants = [i for i in loop.while_body.instructions if i.opcode is Opcode.CONSTANT]
+    assert any(c.shape.to_text() == "u32[4]" for c in body_constants)
+    cond_constants = [i for i in loop.while_condition.instructions if i.opcode is Opcode.CONSTANT]
+    assert any(
+        c.shape.to_text() == "f32[]"
+        and c.literal == parse_module(SINK).entry.instructions[3].literal
+        for c in cond_constants
+    )
+    for seed in (1, 2):
+        args = [np.random.default_rng(seed).standard_normal(6).astype(np.float32)]
+        got, want = _run_tuple(module, args), _run_tuple(SINK, args)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_the_cpu_pipeline_sinks_and_runs_the_same():
+    args = [np.random.default_rng(3).standard_normal(6).astype(np.float32)]
+    compiled = get_backend("cpu").compile(parse_module(SINK))
+    loops = [
+        i for c in compiled.module.computations for i in c.instructions if i.opcode is Opcode.WHILE
+    ]
+    assert all(len(w.shape.tuple_shapes) == 4 for w in loops)
+    for g, w in zip(compiled.run(args), _run_tuple(SINK, args), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), w)
+
+
+def _run_tuple(text_or_module, args):
+    module = parse_module(text_or_module) if isinstance(text_or_module, str) else text_or_module
+    return [np.asarray(v) for v in get_backend("interpreter").compile(module).run(args)]

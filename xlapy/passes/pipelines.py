@@ -19,6 +19,7 @@ SIMPLIFY: list[str | HloPass] = [
     "algsimp",
     "constant-folding",
     "tuple-simplifier",
+    "while-loop-constant-sinking",
     "while-loop-simplifier",
     "cse",
     "dce",

@@ -266,3 +266,73 @@ class WhileLoopSimplifier(HloPass):
             if g.tuple_index > k:
                 g.attrs["index"] = g.tuple_index - 1
         Editor(caller, names).remove_dead([info.init, *info.init.operands])
+
+
+_SINK_LIMIT_BYTES = 1 << 16
+"""A constant the loop's caller also uses elsewhere is copied into the loop only up to this
+size (one the loop alone reads moves: its element then dies and the caller's copy with it)."""
+
+
+@register_pass
+class WhileLoopConstantSinking(HloPass):
+    """XLA's WhileLoopConstantSinking: a state element that starts as a constant and that
+    the body passes through unchanged holds that constant on every iteration, so its reads
+    in the body and the condition become the constant itself (and its reads after the loop
+    the caller's constant). Kernels then see the value: JAX's rolled threefry loop carries
+    its rotation amounts this way, and with them read from memory each shift keeps an
+    out-of-range test that LLVM unswitches loop by loop (2^6 copies of a kernel; minutes of
+    compile time), where constant amounts fold the tests away. The element, read by nobody
+    after this, leaves the state in the while-loop simplifier."""
+
+    name = "while-loop-constant-sinking"
+
+    def run(self, module: HloModule) -> bool:
+        changed = False
+        names = NameUniquer(module)
+        callers = _callers(module)
+        for comp in list(module.computations):
+            for instr in list(comp.instructions):
+                if instr.opcode is Opcode.WHILE and instr.parent is comp:
+                    changed |= self._sink(_Loop(instr, callers), names)
+        return changed
+
+    def _sink(self, info: _Loop, names: NameUniquer) -> bool:
+        if not info.ok:
+            return False
+        changed = False
+        param = info.body.parameter(0)
+        for k, init in enumerate(info.init.operands):
+            if init.opcode is not Opcode.CONSTANT or init.literal is None:
+                continue
+            passed = info.root.operands[k]
+            if not (
+                passed.opcode is Opcode.GET_TUPLE_ELEMENT
+                and passed.operands[0] is param
+                and passed.tuple_index == k
+            ):
+                continue
+            alone = all(u is info.init for u in init.users)
+            if init.shape.byte_size > _SINK_LIMIT_BYTES and not alone:
+                continue
+            for comp, reads in ((info.body, info.body_reads), (info.cond, info.cond_reads)):
+                for read in reads:
+                    if read.tuple_index != k or not _used(read):
+                        continue
+                    users = [u for u in read.users if not (comp is info.body and u is info.root)]
+                    if not users and comp.root is not read:
+                        continue
+                    copy = HloInstruction(
+                        names.fresh("constant"), Opcode.CONSTANT, init.shape, literal=init.literal
+                    )
+                    Editor(comp, names).insert_after(copy, read)
+                    read.replace_all_uses_with(copy, keep=(info.root,) if comp is info.body else ())
+                    if comp.root is read:
+                        comp.root = copy
+                    changed = True
+            for read in info.after:
+                if read.tuple_index == k and _used(read):
+                    read.replace_all_uses_with(init)
+                    if info.caller.root is read:
+                        info.caller.root = init
+                    changed = True
+        return changed
