@@ -218,19 +218,45 @@ def test_nested_native_loop_limit_reaches_the_inner_loop():
         program.run([np.asarray(args[0])])  # the inner loop runs 5 times
 
 
-def test_loop_with_a_large_dot_stays_in_python():
+def test_loop_with_a_mid_sized_dot_is_native_with_one_blas_thread():
+    """A dot above OpenBLAS's own one-thread size but below the split size (72^3 x2 flops)
+    is a gemm the native loop calls itself, with OpenBLAS limited to the calling thread
+    around the loop, as the runtime does around the dot."""
     rng = np.random.default_rng(6)
-
-    args = (f32(rng, 72, 72) * 0.1, f32(rng, 72, 72))  # a dot too large for one native call
+    args = (f32(rng, 72, 72) * 0.1, f32(rng, 72, 72))
     text = lowered(rnn, args)
     program = compile_text(text)
-    assert [w.native for w in while_thunks(program.compiled.entry)] == [None]
-    np.testing.assert_allclose(
-        program.run([np.asarray(a) for a in args]),
-        evaluate(parse_module(text), [np.asarray(a) for a in args]),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    (loop,) = while_thunks(program.compiled.entry)
+    assert loop.native is not None and loop.native.thread_setter is not None
+    assert program.python_loops == []
+    inputs = [np.asarray(a) for a in args]
+    want = evaluate(parse_module(text), inputs)
+    np.testing.assert_allclose(program.run(inputs), want, rtol=1e-5, atol=1e-6)
+    in_python = compile_text(text, native_loops=False)
+    np.testing.assert_array_equal(program.run(inputs), in_python.run(inputs))
+    assert [str(f) for f in in_python.python_loops] == [
+        f"{loop.instr.name} (while): native_loops=False"
+    ]
+
+
+def test_loop_with_a_dot_that_may_split_stays_in_python_and_says_why():
+    rng = np.random.default_rng(7)
+    args = (f32(rng, 256, 256) * 0.05, f32(rng, 256, 256))  # 2 * 256^3 flops: may split
+    text = lowered(rnn, args)
+    program = compile_text(text)
+    (loop,) = while_thunks(program.compiled.entry)
+    dots = [t for t in loop.body.thunks if t.kind == "blas"]
+    assert len(dots) == 1
+    if dots[0].split_choice is None:  # a one-thread pool: nothing splits, the loop is native
+        assert loop.native is not None and program.python_loops == []
+    else:
+        assert loop.native is None
+        (why,) = program.python_loops
+        assert why.name == loop.instr.name and dots[0].instr.name in why.reason
+        assert "not one cblas gemm run whole" in why.reason
+    inputs = [np.asarray(a) for a in args]
+    want = evaluate(parse_module(text), inputs)
+    np.testing.assert_allclose(program.run(inputs), want, rtol=1e-4, atol=1e-5)
 
 
 def test_native_loop_resumes_between_rounds(monkeypatch):

@@ -4,8 +4,11 @@ layout-sensitive modules), and JAX programs whose values and CPU results stay th
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from jax_programs import PROGRAMS, hlo_texts
 from test_jax_programs import assert_leaf_matches, leaves
 
@@ -84,6 +87,96 @@ ENTRY e {
     assert not changed
     assert set(got.values()) - {"{1,0}"} == {"{0,1}"}
     assert got["t"] == got["w"] == got["n"] == "{0,1}"
+
+
+def test_loop_body_intermediates_become_row_major():
+    """Inside a while body (and a conditional branch in it) the free values lose their
+    layouts too; the body's parameter and root, and the loop's operand and result, keep
+    theirs."""
+    changed, got = _layouts("""HloModule m
+branch {
+  bp = f32[4,6]{1,0} parameter(0)
+  bt = f32[6,4]{0,1} transpose(bp), dimensions={1,0}
+  bn = f32[6,4]{0,1} negate(bt)
+  ROOT br = f32[4,6]{1,0} transpose(bn), dimensions={1,0}
+}
+body {
+  s = (s32[], f32[4,6]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  acc = f32[4,6]{1,0} get-tuple-element(s), index=1
+  tr = f32[6,4]{0,1} transpose(acc), dimensions={1,0}
+  d = f32[6,4]{1,0} negate(tr)
+  t = f32[4,6]{0,1} transpose(d), dimensions={1,0}
+  a = f32[4,6]{1,0} add(acc, t)
+  one = s32[] constant(1)
+  n = s32[] add(i, one)
+  yes = pred[] constant(true)
+  c = f32[4,6]{1,0} conditional(yes, a, a), true_computation=branch, false_computation=branch
+  ROOT r = (s32[], f32[4,6]{1,0}) tuple(n, c)
+}
+cond {
+  q = (s32[], f32[4,6]{1,0}) parameter(0)
+  k = s32[] get-tuple-element(q), index=0
+  three = s32[] constant(3)
+  ROOT lt = pred[] compare(k, three), direction=LT
+}
+ENTRY e {
+  p = f32[4,6]{1,0} parameter(0)
+  z = s32[] constant(0)
+  init = (s32[], f32[4,6]{1,0}) tuple(z, p)
+  w = (s32[], f32[4,6]{1,0}) while(init), condition=cond, body=body
+  ROOT x = f32[4,6]{1,0} get-tuple-element(w), index=1
+}""")
+    assert changed
+    assert got["tr"] == got["t"] == got["bt"] == got["bn"] == "{1,0}"
+    assert got["acc"] == got["a"] == got["br"] == got["bp"] == "{1,0}"
+    assert set(got.values()) == {"{1,0}"}
+
+
+def test_lstm_gradient_loop_reads_nothing_transposed():
+    """The LSTM backward scan accumulates its weight gradients in the loop state: after the
+    CPU pipeline no dot or fusion inside any loop body writes a transposed layout (the
+    accumulating add would read it back transposed on every iteration)."""
+
+    def loss(w, u, xs):
+        def cell(carry, x):
+            h, c = carry
+            i, f, g, o = jnp.split(x @ w + h @ u, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+
+        h0 = jnp.zeros(xs.shape[1:], xs.dtype)
+        return jnp.mean(lax.scan(cell, (h0, h0), xs)[1] ** 2)
+
+    args = (
+        RNG.standard_normal((8, 32)),
+        RNG.standard_normal((8, 32)),
+        RNG.standard_normal((5, 2, 8)),
+    )
+    args = tuple(a.astype(np.float32) for a in args)
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).as_text(dialect="hlo")
+    module = parse_module(text)
+    bodies = [c for c in module.computations if c is not module.entry]
+    assert any(
+        i.shape.is_array and i.shape.layout is not None and not i.shape.layout.is_default
+        for c in bodies
+        for i in c.instructions
+    ), "the lowering no longer transposes through layouts in loops: this test checks nothing"
+    default_cpu_pipeline(verify=False).run(module)
+    fused = {
+        id(c)
+        for comp in module.computations
+        for i in comp.instructions
+        if i.opcode.text == "fusion"
+        for c in i.called_computations()
+    }
+    for comp in module.computations:
+        if id(comp) in fused:
+            continue
+        for instr in comp.instructions:
+            if instr.opcode.text in ("dot", "fusion", "add"):
+                assert instr.shape.layout is None or instr.shape.layout.is_default, instr
 
 
 @pytest.mark.parametrize(
