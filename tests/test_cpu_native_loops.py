@@ -331,3 +331,29 @@ def test_native_switch_with_out_of_range_indices_runs_the_last_branch(start):
     np.testing.assert_array_equal(got, compile_text(SWITCH_ANY_INDEX, native_loops=False).run(args))
     want = evaluate(parse_module(SWITCH_ANY_INDEX), args)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_loop_whose_kernel_may_split_runs_it_on_the_native_pool():
+    """A body kernel big enough to split over the cores: the loop is still one native
+    function, which hands that kernel to the native pool's parallel-for (in the runtime's
+    number of blocks); the results equal the Python-driven loop's bit for bit."""
+    from xlapy.backends.cpu.lowering import native_loop_plan
+    from xlapy.backends.cpu.runtime.native_pool import native_pool
+
+    rng = np.random.default_rng(8)
+    x = f32(rng, 3, 40000)  # 120,000 elements a kernel
+    text = lowered(fori_tiny, (x,))
+    program = compile_text(text)
+    (loop,) = while_thunks(program.compiled.entry)
+    split = [t for t in loop.body.thunks if getattr(t, "split_choice", None) is not None]
+    assert loop.native is not None and program.python_loops == []
+    plan = native_loop_plan(loop)
+    assert not isinstance(plan, str)
+    blocks = [s.blocks for s in plan.plan.after if hasattr(s, "blocks")]
+    if split and native_pool() is not None:  # a machine with several cores
+        assert max(blocks) == split[0].chunks > 1
+    else:
+        assert blocks and set(blocks) == {1}
+    got = program.run([x])
+    np.testing.assert_array_equal(got, compile_text(text, native_loops=False).run([x]))
+    np.testing.assert_allclose(got, evaluate(parse_module(text), [x]), rtol=1e-5, atol=1e-5)

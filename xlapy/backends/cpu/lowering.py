@@ -104,6 +104,7 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
     plan_scatter,
 )
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
 from xlapy.backends.cpu.runtime.sort_thunk import plan_sort, plan_topk, plan_xla_topk
 from xlapy.backends.cpu.runtime.thunk import (
@@ -229,10 +230,11 @@ def native_loop_plan(
     thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None
 ) -> NativeLoopPlan | str:
     """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
-    and body must be kernels that run whole on the calling thread, copies, dots that are one
-    cblas gemm run whole (DotThunk.native_gemm), conditionals of such branches, and while
-    loops in `native` (those that will be native loops themselves, each mapped to whether it
-    needs one BLAS thread)."""
+    and body must be kernels (those that may split over the cores run on the native pool,
+    in the runtime's number of blocks), copies, dots that are one cblas gemm run whole
+    (DotThunk.native_gemm), conditionals of such branches, and while loops in `native`
+    (those that will be native loops themselves, each mapped to whether it needs one BLAS
+    thread)."""
     native = native or {}
     table: list[Callable[[], int]] = []
     one_thread = False
@@ -247,11 +249,19 @@ def native_loop_plan(
         out: list[LoopStep] = []
         for t in seq.thunks:
             if isinstance(t, KernelThunk):
-                if t.scratch or t.split_choice is not None or not isinstance(t.kernel, Kernel):
-                    return f"{t.instr.name}: its kernel needs scratch or may split"
-                table.append(functools.partial(_kernel_address, t.kernel))
+                if t.scratch or not isinstance(t.kernel, Kernel):
+                    return f"{t.instr.name}: its kernel needs scratch buffers"
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
-                out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
+                pool = native_pool() if t.split_choice is not None else None
+                if t.split_choice is not None and (pool is None or len(slots) > MAX_ARGS):
+                    return f"{t.instr.name}: its kernel may split and the native pool cannot run it"
+                table.append(functools.partial(_kernel_address, t.kernel))
+                entry = len(table) - 1
+                if pool is None:
+                    out.append(LoopCall(entry, slots, t.kernel.outer_extent))
+                    continue
+                table.append(functools.partial(int, pool.run_address))
+                out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, entry + 1))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
             elif isinstance(t, DotThunk) and (gemm := t.native_gemm(math.inf)) is not None:
