@@ -133,6 +133,79 @@ ENTRY e {
     assert set(got.values()) == {"{1,0}"}
 
 
+TUPLE_IN_LOOP = """HloModule m
+body {
+  s = (s32[], f32[4,6]{1,0}) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  acc = f32[4,6]{1,0} get-tuple-element(s), index=1
+  t = f32[6,4]{0,1} transpose(acc), dimensions={1,0}
+  tp = (f32[6,4]{0,1}, s32[]) tuple(t, i)
+  g = f32[6,4]{0,1} get-tuple-element(tp), index=0
+  e = f32[6,4]{0,1} exponential(g)
+  back = f32[4,6]{1,0} transpose(e), dimensions={1,0}
+  one = s32[] constant(1)
+  n = s32[] add(i, one)
+  ROOT r = (s32[], f32[4,6]{1,0}) tuple(n, back)
+}
+cond {
+  q = (s32[], f32[4,6]{1,0}) parameter(0)
+  k = s32[] get-tuple-element(q), index=0
+  two = s32[] constant(2)
+  ROOT lt = pred[] compare(k, two), direction=LT
+}
+ENTRY e {
+  p = f32[4,6]{1,0} parameter(0)
+  z = s32[] constant(0)
+  init = (s32[], f32[4,6]{1,0}) tuple(z, p)
+  w = (s32[], f32[4,6]{1,0}) while(init), condition=cond, body=body
+  ROOT x = f32[4,6]{1,0} get-tuple-element(w), index=1
+}"""
+
+
+def test_tuples_and_their_elements_keep_agreeing():
+    """A tuple left by an inlined call inside a loop body: when its element is normalized,
+    the tuple's shape and its get-tuple-element's follow (a get-tuple-element shares its
+    element's buffer: another layout there would read the bytes transposed)."""
+    changed, got = _layouts(TUPLE_IN_LOOP)
+    assert changed
+    assert got["t"] == got["g"] == got["e"] == "{1,0}"
+    module = parse_module(TUPLE_IN_LOOP)
+    NormalizeLayouts().run(module)
+    for comp in module.computations:
+        for instr in comp.instructions:
+            if instr.opcode.text == "tuple":
+                assert instr.shape.tuple_shapes == tuple(o.shape for o in instr.operands)
+            if instr.opcode.text == "get-tuple-element":
+                element = instr.operands[0].shape.tuple_shapes[instr.attrs["index"]]
+                assert instr.shape == element, instr
+    x = RNG.standard_normal((4, 6)).astype(np.float32) * 0.1
+    want = evaluate(parse_module(TUPLE_IN_LOOP), [x])
+    np.testing.assert_allclose(
+        execute(parse_module(TUPLE_IN_LOOP), [x], "cpu"), want, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_scan_over_layers_gradient_on_cpu_matches_the_interpreter():
+    """The gradient of a scan over stacked layers: the backward loop body holds an inlined
+    call's tuple whose element is a transposed dot (its layout normalized with it)."""
+
+    def loss(ws, bs, x):
+        def layer(h, wb):
+            w, b = wb
+            return jnp.tanh(h @ w + b) + h, None
+
+        return jnp.mean(lax.scan(layer, x, (ws, bs))[0] ** 2)
+
+    args = [
+        (RNG.standard_normal(s) * 0.3).astype(np.float32) for s in ((5, 16, 16), (5, 16), (4, 16))
+    ]
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).as_text(dialect="hlo")
+    want = leaves(evaluate(parse_module(text), args))
+    got = leaves(execute(parse_module(text), args, "cpu"))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_lstm_gradient_loop_reads_nothing_transposed():
     """The LSTM backward scan accumulates its weight gradients in the loop state: after the
     CPU pipeline no dot or fusion inside any loop body writes a transposed layout (the

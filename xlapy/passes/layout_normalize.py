@@ -30,7 +30,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import CallContext, Opcode
-from xlapy.ir.shapes import Layout
+from xlapy.ir.shapes import Layout, Shape
 from xlapy.passes.pass_base import HloPass, register_pass
 
 LAYOUT_SENSITIVE = frozenset({Opcode.BITCAST, Opcode.CUSTOM_CALL})
@@ -83,6 +83,21 @@ def _pinned(entry) -> set[int]:
     return pinned
 
 
+def _follow_operands(instr: HloInstruction) -> bool:
+    """Give a free tuple its operands' shapes, and a free get-tuple-element its tuple's
+    element shape (a tuple left from an inlined call whose elements were normalized must
+    not keep their old layouts, nor its get-tuple-elements: the backend shares their
+    buffers and would read the bytes in the old order). Whether the shape changed."""
+    if instr.opcode is Opcode.TUPLE:
+        shape = Shape.tuple(o.shape for o in instr.operands)
+    else:
+        shape = instr.operands[0].shape.tuple_shapes[instr.attrs["index"]]
+    if shape == instr.shape:
+        return False
+    instr.shape = shape
+    return True
+
+
 @register_pass
 class NormalizeLayouts(HloPass):
     """Give the free intermediate values of the entry computation, and of the computations
@@ -100,9 +115,14 @@ class NormalizeLayouts(HloPass):
         changed = False
         for comp in _sequential(entry):
             pinned = _pinned(comp)
-            for instr in comp.instructions:
+            for instr in comp.post_order():
                 shape = instr.shape
-                if id(instr) in pinned or not shape.is_array or shape.layout is None:
+                if id(instr) in pinned:
+                    continue
+                if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+                    changed |= _follow_operands(instr)
+                    continue
+                if not shape.is_array or shape.layout is None:
                     continue
                 layout = shape.layout
                 if layout.is_default or layout.tiles or layout.element_size_bits:
