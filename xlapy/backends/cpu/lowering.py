@@ -296,7 +296,7 @@ def native_loop_plan(
             elif isinstance(t, DotThunk):
                 return f"{t.instr.name}: a dot that is not one cblas gemm run whole"
             else:
-                return f"{t.instr.name} is a {t.kind} thunk"
+                return f"{t.instr.name} is a {t.kind} thunk (it runs from Python)"
         return out
 
     cond, body = steps(thunk.condition), steps(thunk.body)
