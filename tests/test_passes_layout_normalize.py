@@ -206,6 +206,34 @@ def test_scan_over_layers_gradient_on_cpu_matches_the_interpreter():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_elements_of_a_loop_state_tuple_are_pinned():
+    """A value that enters a loop's state through a tuple keeps its layout: the tuple is
+    the while's operand, and the state's buffers are its elements'."""
+    changed, got = _layouts("""HloModule m
+body {
+  s = (f32[3,2]{0,1}, s32[]) parameter(0)
+  v = f32[3,2]{0,1} get-tuple-element(s), index=0
+  k = s32[] get-tuple-element(s), index=1
+  n = f32[3,2]{0,1} negate(v)
+  ROOT r = (f32[3,2]{0,1}, s32[]) tuple(n, k)
+}
+cond {
+  q = (f32[3,2]{0,1}, s32[]) parameter(0)
+  ROOT c = pred[] constant(false)
+}
+ENTRY e {
+  p = f32[2,3]{1,0} parameter(0)
+  t = f32[3,2]{0,1} transpose(p), dimensions={1,0}
+  z = s32[] constant(0)
+  init = (f32[3,2]{0,1}, s32[]) tuple(t, z)
+  w = (f32[3,2]{0,1}, s32[]) while(init), condition=cond, body=body
+  x = f32[3,2]{0,1} get-tuple-element(w), index=0
+  ROOT y = f32[3,2]{1,0} exponential(x)
+}""")
+    assert not changed
+    assert got["t"] == got["v"] == got["n"] == got["x"] == "{0,1}"
+
+
 def test_lstm_gradient_loop_reads_nothing_transposed():
     """The LSTM backward scan accumulates its weight gradients in the loop state: after the
     CPU pipeline no dot or fusion inside any loop body writes a transposed layout (the

@@ -64,22 +64,23 @@ def _sequential(entry: HloComputation) -> list[HloComputation]:
 def _pinned(entry) -> set[int]:
     """ids of the instructions of a computation (`entry`) whose layouts are part of a
     contract: parameters, the values the root returns (through tuples and
-    get-tuple-elements), and the operands and results of control flow."""
+    get-tuple-elements), and the operands and results of control flow (a tuple operand of
+    a while or call through its tuples too: its elements share the state's buffers)."""
     pinned: set[int] = set()
     stack: list[HloInstruction] = [entry.root]
-    while stack:
-        instr = stack.pop()
-        if id(instr) in pinned:
-            continue
-        pinned.add(id(instr))
-        if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
-            stack.extend(instr.operands)
     for instr in entry.instructions:
         if instr.opcode is Opcode.PARAMETER or _crosses(instr.opcode):
             pinned.add(id(instr))
-            pinned.update(id(op) for op in instr.operands)
+            stack.extend(instr.operands)
         if instr.opcode is Opcode.GET_TUPLE_ELEMENT and _crosses(instr.operands[0].opcode):
             pinned.add(id(instr))
+    while stack:
+        instr = stack.pop()
+        if id(instr) in pinned and instr is not entry.root:
+            continue
+        pinned.add(id(instr))
+        if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+            stack.extend(o for o in instr.operands if id(o) not in pinned)
     return pinned
 
 
