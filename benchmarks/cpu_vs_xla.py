@@ -92,7 +92,7 @@ PROGRAMS: dict[str, Program] = {}
 # (programs added for a family that nobody tuned on count like the others).
 FAMILIES: dict[str, tuple[str, ...]] = {
     "scans": ("cum",),
-    "loops": ("fori_", "while_", "lstm_", "gru_", "rnn_"),
+    "loops": ("fori_", "while_", "lstm_", "gru_", "rnn_", "scan_"),
     "linalg": ("eig", "svd", "qr", "cholesky"),
     "fft": ("fft", "rfft"),
     "pooling": ("maxpool", "avgpool"),
@@ -662,6 +662,83 @@ def _():
 @program("gru_bptt")
 def _():
     return jax.grad(gru_loss, argnums=(0, 1)), lambda rng, s: lstm_data(rng, s, 3)
+
+
+# Loop programs added in the fifth session, not tuned on: a cell written another way, a
+# while loop around a matrix-vector product, a scan over stacked layers.
+
+
+def lstm_concat_loss(w, b, xs):
+    """An LSTM cell as one product of [x, h] with a bias, the forget gate biased by +1 and
+    the gates in another order (i, g, f, o), over a longer sequence than lstm_bptt."""
+
+    def cell(carry, x):
+        h, c = carry
+        z = jnp.concatenate([x, h], axis=-1) @ w + b
+        i, g, f, o = jnp.split(z, 4, axis=-1)
+        c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    h0 = jnp.zeros((xs.shape[1], w.shape[1] // 4), xs.dtype)
+    return jnp.mean(lax.scan(cell, (h0, h0), xs)[1][-8:] ** 2)
+
+
+@program("lstm_concat_bptt")
+def _():
+    def args(rng, s):
+        hidden, features = 3 * s.model // 8, s.model // 4
+        return (
+            normal(rng, (features + hidden, 4 * hidden), scale=1 / math.sqrt(hidden)),
+            normal(rng, (4 * hidden,), scale=0.1),
+            normal(rng, (s.steps, 16 if s is BIG else 2, features)),
+        )
+
+    return jax.grad(lstm_concat_loss, argnums=(0, 1)), args
+
+
+@program("while_power_iteration")
+def _():
+    def top_eigenvalue(a, v):
+        def cond(state):
+            _, _, change, i = state
+            return (change > 1e-5) & (i < 300)
+
+        def body(state):
+            v, _, _, i = state
+            w = a @ v
+            nv = w / jnp.linalg.norm(w)
+            return nv, v, jnp.max(jnp.abs(nv - v)), i + 1
+
+        v, _, _, i = lax.while_loop(cond, body, (v, v, jnp.float32(1.0), 0))
+        return v @ (a @ v), i
+
+    def args(rng, s):
+        m = normal(rng, (s.mat, s.mat)) / math.sqrt(s.mat)
+        return (m @ m.T + np.diag(np.linspace(0.0, 2.0, s.mat, dtype=np.float32)),
+                normal(rng, (s.mat,)))  # fmt: skip
+
+    return top_eigenvalue, args
+
+
+@program("scan_layers_grad")
+def _():
+    def loss(ws, bs, x):
+        def layer(h, wb):
+            w, b = wb
+            return jnp.tanh(h @ w + b) + h, None
+
+        return jnp.mean(lax.scan(layer, x, (ws, bs))[0] ** 2)
+
+    def args(rng, s):
+        d = s.model
+        return (
+            normal(rng, (8, d, d), scale=0.5 / math.sqrt(d)),
+            normal(rng, (8, d), scale=0.1),
+            normal(rng, (s.batch, d)),
+        )
+
+    return jax.grad(loss, argnums=(0, 1)), args
 
 
 def spd(rng, n):

@@ -6,6 +6,8 @@ Programs (each at N iterations):
   dus_rows       fori_loop writing row i of a carried (N, 16) buffer (dynamic-update-slice)
   while_converge while_loop with a data-dependent test (a reduce in the condition) and a counter
   lstm_bptt      jax.lax.scan LSTM (batch 8, hidden 32), forward + backward (value_and_grad)
+  lstm_wide      the same cell at batch 8, hidden 128 (cpu_vs_xla's lstm_bptt), grad
+  fori_wide      fori_loop of v * 0.99 + sin(v) on 64Ki floats (cpu_vs_xla's fori_loop_update)
 
 The table gives per-iteration microseconds for both and their ratio.
 
@@ -98,11 +100,50 @@ def lstm_bptt(n: int):
     return jax.value_and_grad(loss), args
 
 
+def lstm_wide(n: int):
+    """cpu_vs_xla's LSTM cell (batch 8, hidden 128: its 8x128x512 products are above
+    OpenBLAS's own one-thread size), forward and backward over n steps."""
+    hidden, batch = 128, 8
+
+    def loss(w, u, xs):
+        def cell(carry, x):
+            h, c = carry
+            i, f, g, o = jnp.split(x @ w + h @ u, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+
+        zeros = jnp.zeros((batch, hidden), xs.dtype)
+        return jnp.mean(lax.scan(cell, (zeros, zeros), xs)[1] ** 2)
+
+    def args(rng):
+        s = 1 / np.sqrt(hidden)
+        return (
+            (rng.standard_normal((hidden, 4 * hidden)) * s).astype(np.float32),
+            (rng.standard_normal((hidden, 4 * hidden)) * s).astype(np.float32),
+            rng.standard_normal((n, batch, hidden)).astype(np.float32),
+        )
+
+    return jax.grad(loss, argnums=(0, 1)), args
+
+
+def fori_wide(n: int):
+    """cpu_vs_xla's fori_loop_update body (v * 0.99 + sin(v) on 64Ki floats: a kernel the
+    runtime may split over the cores)."""
+
+    def f(x):
+        return lax.fori_loop(0, n, lambda i, v: v * 0.99 + jnp.sin(v), x)
+
+    return f, lambda rng: (rng.standard_normal(1 << 16).astype(np.float32),)
+
+
 PROGRAMS: dict[str, Callable] = {
     "fori_tiny": fori_tiny,
     "dus_rows": dus_rows,
     "while_converge": while_converge,
     "lstm_bptt": lstm_bptt,
+    "lstm_wide": lstm_wide,
+    "fori_wide": fori_wide,
 }
 
 

@@ -145,3 +145,59 @@ def test_every_pass_module_is_registered_on_import():
     }
     assert registering <= set(xlapy.passes.PASS_MODULES)
     assert len(xlapy.passes.PASSES) >= len(registering)
+
+
+# A while loop whose body sorts (a library thunk: the loop stays with the Python driver)
+# and one whose body is one kernel (a native loop).
+LOOPS = """
+HloModule loops
+body_sort {
+  s = (s32[], f32[64]{0}) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  v = f32[64]{0} get-tuple-element(s), index=1
+  n = f32[64]{0} negate(v)
+  sorted = f32[64]{0} sort(n), dimensions={0}, to_apply=less
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  ROOT r = (s32[], f32[64]{0}) tuple(j, sorted)
+}
+body_kernel {
+  s2 = (s32[], f32[64]{0}) parameter(0)
+  i2 = s32[] get-tuple-element(s2), index=0
+  v2 = f32[64]{0} get-tuple-element(s2), index=1
+  e = f32[64]{0} sine(v2)
+  one2 = s32[] constant(1)
+  j2 = s32[] add(i2, one2)
+  ROOT r2 = (s32[], f32[64]{0}) tuple(j2, e)
+}
+less {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT lt = pred[] compare(a, b), direction=LT
+}
+cond {
+  cs = (s32[], f32[64]{0}) parameter(0)
+  ci = s32[] get-tuple-element(cs), index=0
+  three = s32[] constant(3)
+  ROOT clt = pred[] compare(ci, three), direction=LT
+}
+ENTRY main {
+  x = f32[64]{0} parameter(0)
+  zero = s32[] constant(0)
+  init = (s32[], f32[64]{0}) tuple(zero, x)
+  w1 = (s32[], f32[64]{0}) while(init), condition=cond, body=body_sort
+  y = f32[64]{0} get-tuple-element(w1), index=1
+  init2 = (s32[], f32[64]{0}) tuple(zero, y)
+  w2 = (s32[], f32[64]{0}) while(init2), condition=cond, body=body_kernel
+  ROOT z = f32[64]{0} get-tuple-element(w2), index=1
+}
+"""
+
+
+def test_opt_backend_lists_the_loops_driven_from_python(run_cli, write):
+    code, _, err = run_cli("opt", write("loops.hlo", LOOPS), "--backend", "cpu")
+    assert code == 0, err
+    assert "cpu while loops driven from Python: 1" in err
+    (line,) = [x for x in err.splitlines() if x.startswith("  w1") or "(while):" in x]
+    assert "w1" in line and "sorted is a library thunk (it runs from Python)" in line, err
+    assert "w2" not in err

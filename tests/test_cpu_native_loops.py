@@ -218,19 +218,45 @@ def test_nested_native_loop_limit_reaches_the_inner_loop():
         program.run([np.asarray(args[0])])  # the inner loop runs 5 times
 
 
-def test_loop_with_a_large_dot_stays_in_python():
+def test_loop_with_a_mid_sized_dot_is_native_with_one_blas_thread():
+    """A dot above OpenBLAS's own one-thread size but below the split size (72^3 x2 flops)
+    is a gemm the native loop calls itself, with OpenBLAS limited to the calling thread
+    around the loop, as the runtime does around the dot."""
     rng = np.random.default_rng(6)
-
-    args = (f32(rng, 72, 72) * 0.1, f32(rng, 72, 72))  # a dot too large for one native call
+    args = (f32(rng, 72, 72) * 0.1, f32(rng, 72, 72))
     text = lowered(rnn, args)
     program = compile_text(text)
-    assert [w.native for w in while_thunks(program.compiled.entry)] == [None]
-    np.testing.assert_allclose(
-        program.run([np.asarray(a) for a in args]),
-        evaluate(parse_module(text), [np.asarray(a) for a in args]),
-        rtol=1e-5,
-        atol=1e-6,
-    )
+    (loop,) = while_thunks(program.compiled.entry)
+    assert loop.native is not None and loop.native.thread_setter is not None
+    assert program.python_loops == []
+    inputs = [np.asarray(a) for a in args]
+    want = evaluate(parse_module(text), inputs)
+    np.testing.assert_allclose(program.run(inputs), want, rtol=1e-5, atol=1e-6)
+    in_python = compile_text(text, native_loops=False)
+    np.testing.assert_array_equal(program.run(inputs), in_python.run(inputs))
+    assert [str(f) for f in in_python.python_loops] == [
+        f"{loop.instr.name} (while): native_loops=False"
+    ]
+
+
+def test_loop_with_a_dot_that_may_split_stays_in_python_and_says_why():
+    rng = np.random.default_rng(7)
+    args = (f32(rng, 256, 256) * 0.05, f32(rng, 256, 256))  # 2 * 256^3 flops: may split
+    text = lowered(rnn, args)
+    program = compile_text(text)
+    (loop,) = while_thunks(program.compiled.entry)
+    dots = [t for t in loop.body.thunks if t.kind == "blas"]
+    assert len(dots) == 1
+    if dots[0].split_choice is None:  # a one-thread pool: nothing splits, the loop is native
+        assert loop.native is not None and program.python_loops == []
+    else:
+        assert loop.native is None
+        (why,) = program.python_loops
+        assert why.name == loop.instr.name and dots[0].instr.name in why.reason
+        assert "not one cblas gemm run whole" in why.reason
+    inputs = [np.asarray(a) for a in args]
+    want = evaluate(parse_module(text), inputs)
+    np.testing.assert_allclose(program.run(inputs), want, rtol=1e-4, atol=1e-5)
 
 
 def test_native_loop_resumes_between_rounds(monkeypatch):
@@ -305,3 +331,29 @@ def test_native_switch_with_out_of_range_indices_runs_the_last_branch(start):
     np.testing.assert_array_equal(got, compile_text(SWITCH_ANY_INDEX, native_loops=False).run(args))
     want = evaluate(parse_module(SWITCH_ANY_INDEX), args)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_loop_whose_kernel_may_split_runs_it_on_the_native_pool():
+    """A body kernel big enough to split over the cores: the loop is still one native
+    function, which hands that kernel to the native pool's parallel-for (in the runtime's
+    number of blocks); the results equal the Python-driven loop's bit for bit."""
+    from xlapy.backends.cpu.lowering import native_loop_plan
+    from xlapy.backends.cpu.runtime.native_pool import native_pool
+
+    rng = np.random.default_rng(8)
+    x = f32(rng, 3, 40000)  # 120,000 elements a kernel
+    text = lowered(fori_tiny, (x,))
+    program = compile_text(text)
+    (loop,) = while_thunks(program.compiled.entry)
+    split = [t for t in loop.body.thunks if getattr(t, "split_choice", None) is not None]
+    assert loop.native is not None and program.python_loops == []
+    plan = native_loop_plan(loop)
+    assert not isinstance(plan, str)
+    blocks = [s.blocks for s in plan.plan.after if hasattr(s, "blocks")]
+    if split and native_pool() is not None:  # a machine with several cores
+        assert max(blocks) == split[0].chunks > 1
+    else:
+        assert blocks and set(blocks) == {1}
+    got = program.run([x])
+    np.testing.assert_array_equal(got, compile_text(text, native_loops=False).run([x]))
+    np.testing.assert_allclose(got, evaluate(parse_module(text), [x]), rtol=1e-5, atol=1e-5)

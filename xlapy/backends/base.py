@@ -114,6 +114,12 @@ class CompiledProgram(ABC):
         backend that has no other way to run them)."""
         return []
 
+    @property
+    def python_loops(self) -> list[Fallback]:
+        """The while loops this program drives from Python, iteration by iteration, and why
+        each is not one native function (none for a backend without native loops)."""
+        return []
+
     @abstractmethod
     def run(
         self, args: Sequence[Any], donated: frozenset[int] = frozenset(), collectives=None

@@ -8,12 +8,16 @@ Those layouts are not part of the program's contract. Only the entry computation
 so that, for instance, a weight gradient is computed by the dot straight into the weight's
 row-major order instead of being read back transposed by the update.
 
-This pass does the discarding: every array instruction of the entry computation that is not
-a parameter, does not feed the result (directly or through tuples), and does not cross into
-another computation (operands and results of while / conditional / call / fusion) gets the default
-row-major layout. The simplifier then sees transposes as real data movement and folds them
-into dots (rules.py: transpose(dot) and dot(transpose) rules), and reshape-to-bitcast later
-turns back into bitcasts the reshapes and transposes that still move no bytes.
+This pass does the discarding: every array instruction of the entry computation, and of the
+computations it runs in sequence (while conditions and bodies, conditional branches, called
+computations, transitively), that is not a parameter, does not feed its computation's result
+(directly or through tuples), and does not cross into another computation (operands and
+results of while / conditional / call / fusion) gets the default row-major layout. Inside a
+loop body this matters as much as outside: a weight gradient accumulated across a scan's
+iterations is otherwise read back transposed by the accumulating add on every iteration.
+The simplifier then sees transposes as real data movement and folds them into dots
+(rules.py: transpose(dot) and dot(transpose) rules), and reshape-to-bitcast later turns
+back into bitcasts the reshapes and transposes that still move no bytes.
 
 Modules whose meaning depends on physical layouts are left alone: anything holding a
 `bitcast` (a reinterpretation of bytes, as in XLA's own optimized dumps) or a custom call
@@ -22,10 +26,11 @@ Modules whose meaning depends on physical layouts are left alone: anything holdi
 
 from __future__ import annotations
 
+from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import CallContext, Opcode
-from xlapy.ir.shapes import Layout
+from xlapy.ir.shapes import Layout, Shape
 from xlapy.passes.pass_base import HloPass, register_pass
 
 LAYOUT_SENSITIVE = frozenset({Opcode.BITCAST, Opcode.CUSTOM_CALL})
@@ -41,31 +46,63 @@ def _crosses(op: Opcode) -> bool:
     return op.call_context is CallContext.SEQUENTIAL or op is Opcode.FUSION
 
 
+def _sequential(entry: HloComputation) -> list[HloComputation]:
+    """`entry` and the computations it runs in sequence (control flow), transitively."""
+    found = [entry]
+    seen = {id(entry)}
+    for comp in found:  # grows while iterating
+        for instr in comp.instructions:
+            if instr.opcode.call_context is not CallContext.SEQUENTIAL:
+                continue
+            for called in instr.called_computations():
+                if id(called) not in seen:
+                    seen.add(id(called))
+                    found.append(called)
+    return found
+
+
 def _pinned(entry) -> set[int]:
-    """ids of entry instructions whose layouts are part of a contract: parameters, the
-    values the root returns (through tuples and get-tuple-elements), and the operands and
-    results of control flow."""
+    """ids of the instructions of a computation (`entry`) whose layouts are part of a
+    contract: parameters, the values the root returns (through tuples and
+    get-tuple-elements), and the operands and results of control flow (a tuple operand of
+    a while or call through its tuples too: its elements share the state's buffers)."""
     pinned: set[int] = set()
     stack: list[HloInstruction] = [entry.root]
-    while stack:
-        instr = stack.pop()
-        if id(instr) in pinned:
-            continue
-        pinned.add(id(instr))
-        if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
-            stack.extend(instr.operands)
     for instr in entry.instructions:
         if instr.opcode is Opcode.PARAMETER or _crosses(instr.opcode):
             pinned.add(id(instr))
-            pinned.update(id(op) for op in instr.operands)
+            stack.extend(instr.operands)
         if instr.opcode is Opcode.GET_TUPLE_ELEMENT and _crosses(instr.operands[0].opcode):
             pinned.add(id(instr))
+    while stack:
+        instr = stack.pop()
+        if id(instr) in pinned and instr is not entry.root:
+            continue
+        pinned.add(id(instr))
+        if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+            stack.extend(o for o in instr.operands if id(o) not in pinned)
     return pinned
+
+
+def _follow_operands(instr: HloInstruction) -> bool:
+    """Give a free tuple its operands' shapes, and a free get-tuple-element its tuple's
+    element shape (a tuple left from an inlined call whose elements were normalized must
+    not keep their old layouts, nor its get-tuple-elements: the backend shares their
+    buffers and would read the bytes in the old order). Whether the shape changed."""
+    if instr.opcode is Opcode.TUPLE:
+        shape = Shape.tuple(o.shape for o in instr.operands)
+    else:
+        shape = instr.operands[0].shape.tuple_shapes[instr.attrs["index"]]
+    if shape == instr.shape:
+        return False
+    instr.shape = shape
+    return True
 
 
 @register_pass
 class NormalizeLayouts(HloPass):
-    """Give the entry computation's free intermediate values row-major layouts."""
+    """Give the free intermediate values of the entry computation, and of the computations
+    it runs in sequence, row-major layouts."""
 
     name = "normalize-layouts"
 
@@ -76,17 +113,23 @@ class NormalizeLayouts(HloPass):
         for comp in module.computations:
             if any(i.opcode in LAYOUT_SENSITIVE for i in comp.instructions):
                 return False
-        pinned = _pinned(entry)
         changed = False
-        for instr in entry.instructions:
-            shape = instr.shape
-            if id(instr) in pinned or not shape.is_array or shape.layout is None:
-                continue
-            layout = shape.layout
-            if layout.is_default or layout.tiles or layout.element_size_bits:
-                continue
-            if layout.memory_space:
-                continue
-            instr.shape = shape.with_layout(Layout.default(shape.rank))
-            changed = True
+        for comp in _sequential(entry):
+            pinned = _pinned(comp)
+            for instr in comp.post_order():
+                shape = instr.shape
+                if id(instr) in pinned:
+                    continue
+                if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+                    changed |= _follow_operands(instr)
+                    continue
+                if not shape.is_array or shape.layout is None:
+                    continue
+                layout = shape.layout
+                if layout.is_default or layout.tiles or layout.element_size_bits:
+                    continue
+                if layout.memory_space:
+                    continue
+                instr.shape = shape.with_layout(Layout.default(shape.rank))
+                changed = True
         return changed

@@ -238,7 +238,8 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, nu
     "--backend",
     type=click.Choice(["cpu"]),
     help="also compile the result for this backend and list, on stderr, every instruction "
-    "it runs with the interpreter's rule (its fallbacks) and why",
+    "it runs with the interpreter's rule (its fallbacks) and every while loop it drives "
+    "from Python instead of as one native function, each with why",
 )
 def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions, backend):
     """Optimize MODULE.hlo and print the result."""
@@ -274,10 +275,16 @@ def opt(module_path, pass_names, dump_dir, no_verify, output, num_partitions, ba
     if backend is not None:
         from xlapy.backends import get_backend
 
-        fallbacks = get_backend(backend).compile(module, text=text).fallbacks
+        program = get_backend(backend).compile(module, text=text)
+        fallbacks = program.fallbacks
         click.echo(f"{backend} fallbacks: {len(fallbacks) or 'none'}", err=True)
         for f in fallbacks:
             click.echo(f"  {f}", err=True)
+        loops = program.python_loops
+        if loops:
+            click.echo(f"{backend} while loops driven from Python: {len(loops)}", err=True)
+            for f in loops:
+                click.echo(f"  {f}", err=True)
 
 
 cli.add_command(bench)

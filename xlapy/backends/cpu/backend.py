@@ -480,6 +480,10 @@ class CpuProgram(CompiledProgram):
         path), each with its reason."""
         return list(self.compiled.fallbacks)
 
+    @property
+    def python_loops(self) -> list[Fallback]:
+        return list(self.compiled.python_loops)
+
     # -- dumps -----------------------------------------------------------------------------
     def thunk_listing(self) -> str:
         return self.compiled.thunk_listing()

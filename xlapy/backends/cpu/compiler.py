@@ -58,6 +58,8 @@ class CompiledModule:
     constants: dict[int, np.ndarray]
     fallbacks: list[Fallback] = field(default_factory=list)
     """The instructions run with the interpreter's rule alone, and why."""
+    python_loops: list[Fallback] = field(default_factory=list)
+    """The while loops driven from Python (not one native function), and why."""
 
     def kernels(self) -> list[Kernel]:
         seen: dict[int, Kernel] = {}
@@ -111,7 +113,12 @@ def compile_module(
         book.known.clear()
         executable_cache.write(key, prepared_text, book)
     return CompiledModule(
-        prepared, assignment, entry_seq, _constant_memory(assignment), lowering.fallbacks
+        prepared,
+        assignment,
+        entry_seq,
+        _constant_memory(assignment),
+        lowering.fallbacks,
+        lowering.python_loops,
     )
 
 

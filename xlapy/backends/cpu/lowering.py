@@ -38,10 +38,11 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,12 @@ from xlapy.backends.cpu.runtime.control_flow_thunk import (
 from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
 from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
 from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk, FfiCallThunk
-from xlapy.backends.cpu.runtime.dot_thunk import DotThunk, blas_dot_supported, plan_dot
+from xlapy.backends.cpu.runtime.dot_thunk import (
+    OPENBLAS_SERIAL_FLOPS,
+    DotThunk,
+    blas_dot_supported,
+    plan_dot,
+)
 from xlapy.backends.cpu.runtime.fft_thunk import FftThunk
 from xlapy.backends.cpu.runtime.indexing_thunk import (
     DynamicUpdateSliceThunk,
@@ -98,6 +104,7 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
     plan_scatter,
 )
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
 from xlapy.backends.cpu.runtime.sort_thunk import plan_sort, plan_topk, plan_xla_topk
 from xlapy.backends.cpu.runtime.thunk import (
@@ -207,33 +214,58 @@ def _native_of(thunk: WhileThunk, what: str) -> int:
     return getattr(thunk.native, what)
 
 
+@dataclass(frozen=True, slots=True)
+class NativeLoopPlan:
+    """What native_loop_plan makes of a while loop: the function's plan, its table of entry
+    points (each a function answering the address, once kernels and inner loops are
+    loaded), and whether some gemm it calls (its inner loops' included) needs OpenBLAS
+    limited to the calling thread around the loop (one above OPENBLAS_SERIAL_FLOPS)."""
+
+    plan: LoopPlan
+    table: list[Callable[[], int]]
+    one_blas_thread: bool
+
+
 def native_loop_plan(
-    thunk: WhileThunk, native: Collection[WhileThunk] = ()
-) -> tuple[LoopPlan, list[Callable[[], int]]] | str:
-    """The native loop of `thunk` (codegen/emit_loop.py) and its table of entry points (each
-    a function answering the address, once kernels and inner loops are loaded), or why it
-    has none: its condition and body must be kernels that run whole on the calling thread,
-    copies, small dots that are one cblas gemm (DotThunk.native_gemm), conditionals of such
-    branches, and while loops in `native` (those that will be native loops themselves)."""
+    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None
+) -> NativeLoopPlan | str:
+    """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
+    and body must be kernels (those that may split over the cores run on the native pool,
+    in the runtime's number of blocks), copies, dots that are one cblas gemm run whole
+    (DotThunk.native_gemm), conditionals of such branches, and while loops in `native`
+    (those that will be native loops themselves, each mapped to whether it needs one BLAS
+    thread)."""
+    native = native or {}
     table: list[Callable[[], int]] = []
+    one_thread = False
 
     def copies(raw) -> list[LoopStep]:
         return [LoopCopy((da, do), (sa, so), size) for da, do, sa, so, size in raw]
 
     def steps(seq: ThunkSequence) -> list[LoopStep] | str:
+        nonlocal one_thread
         if seq.plan is not None:
             return f"{seq.name} runs as a graph"
         out: list[LoopStep] = []
         for t in seq.thunks:
             if isinstance(t, KernelThunk):
-                if t.scratch or t.split_choice is not None or not isinstance(t.kernel, Kernel):
-                    return f"{t.instr.name}: its kernel needs scratch or may split"
-                table.append(functools.partial(_kernel_address, t.kernel))
+                if t.scratch or not isinstance(t.kernel, Kernel):
+                    return f"{t.instr.name}: its kernel needs scratch buffers"
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
-                out.append(LoopCall(len(table) - 1, slots, t.kernel.outer_extent))
+                pool = native_pool() if t.split_choice is not None else None
+                if t.split_choice is not None and (pool is None or len(slots) > MAX_ARGS):
+                    return f"{t.instr.name}: its kernel may split and the native pool cannot run it"
+                table.append(functools.partial(_kernel_address, t.kernel))
+                entry = len(table) - 1
+                if pool is None:
+                    out.append(LoopCall(entry, slots, t.kernel.outer_extent))
+                    continue
+                table.append(functools.partial(int, pool.run_address))
+                out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, entry + 1))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
-            elif isinstance(t, DotThunk) and (gemm := t.native_gemm()) is not None:
+            elif isinstance(t, DotThunk) and (gemm := t.native_gemm(math.inf)) is not None:
+                one_thread |= t.flops > OPENBLAS_SERIAL_FLOPS
                 address, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
                 table.append(functools.partial(int, address))
                 dtype = "float" if t.out.shape.dtype.itemsize == 4 else "double"
@@ -255,11 +287,16 @@ def native_loop_plan(
                 out.append(LoopSwitch(selector, bits, dtype.kind == "i", tuple(branches)))
             elif isinstance(t, WhileThunk) and t in native:
                 out += copies(t.raw_copies[0])
+                one_thread |= native[t]
                 table.extend((functools.partial(_native_of, t, "address"),
                               functools.partial(_native_of, t, "table_address")))  # fmt: skip
                 out.append(LoopNested(len(table) - 2))
+            elif isinstance(t, WhileThunk):
+                return f"{t.instr.name}: an inner while loop that runs from Python"
+            elif isinstance(t, DotThunk):
+                return f"{t.instr.name}: a dot that is not one cblas gemm run whole"
             else:
-                return f"{t.instr.name} is a {t.kind} thunk"
+                return f"{t.instr.name} is a {t.kind} thunk (it runs from Python)"
         return out
 
     cond, body = steps(thunk.condition), steps(thunk.body)
@@ -268,7 +305,8 @@ def native_loop_plan(
     _, cond_copies, body_copies, back_copies = thunk.raw_copies
     before = (*copies(cond_copies), *cond)
     after = (*copies(body_copies), *body, *copies(back_copies))
-    return LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after), table
+    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after)
+    return NativeLoopPlan(plan, table, one_thread)
 
 
 def _conditional(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -590,28 +628,35 @@ class Lowering:
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
         # while loops becoming native, inner loops before the loops around them:
-        # thunk -> (its function's Future, its table's entries)
-        self.native_loops: dict[WhileThunk, tuple[Future, list[Callable[[], int]]]] = {}
+        # thunk -> (its function's Future, its plan)
+        self.native_loops: dict[WhileThunk, tuple[Future, NativeLoopPlan]] = {}
+        self.python_loops: list[Fallback] = []  # while loops left to the Python driver
 
     def plan_native_loop(self, thunk: WhileThunk) -> None:
         """When `thunk` can be one native function (native_loop_plan), start compiling it on
         the JIT's pool (its IR needs no kernel address); compile_loops finishes it. Compile
         option `native_loops=False` keeps every loop in Python."""
+        instr = thunk.instr
         if not self.options.get("native_loops", True):
+            self.python_loops.append(Fallback(instr.name, instr.opcode.text, "native_loops=False"))
             return
-        planned = native_loop_plan(thunk, self.native_loops)
+        inner = {t: p.one_blas_thread for t, (_, p) in self.native_loops.items()}
+        planned = native_loop_plan(thunk, inner)
         if isinstance(planned, str):
+            self.python_loops.append(Fallback(instr.name, instr.opcode.text, planned))
             return
-        plan, table = planned
+        plan = planned.plan
         future = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
-        self.native_loops[thunk] = (future, table)
+        self.native_loops[thunk] = (future, planned)
 
     def compile_loops(self) -> None:
         """Make the loops plan_native_loop started native, inner loops first (an outer
         loop's table holds its inner loops' functions). Call after wait_for_kernels."""
-        for thunk, (future, table) in self.native_loops.items():
-            table_addresses = [entry() for entry in table]
-            thunk.native = NativeLoop(function_address(future), table_addresses, future)
+        for thunk, (future, planned) in self.native_loops.items():
+            table_addresses = [entry() for entry in planned.table]
+            thunk.native = NativeLoop(
+                function_address(future), table_addresses, future, planned.one_blas_thread
+            )
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

@@ -9,10 +9,13 @@
 # native loop, its function and its own table), known only once the kernels are loaded; the
 # function reads them from there, so its IR (and the cached object) does not depend on where
 # this process loaded them. Kernels are called over their whole outer range, as the runtime
-# does for a kernel that does not split: `f(pointers..., 0, extent)`. A small dot that the
-# runtime runs as one cblas gemm on the arena is that call here too (OpenBLAS's entry point
-# from the table, the same arguments DotThunk passes). A conditional becomes a switch over
-# its branches' steps.
+# does for a kernel that does not split: `f(pointers..., 0, extent)`; a kernel the runtime
+# may split over the cores is handed to the native pool's parallel-for instead
+# (runtime/native_pool.py's xp_run, its address from the table, the pointers in an array on
+# the stack), cut into as many blocks as the runtime would cut it. A dot that the runtime
+# runs as one cblas gemm on the arena is that call here too (OpenBLAS's entry point from
+# the table, the same arguments DotThunk passes). A conditional becomes a switch over its
+# branches' steps.
 #
 # The loop state needs no copies between iterations where buffer assignment aliased it (the
 # body's root, the loop's result and the condition's and body's parameters share slices);
@@ -39,11 +42,14 @@ Slot = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class LoopCall:
-    """Call the kernel at `table[entry]` on the addresses of `slots` over [0, extent)."""
+    """Call the kernel at `table[entry]` on the addresses of `slots` over [0, extent); with
+    `blocks` > 1, through the parallel-for at `table[pool]` in that many blocks."""
 
     entry: int
     slots: tuple[Slot, ...]
     extent: int
+    blocks: int = 1
+    pool: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,8 @@ def _kernel_type(arity: int) -> ir.FunctionType:
 
 
 LOOP_TYPE = ir.FunctionType(I32, [I64.as_pointer(), I64.as_pointer(), I64, I64])
+POOL_TYPE = ir.FunctionType(I32, [I64] * 5)
+"""The native pool's xp_run(kernel, args, nargs, extent, blocks)."""
 
 
 def _gemm_call(b: ir.IRBuilder, step: LoopGemm, pointer, table) -> tuple[ir.Value, list]:
@@ -170,6 +178,29 @@ def emit_loop(plan: LoopPlan) -> str:
             entries[index] = entry.inttoptr(entry.load(at), ty)
         return entries[index]
 
+    def word(index: int) -> ir.Value:
+        """table[index] as an i64 (loaded once, in the entry block)."""
+        at = entry.gep(table_arg, [ir.Constant(I64, index)])
+        return entry.load(at)
+
+    def split_call(b: ir.IRBuilder, step: LoopCall) -> None:
+        n = len(step.slots)
+        array = entry.alloca(ir.ArrayType(I64, n))  # in the entry block: one stack slot
+        for i, slot in enumerate(step.slots):
+            at = b.gep(array, [ir.Constant(I64, 0), ir.Constant(I64, i)])
+            b.store(b.ptrtoint(pointer(b, slot), I64), at)
+        run = table(step.pool, POOL_TYPE.as_pointer())
+        args = [
+            kernel_words.setdefault(step.entry, word(step.entry)),
+            b.ptrtoint(array, I64),
+            ir.Constant(I64, n),
+            ir.Constant(I64, step.extent),
+            ir.Constant(I64, step.blocks),
+        ]
+        b.call(run, args)  # 1: the pool was taken and this thread ran it whole
+
+    kernel_words: dict[int, ir.Value] = {}
+
     def pointer(b: ir.IRBuilder, slot: Slot) -> ir.Value:
         allocation, offset = slot
         return b.gep(base(allocation), [ir.Constant(I64, offset)])
@@ -185,6 +216,8 @@ def emit_loop(plan: LoopPlan) -> str:
                 b.call(*_gemm_call(b, step, pointer, table))
             elif isinstance(step, LoopSwitch):
                 b = emit_switch(b, step)
+            elif isinstance(step, LoopCall) and step.blocks > 1:
+                split_call(b, step)
             elif isinstance(step, LoopCall):
                 callee = table(step.entry, _kernel_type(len(step.slots)).as_pointer())
                 args = [pointer(b, s) for s in step.slots]

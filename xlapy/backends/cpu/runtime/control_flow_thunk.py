@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from xlapy.backends.base import PROFILE
+from xlapy.backends.cpu.runtime.dot_thunk import blas_thread_setter
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
 from xlapy.backends.cpu.runtime.thunk import (
     UNKNOWN_TRIP_COUNT,
@@ -118,27 +119,42 @@ class NativeLoop:
     limit, i64 budget)` (codegen/emit_loop.py) and the table of entry points it calls: the
     kernels' addresses and, for a nested native loop, its function's and its table's. It
     runs ROUND iterations a call, so Python handles signals (Ctrl-C on a loop that never
-    ends) between calls."""
+    ends) between calls. With `one_blas_thread` (a gemm it calls is big enough for OpenBLAS
+    to start threads) OpenBLAS is limited to the calling thread around the calls, as the
+    runtime does around such a dot (thread-local, so nothing else is affected)."""
 
     ROUND = 1 << 20
 
-    def __init__(self, address: int, table: Sequence[int], code: object = None):
+    def __init__(
+        self,
+        address: int,
+        table: Sequence[int],
+        code: object = None,
+        one_blas_thread: bool = False,
+    ):
         self.address, self.code = address, code  # code: what keeps `address` mapped
         self.function = _LOOP_FUNCTION(address)
         self.table = (ctypes.c_int64 * max(1, len(table)))(*table)
         self.table_address = ctypes.addressof(self.table)
+        self.thread_setter = blas_thread_setter() if one_blas_thread else None
 
     def run(self, bases: list[int], limit: int | None) -> bool:
         """Run the loop on an execution's allocation bases: False when some loop ran past
         `limit` iterations (None: no limit), else True."""
         memory = (ctypes.c_int64 * len(bases))(*bases)
         left = -1 if limit is None else limit
-        while True:
-            status = self.function(memory, self.table, left, self.ROUND)
-            if status != 2:
-                return status == 0
-            if left >= 0:
-                left -= self.ROUND
+        setter = self.thread_setter
+        previous = None if setter is None else setter(1)
+        try:
+            while True:
+                status = self.function(memory, self.table, left, self.ROUND)
+                if status != 2:
+                    return status == 0
+                if left >= 0:
+                    left -= self.ROUND
+        finally:
+            if setter is not None:
+                setter(previous)
 
 
 class WhileThunk(Thunk):

@@ -698,13 +698,17 @@ class DotThunk(Thunk):
 
         return one_thread
 
-    def native_gemm(self) -> tuple[int, bool, tuple] | None:
+    def native_gemm(
+        self, max_flops: float = OPENBLAS_SERIAL_FLOPS
+    ) -> tuple[int, bool, tuple] | None:
         """For native code calling this dot's gemm itself (a native while loop): (the gemm's
         address, whether its sizes are 64-bit, its arguments with (allocation, offset) pairs
         for the three matrices); None unless the dot is one planned gemm that runs whole on
-        the calling thread with no thread-count change (small, no split choice)."""
+        the calling thread (no split choice) with at most `max_flops` flops. Above
+        OPENBLAS_SERIAL_FLOPS the caller must limit OpenBLAS to its own thread around the
+        call (blas_thread_setter), as the runtime does for such a dot."""
         g = self._gemm
-        if g is None or self.split_choice is not None or self.flops > OPENBLAS_SERIAL_FLOPS:
+        if g is None or self.split_choice is not None or self.flops > max_flops:
             return None
         dtype = self.out.shape.dtype
         found = flushing_gemm_address(dtype) if self.flush else cblas_gemm_address(dtype)

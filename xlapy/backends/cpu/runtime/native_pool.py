@@ -263,6 +263,10 @@ class NativePool:
             ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
             ctypes.c_int64,
         )(engine.get_function_address("xp_run"))  # fmt: skip
+        self.run_address: int = engine.get_function_address("xp_run")
+        """For native callers (a native while loop): `i32 xp_run(i64 kernel, i64 args,
+        i64 nargs, i64 extent, i64 blocks)`, what `run` calls (args: the address of an
+        array of `nargs` pointers)."""
         self.workers = start(workers)
 
     def run(self, function: int, pointers: Sequence[int], extent: int, blocks: int) -> bool:
