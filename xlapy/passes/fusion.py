@@ -29,11 +29,11 @@ a long cheap chain with several users). Copying cheap arithmetic is what XLA doe
 far less than a round trip of the value through memory (a vector add of a u32 is ~1/8 cycle
 an element, writing and reading it back ~2 cycles at 10 GB/s): threefry's rounds, where
 each x0 += x1; x1 = rotl(x1, r) ^ x0 has two users, fuse into one kernel per output word
-as XLA's do, instead of a kernel per round (a budget of 1/4 left 6 of them); and a producer that reads more
-bytes than it writes is duplicated only when every user can take it in and the computed
-values it reads are no larger than it (duplicated into users further on, it would hold them
-live until its last user instead of holding its own buffer: memory, where XLA's rule only
-weighs memory traffic). Sweeps repeat until nothing changes.
+as XLA's do, instead of a kernel per round (a budget of 1/4 left 6 of them); and a producer
+that reads more bytes than it writes is duplicated only when every user can take it in and
+the computed values it reads are no larger than it (duplicated into users further on, it
+would hold them live until its last user instead of holding its own buffer: memory, where
+XLA's rule only weighs memory traffic). Sweeps repeat until nothing changes.
 """
 
 from __future__ import annotations
