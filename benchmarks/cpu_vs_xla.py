@@ -95,6 +95,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "loops": ("fori_", "while_", "lstm_", "gru_", "rnn_", "scan_"),
     "linalg": ("eig", "svd", "qr", "cholesky"),
     "fft": ("fft", "rfft"),
+    "dots": ("matmul", "batched_matmul"),
     "pooling": ("maxpool", "avgpool"),
     "conv": ("conv2d", "convnet"),
     "rng": ("rng_", "threefry"),
@@ -841,6 +842,45 @@ def _():
         return lax.rng_bit_generator(key, like.shape, dtype=jnp.uint32)
 
     return bits, lambda rng, s: (np.arange(4, dtype=np.uint32) + 7, np.zeros(s.elems, np.float32))
+
+
+# Added in session 5 without tuning on them: RNG families beyond normal, a bf16 dot, a 2-D
+# FFT, a batched gemm of large matrices.
+@program("rng_bernoulli")
+def _():
+    def coins(key, like):
+        return jax.random.bernoulli(jax.random.wrap_key_data(key), 0.3, like.shape)
+
+    return coins, lambda rng, s: (np.array([0, 7], np.uint32), np.zeros(s.elems, np.float32))
+
+
+@program("rng_categorical")
+def _():
+    def draw(key, logits):
+        return jax.random.categorical(jax.random.wrap_key_data(key), logits, axis=-1)
+
+    return draw, lambda rng, s: (
+        np.array([0, 9], np.uint32),
+        normal(rng, (s.elems[0] * 4, s.elems[1] // 16)),
+    )
+
+
+@program("matmul_bf16")
+def _():
+    def f(a, b):
+        return (a.astype(jnp.bfloat16) @ b.astype(jnp.bfloat16)).astype(jnp.float32)
+
+    return f, two(lambda s: (s.mat, s.mat))
+
+
+@program("fft2_complex")
+def _():
+    return (lambda x: jnp.fft.fft2(x.astype(jnp.complex64))), one(lambda s: (s.mat, s.mat))
+
+
+@program("batched_matmul_big")
+def _():
+    return (lambda a, b: jnp.einsum("bij,bjk->bik", a, b)), two(lambda s: (8, s.mat, s.mat))
 
 
 @program("f16_arith")

@@ -405,21 +405,10 @@ def _runtime_imports(path: Path):
         pending.extend(ast.iter_child_nodes(node))
 
 
-RUNTIME_JIT_DEBT = {
-    ("backends/cpu/runtime/native_pool.py", "xlapy.backends.cpu.jit.engine"),
-    ("backends/cpu/runtime/dot_thunk.py", "xlapy.backends.cpu.codegen.emitter"),
-    ("backends/cpu/runtime/dot_thunk.py", "xlapy.backends.cpu.codegen.emitter.MXCSR_FLUSH"),
-    ("backends/cpu/runtime/dot_thunk.py", "xlapy.backends.cpu.jit.engine"),
-    ("backends/cpu/runtime/dot_thunk.py", "xlapy.backends.cpu.jit.engine.CodeHold"),
-    ("backends/cpu/runtime/dot_thunk.py", "xlapy.backends.cpu.jit.engine.compile_object"),
-    ("backends/cpu/runtime/dot_thunk.py", "xlapy.backends.cpu.jit.engine.shared_engine"),
-    ("backends/cpu/runtime/native_pool.py", "xlapy.backends.cpu.jit.engine.host_target"),
-    ("backends/cpu/runtime/native_pool.py", "xlapy.backends.cpu.jit.engine.new_target_machine"),
-}
-"""Known layer debt, listed so that nothing else slips in: two runtime modules of session 4
-JIT-compile their own native helpers (the native parallel-for; the FTZ/DAZ gemm wrapper)
-instead of receiving them from the driver. The fix is for lowering/backend to compile them
-(jit) and hand the runtime their addresses, as it does for kernels."""
+RUNTIME_JIT_DEBT: set[tuple[str, str]] = set()
+"""Known layer debt (runtime modules that import codegen or jit), listed so that nothing
+else slips in: none. The runtime's native helpers are compiled by jit/native_helpers.py and
+handed over through runtime/native_code.py."""
 
 
 def test_cpu_backend_sub_layers():

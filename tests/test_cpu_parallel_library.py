@@ -267,6 +267,18 @@ def test_native_pool_runs_blocks_and_a_busy_pool_runs_whole():
         pool_obj.run(0, [], 10, 2)
 
 
+def test_runtime_helpers_come_from_the_installed_compiler(monkeypatch):
+    """The runtime compiles nothing itself: the package installs the jit's compiler of its
+    helpers, and a runtime without one says so instead of failing somewhere deeper."""
+    from xlapy.backends.cpu.jit.native_helpers import JitNativeCode
+    from xlapy.backends.cpu.runtime import native_code
+
+    assert isinstance(native_code.native_code(), JitNativeCode)
+    monkeypatch.setattr(native_code, "_installed", [])
+    with pytest.raises(RuntimeError, match="need a compiler"):
+        native_code.native_code()
+
+
 def test_native_pool_with_8_threads_and_from_pool_workers():
     """8 Python threads, and every Python pool worker, execute split kernels at once: each
     call runs on the native pool or, finding it taken, whole on its own thread."""

@@ -7,7 +7,9 @@ back to the interpreter.
 
 `CpuBackend` (registered as the backend "cpu") compiles whole modules: passes, buffer
 assignment, then a thunk sequence of kernels, BLAS dots, library and control-flow thunks
-(`compile_module`), executed over one arena per execution (`CpuProgram.run`).
+(`compile_module`), executed over one arena per execution (`CpuProgram.run`). The runtime's
+own native helpers (the native parallel-for, the subnormal-flushing BLAS wrappers) are
+compiled by the jit too: the package installs their compiler into runtime/native_code.py.
 """
 
 from xlapy.backends.cpu.backend import CpuBackend, CpuProgram
@@ -21,7 +23,11 @@ from xlapy.backends.cpu.jit.kernel import (
     run_parallel,
     wrap_instruction,
 )
+from xlapy.backends.cpu.jit.native_helpers import JitNativeCode
+from xlapy.backends.cpu.runtime import native_code
 from xlapy.backends.cpu.runtime.pool import default_pool
+
+native_code.install(JitNativeCode())  # the runtime's native helpers, compiled by the jit
 
 __all__ = [
     "CompiledModule",

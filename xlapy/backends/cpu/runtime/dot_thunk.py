@@ -79,10 +79,8 @@ from dataclasses import dataclass
 
 import cffi
 import numpy as np
-from llvmlite import ir
 
-from xlapy.backends.cpu.codegen.emitter import MXCSR_FLUSH
-from xlapy.backends.cpu.jit.engine import CodeHold, compile_object, shared_engine
+from xlapy.backends.cpu.runtime.native_code import native_code
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import (
     NS_PER_FLOP,
@@ -207,44 +205,15 @@ def raw_gemm(dtype: np.dtype):
 
 # -- subnormals: FTZ/DAZ around BLAS (see the file comment) ------------------------------
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-_I32, _I8P = ir.IntType(32), ir.IntType(8).as_pointer()
-_KEEP: list[CodeHold] = []  # the wrappers' code, mapped for the life of the process
-
-
-def _native(module: ir.Module, symbol: str) -> int:
-    """Compile and load `module` (never from the disk cache: it may embed addresses of
-    this process); the address of its function `symbol`, kept mapped for good."""
-    obj = compile_object(str(module), use_cache=False, symbol=symbol)
-    hold = shared_engine().load([(obj.key, obj.data)])[obj.key]
-    _KEEP.append(hold)
-    return hold.address
-
-
-def _mxcsr_calls(module: ir.Module) -> tuple[ir.Function, ir.Function]:
-    sig = ir.FunctionType(ir.VoidType(), [_I8P])
-    return ir.Function(module, sig, "llvm.x86.sse.stmxcsr"), ir.Function(
-        module, sig, "llvm.x86.sse.ldmxcsr"
-    )
 
 
 @functools.cache
-def _mxcsr_update():
-    """`update(value, mask) -> previous`: the MXCSR becomes `previous & ~mask | value`
-    (x86 only; `update(MXCSR_FLUSH, 0)` sets FTZ/DAZ, `update(previous, -1)` restores)."""
-    module = ir.Module(name="xlapy_mxcsr")
-    fn = ir.Function(module, ir.FunctionType(_I32, [_I32, _I32]), "xlapy_mxcsr_update")
-    fn.attributes.add("nounwind")
-    value, mask = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    st, ld = _mxcsr_calls(module)
-    saved, new = b.alloca(_I32), b.alloca(_I32)
-    b.call(st, [b.bitcast(saved, _I8P)])
-    old = b.load(saved)
-    b.store(b.or_(b.and_(old, b.not_(mask)), value), new)
-    b.call(ld, [b.bitcast(new, _I8P)])
-    b.ret(old)
+def _mxcsr_flush():
+    """(`flush() -> previous`: sets the MXCSR's FTZ/DAZ bits on the calling thread;
+    `set(previous)`: restores the MXCSR) as cffi functions (x86 only)."""
+    flush, set_ = native_code().mxcsr_flush()
     ffi = cffi.FFI()
-    return ffi.cast("int32_t(*)(int32_t, int32_t)", _native(module, "xlapy_mxcsr_update"))
+    return ffi.cast("int32_t(*)(void)", flush), ffi.cast("void(*)(int32_t)", set_)
 
 
 def flushing(body):
@@ -252,14 +221,14 @@ def flushing(body):
     x86 `body` itself), the caller's mode restored after it, also when it raises."""
     if not _X86:
         return body
-    update = _mxcsr_update()
+    flush, restore = _mxcsr_flush()
 
     def run(lo: int, hi: int) -> None:
-        previous = update(MXCSR_FLUSH, 0)
+        previous = flush()
         try:
             body(lo, hi)
         finally:
-            update(previous, -1)
+            restore(previous)
 
     return run
 
@@ -273,25 +242,7 @@ def flushing_gemm_address(dtype: np.dtype) -> tuple[int, bool] | None:
     if found is None or not _X86:
         return None
     address, wide = found
-    scalar = ir.FloatType() if dtype == np.float32 else ir.DoubleType()
-    index = ir.IntType(64 if wide else 32)
-    matrix = [_I8P, index]
-    params = [_I32, _I32, _I32, index, index, index, scalar, *matrix, *matrix, scalar, *matrix]
-    sig = ir.FunctionType(ir.VoidType(), params)
-    module = ir.Module(name="xlapy_flushing_gemm")
-    symbol = f"xlapy_flushing_{dtype.char}gemm"
-    fn = ir.Function(module, sig, symbol)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    st, ld = _mxcsr_calls(module)
-    saved, new = b.alloca(_I32), b.alloca(_I32)
-    b.call(st, [b.bitcast(saved, _I8P)])
-    b.store(b.or_(b.load(saved), ir.Constant(_I32, MXCSR_FLUSH)), new)
-    b.call(ld, [b.bitcast(new, _I8P)])
-    target = b.inttoptr(ir.Constant(ir.IntType(64), address), sig.as_pointer())
-    b.call(target, list(fn.args))
-    b.call(ld, [b.bitcast(saved, _I8P)])
-    b.ret_void()
-    return _native(module, symbol), wide
+    return native_code().flushing_gemm(dtype, address, wide), wide
 
 
 @functools.cache
