@@ -458,3 +458,40 @@ def test_no_cycles_inside_the_cpu_backend_even_lazily():
         graph[module] = deps
     cycles = _cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+# -- the runtime's objects talk through their public interfaces --------------------------------
+def _own_private_names(tree: ast.Module) -> set[str]:
+    """The `_names` a module defines for its own classes: methods and `self._x` fields."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_"):
+            names.add(node.name)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and node.attr.startswith("_")
+        ):
+            names.add(node.attr)
+    return names
+
+
+def test_runtime_modules_use_each_others_public_interfaces():
+    """In xlapy/runtime, a module reads another module's objects (a Buffer, a Future, a
+    Client, a Device) through their public methods and properties only: the execution
+    engine asks a Buffer for its storage, readiness and donation, it does not reach into
+    `_storage` / `_ready` / `_state` (issue 15 counted 17 such reads)."""
+    found = []
+    for path in (ROOT / "runtime").rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        own = _own_private_names(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or node.attr in own:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            found.append(f"xlapy/runtime/{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "private fields of another module's objects:\n" + "\n".join(found)
