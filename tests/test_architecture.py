@@ -77,6 +77,28 @@ def test_imports_point_one_way():
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
 
 
+def test_constant_foldings_upward_import_loads_only_pure_rules():
+    """The one allowed upward import (constant folding evaluating ops with the interpreter's
+    rules) loads the rules of ops that compute on their operands, not the custom-call / FFI
+    registries or the collectives between devices (issue 15: it loaded them all)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, xlapy.passes, xlapy.memory; "
+        "print(sorted(m for m in sys.modules if m.startswith('xlapy.backends')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(ast.literal_eval(out))
+    for machinery in ("custom_calls", "ffi", "xla_ffi", "collectives", "cpu", "lapack"):
+        assert f"xlapy.backends.{machinery}" not in loaded, loaded
+    assert "xlapy.backends.interpreter.rules.elementwise" in loaded
+    assert "xlapy.backends.interpreter.rules.custom_call" not in loaded
+    assert "xlapy.backends.interpreter.evaluator" not in loaded
+
+
 def test_nothing_imports_tools():
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
