@@ -212,7 +212,7 @@ def _channel(ctx, instr):
     return channels.setdefault(instr.attrs.get("channel_id", 0), [])
 
 
-def _peers(instr, ctx):
+def _send_recv_peers(instr, ctx):
     """The run's DeviceCollectives when `instr` sends between devices of a multi-device
     execution (it names source-target pairs), else None (a loopback through the state)."""
     comm = ctx.state.get("collectives")
@@ -221,7 +221,7 @@ def _peers(instr, ctx):
 
 @evaluates(Opcode.SEND)
 def _send(instr, operands, ctx):
-    comm = _peers(instr, ctx)
+    comm = _send_recv_peers(instr, ctx)
     if comm is not None:
         comm.send(instr, operands[0])
     else:
@@ -236,7 +236,7 @@ def _send_done(instr, operands, ctx):
 
 @evaluates(Opcode.RECV)
 def _recv(instr, operands, ctx):
-    comm = _peers(instr, ctx)
+    comm = _send_recv_peers(instr, ctx)
     if comm is not None:
         return (comm.recv(instr, instr.shape.tuple_shapes[0]), np.zeros((), np.uint32), TOKEN)
     channel = _channel(ctx, instr)
