@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import CallContext, Opcode
+from xlapy.ir.opcodes import CallContext, Category, Opcode
 from xlapy.ir.shapes import Layout
 from xlapy.passes.pass_base import HloPass, register_pass
 
@@ -52,7 +52,7 @@ def _pinned(entry) -> set[int]:
         if id(instr) in pinned:
             continue
         pinned.add(id(instr))
-        if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+        if instr.opcode.category is Category.TUPLE:
             stack.extend(instr.operands)
     for instr in entry.instructions:
         if instr.opcode is Opcode.PARAMETER or _crosses(instr.opcode):

@@ -888,7 +888,7 @@ class _Partitioner:
     def _why(self, instr: HloInstruction) -> str:
         if instr.opcode is Opcode.CUSTOM_CALL:
             return f"custom call {instr.attrs.get('custom_call_target')!r} has no partitioning rule"
-        if instr.opcode in (Opcode.WHILE, Opcode.CONDITIONAL):
+        if instr.opcode.is_control_flow:
             return "control flow runs whole on every device"
         return "no partitioning rule for this opcode"
 

@@ -37,7 +37,7 @@ import numpy as np
 from xlapy.backends.interpreter.rules._lifted import call_elementwise
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 
 _SIGNED_OF_WIDTH = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _UNSIGNED_OF_WIDTH = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -83,7 +83,7 @@ def _params_of(instr: HloInstruction, seen: dict[int, frozenset]) -> frozenset:
 
 
 def _scalar_elementwise(instr: HloInstruction) -> bool:
-    if instr.opcode in (Opcode.PARAMETER, Opcode.CONSTANT):
+    if instr.opcode.category is Category.CONSTANT:
         return instr.shape.is_array and instr.shape.rank == 0
     if next(instr.called_computations(), None) is not None:
         return False
