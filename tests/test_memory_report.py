@@ -176,6 +176,38 @@ def test_plot_is_a_png(tmp_path):
     assert np.ptp(image[..., :3]) > 0.5  # not a blank canvas
 
 
+def test_plot_peak_label_overlaps_neither_legend_nor_curve(tmp_path, monkeypatch):
+    """Issue 15's small defect: the peak label overlapped the legend and the curve. It sits
+    inside the axes, above the highest live bytes and clear of the assigned-peak line, and
+    the legend is outside the axes."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    save = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assignment = plan(WHILE).assignment
+    report.plot_timeline(assignment, tmp_path / "mem.png")
+    [fig] = figures
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    label = next(t for t in ax.texts if t.get_text().startswith("peak "))
+    box = label.get_window_extent(renderer)
+    assert not box.overlaps(ax.get_legend().get_window_extent(renderer))
+    axes_box = ax.get_window_extent(renderer)
+    assert axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and box.y1 <= axes_box.y1
+    to_data = ax.transData.inverted()
+    curve = max(ax.lines[0].get_ydata())  # the live-bytes step line
+    assert to_data.transform((box.x0, box.y0))[1] > curve
+    dotted = next(line for line in ax.lines if line.get_linestyle() == ":")
+    assigned_y = ax.transData.transform((0, dotted.get_ydata()[0]))[1]
+    assert not box.y0 <= assigned_y <= box.y1
+
+
 @pytest.mark.parametrize(
     "n, text", [(0, "0B"), (1023, "1023B"), (1536, "1.50KiB"), (3 << 20, "3.00MiB")]
 )
