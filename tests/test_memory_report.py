@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,3 +219,20 @@ def test_human_bytes(n, text):
 def test_unknown_scheduler_is_an_error():
     with pytest.raises(MemoryPlanningError, match=r"unknown scheduler 'fastest'.*post-order"):
         plan(scheduler="fastest")
+
+
+def test_readme_says_how_to_get_op_names_in_the_memory_report():
+    """Issue 15's small defect: the README did not say that JAX writes op names only with
+    `debug_info=True`; a JAX program exported that way does carry them into the report."""
+    import jax
+    import jax.numpy as jnp
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert 'as_text(dialect="hlo", debug_info=True)' in readme
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(spec)
+    plain = lowered.as_text(dialect="hlo")
+    named = lowered.as_text(dialect="hlo", debug_info=True)
+    assert "jit(<lambda>)/sin" not in plain and "jit(<lambda>)/sin" in named
+    module = parse_module(named)
+    assert any(i.op_name == "jit(<lambda>)/sin" for i in module.entry.instructions)
