@@ -530,3 +530,39 @@ def test_runtime_modules_use_each_others_public_interfaces():
                 continue
             found.append(f"xlapy/runtime/{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "private fields of another module's objects:\n" + "\n".join(found)
+
+
+_MUTATORS = {"append", "add", "pop", "update", "remove", "discard", "clear", "setdefault"}
+
+
+def test_nobody_writes_another_objects_private_fields():
+    """Analyses are results nobody writes (issue 15: copy insertion wrote the dataflow
+    result's private tables): in analysis, passes, memory and backends, no code assigns or
+    mutates a `_field` of an object other than `self` / `cls`."""
+    found = []
+    for package in ("analysis", "passes", "memory", "backends"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                targets = []
+                if isinstance(node, ast.Assign):
+                    targets = node.targets
+                elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                    targets = [node.target]
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _MUTATORS
+                ):
+                    targets = [node.func.value]
+                for target in targets:
+                    while isinstance(target, ast.Subscript):
+                        target = target.value
+                    if not isinstance(target, ast.Attribute) or not target.attr.startswith("_"):
+                        continue
+                    if target.attr.startswith("__") or (
+                        isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")
+                    ):
+                        continue
+                    rel = path.relative_to(ROOT)
+                    found.append(f"xlapy/{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, "writes into another object's private fields:\n" + "\n".join(found)
