@@ -77,6 +77,28 @@ def test_imports_point_one_way():
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
 
 
+def test_constant_foldings_upward_import_loads_only_pure_rules():
+    """The one allowed upward import (constant folding evaluating ops with the interpreter's
+    rules) loads the rules of ops that compute on their operands, not the custom-call / FFI
+    registries or the collectives between devices (issue 15: it loaded them all)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, xlapy.passes, xlapy.memory; "
+        "print(sorted(m for m in sys.modules if m.startswith('xlapy.backends')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(ast.literal_eval(out))
+    for machinery in ("custom_calls", "ffi", "xla_ffi", "collectives", "cpu", "lapack"):
+        assert f"xlapy.backends.{machinery}" not in loaded, loaded
+    assert "xlapy.backends.interpreter.rules.elementwise" in loaded
+    assert "xlapy.backends.interpreter.rules.custom_call" not in loaded
+    assert "xlapy.backends.interpreter.evaluator" not in loaded
+
+
 def test_nothing_imports_tools():
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
@@ -92,54 +114,65 @@ def test_opcode_names_are_unique_and_round_trip():
     assert all(Opcode.from_text(t).text == t for t in texts)
 
 
-def _opcode_sets(tree: ast.Module) -> dict[str, frozenset[str]]:
-    """Module-level names bound to a set/frozenset literal (or a tuple of categories) whose
-    elements are all `Opcode.X` / `O.X` / `Op.X` attributes: name -> member names."""
-    found = {}
-    for node in tree.body:
-        if not isinstance(node, ast.Assign | ast.AnnAssign):
+def _opcode_sets(tree: ast.Module) -> list[tuple[int, frozenset[str]]]:
+    """Every set / frozenset / tuple / list literal of two or more elements, anywhere in the
+    module (module level, in functions, in `x in (...)` tests), whose elements are all
+    opcodes: `Opcode.X` / `O.X` / `Op.X` attributes, or opcode text strings ("add"). Returns
+    (line, member names)."""
+    names = {op.name for op in Opcode}
+    by_text = {op.text: op.name for op in Opcode}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Set | ast.Tuple | ast.List) or len(node.elts) < 2:
             continue
-        value = node.value
-        if isinstance(value, ast.Call) and value.args:  # frozenset({...})
-            value = value.args[0]
-        if not isinstance(value, ast.Set | ast.Tuple) or not value.elts:
+        elts = node.elts
+        if all(isinstance(e, ast.Attribute) and e.attr in names for e in elts):
+            members = frozenset(e.attr for e in elts)  # type: ignore[attr-defined]
+        elif all(isinstance(e, ast.Constant) and e.value in by_text for e in elts):
+            members = frozenset(by_text[e.value] for e in elts)  # type: ignore[attr-defined]
+        else:
             continue
-        names = [e.attr for e in value.elts if isinstance(e, ast.Attribute)]
-        if len(names) != len(value.elts) or not all(n.isupper() for n in names):
-            continue
-        target = node.targets[0] if isinstance(node, ast.Assign) else node.target
-        if isinstance(target, ast.Name):
-            found[target.id] = frozenset(names)
+        found.append((node.lineno, members))
     return found
 
 
 def test_no_module_outside_ir_restates_an_opcode_property():
-    """Op knowledge lives in the opcode table: a set that equals one of its properties (or
-    one of its categories' unions) written out again elsewhere drifts from it."""
+    """Op knowledge lives in the opcode table: a set of opcodes, written anywhere outside
+    `ir` (as Opcode members or as opcode names), that equals one of its properties or
+    categories drifts from it; ask the opcode (`op.is_control_flow`, `op.category is
+    Category.TUPLE`) instead."""
     from xlapy.ir.opcodes import CallContext, Category, Opcode
 
     props = {
         "side effects": {op.name for op in Opcode if op.has_side_effect},
         "elementwise": {op.name for op in Opcode if op.is_elementwise},
-        "elementwise categories": {"UNARY", "BINARY", "TERNARY"},
         "commutative": {op.name for op in Opcode if op.is_commutative},
         "transcendental": {op.name for op in Opcode if op.is_transcendental},
         "expensive": {op.name for op in Opcode if op.is_expensive},
         "forwarding": {op.name for op in Opcode if op.forwards_operand},
+        "control flow": {op.name for op in Opcode if op.is_control_flow},
         "sequential callers": {
             op.name for op in Opcode if op.call_context is CallContext.SEQUENTIAL
         },
         "embedded callers": {op.name for op in Opcode if op.call_context is CallContext.EMBEDDED},
+        "callers": {op.name for op in Opcode if op.call_context is not CallContext.NONE},
     }
-    assert {c.name for c in Category} >= props["elementwise categories"]
+    props.update(
+        {f"category {c.name}": {op.name for op in Opcode if op.category is c} for c in Category}
+    )
+    assert _opcode_sets(ast.parse("x in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)")) == [
+        (1, frozenset({"TUPLE", "GET_TUPLE_ELEMENT"}))
+    ]
     restated = []
     for path in ROOT.rglob("*.py"):
         if path.parent.name == "ir":
             continue
-        for name, members in _opcode_sets(ast.parse(path.read_text())).items():
+        for line, members in _opcode_sets(ast.parse(path.read_text())):
             for prop, expected in props.items():
-                if members == expected or (prop == "forwarding" and members >= expected):
-                    restated.append(f"{path.relative_to(ROOT)}: {name} restates {prop}")
+                if len(expected) >= 2 and (
+                    members == expected or (prop == "forwarding" and members >= expected)
+                ):
+                    restated.append(f"{path.relative_to(ROOT)}:{line} restates {prop}")
     assert not restated, "\n".join(restated)
 
 
@@ -153,6 +186,8 @@ def test_opcode_properties():
     assert Opcode.WHILE.call_context is CallContext.SEQUENTIAL
     assert Opcode.REDUCE.call_context is CallContext.EMBEDDED
     assert Opcode.ADD.call_context is CallContext.NONE
+    assert Opcode.WHILE.is_control_flow and Opcode.CONDITIONAL.is_control_flow
+    assert not Opcode.CALL.is_control_flow and not Opcode.FUSION.is_control_flow
     assert Opcode.OUTFEED.has_side_effect and not Opcode.ADD.has_side_effect
     # every expensive op is elementwise, every transcendental op expensive
     assert all(op.is_elementwise for op in Opcode if op.is_expensive)
@@ -447,3 +482,76 @@ def test_no_cycles_inside_the_cpu_backend_even_lazily():
         graph[module] = deps
     cycles = _cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+# -- the runtime's objects talk through their public interfaces --------------------------------
+def _own_private_names(tree: ast.Module) -> set[str]:
+    """The `_names` a module defines for its own classes: methods and `self._x` fields."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_"):
+            names.add(node.name)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and node.attr.startswith("_")
+        ):
+            names.add(node.attr)
+    return names
+
+
+def test_runtime_modules_use_each_others_public_interfaces():
+    """In xlapy/runtime, a module reads another module's objects (a Buffer, a Future, a
+    Client, a Device) through their public methods and properties only: the execution
+    engine asks a Buffer for its storage, readiness and donation, it does not reach into
+    `_storage` / `_ready` / `_state` (issue 15 counted 17 such reads)."""
+    found = []
+    for path in (ROOT / "runtime").rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        own = _own_private_names(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            if node.attr.startswith("__") or node.attr in own:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            found.append(f"xlapy/runtime/{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "private fields of another module's objects:\n" + "\n".join(found)
+
+
+_MUTATORS = {"append", "add", "pop", "update", "remove", "discard", "clear", "setdefault"}
+
+
+def test_nobody_writes_another_objects_private_fields():
+    """Analyses are results nobody writes (issue 15: copy insertion wrote the dataflow
+    result's private tables): in analysis, passes, memory and backends, no code assigns or
+    mutates a `_field` of an object other than `self` / `cls`."""
+    found = []
+    for package in ("analysis", "passes", "memory", "backends"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                targets = []
+                if isinstance(node, ast.Assign):
+                    targets = node.targets
+                elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                    targets = [node.target]
+                elif (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _MUTATORS
+                ):
+                    targets = [node.func.value]
+                for target in targets:
+                    while isinstance(target, ast.Subscript):
+                        target = target.value
+                    if not isinstance(target, ast.Attribute) or not target.attr.startswith("_"):
+                        continue
+                    if target.attr.startswith("__") or (
+                        isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")
+                    ):
+                        continue
+                    rel = path.relative_to(ROOT)
+                    found.append(f"xlapy/{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, "writes into another object's private fields:\n" + "\n".join(found)

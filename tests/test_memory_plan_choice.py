@@ -181,9 +181,16 @@ def test_added_scatter_adds_onto_zero_chain_into_one_buffer(t, dtype, unique):
         np.testing.assert_array_equal(get_backend("interpreter").compile(module).run(args), want)
 
 
-def test_float_scatters_with_repeated_indices_chain_only_where_sums_may_reassociate():
+def test_float_scatters_with_repeated_indices_chain_only_where_xla_merges_them():
+    """XLA's simplifier merges this pair (same dimension numbers, operand larger than both
+    updates): the default chains it, lhs first; with xla_scatter_merge off and ieee_exact on,
+    nothing is reordered; ieee_exact=False chains it too."""
     text = _grad_of_two_lookups()
-    module, _ = _simplified(text)
+    module, changed = _simplified(text)
+    assert changed and _chained(module)
+    inner = module.entry.root.operands[0]
+    assert inner.operands[1].name == "i"  # the add's lhs is summed first
+    module, _ = _simplified(text, SimplifierOptions(xla_scatter_merge=False))
     assert not _chained(module)  # (s + w1) + w2 is not s + (w1 + w2) bit for bit
     module, changed = _simplified(text, SimplifierOptions(ieee_exact=False))
     assert changed and _chained(module)
@@ -191,6 +198,47 @@ def test_float_scatters_with_repeated_indices_chain_only_where_sums_may_reassoci
     want = get_backend("interpreter").compile(parse_module(text)).run(args)
     got = get_backend("interpreter").compile(module).run(args)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _adversarial(rng, *shape) -> np.ndarray:
+    """Half huge, half unit values: a sum of them depends on its order."""
+    big = rng.random(shape) < 0.5
+    return np.where(big, rng.standard_normal(shape) * 1e8, rng.standard_normal(shape)).astype(
+        np.float32
+    )
+
+
+@pytest.mark.parametrize("rows", [500, 60], ids=["XLA merges", "XLA keeps two scatters"])
+def test_two_lookups_gradient_is_xla_cpus_bit_for_bit(rows):
+    """The table gradient of two embedding lookups with repeated indices, through JAX: the CPU
+    backend's result equals XLA:CPU's bit for bit, whether XLA merges the two scatter-adds
+    (500 rows: more than the 480 update elements) or keeps them (60 rows). XLA:CPU sums a
+    scatter-add's updates in index order; the values are chosen so that another order
+    gives other bits (checked)."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(table, words, context, g):
+        a = jnp.sum(table[words], axis=1)
+        b = jnp.sum(table[context], axis=1)
+        return jnp.sum(jnp.concatenate([a, b], -1) * g)
+
+    grad = jax.jit(jax.grad(loss))
+    cpu = jax.devices("cpu")[0]
+    rng = np.random.default_rng(15)
+    table = rng.standard_normal((rows, 4)).astype(np.float32)
+    args = [table, *(rng.integers(0, 8, (6, 10)).astype(np.int32) for _ in range(2))]
+    text = grad.lower(*args, np.zeros((6, 8), np.float32)).as_text(dialect="hlo")
+    program = get_backend("cpu").compile(parse_module(text))
+    reference = get_backend("interpreter").compile(parse_module(text))
+    reordered = 0
+    for _ in range(5):
+        run_args = [*args, _adversarial(rng, 6, 8)]
+        want = np.asarray(grad(*jax.device_put(run_args, cpu)))
+        used = run_args[1:]  # the table's values do not reach its gradient
+        np.testing.assert_array_equal(program.run(used), want)
+        reordered += not np.array_equal(reference.run(used), want)
+    assert reordered == (5 if rows == 500 else 0)  # the interpreter runs the HLO as written
 
 
 @pytest.mark.parametrize(

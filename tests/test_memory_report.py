@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,6 +177,38 @@ def test_plot_is_a_png(tmp_path):
     assert np.ptp(image[..., :3]) > 0.5  # not a blank canvas
 
 
+def test_plot_peak_label_overlaps_neither_legend_nor_curve(tmp_path, monkeypatch):
+    """Issue 15's small defect: the peak label overlapped the legend and the curve. It sits
+    inside the axes, above the highest live bytes and clear of the assigned-peak line, and
+    the legend is outside the axes."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    save = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        figures.append(self)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    assignment = plan(WHILE).assignment
+    report.plot_timeline(assignment, tmp_path / "mem.png")
+    [fig] = figures
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    label = next(t for t in ax.texts if t.get_text().startswith("peak "))
+    box = label.get_window_extent(renderer)
+    assert not box.overlaps(ax.get_legend().get_window_extent(renderer))
+    axes_box = ax.get_window_extent(renderer)
+    assert axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and box.y1 <= axes_box.y1
+    to_data = ax.transData.inverted()
+    curve = max(ax.lines[0].get_ydata())  # the live-bytes step line
+    assert to_data.transform((box.x0, box.y0))[1] > curve
+    dotted = next(line for line in ax.lines if line.get_linestyle() == ":")
+    assigned_y = ax.transData.transform((0, dotted.get_ydata()[0]))[1]
+    assert not box.y0 <= assigned_y <= box.y1
+
+
 @pytest.mark.parametrize(
     "n, text", [(0, "0B"), (1023, "1023B"), (1536, "1.50KiB"), (3 << 20, "3.00MiB")]
 )
@@ -186,3 +219,20 @@ def test_human_bytes(n, text):
 def test_unknown_scheduler_is_an_error():
     with pytest.raises(MemoryPlanningError, match=r"unknown scheduler 'fastest'.*post-order"):
         plan(scheduler="fastest")
+
+
+def test_readme_says_how_to_get_op_names_in_the_memory_report():
+    """Issue 15's small defect: the README did not say that JAX writes op names only with
+    `debug_info=True`; a JAX program exported that way does carry them into the report."""
+    import jax
+    import jax.numpy as jnp
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert 'as_text(dialect="hlo", debug_info=True)' in readme
+    spec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(spec)
+    plain = lowered.as_text(dialect="hlo")
+    named = lowered.as_text(dialect="hlo", debug_info=True)
+    assert "jit(<lambda>)/sin" not in plain and "jit(<lambda>)/sin" in named
+    module = parse_module(named)
+    assert any(i.op_name == "jit(<lambda>)/sin" for i in module.entry.instructions)

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 from jax_programs import PROGRAMS
 from test_jax_programs import assert_leaf_matches, leaves
 
+import xlapy.passes
 from xlapy.backends.interpreter import evaluate
 from xlapy.errors import VerifierError, XlapyError
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 from xlapy.ir.shapes import Shape
+from xlapy.passes import PASS_MODULES
 from xlapy.passes.pass_base import PASSES, FixedPoint, HloPass, PassPipeline, make_pass
 from xlapy.passes.pipelines import CPU_PIPELINE, build, default_cpu_pipeline
 
@@ -88,6 +91,23 @@ def test_every_listed_pass_is_registered():
         assert name in PASSES, name
     with pytest.raises(XlapyError, match="unknown pass 'nope'"):
         make_pass("nope")
+
+
+def test_every_module_that_registers_a_pass_is_listed(run_cli, write):
+    """PASS_MODULES is the one list: a module with a @register_pass missing from it would
+    leave its passes unknown to the command line (the SPMD partitioner and all-reduce
+    combiner were) until something else imported it."""
+    root = Path(xlapy.passes.__file__).parent
+    registering = {
+        path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+        for path in root.rglob("*.py")
+        if "\n@register_pass" in path.read_text()
+    }
+    assert registering == set(PASS_MODULES)
+    path = write("m.hlo", "HloModule m\nENTRY e {\n  ROOT p = f32[4] parameter(0)\n}\n")
+    for name in ("all-reduce-combiner", "spmd-partitioner"):
+        code, _, err = run_cli("opt", path, "--passes", name)
+        assert code == 0, err
 
 
 def test_a_plan_mixes_names_and_pass_objects():

@@ -3,6 +3,7 @@
 dtype, donation, errors, and a training loop."""
 
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -276,6 +277,47 @@ def test_memory_analysis_is_the_plan_the_cpu_backend_runs():
         memory.temp_size_in_bytes,
     ) == (stats.argument_bytes, stats.output_bytes, stats.alias_bytes, stats.temp_bytes)
     client.close()
+
+
+PLUGIN_MEMORY_PROGRAMS = (
+    "mlp_train_step",
+    "convnet_train_step",
+    "attention_causal",
+    "rnn_scan_grad",
+    "cond_inside_scan",
+    "while_newton_sqrt",
+    "lax_sort_multi_operand",
+)
+
+
+@pytest.mark.parametrize("name", PLUGIN_MEMORY_PROGRAMS)
+def test_plugin_memory_analysis_is_the_executed_plan_for_jax_programs(name):
+    """JAX programs through the plugin: `compiled.memory_analysis()` gives the figures of
+    the buffer assignment the plugin's executable runs over (the very object its CPU
+    program executes), and `xlapy.pjrt.memory_report` reports that plan (it re-planned the
+    module on its own before)."""
+    from jax_programs import PROGRAMS
+
+    from xlapy.memory import report
+    from xlapy.pjrt.executables import executable_of, memory_report
+
+    prog = PROGRAMS[name]
+    with prog.context(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = jax.device_put(prog.args(), XLAPY)
+        compiled = prog.jitted().lower(*args).compile()
+    memory = compiled.memory_analysis()
+    exe = executable_of(compiled)
+    plan = exe.memory_plan()
+    assert plan is exe.backend_program().compiled.assignment  # the plan the program runs
+    stats = plan.memory_analysis()
+    assert (
+        memory.argument_size_in_bytes,
+        memory.output_size_in_bytes,
+        memory.alias_size_in_bytes,
+        memory.temp_size_in_bytes,
+    ) == (stats.argument_bytes, stats.output_bytes, stats.alias_bytes, stats.temp_bytes)
+    assert memory_report(compiled).startswith(report.stats_text(plan))
 
 
 def test_mlp_training_matches_cpu():

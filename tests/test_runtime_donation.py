@@ -43,7 +43,7 @@ def test_seed_increment_donated_in_place(client, rng):
     exe = client.compile(INCREMENT)
     host = np.float32(rng.standard_normal())
     p = client.buffer_from_pyval(host)
-    memory = p._array()
+    memory = p.device_array()
     pointer = p.unsafe_buffer_pointer()
     [out] = run(exe, client, [p], donate=[0])
     np.testing.assert_allclose(out.to_numpy(), host + 1, rtol=1e-6)
@@ -86,7 +86,7 @@ def test_copy_protection_keeps_input(client, rng):
     exe = client.compile(AXPY)
     a, x, y = np.float32(rng.standard_normal()), f32(rng, 4), f32(rng, 4)
     bufs = [client.buffer_from_pyval(v) for v in (a, x, y)]
-    x_memory = bufs[1]._array()
+    x_memory = bufs[1].device_array()
     [out] = run(exe, client, bufs)  # x is aliased but not donated
     np.testing.assert_allclose(out.to_numpy(), a * x + y, rtol=1e-6)
     assert not bufs[1].is_deleted
@@ -186,7 +186,7 @@ def test_partial_alias_outputs(client, rng):
     exe = client.compile(TWO_OUT)
     x, y = f32(rng, 4), f32(rng, 4)
     bx, by = client.buffer_from_pyval(x), client.buffer_from_pyval(y)
-    memory = bx._array()
+    memory = bx.device_array()
     s, d = run(exe, client, [bx, by], donate=[0])
     np.testing.assert_allclose(s.to_numpy(), x + y, rtol=1e-6)
     np.testing.assert_allclose(d.to_numpy(), x - y, rtol=1e-6)
@@ -202,7 +202,7 @@ def test_tuple_parameter_donated_whole(client, rng):
     [out] = run(exe, client, [(ba, bb)])
     np.testing.assert_allclose(out.to_numpy(), a * a, rtol=1e-6)
     assert not ba.is_deleted and not bb.is_deleted
-    memory = ba._array()
+    memory = ba.device_array()
     [out2] = run(exe, client, [(ba, bb)], donate=[0])
     np.testing.assert_allclose(out2.to_numpy(), a * a, rtol=1e-6)
     with out2.external_reference() as view:
@@ -218,7 +218,7 @@ def test_buffer_donor_module(client, rng):
     assert "input_output_alias" in exe.hlo_text()
     x = f32(rng, 2, 3)
     p = client.buffer_from_pyval(x)
-    memory = p._array()
+    memory = p.device_array()
     [out] = run(exe, client, [p], donate=[0])
     np.testing.assert_allclose(out.to_numpy(), np.exp(x), rtol=1e-6)
     with out.external_reference() as view:

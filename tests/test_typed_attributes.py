@@ -1,5 +1,7 @@
 """Typed accessors for the attributes passes read, instead of string lookups."""
 
+from pathlib import Path
+
 from xlapy.ir import parse_module
 
 TEXT = """
@@ -59,3 +61,35 @@ def test_comparison_direction_reads_either_spelling():
     direction = lt.attrs.pop("direction")
     lt.attrs["comparison_direction"] = direction
     assert lt.comparison_direction == "LT"
+
+
+# Attributes with a typed accessor on HloInstruction: outside `ir`, code reads the accessor.
+# (`to_apply` is still read as `attrs["to_apply"]` where the computation must exist: the
+# accessor returns None when it is absent.)
+ACCESSOR_LOOKUPS = (
+    'attrs.get("to_apply"',
+    'attr("to_apply"',
+    'attrs.get("dimensions"',
+    'attrs["dimensions"]',
+    'attr("dimensions"',
+    'attrs["body"]',
+    'attrs["condition"]',
+    'attrs.get("direction"',
+    'attrs["direction"]',
+    'attrs.get("comparison_direction"',
+    'attrs.get("known_trip_count"',
+)
+
+
+def test_passes_read_attributes_through_their_accessors():
+    """Issue 15 counted 194 string lookups; the ones with an accessor are gone outside
+    `ir` (the StableHLO reader's MLIR attributes are another dictionary)."""
+    root = Path(__file__).resolve().parent.parent / "xlapy"
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("ir/") or rel == "stablehlo/mlir.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found.extend(f"xlapy/{rel}:{number}: {k}" for k in ACCESSOR_LOOKUPS if k in line)
+    assert not found, "\n".join(found)

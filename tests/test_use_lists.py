@@ -2,6 +2,8 @@
 recomputation from the operands, whatever sequence of edits is made (property test), and
 through the whole CPU pipeline."""
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,10 +139,34 @@ def test_detached_instruction_is_in_no_use_list():
     _check(module)
 
 
-@pytest.mark.parametrize("name", ["rnn_scan_grad", "cond_inside_scan", "mlp_train_step"])
-def test_use_lists_current_after_cpu_pipeline(name):
+TESTS = Path(__file__).parent
+HLO_PROGRAMS = sorted(
+    p.relative_to(TESTS.parent).as_posix()
+    for p in [*TESTS.rglob("*.hlo"), TESTS.parent / "examples" / "mlp_train_step.hlo"]
+)
+
+
+def _program_text(name: str) -> str:
+    if name.endswith(".hlo"):
+        return (TESTS.parent / name).read_text()
     from jax_programs import PROGRAMS, hlo_texts
 
-    module = parse_module(hlo_texts(PROGRAMS[name]).lowered)
-    default_cpu_pipeline(verify=True).run(module)  # checks the use-lists after every pass
+    return hlo_texts(PROGRAMS[name]).lowered
+
+
+def _every_program() -> list[str]:
+    from jax_programs import PROGRAMS
+
+    return [*PROGRAMS, *HLO_PROGRAMS]
+
+
+@pytest.mark.parametrize("name", _every_program())
+def test_use_lists_current_after_every_pass_of_the_cpu_pipeline(name):
+    """Every test program (the JAX programs, every .hlo under tests/, the example): the
+    default CPU pipeline with verification checks every computation's use-lists after each
+    pass that changed the module, fusion and copy insertion included."""
+    module = parse_module(_program_text(name))
+    pipeline = default_cpu_pipeline(verify=True)
+    assert pipeline.verify_between
+    pipeline.run(module)  # raises VerifierError("after pass X ... stale use-lists") if not
     _check(module)

@@ -56,7 +56,7 @@ class HloValue:
     @property
     def is_phi(self) -> bool:
         """Defined by a while or conditional: the value the control flow leaves behind."""
-        return self.instruction.opcode in (Opcode.WHILE, Opcode.CONDITIONAL)
+        return self.instruction.opcode.is_control_flow
 
     @property
     def defined_by_parameter(self) -> bool:

@@ -228,10 +228,10 @@ _BINARY_KINDS = {
 def reduction_kind(instr: HloInstruction) -> str | None:
     """The reduction ("add", "multiply", "min", "max"; "and"/"or" on pred become min/max) when
     `instr`'s computation is that one binary op on its two parameters; else None."""
-    comp = instr.attrs.get("to_apply")
+    comp = instr.to_apply
     if comp is None:
         return None
-    root = comp.root
+    root = comp.root_instruction()
     kind = _BINARY_KINDS.get(root.opcode)
     params = comp.parameters
     if kind is None or len(params) != 2 or set(map(id, root.operands)) != set(map(id, params)):
@@ -876,7 +876,7 @@ def _all_reduce_every(instr, inputs, outputs) -> None:
 
 
 def _gather_dim(instr) -> int:
-    dims = instr.attrs.get("dimensions")
+    dims = instr.dimensions
     if not dims:
         raise EvaluationError(f"{instr.name}: needs dimensions={{d}}")
     return int(dims[0])

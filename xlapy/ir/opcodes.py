@@ -48,6 +48,7 @@ class Prop(enum.Flag):
     FORWARDS = enum.auto()  # every position holds operand 0's value at that position
     SEQUENTIAL_CALLS = enum.auto()  # called computations run in sequence (while, call)
     EMBEDDED_CALLS = enum.auto()  # called computations are applied inside the op (reduce)
+    CONTROL_FLOW = enum.auto()  # its result is what a loop or a branch left (a phi)
 
 
 class CallContext(enum.Enum):
@@ -83,13 +84,13 @@ ASY, LIN, CST, TUP, OTH = (
 V = VARIADIC
 SIDE, COMM, FWD = Prop.SIDE_EFFECT, Prop.COMMUTATIVE, Prop.FORWARDS
 TRANS = Prop.TRANSCENDENTAL | Prop.EXPENSIVE
-SEQ, EMB = Prop.SEQUENTIAL_CALLS, Prop.EMBEDDED_CALLS
+SEQ, EMB, FLOW = Prop.SEQUENTIAL_CALLS, Prop.EMBEDDED_CALLS, Prop.CONTROL_FLOW
 
 
 class Opcode(enum.Enum):
     """Every HLO opcode. `Opcode.from_text("add")`; `op.arity`, `op.category`, `op.text`,
     `op.has_side_effect`, `op.is_elementwise`, `op.is_commutative`, `op.is_transcendental`,
-    `op.is_expensive`, `op.forwards_operand`, `op.call_context`."""
+    `op.is_expensive`, `op.forwards_operand`, `op.call_context`, `op.is_control_flow`."""
 
     # Plain per-member attributes copied from the row's OpInfo once, below the class: passes
     # read them in their inner loops, where an Enum property (a `value` lookup per call) cost
@@ -105,6 +106,7 @@ class Opcode(enum.Enum):
     is_expensive: bool
     forwards_operand: bool
     call_context: CallContext
+    is_control_flow: bool
     __hash__ = object.__hash__
 
     # elementwise unary
@@ -193,11 +195,11 @@ class Opcode(enum.Enum):
     TOPK = _op("topk", 1, Category.SORTING)
     # control flow and calls
     CALL = _op("call", V, CTL, SEQ)
-    CONDITIONAL = _op("conditional", V, CTL, SEQ)
+    CONDITIONAL = _op("conditional", V, CTL, SEQ | FLOW)
     CUSTOM_CALL = _op("custom-call", V, CTL, EMB)
     FUSION = _op("fusion", V, CTL, EMB)
     MAP = _op("map", V, CTL, EMB)
-    WHILE = _op("while", 1, CTL, SEQ)
+    WHILE = _op("while", 1, CTL, SEQ | FLOW)
     SCAN = _op("scan", V, CTL, EMB)
     # random numbers
     RNG = _op("rng", V, Category.RNG, SIDE)
@@ -273,6 +275,7 @@ for _member in Opcode:
     _member.is_transcendental = bool(_info.props & Prop.TRANSCENDENTAL)
     _member.is_expensive = bool(_info.props & Prop.EXPENSIVE)
     _member.forwards_operand = bool(_info.props & Prop.FORWARDS)
+    _member.is_control_flow = bool(_info.props & Prop.CONTROL_FLOW)
     _member.call_context = (
         CallContext.SEQUENTIAL
         if _info.props & Prop.SEQUENTIAL_CALLS
@@ -297,4 +300,4 @@ def has_async_shorthand(op: Opcode) -> bool:
 
 
 del U, B, T, SH, RED, CON, IDX, CTL, COL, IO, ASY, LIN, CST, TUP, OTH, V
-del SIDE, COMM, FWD, TRANS, SEQ, EMB
+del SIDE, COMM, FWD, TRANS, SEQ, EMB, FLOW

@@ -31,10 +31,13 @@ PASS_MODULES = (
     "reshape_to_bitcast",
     "scan_rewriter",
     "simplify",
+    "spmd.combine",
+    "spmd.partitioner",
     "tuple_simplify",
     "while_simplify",
 )
-"""The modules under xlapy.passes that register passes."""
+"""The modules under xlapy.passes that register passes (tests/test_pipeline.py checks that
+every module with a @register_pass is listed)."""
 
 for _name in PASS_MODULES:
     importlib.import_module(f"xlapy.passes.{_name}")

@@ -43,7 +43,7 @@ from xlapy.ir.call_graph import CallGraph, Context
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
     arithmetic_work,
@@ -309,7 +309,7 @@ def _held_operand_bytes(editor: FusionEditor, producer: HloInstruction) -> int:
 def _lives_throughout(instr: HloInstruction) -> bool:
     while instr.opcode is Opcode.GET_TUPLE_ELEMENT:
         instr = instr.operands[0]
-    return instr.opcode in (Opcode.PARAMETER, Opcode.CONSTANT)
+    return instr.opcode.category is Category.CONSTANT
 
 
 def _size(instr: HloInstruction) -> int:

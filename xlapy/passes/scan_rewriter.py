@@ -47,7 +47,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 from xlapy.ir.shapes import Layout, Shape
 from xlapy.ir.types import PrimitiveType
 from xlapy.passes.constant_folding import _FoldContext
@@ -155,7 +155,7 @@ def _table_identity(op: Opcode, et: PrimitiveType) -> object | None:
 def _elementwise_body(comp: HloComputation) -> bool:
     """Every instruction of `comp` can be applied to arrays position by position."""
     for instr in comp.instructions:
-        if instr.opcode in (Op.PARAMETER, Op.CONSTANT):
+        if instr.opcode.category is Category.CONSTANT:
             continue
         if instr.opcode is Op.TUPLE and instr is comp.root_instruction():
             continue
@@ -389,7 +389,7 @@ def rewritable(instr: HloInstruction) -> ScanWindow | None:
     if scan.length == 1 and not scan.exclusive:
         return None  # one init and one element: nothing to gain
     half = len(instr.operands) // 2
-    reducer = instr.attrs.get("to_apply")
+    reducer = instr.to_apply
     if reducer is None or not init_is_identity(reducer, list(instr.operands[half:])):
         return None
     return scan

@@ -12,11 +12,9 @@ from __future__ import annotations
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 from xlapy.passes.hlo_edit import Editor, reachable_computations, same_shape
 from xlapy.passes.pass_base import HloPass, register_pass
-
-_TUPLE_OPS = frozenset({Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT})
 
 
 def _forwarded(instr: HloInstruction) -> HloInstruction | None:
@@ -56,7 +54,7 @@ class TupleSimplifier(HloPass):
         namer = NameUniquer(None)
         changed = False
         for comp in reachable_computations(module):
-            if not any(i.opcode in _TUPLE_OPS for i in comp.instructions):
+            if not any(i.opcode.category is Category.TUPLE for i in comp.instructions):
                 continue
             editor = Editor(comp, namer)
             for instr in comp.post_order():

@@ -25,7 +25,7 @@ from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 from xlapy.ir.shapes import Shape
 from xlapy.passes.hlo_edit import Editor, has_side_effect_deep
 from xlapy.passes.pass_base import HloPass, register_pass
@@ -121,7 +121,7 @@ def _same_next(a, b, param, j: int, k: int, depth: int = 0) -> bool:
         return False
     if a.opcode is Opcode.GET_TUPLE_ELEMENT and a.operands[0] is param is b.operands[0]:
         return a.tuple_index == j and b.tuple_index == k
-    if a.opcode in (Opcode.PARAMETER, Opcode.CONSTANT) or a.has_side_effect:
+    if a.opcode.category is Category.CONSTANT or a.has_side_effect:
         return a.opcode is Opcode.CONSTANT and a.literal is not None and a.literal == b.literal
     if _semantic_attrs(a) != _semantic_attrs(b) or len(a.operands) != len(b.operands):
         return False

@@ -259,7 +259,7 @@ def _client_error_buffer(args):
     space = get_memory(args.memory).space
     message = ffi.string(args.error_message, args.error_message_size).decode(errors="replace")
     good = c.client.buffer_from_pyval(np.zeros(dims, dtype), space)
-    failed = Buffer(good.shape, good._donate(), Future.failed(PjrtError(args.error_code, message)))
+    failed = Buffer(good.shape, good.donate(), Future.failed(PjrtError(args.error_code, message)))
     args.buffer = PBuffer(failed, c).ptr
 
 
@@ -390,7 +390,7 @@ def _buffer_to_host(args):
     dst, size, layout = args.dst, args.dst_size, args.host_layout
     ready = buffer.ready()
     if ready.done() and ready.exception() is None:
-        _copy_out(_host_order(buffer._array(), layout), dst, size)
+        _copy_out(_host_order(buffer.device_array(), layout), dst, size)
         args.event = PEvent.of(COMPLETED)
         return
     host = buffer.copy_to_host()

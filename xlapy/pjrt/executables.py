@@ -563,17 +563,7 @@ def memory_report(compiled: Any, top: int = 10) -> str:
     the figures of its buffer assignment (the ones `compiled.memory_analysis()` reports,
     and the peak) and the `top` buffers live at the peak with the instructions that made
     them. `xlapy memory` on `executable_of(compiled).hlo_text()` prints the full report."""
-    import importlib
-
-    from xlapy.ir.parser import parse_module
     from xlapy.memory import report
-    from xlapy.memory.buffer_assignment import assign_buffers
-    from xlapy.passes.pass_base import PASSES
 
-    # the steps of the runtime's memory_stats, so that the figures are the same
-    module = parse_module(executable_of(compiled).module.to_text())
-    for name in ("flatten-call-graph", "copy-insertion"):
-        importlib.import_module(f"xlapy.passes.{name.replace('-', '_')}")  # registers it
-        PASSES[name]().run(module)
-    assignment = assign_buffers(module)
+    assignment = executable_of(compiled).memory_plan()  # the plan its program runs over
     return report.stats_text(assignment) + "\n" + report.peak_text(assignment, top)

@@ -76,13 +76,13 @@ def arm(pb: PBuffer) -> None:
     """Make `pb` readable natively if its buffer is ready (see the module docstring); one
     not ready yet is armed when a call that takes the Python path meets it as an argument
     (`arm_pending`): no callback on the device's worker, which would contend for the GIL."""
-    if native.ADDRESSES and pb.buffer._ready.done():
+    if native.ADDRESSES and pb.buffer.contents_ready.done():
         _arm_now(pb)
 
 
 def arm_pending(pb: PBuffer) -> None:
     """`arm` for a handle met as an argument of the Python Execute."""
-    if not pb.retired and not pb.c.plain and native.ADDRESSES and pb.buffer._ready.done():
+    if not pb.retired and not pb.c.plain and native.ADDRESSES and pb.buffer.contents_ready.done():
         _arm_now(pb)
 
 
@@ -97,8 +97,8 @@ def _arm_now(pb: PBuffer) -> None:
 
 def _arm_locked(pb: PBuffer) -> None:
     buffer = pb.buffer
-    storage = buffer._storage
-    if pb.retired or storage is None or buffer._ready.exception() is not None:
+    storage = buffer.storage
+    if pb.retired or storage is None or buffer.contents_ready.exception() is not None:
         return
     array = storage.array
     if (

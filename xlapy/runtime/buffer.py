@@ -156,7 +156,7 @@ class Buffer:
 
     @property
     def memory_space(self) -> MemorySpace:
-        return self._live_storage("memory_space").memory_space
+        return self.live_storage("memory_space").memory_space
 
     @property
     def device(self) -> Device:
@@ -167,7 +167,13 @@ class Buffer:
         return self.device.client
 
     def on_device_size_in_bytes(self) -> int:
-        return self._live_storage("on_device_size_in_bytes").nbytes
+        return self.live_storage("on_device_size_in_bytes").nbytes
+
+    @property
+    def storage(self) -> _Storage | None:
+        """The storage the buffer holds, None once it was deleted or donated (the execution
+        engine's unchecked read; `live_storage` raises instead)."""
+        return self._storage
 
     @property
     def is_deleted(self) -> bool:
@@ -184,13 +190,19 @@ class Buffer:
     # -- readiness and reading -------------------------------------------------------------
     def ready(self) -> Future:
         """The future completed when the buffer's contents are defined (or failed)."""
-        self._live_storage("ready")
+        self.live_storage("ready")
+        return self._ready
+
+    @property
+    def contents_ready(self) -> Future:
+        """The same future as `ready()`, without the check that the buffer is still live
+        (the execution engine's read: it checks liveness itself, under the device's lock)."""
         return self._ready
 
     def block_until_ready(self) -> Buffer:
         """Wait for the contents; raises the producing execution's error if it failed."""
         if self._storage is None:
-            self._live_storage("ready")
+            self.live_storage("ready")
         self._ready.result()
         return self
 
@@ -206,8 +218,7 @@ class Buffer:
     def copy_to_host(self) -> Future:
         """Start copying the contents to the host; the future's result is a NumPy array."""
         storage = self._hold("copy_to_host")
-        result = Future()
-        result._producer = self._ready._producer  # done when the contents are
+        result = Future(self._ready.producer)  # done when the contents are
 
         def on_ready(fut: Future) -> None:
             try:
@@ -228,7 +239,7 @@ class Buffer:
 
     def unsafe_buffer_pointer(self) -> int:
         """The address of the contents (waits for them)."""
-        storage = self._live_storage("unsafe_buffer_pointer")
+        storage = self.live_storage("unsafe_buffer_pointer")
         self._ready.result()
         return int(storage.contents().__array_interface__["data"][0])
 
@@ -248,11 +259,10 @@ class Buffer:
 
         if not isinstance(memory_space, MemorySpace):
             raise RuntimeApiError(f"copy_to_memory_space takes a MemorySpace, got {memory_space!r}")
-        memory_space.client._check_open("copy_to_memory_space")
+        memory_space.client.check_open("copy_to_memory_space")
         source = self._hold("copy_to_memory_space")
         target = _Storage(memory_space, source.nbytes)
-        ready = Future()
-        ready._producer = self._ready._producer  # done when the contents are
+        ready = Future(self._ready.producer)  # done when the contents are
         out = Buffer(self._shape, target, ready)
 
         def on_ready(fut: Future) -> None:
@@ -286,9 +296,9 @@ class Buffer:
         if storage is not None:
             storage.release()
 
-    def _donate(self) -> _Storage:
+    def donate(self) -> _Storage:
         """Mark donated and hand over the buffer's reference to its storage."""
-        storage = self._live_storage("donate")
+        storage = self.live_storage("donate")
         self._storage = None
         self._state = "donated"
         return storage
@@ -325,17 +335,19 @@ class Buffer:
         under the device's lock; `external`: also count an external reference."""
         storage = self._storage
         if storage is None:
-            return self._live_storage(what)  # raises
+            return self.live_storage(what)  # raises
         with storage.lock:
             if self._storage is not storage:  # donated or deleted by another thread
-                self._live_storage(what)
+                self.live_storage(what)
             storage.refs += 1
             storage.holds += 1
             if external:
                 self._ext_refs += 1
         return storage
 
-    def _live_storage(self, what: str) -> _Storage:
+    def live_storage(self, what: str) -> _Storage:
+        """The storage the buffer holds; BufferDonatedError / BufferDeletedError (naming
+        `what`) once it was donated or deleted."""
         storage = self._storage
         if storage is not None:
             return storage
@@ -346,9 +358,9 @@ class Buffer:
             )
         raise BufferDeletedError(f"{what}: {self.name} was deleted")
 
-    def _array(self) -> np.ndarray:
+    def device_array(self) -> np.ndarray:
         """The stored array itself (the runtime's view; callers get copies)."""
-        return self._live_storage("read").contents()
+        return self.live_storage("read").contents()
 
     # -- interop ---------------------------------------------------------------------------
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:

@@ -132,7 +132,7 @@ class Client:
     def memory_spaces(self) -> list[MemorySpace]:
         return [s for d in self._devices for s in d.memory_spaces]
 
-    def _is_local_device(self, device_id: int) -> bool:
+    def is_local_device(self, device_id: int) -> bool:
         """Whether device `device_id` belongs to this process."""
         return self.lookup_device(device_id).process_index == self.process_index
 
@@ -163,7 +163,9 @@ class Client:
             for r in range(num_replicas)
         )
 
-    def _device_assignment(self, options: CompileOptions) -> tuple[tuple[int, ...], ...]:
+    def device_assignment(self, options: CompileOptions) -> tuple[tuple[int, ...], ...]:
+        """The device ids of each replica (rows) and partition (columns) for `options`:
+        the given assignment, checked, or the default one."""
         if options.device_assignment is None:
             return self.default_device_assignment(options.num_replicas, options.num_partitions)
         for row in options.device_assignment:
@@ -186,7 +188,7 @@ class Client:
     ) -> Buffer:
         """A buffer holding `array` (NumPy or anything with the buffer protocol) on `device`
         (or in a memory space; default: device 0's default memory space)."""
-        self._check_open("buffer_from_pyval")
+        self.check_open("buffer_from_pyval")
         if not isinstance(semantics, HostBufferSemantics):
             raise RuntimeApiError(f"semantics must be a HostBufferSemantics, got {semantics!r}")
         if device is None:
@@ -222,7 +224,7 @@ class Client:
         """Register custom-call target `name` for programs compiled by this client only (see
         xlapy.backends.custom_calls.make_target for `fn` and `api_version`). It is found
         before a global target of the same name; registering a name twice is an error."""
-        self._check_open("register_custom_call")
+        self.check_open("register_custom_call")
         return self.custom_calls.register(name, fn, platform, api_version)
 
     def unregister_custom_call(self, name: str, platform: str = "Host") -> None:
@@ -241,7 +243,7 @@ class Client:
         program runs with its own replica and partition counts (`replica_count=`,
         `num_partitions=` in the module header; for a global program imported from sharded
         StableHLO, the partition count it asks for: ModuleConfig.spmd_partitions)."""
-        self._check_open("compile")
+        self.check_open("compile")
         check_program(program, (HloModule, str, bytes, bytearray))
         check_options(options)
         from xlapy.ir.parser import parse_module
@@ -285,7 +287,7 @@ class Client:
     def load(self, executable: Executable) -> LoadedExecutable:
         """Bind a compiled executable to this client's devices; its custom calls are
         checked against this client's registry (CustomCallError)."""
-        self._check_open("load")
+        self.check_open("load")
         if executable.platform != self.platform:
             raise RuntimeApiError(
                 f"executable {executable.name} was compiled for platform "
@@ -329,13 +331,19 @@ class Client:
         transfers and executions raise RuntimeApiError; existing buffers stay readable."""
         self._closed = True
         for d in self._devices:
-            d._stop()
+            d.stop()
 
-    def _check_open(self, what: str) -> None:
+    def check_open(self, what: str) -> None:
+        """RuntimeApiError naming `what` once the client was closed."""
         if self._closed:
             raise RuntimeApiError(
                 f"{what}: the client was closed (client.close()); make a new Client"
             )
+
+    @property
+    def transport(self):
+        """The transport between processes (MPI), None in a one-process client."""
+        return self._transport
 
     def __repr__(self) -> str:
         return f"Client(platform={self.platform!r}, device_count={len(self._devices)})"

@@ -321,7 +321,8 @@ class Device:
         with self.lock:
             self._queued -= 1
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
+        """Stop the worker thread once its queued work is done (Client.close)."""
         with self.lock:
             self._closed = True
             if self._worker is not None:

@@ -199,7 +199,7 @@ class LoadedExecutable(Executable):
         self.client = client
         self.backend = backend
         self._aliases = alias_leaves(self.module)
-        self._assignment = client._device_assignment(self.options)
+        self._assignment = client.device_assignment(self.options)
         self._programs: dict[int, CompiledProgram] = {}
         self._positions: dict[int, tuple[int, int]] = {}
         """device id -> (replica, partition)."""
@@ -207,7 +207,7 @@ class LoadedExecutable(Executable):
         for r, row in enumerate(self._assignment):
             for p, device_id in enumerate(row):
                 self._positions[device_id] = (r, p)
-                if not client._is_local_device(device_id):
+                if not client.is_local_device(device_id):
                     continue
                 if shared is None:  # one program; each run gets its ids from its DeviceCollectives
                     shared = backend.compile(
@@ -325,7 +325,7 @@ class LoadedExecutable(Executable):
             (self.fingerprint[:16], next(self._runs) if run_id is None else run_id),
             DeviceGrid(self._assignment),
             DEFAULT_TIMEOUT_SECONDS if timeout is None else float(timeout),
-            self.client._transport,
+            self.client.transport,
         )
 
     def execute_sharded(self, arguments: Sequence[Any], device: Device, **donation) -> list[Buffer]:

@@ -47,7 +47,7 @@ from xlapy.ir.shapes import Shape, ShapeIndex
 from xlapy.runtime.buffer import Buffer, _Storage
 from xlapy.runtime.checks import sequence as check_sequence
 from xlapy.runtime.errors import DonationError, ExecutionError, RuntimeApiError, released
-from xlapy.runtime.futures import _DONE, COMPLETED, Future
+from xlapy.runtime.futures import COMPLETED, Future
 
 if TYPE_CHECKING:
     from xlapy.runtime.device import Device
@@ -175,7 +175,7 @@ def _flatten(name: str, param: int, shape: Shape, arg: Any, index=()) -> Iterato
 
 def _check_leaf(name: str, leaf: _LeafSpec, buf: Buffer, device: Device) -> None:
     where = _where(name, leaf.param, leaf.index)
-    storage = buf._live_storage(where)
+    storage = buf.live_storage(where)
     owner = storage.memory_space.device
     if owner.client is not device.client:
         raise RuntimeApiError(
@@ -233,13 +233,12 @@ def plan_call(
     if signature.simple:
         buffers = list(args)
         for leaf, buf in zip(signature.leaves, buffers, strict=True):
-            storage = getattr(buf, "_storage", None)
+            storage = buf.storage if type(buf) is Buffer else None
             if (
-                type(buf) is not Buffer
-                or storage is None
+                storage is None
                 or storage.memory_space.device is not device
-                or buf._shape.element_type is not leaf.shape.element_type
-                or buf._shape.dims != leaf.shape.dims
+                or buf.shape.element_type is not leaf.shape.element_type
+                or buf.shape.dims != leaf.shape.dims
             ):
                 next(_flatten(name, leaf.param, leaf.shape, buf))
                 _check_leaf(name, leaf, buf, device)
@@ -392,14 +391,14 @@ def run_inline(
     for buf, (element_type, dims) in zip(args, checks):
         if type(buf) is not Buffer:
             return None
-        storage, shape, ready = buf._storage, buf._shape, buf._ready
+        storage, shape, ready = buf.storage, buf.shape, buf.contents_ready
         if (
             storage is None
             or storage.device is not device
             or shape.element_type is not element_type
             or shape.dims != dims
-            or ready._state != _DONE
-            or ready._error is not None
+            or not ready.done()
+            or ready.exception() is not None
         ):
             return None
         storages.append(storage)
@@ -407,7 +406,7 @@ def run_inline(
     space = device.default_memory_space
     with device.lock:
         for buf, storage in zip(args, storages):
-            if buf._storage is not storage:  # deleted or donated by another thread
+            if buf.storage is not storage:  # deleted or donated by another thread
                 return None
         if not device.reserve_inline_locked():
             return None
@@ -526,8 +525,8 @@ def _recheck(plan: CallPlan) -> None:
     for leaf, buf in zip(signature.leaves, plan.buffers, strict=True):
         if buf is None:
             continue
-        if buf._storage is None:
-            buf._live_storage(_where(plan.name, leaf.param, leaf.index))
+        if buf.storage is None:
+            buf.live_storage(_where(plan.name, leaf.param, leaf.index))
         if leaf.param in plan.donated and buf.has_external_references:
             raise DonationError(
                 f"{_where(plan.name, leaf.param, leaf.index)}: {buf.name} "
@@ -545,11 +544,11 @@ def _commit_one(plan: CallPlan):
         if buf is None:
             storages.append(None)
             continue
-        ready = buf._ready
+        ready = buf.contents_ready
         inputs_ready.append(ready)
-        if ready._state != _DONE:
+        if not ready.done():
             inputs_done = False
-        held = buf._donate() if leaf.param in donated else buf._live_storage("execute").acquire()
+        held = buf.donate() if leaf.param in donated else buf.live_storage("execute").acquire()
         storages.append(held)
     space = plan.device.default_memory_space
     out_storages: list[_Storage] = []
@@ -566,8 +565,7 @@ def _commit_one(plan: CallPlan):
         if storage is None:
             storage = _Storage(space, nbytes)
         out_storages.append(storage)
-    ready = Future()
-    ready._producer = plan.device  # waits on it from the device's own thread: re-entry
+    ready = Future(plan.device)  # waits on it from the device's own thread: re-entry
     outputs = [
         Buffer(shape, storage, ready)
         for (_, shape, _), storage in zip(signature.output_leaves, out_storages, strict=True)
@@ -585,7 +583,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
     error: BaseException | None = None
     try:
         for fut in inputs_ready:
-            failed = fut.exception() if fut._state != _DONE else fut._error
+            failed = fut.exception()
             if failed is not None:
                 raise ExecutionError(f"an input of {plan.name} failed: {failed}") from failed
         signature = plan.signature

@@ -37,14 +37,16 @@ class Future:
 
     __slots__ = ("_callbacks", "_error", "_event", "_lock", "_producer", "_result", "_state")
 
-    def __init__(self) -> None:
+    def __init__(self, producer: Device | None = None) -> None:
+        """`producer`: the device whose execution completes this future (a wait on it from
+        that device's own thread runs the queued work instead of blocking)."""
         self._lock = threading.Lock()
         self._state = _PENDING
         self._result: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Future], None]] | None = None
         self._event: threading.Event | None = None
-        self._producer: Device | None = None  # the device whose execution completes it
+        self._producer = producer
 
     @classmethod
     def completed(cls, value: Any = None) -> Future:
@@ -59,6 +61,11 @@ class Future:
         fut = cls()
         fut._error, fut._state = error, _DONE
         return fut
+
+    @property
+    def producer(self) -> Device | None:
+        """The device whose execution completes this future, if any."""
+        return self._producer
 
     def done(self) -> bool:
         """True once a result or an error is set."""

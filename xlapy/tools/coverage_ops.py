@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-import xlapy.backends.interpreter.rules  # noqa: F401  (registers every rule)
+import xlapy.backends.interpreter.rules
 from xlapy.backends.interpreter.registry import EVAL_RULES
 from xlapy.errors import XlapyError
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
+
+xlapy.backends.interpreter.rules.register_all()
 
 DEFAULT_PROGRAMS = Path(__file__).resolve().parents[2] / "tests" / "jax_programs.py"
 FORMS = ("lowered", "optimized")

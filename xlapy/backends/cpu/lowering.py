@@ -186,18 +186,18 @@ class Strategy:
 
 # -- the strategies ------------------------------------------------------------------------------
 def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    cond, body = instr.attrs["condition"], instr.attrs["body"]
+    cond, body = instr.while_condition, instr.while_body
     init = instr.operands[0]
     limit = lw.options.get("max_while_iterations")
     thunk = WhileThunk(
         instr,
         lw.sequence(cond),
         lw.sequence(body),
-        lw.slice_at(cond.root),
+        lw.slice_at(cond.root_instruction()),
         lw.leaf_copies(init, instr),
         lw.leaf_copies(instr, cond.parameter(0)),
         lw.leaf_copies(instr, body.parameter(0)),
-        lw.leaf_copies(body.root, instr),
+        lw.leaf_copies(body.root_instruction(), instr),
         None if limit is None else int(limit),
     )
     lw.plan_native_loop(thunk)

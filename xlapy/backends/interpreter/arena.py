@@ -125,12 +125,12 @@ class _ArenaInterpreter:
                 self.store_value(instr, (), result)
 
     def run_while(self, instr: HloInstruction) -> None:
-        cond, body = instr.attrs["condition"], instr.attrs["body"]
+        cond, body = instr.while_condition, instr.while_body
         limit = self.plain.state.get("max_while_iterations")
         iterations = 0
         while True:
             self.run(cond)
-            go = self.read(cond.root)
+            go = self.read(cond.root_instruction())
             if not isinstance(go, np.ndarray) or go.shape != () or go.dtype != np.bool_:
                 raise EvaluationError(f"{instr.name}: condition must return pred[]")
             if not bool(go):

@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.backends.interpreter import rules  # noqa: F401  (registers every rule)
+from xlapy.backends.interpreter import rules
 from xlapy.backends.interpreter.registry import TOKEN, Value, rule_for
 from xlapy.errors import EvaluationError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
+
+rules.register_all()  # every opcode, custom calls and collectives included
 
 
 class Interpreter:

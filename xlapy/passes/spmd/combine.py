@@ -35,7 +35,7 @@ def _key(instr: HloInstruction):
         groups,
         bool(instr.attrs.get("use_global_device_ids", False)),
         "channel_id" in instr.attrs,
-        id(instr.attrs.get("to_apply")),
+        id(instr.to_apply),
         str(instr.shape.element_type),
     )
 

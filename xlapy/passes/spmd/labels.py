@@ -85,12 +85,12 @@ def _same(instr: HloInstruction) -> OpLabels:
 
 def _broadcast(instr: HloInstruction) -> OpLabels:
     out = tuple(range(instr.shape.rank))
-    return _finish(instr, (tuple(out[d] for d in instr.attrs["dimensions"]),), (out,))
+    return _finish(instr, (tuple(out[d] for d in instr.dimensions),), (out,))
 
 
 def _transpose(instr: HloInstruction) -> OpLabels:
     out = tuple(range(instr.shape.rank))
-    perm = instr.attrs["dimensions"]
+    perm = instr.dimensions
     operand: list[int | None] = [None] * len(perm)
     for i, p in enumerate(perm):
         operand[p] = out[i]
@@ -143,13 +143,13 @@ def _pad(instr: HloInstruction) -> OpLabels:
 
 
 def _concatenate(instr: HloInstruction) -> OpLabels:
-    (dim,) = instr.attrs["dimensions"]
+    (dim,) = instr.dimensions
     labels = tuple(None if i == dim else i for i in range(instr.shape.rank))
     return _finish(instr, tuple(labels for _ in instr.operands), (labels,))
 
 
 def _reverse(instr: HloInstruction) -> OpLabels:
-    gone = set(instr.attrs["dimensions"])
+    gone = set(instr.dimensions)
     labels = tuple(None if i in gone else i for i in range(instr.shape.rank))
     return _finish(instr, (labels,), (labels,))
 
@@ -247,7 +247,7 @@ def _variadic_identity(instr: HloInstruction) -> bool:
 def _reduce(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
     rank = instr.operand(0).shape.rank
-    reduced = set(instr.attrs["dimensions"])
+    reduced = set(instr.dimensions)
     reducer = _reducer_of(instr)
     if reducer is None and n > 1 and _variadic_identity(instr):
         reducer = GATHER_AND_REDUCE
@@ -462,7 +462,7 @@ def _dynamic_update_slice(instr: HloInstruction) -> OpLabels:
 
 
 def _sort(instr: HloInstruction) -> OpLabels:
-    (dim,) = instr.attrs["dimensions"]
+    (dim,) = instr.dimensions
     rank = instr.operand(0).shape.rank
     labels = tuple(None if i == dim else i for i in range(rank))
     results = (labels,) * len(instr.operands) if instr.shape.is_tuple else (labels,)

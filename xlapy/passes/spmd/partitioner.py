@@ -723,7 +723,7 @@ class _Partitioner:
                 return None
         tiling = first.tiling
         if instr.opcode is Opcode.TRANSPOSE:
-            tiling = tiling.project(instr.attrs["dimensions"])
+            tiling = tiling.project(instr.dimensions)
         elif instr.opcode in _LINEAR_WHOLE:
             if not tiling.is_replicated:
                 return None
@@ -852,8 +852,8 @@ class _Partitioner:
         after the loop)."""
         (state,) = operands
         tiling, partial = state.tiling, state.partial
-        body, _ = self.sub(instr.attrs["body"], [tiling], tiling, [partial], partial)
-        cond, _ = self.sub(instr.attrs["condition"], [tiling], None, [partial])
+        body, _ = self.sub(instr.while_body, [tiling], tiling, [partial], partial)
+        cond, _ = self.sub(instr.while_condition, [tiling], None, [partial])
         attrs = dict(instr.attrs, body=body, condition=cond)
         new = self.clone(instr, [state.instr], state.instr.shape, attrs)
         self.report.native["while"] = self.report.native.get("while", 0) + 1
@@ -888,7 +888,7 @@ class _Partitioner:
     def _why(self, instr: HloInstruction) -> str:
         if instr.opcode is Opcode.CUSTOM_CALL:
             return f"custom call {instr.attrs.get('custom_call_target')!r} has no partitioning rule"
-        if instr.opcode in (Opcode.WHILE, Opcode.CONDITIONAL):
+        if instr.opcode.is_control_flow:
             return "control flow runs whole on every device"
         return "no partitioning rule for this opcode"
 
@@ -1475,7 +1475,7 @@ class _Partitioner:
 
 def _is_sum(instr: HloInstruction) -> bool:
     """Whether a reduce adds its values up (one operand, `to_apply` an add)."""
-    comp = instr.attrs.get("to_apply")
+    comp = instr.to_apply
     if len(instr.operands) != 2 or not isinstance(comp, HloComputation):
         return False
     root = comp.root_instruction()

@@ -146,6 +146,4 @@ def reduce_hero(leaves: Sequence[HloInstruction]) -> HloInstruction | None:
     kernel's loops run over its output, and outputs over its input (XLA's multi-output
     reduction fusion: an `exp` returned beside the sum of it) are stored from inside its
     reduction loop, once per input element."""
-    return next(
-        (x for x in leaves if x.opcode is Opcode.REDUCE and x.attrs.get("dimensions")), None
-    )
+    return next((x for x in leaves if x.opcode is Opcode.REDUCE and x.dimensions), None)

@@ -515,13 +515,13 @@ def _c64(v: int):
 
 @emits(Op.BROADCAST)
 def _broadcast(em: KernelEmitter, instr, index):
-    dims = instr.attrs.get("dimensions") or ()
+    dims = instr.dimensions
     return em.gen(instr.operands[0], tuple(index[d] for d in dims))
 
 
 @emits(Op.TRANSPOSE)
 def _transpose(em: KernelEmitter, instr, index):
-    dims = instr.attrs["dimensions"]
+    dims = instr.dimensions
     op_index = [None] * len(dims)
     for i, d in enumerate(dims):
         op_index[d] = index[i]
@@ -585,7 +585,7 @@ def _clamp_index(em, i, lo: int, hi: int):
 
 @emits(Op.CONCATENATE)
 def _concatenate(em: KernelEmitter, instr, index):
-    (dim,) = instr.attrs["dimensions"]
+    (dim,) = instr.dimensions
     b = em.b
     offsets, off = [], 0
     for op in instr.operands:
@@ -637,7 +637,7 @@ def _iota(em: KernelEmitter, instr, index):
 
 @emits(Op.REVERSE)
 def _reverse(em: KernelEmitter, instr, index):
-    dims = set(instr.attrs["dimensions"])
+    dims = set(instr.dimensions)
     sizes = instr.shape.dims
     op_index = tuple(
         em.b.sub(_c64(sizes[d] - 1), i) if d in dims else i for d, i in enumerate(index)
@@ -926,7 +926,7 @@ def _reduce(em: KernelEmitter, instr, index):
     n = len(instr.operands) // 2
     inputs, inits = instr.operands[:n], instr.operands[n:]
     comp = instr.attrs["to_apply"]
-    reduced = tuple(instr.attrs.get("dimensions") or ())
+    reduced = instr.dimensions
     src = inputs[0].shape
     kept = [d for d in range(src.rank) if d not in reduced]
     order = [d for d in reversed(src.layout_or_default.minor_to_major) if d in reduced]
@@ -1085,13 +1085,13 @@ def kept_minor_reduces(leaves) -> LanePlan | None:
             reduces.append(leaf)
     first = reduces[0]
     src = first.operands[0].shape
-    dims = tuple(first.attrs.get("dimensions") or ())
+    dims = first.dimensions
     for r in reduces:
         shape = r.operands[0].shape
         if (
             shape.dims != src.dims
             or shape.layout_or_default.minor_to_major != src.layout_or_default.minor_to_major
-            or tuple(r.attrs.get("dimensions") or ()) != dims
+            or r.dimensions != dims
         ):
             return None
     if not dims or any(src.dims[d] == 0 for d in dims):
@@ -1137,7 +1137,7 @@ def emit_kept_minor_reduce(em: KernelEmitter, plan: LanePlan, out_ptrs, start, e
     b = em.b
     reduces, minor, width = plan.reduces, plan.lane_dim, plan.width
     src = reduces[0].operands[0].shape
-    reduced = tuple(reduces[0].attrs.get("dimensions") or ())
+    reduced = reduces[0].dimensions
     kept = [d for d in range(src.rank) if d not in reduced]
     m_out = kept.index(minor)
     out_shape = em.loop_shape()

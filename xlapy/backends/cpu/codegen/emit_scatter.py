@@ -291,10 +291,10 @@ def scatter_reason(instr: HloInstruction) -> str | None:
     it = indices.element_type
     if not it.is_integral or it is P.PRED:
         return f"index type {it}"
-    comp = instr.attrs.get("to_apply")
-    if comp is None or comp.num_parameters != 2 or not comp.root.shape.is_array:
+    comp = instr.to_apply
+    if comp is None or comp.num_parameters != 2 or not comp.root_instruction().shape.is_array:
         return "the combiner is not a two-parameter scalar computation"
-    shapes = [comp.parameter(0).shape, comp.parameter(1).shape, comp.root.shape]
+    shapes = [comp.parameter(0).shape, comp.parameter(1).shape, comp.root_instruction().shape]
     if any(s.rank != 0 or s.element_type is not t for s in shapes):
         return "the combiner's types differ from the operand's"
     why = supported(comp)

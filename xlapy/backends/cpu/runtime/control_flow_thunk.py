@@ -83,10 +83,7 @@ class HostCompare:
         ctype = _SCALAR_CTYPES.get(lhs.shape.dtype)
         if ctype is None or lhs.shape.rank or rhs.shape.rank or rhs.shape.dtype != lhs.shape.dtype:
             return None
-        direction = thunk.instr.attrs.get(
-            "direction", thunk.instr.attrs.get("comparison_direction")
-        )
-        op = _COMPARISONS.get(getattr(direction, "text", str(direction)))
+        op = _COMPARISONS.get(thunk.instr.comparison_direction or "")
         return None if op is None else HostCompare(op, ctype, lhs, rhs)
 
     def bind(self, ctx: ExecutionContext) -> Callable[[], bool]:

@@ -37,7 +37,7 @@ import numpy as np
 from xlapy.backends.interpreter.rules._lifted import call_elementwise
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
-from xlapy.ir.opcodes import Opcode
+from xlapy.ir.opcodes import Category, Opcode
 
 _SIGNED_OF_WIDTH = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _UNSIGNED_OF_WIDTH = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -83,7 +83,7 @@ def _params_of(instr: HloInstruction, seen: dict[int, frozenset]) -> frozenset:
 
 
 def _scalar_elementwise(instr: HloInstruction) -> bool:
-    if instr.opcode in (Opcode.PARAMETER, Opcode.CONSTANT):
+    if instr.opcode.category is Category.CONSTANT:
         return instr.shape.is_array and instr.shape.rank == 0
     if next(instr.called_computations(), None) is not None:
         return False
@@ -300,8 +300,8 @@ def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | 
     """A fast sort for `instr` when its comparator is recognized, else None.
     `flush_denormals`: the comparator reads subnormal floats as zero (the CPU backend's
     default, XLA:CPU's behaviour); the values sorted keep their bits either way."""
-    dims = instr.attrs.get("dimensions", ())
-    comparator = instr.attrs.get("to_apply")
+    dims = instr.dimensions
+    comparator = instr.to_apply
     if len(dims) != 1 or comparator is None:
         return None
     n_ops = len(instr.operands)
@@ -467,7 +467,7 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
 def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
     """XLA's "TopK" custom call: the first k of a stable sort by its comparator."""
     called: tuple[HloComputation, ...] = instr.attrs.get("called_computations") or ()
-    comparator = instr.attrs.get("to_apply") or (called[0] if len(called) == 1 else None)
+    comparator = instr.to_apply or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or len(instr.operands) != 1:
         return None
     (x,) = instr.operands

@@ -26,8 +26,10 @@ from xlapy.backends.collectives import (
     participants,
     permute_alone,
     result_parts,
+    send_recv_pairs,
 )
-from xlapy.backends.interpreter.registry import evaluates
+from xlapy.backends.interpreter.registry import TOKEN, evaluates
+from xlapy.backends.interpreter.rules.misc import copy_value, queue
 from xlapy.errors import EvaluationError
 from xlapy.ir.attributes import ReplicaGroups
 from xlapy.ir.opcodes import Opcode
@@ -202,3 +204,50 @@ def _replica_id(instr, operands, ctx):
 @evaluates(Opcode.PARTITION_ID)
 def _partition_id(instr, operands, ctx):
     return np.array(ctx.state.get("partition_id", 0), dtype=np.uint32)
+
+
+# -- send / recv: through the peers of a multi-device run, else a loopback channel ---------
+def _channel(ctx, instr):
+    channels = queue(ctx, instr, "channels")
+    return channels.setdefault(instr.attrs.get("channel_id", 0), [])
+
+
+def _send_recv_peers(instr, ctx):
+    """The run's DeviceCollectives when `instr` sends between devices of a multi-device
+    execution (it names source-target pairs), else None (a loopback through the state)."""
+    comm = ctx.state.get("collectives")
+    return comm if comm is not None and send_recv_pairs(instr) is not None else None
+
+
+@evaluates(Opcode.SEND)
+def _send(instr, operands, ctx):
+    comm = _send_recv_peers(instr, ctx)
+    if comm is not None:
+        comm.send(instr, operands[0])
+    else:
+        _channel(ctx, instr).append(copy_value(operands[0]))
+    return (operands[0], np.zeros((), np.uint32), TOKEN)
+
+
+@evaluates(Opcode.SEND_DONE)
+def _send_done(instr, operands, ctx):
+    return TOKEN
+
+
+@evaluates(Opcode.RECV)
+def _recv(instr, operands, ctx):
+    comm = _send_recv_peers(instr, ctx)
+    if comm is not None:
+        return (comm.recv(instr, instr.shape.tuple_shapes[0]), np.zeros((), np.uint32), TOKEN)
+    channel = _channel(ctx, instr)
+    if not channel:
+        raise EvaluationError(
+            f"{instr.name}: nothing was sent on channel {instr.attrs.get('channel_id', 0)}"
+        )
+    return (channel.pop(0), np.zeros((), np.uint32), TOKEN)
+
+
+@evaluates(Opcode.RECV_DONE)
+def _recv_done(instr, operands, ctx):
+    value = operands[0]
+    return (value[0], TOKEN)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from xlapy.backends.collectives import send_recv_pairs
 from xlapy.backends.interpreter.registry import TOKEN, evaluates
 from xlapy.errors import EvaluationError
 from xlapy.ir.opcodes import Opcode
@@ -124,70 +123,25 @@ def _async_done(instr, operands, ctx):
     return operands[0][1]
 
 
-def _queue(ctx, instr, key):
-    queue = ctx.state.get(key)
-    if queue is None:
+def queue(ctx, instr, key):
+    """The interpreter state's list (or dict) `key` that `instr` reads or writes."""
+    found = ctx.state.get(key)
+    if found is None:
         raise EvaluationError(
             f"{instr.name}: {instr.opcode.text} needs state['{key}'] (a list) in the interpreter"
         )
-    return queue
+    return found
 
 
 @evaluates(Opcode.INFEED)
 def _infeed(instr, operands, ctx):
-    queue = _queue(ctx, instr, "infeed")
-    if not queue:
+    pending = queue(ctx, instr, "infeed")
+    if not pending:
         raise EvaluationError(f"{instr.name}: infeed queue (state['infeed']) is empty")
-    return (queue.pop(0), TOKEN)
+    return (pending.pop(0), TOKEN)
 
 
 @evaluates(Opcode.OUTFEED)
 def _outfeed(instr, operands, ctx):
-    _queue(ctx, instr, "outfeed").append(copy_value(operands[0]))
+    queue(ctx, instr, "outfeed").append(copy_value(operands[0]))
     return TOKEN
-
-
-def _channel(ctx, instr):
-    channels = _queue(ctx, instr, "channels")
-    return channels.setdefault(instr.attrs.get("channel_id", 0), [])
-
-
-def _peers(instr, ctx):
-    """The run's DeviceCollectives when `instr` sends between devices of a multi-device
-    execution (it names source-target pairs), else None (a loopback through the state)."""
-    comm = ctx.state.get("collectives")
-    return comm if comm is not None and send_recv_pairs(instr) is not None else None
-
-
-@evaluates(Opcode.SEND)
-def _send(instr, operands, ctx):
-    comm = _peers(instr, ctx)
-    if comm is not None:
-        comm.send(instr, operands[0])
-    else:
-        _channel(ctx, instr).append(copy_value(operands[0]))
-    return (operands[0], np.zeros((), np.uint32), TOKEN)
-
-
-@evaluates(Opcode.SEND_DONE)
-def _send_done(instr, operands, ctx):
-    return TOKEN
-
-
-@evaluates(Opcode.RECV)
-def _recv(instr, operands, ctx):
-    comm = _peers(instr, ctx)
-    if comm is not None:
-        return (comm.recv(instr, instr.shape.tuple_shapes[0]), np.zeros((), np.uint32), TOKEN)
-    channel = _channel(ctx, instr)
-    if not channel:
-        raise EvaluationError(
-            f"{instr.name}: nothing was sent on channel {instr.attrs.get('channel_id', 0)}"
-        )
-    return (channel.pop(0), np.zeros((), np.uint32), TOKEN)
-
-
-@evaluates(Opcode.RECV_DONE)
-def _recv_done(instr, operands, ctx):
-    value = operands[0]
-    return (value[0], TOKEN)

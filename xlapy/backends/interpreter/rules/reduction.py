@@ -129,11 +129,11 @@ def _pack(values: list[np.ndarray], instr: HloInstruction):
 @evaluates(Opcode.REDUCE)
 def _reduce(instr, operands, ctx):
     inputs, inits = _split_operands(instr, operands)
-    comp = instr.attrs.get("to_apply")
+    comp = instr.to_apply
     if comp is None:
         raise EvaluationError(f"{instr.name}: reduce needs to_apply")
     rank = inputs[0].ndim
-    dims = tuple(instr.attrs.get("dimensions") or ())
+    dims = instr.dimensions
     if any(not 0 <= d < rank for d in dims) or len(set(dims)) != len(dims):
         raise EvaluationError(f"{instr.name}: dimensions={dims} invalid for rank {rank}")
     kept = [d for d in range(rank) if d not in dims]
@@ -191,7 +191,7 @@ def _offsets(window: Window, out_shape: tuple[int, ...]):
 @evaluates(Opcode.REDUCE_WINDOW)
 def _reduce_window(instr, operands, ctx):
     inputs, inits = _split_operands(instr, operands)
-    comp = instr.attrs.get("to_apply")
+    comp = instr.to_apply
     if comp is None:
         raise EvaluationError(f"{instr.name}: reduce-window needs to_apply")
     window = _window_of(instr, inputs[0].ndim)

@@ -28,7 +28,7 @@ def _attr(instr, name):
 @evaluates(Opcode.BROADCAST)
 def _broadcast(instr, operands, ctx):
     x = operands[0]
-    dims = tuple(instr.attrs.get("dimensions", ()))
+    dims = instr.dimensions
     out_dims = instr.shape.dims
     if len(dims) != x.ndim:
         raise EvaluationError(
@@ -124,7 +124,7 @@ def _concatenate(instr, operands, ctx):
 
 @evaluates(Opcode.REVERSE)
 def _reverse(instr, operands, ctx):
-    dims = tuple(instr.attrs.get("dimensions", ()))
+    dims = instr.dimensions
     return np.flip(operands[0], axis=dims).copy() if dims else operands[0].copy()
 
 
