@@ -29,7 +29,7 @@ from __future__ import annotations
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.ir.opcodes import CallContext, Opcode
+from xlapy.ir.opcodes import CallContext, Category, Opcode
 from xlapy.ir.shapes import Layout, Shape
 from xlapy.passes.pass_base import HloPass, register_pass
 
@@ -79,7 +79,7 @@ def _pinned(entry) -> set[int]:
         if id(instr) in pinned and instr is not entry.root:
             continue
         pinned.add(id(instr))
-        if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+        if instr.opcode.category is Category.TUPLE:
             stack.extend(o for o in instr.operands if id(o) not in pinned)
     return pinned
 
@@ -120,7 +120,7 @@ class NormalizeLayouts(HloPass):
                 shape = instr.shape
                 if id(instr) in pinned:
                     continue
-                if instr.opcode in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT):
+                if instr.opcode.category is Category.TUPLE:
                     changed |= _follow_operands(instr)
                     continue
                 if not shape.is_array or shape.layout is None:
