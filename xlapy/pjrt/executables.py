@@ -10,6 +10,7 @@ from typing import Any
 from xlapy.ir.shapes import Shape
 from xlapy.pjrt.abi import ffi
 from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer
+from xlapy.runtime.host_callbacks import callbacks_of
 from xlapy.pjrt.client import PClient, get_client, get_device
 from xlapy.pjrt.core import (
     FAILED_PRECONDITION,
@@ -98,6 +99,9 @@ class ExecInfo:
         self.proto: bytes | None = None
         self.options = b""
         """The serialized CompileOptionsProto it was compiled with."""
+        self.host_callbacks = callbacks_of(executable.module)
+        """The host callbacks the program calls (kept alive with it; a deserialized
+        program whose callbacks are gone is refused here)."""
 
     def native_entry(self) -> int:
         """The address of this executable's native Execute (native_execute.build), 0
