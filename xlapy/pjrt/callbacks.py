@@ -46,13 +46,14 @@ def install() -> None:
 
     if getattr(install, "done", False):
         return
-    mlir.register_lowering(cb.pure_callback_p, _pure_lowering, platform="xlapy",
-                           cacheable=False)  # fmt: skip
+    mlir.register_lowering(cb.pure_callback_p, _pure_lowering, platform="xlapy", cacheable=False)
     mlir.register_lowering(cb.io_callback_p, _io_lowering, platform="xlapy", cacheable=False)
-    mlir.register_lowering(debugging.debug_callback_p, _debug_lowering, platform="xlapy",
-                           cacheable=False)  # fmt: skip
-    mlir.register_lowering(debugging.debug_print_p, _debug_print_lowering, platform="xlapy",
-                           cacheable=False)  # fmt: skip
+    mlir.register_lowering(
+        debugging.debug_callback_p, _debug_lowering, platform="xlapy", cacheable=False
+    )
+    mlir.register_lowering(
+        debugging.debug_print_p, _debug_print_lowering, platform="xlapy", cacheable=False
+    )
     for prim in (debugging.debug_callback_p, debugging.debug_print_p):
         prim.def_impl(functools.partial(_debug_impl, prim.impl, prim))
     install.done = True  # type: ignore[attr-defined]
@@ -108,9 +109,12 @@ def _print_callback(params: dict) -> tuple[Callable, Any]:
     from jax._src import debugging as dbg
 
     callback = functools.partial(
-        dbg._format_print_callback, params["fmt"], dict(params["np_printoptions"]),
-        params["has_placeholders"], params["logging_record"],
-    )  # fmt: skip
+        dbg._format_print_callback,
+        params["fmt"],
+        dict(params["np_printoptions"]),
+        params["has_placeholders"],
+        params["logging_record"],
+    )
     flat = dbg._make_flat_callback(params["in_tree"], callback, params["static_args"])
     return flat, dbg.ordered_debug_effect if params["ordered"] else dbg.debug_effect
 
@@ -220,9 +224,14 @@ def _pure_lowering(ctx, *args, callback, sharding, **params):
 
     op_sharding = cb._callback_op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out)
     results, _ = emit_callback(
-        ctx, host, None, args, has_side_effect=False, sharding=op_sharding,
+        ctx,
+        host,
+        None,
+        args,
+        has_side_effect=False,
+        sharding=op_sharding,
         name="jax.pure_callback",
-    )  # fmt: skip
+    )
     return results
 
 
@@ -240,15 +249,25 @@ def _io_lowering(ctx, *args, callback, sharding, ordered, **params):
     op_sharding = cb._callback_op_sharding(ctx.module_context.axis_context, sharding, ctx.avals_out)
     if not ordered:
         results, _ = emit_callback(
-            ctx, host, None, args, has_side_effect=True, sharding=op_sharding,
+            ctx,
+            host,
+            None,
+            args,
+            has_side_effect=True,
+            sharding=op_sharding,
             name="jax.io_callback",
-        )  # fmt: skip
+        )
         return results
     effect = cb._OrderedIOEffect
     results, token = emit_callback(
-        ctx, host, ctx.tokens_in.get(effect), args, has_side_effect=True,
-        sharding=op_sharding, name="jax.io_callback (ordered)",
-    )  # fmt: skip
+        ctx,
+        host,
+        ctx.tokens_in.get(effect),
+        args,
+        has_side_effect=True,
+        sharding=op_sharding,
+        name="jax.io_callback (ordered)",
+    )
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({effect: token})))
     return results
 
@@ -269,9 +288,13 @@ def _debug_lowering(ctx, *args, effect, partitioned, callback, **params):
         if set(axis_context.mesh.axis_names) - axis_context.manual_axes:
             # partly manual: JAX runs the callback on the first index of the automatic axes
             lower = functools.partial(
-                dbg._debug_callback_partial_auto, axis_context, effect=effect,
-                partitioned=partitioned, callback=callback, **params,
-            )  # fmt: skip
+                dbg._debug_callback_partial_auto,
+                axis_context,
+                effect=effect,
+                partitioned=partitioned,
+                callback=callback,
+                **params,
+            )
             return mlir.lower_fun(lower)(ctx, *args)
         if config.use_shardy_partitioner.value:
             sharding = cb._get_sdy_array_list_for_callbacks(ctx.avals_out)
@@ -296,9 +319,14 @@ def _debug_lowering(ctx, *args, effect, partitioned, callback, **params):
     name = "jax.debug.callback"
     if effects.ordered_effects.contains(effect):
         results, token = emit_callback(
-            ctx, host, ctx.tokens_in.get(effect), args, has_side_effect=True,
-            sharding=None, name=name + " (ordered)",
-        )  # fmt: skip
+            ctx,
+            host,
+            ctx.tokens_in.get(effect),
+            args,
+            has_side_effect=True,
+            sharding=None,
+            name=name + " (ordered)",
+        )
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({effect: token})))
         return results
     results, _ = emit_callback(

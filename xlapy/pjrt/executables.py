@@ -10,7 +10,6 @@ from typing import Any
 from xlapy.ir.shapes import Shape
 from xlapy.pjrt.abi import ffi
 from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer
-from xlapy.runtime.host_callbacks import callbacks_of
 from xlapy.pjrt.client import PClient, get_client, get_device
 from xlapy.pjrt.core import (
     FAILED_PRECONDITION,
@@ -38,6 +37,7 @@ from xlapy.runtime import (
     LoadedExecutable,
 )
 from xlapy.runtime.futures import COMPLETED
+from xlapy.runtime.host_callbacks import callbacks_of
 
 
 # -- executables -----------------------------------------------------------------------------
@@ -462,6 +462,8 @@ def _loaded_execute(args):
     if args.num_devices == 1 and args.execute_device == ffi.NULL and not info.donated:
         outputs = executable.execute_inline(_arguments(args.argument_lists[0], args.num_args))
         if outputs is not None:  # the common call, run already (see runtime.execution)
+            if info.host_callbacks:
+                _raise_failure([outputs])
             row, make = args.output_lists[0], info.output_buffer
             for i, out in enumerate(outputs):
                 row[i] = make(out)
@@ -486,6 +488,8 @@ def _loaded_execute(args):
             results = [executable.execute_sharded(lists[0], device, donate=donate)]
     else:
         results = executable.execute(lists, donate=donate)
+    if info.host_callbacks:
+        _raise_failure(results)
     client = info.client
     events = args.device_complete_events
     for d, outputs in enumerate(results):
@@ -494,6 +498,16 @@ def _loaded_execute(args):
             row[i] = PBuffer(out, client).c
         if events != ffi.NULL:
             events[d] = PEvent.of(_all_ready(outputs))
+
+
+def _raise_failure(results: list[list[Buffer]]) -> None:
+    """Wait for the runs of a program that calls host callbacks and raise the first failure:
+    as on XLA:CPU, a callback's exception fails the jitted call itself (left in the
+    outputs, it would also fail every later call through JAX's ordered-effect tokens)."""
+    for outputs in results:
+        failed = outputs[0].ready().exception() if outputs else None
+        if failed is not None:
+            raise failed
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:

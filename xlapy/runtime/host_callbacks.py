@@ -47,7 +47,7 @@ class HostCallback:
     (shape, dtype) of each array result; `token`: the call threads a token (first operand,
     first result); `name` says what it is in messages."""
 
-    __slots__ = ("fn", "results", "token", "name", "id", "__weakref__")
+    __slots__ = ("__weakref__", "fn", "id", "name", "results", "token")
 
     def __init__(
         self,
@@ -137,9 +137,7 @@ def _call(ins: tuple, opaque: str):
         out = callback.fn(*arrays)
     except Exception as e:
         text = "".join(traceback.format_exception(e)).rstrip()
-        raise CustomCallError(
-            f"{callback.name} failed: {type(e).__name__}: {e}\n{text}"
-        ) from e
+        raise CustomCallError(f"{callback.name} failed: {type(e).__name__}: {e}\n{text}") from e
     out = [] if out is None else list(out)
     if len(out) != len(callback.results):
         raise CustomCallError(

@@ -1022,13 +1022,18 @@ class _Partitioner:
             body = [param]
             if run:
                 reads = [
-                    HloInstruction(namer.fresh("arg"), Opcode.GET_TUPLE_ELEMENT, o.shape,
-                                   [param], {"index": i})  # fmt: skip
+                    HloInstruction(
+                        namer.fresh("arg"), Opcode.GET_TUPLE_ELEMENT, o.shape, [param], {"index": i}
+                    )
                     for i, o in enumerate(ops)
                 ]
                 attrs = {k: v for k, v in instr.attrs.items() if k != "sharding"}
-                body += [*reads, HloInstruction(namer.fresh(instr.name), instr.opcode,
-                                                instr.shape, reads, attrs)]  # fmt: skip
+                body += [
+                    *reads,
+                    HloInstruction(
+                        namer.fresh(instr.name), instr.opcode, instr.shape, reads, attrs
+                    ),
+                ]
             else:
                 _zeros_like(instr.shape, namer, body)
             comp = HloComputation(namer.fresh(name), body, body[-1])
@@ -1036,9 +1041,12 @@ class _Partitioner:
             return comp
 
         pid = self.partition_id()
-        here = self.emit(Opcode.COMPARE, Shape.scalar(PRED),
-                         [pid, self.constant(np.array(device, np.uint32))],
-                         {"direction": "EQ"})  # fmt: skip
+        here = self.emit(
+            Opcode.COMPARE,
+            Shape.scalar(PRED),
+            [pid, self.constant(np.array(device, np.uint32))],
+            {"direction": "EQ"},
+        )
         cond = self.emit(
             Opcode.CONDITIONAL,
             instr.shape,
