@@ -455,11 +455,15 @@ for plat in ("cpu", "xlapy"):
     piece = lambda a: (jax.debug.callback(note("shard"), a), a * 3)[1]
     sm = jax.jit(jax.shard_map(piece, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     r3 = np.asarray(sm(x))
+    on_pieces = jax.jit(lambda a: jax.debug.callback(note("piece"), a * 2, partitioned=True),
+                        in_shardings=NamedSharding(mesh, P("x")))
+    on_pieces(x)
     jax.effects_barrier()
     results[plat] = (r1.tolist(), r2.tolist(), r3.tolist(), sorted(map(str, log)))
 assert results["cpu"] == results["xlapy"], results
 assert sum(e.startswith("('jit'") for e in results["xlapy"][3]) == 1  # once, not per device
 assert sum(e.startswith("('pmap'") for e in results["xlapy"][3]) == 2  # once per device
+assert sum(e.startswith("('piece'") for e in results["xlapy"][3]) == 2  # each its piece
 print("several devices ok")
 """
 

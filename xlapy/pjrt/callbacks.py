@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.runtime.host_callbacks import TARGET, HostCallback
+from xlapy.runtime.host_callbacks import PARTITIONED_TARGET, TARGET, HostCallback
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +166,11 @@ def emit_callback(
     has_side_effect: bool,
     sharding: Any,
     name: str,
+    partitioned: bool = False,
 ) -> tuple[list[Any], Any]:
     """The custom call to `callback` (returning one array per result of `ctx.avals_out`)
-    on `operands`, threading `token` when it is not None. Returns (results, token out)."""
+    on `operands`, threading `token` when it is not None; `partitioned`: each device calls
+    it on its own pieces of the operands. Returns (results, token out)."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir.dialects import hlo
     from jax._src.sharding_impls import SdyArray, SdyArrayList
@@ -194,7 +196,7 @@ def emit_callback(
             )
             sharding = SdyArrayList((token_sharding, *sharding.shardings))
     op = mlir.custom_call(
-        TARGET,
+        PARTITIONED_TARGET if partitioned else TARGET,
         result_types=result_types,
         operands=operands,
         backend_config=str(entry.id),
@@ -301,7 +303,7 @@ def _debug_lowering(ctx, *args, effect, partitioned, callback, **params):
         else:
             sharding = xc.OpSharding()
             sharding.type = xc.OpSharding.Type.MANUAL
-    elif isinstance(axis_context, sharding_impls.ShardingContext):
+    elif isinstance(axis_context, sharding_impls.ShardingContext) and not partitioned:
         if config.use_shardy_partitioner.value:
             sharding = sharding_impls.SdyArrayList(
                 (sharding_impls.SdyArray(mesh_shape=(), dim_shardings=(), logical_device_ids=(0,)),)
@@ -326,11 +328,19 @@ def _debug_lowering(ctx, *args, effect, partitioned, callback, **params):
             has_side_effect=True,
             sharding=None,
             name=name + " (ordered)",
+            partitioned=partitioned,
         )
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({effect: token})))
         return results
     results, _ = emit_callback(
-        ctx, host, None, args, has_side_effect=True, sharding=sharding, name=name
+        ctx,
+        host,
+        None,
+        args,
+        has_side_effect=True,
+        sharding=sharding,
+        name=name,
+        partitioned=partitioned,
     )
     return results
 

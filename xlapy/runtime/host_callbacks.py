@@ -40,6 +40,9 @@ from xlapy.errors import CustomCallError
 from xlapy.ir.opcodes import Opcode
 
 TARGET = "xlapy_host_callback"
+PARTITIONED_TARGET = "xlapy_partitioned_host_callback"
+"""The same call, made by each device on its own pieces of the operands when the program
+is SPMD-partitioned (JAX's partitioned debug callbacks); it returns no arrays."""
 
 
 class HostCallback:
@@ -104,7 +107,7 @@ def callbacks_of(module) -> list[HostCallback]:
     """The live callbacks `module`'s custom calls name (missing ones raise)."""
     found = []
     for instr in module.instructions():
-        if instr.opcode is Opcode.CUSTOM_CALL and instr.attrs.get("custom_call_target") == TARGET:
+        if _calls_back(instr):
             config = instr.attrs.get("backend_config")
             found.append(lookup(config.text if config is not None else ""))
     return found
@@ -112,9 +115,13 @@ def callbacks_of(module) -> list[HostCallback]:
 
 def uses_host_callbacks(module) -> bool:
     """Whether `module` calls host callbacks."""
-    return any(
-        instr.opcode is Opcode.CUSTOM_CALL and instr.attrs.get("custom_call_target") == TARGET
-        for instr in module.instructions()
+    return any(_calls_back(instr) for instr in module.instructions())
+
+
+def _calls_back(instr) -> bool:
+    return instr.opcode is Opcode.CUSTOM_CALL and instr.attrs.get("custom_call_target") in (
+        TARGET,
+        PARTITIONED_TARGET,
     )
 
 
@@ -157,3 +164,4 @@ def _call(ins: tuple, opaque: str):
 
 
 register(TARGET, _call, "Host")
+register(PARTITIONED_TARGET, _call, "Host")

@@ -149,6 +149,9 @@ _LINEAR_WHOLE = (Opcode.RESHAPE, Opcode.BROADCAST, Opcode.SLICE)
 
 
 _PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
+_PER_PIECE_TARGETS = ("xlapy_partitioned_host_callback",)
+"""Custom calls that run on each device's own pieces of their operands and return no
+arrays (JAX's `jax.debug.callback(..., partitioned=True)`)."""
 
 
 @register_pass
@@ -999,6 +1002,14 @@ class _Partitioner:
             return self.to_manual(instr, operands)
         if target in ("SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"):
             return self.from_manual(instr, operands)
+        if target in _PER_PIECE_TARGETS and not any(v.manual for v in operands):
+            ops = [
+                (self.reduced(v, o.shape) if v.partial is not None else v).instr
+                for v, o in zip(operands, instr.operands, strict=True)
+            ]
+            if any(leaf.is_array for _, leaf in instr.shape.leaves()):
+                raise PartitionError(f"{instr.name}: a per-piece custom call returns arrays")
+            return Local(self.clone(instr, ops, instr.shape), self.replicated_of(instr.shape))
         if isinstance(s, HloSharding) and s.kind == "maximal" and self.n > 1:
             return self.on_one_device(instr, operands, s.device)
         return None
