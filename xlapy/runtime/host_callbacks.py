@@ -19,8 +19,9 @@ Ids are random 63-bit numbers, not a counter: the same text compiled in another 
 (a disk cache entry, a deserialized executable) can never name a different callable of that
 process; it names none, which is reported. The table holds its entries weakly: the owner
 of the program (the JAX lowering, the executables compiled from it) keeps them alive, so
-dropping those frees the callable. Executables holding host callbacks cannot be serialized
-(`check_serializable`), as in XLA.
+dropping those frees the callable. An executable holding host callbacks serializes (its
+text names them by id, as XLA:CPU's names them by index): the bytes load and run in this
+process while the callbacks live, and fail with that message anywhere else.
 """
 
 from __future__ import annotations
@@ -113,26 +114,11 @@ def callbacks_of(module) -> list[HostCallback]:
     return found
 
 
-def uses_host_callbacks(module) -> bool:
-    """Whether `module` calls host callbacks."""
-    return any(_calls_back(instr) for instr in module.instructions())
-
-
 def _calls_back(instr) -> bool:
     return instr.opcode is Opcode.CUSTOM_CALL and instr.attrs.get("custom_call_target") in (
         TARGET,
         PARTITIONED_TARGET,
     )
-
-
-def check_serializable(module, what: str) -> None:
-    """CustomCallError when `module` calls host callbacks: they are Python objects of this
-    process, which serialized bytes cannot carry (XLA refuses the same)."""
-    if uses_host_callbacks(module):
-        raise CustomCallError(
-            f"{what} calls host callbacks (jax.debug.print, jax.pure_callback, io_callback, "
-            "...), which cannot be serialized: they are Python callables of this process"
-        )
 
 
 def _call(ins: tuple, opaque: str):
