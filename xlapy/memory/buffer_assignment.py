@@ -315,6 +315,8 @@ def assign_buffers(
         raise MemoryPlanningError(f"buffer assignment of {module.name}: {e}") from e
     writable = _writable_parameters(module, entry, dataflow)
     for buffer in aliases.buffers:
+        if all(v.shape.is_token for v in buffer.values):
+            continue  # tokens hold no data: nothing of theirs can be overwritten (as XLA)
         problem = liveness.conflicts(buffer.values, writable)
         if problem is not None:
             raise MemoryPlanningError(

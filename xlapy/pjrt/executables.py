@@ -37,6 +37,7 @@ from xlapy.runtime import (
     LoadedExecutable,
 )
 from xlapy.runtime.futures import COMPLETED
+from xlapy.runtime.host_callbacks import callbacks_of
 
 
 # -- executables -----------------------------------------------------------------------------
@@ -98,6 +99,9 @@ class ExecInfo:
         self.proto: bytes | None = None
         self.options = b""
         """The serialized CompileOptionsProto it was compiled with."""
+        self.host_callbacks = callbacks_of(executable.module)
+        """The host callbacks the program calls (kept alive with it; a deserialized
+        program whose callbacks are gone is refused here)."""
 
     def native_entry(self) -> int:
         """The address of this executable's native Execute (native_execute.build), 0
@@ -458,6 +462,8 @@ def _loaded_execute(args):
     if args.num_devices == 1 and args.execute_device == ffi.NULL and not info.donated:
         outputs = executable.execute_inline(_arguments(args.argument_lists[0], args.num_args))
         if outputs is not None:  # the common call, run already (see runtime.execution)
+            if info.host_callbacks:
+                _raise_failure([outputs])
             row, make = args.output_lists[0], info.output_buffer
             for i, out in enumerate(outputs):
                 row[i] = make(out)
@@ -482,6 +488,8 @@ def _loaded_execute(args):
             results = [executable.execute_sharded(lists[0], device, donate=donate)]
     else:
         results = executable.execute(lists, donate=donate)
+    if info.host_callbacks:
+        _raise_failure(results)
     client = info.client
     events = args.device_complete_events
     for d, outputs in enumerate(results):
@@ -490,6 +498,16 @@ def _loaded_execute(args):
             row[i] = PBuffer(out, client).c
         if events != ffi.NULL:
             events[d] = PEvent.of(_all_ready(outputs))
+
+
+def _raise_failure(results: list[list[Buffer]]) -> None:
+    """Wait for the runs of a program that calls host callbacks and raise the first failure:
+    as on XLA:CPU, a callback's exception fails the jitted call itself (left in the
+    outputs, it would also fail every later call through JAX's ordered-effect tokens)."""
+    for outputs in results:
+        failed = outputs[0].ready().exception() if outputs else None
+        if failed is not None:
+            raise failed
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:

@@ -54,11 +54,16 @@ def initialize(options: dict[str, Any] | None = None) -> Any:
     if "xlapy" not in mlir._platforms_with_donation:
         mlir._platforms_with_donation.append("xlapy")  # xlapy honours donation
     # xlapy receives what XLA:CPU receives: JAX's CPU-specific lowerings (LAPACK calls for
-    # jnp.linalg, ...) serve the "xlapy" platform too; sharing the dict keeps later
-    # registrations for "cpu" visible.
-    mlir._platform_specific_lowerings["xlapy"] = mlir._platform_specific_lowerings["cpu"]
+    # jnp.linalg, ...) serve the "xlapy" platform too, later registrations for "cpu"
+    # included; rules registered for "xlapy" itself (host callbacks) come first.
+    mlir._platform_specific_lowerings["xlapy"] = CpuLowerings(
+        mlir._platform_specific_lowerings["cpu"]
+    )
     c_api = capsule()
     xla_bridge.register_plugin("xlapy", priority=-100, c_api=c_api, options=options or None)
+    from xlapy.pjrt import callbacks
+
+    callbacks.install()  # after register_plugin: JAX knows the platform name now
     from jaxlib import xla_client
 
     # jax.ffi.register_ffi_target(..., platform="xlapy") / register_ffi_type: JAX hands
@@ -68,6 +73,20 @@ def initialize(options: dict[str, Any] | None = None) -> Any:
     xla_client.register_custom_type_handler("xlapy", register_ffi_type)
     register_jaxlib_lapack()
     return c_api
+
+
+class CpuLowerings(dict):
+    """The "xlapy" platform's lowering rules: its own, then those of "cpu" (read live)."""
+
+    def __init__(self, cpu: dict):
+        super().__init__()
+        self.cpu = cpu
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or key in self.cpu
+
+    def __missing__(self, key: Any) -> Any:
+        return self.cpu[key]
 
 
 def register_jaxlib_lapack() -> list[str]:

@@ -21,6 +21,7 @@ from xlapy.runtime.errors import (
 from xlapy.runtime.executable import CompiledMemoryStats, Executable, LoadedExecutable
 from xlapy.runtime.execution import DonationWarning
 from xlapy.runtime.futures import Future, as_completed, wait_all
+from xlapy.runtime.host_callbacks import HostCallback
 from xlapy.runtime.options import CompileOptions
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "ExecutionError",
     "Future",
     "HostBufferSemantics",
+    "HostCallback",
     "LoadedExecutable",
     "MemorySpace",
     "MemoryStats",

@@ -76,7 +76,7 @@ from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import ProgramShape, Shape
 from xlapy.ir.sharding import HloSharding
 from xlapy.ir.types import PRED
-from xlapy.passes.hlo_edit import remove_unreachable_computations
+from xlapy.passes.hlo_edit import has_side_effect_deep, remove_unreachable_computations
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.pass_base import HloPass, register_pass
 from xlapy.passes.spmd.combine import combine_all_reduces
@@ -149,6 +149,9 @@ _LINEAR_WHOLE = (Opcode.RESHAPE, Opcode.BROADCAST, Opcode.SLICE)
 
 
 _PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
+_PER_PIECE_TARGETS = ("xlapy_partitioned_host_callback",)
+"""Custom calls that run on each device's own pieces of their operands and return no
+arrays (JAX's `jax.debug.callback(..., partitioned=True)`)."""
 
 
 @register_pass
@@ -361,7 +364,8 @@ class _Partitioner:
     def _drop_dead(self, comp: HloComputation) -> None:
         live: set[int] = set()
         stack = [comp.root_instruction(), *comp.parameters]
-        stack += [i for i in comp.instructions if i.has_side_effect]
+        memo: dict[int, bool] = {}
+        stack += [i for i in comp.instructions if has_side_effect_deep(i, memo)]
         while stack:
             i = stack.pop()
             if id(i) in live:
@@ -998,7 +1002,110 @@ class _Partitioner:
             return self.to_manual(instr, operands)
         if target in ("SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"):
             return self.from_manual(instr, operands)
+        if target in _PER_PIECE_TARGETS and not any(v.manual for v in operands):
+            ops = [
+                (self.reduced(v, o.shape) if v.partial is not None else v).instr
+                for v, o in zip(operands, instr.operands, strict=True)
+            ]
+            if any(leaf.is_array for _, leaf in instr.shape.leaves()):
+                raise PartitionError(f"{instr.name}: a per-piece custom call returns arrays")
+            return Local(self.clone(instr, ops, instr.shape), self.replicated_of(instr.shape))
+        if isinstance(s, HloSharding) and s.kind == "maximal" and self.n > 1:
+            return self.on_one_device(instr, operands, s.device)
         return None
+
+    def on_one_device(self, instr: HloInstruction, operands: list[Local], device: int) -> Local:
+        """A custom call annotated `{maximal device=d}` (a host callback, which JAX pins to
+        one device in a program with automatic sharding) runs on device d alone: inside a
+        conditional on partition-id == d, the other devices producing zeros (tokens:
+        after-all); an all-reduce then gives every device d's arrays (bitwise: the bits
+        OR'ed with zeros), as XLA broadcasts a maximal value to its users."""
+        ops = [
+            self.as_tiling(v, self.replicated_of(o.shape), o.shape)
+            for v, o in zip(operands, instr.operands, strict=True)
+        ]
+        args = Shape.tuple([o.shape for o in ops])
+        packed = self.emit(Opcode.TUPLE, args, ops)
+        namer = self.namer
+
+        def branch(name: str, run: bool) -> HloComputation:
+            param = HloInstruction(namer.fresh("args"), Opcode.PARAMETER, args, parameter_number=0)
+            body = [param]
+            if run:
+                reads = [
+                    HloInstruction(
+                        namer.fresh("arg"), Opcode.GET_TUPLE_ELEMENT, o.shape, [param], {"index": i}
+                    )
+                    for i, o in enumerate(ops)
+                ]
+                attrs = {k: v for k, v in instr.attrs.items() if k != "sharding"}
+                body += [
+                    *reads,
+                    HloInstruction(
+                        namer.fresh(instr.name), instr.opcode, instr.shape, reads, attrs
+                    ),
+                ]
+            else:
+                _zeros_like(instr.shape, namer, body)
+            comp = HloComputation(namer.fresh(name), body, body[-1])
+            self.module.add_computation(comp)
+            return comp
+
+        pid = self.partition_id()
+        here = self.emit(
+            Opcode.COMPARE,
+            Shape.scalar(PRED),
+            [pid, self.constant(np.array(device, np.uint32))],
+            {"direction": "EQ"},
+        )
+        cond = self.emit(
+            Opcode.CONDITIONAL,
+            instr.shape,
+            [here, packed, packed],
+            {
+                "true_computation": branch(f"{instr.name}_on_device_{device}", True),
+                "false_computation": branch(f"{instr.name}_elsewhere", False),
+            },
+            base=instr.name,
+        )
+        everyone = [list(range(self.n))]
+
+        def broadcast(value: HloInstruction) -> HloInstruction:
+            shape = value.shape
+            if shape.is_tuple:
+                parts = [
+                    broadcast(self.emit(Opcode.GET_TUPLE_ELEMENT, s, [value], {"index": i}))
+                    for i, s in enumerate(shape.tuple_shapes)
+                ]
+                return self.emit(Opcode.TUPLE, shape, parts)
+            if not shape.is_array:
+                return value
+            element = shape.element_type
+            if element.is_pred:
+                return self.all_reduce(value, everyone, self.reducer(Opcode.OR, PRED))
+            kind = _BITS.get(element.bits)
+            if element.is_complex or kind is None:  # adding zeros: exact but for -0.0
+                return self.all_reduce(value, everyone, self.adder(element))
+            bits = Shape.array(kind, shape.dims)
+            as_bits = self.emit(Opcode.BITCAST_CONVERT, bits, [value])
+            ored = self.all_reduce(as_bits, everyone, self.reducer(Opcode.OR, bits.element_type))
+            return self.emit(Opcode.BITCAST_CONVERT, shape, [ored])
+
+        self.report.native["maximal"] = self.report.native.get("maximal", 0) + 1
+        return Local(broadcast(cond), self.replicated_of(instr.shape))
+
+    def reducer(self, opcode: Opcode, element_type) -> HloComputation:
+        """A two-parameter scalar computation applying `opcode` (made once per type)."""
+        key = f"{opcode.text}_{element_type.text}"
+        if key not in self._adders:
+            scalar = Shape.scalar(element_type)
+            a = HloInstruction(self.namer.fresh("x"), Opcode.PARAMETER, scalar, parameter_number=0)
+            b = HloInstruction(self.namer.fresh("y"), Opcode.PARAMETER, scalar, parameter_number=1)
+            r = HloInstruction(self.namer.fresh(opcode.text), opcode, scalar, [a, b])
+            comp = HloComputation(self.namer.fresh(f"spmd_{key}"), [a, b, r], r)
+            self.module.add_computation(comp)
+            self._adders[key] = comp
+        return self._adders[key]
 
     def _manual_shardings(self, instr: HloInstruction, key: str, shapes: list[Shape]):
         """The per-value shardings of a Shardy region edge, restricted to its manual axes
@@ -1471,6 +1578,28 @@ class _Partitioner:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+_BITS = {8: "u8", 16: "u16", 32: "u32", 64: "u64"}
+
+
+def _zeros_like(shape: Shape, namer: NameUniquer, body: list[HloInstruction]) -> HloInstruction:
+    """Instructions (appended to `body`) making a value of `shape`: zeros, tokens from
+    after-all; returns the last one."""
+    if shape.is_tuple:
+        parts = [_zeros_like(s, namer, body) for s in shape.tuple_shapes]
+        made = HloInstruction(namer.fresh("tuple"), Opcode.TUPLE, shape, parts)
+    elif not shape.is_array:
+        made = HloInstruction(namer.fresh("after-all"), Opcode.AFTER_ALL, shape)
+    else:
+        lit = Literal.from_array(np.zeros((), shape.element_type.dtype))
+        zero = HloInstruction(namer.fresh("constant"), Opcode.CONSTANT, lit.shape, literal=lit)
+        body.append(zero)
+        made = HloInstruction(
+            namer.fresh("broadcast"), Opcode.BROADCAST, shape, [zero], {"dimensions": ()}
+        )
+    body.append(made)
+    return made
 
 
 def _is_sum(instr: HloInstruction) -> bool:

@@ -321,14 +321,15 @@ class Kernel:
 
     def wait(self) -> Kernel:
         """Block until the kernel's code is loaded (re-raising a compile failure)."""
-        if self._pending is not None:
-            _await_loaded(self._pending)
-            loaded = self._pending.result()
+        pending = self._pending  # read once: threads sharing the kernel may wait at once
+        if pending is not None:
+            _await_loaded(pending)
+            loaded = pending.result()
             self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
             n = len(self.signature.outputs) + len(self.signature.params)
             proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
             self._fn = proto(loaded.address)
-            self._future, self._pending = self._pending, None  # the future keeps the code
+            self._future, self._pending = pending, None  # the future keeps the code
         return self
 
     @property
