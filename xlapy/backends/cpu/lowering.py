@@ -19,7 +19,8 @@
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
 #   rng-bit-generator           native threefry / philox (codegen/emit_rng.py)
 #   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
-#                               directions, variadic) as a native scan (codegen/emit_scan.py)
+#                               directions, variadic) as a native scan (codegen/emit_scan.py),
+#                               other windows (pooling) as a native window (emit_window.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
 #   everything else             a fused or single-instruction kernel where the emitter
@@ -67,6 +68,12 @@ from xlapy.backends.cpu.codegen.emit_scan import (
     scan_signature,
 )
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
+from xlapy.backends.cpu.codegen.emit_window import (
+    emit_window,
+    window_description,
+    window_reason,
+    window_signature,
+)
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
@@ -419,6 +426,26 @@ def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, outputs, inputs)
 
 
+def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or window_reason(instr)
+    if reason is not None:
+        return reason
+    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    flush = lw.flush_denormals
+    try:
+        kernel = described_kernel(
+            window_description(instr, flush),
+            Signature(*window_signature(instr)),
+            symbol_name(instr.name),
+            functools.partial(emit_window, instr, flush),
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
+    return KernelThunk(instr, kernel, outputs, inputs)
+
+
 def _native_rng(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     reason = lw.failed.get(instr.name) or rng_reason(instr)
     if reason is not None:
@@ -533,7 +560,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.TOPK: (KERNEL, library(plan_topk)),
     Opcode.REDUCE_WINDOW: (
         Strategy("native scan", _native_scan),
-        KERNEL,
+        Strategy("native window", _native_window),
         library(plan_reduce_window),
     ),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
