@@ -21,6 +21,8 @@
 #   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
 #                               directions, variadic) as a native scan (codegen/emit_scan.py),
 #                               other windows (pooling) as a native window (emit_window.py)
+#   convolution                 a direct native kernel (codegen/emit_conv.py) run by the
+#                               library thunk, else its BLAS paths (runtime/conv_thunk.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
 #   everything else             a fused or single-instruction kernel where the emitter
@@ -49,6 +51,8 @@ from typing import Any
 
 from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
+from xlapy.backends.cpu.codegen.common import SYMBOL
+from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv, vector_shape
 from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
     LoopCall,
@@ -75,6 +79,7 @@ from xlapy.backends.cpu.codegen.emit_window import (
     window_signature,
 )
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
+from xlapy.backends.cpu.jit.engine import host_target
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     Signature,
@@ -94,7 +99,12 @@ from xlapy.backends.cpu.runtime.control_flow_thunk import (
     NativeLoop,
     WhileThunk,
 )
-from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
+from xlapy.backends.cpu.runtime.conv_thunk import (
+    ConvolutionThunk,
+    DirectKernel,
+    direct_geometry,
+    plan_convolution,
+)
 from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
 from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk, FfiCallThunk
 from xlapy.backends.cpu.runtime.dot_thunk import DotThunk, blas_dot_supported, plan_dot
@@ -446,6 +456,28 @@ def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, outputs, inputs)
 
 
+def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """The library convolution (runtime/conv_thunk.py), with a direct kernel compiled for
+    its geometry where it has one (codegen/emit_conv.py)."""
+    geometry = None if lw.failed.get(instr.name) else direct_geometry(instr)
+    if geometry is None or not lw.options.get("direct_convolutions", True):
+        return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+    conv = DirectConv(**geometry, **dict(zip(("vector", "registers"),
+                                             vector_shape(host_target().features))))  # fmt: skip
+    flush = lw.flush_denormals
+    try:
+        future = request_function(
+            conv.description(flush), functools.partial(emit_direct_conv, conv, flush), SYMBOL
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        lw.kernel_failed(instr.name, e)
+        return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+    direct = DirectKernel(functools.partial(function_address, future), conv.kernel_width,
+                          conv.extent)  # fmt: skip
+    planner = functools.partial(plan_convolution, direct=direct)
+    return library(planner, ConvolutionThunk).build(lw, instr, why)
+
+
 def _native_rng(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     reason = lw.failed.get(instr.name) or rng_reason(instr)
     if reason is not None:
@@ -564,7 +596,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
         library(plan_reduce_window),
     ),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
-    Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
+    Opcode.CONVOLUTION: (KERNEL, Strategy("convolution", _convolution)),
     Opcode.FFT: (Strategy("fft", _fft), RULE),
     Opcode.RNG_BIT_GENERATOR: (Strategy("native rng", _native_rng), RULE),
     Opcode.REPLICA_ID: (library(plan_device_id),),

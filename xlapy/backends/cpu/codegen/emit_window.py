@@ -5,7 +5,9 @@
 # row-major order of the window offsets, leaving out the ones that fall on padding or between
 # the elements of a base-dilated operand. The kernel does exactly that, so its results are
 # the rule's bit for bit (the reducer is inlined by call_scalar, which rounds f16 / bf16
-# after every op as the rule's NumPy types do): window offsets run in logical row-major order
+# after every op as the rule's NumPy types do; max / min are IEEE maximum / minimum as in
+# every kernel, so a NaN's payload and max(-0, +0) may differ from NumPy's): window offsets
+# run in logical row-major order
 # whatever the layout, and an offset is skipped where, along some dim, its position
 #
 #   p = o * stride + k * window_dilation - pad_low
