@@ -19,6 +19,7 @@ from test_cpu_conv import (
     no_gather_path,  # noqa: F401 (autouse fixture: the small cases keep their paths)
     random,
     test_convolution_gradients_match_interpreter,
+    use_blas_paths,
 )
 
 from xlapy.backends.cpu import lowering
@@ -41,6 +42,7 @@ def library_pooling(monkeypatch) -> None:
 @pytest.fixture
 def shift_everywhere(monkeypatch):
     """Make every eligible convolution take the shifted path; count the runs that took it."""
+    use_blas_paths(monkeypatch)
     monkeypatch.setattr(conv_thunk, "_SHIFT_MAX_FEATURES", 10**9)
     monkeypatch.setattr(conv_thunk, "_SHIFT_MAX_WASTE", 10**9)
     monkeypatch.setattr(conv_thunk, "_SHIFT_BLOCK_BYTES", 1)  # many small blocks
@@ -88,6 +90,7 @@ NATURAL = [
 
 @pytest.mark.parametrize("name,xdims,kdims,kw", NATURAL, ids=[c[0] for c in NATURAL])
 def test_shifted_at_natural_sizes(monkeypatch, name, xdims, kdims, kw):
+    use_blas_paths(monkeypatch)
     calls, body = [], conv_thunk._shifted
     monkeypatch.setattr(conv_thunk, "_shifted", lambda *a: calls.append(body(*a)))
     rng = np.random.default_rng(zlib.crc32(name.encode()))

@@ -227,6 +227,7 @@ ENTRY main {{
 def test_banded_convolution_split_within_batch_items(parts, shape, monkeypatch):
     """Fewer batch items than threads: a band-row convolution splits into (item, block of
     output rows) units, equal to the interpreter however they are cut."""
+    monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)  # the BLAS paths
     calls: list[int] = []
     monkeypatch.setattr(conv_thunk, "pool_size", lambda: 16)
     monkeypatch.setattr(conv_thunk, "split_run", _forced(parts, calls))
