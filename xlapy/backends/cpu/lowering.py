@@ -472,6 +472,7 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     except Exception as e:  # a code generator bug: loud (see the file comment)
         lw.kernel_failed(instr.name, e)
         return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+    lw.functions.append((instr.name, future))
     direct = DirectKernel(functools.partial(function_address, future), conv.kernel_width,
                           conv.extent)  # fmt: skip
     planner = functools.partial(plan_convolution, direct=direct)
@@ -648,6 +649,7 @@ class Lowering:
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
+        self.functions: list[tuple[str, Future]] = []  # other native code (direct convs)
         # while loops becoming native, inner loops before the loops around them:
         # thunk -> (its function's Future, its table's entries)
         self.native_loops: dict[WhileThunk, tuple[Future, list[Callable[[], int]]]] = {}
@@ -681,6 +683,11 @@ class Lowering:
                 kernel.wait()
             except Exception as e:  # a code generator bug: loud (see the file comment)
                 forget_kernel(kernel)
+                failed[name] = self.kernel_failed(name, e)
+        for name, future in self.functions:
+            try:
+                function_address(future)
+            except Exception as e:  # a code generator bug: loud (see the file comment)
                 failed[name] = self.kernel_failed(name, e)
         return failed
 
