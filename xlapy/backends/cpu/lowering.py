@@ -462,8 +462,8 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     geometry = None if lw.failed.get(instr.name) else direct_geometry(instr)
     if geometry is None or not lw.options.get("direct_convolutions", True):
         return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
-    conv = DirectConv(**geometry, **dict(zip(("vector", "registers"),
-                                             vector_shape(host_target().features))))  # fmt: skip
+    vector, registers = vector_shape(host_target().features)
+    conv = DirectConv(**geometry, vector=vector, registers=registers)
     flush = lw.flush_denormals
     try:
         future = request_function(

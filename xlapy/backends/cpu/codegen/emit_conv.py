@@ -108,7 +108,7 @@ class _ConvEmitter(KernelEmitter):
         fma_type = ir.FunctionType(self.vty, [self.vty] * 3)
         self.fma = ir.Function(self.module, fma_type, f"llvm.fma.v{conv.vector}f32")
 
-    def emit(self) -> str:
+    def emit_ir(self) -> str:
         cv = self.conv
         fn, body = self.begin_function(["out", "x", "w"], set())
         b = self.b
@@ -195,4 +195,4 @@ class _ConvEmitter(KernelEmitter):
 
 def emit_direct_conv(conv: DirectConv, flush_denormals: bool = True) -> str:
     """The LLVM IR of a direct convolution kernel for `conv` (see the file comment)."""
-    return _ConvEmitter(conv, flush_denormals).emit()
+    return _ConvEmitter(conv, flush_denormals).emit_ir()

@@ -80,6 +80,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -398,7 +399,7 @@ class DirectKernel:
 _DIRECT_MIN_FEATURES = 4  # fewer output features waste most of each vector register
 
 
-def direct_geometry(instr: HloInstruction) -> dict | None:
+def direct_geometry(instr: HloInstruction) -> dict[str, Any] | None:
     """The geometry of a direct kernel for `instr` (emit_conv.DirectConv's fields but the
     target's vector shape), or None where the direct path does not apply (see the file
     comment)."""
