@@ -828,6 +828,54 @@ def _():
     )
 
 
+# untuned conv / pooling programs (added with the direct kernels; not used to tune them)
+@program("conv2d_depthwise_3x3")
+def _():
+    def depthwise(x, w):
+        return lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=x.shape[-1],
+        )  # fmt: skip
+
+    return depthwise, lambda rng, s: (
+        normal(rng, (8, s.image, s.image, 64)),
+        normal(rng, (3, 3, 1, 64), scale=0.3),
+    )
+
+
+@program("conv2d_1x1_wide")
+def _():
+    return conv, lambda rng, s: (
+        normal(rng, (8, s.image // 2, s.image // 2, 256)),
+        normal(rng, (1, 1, 256, 256), scale=0.05),
+    )
+
+
+@program("avgpool_strided_3x3")
+def _():
+    def avgpool(x):
+        return lax.reduce_window(x, 0.0, lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME") / 9
+
+    return avgpool, one(lambda s: (16, s.image * 2, s.image * 2, 32))
+
+
+@program("conv2d_resnet_block")
+def _():
+    def block(p, x):
+        h = jax.nn.relu(conv(x, p["a"]))
+        h = conv(h, p["b"])
+        return jax.nn.relu(h + x)
+
+    def args(rng, s):
+        p = {
+            "a": normal(rng, (3, 3, 32, 32), scale=0.06),
+            "b": normal(rng, (3, 3, 32, 32), scale=0.06),
+        }
+        return p, normal(rng, (4, s.image, s.image, 32))
+
+    return block, args
+
+
 @program("threefry_normal")
 def _():
     def normals(key, like):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from xlapy.backends.cpu import lowering
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.cpu.runtime import conv_thunk, dot_thunk
 from xlapy.backends.cpu.runtime.conv_thunk import plan_convolution
@@ -28,6 +29,17 @@ def no_gather_path(monkeypatch):
     """These small test convolutions would all take the gather path
     (test_cpu_conv_gather.py checks it); here they exercise the paths for larger ones."""
     monkeypatch.setattr(conv_thunk, "_GATHER_MAX", 0)
+
+
+def use_blas_paths(monkeypatch) -> None:
+    """Convolutions take conv_thunk's BLAS paths, not a direct kernel (codegen/emit_conv.py,
+    which takes every f32 two-dimensional ungrouped convolution first)."""
+    monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)
+
+
+@pytest.fixture
+def blas_paths(monkeypatch):
+    use_blas_paths(monkeypatch)
 
 
 BF16 = ml_dtypes.bfloat16
@@ -146,8 +158,11 @@ CONVS = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "blas"])
 @pytest.mark.parametrize("name,xdims,kdims,dtype,f", CONVS, ids=[c[0] for c in CONVS])
-def test_convolution_matches_interpreter(name, xdims, kdims, dtype, f):
+def test_convolution_matches_interpreter(monkeypatch, name, xdims, kdims, dtype, f, direct):
+    if not direct:
+        use_blas_paths(monkeypatch)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     x, k = random(rng, xdims, dtype), random(rng, kdims, dtype)
     check(f, x, k, opcode=Opcode.CONVOLUTION, scale=4.0)
@@ -175,6 +190,7 @@ GRADS = [
     "name,xdims,kdims,strides,padding,groups", GRADS, ids=[g[0] for g in GRADS]
 )
 def test_convolution_gradients_match_interpreter(name, xdims, kdims, strides, padding, groups):
+    """(The direct kernels where they apply; the BLAS paths' tests call this too.)"""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     x, k = random(rng, xdims, np.float32), random(rng, kdims, np.float32)
 
@@ -295,6 +311,7 @@ ENTRY e {
 def bands_everywhere(monkeypatch):
     """Make every eligible convolution take the band-row path, however small, its products
     split into blocks of a few output rows."""
+    use_blas_paths(monkeypatch)
     monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 1)
     monkeypatch.setattr(conv_thunk, "_BAND_MIN_ROWS", 1)
     monkeypatch.setattr(conv_thunk, "_BAND_BLOCK_ROWS", 7)
@@ -320,6 +337,7 @@ def test_band_rows_gradients_match_interpreter(
 def test_kept_buffers_give_fresh_results_each_run(monkeypatch, banded):
     """Work buffers live across runs: a second run on other inputs (padding and base
     dilation leave zeros that must stay zero) matches the interpreter again."""
+    use_blas_paths(monkeypatch)
     if not banded:
         monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 10**9)
     f = conv("NHWC", "HWIO", window_strides=(1, 1), padding=((2, 1), (1, 2)), lhs_dilation=(2, 1))
@@ -340,6 +358,7 @@ def test_kept_buffers_give_fresh_results_each_run(monkeypatch, banded):
 def reduce_everywhere(monkeypatch):
     """Make every eligible convolution take the long-contraction path, however small; count
     the runs that took it."""
+    use_blas_paths(monkeypatch)
     monkeypatch.setattr(conv_thunk, "_REDUCE_MIN_WINDOW", 1)
     monkeypatch.setattr(conv_thunk, "_BAND_MIN_DEPTH", 10**9)
     calls, body = [], conv_thunk._reducing
@@ -392,6 +411,7 @@ FILTER_GRADS = [
 )
 def test_filter_gradient_shapes_take_long_contractions(monkeypatch, name, xdims, kdims, specs,
                                                        dtype, kw):  # fmt: skip
+    use_blas_paths(monkeypatch)
     calls, body = [], conv_thunk._reducing
     monkeypatch.setattr(conv_thunk, "_reducing", lambda *a: calls.append(body(*a)))
     rng = np.random.default_rng(zlib.crc32(name.encode()))

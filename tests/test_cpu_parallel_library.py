@@ -15,8 +15,10 @@ import pytest
 from jax import lax
 
 import xlapy
+from xlapy.backends.cpu import lowering
 from xlapy.backends.cpu.runtime import conv_thunk, pool, window_thunk
 from xlapy.backends.interpreter import evaluate
+from xlapy.ir.opcodes import Opcode
 
 
 def _maxpool(x):
@@ -44,6 +46,14 @@ CASES = {
     "conv": _conv,
 }
 SHAPES = [(1, 5, 6, 3), (3, 7, 9, 2), (5, 8, 8, 4), (7, 17, 16, 5)]
+
+
+def library_pooling(monkeypatch) -> None:
+    """Pooling reduce-windows take the library path split here, not the native kernel
+    (codegen/emit_window.py, split through its row range: tests/test_cpu_window_kernel.py)."""
+    strategies = lowering.LOWERING[Opcode.REDUCE_WINDOW]
+    kept = tuple(s for s in strategies if s.name != "native window")
+    monkeypatch.setitem(lowering.LOWERING, Opcode.REDUCE_WINDOW, kept)
 
 
 def _forced(parts: int, calls: list[int] | None = None):
@@ -78,6 +88,7 @@ def _check(name, got, want):
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_split_library_thunks_match_the_interpreter(name, parts, monkeypatch):
+    library_pooling(monkeypatch)
     calls: list[int] = []
     monkeypatch.setattr(window_thunk, "split_over", _forced(parts, calls))
     monkeypatch.setattr(conv_thunk, "split_run", _forced(parts, calls))
@@ -91,6 +102,7 @@ def test_split_library_thunks_match_the_interpreter(name, parts, monkeypatch):
 
 def test_threads_running_split_programs_at_once(monkeypatch):
     """8 Python threads execute programs whose thunks all split over the same pool."""
+    library_pooling(monkeypatch)
     monkeypatch.setattr(window_thunk, "split_over", _forced(3))
     monkeypatch.setattr(conv_thunk, "split_run", _forced(3))
     names = sorted(CASES)
@@ -215,6 +227,7 @@ ENTRY main {{
 def test_banded_convolution_split_within_batch_items(parts, shape, monkeypatch):
     """Fewer batch items than threads: a band-row convolution splits into (item, block of
     output rows) units, equal to the interpreter however they are cut."""
+    monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)  # the BLAS paths
     calls: list[int] = []
     monkeypatch.setattr(conv_thunk, "pool_size", lambda: 16)
     monkeypatch.setattr(conv_thunk, "split_run", _forced(parts, calls))

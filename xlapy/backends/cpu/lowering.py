@@ -19,7 +19,10 @@
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
 #   rng-bit-generator           native threefry / philox (codegen/emit_rng.py)
 #   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
-#                               directions, variadic) as a native scan (codegen/emit_scan.py)
+#                               directions, variadic) as a native scan (codegen/emit_scan.py),
+#                               other windows (pooling) as a native window (emit_window.py)
+#   convolution                 a direct native kernel (codegen/emit_conv.py) run by the
+#                               library thunk, else its BLAS paths (runtime/conv_thunk.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
 #   everything else             a fused or single-instruction kernel where the emitter
@@ -49,6 +52,8 @@ from typing import Any
 
 from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
+from xlapy.backends.cpu.codegen.common import SYMBOL
+from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv, vector_shape
 from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
     LoopCall,
@@ -68,7 +73,14 @@ from xlapy.backends.cpu.codegen.emit_scan import (
     scan_signature,
 )
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
+from xlapy.backends.cpu.codegen.emit_window import (
+    emit_window,
+    window_description,
+    window_reason,
+    window_signature,
+)
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
+from xlapy.backends.cpu.jit.engine import host_target
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     Signature,
@@ -88,7 +100,12 @@ from xlapy.backends.cpu.runtime.control_flow_thunk import (
     NativeLoop,
     WhileThunk,
 )
-from xlapy.backends.cpu.runtime.conv_thunk import ConvolutionThunk, plan_convolution
+from xlapy.backends.cpu.runtime.conv_thunk import (
+    ConvolutionThunk,
+    DirectKernel,
+    direct_geometry,
+    plan_convolution,
+)
 from xlapy.backends.cpu.runtime.copy_thunk import CopyThunk
 from xlapy.backends.cpu.runtime.custom_call_thunk import CustomCallThunk, FfiCallThunk
 from xlapy.backends.cpu.runtime.dot_thunk import (
@@ -457,6 +474,49 @@ def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return KernelThunk(instr, kernel, outputs, inputs)
 
 
+def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    reason = lw.failed.get(instr.name) or window_reason(instr)
+    if reason is not None:
+        return reason
+    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
+    inputs = [lw.slice_at(o) for o in instr.operands]
+    flush = lw.flush_denormals
+    try:
+        kernel = described_kernel(
+            window_description(instr, flush),
+            Signature(*window_signature(instr)),
+            symbol_name(instr.name),
+            functools.partial(emit_window, instr, flush),
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
+    return KernelThunk(instr, kernel, outputs, inputs)
+
+
+def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """The library convolution (runtime/conv_thunk.py), with a direct kernel compiled for
+    its geometry where it has one (codegen/emit_conv.py)."""
+    geometry = None if lw.failed.get(instr.name) else direct_geometry(instr)
+    if geometry is None or not lw.options.get("direct_convolutions", True):
+        return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+    vector, registers = vector_shape(host_target().features)
+    conv = DirectConv(**geometry, vector=vector, registers=registers)
+    flush = lw.flush_denormals
+    try:
+        future = request_function(
+            conv.description(flush), functools.partial(emit_direct_conv, conv, flush), SYMBOL
+        )
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        lw.kernel_failed(instr.name, e)
+        return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+    lw.functions.append((instr.name, future))
+    direct = DirectKernel(functools.partial(function_address, future), conv.kernel_width,
+                          conv.extent)  # fmt: skip
+    planner = functools.partial(plan_convolution, direct=direct)
+    return library(planner, ConvolutionThunk).build(lw, instr, why)
+
+
 def _native_rng(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     reason = lw.failed.get(instr.name) or rng_reason(instr)
     if reason is not None:
@@ -571,11 +631,11 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.TOPK: (KERNEL, library(plan_topk)),
     Opcode.REDUCE_WINDOW: (
         Strategy("native scan", _native_scan),
-        KERNEL,
+        Strategy("native window", _native_window),
         library(plan_reduce_window),
     ),
     Opcode.SELECT_AND_SCATTER: (KERNEL, library(plan_select_and_scatter)),
-    Opcode.CONVOLUTION: (KERNEL, library(plan_convolution, ConvolutionThunk)),
+    Opcode.CONVOLUTION: (KERNEL, Strategy("convolution", _convolution)),
     Opcode.FFT: (Strategy("fft", _fft), RULE),
     Opcode.RNG_BIT_GENERATOR: (Strategy("native rng", _native_rng), RULE),
     Opcode.REPLICA_ID: (library(plan_device_id),),
@@ -627,6 +687,7 @@ class Lowering:
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
+        self.functions: list[tuple[str, Future]] = []  # other native code (direct convs)
         # while loops becoming native, inner loops before the loops around them:
         # thunk -> (its function's Future, its plan)
         self.native_loops: dict[WhileThunk, tuple[Future, NativeLoopPlan]] = {}
@@ -667,6 +728,11 @@ class Lowering:
                 kernel.wait()
             except Exception as e:  # a code generator bug: loud (see the file comment)
                 forget_kernel(kernel)
+                failed[name] = self.kernel_failed(name, e)
+        for name, future in self.functions:
+            try:
+                function_address(future)
+            except Exception as e:  # a code generator bug: loud (see the file comment)
                 failed[name] = self.kernel_failed(name, e)
         return failed
 

@@ -51,6 +51,18 @@
 # (one zero appended, which padded positions index), three np.take gathers and one batched
 # matmul, 20-40 us.
 #
+# Direct kernels: a float convolution with two spatial dims, one group and f32 work takes,
+# after the gather path (whose few NumPy calls cost less than the set-up below) and before
+# all the others, a native kernel the driver compiled for its geometry
+# (codegen/emit_conv.py: output features in vector registers, tiles of output positions,
+# the reduction over window and input features in registers; no im2col, no BLAS). A run
+# writes the padded input (as above; none when the input is already row-major f32 without
+# padding) and the kernel with its output features padded to whole vectors (kept buffers),
+# then runs the kernel's tiles of output positions, every output row cut into tiles, over
+# the native pool (runtime/native_pool.py): Nb x O0 x tiles units, so 16 threads get even
+# work from one batch item on. Each output element is summed in one fixed order by one
+# tile, so the result is the same bits at any thread count.
+#
 # Work buffers (the padded input, the im2col and band blocks) are kept between runs, one set
 # per thread: the padding stays zero, and no run faults in fresh pages.
 #
@@ -62,9 +74,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -77,7 +93,8 @@ from xlapy.backends.cpu.runtime.dot_thunk import (
     supported_types,
     work_dtype,
 )
-from xlapy.backends.cpu.runtime.pool import pool_size
+from xlapy.backends.cpu.runtime.native_pool import native_pool
+from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
 from xlapy.backends.cpu.runtime.thunk import NS_PER_FLOP
 from xlapy.backends.interpreter.rules.contraction import accumulation_dtype, window_output_size
@@ -368,8 +385,98 @@ def _small_float(geo: _Geometry, instr: HloInstruction):
     return run
 
 
-def plan_convolution(instr: HloInstruction):
-    """A fast convolution (see the file comment), or None when the rule should run."""
+@dataclass(frozen=True, slots=True)
+class DirectKernel:
+    """A direct convolution kernel the driver compiled (codegen/emit_conv.py): `address()`
+    answers its entry (waiting for the compile), `width` is the kernel buffer's padded
+    output features, `extent` its outer range (tiles of output positions)."""
+
+    address: Callable[[], int]
+    width: int
+    extent: int
+
+
+_DIRECT_MIN_FEATURES = 4  # fewer output features waste most of each vector register
+
+
+def direct_geometry(instr: HloInstruction) -> dict[str, Any] | None:
+    """The geometry of a direct kernel for `instr` (emit_conv.DirectConv's fields but the
+    target's vector shape), or None where the direct path does not apply (see the file
+    comment)."""
+    if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
+        return None
+    labels, window = instr.attrs.get("dim_labels"), instr.attrs.get("window")
+    if labels is None or window is None or len(window.dims) != 2 or len(labels.input_spatial) != 2:
+        return None
+    if any(0 in s for s in (instr.shape.dims, *(op.shape.dims for op in instr.operands))):
+        return None
+    operands = [np.empty(0, op.shape.dtype) for op in instr.operands]
+    if accumulation_dtype(instr.shape.element_type, *operands) != np.float32:
+        return None
+    geo = _Geometry(instr, labels, window)
+    if geo.g != 1 or geo.og < _DIRECT_MIN_FEATURES:
+        return None
+    return {
+        "nb": geo.nb,
+        "padded": tuple(geo.padded),
+        "channels": geo.cg,
+        "outs": tuple(geo.outs),
+        "ksizes": tuple(geo.ksizes),
+        "strides": tuple(d.stride for d in geo.dims),
+        "dilations": tuple(d.window_dilation for d in geo.dims),
+        "features": geo.og,
+        "ldo": geo.og,
+    }
+
+
+_PROTO = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3), ctypes.c_int64, ctypes.c_int64)
+_DIRECT_SPLIT_FLOPS = 1 << 20  # smaller convolutions run whole on the calling thread
+_BLOCKS_PER_THREAD = 4  # native pool blocks per thread: threads that finish early take more
+
+
+def _direct(geo: _Geometry, kernel: DirectKernel, flops: float):
+    """The run of a direct kernel (see the file comment)."""
+    fn: list = []  # the entry as a ctypes function, made on the first run
+
+    def body(x, k, out, acc, work, result, scratch: _Scratch) -> None:
+        if not fn:
+            fn.append(_PROTO(kernel.address()))
+        p = geo.padded_input(geo.grouped_input(x), work, scratch)[0]  # [Nb, P0, P1, Cg]
+        if not p.flags.c_contiguous:
+            p = _ordered(scratch, "direct_input", p.shape, work, (), False, p)
+        # the kernel [K0, K1, Cg, width]: features past Og stay zero
+        w = scratch.get("direct_kernel", (*geo.ksizes, geo.cg, kernel.width), work, zero=True)
+        np.copyto(w[..., : geo.og], geo.kernel(k)[0], casting="unsafe")
+        canon = geo.output(out)  # [Nb, O0, O1, Og]
+        direct = canon.dtype == work and canon.flags.c_contiguous
+        target = canon if direct else scratch.get("direct_out", canon.shape, work)
+        ptrs = [target.ctypes.data, p.ctypes.data, w.ctypes.data]
+        run_tiles(fn[0], ptrs, kernel.extent, flops)
+        if not direct:
+            _store(canon, target, acc, result)
+
+    return body
+
+
+def run_tiles(fn, ptrs: list[int], extent: int, flops: float) -> None:
+    """A direct kernel `fn` over its tiles [0, extent): whole when small or with one thread,
+    else in even blocks over the native pool (the Python pool without one)."""
+    threads = pool_size()
+    if flops < _DIRECT_SPLIT_FLOPS or threads < 2 or extent < 2:
+        fn(*ptrs, 0, extent)
+        return
+    blocks = min(extent, threads * _BLOCKS_PER_THREAD)
+    native = native_pool()
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    if native is not None and address:
+        native.run(address, ptrs, extent, blocks)
+        return
+    run_blocks(lambda lo, hi: fn(*ptrs, lo, hi), even_blocks(extent, blocks))
+
+
+def plan_convolution(instr: HloInstruction, direct: DirectKernel | None = None):
+    """A fast convolution (see the file comment), or None when the rule should run.
+    `direct`: the direct kernel the driver compiled for `instr` (direct_geometry), if any."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
         return None
     labels, window = instr.attrs.get("dim_labels"), instr.attrs.get("window")
@@ -384,6 +491,14 @@ def plan_convolution(instr: HloInstruction):
     gathered = _small_float(geo, instr)
     if gathered is not None:
         return gathered
+    if direct is not None:
+        return _planned(geo, result, _direct(geo, direct, convolution_flops(instr)))
+    return _planned(geo, result, None)
+
+
+def _planned(geo: _Geometry, result, only):
+    """The run of a convolution: `only` (a path's body) when given, else the path the
+    geometry picks (banded, reducing, shifted, depthwise, im2col)."""
     body = _depthwise if geo.depthwise else _im2col
     scratch = _Scratch()
 
@@ -393,7 +508,9 @@ def plan_convolution(instr: HloInstruction):
             return False
         acc = accumulation_dtype(result, x, k)
         work = work_dtype(acc, x, k, geo.pwin * geo.cg)
-        if geo.banded and raw_gemm(work) is not None:
+        if only is not None:
+            only(x, k, out, acc, work, result, scratch)
+        elif geo.banded and raw_gemm(work) is not None:
             _banded(geo, x, k, out, acc, work, result, scratch)
         elif geo.reducing and raw_gemm(work) is not None:
             _reducing(geo, x, k, out, acc, work, result, scratch)

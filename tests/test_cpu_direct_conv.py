@@ -1,0 +1,201 @@
+"""Direct convolution kernels (codegen/emit_conv.py, run by conv_thunk.py's `_direct`)
+against the interpreter: output features that fill whole vectors, part of one, several
+blocks; rows whose last tile is short; strides, window and base dilation, padding (negative
+too), window reversal, NCHW / OIHW layouts, a result laid out otherwise (staged), f16 / bf16
+operands, training-step gradients; every case checks the direct kernel ran. Then the split:
+tile counts and even blocks for 16 threads from batch 1 on, and the same bits at
+XLAPY_NUM_THREADS=1, 2, 3 and 16 (one subprocess each)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+
+from xlapy.backends.cpu.codegen.emit_conv import DirectConv
+from xlapy.backends.cpu.runtime import conv_thunk
+from xlapy.backends.cpu.runtime.conv_thunk import direct_geometry
+from xlapy.backends.cpu.runtime.pool import even_blocks
+from xlapy.ir.parser import parse_module
+
+pytestmark = pytest.mark.usefixtures("kernel_cache")
+
+BF16 = ml_dtypes.bfloat16
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def direct_runs(monkeypatch):
+    """No gather path (these convolutions are small); count the direct kernels' runs."""
+    monkeypatch.setattr(conv_thunk, "_GATHER_MAX", 0)
+    calls: list[int] = []
+    tiles = conv_thunk.run_tiles
+    monkeypatch.setattr(conv_thunk, "run_tiles",
+                        lambda fn, p, n, f: calls.append(n) or tiles(fn, p, n, f))  # fmt: skip
+    return calls
+
+
+def conv(lhs="NHWC", rhs="HWIO", out=None, **kw):
+    return lambda x, k: lax.conv_general_dilated(x, k, dimension_numbers=(lhs, rhs, out or lhs),
+                                                 **kw)  # fmt: skip
+
+
+# (name, lhs dims, rhs dims, dtype, function)
+CASES = [
+    ("one_vector", (2, 9, 11, 3), (3, 3, 3, 8), np.float32, conv(window_strides=(1, 1),
+                                                                   padding="SAME")),
+    ("part_vector", (2, 9, 11, 5), (3, 3, 5, 5), np.float32, conv(window_strides=(1, 1),
+                                                                    padding="SAME")),
+    ("two_blocks_tail", (1, 7, 30, 6), (3, 3, 6, 70), np.float32, conv(window_strides=(1, 1),
+                                                                         padding="VALID")),
+    ("wide_strided", (2, 17, 19, 4), (5, 5, 4, 32), np.float32, conv(window_strides=(2, 2),
+                                                                       padding="SAME")),
+    ("window_dilation", (1, 13, 12, 3), (3, 2, 3, 12), np.float32,
+     conv(window_strides=(1, 2), padding=((2, 1), (0, 3)), rhs_dilation=(2, 3))),
+    ("base_dilation", (2, 6, 5, 4), (3, 3, 4, 9), np.float32,
+     conv(window_strides=(1, 1), padding=((2, 2), (1, 2)), lhs_dilation=(2, 2))),
+    ("negative_padding", (2, 8, 8, 3), (3, 3, 3, 6), np.float32,
+     conv(window_strides=(1, 1), padding=((-1, 2), (1, -2)))),
+    ("nchw_oihw", (2, 3, 10, 9), (7, 3, 3, 2), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
+    ("staged_result", (2, 8, 9, 3), (3, 3, 3, 10), np.float32,
+     conv("NHWC", "HWIO", "NCHW", window_strides=(1, 1), padding="SAME")),
+    ("f16", (2, 8, 9, 3), (3, 3, 3, 10), np.float16, conv(window_strides=(1, 1), padding="SAME")),
+    ("bf16", (2, 8, 9, 3), (3, 3, 3, 10), BF16, conv(window_strides=(1, 1), padding="SAME")),
+    ("bf16_to_f32", (2, 8, 9, 3), (3, 3, 3, 10), BF16,
+     conv(window_strides=(1, 1), padding="SAME", preferred_element_type=jnp.float32)),
+    ("one_column", (3, 9, 1, 4), (3, 1, 4, 16), np.float32, conv(window_strides=(1, 1),
+                                                                   padding="SAME")),
+]  # fmt: skip
+TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
+
+
+def _check(f, x, k, direct_runs):
+    from xlapy.backends.cpu.backend import CpuProgram
+    from xlapy.backends.interpreter import evaluate
+
+    text = jax.jit(f).lower(x, k).as_text(dialect="hlo")
+    program = CpuProgram(parse_module(text))
+    got = program.run([x, k])
+    want = evaluate(parse_module(text), [x, k])
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        tol = TOL[g.dtype] * 4
+        mag = max(1.0, float(np.max(np.abs(w.astype(np.float64)))))
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
+                                   atol=tol * mag)  # fmt: skip
+    assert direct_runs, "no direct kernel ran"
+
+
+def _random(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("name,xdims,kdims,dtype,f", CASES, ids=[c[0] for c in CASES])
+def test_direct_convolution_matches_interpreter(direct_runs, name, xdims, kdims, dtype, f):
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    x, k = _random(rng, xdims, dtype), _random(rng, kdims, dtype)
+    _check(f, x, k, direct_runs)
+
+
+def test_window_reversal_transposed_kernel(direct_runs):
+    rng = np.random.default_rng(4)
+    x, k = _random(rng, (2, 5, 6, 4), np.float32), _random(rng, (3, 3, 8, 4), np.float32)
+
+    def f(x, k):
+        return lax.conv_transpose(x, k, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                  transpose_kernel=True)  # fmt: skip
+
+    _check(f, x, k, direct_runs)
+
+
+def test_training_step_gradients(direct_runs):
+    """Forward, input gradient (reversed kernel, base dilation) and filter gradient (batch
+    and features swapped, an image-sized window) of a strided convolution."""
+    rng = np.random.default_rng(5)
+    x, k = _random(rng, (2, 9, 9, 4), np.float32), _random(rng, (3, 3, 4, 8), np.float32)
+
+    def loss(x, k):
+        y = lax.conv_general_dilated(x, k, (2, 2), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.sum(jnp.tanh(y))
+
+    _check(jax.grad(loss, argnums=(0, 1)), x, k, direct_runs)
+    assert len(direct_runs) >= 2
+
+
+def _geometry(xdims, kdims, **kw):
+    x, k = np.zeros(xdims, np.float32), np.zeros(kdims, np.float32)
+    text = jax.jit(conv(**kw)).lower(x, k).as_text(dialect="hlo")
+    (instr,) = [i for i in parse_module(text).entry.instructions if i.opcode.text == "convolution"]
+    found = direct_geometry(instr)
+    assert found is not None
+    return DirectConv(**found, vector=8, registers=16)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 8])
+def test_tiles_split_evenly_over_16_threads_from_batch_1(batch):
+    """The benchmark's conv2d_3x3 layer at batch 1-8: at least 4 tiles per thread of 16, and
+    blocks of the native pool (_BLOCKS_PER_THREAD per thread) within one tile of each other
+    (every tile but a row's last one does the same work)."""
+    cv = _geometry((batch, 32, 32, 16), (3, 3, 16, 32), window_strides=(1, 1), padding="SAME")
+    assert cv.extent == batch * 32 * cv.tiles_per_row
+    assert cv.extent >= 16 * 4
+    blocks = min(cv.extent, 16 * conv_thunk._BLOCKS_PER_THREAD)
+    sizes = [hi - lo for lo, hi in even_blocks(cv.extent, blocks)]
+    assert len(sizes) == blocks and max(sizes) - min(sizes) <= 1
+    # the kernel's registers: R x NV accumulators, NV kernel vectors and a broadcast fit 16
+    assert cv.tile * cv.block + cv.block + 1 <= cv.registers
+
+
+_CHILD = """
+import hashlib, sys
+import numpy as np, jax, jax.numpy as jnp
+from jax import lax
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.ir.parser import parse_module
+def f(x, k):
+    y = lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+    return jnp.sum(y ** 2)
+rng = np.random.default_rng(17)
+x = rng.standard_normal((2, 24, 20, 8)).astype(np.float32)
+k = rng.standard_normal((3, 3, 8, 24)).astype(np.float32)
+text = jax.jit(jax.grad(f, argnums=(0, 1))).lower(x, k).as_text(dialect="hlo")
+program = CpuProgram(parse_module(text))
+digest = hashlib.sha256()
+for _ in range(3):  # the first run splits (SplitChoice's warm-up), later ones choose
+    for leaf in program.run([x, k]):
+        digest.update(np.ascontiguousarray(leaf).tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_same_bits_at_any_thread_count(tmp_path):
+    """A training step's convolutions and pooling (forward and gradients) in processes with
+    1, 2, 3 and 16 threads: the same bits (each output element is summed by one tile in one
+    order, and pooling rows are independent)."""
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    digests = {}
+    for threads in (1, 2, 3, 16):
+        env = dict(
+            os.environ,
+            XLAPY_NUM_THREADS=str(threads),
+            JAX_PLATFORMS="cpu",
+            PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        )
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        digests[threads] = done.stdout.split()[-1]
+    assert len(set(digests.values())) == 1, digests
