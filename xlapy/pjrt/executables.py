@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from xlapy.ir.shapes import Shape
 from xlapy.pjrt.abi import ffi
 from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer
@@ -68,12 +70,16 @@ class ExecInfo:
         self.client = client
         self.name = cstr(executable.name)
         self.fingerprint = cstr(executable.fingerprint)
-        leaves = [s for _, s in executable.output_shape.leaves() if s.is_array]
+        # Token outputs count, as XLA's do: JAX's ordered effects thread a token through
+        # main (`!stablehlo.token {jax.token = true}`) and take it back as an output.
+        leaves = [s for _, s in executable.output_shape.leaves() if s.is_array or s.is_token]
         self.outputs: list[Shape] = leaves
+        self.token_outputs = tuple(i for i, s in enumerate(leaves) if s.is_token)
+        """Positions of token outputs (the runtime returns the array outputs only)."""
         self.types = ffi.new("int[]", [BUFFER_TYPE_OF[s.element_type] for s in leaves] or [0])
-        dims = [d for s in leaves for d in s.dims]
-        self.dims = ffi.new("int64_t[]", dims or [0])
-        self.dim_sizes = ffi.new("size_t[]", [len(s.dims) for s in leaves] or [0])
+        shapes = [s.dims if s.is_array else () for s in leaves]
+        self.dims = ffi.new("int64_t[]", [d for dims in shapes for d in dims] or [0])
+        self.dim_sizes = ffi.new("size_t[]", [len(dims) for dims in shapes] or [0])
         self.devices = [client.device_of(d) for d in executable.addressable_devices]
         self.device_ptrs = ffi.new("PJRT_Device *[]", [d.ptr for d in self.devices])
         assignment = executable.device_assignment
@@ -459,11 +465,12 @@ def _loaded_execute(args):
         outputs = executable.execute_inline(_arguments(args.argument_lists[0], args.num_args))
         if outputs is not None:  # the common call, run already (see runtime.execution)
             row, make = args.output_lists[0], info.output_buffer
-            for i, out in enumerate(outputs):
-                row[i] = make(out)
             events = args.device_complete_events
             if events != ffi.NULL:  # the outputs of an inline run share one future
-                events[0] = PEvent.of(outputs[0].ready())
+                events[0] = PEvent.of(outputs[0].ready() if outputs else COMPLETED)
+            outputs = _with_tokens(info, outputs, executable.addressable_devices[0])
+            for i, out in enumerate(outputs):
+                row[i] = make(out)
             return
     lists = [_arguments(args.argument_lists[d], args.num_args) for d in range(args.num_devices)]
     donate = info.donated
@@ -480,8 +487,11 @@ def _loaded_execute(args):
             results = [executable.execute_portable(lists[0], device, donate=donate)]
         else:
             results = [executable.execute_sharded(lists[0], device, donate=donate)]
+        devices = [device]
     else:
         results = executable.execute(lists, donate=donate)
+        devices = executable.addressable_devices
+    results = [_with_tokens(info, out, device) for out, device in zip(results, devices)]
     client = info.client
     events = args.device_complete_events
     for d, outputs in enumerate(results):
@@ -490,6 +500,21 @@ def _loaded_execute(args):
             row[i] = PBuffer(out, client).c
         if events != ffi.NULL:
             events[d] = PEvent.of(_all_ready(outputs))
+
+
+def _with_tokens(info: ExecInfo, outputs: list[Buffer], device) -> list[Buffer]:
+    """`outputs` (the array outputs of one device's run) with a buffer for each token
+    output in its place: an empty bool array, the value JAX itself uses for a token."""
+    if not info.token_outputs:
+        return outputs
+    arrays = iter(outputs)
+    tokens = set(info.token_outputs)
+    client = info.client.client
+    empty = np.zeros(0, np.bool_)
+    return [
+        client.buffer_from_pyval(empty, device) if i in tokens else next(arrays)
+        for i in range(len(info.outputs))
+    ]
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:
