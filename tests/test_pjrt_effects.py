@@ -66,3 +66,33 @@ def test_compiled_output_count_includes_tokens():
     compiled = jax.jit(program).lower(np.float32(1), np.float32(2)).compile()
     kinds = compiled.runtime_executable().get_output_memory_kinds()
     assert len(kinds[0]) == 3  # the effect's token, then the two results
+
+
+# -- outputs in another memory: out_shardings with memory_kind="pinned_host" -------------
+
+
+def test_outputs_land_in_the_memory_kind_jax_asks_for():
+    """`jax.jit(..., out_shardings=...memory_kind="pinned_host")`: the plugin used to put
+    every output in device memory, and JAX stopped with "Unexpected XLA sharding override"
+    (found by JAX's memories_test `compute_on2_out_mem_space`)."""
+    from jax.sharding import SingleDeviceSharding
+
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    want = []
+    for device in (CPU, XLAPY):
+        host = SingleDeviceSharding(device, memory_kind="pinned_host")
+        here = SingleDeviceSharding(device, memory_kind="device")
+        f = jax.jit(lambda a: (a * 2.0, a.sum(0)), out_shardings=(host, here))
+        doubled, total = f(jax.device_put(x, device))
+        assert doubled.sharding.memory_kind == "pinned_host", device
+        assert total.sharding.memory_kind == "device", device
+        got = [np.asarray(doubled), np.asarray(total)]
+        if not want:
+            want = got
+            continue
+        for w, g in zip(want, got, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+        # a host output is an ordinary argument of the next program
+        again = jax.jit(lambda a: a + 1.0)(doubled)
+        np.testing.assert_allclose(np.asarray(again), want[0] + 1.0, rtol=1e-6)

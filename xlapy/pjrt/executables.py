@@ -93,8 +93,15 @@ class ExecInfo:
         self.param_kinds = ffi.new("const char *[]", [kind[0]] * max(len(params), 1))
         self.param_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(params), 1))
         self.num_params = len(params)
-        self.out_kinds = ffi.new("const char *[]", [kind[0]] * max(len(leaves), 1))
-        self.out_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(leaves), 1))
+        kinds = _output_kinds(executable, len(leaves))
+        self.placed = tuple((i, k) for i, k in enumerate(kinds) if k != "device")
+        """(position, memory kind) of the outputs wanted outside device memory."""
+        self.kind_texts = [cstr(k) for k in kinds]  # kept alive with the arrays below
+        self.out_kinds = ffi.new("const char *[]", [t[0] for t in self.kind_texts] or [kind[0]])
+        self.out_kind_sizes = ffi.new("size_t[]", [t[1] for t in self.kind_texts] or [kind[1]])
+        self.python_outputs = bool(self.token_outputs or self.placed)
+        """Outputs the runtime does not make as they are (tokens, other memories): these
+        calls take the Python Execute, which adds or moves them."""
         self.single = executable.num_replicas * executable.num_partitions == 1
         self.donated = tuple(sorted({a.param_number for a in _aliases(executable)}))
         """The parameters an output aliases: donated unless JAX says they may not be."""
@@ -127,6 +134,29 @@ class ExecInfo:
             device = self.executable.addressable_devices[0]
             memory = self._memory = self.client.by_space[id(device.default_memory_space)]
         return PBuffer.in_memory(buffer, self.client, memory).c
+
+
+def _output_kinds(executable: LoadedExecutable, count: int) -> list[str]:
+    """The memory kind of each of `count` outputs (ModuleConfig.output_memory_kinds), each
+    checked to be one the executable's devices have."""
+    kinds = executable.module.config.output_memory_kinds
+    if kinds is None:
+        return ["device"] * count
+    if len(kinds) != count:
+        raise PjrtError(
+            INVALID_ARGUMENT,
+            f"{executable.name}: {len(kinds)} output memory kinds for {count} outputs",
+        )
+    for device in executable.addressable_devices:
+        have = {space.kind for space in device.memory_spaces}
+        for i, kind in enumerate(kinds):
+            if kind not in have:
+                raise PjrtError(
+                    INVALID_ARGUMENT,
+                    f"{executable.name}: output {i} asks for memory kind {kind!r}; "
+                    f"xlapy device {device.id} has {sorted(have)}",
+                )
+    return list(kinds)
 
 
 def _aliases(executable: LoadedExecutable):
@@ -461,14 +491,18 @@ def _loaded_execute(args):
         raise PjrtError(FAILED_PRECONDITION, f"executable {e.info.executable.name} was deleted")
     info = e.info
     executable = info.executable
-    if args.num_devices == 1 and args.execute_device == ffi.NULL and not info.donated:
+    if (
+        args.num_devices == 1
+        and args.execute_device == ffi.NULL
+        and not info.donated
+        and not info.python_outputs
+    ):
         outputs = executable.execute_inline(_arguments(args.argument_lists[0], args.num_args))
         if outputs is not None:  # the common call, run already (see runtime.execution)
             row, make = args.output_lists[0], info.output_buffer
             events = args.device_complete_events
             if events != ffi.NULL:  # the outputs of an inline run share one future
                 events[0] = PEvent.of(outputs[0].ready() if outputs else COMPLETED)
-            outputs = _with_tokens(info, outputs, executable.addressable_devices[0])
             for i, out in enumerate(outputs):
                 row[i] = make(out)
             return
@@ -491,7 +525,8 @@ def _loaded_execute(args):
     else:
         results = executable.execute(lists, donate=donate)
         devices = executable.addressable_devices
-    results = [_with_tokens(info, out, device) for out, device in zip(results, devices)]
+    if info.python_outputs:
+        results = [_as_declared(info, out, dev) for out, dev in zip(results, devices, strict=True)]
     client = info.client
     events = args.device_complete_events
     for d, outputs in enumerate(results):
@@ -502,19 +537,23 @@ def _loaded_execute(args):
             events[d] = PEvent.of(_all_ready(outputs))
 
 
-def _with_tokens(info: ExecInfo, outputs: list[Buffer], device) -> list[Buffer]:
-    """`outputs` (the array outputs of one device's run) with a buffer for each token
-    output in its place: an empty bool array, the value JAX itself uses for a token."""
-    if not info.token_outputs:
-        return outputs
-    arrays = iter(outputs)
-    tokens = set(info.token_outputs)
-    client = info.client.client
-    empty = np.zeros(0, np.bool_)
-    return [
-        client.buffer_from_pyval(empty, device) if i in tokens else next(arrays)
-        for i in range(len(info.outputs))
-    ]
+def _as_declared(info: ExecInfo, outputs: list[Buffer], device) -> list[Buffer]:
+    """`outputs` (the array outputs of one device's run) as the executable declares them:
+    a buffer for each token output in its place (an empty bool array, the value JAX
+    itself uses for a token), and each output wanted in another memory (pinned_host)
+    moved there."""
+    if info.token_outputs:
+        arrays = iter(outputs)
+        tokens = set(info.token_outputs)
+        client = info.client.client
+        empty = np.zeros(0, np.bool_)
+        outputs = [
+            client.buffer_from_pyval(empty, device) if i in tokens else next(arrays)
+            for i in range(len(info.outputs))
+        ]
+    for i, kind in info.placed:
+        outputs[i] = outputs[i].copy_to_memory_space(device.memory_space(kind))
+    return outputs
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:

@@ -194,7 +194,7 @@ def build(info: ExecInfo) -> Any:
     signature = executable.call_signature
     if signature.inline_checks is None or signature.protected or not signature.output_leaves:
         return None
-    if info.token_outputs:  # the Python Execute adds their buffers
+    if info.python_outputs:  # the Python Execute adds or moves them
         return None
     device = executable.addressable_devices[0]
     counters = device.allocator._counters
