@@ -205,7 +205,7 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
     ]  # fmt: skip
     log_path = log_dir / f"{name}.log"
     start = time.monotonic()
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:  # line by line: a slow file can be watched
         process = subprocess.Popen(
             command, cwd=tests_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, errors="replace", start_new_session=True,

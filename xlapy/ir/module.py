@@ -60,6 +60,16 @@ class ModuleConfig:
             return int(value)
         return 1
 
+    @property
+    def output_memory_kinds(self) -> tuple[str, ...] | None:
+        """The memory kind ("device", "pinned_host") of each entry output, from the
+        `xla.output_memory_kinds` frontend attribute (comma-separated; what the StableHLO
+        importer writes for JAX's `mhlo.memory_kind` result attributes); None: all on the
+        device."""
+        fa = self.frontend_attributes
+        value = fa.get("xla.output_memory_kinds") if fa is not None else None
+        return tuple(value.split(",")) if isinstance(value, str) and value else None
+
     def alias_for_output(self, output_index: ShapeIndex) -> AliasEntry | None:
         for entry in self.input_output_alias:
             if entry.output_index == output_index:

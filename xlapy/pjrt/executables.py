@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from xlapy.ir.shapes import Shape
 from xlapy.pjrt.abi import ffi
 from xlapy.pjrt.buffers import BUFFER_TYPE_OF, PBuffer
@@ -69,12 +71,16 @@ class ExecInfo:
         self.client = client
         self.name = cstr(executable.name)
         self.fingerprint = cstr(executable.fingerprint)
-        leaves = [s for _, s in executable.output_shape.leaves() if s.is_array]
+        # Token outputs count, as XLA's do: JAX's ordered effects thread a token through
+        # main (`!stablehlo.token {jax.token = true}`) and take it back as an output.
+        leaves = [s for _, s in executable.output_shape.leaves() if s.is_array or s.is_token]
         self.outputs: list[Shape] = leaves
+        self.token_outputs = tuple(i for i, s in enumerate(leaves) if s.is_token)
+        """Positions of token outputs (the runtime returns the array outputs only)."""
         self.types = ffi.new("int[]", [BUFFER_TYPE_OF[s.element_type] for s in leaves] or [0])
-        dims = [d for s in leaves for d in s.dims]
-        self.dims = ffi.new("int64_t[]", dims or [0])
-        self.dim_sizes = ffi.new("size_t[]", [len(s.dims) for s in leaves] or [0])
+        shapes = [s.dims if s.is_array else () for s in leaves]
+        self.dims = ffi.new("int64_t[]", [d for dims in shapes for d in dims] or [0])
+        self.dim_sizes = ffi.new("size_t[]", [len(dims) for dims in shapes] or [0])
         self.devices = [client.device_of(d) for d in executable.addressable_devices]
         self.device_ptrs = ffi.new("PJRT_Device *[]", [d.ptr for d in self.devices])
         assignment = executable.device_assignment
@@ -88,8 +94,15 @@ class ExecInfo:
         self.param_kinds = ffi.new("const char *[]", [kind[0]] * max(len(params), 1))
         self.param_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(params), 1))
         self.num_params = len(params)
-        self.out_kinds = ffi.new("const char *[]", [kind[0]] * max(len(leaves), 1))
-        self.out_kind_sizes = ffi.new("size_t[]", [kind[1]] * max(len(leaves), 1))
+        kinds = _output_kinds(executable, len(leaves))
+        self.placed = tuple((i, k) for i, k in enumerate(kinds) if k != "device")
+        """(position, memory kind) of the outputs wanted outside device memory."""
+        self.kind_texts = [cstr(k) for k in kinds]  # kept alive with the arrays below
+        self.out_kinds = ffi.new("const char *[]", [t[0] for t in self.kind_texts] or [kind[0]])
+        self.out_kind_sizes = ffi.new("size_t[]", [t[1] for t in self.kind_texts] or [kind[1]])
+        self.python_outputs = bool(self.token_outputs or self.placed)
+        """Outputs the runtime does not make as they are (tokens, other memories): these
+        calls take the Python Execute, which adds or moves them."""
         self.single = executable.num_replicas * executable.num_partitions == 1
         self.donated = tuple(sorted({a.param_number for a in _aliases(executable)}))
         """The parameters an output aliases: donated unless JAX says they may not be."""
@@ -125,6 +138,29 @@ class ExecInfo:
             device = self.executable.addressable_devices[0]
             memory = self._memory = self.client.by_space[id(device.default_memory_space)]
         return PBuffer.in_memory(buffer, self.client, memory).c
+
+
+def _output_kinds(executable: LoadedExecutable, count: int) -> list[str]:
+    """The memory kind of each of `count` outputs (ModuleConfig.output_memory_kinds), each
+    checked to be one the executable's devices have."""
+    kinds = executable.module.config.output_memory_kinds
+    if kinds is None:
+        return ["device"] * count
+    if len(kinds) != count:
+        raise PjrtError(
+            INVALID_ARGUMENT,
+            f"{executable.name}: {len(kinds)} output memory kinds for {count} outputs",
+        )
+    for device in executable.addressable_devices:
+        have = {space.kind for space in device.memory_spaces}
+        for i, kind in enumerate(kinds):
+            if kind not in have:
+                raise PjrtError(
+                    INVALID_ARGUMENT,
+                    f"{executable.name}: output {i} asks for memory kind {kind!r}; "
+                    f"xlapy device {device.id} has {sorted(have)}",
+                )
+    return list(kinds)
 
 
 def _aliases(executable: LoadedExecutable):
@@ -459,17 +495,22 @@ def _loaded_execute(args):
         raise PjrtError(FAILED_PRECONDITION, f"executable {e.info.executable.name} was deleted")
     info = e.info
     executable = info.executable
-    if args.num_devices == 1 and args.execute_device == ffi.NULL and not info.donated:
+    if (
+        args.num_devices == 1
+        and args.execute_device == ffi.NULL
+        and not info.donated
+        and not info.python_outputs
+    ):
         outputs = executable.execute_inline(_arguments(args.argument_lists[0], args.num_args))
         if outputs is not None:  # the common call, run already (see runtime.execution)
             if info.host_callbacks:
                 _raise_failure([outputs])
             row, make = args.output_lists[0], info.output_buffer
-            for i, out in enumerate(outputs):
-                row[i] = make(out)
             events = args.device_complete_events
             if events != ffi.NULL:  # the outputs of an inline run share one future
-                events[0] = PEvent.of(outputs[0].ready())
+                events[0] = PEvent.of(outputs[0].ready() if outputs else COMPLETED)
+            for i, out in enumerate(outputs):
+                row[i] = make(out)
             return
     lists = [_arguments(args.argument_lists[d], args.num_args) for d in range(args.num_devices)]
     donate = info.donated
@@ -486,10 +527,14 @@ def _loaded_execute(args):
             results = [executable.execute_portable(lists[0], device, donate=donate)]
         else:
             results = [executable.execute_sharded(lists[0], device, donate=donate)]
+        devices = [device]
     else:
         results = executable.execute(lists, donate=donate)
+        devices = executable.addressable_devices
     if info.host_callbacks:
         _raise_failure(results)
+    if info.python_outputs:
+        results = [_as_declared(info, out, dev) for out, dev in zip(results, devices, strict=True)]
     client = info.client
     events = args.device_complete_events
     for d, outputs in enumerate(results):
@@ -508,6 +553,25 @@ def _raise_failure(results: list[list[Buffer]]) -> None:
         failed = outputs[0].ready().exception() if outputs else None
         if failed is not None:
             raise failed
+
+
+def _as_declared(info: ExecInfo, outputs: list[Buffer], device) -> list[Buffer]:
+    """`outputs` (the array outputs of one device's run) as the executable declares them:
+    a buffer for each token output in its place (an empty bool array, the value JAX
+    itself uses for a token), and each output wanted in another memory (pinned_host)
+    moved there."""
+    if info.token_outputs:
+        arrays = iter(outputs)
+        tokens = set(info.token_outputs)
+        client = info.client.client
+        empty = np.zeros(0, np.bool_)
+        outputs = [
+            client.buffer_from_pyval(empty, device) if i in tokens else next(arrays)
+            for i in range(len(info.outputs))
+        ]
+    for i, kind in info.placed:
+        outputs[i] = outputs[i].copy_to_memory_space(device.memory_space(kind))
+    return outputs
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:

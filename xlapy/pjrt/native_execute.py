@@ -194,6 +194,8 @@ def build(info: ExecInfo) -> Any:
     signature = executable.call_signature
     if signature.inline_checks is None or signature.protected or not signature.output_leaves:
         return None
+    if info.python_outputs:  # the Python Execute adds or moves them
+        return None
     device = executable.addressable_devices[0]
     counters = device.allocator._counters
     if not device.inline_execution or counters is None:

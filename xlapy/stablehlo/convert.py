@@ -915,13 +915,21 @@ class Converter:
         partitions = ival(attrs.get("mhlo.num_partitions", 1))
         if replicas != 1:
             items.append(f"replica_count={replicas}")
+        frontend = []
         if partitions != 1 and self.global_program:
             # A program with shardings is a global program for `partitions` devices, not
             # one already partitioned (XLA's HLO text keeps `num_partitions=` for those):
             # the count rides along as a frontend attribute (ModuleConfig.spmd_partitions).
-            items.append(f'frontend_attributes={{mhlo.num_partitions="{partitions}"}}')
+            frontend.append(f'mhlo.num_partitions="{partitions}"')
         elif partitions != 1:
             items.append(f"num_partitions={partitions}")
+        # Outputs JAX wants in another memory (`out_shardings` with memory_kind=
+        # "pinned_host"): ModuleConfig.output_memory_kinds, read by the PJRT plugin.
+        kinds = [str(ival(attrs.get("mhlo.memory_kind")) or "device") for _, attrs in main.results]
+        if any(kind != "device" for kind in kinds):
+            frontend.append(f'xla.output_memory_kinds="{",".join(kinds)}"')
+        if frontend:
+            items.append(f"frontend_attributes={{{', '.join(frontend)}}}")
         return ", ".join(items)
 
     def entry_layout(self, main: mlir.Func) -> str | None:
