@@ -25,9 +25,12 @@ from xlapy.backends.cpu.runtime.thunk import (
     tree_leaves,
     tree_lines,
 )
+from xlapy.backends.interpreter import rules
 from xlapy.backends.interpreter.registry import rule_for
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
+
+rules.register_all()  # a rule thunk may run any rule: custom calls and collectives included
 
 FastPath = Callable[[list, Any, ExecutionContext], bool]
 """fast(operand values, result views, ctx) -> whether it ran (False: declined, run the rule)."""
