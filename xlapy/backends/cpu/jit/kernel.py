@@ -669,9 +669,7 @@ def kernel_for(
         raise
 
 
-def _from_book(
-    book: KernelBook, kid: KernelId, comp: HloComputation, name: str
-) -> Kernel | None:
+def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation, name: str) -> Kernel | None:
     """Kernel `kid` (of instruction `name`) as `book` (an authenticated entry) names it, when
     its shapes, pairs and outer extent are those of `comp` (recomputed); None when the book
     has no such kernel or disagrees (the disagreement is noted in `book.rejected`)."""
