@@ -61,7 +61,7 @@ def cache(tmp_path, monkeypatch):
     """A fresh cache and key directory; the process's in-memory kernels forgotten."""
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XLAPY_EXECUTABLE_CACHE", "1")  # opt-in (executable_cache.enabled)
+    monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)  # on by default
     clear_kernel_cache()
     yield tmp_path / "kernels"
     clear_kernel_cache()
@@ -394,3 +394,15 @@ def test_an_id_given_two_kernels_is_left_out_of_the_entry(cache):
     assert executable_cache.write("0" * 64, "module text", book)
     entry = executable_cache.read("0" * 64)
     assert entry is not None and set(entry.book.known) == {("b1/r", (), True)}
+
+
+def test_the_cache_is_on_by_default_and_can_be_turned_off(cache, text, monkeypatch):
+    module = parse_module(text)
+    compiler.compile_module(module)
+    assert len(exe_entries(cache)) == 1
+    monkeypatch.setenv(executable_cache.ENABLE_ENV, "0")
+    spy = Spy(monkeypatch)
+    clear_kernel_cache()
+    compiler.compile_module(module, {"native_loops": False})
+    compiler.compile_module(module)
+    assert spy.hits == 0 and len(exe_entries(cache)) == 1

@@ -96,10 +96,11 @@ ENABLE_ENV = "XLAPY_EXECUTABLE_CACHE"
 
 
 def enabled() -> bool:
-    """Whether compiles read and write whole-executable entries: opt-in ($XLAPY_EXECUTABLE_CACHE=1)
-    since a warm entry gave a native switch loop wrong results (tests/test_cpu_native_loops.py
-    out-of-range indices) in the merge of session 4; the per-kernel cache is used either way."""
-    return os.environ.get(ENABLE_ENV) == "1"
+    """Whether compiles read and write whole-executable entries: yes unless
+    $XLAPY_EXECUTABLE_CACHE=0 (the per-kernel cache is used either way). It was opt-in for a
+    session after a warm entry gave a native switch loop wrong results: kernels were named
+    by instruction alone, and the three branches' roots were all `r` (kernel.kernel_site)."""
+    return os.environ.get(ENABLE_ENV, "1").strip() != "0"
 
 
 def cache_key(text: str, options: Mapping[str, Any], flush_denormals: bool) -> str:
