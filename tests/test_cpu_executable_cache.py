@@ -61,7 +61,7 @@ def cache(tmp_path, monkeypatch):
     """A fresh cache and key directory; the process's in-memory kernels forgotten."""
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XLAPY_EXECUTABLE_CACHE", "1")  # opt-in (executable_cache.enabled)
+    monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)  # on by default
     clear_kernel_cache()
     yield tmp_path / "kernels"
     clear_kernel_cache()
@@ -340,3 +340,69 @@ def test_invalid_program_is_never_marked_verified(cache, text):
         with pytest.raises(XlapyError):
             Client("cpu").compile(bad)
     assert list(cache.glob(f"*{executable_cache.VERIFIED}")) == []
+
+
+# Instruction names unique per computation only (`r` is the root of three computations):
+# the CPU compiler accepts such text without the verifier, and an entry that named kernels
+# by instruction alone gave every `r` the kernel of one of them (session 4's wrong switch).
+SAME_NAMES = """HloModule same_names
+b0 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] sine(p)
+}
+b1 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] exponential(p)
+}
+b2 {
+  p = f32[4] parameter(0)
+  ROOT r = f32[4] negate(p)
+}
+ENTRY e {
+  k = s32[] parameter(0)
+  x = f32[4] parameter(1)
+  ROOT r = f32[4] conditional(k, x, x, x), branch_computations={b0, b1, b2}
+}"""
+
+
+def test_kernels_of_same_named_instructions_stay_apart(cache):
+    module = parse_module(SAME_NAMES)
+    x = np.random.default_rng(61).standard_normal(4).astype(np.float32)
+    for attempt in ("cold", "warm"):
+        clear_kernel_cache()
+        program = xlapy.backends.cpu.CpuBackend().compile(module, {})
+        for k in (0, 1, 2, 7):
+            args = [np.array(k, np.int32), x]
+            np.testing.assert_allclose(
+                program.run(args), evaluate(module, args), rtol=2e-6, err_msg=f"{attempt} k={k}"
+            )
+    assert len(exe_entries(cache)) == 1
+
+
+def test_an_id_given_two_kernels_is_left_out_of_the_entry(cache):
+    """Whatever makes two kernels share an id (a module built without unique names, a
+    future lowering), the entry cannot say which one an instruction runs: it holds neither,
+    and both compile again on a warm compile."""
+    module = parse_module(SAME_NAMES)
+    comps = {c.name: c for c in module.computations}
+    book = executable_cache.KernelBook()
+    with kernel.using_book(book):
+        for name in ("b0", "b2"):
+            kernel.kernel_for(comps[name], "r", site="same")
+        kernel.kernel_for(comps["b1"], "r", site="b1/r")
+    assert book.ambiguous == {("same", (), True)}
+    assert executable_cache.write("0" * 64, "module text", book)
+    entry = executable_cache.read("0" * 64)
+    assert entry is not None and set(entry.book.known) == {("b1/r", (), True)}
+
+
+def test_the_cache_is_on_by_default_and_can_be_turned_off(cache, text, monkeypatch):
+    module = parse_module(text)
+    compiler.compile_module(module)
+    assert len(exe_entries(cache)) == 1
+    monkeypatch.setenv(executable_cache.ENABLE_ENV, "0")
+    spy = Spy(monkeypatch)
+    clear_kernel_cache()
+    compiler.compile_module(module, {"native_loops": False})
+    compiler.compile_module(module)
+    assert spy.hits == 0 and len(exe_entries(cache)) == 1

@@ -4,14 +4,17 @@ JAX's compiler options and XLA_FLAGS-style DebugOptions."""
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax._src.lib import xla_client
 
-from xlapy.pjrt.options import compile_options_from_proto
+from xlapy.pjrt.options import IGNORED_DEBUG_FIELDS, compile_options_from_proto
 from xlapy.runtime import Client, CompileOptions, RuntimeApiError
+from xlapy.runtime.debug import DebugOptionWarning
 
 PROGRAM = """HloModule dumped
 ENTRY main {
@@ -98,3 +101,45 @@ def test_jax_compiler_options_are_honoured_or_rejected(tmp_path):
     assert any(n.endswith("cpu_after_optimizations.txt") for n in names), names
     with pytest.raises(Exception, match="xla_cpu_use_thunk_runtime is not supported by xlapy"):
         lowered.compile(compiler_options={"xla_cpu_use_thunk_runtime": False})
+
+
+def dump_fields_set(**settings) -> bytes:
+    options = xla_client.CompileOptions()
+    for name, value in settings.items():
+        setattr(options.executable_build_options.debug_options, name, value)
+    return options.SerializeAsString()
+
+
+def test_dump_options_from_xla_flags_are_honoured(tmp_path):
+    data = dump_fields_set(
+        xla_dump_to=str(tmp_path), xla_dump_hlo_module_re="^jit_", xla_dump_hlo_as_text=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DebugOptionWarning)
+        decoded = dict(compile_options_from_proto(data).debug_options)
+    assert decoded == {
+        "xla_dump_to": str(tmp_path),
+        "xla_dump_hlo_module_re": "^jit_",
+        "xla_dump_hlo_as_text": True,
+    }
+
+
+@pytest.mark.parametrize("field", [name for name, _ in IGNORED_DEBUG_FIELDS.values()])
+def test_debug_options_xlapy_ignores_are_never_ignored_silently(field):
+    """JAX fills DebugOptions from $XLA_FLAGS (which XLA:CPU in the same process reads too):
+    a non-default value xlapy does not honour warns, naming the option, and the compile
+    goes on; JAX's defaults warn about nothing (test above)."""
+    default = getattr(xla_client.CompileOptions().executable_build_options.debug_options, field)
+    changed = "x" if isinstance(default, str) else (not default) if isinstance(default, bool) else 7
+    with pytest.warns(DebugOptionWarning, match=field):
+        options = compile_options_from_proto(dump_fields_set(**{field: changed}))
+    assert field not in dict(options.debug_options)
+
+
+def test_jax_default_compile_options_warn_about_nothing():
+    xlapy = jax.devices("xlapy")[0]
+    sharding = jax.sharding.SingleDeviceSharding(xlapy)
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=sharding)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DebugOptionWarning)
+        jax.jit(lambda a: jnp.cos(a) + 1).lower(spec).compile()

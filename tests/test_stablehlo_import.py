@@ -713,3 +713,34 @@ def test_failed_check_in_a_program_without_outputs_is_raised(backend):
     failing = client.compile(import_text(FAILING_CHECK.replace("WANT", "3.0")))
     with pytest.raises(ExecutionError, match=r"check.expect_eq failed: 1 of 2 elements differ"):
         failing.execute([[]])
+
+
+SPLAT = """module @m {
+  func.func public @main(%arg0: tensor<N x2xf32>) -> tensor<N x2xf32> {
+    %c = stablehlo.constant dense<5.000000e-01> : tensor<N x2xf32>
+    %k = stablehlo.constant dense<[[1.0, 2.0]]> : tensor<1x2xf32>
+    %b = stablehlo.broadcast_in_dim %k, dims = [0, 1] : (tensor<1x2xf32>) -> tensor<N x2xf32>
+    %0 = stablehlo.multiply %arg0, %c : tensor<N x2xf32>
+    %1 = stablehlo.add %0, %b : tensor<N x2xf32>
+    return %1 : tensor<N x2xf32>
+  }
+}"""
+
+
+@pytest.mark.parametrize("n", [3, 20_000])
+def test_splat_constants_import_as_broadcast_scalars(n):
+    """CHLO decompositions (lgamma's ~30 constants, as jaxlib hands them to the PJRT plugin)
+    are constants of the operand's shape with one value: imported as a broadcast scalar, the
+    module's text does not grow with the shape (a 20,000-element lgamma printed 600,000
+    numbers on every compile); constants of several values stay as they are."""
+    module = import_text(SPLAT.replace("N x", f"{n}x"))
+    constants = [
+        i.shape.dims for c in module.computations for i in c.instructions
+        if i.opcode is Opcode.CONSTANT
+    ]  # fmt: skip
+    assert sorted(constants) == [(), (1, 2)]
+    assert len(module.to_text()) < 2_000
+    x = np.random.default_rng(n).standard_normal((n, 2)).astype(np.float32)
+    got = evaluate(module, [x])
+    got = got[0] if isinstance(got, tuple) else got
+    np.testing.assert_array_equal(got, x * np.float32(0.5) + np.array([1, 2], np.float32))

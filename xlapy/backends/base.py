@@ -19,8 +19,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from xlapy.backends.options import (
+    INTERNAL_OPTIONS,
+    RUNTIME_OPTIONS,
+    BackendOptionError,
+    Option,
+    check_options,
+)
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape, ShapeIndex
 
@@ -137,6 +144,27 @@ class Backend(ABC):
 
     name: str
     platform: str
+    options: ClassVar[Mapping[str, Option]] = {}
+    """The backend options this backend honours (xlapy.backends.options), beside the
+    runtime's RUNTIME_OPTIONS; any other is a BackendOptionError."""
+
+    def user_options(self) -> dict[str, Option]:
+        """Every option a user may set for this backend: its own and the runtime's."""
+        return {**self.options, **RUNTIME_OPTIONS}
+
+    def check_options(self, options: Mapping[str, Any] | None, *, user: bool = False) -> None:
+        """BackendOptionError for an option of `options` this backend does not honour or a
+        value it cannot take; `user`: options a user set (the runtime's own, which it
+        passes to `compile`, are then not allowed)."""
+        options = options or {}
+        if user:
+            for key in options:
+                if key in INTERNAL_OPTIONS:
+                    raise BackendOptionError(
+                        f"backend option {key!r} is {INTERNAL_OPTIONS[key].doc}, not by a user"
+                    )
+        table = self.user_options() if user else {**self.user_options(), **INTERNAL_OPTIONS}
+        check_options(table, options, self.name)
 
     @abstractmethod
     def compile(

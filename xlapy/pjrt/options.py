@@ -2,15 +2,18 @@
 `PJRT_Client_Compile`: a few fields read with a small protobuf wire-format decoder (no
 protobuf dependency). Fields read: executable_build_options (3) -> num_replicas (4),
 num_partitions (5), device_assignment (9) -> computation_devices (3) -> replica_device_ids
-(1), debug_options (3) -> xla_dump_to (109); env_option_overrides (7) (the compiler
-options of `jax.jit(...).lower(...).compile(compiler_options)`) become debug options,
-which the runtime honours or rejects (xlapy.runtime.debug). Everything else is ignored."""
+(1), debug_options (3) -> the dump options xlapy honours (see _DEBUG_STRING_FIELDS) and
+those it warns about (IGNORED_DEBUG_FIELDS); env_option_overrides (7) (the compiler options
+of `jax.jit(...).lower(...).compile(compiler_options)`) become debug options, which the
+runtime honours or rejects (xlapy.runtime.debug). Everything else is ignored."""
 
 from __future__ import annotations
 
 import struct
+import warnings
 
 from xlapy.runtime import CompileOptions, RuntimeApiError
+from xlapy.runtime.debug import DEBUG_OPTIONS, DebugOptionWarning
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -62,11 +65,36 @@ def _packed_ints(value: int | bytes) -> list[int]:
     return ints
 
 
-_DEBUG_STRING_FIELDS = {109: "xla_dump_to"}
-"""DebugOptions string fields read (field number -> option): a non-empty value is a
-request. Other DebugOptions fields are not read: JAX sends all of XLA's defaults there,
-so a set field does not tell a request from a default; compiler options
-(`compile(compiler_options=...)`, env_option_overrides) are all read and checked."""
+_DEBUG_STRING_FIELDS = {109: "xla_dump_to", 110: "xla_dump_hlo_module_re"}
+"""DebugOptions string fields xlapy honours (field number -> option): a non-empty value is
+a request (xlapy.runtime.debug acts on it)."""
+_DEBUG_TRUE_FIELDS = {112: "xla_dump_hlo_as_text"}
+"""DebugOptions bool fields xlapy honours when true."""
+
+IGNORED_DEBUG_FIELDS: dict[int, tuple[str, int | bytes]] = {
+    30: ("xla_disable_hlo_passes", b""),
+    99: ("xla_cpu_enable_fast_math", 0),
+    111: ("xla_dump_hlo_pass_re", b""),
+    113: ("xla_dump_hlo_as_proto", 0),
+    114: ("xla_dump_hlo_as_dot", 0),
+    115: ("xla_dump_hlo_as_url", 0),
+    116: ("xla_dump_hlo_as_html", 0),
+    118: ("xla_dump_hlo_snapshots", 0),
+    124: ("xla_enable_hlo_passes_only", b""),
+    132: ("xla_dump_max_hlo_modules", (1 << 64) - 1),
+    144: ("xla_dump_module_metadata", 0),
+    149: ("xla_dump_fusion_visualization", 0),
+    151: ("xla_dump_compress_protos", 0),
+    154: ("xla_dump_hlo_pipeline_re", b""),
+}
+"""DebugOptions fields xlapy does not honour (field number -> (option, the default JAX
+sends)): the dump family beyond text dumps, pass selection and fast math. JAX fills the
+DebugOptions from $XLA_FLAGS, which the process's XLA:CPU reads too, so a value other than
+the default is not rejected (that would break the user's program on every backend); as XLA
+does with a flag its backend does not use, the compile goes on, but with a
+DebugOptionWarning naming it: never silently. The other fields of DebugOptions (hundreds,
+mostly GPU) carry their defaults. Options asked for explicitly (`compile(compiler_options=
+...)`, env_option_overrides) are all checked and an unknown one is an error, as in XLA."""
 
 
 def _option_override(data: bytes) -> str | int | float | bool:
@@ -87,6 +115,18 @@ def _debug_options(data: bytes, debug: dict[str, str | int | float | bool]) -> N
     for n, v in fields(data):
         if n in _DEBUG_STRING_FIELDS and isinstance(v, bytes) and v:
             debug[_DEBUG_STRING_FIELDS[n]] = v.decode("utf-8", "replace")
+        elif n in _DEBUG_TRUE_FIELDS and v == 1:
+            debug[_DEBUG_TRUE_FIELDS[n]] = True
+        elif n in IGNORED_DEBUG_FIELDS and v != IGNORED_DEBUG_FIELDS[n][1]:
+            name = IGNORED_DEBUG_FIELDS[n][0]
+            shown = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+            warnings.warn(
+                DebugOptionWarning(
+                    f"debug option {name}={shown!r} (from $XLA_FLAGS or DebugOptions) is not "
+                    f"honoured by xlapy and is ignored; honoured: {', '.join(DEBUG_OPTIONS)}"
+                ),
+                stacklevel=2,
+            )
 
 
 def compile_options_from_proto(data: bytes) -> CompileOptions:

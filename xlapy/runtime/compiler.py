@@ -15,9 +15,10 @@ and root `sharding=` attributes say which piece of each global array a device ho
 
 from __future__ import annotations
 
-import math
-
+from xlapy.backends import BACKENDS, get_backend
+from xlapy.backends.base import Backend
 from xlapy.backends.custom_calls import CustomCallRegistry, check_custom_calls
+from xlapy.backends.options import BackendOptionError
 from xlapy.ir.module import HloModule
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
@@ -32,6 +33,12 @@ from xlapy.runtime.options import CompileOptions
 CUSTOM_CALL_PLATFORMS = {"interpreter": "Host", "cpu": "Host"}
 
 
+def backend_for(platform: str) -> Backend:
+    """The backend that runs programs of `platform` (the interpreter for platforms without
+    one of their own)."""
+    return get_backend(platform if platform in BACKENDS else "interpreter")
+
+
 def check_program(program: object, kinds: tuple[type, ...]) -> None:
     """RuntimeApiError unless `program` is one of `kinds` (a module, text, bytes)."""
     if not isinstance(program, kinds):
@@ -40,20 +47,24 @@ def check_program(program: object, kinds: tuple[type, ...]) -> None:
 
 
 def check_options(options: object) -> CompileOptions | None:
-    """`options` when it is None or CompileOptions, else RuntimeApiError; a
-    `collective_timeout` backend option must be a number of seconds > 0."""
+    """`options` when it is None or CompileOptions, else RuntimeApiError."""
     if options is None:
         return None
     if not isinstance(options, CompileOptions):
         raise RuntimeApiError(
             f"compile options are a CompileOptions (CompileOptions.make(...)), got {options!r}"
         )
-    timeout = dict(options.backend_options).get("collective_timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool | str) or not float(timeout) > 0 or float(timeout) == math.inf
-    ):
-        raise RuntimeApiError(f"collective_timeout must be seconds > 0, got {timeout!r}")
     return options
+
+
+def check_backend_options(platform: str, options: CompileOptions) -> None:
+    """RuntimeApiError for a backend option the backend of `platform` (or the runtime) does
+    not honour, naming it and the valid ones, or for a value it cannot take
+    (xlapy.backends.options)."""
+    try:
+        backend_for(platform).check_options(dict(options.backend_options), user=True)
+    except BackendOptionError as e:
+        raise RuntimeApiError(str(e)) from e
 
 
 class Compiler:
@@ -82,6 +93,7 @@ class Compiler:
         it, is `module.to_text()` (used as the executable's text unless donors change the
         module)."""
         check_debug_options(options)
+        check_backend_options(self.platform, options)
         self.verify_text(module, text)
         if needs_partitioning(module, options.num_partitions):
             partition(module, options.num_partitions)  # as XLA: SPMD-partition a global program
@@ -113,6 +125,7 @@ class Compiler:
     def load_text(self, hlo_text: str, options: CompileOptions) -> Executable:
         """An Executable from already-compiled HLO text (deserialization)."""
         check_debug_options(options)
+        check_backend_options(self.platform, options)
         module = parse_module(hlo_text)
         verify(module)
         self.check_custom_calls(module)

@@ -36,6 +36,12 @@ DEBUG_OPTIONS = {
 }
 """The debug options xlapy honours, with what each does."""
 
+
+class DebugOptionWarning(UserWarning):
+    """A debug option set where xlapy cannot refuse it (the DebugOptions JAX fills from
+    $XLA_FLAGS) that xlapy does not honour."""
+
+
 _counter = itertools.count()
 _counter_lock = threading.Lock()
 

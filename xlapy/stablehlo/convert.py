@@ -1084,7 +1084,23 @@ def _constant(conv: Converter, op: Op, scope: Scope, operands):
         array = dense_array(value, shape)
     except (TypeProblem, ValueError, OverflowError) as e:
         raise conv.error(f"bad constant: {e}", value.pos) from None
+    if _is_splat(array):
+        # one value everywhere (what CHLO decompositions emit: lgamma's ~30 constants of the
+        # operand's shape): a broadcast scalar, as XLA's own builders write it, so that the
+        # module's text, its fingerprint and the kernels it fuses into do not grow with the
+        # shape (a 20,000-element lgamma printed 600,000 numbers on every compile)
+        splat = conv.scalar(scope, array.reshape(-1)[0], shape)
+        conv.literals[splat[0]] = array
+        return [splat]
     return [conv.constant(scope, array, shape)]
+
+
+def _is_splat(array: np.ndarray) -> bool:
+    """Whether `array` has more than one element and all are the same bits."""
+    if array.size < 2:
+        return False
+    rows = np.ascontiguousarray(array).reshape(array.size, 1).view(np.uint8)
+    return bool((rows == rows[0]).all())
 
 
 @rule("stablehlo.compare")

@@ -42,6 +42,7 @@ from xlapy.backends.base import (
     leaf_at,
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
+from xlapy.backends.cpu.options import CPU_OPTIONS
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelCall, KernelThunk
 from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
@@ -529,6 +530,8 @@ def _build(shape: Shape, index, leaves: dict) -> Any:
 class CpuBackend(Backend):
     """Native CPU code: fused kernels through llvmlite, BLAS dots, library thunks."""
 
+    options = CPU_OPTIONS
+
     def __init__(self, name: str = "cpu", platform: str = "cpu"):
         self.name = name
         self.platform = platform
@@ -540,6 +543,7 @@ class CpuBackend(Backend):
         *,
         text: str | None = None,
     ) -> CpuProgram:
+        self.check_options(options)
         return CpuProgram(module, options, text=text)
 
     def plan_memory(
@@ -550,4 +554,5 @@ class CpuBackend(Backend):
         text: str | None = None,
     ) -> BufferAssignment:
         """The buffer assignment a CpuProgram of `module` executes (no code generated)."""
+        self.check_options(options)
         return plan_module(module, options, text=text)[1]

@@ -89,6 +89,7 @@ from xlapy.backends.cpu.jit.kernel import (
     forget_kernel,
     function_address,
     kernel_for,
+    kernel_site,
     request_function,
     symbol_name,
     wrap_instruction,
@@ -562,7 +563,7 @@ def kernel_computation(instr: HloInstruction) -> HloComputation:
 
 
 def _kernel(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    reason = lw.failed.get(instr.name) or kernel_reason(instr, book_knows(instr.name))
+    reason = lw.failed.get(instr.name) or kernel_reason(instr, book_knows(kernel_site(instr)))
     if reason is not None:
         return reason
     try:
@@ -822,7 +823,8 @@ class Lowering:
         outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
-        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals)
+        site = kernel_site(instr)
+        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals, site)
         self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)
 

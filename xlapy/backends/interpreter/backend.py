@@ -17,10 +17,17 @@ from xlapy.backends.base import (
     replace_leaf,
 )
 from xlapy.backends.interpreter.evaluator import Interpreter
+from xlapy.backends.options import Option, integer
 from xlapy.ir.module import HloModule
 
 # options passed on to the interpreter's state (see Interpreter)
-_INTERPRETER_STATE = ("replica_id", "partition_id", "custom_calls")
+_INTERPRETER_STATE = (
+    "replica_id",
+    "partition_id",
+    "custom_calls",
+    "max_while_iterations",
+    "rng_seed",
+)
 
 
 class InterpreterProgram(CompiledProgram):
@@ -62,6 +69,13 @@ def _fresh(value: Any) -> Any:
 class InterpreterBackend(Backend):
     """The reference interpreter behind the Backend interface."""
 
+    options = {
+        "max_while_iterations": Option(
+            "a while loop that runs more iterations fails (ExecutionError)", integer(0)
+        ),
+        "rng_seed": Option("the seed of the legacy `rng` op's generator", integer(0)),
+    }
+
     def __init__(self, name: str = "interpreter", platform: str = "interpreter"):
         self.name = name
         self.platform = platform
@@ -73,4 +87,5 @@ class InterpreterBackend(Backend):
         *,
         text: str | None = None,
     ) -> InterpreterProgram:
+        self.check_options(options)
         return InterpreterProgram(module, options)

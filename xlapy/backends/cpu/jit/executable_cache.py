@@ -44,7 +44,8 @@ read by the lowering alone, which every compile runs, never by what the entry ho
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 KernelId = tuple[str, tuple[tuple[int, int], ...], bool]
-"""A kernel's place in a program: (instruction name, in-place pairs, flush denormals)."""
+"""A kernel's place in a program: (site, in-place pairs, flush denormals), the site being
+"computation/instruction" (kernel.kernel_site)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,16 @@ class KernelBook:
     rejected: list[str] = field(default_factory=list)
     """Why entries' kernels were not used (the compile then made them again)."""
     known_names: frozenset[str] = frozenset()
-    """The instructions of `known`."""
+    """The sites of `known`."""
+    ambiguous: set[KernelId] = field(default_factory=set)
+    """Ids this compile gave two different kernels: an entry cannot say which of them an
+    instruction runs, so it leaves them out (they compile, or come from the per-kernel
+    cache, on every compile)."""
+
+    def record(self, kid: KernelId, record: KernelRecord) -> None:
+        """Note that the instruction at `kid` runs the kernel of `record`."""
+        if self.used.setdefault(kid, record) != record:
+            self.ambiguous.add(kid)
 
 
 @dataclass
@@ -86,10 +96,11 @@ ENABLE_ENV = "XLAPY_EXECUTABLE_CACHE"
 
 
 def enabled() -> bool:
-    """Whether compiles read and write whole-executable entries: opt-in ($XLAPY_EXECUTABLE_CACHE=1)
-    since a warm entry gave a native switch loop wrong results (tests/test_cpu_native_loops.py
-    out-of-range indices) in the merge of session 4; the per-kernel cache is used either way."""
-    return os.environ.get(ENABLE_ENV) == "1"
+    """Whether compiles read and write whole-executable entries: yes unless
+    $XLAPY_EXECUTABLE_CACHE=0 (the per-kernel cache is used either way). It was opt-in for a
+    session after a warm entry gave a native switch loop wrong results: kernels were named
+    by instruction alone, and the three branches' roots were all `r` (kernel.kernel_site)."""
+    return os.environ.get(ENABLE_ENV, "1").strip() != "0"
 
 
 def cache_key(text: str, options: Mapping[str, Any], flush_denormals: bool) -> str:
@@ -148,8 +159,8 @@ def write(key: str, module_text: str, book: KernelBook) -> bool:
     objects are read back from the disk cache (False, and nothing written, when one of them
     is not there: the entry would be incomplete)."""
     objects: dict[str, bytes] = {}
-    for record in book.used.values():
-        if record.object_key in objects:
+    for kid, record in book.used.items():
+        if record.object_key in objects or kid in book.ambiguous:
             continue
         data = book.objects.get(record.object_key) or jit.read_entry(record.object_key, ".o")
         if data is None:
@@ -161,6 +172,7 @@ def write(key: str, module_text: str, book: KernelBook) -> bool:
             *(list(r.outputs), list(r.params), r.outer_extent),
         ]
         for (name, pairs, flush), r in sorted(book.used.items())
+        if (name, pairs, flush) not in book.ambiguous
     ]
     head = {
         "module": module_text,

@@ -599,11 +599,21 @@ def using_book(book: KernelBook) -> Iterator[KernelBook]:
         _book.reset(token)
 
 
-def book_knows(name: str) -> bool:
-    """Whether the kernel book in use (see `using_book`) came from an entry in which
-    instruction `name` ran a kernel."""
+def kernel_site(instr: HloInstruction) -> str:
+    """Where `instr` sits in its module, "computation/instruction": what a whole-executable
+    entry names its kernel by. Instruction names alone need not be unique across a module
+    (the verifier asks for it, the CPU compiler does not run it, and text with an `r` in
+    each of three branches compiles), and an entry keyed by them gave one branch's kernel to
+    all three; computation names are unique (the parser rejects a duplicate)."""
+    comp = instr.parent
+    return instr.name if comp is None else f"{comp.name}/{instr.name}"
+
+
+def book_knows(site: str) -> bool:
+    """Whether the kernel book in use (see `using_book`) came from an entry in which the
+    instruction at `site` (kernel_site) ran a kernel."""
     book = _book.get()
-    return book is not None and name in book.known_names
+    return book is not None and site in book.known_names
 
 
 def kernel_for(
@@ -612,17 +622,18 @@ def kernel_for(
     in_place: tuple[tuple[int, int], ...] = (),
     defer: bool = False,
     flush_denormals: bool = True,
+    site: str | None = None,
 ) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per computation text.
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
     (the caller has checked emitter.in_place_reason and passes the same slice for both).
     `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
     `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`.
-    Inside `using_book(book)`, instruction `name`'s kernel may come from `book` (without
-    printing `comp`), and is recorded there."""
+    Inside `using_book(book)`, the kernel of the instruction at `site` (kernel_site; default
+    `name`) may come from `book` (without printing `comp`), and is recorded there."""
     book = _book.get()
-    kid = (name, tuple(in_place), flush_denormals)
-    kernel = _from_book(book, kid, comp) if book is not None else None
+    kid = (name if site is None else site, tuple(in_place), flush_denormals)
+    kernel = _from_book(book, kid, comp, name) if book is not None else None
     if kernel is None:
         text = comp.to_text()
         key = (text, tuple(in_place), flush_denormals)
@@ -641,11 +652,14 @@ def kernel_for(
                 kernel = _kernel_cache.setdefault(key, kernel)
     if book is not None and kernel.cache_keys is not None:
         sig = kernel.signature
-        book.used[kid] = KernelRecord(
-            *kernel.cache_keys,
-            tuple(s.to_text() for s in sig.outputs),
-            tuple(s.to_text() for s in sig.params),
-            sig.outer_extent,
+        book.record(
+            kid,
+            KernelRecord(
+                *kernel.cache_keys,
+                tuple(s.to_text() for s in sig.outputs),
+                tuple(s.to_text() for s in sig.params),
+                sig.outer_extent,
+            ),
         )
     if defer:
         return kernel
@@ -656,14 +670,14 @@ def kernel_for(
         raise
 
 
-def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation) -> Kernel | None:
-    """Kernel `kid` as `book` (an authenticated entry) names it, when its shapes, pairs and
-    outer extent are those of `comp` (recomputed); None when the book has no such kernel or
-    disagrees (the disagreement is noted in `book.rejected`)."""
+def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation, name: str) -> Kernel | None:
+    """Kernel `kid` (of instruction `name`) as `book` (an authenticated entry) names it, when
+    its shapes, pairs and outer extent are those of `comp` (recomputed); None when the book
+    has no such kernel or disagrees (the disagreement is noted in `book.rejected`)."""
     record = book.known.get(kid)
     if record is None:
         return None
-    name, pairs, flush = kid
+    site, pairs, flush = kid
     memo = ("entry", record.kernel_key, pairs, flush)
     with _kernel_lock:
         kernel = _kernel_cache.get(memo)
@@ -678,7 +692,7 @@ def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation) -> Kernel 
     else:
         why = "its shapes or outer extent differ from the computation's"
     if signature is None:
-        book.rejected.append(f"the kernel of {name}: {why}")
+        book.rejected.append(f"the kernel of {site}: {why}")
         return None
     _remember(record.kernel_key, (record.object_key, signature))
     request = _request_bytes(record.object_key, book.objects[record.object_key])

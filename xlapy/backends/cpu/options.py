@@ -1,0 +1,42 @@
+"""The backend options the CPU backend honours (xlapy.backends.options checks them): the one
+list a reader looks in; each is read where it acts (named below)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xlapy.backends.cpu.codegen.emitter import DENORMALS
+from xlapy.backends.cpu.runtime.thunk_graph import MODES
+from xlapy.backends.options import Option, boolean, integer, one_of
+
+
+def _concurrency(value: Any) -> str | None:
+    return None if isinstance(value, bool) else one_of(*MODES)(value)
+
+
+CPU_OPTIONS: dict[str, Option] = {
+    "optimize": Option("run the CPU pass pipeline (default true; compiler.py)", boolean),
+    "verify": Option("verify the module after every pass (default false; compiler.py)", boolean),
+    "native_loops": Option(
+        "compile while loops whose bodies are all kernels into one native function "
+        "(default true; lowering.py)",
+        boolean,
+    ),
+    "denormals": Option(
+        "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
+        "(codegen/emitter.py)",
+        one_of(*DENORMALS),
+    ),
+    "max_while_iterations": Option(
+        "a while loop that runs more iterations fails (ExecutionError; lowering.py)", integer(0)
+    ),
+    "thunk_concurrency": Option(
+        "run independent thunks concurrently: auto, off, always, or true/false "
+        "(runtime/thunk_graph.py)",
+        _concurrency,
+    ),
+    "strict_kernels": Option(
+        "a kernel that fails to compile raises instead of falling back (lowering.py)", boolean
+    ),
+    "rng_seed": Option("the seed of the legacy `rng` op's generator (backend.py)", integer(0)),
+}
