@@ -29,6 +29,7 @@ VALID = {
         "optimize": False,
         "verify": True,
         "native_loops": False,
+        "direct_convolutions": False,
         "denormals": "ieee",
         "max_while_iterations": 5,
         "thunk_concurrency": "off",
@@ -42,6 +43,7 @@ VALID = {
 BAD_VALUES = {
     "optimize": "yes",
     "native_loops": 1,
+    "direct_convolutions": "no",
     "denormals": float("nan"),
     "max_while_iterations": -1,
     "thunk_concurrency": "sometimes",

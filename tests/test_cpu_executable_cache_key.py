@@ -244,6 +244,7 @@ OPTION_VALUES = {
     "optimize": (True, False),
     "verify": (False, True),
     "native_loops": (True, False),
+    "direct_convolutions": (True, False),
     "denormals": ("flush", "ieee"),
     "max_while_iterations": (10, 11),
     "thunk_concurrency": ("auto", "off"),
