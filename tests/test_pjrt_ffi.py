@@ -20,7 +20,7 @@ XLAPY = jax.devices("xlapy")[0]
 CPU = jax.devices("cpu")[0]
 RNG = np.random.default_rng(11)
 
-SOURCE = r"""
+C_HELPERS = r"""
 #include <string.h>
 #include "xla/ffi/api/c_api.h"
 
@@ -47,6 +47,9 @@ static int metadata(XLA_FFI_CallFrame* frame) {
   return 1;
 }
 
+"""
+
+SOURCE = C_HELPERS + r"""
 static int named(XLA_FFI_Attrs* attrs, int64_t i, const char* name) {
   XLA_FFI_ByteSpan* span = attrs->names[i];
   return span->len == strlen(name) && memcmp(span->ptr, name, span->len) == 0;
@@ -332,37 +335,14 @@ def test_stage_dict_without_execute_is_refused():
 
 
 # -- per-instruction state: a handler with an instantiate stage -------------------------------
-STATE_SOURCE = r"""
+STATE_SOURCE = C_HELPERS + r"""
 #include <stdlib.h>
-#include <string.h>
-#include "xla/ffi/api/c_api.h"
 
 typedef struct { int64_t base; int64_t calls; } Counter;
 XLA_FFI_TypeId counter_type = {0};
 int64_t instantiated = 0, deleted = 0;
 static void delete_counter(void* object) { ++deleted; free(object); }
 XLA_FFI_TypeInfo counter_info = {XLA_FFI_TypeInfo_STRUCT_SIZE, NULL, delete_counter};
-
-static XLA_FFI_Error* fail(const XLA_FFI_Api* api, const char* message) {
-  XLA_FFI_Error_Create_Args args;
-  memset(&args, 0, sizeof(args));
-  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.message = message;
-  args.errc = XLA_FFI_Error_Code_INVALID_ARGUMENT;
-  return api->XLA_FFI_Error_Create(&args);
-}
-
-static int metadata(XLA_FFI_CallFrame* frame) {
-  XLA_FFI_Extension_Base* ext = frame->extension_start;
-  if (ext == NULL || ext->type != XLA_FFI_Extension_Metadata) return 0;
-  XLA_FFI_Metadata* m = ((XLA_FFI_Metadata_Extension*)ext)->metadata;
-  m->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-  m->api_version.extension_start = NULL;
-  m->api_version.major_version = XLA_FFI_API_MAJOR;
-  m->api_version.minor_version = XLA_FFI_API_MINOR;
-  m->traits = 0;
-  return 1;
-}
 
 /* Instantiate: one attribute, base (i64), no buffers; the state is a Counter. */
 XLA_FFI_Error* counter_instantiate(XLA_FFI_CallFrame* frame) {

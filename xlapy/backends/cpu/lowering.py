@@ -456,27 +456,19 @@ def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 
 
 def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    reason = lw.failed.get(instr.name) or scan_reason(instr)
-    if reason is not None:
-        return reason
-    outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
-    inputs = [lw.slice_at(o) for o in instr.operands]
-    flush = lw.flush_denormals
-    try:
-        kernel = described_kernel(
-            scan_description(instr, flush),
-            Signature(*scan_signature(instr)),
-            symbol_name(instr.name),
-            functools.partial(emit_scan, instr, flush),
-        )
-    except Exception as e:  # a code generator bug: loud (see the file comment)
-        return lw.kernel_failed(instr.name, e)
-    lw.kernels.append((instr.name, kernel))
-    return KernelThunk(instr, kernel, outputs, inputs)
+    return _described_kernel(lw, instr, scan_reason, scan_description, scan_signature, emit_scan)
 
 
 def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    reason = lw.failed.get(instr.name) or window_reason(instr)
+    return _described_kernel(
+        lw, instr, window_reason, window_description, window_signature, emit_window
+    )
+
+
+def _described_kernel(lw: Lowering, instr: HloInstruction, reason_of, describe, signature, emit):
+    """A kernel thunk running the one kernel its emitter writes for `instr` (a native scan
+    or window), named by its description: `reason_of(instr)` says why it cannot be one."""
+    reason = lw.failed.get(instr.name) or reason_of(instr)
     if reason is not None:
         return reason
     outputs = [lw.slice_at(instr, index) for index, _ in instr.shape.leaves()]
@@ -484,10 +476,10 @@ def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     flush = lw.flush_denormals
     try:
         kernel = described_kernel(
-            window_description(instr, flush),
-            Signature(*window_signature(instr)),
+            describe(instr, flush),
+            Signature(*signature(instr)),
             symbol_name(instr.name),
-            functools.partial(emit_window, instr, flush),
+            functools.partial(emit, instr, flush),
         )
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
