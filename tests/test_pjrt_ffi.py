@@ -49,7 +49,9 @@ static int metadata(XLA_FFI_CallFrame* frame) {
 
 """
 
-SOURCE = C_HELPERS + r"""
+SOURCE = (
+    C_HELPERS
+    + r"""
 static int named(XLA_FFI_Attrs* attrs, int64_t i, const char* name) {
   XLA_FFI_ByteSpan* span = attrs->names[i];
   return span->len == strlen(name) && memcmp(span->ptr, name, span->len) == 0;
@@ -161,6 +163,7 @@ XLA_FFI_Error* wants_stream(XLA_FFI_CallFrame* frame) {
   return frame->api->XLA_FFI_Stream_Get(&args);
 }
 """
+)
 
 CDEF = """
 void* affine(void* frame);
@@ -335,7 +338,9 @@ def test_stage_dict_without_execute_is_refused():
 
 
 # -- per-instruction state: a handler with an instantiate stage -------------------------------
-STATE_SOURCE = C_HELPERS + r"""
+STATE_SOURCE = (
+    C_HELPERS
+    + r"""
 #include <stdlib.h>
 
 typedef struct { int64_t base; int64_t calls; } Counter;
@@ -394,6 +399,7 @@ XLA_FFI_Error* counter_execute(XLA_FFI_CallFrame* frame) {
   return NULL;
 }
 """
+)
 
 
 @pytest.fixture(scope="module")
