@@ -341,3 +341,56 @@ def test_weight_gradient_dot_writes_row_major():
     for instr in module.entry.instructions:
         if instr.opcode.text in ("dot", "fusion"):
             assert instr.shape.layout is None or instr.shape.layout.is_default, instr
+
+
+# JAX's layout-insensitive HLO: a transposed value enters a loop's state in the layout the
+# transpose printed ({0,1}) while the body's parameter says {1,0} (a bidirectional GRU from
+# flax did this); the body slices a row of it each step.
+LOOP_LAYOUTS = """HloModule loop_layouts
+body {
+  p = (s32[], f32[4,3]{1,0}, f32[3]{0}) parameter(0)
+  i = s32[] get-tuple-element(p), index=0
+  x = f32[4,3]{1,0} get-tuple-element(p), index=1
+  acc = f32[3]{0} get-tuple-element(p), index=2
+  z = s32[] constant(0)
+  row = f32[1,3]{1,0} dynamic-slice(x, i, z), dynamic_slice_sizes={1,3}
+  r = f32[3]{0} reshape(row)
+  two = f32[] constant(2)
+  twos = f32[3]{0} broadcast(two), dimensions={}
+  scaled = f32[3]{0} multiply(r, twos)
+  next_acc = f32[3]{0} add(acc, scaled)
+  one = s32[] constant(1)
+  next_i = s32[] add(i, one)
+  ROOT t = (s32[], f32[4,3]{1,0}, f32[3]{0}) tuple(next_i, x, next_acc)
+}
+cond {
+  q = (s32[], f32[4,3]{1,0}, f32[3]{0}) parameter(0)
+  k = s32[] get-tuple-element(q), index=0
+  n = s32[] constant(4)
+  ROOT lt = pred[] compare(k, n), direction=LT
+}
+ENTRY e {
+  a = f32[3,4]{1,0} parameter(0)
+  t = f32[4,3]{0,1} transpose(a), dimensions={1,0}
+  zero = s32[] constant(0)
+  z3 = f32[] constant(0)
+  acc0 = f32[3]{0} broadcast(z3), dimensions={}
+  init = (s32[], f32[4,3]{0,1}, f32[3]{0}) tuple(zero, t, acc0)
+  w = (s32[], f32[4,3]{0,1}, f32[3]{0}) while(init), condition=cond, body=body
+  x_out = f32[4,3]{0,1} get-tuple-element(w), index=1
+  acc_out = f32[3]{0} get-tuple-element(w), index=2
+  ROOT out = (f32[3]{0}, f32[4,3]{0,1}) tuple(acc_out, x_out)
+}
+"""
+
+
+def test_a_loop_whose_state_layouts_disagree_runs_in_the_body_parameters_layouts():
+    from xlapy.backends import get_backend
+
+    a = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+    want = get_backend("interpreter").compile(parse_module(LOOP_LAYOUTS)).run([a])
+    for options in ({}, {"native_loops": False}):
+        got = get_backend("cpu").compile(parse_module(LOOP_LAYOUTS), options).run([a])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(want[0]), 2 * a.sum(axis=1))

@@ -133,3 +133,121 @@ class NormalizeLayouts(HloPass):
                 instr.shape = shape.with_layout(Layout.default(shape.rank))
                 changed = True
         return changed
+
+
+@register_pass
+class WhileLayoutAgreement(HloPass):
+    """A while loop's state is one set of buffers, so its init, the loop's result, the
+    condition's and body's parameters and the body's root must agree on layouts, as XLA's
+    layout assignment makes them. A layout-insensitive module (JAX's HLO before
+    optimization) may not: a transposed value entering the state as f32[8,2,64]{2,0,1}
+    while the body's parameter says {2,1,0} made the body read the bytes in the wrong
+    order (a bidirectional GRU's forward gave wrong numbers). The body's parameter decides;
+    the init, the body's root and the condition's parameter get copies in its layouts
+    where theirs differ, and a read of the loop's result that declared other layouts gets
+    a copy back to them."""
+
+    name = "while-layout-agreement"
+
+    def run(self, module: HloModule) -> bool:
+        changed = False
+        for comp in list(module.computations):
+            for instr in list(comp.instructions):
+                if instr.opcode is Opcode.WHILE and instr.parent is comp:
+                    changed |= _agree(comp, instr)
+        return changed
+
+
+def _agree(comp: HloComputation, loop: HloInstruction) -> bool:
+    body, cond = loop.while_body, loop.while_condition
+    want = body.parameter(0).shape
+    init, root, cond_param = loop.operands[0], body.root, cond.parameter(0)
+    shapes = (loop.shape, init.shape, root.shape, cond_param.shape)
+    if all(s == want for s in shapes) or not all(s.compatible(want) for s in shapes):
+        return False  # (shapes that differ beyond layouts are the verifier's business)
+    if init.shape != want:
+        loop.replace_operand_at(0, _as(comp, init, want, before=loop))
+    if root.shape != want:
+        body.set_root(_as(body, root, want, before=None))
+    if cond_param.shape != want:
+        _retarget_reads(cond, cond_param, want)
+    if loop.shape != want:
+        _retarget_reads(comp, loop, want)
+    return True
+
+
+def _retarget_reads(comp: HloComputation, source: HloInstruction, want: Shape) -> None:
+    """Give `source` (a tuple-shaped parameter or loop) shape `want`; each read of it that
+    declared other layouts reads `want`'s and copies back to its own."""
+    source.shape = want
+    for read in list(source.users):
+        if read.opcode is not Opcode.GET_TUPLE_ELEMENT:
+            continue
+        element = want.tuple_shapes[read.tuple_index]
+        if read.shape == element:
+            continue
+        declared = read.shape
+        read.shape = element
+        comp.replace_all_uses(read, _as(comp, read, declared, before=None, after=read))
+
+
+def _as(
+    comp: HloComputation,
+    value: HloInstruction,
+    shape: Shape,
+    before: HloInstruction | None,
+    after: HloInstruction | None = None,
+) -> HloInstruction:
+    """`value` in `shape`'s layouts (the same value): itself, a copy, or a tuple of its
+    elements so converted; new instructions go before `before` (default: just after
+    `after`, else before the root)."""
+    if value.shape == shape:
+        return value
+    names = _Names(comp)
+
+    def add(instr: HloInstruction) -> HloInstruction:
+        if before is not None:
+            return comp.add_instruction(instr, before=before)
+        anchor = after if after is not None else value
+        order = comp.instructions
+        position = max(order.index(anchor), order.index(value)) + 1
+        target = order[position] if position < len(order) else None
+        return comp.add_instruction(instr, before=target) if target else comp.add_instruction(instr)
+
+    def convert(v: HloInstruction, s: Shape) -> HloInstruction:
+        if v.shape == s:
+            return v
+        if not s.is_tuple:
+            return add(HloInstruction(names.fresh("copy"), Opcode.COPY, s, [v]))
+        parts = []
+        for i, element in enumerate(s.tuple_shapes):
+            gte = add(
+                HloInstruction(
+                    names.fresh("get-tuple-element"),
+                    Opcode.GET_TUPLE_ELEMENT,
+                    v.shape.tuple_shapes[i],
+                    [v],
+                    {"index": i},
+                )
+            )
+            parts.append(convert(gte, element))
+        return add(HloInstruction(names.fresh("tuple"), Opcode.TUPLE, s, parts))
+
+    return convert(value, shape)
+
+
+class _Names:
+    """Fresh instruction names for one computation's module."""
+
+    def __init__(self, comp: HloComputation):
+        from xlapy.ir.names import NameUniquer
+
+        module = comp.parent
+        self._uniquer = NameUniquer(module) if module is not None else None
+        self._n = 0
+
+    def fresh(self, base: str) -> str:
+        if self._uniquer is not None:
+            return self._uniquer.fresh(base)
+        self._n += 1
+        return f"{base}.layout.{self._n}"

@@ -28,6 +28,7 @@ SIMPLIFY: list[str | HloPass] = [
 CPU_PIPELINE: list[PlanEntry] = [
     "call-inliner",
     "defuser",  # XLA's fusions around a dot, reduce-window, scatter...: fused again below
+    "while-layout-agreement",  # a loop's state is one set of buffers: one layout each
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
