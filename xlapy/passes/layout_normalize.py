@@ -161,7 +161,7 @@ class WhileLayoutAgreement(HloPass):
 def _agree(comp: HloComputation, loop: HloInstruction) -> bool:
     body, cond = loop.while_body, loop.while_condition
     want = body.parameter(0).shape
-    init, root, cond_param = loop.operands[0], body.root, cond.parameter(0)
+    init, root, cond_param = loop.operands[0], body.root_instruction(), cond.parameter(0)
     shapes = (loop.shape, init.shape, root.shape, cond_param.shape)
     if all(s == want for s in shapes) or not all(s.compatible(want) for s in shapes):
         return False  # (shapes that differ beyond layouts are the verifier's business)
