@@ -394,3 +394,22 @@ def test_a_loop_whose_state_layouts_disagree_runs_in_the_body_parameters_layouts
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     np.testing.assert_array_equal(np.asarray(want[0]), 2 * a.sum(axis=1))
+
+
+def test_a_loop_returned_whole_keeps_the_declared_result_layouts():
+    from xlapy.backends import get_backend
+
+    text = LOOP_LAYOUTS.replace(
+        "  x_out = f32[4,3]{0,1} get-tuple-element(w), index=1\n"
+        "  acc_out = f32[3]{0} get-tuple-element(w), index=2\n"
+        "  ROOT out = (f32[3]{0}, f32[4,3]{0,1}) tuple(acc_out, x_out)\n",
+        "",
+    ).replace("  w = (s32[]", "  ROOT w = (s32[]")
+    a = np.random.default_rng(8).standard_normal((3, 4)).astype(np.float32)
+    want = get_backend("interpreter").compile(parse_module(text)).run([a])
+    compiled = get_backend("cpu").compile(parse_module(text))
+    assert compiled.module.entry.root_instruction().shape.to_text() == (
+        "(s32[], f32[4,3]{0,1}, f32[3]{0})"
+    )
+    for g, w in zip(compiled.run([a]), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

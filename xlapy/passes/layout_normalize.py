@@ -179,9 +179,12 @@ def _agree(comp: HloComputation, loop: HloInstruction) -> bool:
 def _retarget_reads(comp: HloComputation, source: HloInstruction, want: Shape) -> None:
     """Give `source` (a tuple-shaped parameter or loop) shape `want`; each read of it that
     declared other layouts reads `want`'s and copies back to its own."""
+    declared_whole = source.shape
     source.shape = want
+    others = []
     for read in list(source.users):
         if read.opcode is not Opcode.GET_TUPLE_ELEMENT:
+            others.append(read)
             continue
         element = want.tuple_shapes[read.tuple_index]
         if read.shape == element:
@@ -189,6 +192,12 @@ def _retarget_reads(comp: HloComputation, source: HloInstruction, want: Shape) -
         declared = read.shape
         read.shape = element
         comp.replace_all_uses(read, _as(comp, read, declared, before=None, after=read))
+    if source.opcode is not Opcode.PARAMETER and (others or comp.root is source):
+        back = _as(comp, source, declared_whole, before=None, after=source)
+        for user in others:
+            user.replace_operand_at(user.operands.index(source), back)
+        if comp.root is source:
+            comp.set_root(back)
 
 
 def _as(
