@@ -29,6 +29,7 @@ from __future__ import annotations
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import CallContext, Category, Opcode
 from xlapy.ir.shapes import Layout, Shape
 from xlapy.passes.pass_base import HloPass, register_pass
@@ -151,14 +152,15 @@ class WhileLayoutAgreement(HloPass):
 
     def run(self, module: HloModule) -> bool:
         changed = False
+        names = NameUniquer(module)
         for comp in list(module.computations):
             for instr in list(comp.instructions):
                 if instr.opcode is Opcode.WHILE and instr.parent is comp:
-                    changed |= _agree(comp, instr)
+                    changed |= _agree(comp, instr, names)
         return changed
 
 
-def _agree(comp: HloComputation, loop: HloInstruction) -> bool:
+def _agree(comp: HloComputation, loop: HloInstruction, names: NameUniquer) -> bool:
     body, cond = loop.while_body, loop.while_condition
     want = body.parameter(0).shape
     init, root, cond_param = loop.operands[0], body.root_instruction(), cond.parameter(0)
@@ -166,17 +168,19 @@ def _agree(comp: HloComputation, loop: HloInstruction) -> bool:
     if all(s == want for s in shapes) or not all(s.compatible(want) for s in shapes):
         return False  # (shapes that differ beyond layouts are the verifier's business)
     if init.shape != want:
-        loop.replace_operand_at(0, _as(comp, init, want, before=loop))
+        loop.replace_operand_at(0, _as(comp, init, want, names, before=loop))
     if root.shape != want:
-        body.set_root(_as(body, root, want, before=None))
+        body.set_root(_as(body, root, want, names, before=None))
     if cond_param.shape != want:
-        _retarget_reads(cond, cond_param, want)
+        _retarget_reads(cond, cond_param, want, names)
     if loop.shape != want:
-        _retarget_reads(comp, loop, want)
+        _retarget_reads(comp, loop, want, names)
     return True
 
 
-def _retarget_reads(comp: HloComputation, source: HloInstruction, want: Shape) -> None:
+def _retarget_reads(
+    comp: HloComputation, source: HloInstruction, want: Shape, names: NameUniquer
+) -> None:
     """Give `source` (a tuple-shaped parameter or loop) shape `want`; each read of it that
     declared other layouts reads `want`'s and copies back to its own."""
     declared_whole = source.shape
@@ -191,9 +195,9 @@ def _retarget_reads(comp: HloComputation, source: HloInstruction, want: Shape) -
             continue
         declared = read.shape
         read.shape = element
-        comp.replace_all_uses(read, _as(comp, read, declared, before=None, after=read))
+        comp.replace_all_uses(read, _as(comp, read, declared, names, before=None, after=read))
     if source.opcode is not Opcode.PARAMETER and (others or comp.root is source):
-        back = _as(comp, source, declared_whole, before=None, after=source)
+        back = _as(comp, source, declared_whole, names, before=None, after=source)
         for user in others:
             user.replace_operand_at(user.operands.index(source), back)
         if comp.root is source:
@@ -204,6 +208,7 @@ def _as(
     comp: HloComputation,
     value: HloInstruction,
     shape: Shape,
+    names: NameUniquer,
     before: HloInstruction | None,
     after: HloInstruction | None = None,
 ) -> HloInstruction:
@@ -212,7 +217,6 @@ def _as(
     `after`, else before the root)."""
     if value.shape == shape:
         return value
-    names = _Names(comp)
 
     def add(instr: HloInstruction) -> HloInstruction:
         if before is not None:
@@ -243,20 +247,3 @@ def _as(
         return add(HloInstruction(names.fresh("tuple"), Opcode.TUPLE, s, parts))
 
     return convert(value, shape)
-
-
-class _Names:
-    """Fresh instruction names for one computation's module."""
-
-    def __init__(self, comp: HloComputation):
-        from xlapy.ir.names import NameUniquer
-
-        module = comp.parent
-        self._uniquer = NameUniquer(module) if module is not None else None
-        self._n = 0
-
-    def fresh(self, base: str) -> str:
-        if self._uniquer is not None:
-            return self._uniquer.fresh(base)
-        self._n += 1
-        return f"{base}.layout.{self._n}"
