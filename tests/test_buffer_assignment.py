@@ -10,6 +10,7 @@ from test_arena_run import assert_bitwise_equal
 from test_dataflow import CONTROL, TUPLES, WHILE
 
 from xlapy.analysis.liveness import may_update_in_place
+from xlapy.backends import get_backend
 from xlapy.backends.interpreter import evaluate
 from xlapy.backends.interpreter.arena import evaluate_in_arena
 from xlapy.errors import XlapyError
@@ -20,7 +21,6 @@ from xlapy.memory.buffer_assignment import (
     prepare_for_buffer_assignment,
 )
 from xlapy.memory.heap_simulator import MemoryPlanningError
-from xlapy.memory.report import plan_memory
 
 DONATED = """
 HloModule donated, input_output_alias={ {0}: (0, {}, may-alias) }
@@ -260,7 +260,7 @@ def test_arena_run_after_the_cpu_pipeline(name):
     prog = PROGRAMS[name]
     args = prog.args()
     module = parse_module(hlo_texts(prog).lowered)
-    a = plan_memory(module).assignment
+    a = get_backend("cpu").plan_memory(module)  # the plan the CPU program runs
     check_invariants(a)
     run = evaluate_in_arena(a, args)
-    assert_bitwise_equal(run.result, evaluate(module, args), name)
+    assert_bitwise_equal(run.result, evaluate(a.module, args), name)  # the planned module

@@ -12,6 +12,7 @@ import pytest
 from test_memory_report import JSON_KEYS, SIZES
 
 import xlapy.passes
+from xlapy.backends.options import MEMORY_SCHEDULERS
 from xlapy.ir.parser import parse_module
 
 PASSES_DIR = Path(xlapy.passes.__file__).parent
@@ -54,12 +55,19 @@ def test_memory_json(run_cli, write):
     assert figures["peak_bytes"] == 1280 + 1296 - 1024 + 2048
 
 
-@pytest.mark.parametrize("scheduler", ["list", "dfs", "post-order", "module"])
+@pytest.mark.parametrize("scheduler", MEMORY_SCHEDULERS)
 def test_memory_scheduler_option(run_cli, write, scheduler):
+    """--scheduler X reports the plan of the CPU program compiled with memory_scheduler=X."""
+    from xlapy.runtime import CompileOptions, Compiler
+
     path = write("m.hlo", SIZES)
     code, out, _ = run_cli("memory", path, "--json", "--scheduler", scheduler)
     assert code == 0
-    assert json.loads(out)["scheduler"] == scheduler
+    figures = json.loads(out)
+    assert figures["scheduler"] == scheduler
+    options = CompileOptions.make(backend_options={"memory_scheduler": scheduler})
+    stats = Compiler("cpu").compile(SIZES, options).memory_stats()
+    assert (figures["temp_bytes"], figures["peak_bytes"]) == (stats.temp_bytes, stats.peak_bytes)
 
 
 def test_memory_csv_to_file_and_stdout(run_cli, write, tmp_path):

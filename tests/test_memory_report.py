@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 from test_dataflow import CONTROL, TUPLES, WHILE
 
+from xlapy.backends import get_backend
+from xlapy.backends.options import MEMORY_SCHEDULERS, BackendOptionError
 from xlapy.ir.parser import parse_module
 from xlapy.memory import report
+from xlapy.memory.buffer_assignment import PLAN_ORDERS, BufferAssignment, plan_as_given
 from xlapy.memory.heap_simulator import MemoryPlanningError
 
 # p0 (1 KiB) is donated to output {0}; p1 (256 B) is read-only. b, m and e are 1 KiB
@@ -45,14 +48,15 @@ JSON_KEYS = {
 }
 
 
-def plan(text: str = SIZES, **kw) -> report.MemoryPlan:
-    kw.setdefault("optimize", False)
-    return report.plan_memory(parse_module(text), **kw)
+def plan(text: str = SIZES, scheduler: str = "plan", optimize: bool = False) -> BufferAssignment:
+    """The plan a backend runs for `text` (the interpreter's, the module as given, unless
+    `optimize`: then the CPU backend's) under the option memory_scheduler=`scheduler`."""
+    backend = get_backend("cpu" if optimize else "interpreter")
+    return backend.plan_memory(parse_module(text), {"memory_scheduler": scheduler})
 
 
 def test_text_report_sections_and_numbers():
-    p = plan()
-    text = report.format_report(p.assignment, top=3, scheduler=p.scheduler)
+    text = report.format_report(plan(), top=3, scheduler="plan")
     for section in ("Memory report for sizes", "Allocations:", "BufferAssignment stats:"):
         assert section in text
     assert "allocation 0: size 1024, entry-parameter 0 at ShapeIndex {} (aliased), " in text
@@ -80,8 +84,7 @@ def test_text_report_sections_and_numbers():
 
 
 def test_peak_buffers_name_the_largest_values_and_their_op_names():
-    p = plan()
-    a = p.assignment
+    a = plan()
     tl = report.timeline(a)
     peaks = report.peak_buffers(a, top=10, tl=tl)
     assert [x.rank for x in peaks] == list(range(1, len(peaks) + 1))
@@ -99,7 +102,7 @@ def test_peak_buffers_name_the_largest_values_and_their_op_names():
 
 
 def test_timeline_is_the_sum_of_its_buffers():
-    a = plan().assignment
+    a = plan()
     tl = report.timeline(a)
     assert len(tl.live_bytes) == a.liveness.end_time + 1 == len(tl.steps)
     for t in range(len(tl.live_bytes)):
@@ -110,7 +113,7 @@ def test_timeline_is_the_sum_of_its_buffers():
 
 
 def test_csv_has_one_row_per_value():
-    a = plan().assignment
+    a = plan()
     rows = list(csv.DictReader(io.StringIO(report.write_csv(a))))
     assert len(rows) == len(a.dataflow.values)
     assert tuple(rows[0]) == report.CSV_COLUMNS
@@ -135,13 +138,13 @@ def test_csv_has_one_row_per_value():
         assert int(r["start"]) <= int(r["end"])
 
 
-@pytest.mark.parametrize("scheduler", ["best", "list", "dfs", "post-order", "module"])
+@pytest.mark.parametrize("scheduler", MEMORY_SCHEDULERS)
 @pytest.mark.parametrize(
     "text", [SIZES, TUPLES, WHILE, CONTROL], ids=["sizes", "tuples", "while", "control"]
 )
 def test_figures_are_consistent(text, scheduler):
-    p = plan(text, scheduler=scheduler)
-    figures = json.loads(report.figures_json(p.assignment, p.scheduler))
+    a = plan(text, scheduler=scheduler)
+    figures = json.loads(report.figures_json(a, scheduler))
     assert set(figures) >= JSON_KEYS
     assert figures["peak_bytes"] == (
         figures["argument_bytes"]
@@ -152,15 +155,33 @@ def test_figures_are_consistent(text, scheduler):
     assert figures["lower_bound_bytes"] <= figures["temp_bytes"]
     assert figures["fragmentation_bytes"] == figures["temp_bytes"] - figures["lower_bound_bytes"]
     assert figures["timeline_peak_bytes"] <= figures["peak_bytes"]
-    if scheduler == "best":
-        assert figures["scheduler"] in ("list", "dfs", "post-order")
-    else:
-        assert figures["scheduler"] == scheduler
+    assert figures["scheduler"] == scheduler
 
 
-def test_the_default_pipeline_runs_first_when_asked():
-    p = report.plan_memory(parse_module(SIZES), optimize=True)
-    figures = report.memory_figures(p.assignment, p.scheduler)
+def test_the_option_names_the_planner_orders():
+    """The option table restates PLAN_ORDERS (reading it loads no planner): they agree."""
+    assert MEMORY_SCHEDULERS == PLAN_ORDERS
+
+
+@pytest.mark.parametrize("scheduler", ["list", "module"])
+def test_the_cpu_program_runs_the_plan_its_option_names(scheduler):
+    """memory_scheduler is a compile option, not a report's what-if: the CPU program
+    compiled with it executes the plan the CPU backend reports for it."""
+    from xlapy.runtime import Client, CompileOptions
+
+    options = {"memory_scheduler": scheduler}
+    client = Client("cpu")
+    exe = client.compile(WHILE, CompileOptions.make(backend_options=options))
+    ran = exe.backend_program().compiled.assignment
+    planned = get_backend("cpu").plan_memory(parse_module(WHILE), options)
+    assert planned.to_text() == ran.to_text()
+    assert exe.memory_stats().temp_bytes == planned.temp_bytes
+    client.close()
+
+
+def test_the_cpu_plan_runs_the_default_pipeline_first():
+    a = plan(SIZES, optimize=True)
+    figures = report.memory_figures(a, "plan")
     assert figures["argument_bytes"] == 1280 and figures["alias_bytes"] == 1024
     # fused, the three temporaries become one kernel: nothing is left in the arena
     assert figures["temp_bytes"] < 2048
@@ -169,7 +190,7 @@ def test_the_default_pipeline_runs_first_when_asked():
 def test_plot_is_a_png(tmp_path):
     from matplotlib.image import imread
 
-    path = report.plot_timeline(plan(WHILE).assignment, tmp_path / "mem.png")
+    path = report.plot_timeline(plan(WHILE), tmp_path / "mem.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     image = imread(path)
@@ -191,7 +212,7 @@ def test_plot_peak_label_overlaps_neither_legend_nor_curve(tmp_path, monkeypatch
         return save(self, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", keep)
-    assignment = plan(WHILE).assignment
+    assignment = plan(WHILE)
     report.plot_timeline(assignment, tmp_path / "mem.png")
     [fig] = figures
     ax = fig.axes[0]
@@ -217,8 +238,10 @@ def test_human_bytes(n, text):
 
 
 def test_unknown_scheduler_is_an_error():
-    with pytest.raises(MemoryPlanningError, match=r"unknown scheduler 'fastest'.*post-order"):
+    with pytest.raises(BackendOptionError, match=r"memory_scheduler='fastest'.*post-order"):
         plan(scheduler="fastest")
+    with pytest.raises(MemoryPlanningError, match=r"unknown scheduler 'fastest'.*post-order"):
+        plan_as_given(parse_module(SIZES), "fastest")
 
 
 def test_readme_says_how_to_get_op_names_in_the_memory_report():

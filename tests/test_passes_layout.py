@@ -12,12 +12,12 @@ import pytest
 from jax_programs import PROGRAMS, hlo_texts
 from test_jax_programs import assert_leaf_matches, leaves
 
+from xlapy.backends import get_backend
 from xlapy.backends.interpreter import evaluate
 from xlapy.backends.interpreter.arena import evaluate_in_arena
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
-from xlapy.memory.report import plan_memory
 from xlapy.passes.reshape_to_bitcast import ReshapeToBitcast, reshape_is_bitcast
 
 # (name, entry body whose root is the instruction under test, expected root opcode after)
@@ -193,9 +193,10 @@ def test_root_bitcast_of_a_parameter_gets_its_own_output_bytes():
     """The output of `reshape(p)` must not become the caller's parameter buffer."""
     module = _module("p = f32[6]{0} parameter(0)\n  ROOT r = f32[2,3]{1,0} reshape(p)")
     x = np.random.default_rng(3).standard_normal(6).astype(np.float32)
-    assignment = plan_memory(module).assignment
-    root = module.entry.root
-    assert assignment.slice_of(root, ()) != assignment.slice_of(module.entry.parameters[0], ())
+    assignment = get_backend("cpu").plan_memory(module)  # the plan the CPU program runs
+    planned = assignment.module
+    root = planned.entry.root
+    assert assignment.slice_of(root, ()) != assignment.slice_of(planned.entry.parameters[0], ())
     run = evaluate_in_arena(assignment, [x])
     assert np.array_equal(run.result, x.reshape(2, 3))
 
@@ -214,8 +215,8 @@ def test_programs_through_the_cpu_pipeline(name):
     prog = PROGRAMS[name]
     args = prog.args()
     lowered = parse_module(hlo_texts(prog).lowered)
-    module = parse_module(hlo_texts(prog).lowered)
-    assignment = plan_memory(module).assignment
+    assignment = get_backend("cpu").plan_memory(lowered)
+    module = assignment.module
     ops = {i.opcode for c in module.computations for i in c.instructions}
     if name in BITCAST_PROGRAMS:
         assert Opcode.BITCAST in ops

@@ -27,6 +27,7 @@ from xlapy.backends.options import (
     BackendOptionError,
     Option,
     check_options,
+    memory_scheduler,
 )
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape, ShapeIndex
@@ -91,6 +92,8 @@ class CompiledProgram(ABC):
     arenas); the runtime counts it in the device allocator while the run lasts."""
 
     module: HloModule
+    memory_scheduler: str = "plan"
+    """The order the default plan is made over (the backend option `memory_scheduler`)."""
     _plan: BufferAssignment | None = None
 
     @property
@@ -100,7 +103,7 @@ class CompiledProgram(ABC):
         if self._plan is None:
             from xlapy.memory.buffer_assignment import plan_as_given
 
-            self._plan = plan_as_given(self.module)
+            self._plan = plan_as_given(self.module, self.memory_scheduler)
         return self._plan
 
     @property
@@ -185,10 +188,12 @@ class Backend(ABC):
         text: str | None = None,
     ) -> BufferAssignment:
         """The buffer assignment `compile(module, options)` executes, without generating
-        code (`module` is not changed). The default: the module planned as given."""
+        code (`module` is not changed). The default: the module planned as given, over
+        the order the option `memory_scheduler` names."""
         from xlapy.memory.buffer_assignment import plan_as_given
 
-        return plan_as_given(module)
+        self.check_options(options)
+        return plan_as_given(module, memory_scheduler(options))
 
 
 PROFILE: ContextVar[Any] = ContextVar("xlapy_profile", default=None)

@@ -64,6 +64,24 @@ def anything(value: Any) -> str | None:
     return None
 
 
+MEMORY_SCHEDULERS = ("plan", "best", "post-order", "dfs", "list", "module")
+"""xlapy.memory.buffer_assignment.PLAN_ORDERS, restated so that reading the option tables
+loads no planner (tests/test_memory_report.py checks that the two agree)."""
+
+MEMORY_SCHEDULER = Option(
+    "the order buffer assignment plans over: 'plan' (default: the one of best, list, dfs "
+    "and post-order whose plan has the fewest temp bytes), one of those, or 'module' (the "
+    "module's text order); memory/buffer_assignment.py",
+    one_of(*MEMORY_SCHEDULERS),
+)
+"""A backend that plans memory honours it: the plan it runs, and every memory figure."""
+
+
+def memory_scheduler(options: Mapping[str, Any] | None) -> str:
+    """The `memory_scheduler` of backend `options` ("plan" when not set)."""
+    return str((options or {}).get("memory_scheduler", "plan")).lower()
+
+
 RUNTIME_OPTIONS: dict[str, Option] = {
     "collective_timeout": Option(
         "seconds a collective waits for its peers before failing", seconds

@@ -2,6 +2,7 @@
 the memory reports."""
 
 from xlapy.memory.buffer_assignment import (
+    PLAN_ORDERS,
     Allocation,
     AssignmentOptions,
     BufferAssignment,
@@ -26,8 +27,6 @@ from xlapy.memory.heap_simulator import (
 )
 from xlapy.memory.report import (
     CSV_COLUMNS,
-    REPORT_SCHEDULERS,
-    MemoryPlan,
     PeakBuffer,
     Timeline,
     TimelineBuffer,
@@ -36,7 +35,6 @@ from xlapy.memory.report import (
     format_report,
     memory_figures,
     peak_buffers,
-    plan_memory,
     plot_timeline,
     stats_text,
     timeline,
@@ -58,6 +56,7 @@ from xlapy.memory.scheduler import (
     post_order_schedule,
     schedule_computation,
     schedule_module,
+    text_order,
     validate_sequence,
 )
 
@@ -65,7 +64,7 @@ __all__ = [
     "ALGORITHMS",
     "CSV_COLUMNS",
     "DEFAULT_ALIGNMENT",
-    "REPORT_SCHEDULERS",
+    "PLAN_ORDERS",
     "SCHEDULERS",
     "Allocation",
     "AssignmentOptions",
@@ -73,7 +72,6 @@ __all__ = [
     "ComputationSchedule",
     "HeapBuffer",
     "HeapResult",
-    "MemoryPlan",
     "MemoryPlanningError",
     "MemoryStats",
     "PeakBuffer",
@@ -100,7 +98,6 @@ __all__ = [
     "peak_memory",
     "pick_best_schedule",
     "plan_as_given",
-    "plan_memory",
     "plot_timeline",
     "post_order_schedule",
     "prepare_for_buffer_assignment",
@@ -109,6 +106,7 @@ __all__ = [
     "simulate_heap",
     "simulate_peak",
     "stats_text",
+    "text_order",
     "timeline",
     "validate_sequence",
     "value_rows",

@@ -55,6 +55,7 @@ from xlapy.memory.scheduler import (
     ComputationSchedule,
     Schedule,
     schedule_computation,
+    text_order,
 )
 from xlapy.passes.copy_insertion import CopyInsertion
 from xlapy.passes.flatten_call_graph import FlattenCallGraph
@@ -362,19 +363,25 @@ PLAN_CANDIDATES = ("best", *SCHEDULERS)
 """The orders `prepare_for_buffer_assignment` tries, in tie-break order: "best" (each
 computation's lowest peak under the scheduler's size model), then each scheduler alone."""
 
+PLAN_ORDERS = ("plan", *PLAN_CANDIDATES, "module")
+"""The orders `prepare_for_buffer_assignment` takes by name (and the backends' option
+`memory_scheduler`): "plan" (the default: the candidate whose plan is smallest), one
+candidate, or "module" (the module's text order, an appended copy moved after its
+operands)."""
+
 
 def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") -> str:
     """Make `module` ready for assign_buffers: flatten its call graph, then insert copies
     judged under one sequential order of each computation, which becomes the module's order
     (copy insertion and buffer assignment see the same sequence). `scheduler` names the
-    order (one of PLAN_CANDIDATES), or is "plan": each candidate is tried on a copy of the
-    module, copy insertion and buffer assignment included, and the one whose plan has the
-    fewest temp bytes (then the lowest peak; then the earliest) is kept, as XLA keeps the
+    order (one of PLAN_ORDERS); "plan" tries each of PLAN_CANDIDATES on a copy of the
+    module, copy insertion and buffer assignment included, and keeps the one whose plan has
+    the fewest temp bytes (then the lowest peak; then the earliest), as XLA keeps the
     scheduler whose heap simulation is smallest. The scheduler size model alone misjudges
     the copies that copy insertion will remove and the in-place updates and output reuse
     that buffer assignment will accept, so the real plan decides. Returns the order kept."""
-    if scheduler != "plan" and scheduler not in PLAN_CANDIDATES:
-        known = ", ".join(["plan", *PLAN_CANDIDATES])
+    if scheduler not in PLAN_ORDERS:
+        known = ", ".join(PLAN_ORDERS)
         raise MemoryPlanningError(f"unknown scheduler {scheduler!r}; expected one of {known}")
     FlattenCallGraph().run(module)
     if scheduler == "plan":
@@ -384,6 +391,9 @@ def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") ->
 
 
 def _order_of(scheduler: str):
+    if scheduler == "module":
+        return text_order
+
     def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
         return schedule_computation(comp, scheduler).sequence
 
@@ -408,12 +418,13 @@ def _smallest_plan(module: HloModule) -> str:
     return chosen
 
 
-def plan_as_given(module: HloModule) -> BufferAssignment:
+def plan_as_given(module: HloModule, scheduler: str = "plan") -> BufferAssignment:
     """The buffer assignment of `module` run as it is (no optimization): a copy is
-    flattened, given copies under the best schedule and assigned buffers. It is the plan
-    of a backend that runs modules unoptimized (the interpreter); `module` is unchanged."""
+    flattened, given copies under the order `scheduler` names (PLAN_ORDERS) and assigned
+    buffers. It is the plan of a backend that runs modules unoptimized (the interpreter);
+    `module` is unchanged."""
     clone = parse_module(module.to_text())
-    prepare_for_buffer_assignment(clone)
+    prepare_for_buffer_assignment(clone, scheduler)
     return assign_buffers(clone)
 
 

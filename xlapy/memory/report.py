@@ -18,15 +18,14 @@ From one BufferAssignment this module derives
   - one CSV row per value, a JSON object of the figures, and a PNG plot of the timeline
     stacked by the largest buffers with the peak marked (matplotlib, imported lazily).
 
-`plan_memory` runs what `xlapy memory` runs before reporting: optionally the default CPU
-pipeline, then flatten-call-graph and copy insertion judged under the chosen scheduler's
-order, then buffer assignment over that order.
+The plan reported is always one a backend runs: `xlapy memory` compiles the module for
+the CPU backend (the interpreter's with --no-opt) and reads the executable's plan
+(Executable.memory_plan()); this module plans nothing of its own.
 """
 
 from __future__ import annotations
 
 import csv
-import heapq
 import io
 import json
 from collections.abc import Iterable
@@ -37,23 +36,10 @@ import numpy as np
 
 from xlapy.analysis.alias import HloBuffer
 from xlapy.analysis.dataflow import HloValue
-from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
-from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import index_text
-from xlapy.memory.buffer_assignment import (
-    AssignmentOptions,
-    BufferAssignment,
-    assign_buffers,
-)
-from xlapy.memory.heap_simulator import MemoryPlanningError
-from xlapy.memory.scheduler import SCHEDULERS, schedule_computation
-from xlapy.passes.copy_insertion import CopyInsertion
-from xlapy.passes.flatten_call_graph import FlattenCallGraph
-
-REPORT_SCHEDULERS = ("best", *SCHEDULERS, "module")
-"""Scheduler names `plan_memory` accepts: "module" keeps the module's instruction order."""
+from xlapy.memory.buffer_assignment import BufferAssignment
 
 CSV_COLUMNS = (
     "value_id",
@@ -71,74 +57,6 @@ CSV_COLUMNS = (
     "uses",
     "op_name",
 )
-
-
-# -- planning ---------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class MemoryPlan:
-    """A buffer assignment and the scheduler that fixed the entry computation's order."""
-
-    assignment: BufferAssignment
-    scheduler: str
-
-
-def plan_memory(
-    module: HloModule,
-    *,
-    optimize: bool = True,
-    scheduler: str = "best",
-    dump_dir: str | Path | None = None,
-    options: AssignmentOptions | None = None,
-) -> MemoryPlan:
-    """Optimize `module` in place (the default CPU pipeline, unless `optimize` is False),
-    flatten its call graph, insert copies under the order `scheduler` picks (one of
-    REPORT_SCHEDULERS) and assign buffers over that order."""
-    if scheduler not in REPORT_SCHEDULERS:
-        raise MemoryPlanningError(
-            f"unknown scheduler {scheduler!r}; expected one of {', '.join(REPORT_SCHEDULERS)}"
-        )
-    if optimize:
-        from xlapy.passes.pipelines import default_cpu_pipeline
-
-        default_cpu_pipeline(dump_dir=dump_dir).run(module)
-    FlattenCallGraph().run(module)
-    chosen: dict[str, str] = {}
-
-    def order(comp):
-        if scheduler == "module":
-            chosen[comp.name] = "module"
-            return text_order(comp)
-        result = schedule_computation(comp, scheduler)
-        chosen[comp.name] = result.algorithm
-        return result.sequence
-
-    CopyInsertion(order).run(module)
-    options = options or AssignmentOptions()
-    assignment = assign_buffers(module, options=options)
-    return MemoryPlan(assignment, chosen.get(assignment.entry.name, scheduler))
-
-
-def text_order(comp: HloComputation) -> list[HloInstruction]:
-    """The computation's instructions in text order, except that an instruction placed
-    before one of its operands (a copy a pass appended) moves down to just after it."""
-    position = {instr: n for n, instr in enumerate(comp.instructions)}
-    waiting = {
-        instr: len(set(instr.operands) | set(instr.control_predecessors))
-        for instr in comp.instructions
-    }
-    ready = [(position[i], i.name) for i, n in waiting.items() if n == 0]
-    by_name = {i.name: i for i in comp.instructions}
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, name = heapq.heappop(ready)
-        instr = by_name[name]
-        order.append(instr)
-        for user in dict.fromkeys([*instr.users, *instr.control_successors]):
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heapq.heappush(ready, (position[user], user.name))
-    return order
 
 
 # -- timeline and peak ------------------------------------------------------------------------

@@ -368,6 +368,29 @@ def list_schedule(
     return order
 
 
+def text_order(comp: HloComputation) -> list[HloInstruction]:
+    """The computation's instructions in text order, except that an instruction placed
+    before one of its operands (a copy a pass appended) moves down to just after it."""
+    position = {instr: n for n, instr in enumerate(comp.instructions)}
+    waiting = {
+        instr: len(set(instr.operands) | set(instr.control_predecessors))
+        for instr in comp.instructions
+    }
+    ready = [(position[i], i.name) for i, n in waiting.items() if n == 0]
+    by_name = {i.name: i for i in comp.instructions}
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        instr = by_name[name]
+        order.append(instr)
+        for user in dict.fromkeys([*instr.users, *instr.control_successors]):
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (position[user], user.name))
+    return order
+
+
 SCHEDULERS: dict[str, Callable[..., list[HloInstruction]]] = {
     "post-order": post_order_schedule,
     "dfs": dfs_schedule,

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from xlapy.backends.options import MEMORY_SCHEDULERS
 from xlapy.errors import HloParseError, XlapyError
 from xlapy.tools import npz_io
 from xlapy.tools.bench import bench
@@ -151,10 +152,11 @@ def fmt(module_path, long_form, no_metadata):
 )
 @click.option(
     "--scheduler",
-    type=click.Choice(["best", "list", "dfs", "post-order", "module"]),
-    default="best",
+    type=click.Choice(list(MEMORY_SCHEDULERS)),
+    default="plan",
     show_default=True,
-    help="the sequential order buffers are assigned over",
+    help="the sequential order buffers are assigned over: the backend option "
+    "memory_scheduler (plan: the order whose plan is smallest, what the backends run)",
 )
 @click.option("--csv", "csv_path", metavar="FILE", help="one row per value to FILE ('-': stdout)")
 @click.option(
@@ -174,29 +176,24 @@ def fmt(module_path, long_form, no_metadata):
 def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, num_partitions):
     """Report the memory of MODULE.hlo: allocations, stats, peak buffers.
 
-    By default this is the buffer assignment the CPU backend executes (the one
-    `executable.memory_stats()` and JAX's `compiled.memory_analysis()` report); with
-    --no-opt, the interpreter's (the module as given). Another --scheduler plans an
-    alternative that no backend runs, to compare orders."""
-    from xlapy.backends import get_backend
+    This is the buffer assignment of the program compiled for the CPU backend (the one it
+    executes, and the one `executable.memory_stats()` and JAX's
+    `compiled.memory_analysis()` report); with --no-opt, the interpreter's (the module as
+    given). --scheduler X reports the plan a compile with the backend option
+    memory_scheduler=X runs."""
     from xlapy.memory import report
+    from xlapy.runtime import CompileOptions
+    from xlapy.runtime.compiler import Compiler
 
     module = load_module(module_path)
     if num_partitions is not None:
         from xlapy.passes.spmd import partition
 
         click.echo(partition(module, num_partitions).text(), err=True)
-    if scheduler == "best":
-        a = get_backend("interpreter" if no_opt else "cpu").plan_memory(module)
-        plan = report.MemoryPlan(a, a.scheduler)
-    else:
-        plan = report.plan_memory(module, optimize=not no_opt, scheduler=scheduler)
-        a = plan.assignment
-        click.echo(
-            f"note: planned under --scheduler {scheduler}, an alternative to compare: the "
-            "backends run the best of list, DFS and post-order (the default)",
-            err=True,
-        )
+    backend_options = {} if scheduler == "plan" else {"memory_scheduler": scheduler}
+    options = CompileOptions.make(backend_options=backend_options)
+    executable = Compiler("interpreter" if no_opt else "cpu").compile_canonical(module, options)
+    a = executable.memory_plan()  # what a program compiled from `executable` runs over
     if plot_path:
         report.plot_timeline(a, plot_path)
     if csv_path == "-":
@@ -205,9 +202,9 @@ def memory(module_path, no_opt, top, scheduler, csv_path, plot_path, as_json, nu
         with open(csv_path, "w", newline="") as f:
             report.write_csv(a, f)
     if as_json:
-        click.echo(report.figures_json(a, plan.scheduler))
+        click.echo(report.figures_json(a, scheduler))
     elif csv_path != "-":
-        click.echo(report.format_report(a, top, plan.scheduler))
+        click.echo(report.format_report(a, top, scheduler))
     if plot_path:
         click.echo(f"wrote the memory timeline to {plot_path}", err=True)
 

@@ -35,6 +35,7 @@ from xlapy.backends.cpu.jit.executable_cache import KernelBook
 from xlapy.backends.cpu.jit.kernel import Kernel, using_book
 from xlapy.backends.cpu.lowering import Lowering
 from xlapy.backends.cpu.runtime.thunk import ThunkSequence
+from xlapy.backends.options import memory_scheduler
 from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
@@ -167,7 +168,7 @@ def _prepared_module(
     module = parse_module(text)
     if options.get("optimize", True):
         default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
-    prepare_for_buffer_assignment(module)
+    prepare_for_buffer_assignment(module, memory_scheduler(options))
     prepared_text = module.to_text()
     module_cache.write(key, prepared_text)
     return module, prepared_text

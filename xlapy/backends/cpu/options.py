@@ -7,7 +7,7 @@ from typing import Any
 
 from xlapy.backends.cpu.codegen.emitter import DENORMALS
 from xlapy.backends.cpu.runtime.thunk_graph import MODES
-from xlapy.backends.options import Option, boolean, integer, one_of
+from xlapy.backends.options import MEMORY_SCHEDULER, Option, boolean, integer, one_of
 
 
 def _concurrency(value: Any) -> str | None:
@@ -44,4 +44,5 @@ CPU_OPTIONS: dict[str, Option] = {
         "a kernel that fails to compile raises instead of falling back (lowering.py)", boolean
     ),
     "rng_seed": Option("the seed of the legacy `rng` op's generator (backend.py)", integer(0)),
+    "memory_scheduler": MEMORY_SCHEDULER,
 }

@@ -17,7 +17,7 @@ from xlapy.backends.base import (
     replace_leaf,
 )
 from xlapy.backends.interpreter.evaluator import Interpreter
-from xlapy.backends.options import Option, integer
+from xlapy.backends.options import MEMORY_SCHEDULER, Option, integer, memory_scheduler
 from xlapy.ir.module import HloModule
 
 # options passed on to the interpreter's state (see Interpreter)
@@ -37,6 +37,7 @@ class InterpreterProgram(CompiledProgram):
         self.module = module
         self.options = dict(options or {})
         self.aliases = alias_leaves(module)
+        self.memory_scheduler = memory_scheduler(options)
 
     def run(
         self, args: Sequence[Any], donated: frozenset[int] = frozenset(), collectives=None
@@ -74,6 +75,7 @@ class InterpreterBackend(Backend):
             "a while loop that runs more iterations fails (ExecutionError)", integer(0)
         ),
         "rng_seed": Option("the seed of the legacy `rng` op's generator", integer(0)),
+        "memory_scheduler": MEMORY_SCHEDULER,
     }
 
     def __init__(self, name: str = "interpreter", platform: str = "interpreter"):

@@ -27,8 +27,9 @@ from typing import Any
 from xlapy.backends.cpu.jit import engine as jit
 
 SUFFIX = ".hlo"
-PIPELINE_OPTIONS = ("optimize", "verify")
-"""The compile options the cached result depends on (the others affect lowering only)."""
+PIPELINE_OPTIONS = ("optimize", "verify", "memory_scheduler")
+"""The compile options the cached result depends on (the others affect lowering only;
+memory_scheduler decides where copy insertion puts copies)."""
 
 
 @functools.cache
