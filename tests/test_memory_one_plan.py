@@ -22,6 +22,7 @@ from xlapy.ir.parser import parse_module
 from xlapy.memory.buffer_assignment import BufferAssignment
 from xlapy.runtime import Client, CompileOptions
 from xlapy.runtime.compiler import Compiler
+from xlapy.runtime.executable import tuple_table_bytes
 from xlapy.tools import npz_io
 
 TESTS = Path(__file__).parent
@@ -97,8 +98,122 @@ def test_every_memory_figure_describes_the_executed_plan(name, client, run_cli, 
         for p in donate  # written in place
     )
     assert peak - before == out_bytes + temp
+    # the rule that ties the allocator to the figures: output_bytes counts the tuple
+    # tables of the output (as XLA's memory_analysis() does); a run allocates none
+    tables = tuple_table_bytes(exe.output_shape)
+    assert out_bytes == stats.output_bytes - tables - _written_in_place(module, donate)
     del outputs, output, buffers
     assert device.memory_stats().bytes_in_use == 0
+
+
+def _written_in_place(module, donated) -> int:
+    """Bytes of the output leaves that live in donated parameters' buffers."""
+    params = module.entry.parameters
+    aliases = module.config.input_output_alias
+    return sum(
+        params[a.param_number].shape.subshape(a.param_index).byte_size
+        for a in aliases
+        if a.param_number in donated
+    )
+
+
+# -- through the PJRT plugin: JAX compiles the same programs for the "xlapy" platform ----------
+XLA_LEGALIZER_REFUSES = {
+    "tests/collectives/all_to_all_4.hlo",
+    "tests/collectives/all_to_all_axes_4.hlo",
+    "tests/collectives/dp_train_step_2.hlo",
+    "tests/collectives/dp_train_step_4.hlo",
+    "tests/collectives/dp_train_step_8.hlo",
+    "tests/collectives/loop_collectives_4.hlo",
+    "tests/collectives/low_precision_4.hlo",
+    "tests/collectives/named_sharding_2x2.hlo",
+    "tests/collectives/named_sharding_2x4.hlo",
+    "tests/collectives/pmap_4.hlo",
+    "tests/collectives/ppermute_ring_8.hlo",
+    "tests/collectives/psum_sub_axes_2x4.hlo",
+    "tests/collectives/reductions_8.hlo",
+    "tests/collectives/scan_ring_8.hlo",
+    "tests/collectives/tp_matmul_4.hlo",
+}
+"""Programs (XLA's own optimized HLO) whose bitcast, copy or fusion XLA's MHLO -> StableHLO
+legalizer refuses: JAX cannot hand them to any PJRT plugin, so the plugin sees them never;
+the test asserts that this is still why."""
+XLA_CONVERTER_REJECTS = {
+    "tests/collectives/named_transpose_4.hlo": "replica_groups",
+}
+"""Programs XLA's converter rejects (an all-to-all's replica groups), for the same reason."""
+
+
+def _stablehlo(text: str) -> bytes:
+    """`text` as JAX hands a program to a plugin: XLA's HLO parser (of xlapy's canonical
+    text: XLA's reads no short forms), then its converter."""
+    from jax._src.lib import _jax, xla_client
+
+    module = xla_client.hlo.hlo_module_from_text(parse_module(text).to_text())
+    return _jax.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_the_plugin_reports_the_plan_it_runs(name, run_cli, tmp_path):
+    """Through JAX: the program compiled by the PJRT plugin on one xlapy device reports
+    (`get_compiled_memory_stats`, what `compiled.memory_analysis()` reads) the figures of
+    the buffer assignment its CPU program executes; `xlapy memory --json` on its text
+    says the same; a run through JAX moves the device allocator by the rule of
+    CompiledMemoryStats."""
+    import jax
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+
+    from xlapy.pjrt.executables import executable_of
+
+    backend = xla_bridge.get_backend("xlapy")
+    devices = jax.devices("xlapy")[:1]
+    text = TEXTS[name]
+    refused = XLA_CONVERTER_REJECTS.get(name)
+    if name in XLA_LEGALIZER_REFUSES:
+        refused = r"failed to legalize operation 'mhlo\.(bitcast|copy|fusion)'"
+    if refused is not None:
+        with pytest.raises(Exception, match=refused):
+            backend.compile_and_load(_stablehlo(text), devices, xla_client.CompileOptions())
+        return
+    compiled = backend.compile_and_load(_stablehlo(text), devices, xla_client.CompileOptions())
+    reported = compiled.get_compiled_memory_stats()
+    exe = executable_of(compiled)
+    plan = exe.memory_plan()
+    assert plan is exe.backend_program().compiled.assignment
+    stats = exe.memory_stats()
+    assert figures(stats) == figures(plan.memory_analysis())
+    assert (
+        reported.argument_size_in_bytes,
+        reported.output_size_in_bytes,
+        reported.alias_size_in_bytes,
+        reported.temp_size_in_bytes,
+        reported.peak_memory_in_bytes,
+    ) == figures(stats)
+    path = tmp_path / "plugin.hlo"
+    path.write_text(exe.hlo_text())
+    code, out, err = run_cli("memory", str(path), "--json")
+    assert code == 0, err
+    assert tuple(json.loads(out)[f] for f in FIGURES) == figures(stats)
+
+    if any(op in exe.hlo_text() for op in COLLECTIVES):
+        return  # needs its peers to run
+    params = exe.module.entry.parameters
+    if any(not p.shape.is_array for p in params):
+        return  # JAX passes arrays only
+    values = npz_io.random_inputs([p.shape for p in params], 11)
+    args = [jax.device_put(v, devices[0]) for v in values]
+    jax.block_until_ready(args)
+    device = exe.addressable_devices[0]
+    before = device.memory_stats().bytes_in_use
+    device.allocator.reset_peak()
+    results = compiled.execute_sharded(args).disassemble_into_single_device_arrays()
+    jax.block_until_ready(results)
+    peak = device.memory_stats().peak_bytes_in_use
+    tables = tuple_table_bytes(exe.output_shape)
+    assert peak - before == stats.output_bytes - tables + stats.temp_bytes
+    leaves = sum(x.nbytes for group in results for x in group)
+    assert leaves == stats.output_bytes - tables
 
 
 def _put(client, value, device):

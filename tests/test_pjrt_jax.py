@@ -319,6 +319,22 @@ def test_plugin_memory_analysis_is_the_executed_plan_for_jax_programs(name):
     ) == (stats.argument_bytes, stats.output_bytes, stats.alias_bytes, stats.temp_bytes)
     assert memory_report(compiled).startswith(report.stats_text(plan))
 
+    # a run moves the device allocator by the figures (CompiledMemoryStats's rule: the
+    # output's tuple tables are counted, never allocated)
+    from xlapy.runtime.executable import tuple_table_bytes
+
+    device = exe.addressable_devices[0]
+    jax.block_until_ready(args)
+    before = device.memory_stats().bytes_in_use
+    device.allocator.reset_peak()
+    with prog.context(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = jax.block_until_ready(compiled(*args))
+    grown = device.memory_stats().peak_bytes_in_use - before
+    leaves = sum(x.nbytes for x in jax.tree_util.tree_leaves(out))
+    assert leaves == stats.output_bytes - tuple_table_bytes(exe.output_shape)
+    assert grown == leaves + stats.temp_bytes  # nothing donated: every output leaf is new
+
 
 def test_mlp_training_matches_cpu():
     def init(key):

@@ -274,6 +274,30 @@ def test_custom_call_attributes():
     assert "sharding={replicated}" in text
 
 
+MHLO_TOPK = """
+module @m {
+  func.func public @main(%x: tensor<4x8xf32>) -> (tensor<4x3xf32>, tensor<4x3xi32>) {
+    %0:2 = stablehlo.custom_call @mhlo.topk(%x) {mhlo.attributes = {k = 3 : i64, largest = %s}}
+      : (tensor<4x8xf32>) -> (tensor<4x3xf32>, tensor<4x3xi32>)
+    return %0#0, %0#1 : tensor<4x3xf32>, tensor<4x3xi32>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_mhlo_topk_custom_call_is_hlo_topk(largest):
+    """XLA's HLO -> StableHLO converter writes HLO's topk as `custom_call @mhlo.topk` (JAX
+    hands such programs to the plugin): it is the topk op, not an unknown target."""
+    module = import_text(MHLO_TOPK.replace("%s", "true" if largest else "false"))
+    assert "custom-call" not in module.to_text()
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    values, indices = evaluate(module, [x])
+    order = np.argsort(-x if largest else x, axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(indices, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=1))
+
+
 def test_shardy_shardings_become_hlo_shardings():
     """JAX's Shardy output for a 2x4 mesh; the shardings XLA gives the same program."""
     module = import_text((DATA / "sharded.mlir").read_text(), "sharded.mlir")

@@ -53,7 +53,14 @@ class CompiledMemoryStats:
     aliased parameter is counted once: peak = argument + output - alias + temp.
     `temp_source` says where temp_bytes comes from ("buffer-assignment", or "unavailable"
     when the module could not be planned, in which case temp_bytes is 0 and peak a lower
-    bound)."""
+    bound).
+
+    As in XLA's memory_analysis(), output_bytes counts the pointer table of every tuple
+    in the output shape (8 bytes per element, `tuple_table_bytes`) besides the array
+    leaves. A run hands back one buffer per array leaf and allocates no table, so while
+    it lasts the device allocator holds output_bytes - tuple_table_bytes(output shape) -
+    the leaves written in place into donated parameters + temp_bytes more than before
+    (tests/test_memory_one_plan.py checks this rule on every test program)."""
 
     argument_bytes: int
     output_bytes: int
@@ -61,6 +68,12 @@ class CompiledMemoryStats:
     temp_bytes: int
     peak_bytes: int
     temp_source: str
+
+
+def tuple_table_bytes(shape: Shape) -> int:
+    """The bytes of the pointer tables of the tuples in `shape` (8 per element), which
+    output_bytes counts and a run never allocates (see CompiledMemoryStats)."""
+    return sum(s.byte_size for _, s in shape.subshapes() if s.is_tuple)
 
 
 def memory_stats_of(plan: Callable[[], BufferAssignment], module: HloModule) -> CompiledMemoryStats:
@@ -75,6 +88,7 @@ def memory_stats_of(plan: Callable[[], BufferAssignment], module: HloModule) -> 
         params, result = _entry_shapes(module)
         arg = sum(s.byte_size for p in params for _, s in p.leaves() if s.is_array)
         out = sum(s.byte_size for _, s in result.leaves() if s.is_array)
+        out += tuple_table_bytes(result)
         alias = sum(result.subshape(a.output_index).byte_size for a in alias_leaves(module))
         return CompiledMemoryStats(arg, out, alias, 0, arg + out - alias, "unavailable")
     return CompiledMemoryStats(

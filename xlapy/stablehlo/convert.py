@@ -1762,6 +1762,8 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     target = target.name if isinstance(target, Symbol) else target
     if not isinstance(target, str):
         raise conv.error("custom_call needs a call_target_name", op.pos)
+    if target == "mhlo.topk":
+        return _mhlo_topk(conv, op, scope, operands)
     text = f", custom_call_target={_quote(target)}"
     has_side_effect = ival(attr(op, "has_side_effect", default=False)) is True
     if target.startswith("check."):
@@ -1810,6 +1812,21 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
         return [value]
     if not op.results:
         return []
+    return conv.tuple_parts(scope, value)
+
+
+def _mhlo_topk(conv: Converter, op: Op, scope: Scope, operands):
+    """MHLO's topk as StableHLO carries it (XLA's HLO -> StableHLO converter writes HLO's
+    topk so): `custom_call @mhlo.topk(x) {mhlo.attributes = {k = 3 : i64, largest = true}}`."""
+    fields = attr(op, "mhlo.attributes")
+    fields = fields if isinstance(fields, AttrDict) else {}
+    k = ival(fields.get("k"))
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise conv.error("custom_call @mhlo.topk needs mhlo.attributes {k = N}", op.pos)
+    largest = ival(fields.get("largest", True)) is not False
+    shapes = conv.result_shapes(op)
+    text = f", k={k}, largest={'true' if largest else 'false'}"
+    value = conv.add(scope, "topk", Shape.tuple(shapes), [operands[0][0]], text)
     return conv.tuple_parts(scope, value)
 
 
