@@ -553,6 +553,79 @@ def embedding_gather_step(table, w, head, words, context, labels):
     return value, [p - 0.1 * g for p, g in zip((table, w, head), grads, strict=True)]
 
 
+# -- sixth session: four programs added untuned (their figures were first read in the table) --
+@bench(
+    lambda rng: [f32(rng, 16, 128, 64), f32(rng, 64, 192, scale=0.1), f32(rng, 64, 64, scale=0.1)]
+)
+def attention_vmapped_grad(x, wqkv, wo):
+    """Single-head self-attention written per example and vmapped over a batch of 16, with
+    its gradient in every weight."""
+
+    def one(x, wqkv, wo):
+        q, k, v = jnp.split(x @ wqkv, 3, axis=-1)
+        p = jax.nn.softmax(q @ k.T / 8.0, axis=-1)
+        return jnp.sum(jnp.tanh(p @ v @ wo))
+
+    def loss(wqkv, wo):
+        return jnp.sum(jax.vmap(one, (0, None, None))(x, wqkv, wo))
+
+    return jax.grad(loss, (0, 1))(wqkv, wo)
+
+
+@bench(lambda rng: [f32(rng, 64, 256), f32(rng, 32, 64, 128), f32(rng, 128, 768, scale=0.05),
+                    f32(rng, 256, 768, scale=0.05), f32(rng, 768)])  # fmt: skip
+def gru_scan_grad(h0, xs, wx, wh, b):
+    """A GRU over 32 steps (batch 64, input 128, hidden 256) as one lax.scan with its
+    carry, differentiated through the scan in its input and recurrent weights."""
+
+    def cell(h, x):
+        gx, gh = x @ wx + b, h @ wh
+        r = jax.nn.sigmoid(gx[:, :256] + gh[:, :256])
+        z = jax.nn.sigmoid(gx[:, 256:512] + gh[:, 256:512])
+        n = jnp.tanh(gx[:, 512:] + r * gh[:, 512:])
+        h = (1 - z) * n + z * h
+        return h, jnp.sum(h * h)
+
+    def loss(wx, wh):
+        h, ys = lax.scan(cell, h0, xs)
+        return jnp.sum(ys) + jnp.sum(h)
+
+    return jax.grad(loss, (0, 1))(wx, wh)
+
+
+def depthwise_args(rng):
+    return [f32(rng, 16, 32, 32, 32), f32(rng, 3, 3, 1, 32, scale=0.3),
+            f32(rng, 1, 1, 32, 64, scale=0.2), f32(rng, 3, 3, 1, 64, scale=0.3)]  # fmt: skip
+
+
+@bench(depthwise_args)
+def depthwise_separable_forward(x, dw1, pw, dw2):
+    """A MobileNet-style block in NHWC: depthwise 3x3, relu6, pointwise 1x1 to 64 channels,
+    relu6, depthwise 3x3 at stride 2, global average pool."""
+    dn = ("NHWC", "HWIO", "NHWC")
+
+    def depthwise(x, k, stride):
+        return lax.conv_general_dilated(x, k, (stride, stride), "SAME", dimension_numbers=dn,
+                                        feature_group_count=x.shape[-1])  # fmt: skip
+
+    h = jnp.clip(depthwise(x, dw1, 1), 0, 6)
+    h = jnp.clip(lax.conv_general_dilated(h, pw, (1, 1), "SAME", dimension_numbers=dn), 0, 6)
+    h = depthwise(h, dw2, 2)
+    return jnp.mean(h, axis=(1, 2))
+
+
+@bench(lambda rng: [f32(rng, 512, 512), f32(rng, 512, 512, scale=0.04), f32(rng, 20, 512)])
+def scan_carry_residual(h, w, xs):
+    """A scan over 20 steps whose carry (a 1 MiB activation) goes through a residual tanh
+    layer each step; the step's output is the carry's row sums."""
+
+    def step(h, x):
+        h = h + jnp.tanh(h @ w + x)
+        return h, jnp.sum(h, axis=1)
+
+    return lax.scan(step, h, xs)
+
+
 # -- measuring --------------------------------------------------------------------------------
 FIELDS = ("argument", "output", "alias", "temp")
 
