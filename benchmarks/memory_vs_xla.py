@@ -578,15 +578,15 @@ def gru_scan_grad(h0, xs, wx, wh, b):
     """A GRU over 32 steps (batch 64, input 128, hidden 256) as one lax.scan with its
     carry, differentiated through the scan in its input and recurrent weights."""
 
-    def cell(h, x):
-        gx, gh = x @ wx + b, h @ wh
-        r = jax.nn.sigmoid(gx[:, :256] + gh[:, :256])
-        z = jax.nn.sigmoid(gx[:, 256:512] + gh[:, 256:512])
-        n = jnp.tanh(gx[:, 512:] + r * gh[:, 512:])
-        h = (1 - z) * n + z * h
-        return h, jnp.sum(h * h)
-
     def loss(wx, wh):
+        def cell(h, x):
+            gx, gh = x @ wx + b, h @ wh
+            r = jax.nn.sigmoid(gx[:, :256] + gh[:, :256])
+            z = jax.nn.sigmoid(gx[:, 256:512] + gh[:, 256:512])
+            n = jnp.tanh(gx[:, 512:] + r * gh[:, 512:])
+            h = (1 - z) * n + z * h
+            return h, jnp.sum(h * h)
+
         h, ys = lax.scan(cell, h0, xs)
         return jnp.sum(ys) + jnp.sum(h)
 
