@@ -36,8 +36,14 @@ VALID = {
         "strict_kernels": True,
         "rng_seed": 3,
         "collective_timeout": 2.5,
+        "memory_scheduler": "dfs",
     },
-    "interpreter": {"max_while_iterations": 5, "rng_seed": 3, "collective_timeout": 2.5},
+    "interpreter": {
+        "max_while_iterations": 5,
+        "rng_seed": 3,
+        "collective_timeout": 2.5,
+        "memory_scheduler": "module",
+    },
 }
 
 BAD_VALUES = {
@@ -49,6 +55,7 @@ BAD_VALUES = {
     "thunk_concurrency": "sometimes",
     "rng_seed": 1.5,
     "collective_timeout": "soon",
+    "memory_scheduler": "fastest",
 }
 
 

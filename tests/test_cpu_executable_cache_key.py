@@ -252,6 +252,7 @@ OPTION_VALUES = {
     "replica_id": (0, 1),
     "partition_id": (0, 1),
     "collective_timeout": (5.0, 6.0),
+    "memory_scheduler": ("plan", "dfs"),
 }
 
 
