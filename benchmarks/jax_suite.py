@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import re
 import shutil
 import signal
@@ -67,6 +68,16 @@ FILES: dict[str, int] = {
     "x64_context_test": 1,
     # host callbacks (fifth session)
     "python_callback_test": 1,
+    # sixth session
+    "nn_test": 1,
+    "random_lax_test": 1,
+    "scipy_stats_test": 1,
+    "stax_test": 1,
+    "ode_test": 1,
+    "svd_test": 1,
+    "eigh_test": 1,
+    "optimizers_test": 1,
+    "state_test": 1,
 }
 
 # Test names hold spaces ("in_axes=(0, None)"): the outcome is the word before "[ nn%]"
@@ -92,12 +103,17 @@ def pytest_configure(config):  # pragma: no cover - runs inside pytest
 
 
 def pytest_collection_modifyitems(config, items):  # pragma: no cover - runs inside pytest
-    """Keep $JAX_SUITE_MAX_TESTS tests, evenly spread over the collected ones."""
+    """Keep $JAX_SUITE_MAX_TESTS tests, evenly spread over the collected ones (or drawn at
+    random with $JAX_SUITE_SAMPLE_SEED, for a sample other than the usual one)."""
     limit = int(os.environ.get("JAX_SUITE_MAX_TESTS", "0"))
     if limit <= 0 or len(items) <= limit:
         return
-    step = len(items) / limit
-    keep = {int(i * step) for i in range(limit)}
+    seed = os.environ.get("JAX_SUITE_SAMPLE_SEED", "")
+    if seed:
+        keep = set(random.Random(int(seed)).sample(range(len(items)), limit))
+    else:
+        step = len(items) / limit
+        keep = {int(i * step) for i in range(limit)}
     deselected = [item for i, item in enumerate(items) if i not in keep]
     items[:] = [item for i, item in enumerate(items) if i in keep]
     config.hook.pytest_deselected(items=deselected)
@@ -191,6 +207,7 @@ def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dic
         JAX_TEST_DUT=args.dut,
         JAX_NUM_GENERATED_CASES=str(args.cases),
         JAX_SUITE_MAX_TESTS=str(args.max_tests),
+        JAX_SUITE_SAMPLE_SEED="" if args.sample_seed is None else str(args.sample_seed),
         XLAPY_DEVICE_COUNT=str(FILES.get(name, 1)),
         PYTHONUNBUFFERED="1",
         COLUMNS="300",  # the short summary keeps more of each failure message
@@ -244,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--cases", type=int, default=1, help="JAX_NUM_GENERATED_CASES")
     parser.add_argument("--max-tests", type=int, default=150, help="per file; 0: all")
+    parser.add_argument(
+        "--sample-seed", type=int, default=None,
+        help="draw the --max-tests sample at random with this seed (default: evenly spread)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per file")
     parser.add_argument("--dut", default="cpu", help="JAX_TEST_DUT (cpu or xlapy)")
     parser.add_argument("--recount", help="only count the outcomes in this log folder")
