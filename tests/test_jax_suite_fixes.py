@@ -3,6 +3,7 @@
 in one process and compares."""
 
 import mmap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -51,3 +52,41 @@ def test_big_rng_program_on_mapped_arenas_matches_cpu_bit_for_bit():
     for w, g in zip(want, got, strict=True):
         np.testing.assert_array_equal(g, w)
     assert 0.29 * n < int(got[2]) < 0.31 * n
+
+
+def test_perturbed_tridiagonal_solve_runs_jaxlibs_handler():
+    """eigh_test (QDWH eigh's inverse iteration): `tridiagonal_solve_perturbed_ffi`, jaxlib's
+    one LAPACK-family target not named lapack_*, had no handler on xlapy."""
+    from jax._src.lax import linalg
+
+    rng = np.random.default_rng(3)
+    solve = jax.jit(lambda *a: linalg.tridiagonal_solve_p.bind(*a, perturb_singular=True))
+    for dtype in (np.float32, np.float64, np.complex64):
+        for batch in ((), (3,)):
+            parts = [rng.standard_normal((*batch, 6, k)) for k in (1, 1, 1, 2)]
+            if dtype is np.complex64:
+                parts = [p + 1j * rng.standard_normal(p.shape) for p in parts]
+            dl, d, du, b = [p.astype(dtype) for p in parts]
+            dl, d, du = dl[..., 0], d[..., 0], du[..., 0]
+            d[..., 2] = 0  # a zero pivot: the perturbed solve's reason to exist
+            want, got = (
+                np.asarray(solve(*jax.device_put((dl, d, du, b), dev))) for dev in (CPU, XLAPY)
+            )
+            np.testing.assert_array_equal(got, want)
+            assert np.all(np.isfinite(got))
+
+
+def test_a_program_of_eleven_parameters_keeps_its_native_execute():
+    """nn_test testSquareplusGrad (order-4 derivatives: 11 parameters): the native Execute's
+    LLVM IR named argument 1's check %ok1 + "0" and argument 10's %ok + "10" alike, so it
+    failed to build (a warning, an error under JAX's pytest settings)."""
+    values = np.random.default_rng(5).standard_normal(12).astype(np.float32)
+
+    def weighted(*xs):
+        return sum(x * (i + 1) for i, x in enumerate(xs))
+
+    for n in (10, 11, 12):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            want, got = run_both(weighted, *values[:n])
+        np.testing.assert_allclose(got, want, rtol=1e-6)
