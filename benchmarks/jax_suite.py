@@ -42,6 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
@@ -126,6 +128,7 @@ def pytest_sessionstart(session):  # pragma: no cover - runs inside pytest
         setattr(jax._src, path.stem, module)
 
 
+@pytest.hookimpl(trylast=True)  # after `-k`/`-m` deselection: sample what they kept
 def pytest_collection_modifyitems(config, items):  # pragma: no cover - runs inside pytest
     """Keep $JAX_SUITE_MAX_TESTS tests, evenly spread over the collected ones (or drawn at
     random with $JAX_SUITE_SAMPLE_SEED, for a sample other than the usual one)."""
