@@ -90,3 +90,32 @@ def test_a_program_of_eleven_parameters_keeps_its_native_execute():
             warnings.simplefilter("error")
             want, got = run_both(weighted, *values[:n])
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_complex_constants_with_nan_and_inf_parts_match_cpu():
+    """linalg_test testEigHandlesNanInputs: eig of a NaN matrix returned zeros, not NaN. JAX
+    prints a c64 NaN as dense<(0x7FC00000,0x7FC00000)>; the importer read each hex part as
+    the bits of an f64 (a denormal: 0), and built re + 1j*im, which makes (inf, x) a NaN."""
+    parts = [complex(np.nan, np.nan), complex(np.inf, -np.inf), complex(2.5, np.inf)]
+    pick = np.array([True, False, False])
+    for dtype in (np.complex64,):  # complex128 needs x64, off in this suite
+        for value in parts:
+            const = np.asarray(value, dtype)
+
+            def fill(p, const=const):
+                return jnp.where(p, jnp.ones(3, const.dtype), const)
+
+            want, got = run_both(fill, pick)
+            for part in (np.real, np.imag):
+                np.testing.assert_array_equal(part(got), part(want))
+                np.testing.assert_array_equal(part(got[1:]), part(const))
+
+
+def test_eig_of_a_nan_matrix_is_nan_as_on_cpu():
+    from jax import lax
+
+    for dtype in (np.float32, np.complex64):
+        a = np.full((4, 4), np.nan, dtype)
+        want, got = run_both(lambda m: lax.linalg.eig(m, compute_left_eigenvectors=False), a)
+        for w, g in zip(want, got, strict=True):
+            assert np.all(np.isnan(w)) and np.all(np.isnan(g))
