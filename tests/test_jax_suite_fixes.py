@@ -119,3 +119,17 @@ def test_eig_of_a_nan_matrix_is_nan_as_on_cpu():
         want, got = run_both(lambda m: lax.linalg.eig(m, compute_left_eigenvectors=False), a)
         for w, g in zip(want, got, strict=True):
             assert np.all(np.isnan(w)) and np.all(np.isnan(g))
+
+
+def test_large_buffers_are_private_to_the_process():
+    """A fork()ed child writing into a mapped buffer must not change the parent's."""
+    import os
+
+    buf = empty_bytes(MAPPED_BYTES)
+    buf[:] = 7
+    pid = os.fork()
+    if pid == 0:  # the child
+        buf[:] = 9
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert int(buf.min()) == int(buf.max()) == 7

@@ -21,6 +21,9 @@ MAPPED_BYTES = 1 << 22
 """Buffers of this many bytes or more are mapped (NumPy's huge-page threshold)."""
 
 _U8 = np.dtype(np.uint8)
+_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE") else {}
+"""Private, as malloc's memory: mmap's default for fd -1 is MAP_SHARED, which a fork()ed
+child would share with its parent (and which the kernel backs with shmem)."""
 
 
 def empty_bytes(size: int) -> np.ndarray:
@@ -30,4 +33,4 @@ def empty_bytes(size: int) -> np.ndarray:
     array viewing it is collected."""
     if size < MAPPED_BYTES:
         return np.empty(size, _U8)
-    return np.frombuffer(mmap.mmap(-1, size), _U8)
+    return np.frombuffer(mmap.mmap(-1, size, **_PRIVATE), _U8)
