@@ -8,7 +8,9 @@ repository (they are JAX's, under JAX's licence): the script looks for them in -
 (default $JAX_SUITE_DIR, else /tmp/jax-suite-<jax version>), and when they are missing it
 exports them there from a JAX git checkout (--git-dir, or $JAX_GIT_DIR) at the tag of the
 installed jax (`jax-v0.10.2`), or clones that tag from GitHub. absl-py, which the tests
-import, is installed into <tests-dir>/_deps when it is missing.
+import, is installed into <tests-dir>/_deps when it is missing. JAX's test-only modules that
+the jax wheel leaves out (jax._src.hypothesis_test_util, for state_test) are exported from
+--git-dir into <tests-dir>/_test_only and loaded under their jax._src names.
 
 Each file runs in its own pytest process with JAX_PLATFORMS=xlapy (xlapy is the only
 backend), JAX_TEST_DUT=cpu (JAX's test_util then treats the device as a CPU: xlapy gets
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import re
 import shutil
 import signal
@@ -38,6 +41,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -67,6 +72,16 @@ FILES: dict[str, int] = {
     "x64_context_test": 1,
     # host callbacks (fifth session)
     "python_callback_test": 1,
+    # sixth session
+    "nn_test": 1,
+    "random_lax_test": 1,
+    "scipy_stats_test": 1,
+    "stax_test": 1,
+    "ode_test": 1,
+    "svd_test": 1,
+    "eigh_test": 1,
+    "optimizers_test": 1,
+    "state_test": 1,
 }
 
 # Test names hold spaces ("in_axes=(0, None)"): the outcome is the word before "[ nn%]"
@@ -91,13 +106,41 @@ def pytest_configure(config):  # pragma: no cover - runs inside pytest
         jax.config.update("jax_test_dut", dut)
 
 
+def pytest_sessionstart(session):  # pragma: no cover - runs inside pytest
+    """Modules the tests import from jax._src that the jax wheel does not ship (the
+    test-only hypothesis_test_util: state_test), loaded from $JAX_SUITE_TEST_ONLY."""
+    folder = os.environ.get("JAX_SUITE_TEST_ONLY")
+    if not folder:
+        return
+    import importlib.util
+
+    import jax._src
+
+    for path in sorted(Path(folder).glob("*.py")):
+        name = f"jax._src.{path.stem}"
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        setattr(jax._src, path.stem, module)
+
+
+@pytest.hookimpl(trylast=True)  # after `-k`/`-m` deselection: sample what they kept
 def pytest_collection_modifyitems(config, items):  # pragma: no cover - runs inside pytest
-    """Keep $JAX_SUITE_MAX_TESTS tests, evenly spread over the collected ones."""
+    """Keep $JAX_SUITE_MAX_TESTS tests, evenly spread over the collected ones (or drawn at
+    random with $JAX_SUITE_SAMPLE_SEED, for a sample other than the usual one)."""
     limit = int(os.environ.get("JAX_SUITE_MAX_TESTS", "0"))
     if limit <= 0 or len(items) <= limit:
         return
-    step = len(items) / limit
-    keep = {int(i * step) for i in range(limit)}
+    seed = os.environ.get("JAX_SUITE_SAMPLE_SEED", "")
+    if seed:
+        keep = set(random.Random(int(seed)).sample(range(len(items)), limit))
+    else:
+        step = len(items) / limit
+        keep = {int(i * step) for i in range(limit)}
     deselected = [item for i, item in enumerate(items) if i not in keep]
     items[:] = [item for i, item in enumerate(items) if i in keep]
     config.hook.pytest_deselected(items=deselected)
@@ -145,6 +188,28 @@ def locate_tests(tests_dir: Path, git_dir: str | None) -> Path:
     return tests_dir
 
 
+TEST_ONLY = ["jax/_src/hypothesis_test_util.py"]
+"""Files of JAX's source tree that its tests import but the jax wheel leaves out."""
+
+
+def export_test_only(tests_dir: Path, git_dir: str | None) -> Path:
+    """A folder holding TEST_ONLY's files at the installed jax's tag (exported from the JAX
+    checkout when missing; without one, the tests that need them fail to import)."""
+    folder = tests_dir / "_test_only"
+    folder.mkdir(exist_ok=True)
+    for source in TEST_ONLY:
+        target = folder / Path(source).name
+        if target.exists() or not git_dir:
+            continue
+        text = subprocess.run(
+            ["git", f"--git-dir={git_dir}", "show", f"jax-v{jax_version()}:{source}"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        target.write_bytes(text)
+    return folder
+
+
 def ensure_absl(tests_dir: Path) -> Path:
     """A folder to put on PYTHONPATH that provides absl-py (installed there if needed)."""
     deps = tests_dir / "_deps"
@@ -187,10 +252,12 @@ def count(lines) -> tuple[collections.Counter[str], collections.Counter[str]]:
 def run_file(name: str, args, tests_dir: Path, deps: Path, log_dir: Path) -> dict:
     env = dict(os.environ)
     env.update(
+        JAX_SUITE_TEST_ONLY=str(tests_dir / "_test_only"),
         JAX_PLATFORMS="xlapy",
         JAX_TEST_DUT=args.dut,
         JAX_NUM_GENERATED_CASES=str(args.cases),
         JAX_SUITE_MAX_TESTS=str(args.max_tests),
+        JAX_SUITE_SAMPLE_SEED="" if args.sample_seed is None else str(args.sample_seed),
         XLAPY_DEVICE_COUNT=str(FILES.get(name, 1)),
         PYTHONUNBUFFERED="1",
         COLUMNS="300",  # the short summary keeps more of each failure message
@@ -244,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--cases", type=int, default=1, help="JAX_NUM_GENERATED_CASES")
     parser.add_argument("--max-tests", type=int, default=150, help="per file; 0: all")
+    parser.add_argument(
+        "--sample-seed", type=int, default=None,
+        help="draw the --max-tests sample at random with this seed (default: evenly spread)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900, help="seconds per file")
     parser.add_argument("--dut", default="cpu", help="JAX_TEST_DUT (cpu or xlapy)")
     parser.add_argument("--recount", help="only count the outcomes in this log folder")
@@ -258,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     tests_dir = Path(args.tests_dir or f"/tmp/jax-suite-{jax_version()}")
     tests_dir = locate_tests(tests_dir, args.git_dir)
     deps = ensure_absl(tests_dir)
+    export_test_only(tests_dir, args.git_dir)
     log_dir = Path(args.log_dir or tests_dir / "logs")
     log_dir.mkdir(parents=True, exist_ok=True)
 

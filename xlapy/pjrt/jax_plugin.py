@@ -102,10 +102,10 @@ def register_jaxlib_lapack() -> list[str]:
     _lapack.initialize()  # jaxlib's kernels call SciPy's LAPACK through pointers set here
     added = []
     for name, fn in sorted(_lapack.registrations().items()):
-        if not name.startswith("lapack_") or (name, "Host") in GLOBAL_REGISTRY:
+        if not name.endswith("_ffi") or (name, "Host") in GLOBAL_REGISTRY:
             continue
         pointer = capsule_pointer(fn, f"jaxlib's LAPACK target {name!r}")
-        handler = CHandler(name, pointer, column_major=name.startswith("lapack_"))
+        handler = CHandler(name, pointer, column_major=True)
         register(name, handler, "Host", ApiVersion.TYPED_FFI)
         added.append(name)
     return added

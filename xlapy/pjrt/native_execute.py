@@ -276,8 +276,8 @@ def _entry_ir(info, plan, signature, memory, counters, kind: int) -> str:
             f"  %okp{i} = icmp ne i64 %pl{i}, 0",
             f"  %okk{i} = icmp eq i64 %k{i}, {keys[i]}",
             f"  %okm{i} = icmp eq ptr %m{i}, inttoptr (i64 {mem} to ptr)",
-            f"  %ok1{i} = and i1 %okp{i}, %okk{i}",
-            f"  %ok{i} = and i1 %ok1{i}, %okm{i}",
+            f"  %okpk{i} = and i1 %okp{i}, %okk{i}",  # not ok1{i}: ok1 + "0" is ok + "10"
+            f"  %ok{i} = and i1 %okpk{i}, %okm{i}",
             f"  br i1 %ok{i}, label %{nxt}, label %fail{i + 1}",
         ]
     if n == 0:

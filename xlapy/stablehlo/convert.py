@@ -190,9 +190,13 @@ def dense_array(attr: DenseAttr, shape: Shape | None) -> np.ndarray:
     for t in tokens:
         if len(t) > 40 and kind != "float":  # no integer of any element type is this long
             raise TypeProblem(f"value {t[:20]}... ({len(t)} characters) is out of range")
-    if kind == "complex":
-        reals = [_float_token(t, np.float64) for t in tokens]
-        values: Any = np.array(reals[0::2]) + 1j * np.array(reals[1::2])
+    if kind == "complex":  # hex parts are bit patterns of the part type (f32 for c64)
+        part = np.finfo(dtype).dtype.type
+        reals = np.array([_float_token(t, part) for t in tokens])
+        if len(reals) % 2:
+            raise TypeProblem(f"complex constant with {len(reals)} parts: not (real, imag) pairs")
+        values: Any = np.empty(len(reals) // 2, np.complex128)
+        values.real, values.imag = reals[0::2], reals[1::2]  # not re + 1j*im: 1j*inf has a nan
     elif kind == "float":
         values = np.array([_float_token(t, dtype) for t in tokens], dtype=np.float64)
     elif kind == "pred":

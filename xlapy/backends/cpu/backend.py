@@ -43,6 +43,7 @@ from xlapy.backends.base import (
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
 from xlapy.backends.cpu.options import CPU_OPTIONS
+from xlapy.backends.cpu.runtime.host_memory import empty_bytes
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelCall, KernelThunk
 from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
@@ -305,7 +306,7 @@ class CpuProgram(CompiledProgram):
             if self._arenas:
                 return self._arenas.pop()
         allocations = self.compiled.assignment.allocations
-        arenas = [np.empty(max(allocations[i].size, 1), np.uint8) for i in self._temps]
+        arenas = [empty_bytes(max(allocations[i].size, 1)) for i in self._temps]
         return arenas, [address(a) for a in arenas]
 
     def _give_back(self, arenas: tuple[list[np.ndarray], list[int]]) -> None:
@@ -346,7 +347,7 @@ class CpuProgram(CompiledProgram):
     ) -> Any:
         """The thunks on arguments already in `memory`; the outputs are fresh arrays."""
         for index, size in self._fresh:
-            memory[index] = mem = np.empty(size, _U8)
+            memory[index] = mem = empty_bytes(size)
             bases[index] = address(mem)
         calls = self._kernel_calls
         if calls is not None and PROFILE.get() is None:
@@ -412,7 +413,7 @@ class CpuProgram(CompiledProgram):
             if leaf.writes and leaf.number in donated:
                 writeback.append((arg, leaf.alloc, shape))
         for index, size in self._fresh:
-            memory[index] = mem = np.empty(size, np.uint8)
+            memory[index] = mem = empty_bytes(size)
             bases[index] = address(mem)
         arenas = self._take_arenas()
         for index, arena, base in zip(self._temps, arenas[0], arenas[1], strict=True):

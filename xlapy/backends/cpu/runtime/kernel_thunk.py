@@ -10,8 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
+from xlapy.backends.cpu.runtime.host_memory import empty_bytes
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import (
@@ -145,7 +144,7 @@ class KernelThunk(Thunk):
     def _run_general(self, ctx: ExecutionContext) -> None:
         """A run through scratch buffers or with a split choice to make."""
         if self.scratch:
-            outs = [np.empty(o.size, np.uint8) for o in self.outputs]
+            outs = [empty_bytes(o.size) for o in self.outputs]
             ptrs = [address(o) for o in outs] + [ctx.ptr(i) for i in self.inputs]
         else:
             bases = ctx.bases
