@@ -161,6 +161,11 @@ class NativeLoop:
         """The address of this loop's table (for an outer native loop's table)."""
         return self.bind()[3]
 
+    @property
+    def thread_setter(self) -> Any:
+        """What limits OpenBLAS to the calling thread around the loop (None: not needed)."""
+        return self.bind()[4]
+
     def run(self, bases: list[int], limit: int | None) -> bool:
         """Run the loop on an execution's allocation bases: False when some loop ran past
         `limit` iterations (None: no limit), else True."""
