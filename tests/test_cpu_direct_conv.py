@@ -199,25 +199,3 @@ def test_same_bits_at_any_thread_count(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         digests[threads] = done.stdout.split()[-1]
     assert len(set(digests.values())) == 1, digests
-
-
-@pytest.mark.parametrize("vector", [8, 16])
-def test_kernel_code_does_not_grow_with_output_features(vector):
-    """Blocks of whole output vectors are one loop (not a copy each) and LLVM's unroller
-    is kept off the hand-blocked loops: a copy per block made a 1x1 convolution with 256
-    features take 130 ms of LLVM time for one kernel."""
-    from xlapy.backends.cpu.codegen.emit_conv import emit_direct_conv
-
-    def ir_for(features: int, partial: int = 0) -> str:
-        conv = DirectConv(
-            nb=2, padded=(8, 8), channels=16, outs=(8, 8), ksizes=(1, 1), strides=(1, 1),
-            dilations=(1, 1), features=features - partial, ldo=features - partial,
-            vector=vector, registers=32 if vector == 16 else 16,
-        )  # fmt: skip
-        return emit_direct_conv(conv)
-
-    small, wide = ir_for(4 * vector), ir_for(32 * vector)
-    assert len(wide) < 1.2 * len(small)
-    assert "llvm.loop.unroll.disable" in wide and "!llvm.loop !" in wide
-    # with a partial last vector too
-    assert len(ir_for(32 * vector, partial=3)) < 1.2 * len(ir_for(8 * vector, partial=3))

@@ -82,7 +82,7 @@ class DirectConv:
 
     def description(self, flush_denormals: bool) -> str:
         """A text that determines the kernel's IR (a cache key)."""
-        return f"direct conv v3 {'ftz' if flush_denormals else 'ieee'} {self!r}"
+        return f"direct conv v1 {'ftz' if flush_denormals else 'ieee'} {self!r}"
 
 
 def vector_shape(features: str) -> tuple[int, int]:
@@ -136,28 +136,14 @@ class _ConvEmitter(KernelEmitter):
         return str(self.module)
 
     def _tile(self, n, i, j0, r: int) -> None:
-        """The blocks of vectors of a tile: those of whole vectors in a loop (one copy of
-        the block's code, however many output features: a copy per block made LLVM's time
-        grow with them, 130 ms for 256 features), the rest (a partial last vector, a last
-        block of fewer vectors) each emitted on its own."""
-        cv, b = self.conv, self.b
-        whole = cv.vectors // cv.block
-        if whole and cv.features % cv.vector and cv.vectors % cv.block == 0:
-            whole -= 1  # the last full block holds the partial vector
-        if whole > 1:
-            with self.loop(ir.Constant(I64, 0), ir.Constant(I64, whole), "blk") as blk:
-                self._block(n, i, j0, r, b.mul(blk, ir.Constant(I64, cv.block)), cv.block)
-        elif whole == 1:
-            self._block(n, i, j0, r, 0, cv.block)
-        for first in range(whole * cv.block, cv.vectors, cv.block):
+        cv = self.conv
+        for first in range(0, cv.vectors, cv.block):
             self._block(n, i, j0, r, first, min(cv.block, cv.vectors - first))
 
-    def _block(self, n, i, j0, r: int, first: int | ir.Value, nv: int) -> None:
-        """Output positions [j0, j0 + r) of row (n, i), vectors [first, first + nv) (`first`
-        an IR value only for blocks of whole vectors)."""
+    def _block(self, n, i, j0, r: int, first: int, nv: int) -> None:
+        """Output positions [j0, j0 + r) of row (n, i), vectors [first, first + nv)."""
         cv, b = self.conv, self.b
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
-        first_lane = c(first * cv.vector) if isinstance(first, int) else b.mul(first, c(cv.vector))
         zero = ir.Constant(self.vty, [0.0] * cv.vector)
         accs = [[self.accs[p * cv.block + q] for q in range(nv)] for p in range(r)]
         for row in accs:
@@ -171,7 +157,7 @@ class _ConvEmitter(KernelEmitter):
                 iw = b.add(b.mul(j0, c(cv.strides[1])), b.mul(kb, c(cv.dilations[1])))
                 x_at = b.add(x_row, b.mul(iw, c(ch)))
                 k_at = b.add(b.mul(b.add(b.mul(ka, c(cv.ksizes[1])), kb), c(ch * wo)),
-                             first_lane)  # fmt: skip
+                             c(first * cv.vector))  # fmt: skip
                 with self.loop(c(0), c(ch), "ci") as ci:
                     w_at = b.add(k_at, b.mul(ci, c(wo)))
                     ws = []
@@ -195,13 +181,9 @@ class _ConvEmitter(KernelEmitter):
         for p in range(r):
             base = b.mul(b.add(pos, c(p)), c(cv.ldo))
             for q in range(nv):
-                value = b.load(accs[p][q])
-                at = b.add(b.add(base, first_lane), c(q * cv.vector))
-                if not isinstance(first, int):  # a block of whole vectors
-                    ptr = b.bitcast(b.gep(self.out, [at], True), self.vty.as_pointer())
-                    b.store(value, ptr, align=4)
-                    continue
                 lane0 = (first + q) * cv.vector
+                value = b.load(accs[p][q])
+                at = b.add(base, c(lane0))
                 if lane0 + cv.vector <= cv.features:
                     ptr = b.bitcast(b.gep(self.out, [at], True), self.vty.as_pointer())
                     b.store(value, ptr, align=4)
@@ -211,24 +193,6 @@ class _ConvEmitter(KernelEmitter):
                     b.store(v, b.gep(self.out, [b.add(at, c(lane))], True))
 
 
-_LOOPS = ("tile", "blk", "ka", "kb", "ci")
-_NO_UNROLL = 9000  # metadata numbers far above those llvmlite gives
-
-
-def _without_unrolling(ir_text: str) -> str:
-    """`ir_text` with LLVM's loop unroller kept off the kernel's loops: the kernel is
-    blocked by hand (registers, tiles), and unrolling its reduction loop again only made
-    LLVM's time (103 -> 28 ms for 256 features) and the code (4.7 -> 1.0 KB) grow."""
-    for name in _LOOPS:
-        ir_text = ir_text.replace(
-            f'br label %"{name}.header"', f'br label %"{name}.header", !llvm.loop !{_NO_UNROLL}'
-        )
-    return (
-        f"{ir_text}\n!{_NO_UNROLL} = distinct !{{!{_NO_UNROLL}, !{_NO_UNROLL + 1}}}\n"
-        f'!{_NO_UNROLL + 1} = !{{!"llvm.loop.unroll.disable"}}\n'
-    )
-
-
 def emit_direct_conv(conv: DirectConv, flush_denormals: bool = True) -> str:
     """The LLVM IR of a direct convolution kernel for `conv` (see the file comment)."""
-    return _without_unrolling(_ConvEmitter(conv, flush_denormals).emit_ir())
+    return _ConvEmitter(conv, flush_denormals).emit_ir()
