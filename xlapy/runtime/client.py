@@ -296,7 +296,7 @@ class Client:
         if image_key is not None and _imageable(loaded):
             facts = {**loaded.facts(), "options": loaded.options.to_json()}
             if self.backend.save_image(image_key, facts, loaded.backend_program()):
-                self._imaged[image_key] = loaded.fingerprint
+                self._remember_image(image_key, loaded.fingerprint)
         return loaded
 
     def _compile_from_image(
@@ -331,8 +331,15 @@ class Client:
             self._cache[key] = loaded
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        self._imaged[image_key] = executable.fingerprint
+        self._remember_image(image_key, executable.fingerprint)
         return loaded
+
+    def _remember_image(self, image_key: str, fingerprint: str) -> None:
+        """Note which executable the program imaged under `image_key` is (a few entries
+        more than the compile cache holds; the oldest are forgotten)."""
+        if len(self._imaged) >= 2 * self._cache_size:
+            self._imaged.pop(next(iter(self._imaged)))
+        self._imaged[image_key] = fingerprint
 
     def load(self, executable: Executable) -> LoadedExecutable:
         """Bind a compiled executable to this client's devices; its custom calls are
