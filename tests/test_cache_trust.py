@@ -36,8 +36,10 @@ Y = np.full(64, 3.0, np.float32)
 def cache(tmp_path, monkeypatch):
     """A fresh cache directory and key directory; the process's in-memory caches cleared.
     The whole-executable entries are not read, so the module and kernel entries are (the
-    executable entries' own trust tests: test_cpu_executable_cache.py)."""
+    executable entries' own trust tests: test_cpu_executable_cache.py; the program images':
+    test_cpu_program_image.py)."""
     monkeypatch.setattr(executable_cache, "read", lambda key: None)
+    monkeypatch.setenv("XLAPY_PROGRAM_IMAGES", "0")
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     clear_kernel_cache()

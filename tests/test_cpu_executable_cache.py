@@ -62,6 +62,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)  # on by default
+    monkeypatch.setenv("XLAPY_PROGRAM_IMAGES", "0")  # the layer above: test_cpu_program_image
     clear_kernel_cache()
     yield tmp_path / "kernels"
     clear_kernel_cache()

@@ -121,6 +121,19 @@ class Dataflow:
     _positions: dict[HloValue, list[Position]] = field(repr=False)
     _uses: dict[HloValue, list[Use]] = field(repr=False)
 
+    def __getstate__(self) -> dict:
+        """The result with its positions keyed by instruction, not by id() (which another
+        process's objects do not share): for pickling (a CPU program image)."""
+        by_id = {id(i): i for i in self.module.instructions()}
+        state = dict(self.__dict__)
+        state["_at"] = [(by_id[i], index, value) for (i, index), value in self._at.items()]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["_at"] = {(id(instr), index): value for instr, index, value in state["_at"]}
+        self.__dict__.update(state)
+
     def value_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> HloValue:
         """The value at a position; DataflowError naming it if it is not analysed."""
         value = self._at.get((id(instr), tuple(index)))

@@ -195,6 +195,25 @@ class Backend(ABC):
         self.check_options(options)
         return plan_as_given(module, memory_scheduler(options))
 
+    # -- whole-program images (a warm compile that parses nothing) ---------------------------
+    def image_key(self, program: str | bytes, options_json: str) -> str | None:
+        """The name of the image of compiling `program` (text or bytes exactly as the
+        runtime was handed them, unparsed) with the compile options `options_json`; None
+        when this backend keeps no images (the default)."""
+        return None
+
+    def save_image(self, key: str, executable: Mapping[str, Any], program: CompiledProgram) -> bool:
+        """Keep `program` (compiled with `executable`'s options) and the runtime's facts
+        about its executable under `key`; False when it cannot be imaged."""
+        return False
+
+    def load_image(
+        self, key: str, options: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], CompiledProgram] | None:
+        """(the runtime's facts, the program) imaged under `key`, the program given the
+        process's `options` (the client's custom-call registry); None on a miss."""
+        return None
+
 
 PROFILE: ContextVar[Any] = ContextVar("xlapy_profile", default=None)
 """The profiler recording the runs made on this thread (xlapy.runtime.profiler), or None. A

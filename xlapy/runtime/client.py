@@ -14,6 +14,7 @@ bytes say "cpu" and do not load on an "interpreter" client (nor the reverse).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 
@@ -28,6 +29,7 @@ from xlapy.backends.custom_calls import (
     CustomCallTarget,
 )
 from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
 from xlapy.runtime import checks, serialize
@@ -95,6 +97,7 @@ class Client:
         self.custom_calls = CustomCallRegistry()
         self.compiler = Compiler(platform, self.custom_calls)
         self._cache: OrderedDict[tuple[str, int, int], LoadedExecutable] = OrderedDict()
+        self._imaged: dict[str, str] = {}  # program image key -> the executable's fingerprint
         self._cache_size = cache_size
         self._cache_lock = threading.Lock()
         self._hits = 0
@@ -250,9 +253,17 @@ class Client:
         from xlapy.stablehlo import load
 
         # Text is parsed once; a module the caller passed is printed and compiled from a
-        # copy, so it is never modified.
+        # copy, so it is never modified. Text or bytes compiled before (by this process or
+        # another) come from the backend's program image, unparsed.
         module: HloModule | None = None
+        image_key: str | None = None
         if isinstance(program, str | bytes | bytearray):  # HLO or StableHLO, text or bytes
+            raw = program if isinstance(program, str) else bytes(program)
+            image_key = self.backend.image_key(raw, _options_json(options))
+            if image_key is not None:
+                found = self._compile_from_image(image_key, options)
+                if found is not None:
+                    return found
             module = load(program)
             text = module.to_text()
         else:
@@ -282,7 +293,53 @@ class Client:
             self._cache[key] = loaded
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
+        if image_key is not None and _imageable(loaded):
+            facts = {**loaded.facts(), "options": loaded.options.to_json()}
+            if self.backend.save_image(image_key, facts, loaded.backend_program()):
+                self._remember_image(image_key, loaded.fingerprint)
         return loaded
+
+    def _compile_from_image(
+        self, image_key: str, options: CompileOptions | None
+    ) -> LoadedExecutable | None:
+        """The executable of the program imaged under `image_key` (see Backend.image_key):
+        this client's own when it compiled it before, else made from the image; None on a
+        miss."""
+        fingerprint = self._imaged.get(image_key)
+        if fingerprint is not None:
+            key = (fingerprint, self.custom_calls.version, GLOBAL_REGISTRY.version)
+            with self._cache_lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._hits += 1
+                    self._cache.move_to_end(key)
+                    return hit
+        state = {"custom_calls": self.custom_calls, "replica_id": 0, "partition_id": 0}
+        found = self.backend.load_image(image_key, state)
+        if found is None:
+            return None
+        facts, program = found
+        try:
+            resolved = options or CompileOptions.from_json(facts["options"])
+            executable = Executable.from_facts(facts, resolved, self.platform)
+        except (KeyError, TypeError, ValueError):
+            return None
+        loaded = LoadedExecutable(executable, self, self.backend, program)
+        key = (executable.fingerprint, self.custom_calls.version, GLOBAL_REGISTRY.version)
+        with self._cache_lock:
+            self._misses += 1
+            self._cache[key] = loaded
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        self._remember_image(image_key, executable.fingerprint)
+        return loaded
+
+    def _remember_image(self, image_key: str, fingerprint: str) -> None:
+        """Note which executable the program imaged under `image_key` is (a few entries
+        more than the compile cache holds; the oldest are forgotten)."""
+        if len(self._imaged) >= 2 * self._cache_size:
+            self._imaged.pop(next(iter(self._imaged)))
+        self._imaged[image_key] = fingerprint
 
     def load(self, executable: Executable) -> LoadedExecutable:
         """Bind a compiled executable to this client's devices; its custom calls are
@@ -347,3 +404,25 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client(platform={self.platform!r}, device_count={len(self._devices)})"
+
+
+_NOT_IMAGED = frozenset(
+    {Opcode.CUSTOM_CALL, Opcode.INFEED, Opcode.OUTFEED, Opcode.SEND, Opcode.RECV}
+)
+"""Instructions whose run depends on the process beyond a program image's key (a custom
+call's target in a registry, a client's feeds and channels)."""
+
+
+def _options_json(options: CompileOptions | None) -> str:
+    """`options` as the JSON a program image is keyed by ("null": the module's own)."""
+    return json.dumps(None if options is None else options.to_json(), sort_keys=True, default=repr)
+
+
+def _imageable(loaded: LoadedExecutable) -> bool:
+    """Whether a backend may image `loaded`: one device, no debug options (they dump at
+    compile time), and no instruction in _NOT_IMAGED."""
+    if loaded.options.debug_options or loaded.num_replicas * loaded.num_partitions != 1:
+        return False
+    if len(loaded.addressable_devices) != 1:
+        return False
+    return not any(instr.opcode in _NOT_IMAGED for instr in loaded.module.instructions())

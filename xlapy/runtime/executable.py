@@ -12,12 +12,12 @@ import hashlib
 import itertools
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xlapy.backends import BACKENDS, get_backend
-from xlapy.backends.base import Backend, CompiledProgram, alias_leaves
+from xlapy.backends.base import Backend, CompiledProgram, LeafAlias, alias_leaves
 from xlapy.backends.collectives import DEFAULT_TIMEOUT_SECONDS, CollectiveRun, DeviceGrid
 from xlapy.ir.module import HloModule
 from xlapy.ir.shapes import Shape
@@ -122,18 +122,57 @@ class Executable:
     """A compiled program, not bound to devices (PJRT's PjRtExecutable)."""
 
     def __init__(self, module: HloModule, options: CompileOptions, platform: str, hlo_text: str):
-        self.module = module
+        self._module: HloModule | None = module
         self.options = options
         self.platform = platform
         self._hlo_text = hlo_text
         self.fingerprint = fingerprint_of(platform, hlo_text, options)
+        self._name = module.name
         self._param_shapes, self._output_shape = _entry_shapes(module)
+        self._known_aliases: tuple[LeafAlias, ...] | None = None
         self._memory: CompiledMemoryStats | None = None
         self._cost: dict[str, float] | None = None
 
+    @classmethod
+    def from_facts(cls, facts: Mapping[str, Any], options: CompileOptions, platform: str):
+        """The executable a backend's program image describes (`facts()`), its module
+        parsed from its text only when something asks for it."""
+        executable = cls.__new__(cls)
+        executable._module = None
+        executable.options, executable.platform = options, platform
+        executable._hlo_text = facts["hlo_text"]
+        executable.fingerprint = facts["fingerprint"]
+        executable._name = facts["name"]
+        executable._param_shapes = tuple(facts["parameter_shapes"])
+        executable._output_shape = facts["output_shape"]
+        executable._known_aliases = tuple(facts["aliases"])
+        executable._memory, executable._cost = None, None
+        return executable
+
+    def facts(self) -> dict[str, Any]:
+        """What `from_facts` needs: the name, text, fingerprint, entry shapes and aliases."""
+        return {
+            "name": self._name,
+            "hlo_text": self._hlo_text,
+            "fingerprint": self.fingerprint,
+            "parameter_shapes": self._param_shapes,
+            "output_shape": self._output_shape,
+            "aliases": alias_leaves(self.module),
+        }
+
+    @property
+    def module(self) -> HloModule:
+        """The compiled module (for an executable from a program image, parsed from its
+        text on first use)."""
+        if self._module is None:
+            from xlapy.ir.parser import parse_module
+
+            self._module = parse_module(self._hlo_text)
+        return self._module
+
     @property
     def name(self) -> str:
-        return self.module.name
+        return self._name
 
     @property
     def num_replicas(self) -> int:
@@ -206,13 +245,26 @@ class LoadedExecutable(Executable):
     of parameters; `strict_donation` overrides the compile option (see
     xlapy.runtime.execution for the rules)."""
 
-    def __init__(self, executable: Executable, client: Client, backend: Backend):
-        super().__init__(
-            executable.module, executable.options, executable.platform, executable.hlo_text()
-        )
+    def __init__(
+        self,
+        executable: Executable,
+        client: Client,
+        backend: Backend,
+        program: CompiledProgram | None = None,
+    ):
+        """`program`: the backend's program for the executable's one device, already made
+        (from a program image); else the backend compiles it."""
+        self._module = executable._module
+        self.options, self.platform = executable.options, executable.platform
+        self._hlo_text, self.fingerprint = executable._hlo_text, executable.fingerprint
+        self._name = executable._name
+        self._param_shapes, self._output_shape = executable._param_shapes, executable._output_shape
+        self._known_aliases = executable._known_aliases
+        self._memory, self._cost = None, None
         self.client = client
         self.backend = backend
-        self._aliases = alias_leaves(self.module)
+        known = self._known_aliases
+        self._aliases = alias_leaves(self.module) if known is None else known
         self._assignment = client.device_assignment(self.options)
         self._programs: dict[int, CompiledProgram] = {}
         self._positions: dict[int, tuple[int, int]] = {}
@@ -223,6 +275,8 @@ class LoadedExecutable(Executable):
                 self._positions[device_id] = (r, p)
                 if not client.is_local_device(device_id):
                     continue
+                if shared is None and program is not None:
+                    shared = program
                 if shared is None:  # one program; each run gets its ids from its DeviceCollectives
                     shared = backend.compile(
                         self.module,

@@ -42,6 +42,7 @@ from xlapy.backends.base import (
     leaf_at,
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
+from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.options import CPU_OPTIONS
 from xlapy.backends.cpu.runtime.host_memory import empty_bytes
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelCall, KernelThunk
@@ -151,7 +152,18 @@ class CpuProgram(CompiledProgram):
         text: str | None = None,
     ):
         self.options = dict(options or {})
-        self.compiled: CompiledModule = compile_module(module, self.options, text=text)
+        self._set_up(compile_module(module, self.options, text=text))
+
+    @classmethod
+    def from_compiled(cls, compiled: CompiledModule, options: Mapping[str, Any]) -> CpuProgram:
+        """The program of a module compiled before (a program image's), run with `options`."""
+        program = cls.__new__(cls)
+        program.options = dict(options)
+        program._set_up(compiled)
+        return program
+
+    def _set_up(self, compiled: CompiledModule) -> None:
+        self.compiled = compiled
         self.module = self.compiled.module
         self._root = self.module.entry_computation().root_instruction()
         self.state = {k: self.options[k] for k in _STATE_OPTIONS if k in self.options}
@@ -557,3 +569,31 @@ class CpuBackend(Backend):
         """The buffer assignment a CpuProgram of `module` executes (no code generated)."""
         self.check_options(options)
         return plan_module(module, options, text=text)[1]
+
+    def image_key(self, program: str | bytes, options_json: str) -> str | None:
+        return program_image.image_key(program, options_json) if program_image.enabled() else None
+
+    def save_image(self, key: str, executable: Mapping[str, Any], program: CompiledProgram) -> bool:
+        if not isinstance(program, CpuProgram):
+            return False
+        options = {k: v for k, v in program.options.items() if k != "custom_calls"}
+        return program_image.write(key, (dict(executable), options, program.compiled))
+
+    def load_image(
+        self, key: str, options: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], CompiledProgram] | None:
+        value = program_image.read(key)
+        if value is None:
+            return None
+        try:
+            executable, own, compiled = value
+        except (TypeError, ValueError):
+            executable = own = compiled = None
+        if not (
+            isinstance(executable, dict)
+            and isinstance(own, dict)
+            and isinstance(compiled, CompiledModule)
+        ):
+            program_image.warn_rejected(key + program_image.SUFFIX, "it holds no CPU program")
+            return None
+        return executable, CpuProgram.from_compiled(compiled, {**own, **options})

@@ -46,7 +46,6 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,11 +82,11 @@ from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reaso
 from xlapy.backends.cpu.jit.engine import host_target
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
+    NativeFunction,
     Signature,
     book_knows,
     described_kernel,
     forget_kernel,
-    function_address,
     kernel_for,
     kernel_site,
     request_function,
@@ -226,6 +225,18 @@ def _kernel_address(kernel: Kernel) -> int:
     return kernel.address
 
 
+def _pool_run_address() -> int:
+    pool = native_pool()
+    assert pool is not None, "a loop plans pool calls only where the native pool runs"
+    return pool.run_address
+
+
+def _gemm_address(dot: DotThunk) -> int:
+    gemm = dot.native_gemm(math.inf)
+    assert gemm is not None, "a loop plans gemm calls only for dots that have one"
+    return gemm[0]
+
+
 def _native_of(thunk: WhileThunk, what: str) -> int:
     """An address of `thunk`'s native loop (`what`: "address" or "table_address")."""
     assert thunk.native is not None, "inner loops are made native before outer ones"
@@ -278,14 +289,14 @@ def native_loop_plan(
                 if pool is None:
                     out.append(LoopCall(entry, slots, t.kernel.outer_extent))
                     continue
-                table.append(functools.partial(int, pool.run_address))
+                table.append(_pool_run_address)
                 out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, entry + 1))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
             elif isinstance(t, DotThunk) and (gemm := t.native_gemm(math.inf)) is not None:
                 one_thread |= t.flops > OPENBLAS_SERIAL_FLOPS
-                address, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
-                table.append(functools.partial(int, address))
+                _, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
+                table.append(functools.partial(_gemm_address, t))
                 dtype = "float" if t.out.shape.dtype.itemsize == 4 else "double"
                 bits = 64 if wide else 32
                 entry = len(table) - 1
@@ -497,15 +508,14 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     conv = DirectConv(**geometry, vector=vector, registers=registers)
     flush = lw.flush_denormals
     try:
-        future = request_function(
+        function = request_function(
             conv.description(flush), functools.partial(emit_direct_conv, conv, flush), SYMBOL
         )
     except Exception as e:  # a code generator bug: loud (see the file comment)
         lw.kernel_failed(instr.name, e)
         return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
-    lw.functions.append((instr.name, future))
-    direct = DirectKernel(functools.partial(function_address, future), conv.kernel_width,
-                          conv.extent)  # fmt: skip
+    lw.functions.append((instr.name, function))
+    direct = DirectKernel(function, conv.kernel_width, conv.extent)
     planner = functools.partial(plan_convolution, direct=direct)
     return library(planner, ConvolutionThunk).build(lw, instr, why)
 
@@ -575,15 +585,17 @@ def library(planner: Planner, thunk: type[RuleThunk] = RuleThunk) -> Strategy:
     def build(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         result = lw.tree_at(instr)
         fast = plan_safely(planner, instr) if all_arrays(result) else None
-        return lw.rule_thunk(instr, thunk(instr, lw.operand_trees(instr), result, why, fast))
+        operands = lw.operand_trees(instr)
+        made = thunk(instr, operands, result, why, fast, planner if fast is not None else None)
+        return lw.rule_thunk(instr, made)
 
     return Strategy(f"library {getattr(planner, '__name__', 'planner')}", build)
 
 
 def _sort_library(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     """The library sort, its comparator reading subnormals as the kernels do."""
-    flush = lw.flush_denormals
-    return library(lambda i: plan_sort(i, flush)).build(lw, instr, why)
+    planner = functools.partial(plan_sort, flush_denormals=lw.flush_denormals)
+    return library(planner).build(lw, instr, why)
 
 
 CUSTOM_CALL_PLANNERS: dict[str, Planner] = {"TopK": plan_xla_topk}
@@ -680,10 +692,10 @@ class Lowering:
         self.concurrency = concurrency_mode(options)
         self.flush_denormals = denormals_flushed(options)
         self.kernels: list[tuple[str, Kernel]] = []  # compiling on the JIT's pool
-        self.functions: list[tuple[str, Future]] = []  # other native code (direct convs)
+        self.functions: list[tuple[str, NativeFunction]] = []  # other code (direct convs)
         # while loops becoming native, inner loops before the loops around them:
-        # thunk -> (its function's Future, its plan)
-        self.native_loops: dict[WhileThunk, tuple[Future, NativeLoopPlan]] = {}
+        # thunk -> (its function, its plan)
+        self.native_loops: dict[WhileThunk, tuple[NativeFunction, NativeLoopPlan]] = {}
         self.python_loops: list[Fallback] = []  # while loops left to the Python driver
 
     def plan_native_loop(self, thunk: WhileThunk) -> None:
@@ -700,17 +712,15 @@ class Lowering:
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, planned))
             return
         plan = planned.plan
-        future = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
-        self.native_loops[thunk] = (future, planned)
+        function = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
+        self.native_loops[thunk] = (function, planned)
 
     def compile_loops(self) -> None:
         """Make the loops plan_native_loop started native, inner loops first (an outer
         loop's table holds its inner loops' functions). Call after wait_for_kernels."""
-        for thunk, (future, planned) in self.native_loops.items():
-            table_addresses = [entry() for entry in planned.table]
-            thunk.native = NativeLoop(
-                function_address(future), table_addresses, future, planned.one_blas_thread
-            )
+        for thunk, (function, planned) in self.native_loops.items():
+            thunk.native = NativeLoop(function, planned.table, planned.one_blas_thread)
+            thunk.native.bind()
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose
@@ -722,9 +732,9 @@ class Lowering:
             except Exception as e:  # a code generator bug: loud (see the file comment)
                 forget_kernel(kernel)
                 failed[name] = self.kernel_failed(name, e)
-        for name, future in self.functions:
+        for name, function in self.functions:
             try:
-                function_address(future)
+                function.address()
             except Exception as e:  # a code generator bug: loud (see the file comment)
                 failed[name] = self.kernel_failed(name, e)
         return failed

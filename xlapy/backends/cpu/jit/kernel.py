@@ -35,7 +35,7 @@ import json
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +50,12 @@ from xlapy.backends.cpu.codegen.emitter import (
     output_leaves,
 )
 from xlapy.backends.cpu.jit import engine as jit
-from xlapy.backends.cpu.jit.executable_cache import KernelBook, KernelId, KernelRecord
+from xlapy.backends.cpu.jit.executable_cache import (
+    ENABLE_ENV,
+    KernelBook,
+    KernelId,
+    KernelRecord,
+)
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -144,6 +149,60 @@ class _Queued:
 
 _queued: list[_Queued] = []
 _queue_changed = threading.Condition(_loaded_lock)  # an object queued or a future resolved
+
+_pickled_objects: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "xlapy_pickled_objects", default=None
+)
+"""While a program image is pickled (`collecting_objects`): the key of every object its
+kernels and native functions run."""
+_image_objects: contextvars.ContextVar[Mapping[str, bytes] | None] = contextvars.ContextVar(
+    "xlapy_image_objects", default=None
+)
+"""While a program image is unpickled (`objects_of_image`): its objects' bytes by key."""
+
+
+def _note_pickled(key: str) -> None:
+    collected = _pickled_objects.get()
+    if collected is not None:
+        collected.add(key)
+
+
+@contextlib.contextmanager
+def collecting_objects() -> Iterator[set[str]]:
+    """Within the block, kernels and native functions that pickle add their object's key to
+    the set yielded: the objects a program image must hold (jit/program_image.py)."""
+    collected: set[str] = set()
+    token = _pickled_objects.set(collected)
+    try:
+        yield collected
+    finally:
+        _pickled_objects.reset(token)
+
+
+_image_kernels: contextvars.ContextVar[list[Kernel] | None] = contextvars.ContextVar(
+    "xlapy_image_kernels", default=None
+)
+
+
+@contextlib.contextmanager
+def objects_of_image(objects: Mapping[str, bytes]) -> Iterator[list[Kernel]]:
+    """Within the block, kernels and native functions unpickled from a program image
+    (`Kernel.__reduce__`, `NativeFunction.__reduce__`) load their code from `objects`; the
+    kernels made are added to the list yielded (`wait()` for them before running any)."""
+    kernels: list[Kernel] = []
+    token, token_kernels = _image_objects.set(objects), _image_kernels.set(kernels)
+    try:
+        yield kernels
+    finally:
+        _image_objects.reset(token)
+        _image_kernels.reset(token_kernels)
+
+
+def _image_request(key: str) -> tuple[Future, bool]:
+    objects = _image_objects.get()
+    if objects is None or key not in objects:
+        raise ValueError(f"the image names object {key[:16]}... it does not hold")
+    return _request_bytes(key, objects[key])
 
 
 def clear_loaded_objects() -> None:
@@ -296,7 +355,7 @@ class Kernel:
         self._emit: Callable[[], KernelSpec] | None = None
         self.signature = Signature.of(spec)
         self.name = name or spec.name
-        key = jit.cache_key(spec.llvm_ir)
+        self.object_key = key = jit.cache_key(spec.llvm_ir)
         if use_cache:
             self._pending, self._reused = _request(spec.llvm_ir, key, spec.name, defer=False)
         else:
@@ -312,12 +371,21 @@ class Kernel:
         name: str,
         request: tuple[Future, bool],
         spec: KernelSpec | None,
-        emit: Callable[[], KernelSpec],
+        emit: Callable[[], KernelSpec] | None,
+        object_key: str,
     ) -> Kernel:
         kernel = cls.__new__(cls)
         kernel._spec, kernel._emit, kernel.signature = spec, emit, signature
         kernel.name, (kernel._pending, kernel._reused) = name, request
+        kernel.object_key = object_key
         return kernel
+
+    def __reduce__(self):
+        """A kernel pickles as its object's key, signature and name: a program image
+        (executable_cache.py) holds the object's bytes, which `objects_of_image` hands to
+        the kernel unpickled (its LLVM IR is not kept: `spec` cannot be emitted again)."""
+        _note_pickled(self.object_key)
+        return (_kernel_from_image, (self.object_key, self.signature, self.name))
 
     def wait(self) -> Kernel:
         """Block until the kernel's code is loaded (re-raising a compile failure)."""
@@ -337,7 +405,11 @@ class Kernel:
         """The emitted kernel (emitted again on first use when the kernel came from the
         kernel cache)."""
         if self._spec is None:
-            assert self._emit is not None, "a kernel without its spec keeps its emitter"
+            if self._emit is None:
+                raise XlapyError(
+                    f"kernel {self.name} was loaded from a compiled-program image, which keeps "
+                    f"no LLVM IR; compile with ${ENABLE_ENV}=0 to dump it"
+                )
             self._spec = self._emit()
         return self._spec
 
@@ -467,7 +539,7 @@ def compile_computation(
         object_key, signature = hit
         request = _request_cached(object_key)
         if request is not None:
-            kernel = Kernel._deferred(signature, symbol, request, None, emit)
+            kernel = Kernel._deferred(signature, symbol, request, None, emit, object_key)
             kernel.cache_keys = key, object_key
             return kernel if defer else kernel.wait()
         # the entry outlived its object (or the object is damaged): compile again
@@ -481,7 +553,7 @@ def compile_computation(
             _write_entry(key, object_key, signature)
 
     request = _request(spec.llvm_ir, object_key, SYMBOL, defer, store_entry)
-    kernel = Kernel._deferred(signature, symbol, request, spec, emit)
+    kernel = Kernel._deferred(signature, symbol, request, spec, emit, object_key)
     if store_entry is not None:
         kernel.cache_keys = key, object_key
     return kernel if defer else kernel.wait()
@@ -700,7 +772,7 @@ def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation, name: str)
     def emit() -> KernelSpec:
         return emit_kernel(comp, SYMBOL, pairs, flush)
 
-    kernel = Kernel._deferred(signature, symbol_name(name), request, None, emit)
+    kernel = Kernel._deferred(signature, symbol_name(name), request, None, emit, record.object_key)
     kernel.cache_keys = record.kernel_key, record.object_key
     with _kernel_lock:
         return _kernel_cache.setdefault(memo, kernel)
@@ -740,16 +812,42 @@ def run_parallel(kernel: Kernel, args: Sequence[np.ndarray], chunks: int | None 
     return kernel.finish(outputs)
 
 
-def request_function(description: str, emit: Callable[[], str], symbol: str) -> Future:
+class NativeFunction:
+    """A function of native code that is not a kernel (a native while loop, a direct
+    convolution): its object's key and the Future of the loaded object; `address()` (or a
+    call) waits for it. It pickles as its key, for a program image (see Kernel.__reduce__)."""
+
+    __slots__ = ("future", "key")
+
+    def __init__(self, key: str, future: Future):
+        self.key, self.future = key, future
+
+    def address(self) -> int:
+        """The function's address, once loaded (re-raising a compile failure)."""
+        return function_address(self.future)
+
+    __call__ = address
+
+    def __reduce__(self):
+        _note_pickled(self.key)
+        return (_function_from_image, (self.key,))
+
+
+def _function_from_image(key: str) -> NativeFunction:
+    return NativeFunction(key, _image_request(key)[0])
+
+
+def request_function(description: str, emit: Callable[[], str], symbol: str) -> NativeFunction:
     """Start loading function `symbol` of the IR `emit()` makes, for code that is not a
-    kernel of the kernel ABI (a native while loop, codegen.emit_loop); `function_address`
-    waits for it. The object is cached under `description` (which must determine the IR)
-    and the code generator's sources, so a warm compile reads it without emitting the IR;
-    a cold one compiles it on the JIT's pool, beside the kernels. One load per process for
-    the same description."""
+    kernel of the kernel ABI (a native while loop, codegen.emit_loop); `address()` waits
+    for it. The object is cached under `description` (which must determine the IR) and the
+    code generator's sources, so a warm compile reads it without emitting the IR; a cold
+    one compiles it on the JIT's pool, beside the kernels. One load per process for the
+    same description."""
     key = jit.content_key(source_fingerprint(), symbol, description)
     found = _request_cached(key)
-    return _request(emit(), key, symbol, defer=True)[0] if found is None else found[0]
+    future = _request(emit(), key, symbol, defer=True)[0] if found is None else found[0]
+    return NativeFunction(key, future)
 
 
 def described_kernel(
@@ -768,7 +866,16 @@ def described_kernel(
         if Signature.of(spec) != signature:
             raise XlapyError(f"kernel {name}: emitted {Signature.of(spec)}, expected {signature}")
         request = _request(spec.llvm_ir, key, SYMBOL, defer=True)
-    return Kernel._deferred(signature, name, request, spec, emit)
+    return Kernel._deferred(signature, name, request, spec, emit, key)
+
+
+def _kernel_from_image(object_key: str, signature: Signature, name: str) -> Kernel:
+    """A kernel of a program image being unpickled (see `objects_of_image`)."""
+    kernel = Kernel._deferred(signature, name, _image_request(object_key), None, None, object_key)
+    made = _image_kernels.get()
+    if made is not None:
+        made.append(kernel)
+    return kernel
 
 
 def function_address(future: Future) -> int:

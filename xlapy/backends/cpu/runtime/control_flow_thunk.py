@@ -118,33 +118,64 @@ class NativeLoop:
     runs ROUND iterations a call, so Python handles signals (Ctrl-C on a loop that never
     ends) between calls. With `one_blas_thread` (a gemm it calls is big enough for OpenBLAS
     to start threads) OpenBLAS is limited to the calling thread around the calls, as the
-    runtime does around such a dot (thread-local, so nothing else is affected)."""
+    runtime does around such a dot (thread-local, so nothing else is affected).
+
+    `code` answers the function's address (`code.address()`, jit.kernel.NativeFunction: it
+    also keeps the code mapped) and each of `entries` one address of the table, so a loop
+    pickles without addresses (a program image, jit/executable_cache.py) and binds them
+    in the process that runs it, on first use (`bind`)."""
 
     ROUND = 1 << 20
 
     def __init__(
         self,
-        address: int,
-        table: Sequence[int],
-        code: object = None,
+        code: Any,
+        entries: Sequence[Callable[[], int]],
         one_blas_thread: bool = False,
     ):
-        self.address, self.code = address, code  # code: what keeps `address` mapped
-        self.function = _LOOP_FUNCTION(address)
-        self.table = (ctypes.c_int64 * max(1, len(table)))(*table)
-        self.table_address = ctypes.addressof(self.table)
-        self.thread_setter = blas_thread_setter() if one_blas_thread else None
+        self.code, self.entries, self.one_blas_thread = code, tuple(entries), one_blas_thread
+        self._bound: tuple[Any, Any, int, int, Any] | None = None
+
+    def __reduce__(self):
+        return (NativeLoop, (self.code, self.entries, self.one_blas_thread))
+
+    def bind(self) -> tuple[Any, Any, int, int, Any]:
+        """(the function, the table, the function's address, the table's address, the BLAS
+        thread setter or None), resolving the addresses on the first call."""
+        if self._bound is None:
+            address = self.code.address()
+            values = [entry() for entry in self.entries]
+            table = (ctypes.c_int64 * max(1, len(values)))(*values)
+            setter = blas_thread_setter() if self.one_blas_thread else None
+            function = _LOOP_FUNCTION(address)
+            self._bound = (function, table, address, ctypes.addressof(table), setter)
+        return self._bound
+
+    @property
+    def address(self) -> int:
+        """The loop function's address (for an outer native loop's table)."""
+        return self.bind()[2]
+
+    @property
+    def table_address(self) -> int:
+        """The address of this loop's table (for an outer native loop's table)."""
+        return self.bind()[3]
+
+    @property
+    def thread_setter(self) -> Any:
+        """What limits OpenBLAS to the calling thread around the loop (None: not needed)."""
+        return self.bind()[4]
 
     def run(self, bases: list[int], limit: int | None) -> bool:
         """Run the loop on an execution's allocation bases: False when some loop ran past
         `limit` iterations (None: no limit), else True."""
+        function, table, _, _, setter = self.bind()
         memory = (ctypes.c_int64 * len(bases))(*bases)
         left = -1 if limit is None else limit
-        setter = self.thread_setter
         previous = None if setter is None else setter(1)
         try:
             while True:
-                status = self.function(memory, self.table, left, self.ROUND)
+                status = function(memory, table, left, self.ROUND)
                 if status != 2:
                     return status == 0
                 if left >= 0:

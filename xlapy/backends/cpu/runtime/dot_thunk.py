@@ -588,6 +588,18 @@ class DotThunk(Thunk):
         self.split_choice = SplitChoice() if splits else None
         self._parts = pool_size()
 
+    def __getstate__(self) -> dict:
+        """The thunk without its BLAS entry point (a process's address), which is looked up
+        again when it is unpickled (a program image: jit/executable_cache.py)."""
+        return {**self.__dict__, "_fn": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        dtype = self.out.shape.dtype
+        self._fn = flushing_gemm(dtype) if self.flush else cblas_gemm(dtype)
+        if self._fn is None:
+            self._gemm = None
+
     def _plan_gemm(self, out: BufferSlice) -> _GemmPlan | None:
         if self.b != 1 or 0 in (self.m, self.n, self.k):
             return None

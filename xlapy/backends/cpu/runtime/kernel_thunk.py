@@ -105,6 +105,10 @@ class KernelThunk(Thunk):
         self.split_choice = SplitChoice() if self.chunks > 1 else None
         self._call: KernelCall | None = None  # made on first run
 
+    def __getstate__(self) -> dict:
+        """The thunk without its call closure (made again on the first run)."""
+        return {**self.__dict__, "_call": None}
+
     def run(self, ctx: ExecutionContext) -> None:
         call = self._call
         if call is None:

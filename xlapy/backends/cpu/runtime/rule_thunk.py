@@ -67,10 +67,29 @@ class RuleThunk(Thunk):
         result: ValueTree,
         why: str,
         fast: FastPath | None = None,
+        planner: Planner | None = None,
     ):
+        """`planner`: what made `fast` (`planner(instr)`), so that the thunk can pickle
+        without it (a closure) and plan it again where it is unpickled."""
         self.instr, self.operands, self.result, self.why = instr, operands, result, why
         self.rule = rule_for(instr.opcode)
         self.fast = fast
+        self.planner = planner
+
+    def __getstate__(self) -> dict:
+        """The thunk without its fast path, which is planned again when it is unpickled
+        (a program image: jit/executable_cache.py); one without its planner cannot pickle."""
+        state = dict(self.__dict__)
+        if state.pop("fast", None) is not None and self.planner is None:
+            raise TypeError(f"{self.instr.name}: a fast path without its planner cannot pickle")
+        state["rule"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.rule = rule_for(self.instr.opcode)
+        planner = self.planner
+        self.fast = None if planner is None else plan_safely(planner, self.instr)
 
     @property
     def is_fallback(self) -> bool:

@@ -1,0 +1,326 @@
+"""Program images (xlapy/backends/cpu/jit/program_image.py): a warm compile of program text
+loads the whole CPU program from one authenticated entry, without parsing the text or
+running the passes, buffer assignment or lowering; its executables compute bit for bit
+what the cold compile's do; every ingredient of the key is a miss; a damaged, truncated,
+foreign or malformed entry is never used (a CacheEntryWarning, a full compile, the entry
+written again), and the unpickler resolves nothing outside xlapy, NumPy and a few builtins
+even for an authentic entry."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import os
+import pickle
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import xlapy.stablehlo
+from xlapy.backends.cpu import backend as cpu_backend
+from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit import program_image
+from xlapy.backends.cpu.jit.disk_cache import CacheEntryWarning
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.parser import parse_module
+from xlapy.runtime import Client, CompileOptions
+
+
+def softmax_loop(x, w, b):
+    """Fused kernels, a dot, and a while loop that becomes one native function."""
+    p = jax.nn.softmax(x @ w + b, axis=-1)
+
+    def body(i, acc):
+        row = lax.dynamic_slice_in_dim(acc, i, 1) * 0.5 + jnp.tanh(p[i])
+        return lax.dynamic_update_slice_in_dim(acc, row, i, 0)
+
+    return lax.fori_loop(0, x.shape[0], body, p * 2.0), p.sum(axis=0)
+
+
+def sort_and_conv(x, k):
+    """A library sort (a planner's fast path) and a direct convolution kernel."""
+    y = lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jnp.sort(y.reshape(-1)), jnp.argsort(x[0, 0, :, 0])
+
+
+def nested_loops(x, w):
+    """A native loop inside a native loop, and a gemm each iteration."""
+
+    def outer(i, h):
+        return lax.fori_loop(0, 3, lambda j, g: jnp.tanh(g @ w) + 0.1 * j, h) * 0.5
+
+    return lax.fori_loop(0, 4, outer, x)
+
+
+PROGRAMS = {
+    "softmax_loop": (softmax_loop, [(8, 16), (16, 12), (12,)]),
+    "sort_and_conv": (sort_and_conv, [(1, 8, 8, 4), (3, 3, 4, 8)]),
+    "nested_loops": (nested_loops, [(4, 16), (16, 16)]),
+}
+
+
+def lowered(name: str) -> str:
+    fn, shapes = PROGRAMS[name]
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    return jax.jit(fn).lower(*args).as_text(dialect="hlo")
+
+
+@pytest.fixture(scope="module")
+def texts() -> dict[str, str]:
+    return {name: lowered(name) for name in PROGRAMS}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache and key directory, images on; the process's kernels forgotten."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)
+    monkeypatch.delenv(program_image.ENABLE_ENV, raising=False)
+    clear_kernel_cache()
+    yield tmp_path / "kernels"
+    clear_kernel_cache()
+
+
+def inputs(name: str, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in PROGRAMS[name][1]]
+
+
+def run(exe, args: list[np.ndarray]) -> list[np.ndarray]:
+    client = exe.client
+    outs = exe.execute([[client.buffer_from_pyval(a) for a in args]])[0]
+    return [o.to_numpy() for o in outs]
+
+
+def images(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{program_image.SUFFIX}"))
+
+
+def forbid_compiling(monkeypatch) -> None:
+    """Fail the test if a compile parses the text or compiles the module."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a warm compile parsed or compiled the program")
+
+    monkeypatch.setattr(xlapy.stablehlo, "load", fail)
+    monkeypatch.setattr(cpu_backend, "compile_module", fail)
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_warm_compile_loads_the_program_and_computes_the_same_bits(cache, texts, monkeypatch, name):
+    text = texts[name]
+    cold = Client("cpu").compile(text)
+    assert len(images(cache)) == 1
+    cold_out = [run(cold, inputs(name, seed)) for seed in (1, 2)]
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        warm = Client("cpu").compile(text)
+        warm_out = [run(warm, inputs(name, seed)) for seed in (1, 2)]
+    for w_run, c_run in zip(warm_out, cold_out, strict=True):
+        for w, c in zip(w_run, c_run, strict=True):
+            np.testing.assert_array_equal(w, c)  # the same kernels, the same bits
+    want = evaluate(parse_module(text), inputs(name, 1))
+    want = want if isinstance(want, tuple) else (want,)
+    for w, r in zip(warm_out[0], want, strict=True):
+        np.testing.assert_allclose(w, np.asarray(r), rtol=3e-5, atol=3e-5)
+    # what the runtime reports needs no compile either, and agrees with the cold one's
+    assert warm.name == cold.name and warm.fingerprint == cold.fingerprint
+    assert warm.hlo_text() == cold.hlo_text()
+    assert warm.parameter_shapes == cold.parameter_shapes
+    assert warm.output_shape == cold.output_shape
+    assert warm.memory_stats() == cold.memory_stats()
+    assert warm.backend_program().compiled.thunk_listing() == (
+        cold.backend_program().compiled.thunk_listing()
+    )
+    assert warm.module.to_text() == cold.module.to_text()  # parsed on first use
+
+
+def test_a_client_compiling_the_same_text_again_returns_its_executable(cache, texts):
+    client = Client("cpu")
+    first = client.compile(texts["softmax_loop"])
+    assert client.compile(texts["softmax_loop"]) is first
+    assert client.compile_cache_stats()["hits"] == 1
+    other = Client("cpu")
+    warm = other.compile(texts["softmax_loop"])
+    assert other.compile(texts["softmax_loop"]) is warm
+
+
+def test_every_ingredient_of_the_key_is_a_miss(texts, monkeypatch):
+    text = texts["softmax_loop"]
+    base = program_image.image_key(text, "null")
+    assert program_image.image_key(text, "null") == base
+    changed = [
+        program_image.image_key(text.replace("0.5", "0.25"), "null"),
+        program_image.image_key(text + " ", "null"),
+        program_image.image_key(text.encode(), "null"),  # bytes are another format
+        program_image.image_key(text, json.dumps({"num_replicas": 1})),
+    ]
+    for var, value in [
+        ("XLAPY_CPU_DENORMALS", "ieee"),
+        ("XLAPY_CPU_CONCURRENCY", "off"),
+        ("XLAPY_NUM_THREADS", "1"),
+        ("XLAPY_STRICT_KERNELS", "0"),  # (the tests run with 1)
+        ("XLAPY_SOMETHING_NEW", "x"),
+    ]:
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            changed.append(program_image.image_key(text, "null"))
+    with monkeypatch.context() as m:
+        m.setattr(program_image, "package_fingerprint", lambda: "other sources")
+        changed.append(program_image.image_key(text, "null"))
+    with monkeypatch.context() as m:
+        m.setattr(program_image, "pool_size", lambda: 977)
+        changed.append(program_image.image_key(text, "null"))
+    with monkeypatch.context() as m:
+        host = jit.host_target()
+        other = type(host)(host.triple, host.cpu, host.features.replace("+", "-", 1))
+        m.setattr(jit, "host_target", lambda: other)
+        changed.append(program_image.image_key(text, "null"))
+    assert base not in changed and len(set(changed)) == len(changed)
+    with monkeypatch.context() as m:  # where the cache is does not name what is in it
+        m.setenv("XLAPY_CACHE_DIR", "/elsewhere")
+        assert program_image.image_key(text, "null") == base
+
+
+def test_other_options_miss_and_compute_their_own_result(cache, texts):
+    text = texts["softmax_loop"]
+    args = inputs("softmax_loop", 3)
+    native = Client("cpu").compile(text)
+    options = CompileOptions.make(backend_options={"native_loops": False})
+    clear_kernel_cache()
+    python = Client("cpu").compile(text, options)
+    assert len(images(cache)) == 2
+    assert python.backend_program().compiled.python_loops  # not the native program's image
+    for a, b in zip(run(native, args), run(python, args), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def damage_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def damage_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def damage_foreign_key(path: Path) -> None:
+    """An entry made under another user's key (a copy from elsewhere)."""
+    head, _, payload = path.read_bytes().partition(b"\n")
+    magic = head.rpartition(b" ")[0]
+    mac = hmac.new(b"k" * 32, magic, hashlib.sha256)
+    mac.update(b"\0" + path.name.encode() + b"\0")
+    mac.update(payload)
+    path.write_bytes(magic + b" " + mac.hexdigest().encode() + b"\n" + payload)
+
+
+def rewrite_authentic(path: Path, edit) -> None:
+    """What someone holding the user's key could write: an authentic entry whose payload
+    is `edit(payload)`."""
+    key = path.name[: -len(program_image.SUFFIX)]
+    payload = jit.read_entry(key, program_image.SUFFIX)
+    assert payload is not None
+    jit.write_entry(key, program_image.SUFFIX, edit(payload))
+
+
+def extra_bytes(payload: bytes) -> bytes:
+    return payload + b"\0"
+
+
+def longer_pickle(payload: bytes) -> bytes:
+    head, _, rest = payload.partition(b"\n")
+    doc = json.loads(head)
+    doc["pickle"] = len(rest) + 1
+    return json.dumps(doc).encode() + b"\n" + rest
+
+
+@pytest.mark.parametrize(
+    "damage", [damage_flip, damage_truncate, damage_foreign_key, "extra_bytes", "longer_pickle"]
+)
+def test_rejected_image_warns_recompiles_and_is_rewritten(cache, texts, damage):
+    text = texts["softmax_loop"]
+    args = inputs("softmax_loop", 4)
+    cold = run(Client("cpu").compile(text), args)
+    (path,) = images(cache)
+    if isinstance(damage, str):
+        rewrite_authentic(path, globals()[damage])
+    else:
+        damage(path)
+    clear_kernel_cache()
+    with pytest.warns(CacheEntryWarning, match=r"\.image is not used"):
+        again = Client("cpu").compile(text)
+    assert again._module is not None  # compiled from the text, not the image
+    for a, c in zip(run(again, args), cold, strict=True):
+        np.testing.assert_array_equal(a, c)
+    assert jit.read_entry(path.name[: -len(program_image.SUFFIX)], program_image.SUFFIX)
+    clear_kernel_cache()
+    assert Client("cpu").compile(text)._module is None  # the rewritten image is used
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo owned",))
+
+
+def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, monkeypatch):
+    """Even an entry authenticated with the user's key resolves only xlapy's, NumPy's and a
+    few builtin names: one naming os.system is rejected before anything is called."""
+    text = texts["softmax_loop"]
+    Client("cpu").compile(text)
+    (path,) = images(cache)
+    evil = pickle.dumps(_Evil(), protocol=5)  # (before os.system is watched)
+    called: list[str] = []
+    monkeypatch.setattr(os, "system", lambda cmd: called.append(cmd))
+
+    def edit(payload: bytes) -> bytes:
+        head, _, rest = payload.partition(b"\n")
+        doc = json.loads(head)
+        objects = rest[doc["pickle"] :]
+        doc["pickle"] = len(evil)
+        return json.dumps(doc).encode() + b"\n" + evil + objects
+
+    rewrite_authentic(path, edit)
+    clear_kernel_cache()
+    with pytest.warns(CacheEntryWarning, match="may not"):
+        exe = Client("cpu").compile(text)
+    assert called == []
+    assert exe._module is not None
+
+
+def test_unpickler_refuses_names_outside_its_list():
+    for module, name in [("os", "system"), ("builtins", "eval"), ("subprocess", "Popen")]:
+        data = b"\x80\x05\x95" + len(f"c{module}\n{name}\n.".encode()).to_bytes(8, "little")
+        data += f"c{module}\n{name}\n.".encode()
+        with pytest.raises(pickle.UnpicklingError, match="may not"):
+            program_image._Unpickler(io.BytesIO(data)).load()
+
+
+def test_programs_with_custom_calls_are_not_imaged(cache):
+    """A custom call's target lives in a registry the key does not cover."""
+    client = Client("cpu")
+    client.register_custom_call("py_twice", lambda ins, opaque: ins[0] * 2)
+    text = """HloModule m
+ENTRY e {
+  x = f32[4] parameter(0)
+  ROOT r = f32[4] custom-call(x), custom_call_target="py_twice"
+}"""
+    exe = client.compile(text)
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(run(exe, [x])[0], x * 2)
+    assert images(cache) == []
+
+
+def test_images_can_be_turned_off(cache, texts, monkeypatch):
+    monkeypatch.setenv(program_image.ENABLE_ENV, "0")
+    Client("cpu").compile(texts["softmax_loop"])
+    assert images(cache) == []

@@ -1,0 +1,238 @@
+# Program images: a whole compiled CPU program in one disk entry, so that a warm compile of
+# a program seen before runs no pass, no buffer assignment and no lowering, and does not
+# even parse the program's text.
+#
+# Key: a SHA-256 (engine.content_key: it also covers the CPU and its features, the xlapy
+# and llvmlite versions and LLVM's optimization level) of the program exactly as the
+# caller handed it (text or bytes, before parsing), the compile options as JSON, every
+# $XLAPY_* setting but the cache's location (the denormal mode, thread counts, the
+# concurrency mode, strict fallbacks...), the kernel pool's size, the Python and NumPy
+# versions and a SHA-256 of every Python source of xlapy. Anything the compile read that
+# could differ is in the key, so a change is a miss, never a stale program.
+#
+# Value ("<key>.image", authenticated with this user's key and written atomically like
+# every entry, disk_cache.py):
+#
+#   {"pickle": <bytes>, "objects": [[object key, length], ...]}\n<pickle><objects' bytes>
+#
+# The pickle holds what the runtime's executable needs without its module (name, text,
+# parameter and result shapes, aliases) and the CPU program as compiled: the optimized
+# module, its buffer assignment, every thunk sequence, the constants' bytes. Kernels and
+# other native functions pickle as their object's key (jit.kernel: Kernel.__reduce__,
+# NativeFunction.__reduce__) and load from the entry's objects; what is an address in one
+# process (a BLAS entry point, a native loop's table, a library thunk's NumPy closure) is
+# left out and made again where the image is loaded (the thunks' __getstate__ and
+# __setstate__).
+#
+# Trust: only this user's authenticated entries are unpickled (the same trust as the
+# object code the entry holds and the process runs), and the unpickler resolves only the
+# classes and functions of xlapy, NumPy, ml_dtypes and a few builtins. A damaged,
+# truncated, foreign or malformed entry is a CacheEntryWarning and a full compile that
+# writes the entry again. A program is imaged only where nothing it holds depends on the
+# process beyond the key: one device, no custom calls (their targets live in registries
+# that are not part of the key), no debug options; one that cannot pickle has no image.
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gc
+import hashlib
+import io
+import json
+import os
+import pickle
+import platform
+import re
+from typing import Any
+
+import numpy as np
+
+from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit import executable_cache
+from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn, warn_rejected
+from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
+from xlapy.backends.cpu.jit.module_cache import package_fingerprint
+from xlapy.backends.cpu.runtime.pool import pool_size
+
+__all__ = ["SUFFIX", "enabled", "image_key", "read", "warn_rejected", "write"]
+
+ENABLE_ENV = "XLAPY_PROGRAM_IMAGES"
+
+
+def enabled() -> bool:
+    """Whether compiles of program text read and write program images: yes unless
+    $XLAPY_PROGRAM_IMAGES=0 or the whole-executable cache is off ($XLAPY_EXECUTABLE_CACHE=0)."""
+    return executable_cache.enabled() and os.environ.get(ENABLE_ENV, "1").strip() != "0"
+
+
+SUFFIX = ".image"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_UNKEYED_ENV = frozenset({"XLAPY_CACHE_DIR"})
+"""$XLAPY_* settings outside the key: where the cache is, which the entry is found in."""
+
+_BUILTINS = frozenset(
+    {"bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list"}
+    | {"range", "set", "slice", "str", "tuple", "object", "getattr"}
+)
+_OTHERS = frozenset(
+    {("functools", "partial"), ("collections", "deque"), ("collections", "OrderedDict")}
+)
+_PURE_MODULES = frozenset({"operator", "_operator", "math"})
+_MODULE_PREFIXES = ("xlapy.", "numpy", "ml_dtypes")
+
+
+def image_key(program: str | bytes, options_json: str) -> str:
+    """The entry name for compiling `program` (as handed over, unparsed) with the options
+    whose JSON is `options_json`."""
+    raw = program.encode() if isinstance(program, str) else bytes(program)
+    kind = "text" if isinstance(program, str) else "bytes"
+    env = sorted(
+        (k, v) for k, v in os.environ.items() if k.startswith("XLAPY_") and k not in _UNKEYED_ENV
+    )
+    return jit.content_key(
+        "program-image",
+        kind,
+        hashlib.sha256(raw).hexdigest(),
+        options_json,
+        json.dumps(env),
+        str(pool_size()),
+        platform.python_version(),
+        np.__version__,
+        package_fingerprint(),
+    )
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves only xlapy's, NumPy's and ml_dtypes' globals and a few builtins."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in _BUILTINS:
+            return super().find_class(module, name)
+        if module == "ctypes" and name.startswith("c_"):  # the C types (classes, not data)
+            return super().find_class(module, name)
+        if (module, name) in _OTHERS or module in _PURE_MODULES:
+            return super().find_class(module, name)
+        if module.startswith(_MODULE_PREFIXES):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the image names {module}.{name}, which it may not")
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles frozen slotted dataclasses (shapes, slices, values: most of an image's
+    objects) as their class and field values, which `_restore` sets directly: the
+    default (dataclasses' __setstate__, which looks the fields up per object) took most of
+    a load."""
+
+    def __init__(self, file: Any):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._equal: dict[Any, Any] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        names = _frozen_slots(cls)  # type: ignore[arg-type]
+        if names is None:
+            return NotImplemented
+        values = tuple(getattr(obj, n) for n in names)
+        if cls.__dataclass_params__.eq:
+            try:  # an equal value pickled before stands for this one (it is immutable)
+                first = self._equal.setdefault((cls, values), obj)
+            except TypeError:  # unhashable fields
+                first = obj
+            if first is not obj:
+                return (_same, (first,))
+        return (_restore, (cls, values))
+
+
+@functools.cache
+def _frozen_slots(cls: Any) -> tuple[str, ...] | None:
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        return None
+    if "__reduce__" in cls.__dict__ or ("__getstate__" in cls.__dict__ and not _generated(cls)):
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _generated(cls: type) -> bool:
+    """Whether `cls.__getstate__` is the one dataclasses wrote for slots."""
+    return getattr(cls.__getstate__, "__qualname__", "").startswith("_dataclass_")
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def _restore(cls: type, values: tuple) -> Any:
+    obj: Any = object.__new__(cls)
+    for name, value in zip(_frozen_slots(cls) or (), values, strict=True):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def write(key: str, value: Any) -> bool:
+    """Write the image `key` of `value` (what `read` gives back); False, and nothing written,
+    when it does not pickle (a thunk with process state that cannot be made again) or an
+    object it runs is not in the disk cache."""
+    buffer = io.BytesIO()
+    try:
+        with collecting_objects() as keys:
+            _Pickler(buffer).dump(value)
+    except (pickle.PicklingError, TypeError, AttributeError, ValueError, RecursionError):
+        return False
+    objects = []
+    for object_key in sorted(keys):
+        data = jit.read_entry(object_key, ".o")
+        if data is None:
+            return False
+        objects.append((object_key, data))
+    data = buffer.getvalue()
+    head = {"pickle": len(data), "objects": [[k, len(v)] for k, v in objects]}
+    payload = json.dumps(head).encode() + b"\n" + data + b"".join(v for _, v in objects)
+    jit.write_entry(key, SUFFIX, payload)
+    return True
+
+
+def read(key: str) -> Any | None:
+    """The value imaged under `key` (its kernels' code loaded), or None: missing, or
+    rejected (damaged, truncated, forged, malformed: a CacheEntryWarning says which)."""
+    if not enabled():
+        return None
+    payload = read_entry_or_warn(key, SUFFIX, "compiled program")
+    if payload is None:
+        return None
+    try:
+        head, sep, rest = payload.partition(b"\n")
+        if not sep:
+            raise ValueError("no header line")
+        doc = json.loads(head.decode())
+        offset = int(doc["pickle"])
+        if offset < 0 or offset > len(rest):
+            raise ValueError("the pickle's length exceeds the entry (truncated?)")
+        view = memoryview(rest)
+        objects: dict[str, bytes] = {}
+        at = offset
+        for object_key, length in doc["objects"]:
+            if not (isinstance(object_key, str) and _HEX64.fullmatch(object_key)):
+                raise ValueError(f"bad object key {object_key!r}")
+            if not isinstance(length, int) or length <= 0 or at + length > len(rest):
+                raise ValueError("object lengths exceed the entry (truncated?)")
+            objects[object_key] = bytes(view[at : at + length])
+            at += length
+        if at != len(rest):
+            raise ValueError(f"{len(rest) - at} trailing bytes after the objects")
+        collecting = gc.isenabled()
+        gc.disable()  # (thousands of objects: collections in the middle only cost time)
+        try:
+            with objects_of_image(objects) as kernels:
+                value = _Unpickler(io.BytesIO(view[:offset])).load()
+        finally:
+            if collecting:
+                gc.enable()
+        flush_loads()
+        for kernel in kernels:
+            kernel.wait()
+    except Exception as e:  # anything an entry can make the unpickler raise
+        warn_rejected(key + SUFFIX, f"its contents are malformed ({type(e).__name__}: {e})")
+        return None
+    return value
