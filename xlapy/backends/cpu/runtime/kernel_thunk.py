@@ -36,8 +36,11 @@ from 512 KiB accessed: 64Ki f32 elements read and written.)"""
 
 def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
     """About how many elements a kernel for `instr` touches: its largest output, or the
-    operand of a reduce it computes (a reduction reads far more than it writes)."""
+    operand of a reduce it computes, or of a dot (a reduction reads far more than it
+    writes)."""
     elements = max((s.shape.num_elements for s in outputs), default=0)
+    if instr.opcode is Opcode.DOT:
+        elements = max(elements, *(o.shape.num_elements for o in instr.operands))
     comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
     for i in comp.instructions if comp is not None else (instr,):
         if i.opcode is Opcode.REDUCE:
