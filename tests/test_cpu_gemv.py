@@ -152,7 +152,8 @@ def test_gemv_matches_interpreter(case, t):
 def test_a_split_gemv_gives_the_same_bits(t, transposed):
     """A product large enough to split over the pool: runs whole and split (SplitChoice
     tries both) give one result, bit for bit."""
-    m, k = (3000, 100) if transposed else (700, 400)  # columns tiles are 8 KiB wide
+    # operands of 1M elements (DOT_PARALLEL_MIN_ELEMENTS); columns tiles are 8 KiB wide
+    m, k = (3000, 400) if transposed else (2100, 500)
     if transposed:
         text = dot_hlo(t, (k,), (k, m), (m,), dims([0], [0]))
         args = _args(t, (k,), (k, m))
