@@ -958,6 +958,76 @@ def _():
     return (lambda x: jax.nn.softmax(x, axis=-1)), one(lambda s: (s.elems[0] // 4, s.elems[1] * 4))
 
 
+# Matrix-vector programs added in the sixth session (matrix-vector dots as native kernels),
+# not tuned on: a large product both ways, a batched vector-matrix product, and two
+# iterative solvers whose loop bodies are matrix-vector products.
+
+
+@program("matmul_vec")
+def _():
+    def f(a, x):
+        return a @ x, x @ a  # both loop orders of the kernel
+
+    def args(rng, s):
+        n = 4 * s.mat
+        return normal(rng, (n, n), scale=1 / math.sqrt(n)), normal(rng, (n,))
+
+    return f, args
+
+
+@program("batched_matmul_vecmat")
+def _():
+    def f(x, w):
+        return jnp.einsum("bk,bkn->bn", x, w)
+
+    return f, lambda rng, s: (
+        normal(rng, (s.batch, s.mat)),
+        normal(rng, (s.batch, s.mat, s.mat // 2)),
+    )
+
+
+@program("while_conjugate_gradient")
+def _():
+    def solve(a, b):
+        def cond(state):
+            *_, rr, i = state
+            return (rr > 1e-10) & (i < 200)
+
+        def body(state):
+            x, r, p, rr, i = state
+            ap = a @ p
+            alpha = rr / jnp.dot(p, ap)
+            x = x + alpha * p
+            r = r - alpha * ap
+            rr_new = jnp.dot(r, r)
+            return x, r, r + (rr_new / rr) * p, rr_new, i + 1
+
+        x0 = jnp.zeros_like(b)
+        x, _, _, rr, i = lax.while_loop(cond, body, (x0, b, b, jnp.dot(b, b), 0))
+        return x, rr, i
+
+    return solve, lambda rng, s: (spd(rng, s.mat), normal(rng, (s.mat,)))
+
+
+@program("fori_jacobi")
+def _():
+    def solve(a, b):
+        d = jnp.diagonal(a)
+        off = a - jnp.diag(d)
+
+        def step(_, x):
+            return (b - off @ x) / d
+
+        return lax.fori_loop(0, 100, step, jnp.zeros_like(b))
+
+    def args(rng, s):
+        n = s.mat
+        a = normal(rng, (n, n)) / n + np.diag(np.full(n, 4.0, np.float32))
+        return a.astype(np.float32), normal(rng, (n,))
+
+    return solve, args
+
+
 # -- the harness ---------------------------------------------------------------------------------
 
 

@@ -85,7 +85,9 @@ def _random(shape, dtype):
 def test_dot_matches_interpreter(case):
     _, dtype, ls, rs, os_, dims, ll, rl, ol, path = case
     text = _dot_hlo(dtype, ls, rs, os_, dims, ll, rl, ol)
-    program = CpuProgram(parse_module(text))
+    # matrix-vector products (row_vector, column) are native kernels by default
+    # (test_cpu_gemv.py); here they check the BLAS path
+    program = CpuProgram(parse_module(text), {"native_gemv": False})
     listing = program.thunk_listing()
     line = next(x for x in listing.splitlines() if "= dot [" in x)
     assert ("cblas gemm" in line) == (path == "cblas"), line

@@ -245,6 +245,7 @@ OPTION_VALUES = {
     "verify": (False, True),
     "native_loops": (True, False),
     "direct_convolutions": (True, False),
+    "native_gemv": (True, False),
     "denormals": ("flush", "ieee"),
     "max_while_iterations": (10, 11),
     "thunk_concurrency": ("auto", "off"),

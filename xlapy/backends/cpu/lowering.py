@@ -11,7 +11,9 @@
 #                               while of kernels and copies alone becomes one native loop
 #                               (codegen/emit_loop.py) once its kernels are loaded
 #   collectives                 the execution's peers (runtime/collective_thunk.py)
-#   dot                         BLAS on the arena, else the mixed-type library path
+#   dot                         a matrix-vector product (f32/f64, one side without free
+#                               dims) as a native gemv kernel (codegen/emit_gemv.py), else
+#                               BLAS on the arena, else the mixed-type library path
 #   dynamic-update-slice, copy  window writes and memmoves on the arena
 #   custom-call                 C targets on arena pointers, typed FFI handlers (LAPACK) on
 #                               arena views, XLA's TopK as a library sort
@@ -53,6 +55,7 @@ from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
 from xlapy.backends.cpu.codegen.common import SYMBOL
 from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv, vector_shape
+from xlapy.backends.cpu.codegen.emit_gemv import emit_gemv, gemv_geometry, gemv_signature
 from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
     LoopCall,
@@ -376,6 +379,24 @@ def _blas_dot(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return DotThunk(instr, lw.slice_at(lhs), lw.slice_at(rhs), out, lw.flush_denormals)
 
 
+def _native_gemv(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """A matrix-vector dot as a native kernel (codegen/emit_gemv.py); compile option
+    `native_gemv=False` leaves it to BLAS."""
+    if not lw.options.get("native_gemv", True):
+        return "native_gemv is off"
+    geometry = gemv_geometry(instr, vector_shape(host_target().features)[0])
+    if isinstance(geometry, str):
+        return geometry
+    return _described_kernel(
+        lw,
+        instr,
+        lambda i: lw.failed.get(i.name),
+        lambda i, flush: geometry.description(flush),
+        lambda i: gemv_signature(i, geometry),
+        lambda i, flush: emit_gemv(i, geometry, flush),
+    )
+
+
 def _dynamic_update_slice(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if not instr.shape.is_array:
         return "a tuple result"
@@ -618,7 +639,12 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.CONDITIONAL: (Strategy("conditional", _conditional),),
     Opcode.CALL: (Strategy("call", _call),),
     **{op: (Strategy("collective", _collective),) for op in COLLECTIVE_OPCODES},
-    Opcode.DOT: (Strategy("blas dot", _blas_dot), KERNEL, library(plan_dot)),
+    Opcode.DOT: (
+        Strategy("native gemv", _native_gemv),
+        Strategy("blas dot", _blas_dot),
+        KERNEL,
+        library(plan_dot),
+    ),
     Opcode.DYNAMIC_UPDATE_SLICE: (
         Strategy("dynamic-update-slice", _dynamic_update_slice),
         KERNEL,

@@ -27,6 +27,11 @@ CPU_OPTIONS: dict[str, Option] = {
         "(default true; lowering.py, codegen/emit_conv.py)",
         boolean,
     ),
+    "native_gemv": Option(
+        "run f32/f64 matrix-vector dots as native kernels, not through BLAS "
+        "(default true; lowering.py, codegen/emit_gemv.py)",
+        boolean,
+    ),
     "denormals": Option(
         "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
         "(codegen/emitter.py)",

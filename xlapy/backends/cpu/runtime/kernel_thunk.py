@@ -32,11 +32,20 @@ a reduce they compute) may split their outer range over the pool; SplitChoice de
 kernel whether they do. (XLA's parallel task assigner gives an I/O-bound loop two tasks
 from 512 KiB accessed: 64Ki f32 elements read and written.)"""
 
+DOT_PARALLEL_MIN_ELEMENTS = 1 << 20
+"""A dot kernel (a matrix-vector product, codegen/emit_gemv.py) may split only from this many
+elements of its larger operand (4 MiB of f32, ~250 us on one core): a 512 x 512 one inside
+a native loop (~40 us a call) measured 5x slower split in two on the busy 2-core machine,
+where the hand-off waits for a core."""
+
 
 def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
     """About how many elements a kernel for `instr` touches: its largest output, or the
-    operand of a reduce it computes (a reduction reads far more than it writes)."""
+    operand of a reduce it computes, or of a dot (a reduction reads far more than it
+    writes)."""
     elements = max((s.shape.num_elements for s in outputs), default=0)
+    if instr.opcode is Opcode.DOT:
+        elements = max(elements, *(o.shape.num_elements for o in instr.operands))
     comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
     for i in comp.instructions if comp is not None else (instr,):
         if i.opcode is Opcode.REDUCE:
@@ -99,9 +108,8 @@ class KernelThunk(Thunk):
         self._slots = tuple((s.allocation, s.offset) for s in (*self.outputs, *self.inputs))
         elements = work_elements(instr, self.outputs)
         extent = self._extent = kernel.outer_extent
-        self.chunks = (
-            min(extent, pool_size()) if elements >= PARALLEL_MIN_ELEMENTS and extent > 1 else 1
-        )
+        least = DOT_PARALLEL_MIN_ELEMENTS if instr.opcode is Opcode.DOT else PARALLEL_MIN_ELEMENTS
+        self.chunks = min(extent, pool_size()) if elements >= least and extent > 1 else 1
         self.split_choice = SplitChoice() if self.chunks > 1 else None
         self._call: KernelCall | None = None  # made on first run
 

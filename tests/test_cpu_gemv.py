@@ -1,0 +1,267 @@
+"""Matrix-vector dots as native kernels (codegen/emit_gemv.py) against the interpreter:
+both loop orders (k contiguous, rows contiguous), every operand order and transposition,
+column-major layouts and strided results, batches (leading or not), merged dimension
+groups, remainders of every tile, k of 0 and 1, f32 and f64; the same bits whether the
+kernel runs whole or split over the pool; inside native while loops of 0, 1 and many trips
+(bit for bit the Python loop's); subnormals flushed as XLA:CPU does unless denormals is
+'ieee'; dots that are not matrix-vector products (or do not merge) stay with BLAS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xlapy.backends.cpu import CpuBackend
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.codegen.emit_gemv import gemv_geometry
+from xlapy.backends.cpu.runtime.control_flow_thunk import WhileThunk
+from xlapy.backends.cpu.runtime.dot_thunk import DotThunk
+from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.opcodes import Opcode
+from xlapy.ir.parser import parse_module
+
+pytestmark = pytest.mark.usefixtures("kernel_cache")
+
+RNG = np.random.default_rng(20261127)
+NP = {"f32": np.float32, "f64": np.float64}
+
+
+def dot_hlo(t, lhs, rhs, out, dims, layouts=("", "", "")) -> str:
+    def ty(shape, layout):
+        return f"{t}[{','.join(map(str, shape))}]{layout}"
+
+    return f"""HloModule gemv
+ENTRY e {{
+  a = {ty(lhs, layouts[0])} parameter(0)
+  b = {ty(rhs, layouts[1])} parameter(1)
+  ROOT d = {ty(out, layouts[2])} dot(a, b), {dims}
+}}"""
+
+
+def dims(lc, rc, lb=(), rb=()) -> str:
+    def group(xs):
+        return "{" + ",".join(map(str, xs)) + "}"
+
+    text = f"lhs_contracting_dims={group(lc)}, rhs_contracting_dims={group(rc)}"
+    if lb:
+        text = f"lhs_batch_dims={group(lb)}, rhs_batch_dims={group(rb)}, " + text
+    return text
+
+
+# (id, lhs, rhs, out, dims, layouts (lhs, rhs, out), loop order: "rows" / "columns")
+CASES = [
+    ("a_x", (37, 70), (70,), (37,), dims([1], [0]), ("", "", ""), "rows"),
+    ("x_a", (70,), (70, 37), (37,), dims([0], [0]), ("", "", ""), "columns"),
+    ("at_x", (70, 37), (70,), (37,), dims([0], [0]), ("", "", ""), "columns"),
+    ("x_at", (70,), (37, 70), (37,), dims([0], [1]), ("", "", ""), "rows"),
+    ("a_col_major", (37, 70), (70,), (37,), dims([1], [0]), ("{0,1}", "", ""), "columns"),
+    ("column_result", (45, 19), (19, 1), (45, 1), dims([1], [0]), ("", "", ""), "rows"),
+    ("row_result", (1, 19), (19, 130), (1, 130), dims([1], [0]), ("", "", ""), "columns"),
+    ("row_result_t", (19, 1), (130, 19), (1, 130), dims([0], [1]), ("", "", ""), "rows"),
+    ("dot_product", (101,), (101,), (), dims([0], [0]), ("", "", ""), "rows"),
+    ("k1", (33, 1), (1,), (33,), dims([1], [0]), ("", "", ""), "rows"),
+    ("k0", (33, 0), (0,), (33,), dims([1], [0]), ("", "", ""), "rows"),
+    ("k0_columns", (0,), (0, 70), (70,), dims([0], [0]), ("", "", ""), "columns"),
+    ("long_k", (6, 1003), (1003,), (6,), dims([1], [0]), ("", "", ""), "rows"),
+    ("wide", (9,), (9, 2100), (2100,), dims([0], [0]), ("", "", ""), "columns"),
+    ("merged_k", (13, 6, 7), (6, 7), (13,), dims([1, 2], [0, 1]), ("", "", ""), "rows"),
+    ("merged_rows", (5, 6, 40), (40,), (5, 6), dims([2], [0]), ("", "", ""), "rows"),
+    (
+        "batched_mv",
+        (5, 23, 40),
+        (5, 40),
+        (5, 23),
+        dims([2], [1], [0], [0]),
+        ("", "", ""),
+        "rows",
+    ),
+    (
+        "batched_vm",
+        (5, 40),
+        (5, 40, 90),
+        (5, 90),
+        dims([1], [1], [0], [0]),
+        ("", "", ""),
+        "columns",
+    ),
+    (
+        "batch_not_leading",
+        (23, 5, 40),
+        (40, 5),
+        (5, 23),
+        dims([2], [0], [1], [1]),
+        ("", "", ""),
+        "rows",
+    ),
+    (
+        "batched_out_col_major",
+        (5, 23, 40),
+        (5, 40),
+        (5, 23),
+        dims([2], [1], [0], [0]),
+        ("", "", "{0,1}"),
+        "rows",
+    ),
+    (
+        "batched_vm_x_strided",
+        (40, 5),
+        (5, 40, 90),
+        (5, 90),
+        dims([0], [1], [1], [0]),
+        ("", "", "{0,1}"),
+        "columns",
+    ),
+]
+
+
+def _args(t, lhs, rhs):
+    return [RNG.standard_normal(lhs).astype(NP[t]), RNG.standard_normal(rhs).astype(NP[t])]
+
+
+def _dot_thunks(program: CpuProgram):
+    return [t for t in program.compiled.entry.thunks if t.instr.opcode is Opcode.DOT]
+
+
+def _close(got, want, t, k):
+    tol = (1e-13 if t == "f64" else 3e-6) * max(k, 1)
+    scale = max(float(np.max(np.abs(want))) if want.size else 0.0, 1.0)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.max(np.abs(got - want), initial=0.0) <= tol * scale
+
+
+@pytest.mark.parametrize("t", ["f32", "f64"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gemv_matches_interpreter(case, t):
+    _, lhs, rhs, out, d, layouts, order = case
+    text = dot_hlo(t, lhs, rhs, out, d, layouts)
+    geometry = gemv_geometry(parse_module(text).entry_computation().root_instruction(), 8)
+    assert not isinstance(geometry, str), geometry
+    assert geometry.by_rows == (order == "rows")
+    program = CpuProgram(parse_module(text), {"optimize": False})
+    (thunk,) = _dot_thunks(program)
+    assert isinstance(thunk, KernelThunk), program.thunk_listing()
+    args = _args(t, lhs, rhs)
+    want = np.asarray(evaluate(parse_module(text), args))
+    got = np.asarray(program.run(args))
+    _close(got, want, t, geometry.depth)
+
+
+@pytest.mark.parametrize("t", ["f32", "f64"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_split_gemv_gives_the_same_bits(t, transposed):
+    """A product large enough to split over the pool: runs whole and split (SplitChoice
+    tries both) give one result, bit for bit."""
+    # operands of 1M elements (DOT_PARALLEL_MIN_ELEMENTS); columns tiles are 8 KiB wide
+    m, k = (3000, 400) if transposed else (2100, 500)
+    if transposed:
+        text = dot_hlo(t, (k,), (k, m), (m,), dims([0], [0]))
+        args = _args(t, (k,), (k, m))
+    else:
+        text = dot_hlo(t, (m, k), (k,), (m,), dims([1], [0]))
+        args = _args(t, (m, k), (k,))
+    program = CpuProgram(parse_module(text))
+    (thunk,) = _dot_thunks(program)
+    assert isinstance(thunk, KernelThunk) and thunk.split_choice is not None
+    results = [np.asarray(program.run(args)) for _ in range(12)]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+    _close(results[0], np.asarray(evaluate(parse_module(text), args)), t, k)
+
+
+def loop_hlo(t: str, trips: int, transposed: bool) -> str:
+    n = 96
+    mat = f"{t}[{n},{n}]"
+    vec = f"{t}[{n}]"
+    d = dims([0], [0]) if transposed else dims([1], [0])
+    state = f"(s32[], {mat}, {vec})"
+    return f"""HloModule gemv_loop
+cond {{
+  s = {state} parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant({trips})
+  ROOT c = pred[] compare(i, n), direction=LT
+}}
+body {{
+  s = {state} parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  a = {mat} get-tuple-element(s), index=1
+  v = {vec} get-tuple-element(s), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  w = {vec} dot(a, v), {d}
+  q = {t}[] constant(0.25)
+  qw = {vec} broadcast(q), dimensions={{}}
+  w1 = {vec} multiply(w, qw)
+  v1 = {vec} add(w1, v)
+  ROOT r = {state} tuple(i1, a, v1)
+}}
+ENTRY e {{
+  a = {mat} parameter(0)
+  v = {vec} parameter(1)
+  zero = s32[] constant(0)
+  init = {state} tuple(zero, a, v)
+  w = {state} while(init), condition=cond, body=body
+  ROOT r = {vec} get-tuple-element(w), index=2
+}}"""
+
+
+@pytest.mark.parametrize("t", ["f32", "f64"])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("trips", [0, 1, 17])
+def test_gemv_in_a_native_loop(t, transposed, trips):
+    """A loop whose body's dot is a gemv kernel is one native function (no Python per
+    iteration) with the Python loop's bits, and the interpreter's numbers."""
+    text = loop_hlo(t, trips, transposed)
+    a = (RNG.standard_normal((96, 96)) / 10).astype(NP[t])
+    v = RNG.standard_normal(96).astype(NP[t])
+    native = CpuBackend().compile(parse_module(text), {})
+    (loop,) = [x for x in native.compiled.entry.thunks if isinstance(x, WhileThunk)]
+    assert loop.native is not None, native.thunk_listing()
+    assert any(
+        isinstance(x, KernelThunk) and x.instr.opcode is Opcode.DOT for x in loop.body.thunks
+    )
+    python = CpuBackend().compile(parse_module(text), {"native_loops": False})
+    got = np.asarray(native.run([a, v]))
+    np.testing.assert_array_equal(got, np.asarray(python.run([a, v])))
+    want = np.asarray(evaluate(parse_module(text), [a, v]))
+    _close(got, want, t, 96 * max(trips, 1))
+
+
+@pytest.mark.parametrize("order", ["rows", "columns"])
+def test_gemv_flushes_subnormals_unless_ieee(order):
+    """Products of 1e-20 * 1e-20 are subnormal in f32: zero by default (as XLA:CPU's dots),
+    kept with denormals='ieee'."""
+    k, m = 24, 16
+    if order == "rows":
+        text = dot_hlo("f32", (m, k), (k,), (m,), dims([1], [0]))
+        args = [np.full((m, k), 1e-20, np.float32), np.full(k, 1e-20, np.float32)]
+    else:
+        text = dot_hlo("f32", (k,), (k, m), (m,), dims([0], [0]))
+        args = [np.full(k, 1e-20, np.float32), np.full((k, m), 1e-20, np.float32)]
+    flushed = np.asarray(CpuProgram(parse_module(text)).run(args))
+    np.testing.assert_array_equal(flushed, np.zeros(m, np.float32))
+    ieee = np.asarray(CpuProgram(parse_module(text), {"denormals": "ieee"}).run(args))
+    want = np.asarray(evaluate(parse_module(text), args))
+    assert np.all(ieee > 0)
+    np.testing.assert_allclose(ieee, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "out", "d", "layouts", "options"),
+    [
+        ((30, 40), (40, 20), (30, 20), dims([1], [0]), ("", "", ""), {}),  # matrix-matrix
+        ((30, 40), (40,), (30,), dims([1], [0]), ("", "", ""), {"native_gemv": False}),
+        # neither rows nor k contiguous: the contracting dims' group has two strides
+        ((8, 30, 8), (8, 8), (30,), dims([0, 2], [0, 1]), ("{0,2,1}", "", ""), {}),
+    ],
+    ids=["matrix_matrix", "option_off", "unmergeable"],
+)
+def test_other_dots_stay_with_blas(lhs, rhs, out, d, layouts, options):
+    text = dot_hlo("f32", lhs, rhs, out, d, layouts)
+    program = CpuProgram(parse_module(text), {"optimize": False, **options})
+    (thunk,) = _dot_thunks(program)
+    assert isinstance(thunk, DotThunk), program.thunk_listing()
+    args = _args("f32", lhs, rhs)
+    want = np.asarray(evaluate(parse_module(text), args))
+    _close(np.asarray(program.run(args)), want, "f32", 64)
