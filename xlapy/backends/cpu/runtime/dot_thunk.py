@@ -553,6 +553,36 @@ class _MatrixView:
             out.append(stride)
         return (out[0], out[1], out[2])
 
+    def batched(self) -> tuple[np.ndarray, int, int] | None:
+        """(the element offset of each batch item, the row stride, the column stride) when
+        every item's [rows, cols] matrix is a view of the slice with one row and one column
+        stride; the batch dims need not merge into one stride (JAX's attention batches
+        over batch and heads that lie apart). None otherwise."""
+        steps = [1] * len(self.physical)
+        for axis in range(len(self.physical) - 2, -1, -1):
+            steps[axis] = steps[axis + 1] * self.physical[axis + 1]
+        axes = [(self.physical[p], steps[p]) for p in self.perm if self.physical[p] != 1]
+        b, rows, cols = self.shape
+        offsets, extent = np.zeros(1, np.int64), 1
+        while extent < b and axes:
+            dim, step = axes.pop(0)
+            offsets = (offsets[:, None] + step * np.arange(dim, dtype=np.int64)).ravel()
+            extent *= dim
+        if extent != b:
+            return None
+        out = []
+        for size in (rows, cols):
+            extent, stride = 1, 0
+            while extent < size and axes:
+                dim, step = axes.pop(0)
+                if extent > 1 and stride != step * dim:
+                    return None
+                extent, stride = extent * dim, step
+            if extent != size:
+                return None
+            out.append(stride)
+        return offsets, out[0], out[1]
+
 
 @dataclass(frozen=True, slots=True)
 class _BlasMatrix:
@@ -575,6 +605,13 @@ class _BlasMatrix:
             return None
         _, rows, cols = view.shape
         _, sr, sc = strides
+        return _BlasMatrix.at(view, rows, cols, sr, sc, transposed_ok)
+
+    @staticmethod
+    def at(view: _MatrixView, rows: int, cols: int, sr: int, sc: int,
+           transposed_ok: bool = True) -> _BlasMatrix | None:  # fmt: skip
+        """The [rows, cols] matrix at the start of `view`'s slice with element strides
+        `sr`, `sc`, or None when BLAS cannot read it in place."""
         it = view.dtype.itemsize
         if (cols == 1 or sc == 1) and (rows == 1 or sr >= cols):
             ld = sr if rows > 1 else max(cols, 1)
@@ -696,26 +733,30 @@ class DotThunk(Thunk):
         res = _MatrixView.of(out, range(rank), (1, self.m, self.n))
         return _GemmPlan.of(self._a, self._c, res)
 
-    def _plan_batch(self, out: BufferSlice) -> tuple[_GemmPlan, tuple[int, int, int]] | None:
+    def _plan_batch(self, out: BufferSlice) -> tuple[_GemmPlan, tuple[np.ndarray, ...]] | None:
         """A batched product as one gemm per batch item: (the plan of item 0, the byte
-        strides between items of the plan's lhs, rhs and out), or None when an operand's
-        items are no BLAS matrices one fixed stride apart."""
+        offsets of every item's matrices from item 0's, for the plan's lhs, rhs and out), or
+        None when an operand's items are no BLAS matrices."""
         if self.b == 1 or 0 in (self.m, self.n, self.k) or self._out is None:
             return None
         if out.overlaps(self.lhs) or out.overlaps(self.rhs):
             return None
-        strides = [v.strides() for v in (self._a, self._c, self._out)]
-        if any(st is None for st in strides):
-            return None
-        plan = _GemmPlan.of(self._a, self._c, self._out)
-        if plan is None:
+        views = (self._a, self._c, self._out)
+        found = [v.batched() for v in views]
+        mats = [
+            _BlasMatrix.at(v, v.shape[1], v.shape[2], f[1], f[2]) if f is not None else None
+            for v, f in zip(views, found, strict=True)
+        ]
+        lhs, rhs, res = mats
+        if lhs is None or rhs is None or res is None:
             return None
         it = out.shape.dtype.itemsize
-        sa, sc, so = (st[0] * it for st in strides if st is not None)
-        res = _BlasMatrix.of(self._out)
-        if res is not None and res.trans:  # the plan is of the transposed product (rhs first)
-            sa, sc = sc, sa
-        return plan, (sa, sc, so)
+        oa, oc, oo = (f[0] * it for f in found if f is not None)
+        if not res.trans:
+            return _GemmPlan(lhs, rhs, res, self.m, self.n, self.k), (oa, oc, oo)
+        plan = _GemmPlan(rhs.transposed(), lhs.transposed(), res.transposed(), self.n, self.m,
+                         self.k)  # fmt: skip
+        return plan, (oc, oa, oo)  # the transposed product: the dot's rhs comes first
 
     def _gemm_list(self, split: bool) -> GemmList | None:
         """The planned product (or batch of products) as a gemm list: one gemm per batch
@@ -725,9 +766,10 @@ class DotThunk(Thunk):
         if made is not None:
             return made
         if self._gemm is not None:
-            plan, strides, b = self._gemm, (0, 0, 0), 1
+            zero = np.zeros(1, np.int64)
+            plan, offsets, b = self._gemm, (zero, zero, zero), 1
         elif self._batch is not None:
-            (plan, strides), b = self._batch, self.b
+            (plan, offsets), b = self._batch, self.b
         else:
             return None
         kernel = gemm_list_kernel(self.out.shape.dtype, self.flush)
@@ -738,12 +780,12 @@ class DotThunk(Thunk):
         rows = even_blocks(plan.m, row_parts)
         cols = _blocks(plan.n, col_parts, _BLOCK_QUANTUM)
         lhs, rhs, res = plan.lhs, plan.rhs, plan.out
-        sa, sb, sc = strides
+        oa, ob, oc = (o.tolist() for o in offsets)
         entries = [
             (
-                i * sa + r0 * lhs.row_bytes,
-                i * sb + c0 * rhs.col_bytes,
-                i * sc + r0 * res.row_bytes + c0 * res.col_bytes,
+                oa[i] + r0 * lhs.row_bytes,
+                ob[i] + c0 * rhs.col_bytes,
+                oc[i] + r0 * res.row_bytes + c0 * res.col_bytes,
                 r1 - r0,
                 c1 - c0,
             )

@@ -340,7 +340,7 @@ def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | 
         targets = outs if is_tuple else (outs,)
 
         def block(lo: int, hi: int) -> None:
-            part = (slice(None),) * outer + (slice(lo, hi),)
+            part = (slice(None),) * outer + (slice(lo, hi),) if shape.rank > 1 else ()
             perm = stable_permutation([k[part] for k in key], axis)
             for t, a in zip(targets, arrays, strict=True):
                 np.copyto(t[part], np.take_along_axis(a[part], perm, axis=axis), casting="no")
