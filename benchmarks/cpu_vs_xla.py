@@ -1223,7 +1223,7 @@ def scaling(threads: list[int], argv: list[str]) -> None:
         for t in others:
             xla, ours = programs[t].get(name, (math.nan, math.nan))
             cells.append(f"{base_ours / ours:5.2f} |{base_xla / xla:5.2f}")
-        print(f"  {name:24s} " + " ".join(f"{c:>13s}" for c in cells))
+        print(f"  {name:26s} " + " ".join(f"{c:>13s}" for c in cells))
 
 
 def main(argv=None) -> None:

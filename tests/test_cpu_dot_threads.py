@@ -48,8 +48,15 @@ def test_gemm_list_runs_every_entry(dtype, blocks):
     for i in range(3):
         for r0, r1 in ((0, 13), (13, 40)):
             for c0, c1 in ((0, 16), (16, 37)):
-                entries.append((it * (i * 24 * 40 + r0), it * (i * 24 * 48 + c0),
-                                it * (i * 40 * 50 + r0 * 50 + c0), r1 - r0, c1 - c0))  # fmt: skip
+                entries.append(
+                    (
+                        it * (i * 24 * 40 + r0),
+                        it * (i * 24 * 48 + c0),
+                        it * (i * 40 * 50 + r0 * 50 + c0),
+                        r1 - r0,
+                        c1 - c0,
+                    )
+                )
     gemms = dot_thunk.GemmList(kernel, (True, False), 24, (40, 48, 50), entries)
     gemms.run(at.ctypes.data, bw.ctypes.data, cw.ctypes.data, blocks)
     want = np.matmul(at.transpose(0, 2, 1).astype(np.float64), bw[:, :, :37].astype(np.float64))
@@ -68,18 +75,28 @@ PROGRAMS = {
     "bmm_short": (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), ((3, 160, 120), (3, 120, 140))),
     "bmm_long": (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), ((20, 48, 96), (20, 96, 64))),
     "bmm_transposed": (lambda a, b: jnp.einsum("bkm,bnk->bmn", a, b), ((6, 96, 100), (6, 90, 96))),
-    "bmm_out_transposed": (lambda a, b: jnp.einsum("bmk,bkn->bnm", a, b),
-                           ((5, 100, 120), (5, 120, 110))),  # fmt: skip
+    "bmm_out_transposed": (
+        lambda a, b: jnp.einsum("bmk,bkn->bnm", a, b),
+        ((5, 100, 120), (5, 120, 110)),
+    ),
     "heads": (lambda q, k: jnp.einsum("bqhd,bkhd->bhqk", q, k), ((2, 96, 4, 32), (2, 80, 4, 32))),
     "matmul": (lambda a, b: a @ b, ((300, 200), (200, 260))),
-    "bf16": (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b, preferred_element_type=jnp.float32),
-             ((6, 128, 96), (6, 96, 112))),  # fmt: skip
+    "bf16": (
+        lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b, preferred_element_type=jnp.float32),
+        ((6, 128, 96), (6, 96, 112)),
+    ),
     "argsort_rows": (lambda x: jnp.argsort(x, axis=1), ((300, 700),)),
     "sort_cols": (lambda x: jnp.sort(x, axis=0), ((500, 40),)),
 }
 # the same bits at every thread count: splits that cannot change any sum's order
-SAME_BITS = {"bmm_long", "bmm_transposed", "bmm_out_transposed", "heads", "argsort_rows",
-             "sort_cols"}  # fmt: skip
+SAME_BITS = {
+    "bmm_long",
+    "bmm_transposed",
+    "bmm_out_transposed",
+    "heads",
+    "argsort_rows",
+    "sort_cols",
+}
 
 
 def _args(name):
@@ -138,8 +155,14 @@ def test_threads_1_2_5_agree(tmp_path):
     found = {}
     for threads in (1, 2, 5):
         env = dict(os.environ, XLAPY_NUM_THREADS=str(threads), JAX_PLATFORMS="cpu")
-        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("DIGESTS "))
         found[threads] = json.loads(line[len("DIGESTS ") :])

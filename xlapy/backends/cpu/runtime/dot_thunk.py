@@ -300,7 +300,7 @@ class GemmList:
     of gemms over the native pool (the Python pool without one), OpenBLAS on one thread
     per gemm either way."""
 
-    __slots__ = ("count", "table", "_address", "_call", "_table_at")
+    __slots__ = ("_address", "_call", "_table_at", "count", "table")
 
     def __init__(self, kernel, trans: tuple[bool, bool], k: int, lds: tuple[int, int, int],
                  entries: Sequence[tuple[int, int, int, int, int]]):  # fmt: skip
@@ -425,8 +425,13 @@ def _contiguous_gemms(
     rows, cols = even_blocks(m, row_parts), _blocks(n, col_parts, _BLOCK_QUANTUM)
     it = dtype.itemsize
     entries = [
-        (it * (i * m * k + r0 * k), it * (i * k * n + c0), it * (i * m * n + r0 * n + c0),
-         r1 - r0, c1 - c0)  # fmt: skip
+        (
+            it * (i * m * k + r0 * k),
+            it * (i * k * n + c0),
+            it * (i * m * n + r0 * n + c0),
+            r1 - r0,
+            c1 - c0,
+        )
         for i in range(b)
         for (r0, r1), (c0, c1) in itertools.product(rows, cols)
     ]
@@ -801,7 +806,10 @@ class DotThunk(Thunk):
         gemms = self._gemm_list(split)
         if gemms is None:
             return False
-        plan = self._gemm if self._gemm is not None else self._batch[0]  # type: ignore[index]
+        plan = self._gemm
+        if plan is None:
+            assert self._batch is not None, "a gemm list has a plan"
+            plan = self._batch[0]
         bases = ctx.bases
         gemms.run(
             bases[plan.lhs.allocation] + plan.lhs.offset,
