@@ -1216,7 +1216,7 @@ def scaling(threads: list[int], argv: list[str]) -> None:
         f"\nscaling: each side's own speedup from {first} thread(s) (time at {first} / time at"
         " T), xlapy | XLA"
     )
-    print(f"  {'program':24s} " + " ".join(f"{f'T={t}':>13s}" for t in others))
+    print(f"  {'program':26s} " + " ".join(f"{f'T={t}':>13s}" for t in others))
     for name in sorted(programs[first]):
         base_xla, base_ours = programs[first][name]
         cells = []
