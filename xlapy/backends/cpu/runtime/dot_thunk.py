@@ -770,6 +770,7 @@ class DotThunk(Thunk):
         made = self._lists.get(split)
         if made is not None:
             return made
+        offsets: tuple[np.ndarray, ...]
         if self._gemm is not None:
             zero = np.zeros(1, np.int64)
             plan, offsets, b = self._gemm, (zero, zero, zero), 1
