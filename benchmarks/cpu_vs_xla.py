@@ -4,7 +4,8 @@ Each program is lowered by JAX to HLO text; xlapy compiles that text with its ru
 (`Client("cpu")`, its own pass pipeline, kernels and thunks) and XLA compiles the same
 lowering. Both run in this process on the same inputs, already on the device, with warm-up
 runs first, then in alternating blocks of runs (so both see the same load on a shared
-machine); times are medians. Per program the table gives
+machine); times are medians (--stat min: the best run, the fairer figure for scaling on a
+loaded machine). Per program the table gives
 
   run      xlapy run time / XLA run time
   cold     xlapy compile time with an empty kernel cache / XLA compile time
@@ -25,7 +26,10 @@ Programs belong to the families of issue 17 (FAMILIES: by name prefix); the repo
 per-family geometric means. --threads reruns the whole selection once per thread count T,
 pinned with `taskset -c 0-(T-1)` (XLA:CPU sizes its pools by the cores it may use) and with
 XLAPY_NUM_THREADS=T (xlapy's pool, kernel.pool_size()); counts above the machine's cores are
-skipped. benchmarks/device_run.sh runs it on a many-core machine without network access.
+skipped; a second table gives each program's own speedup from the first thread count to
+each other one, for xlapy and for XLA side by side (a kernel that does not speed up from 1 to
+2 threads will not scale to 16). benchmarks/device_run.sh runs it on a many-core machine
+without network access.
 """
 
 from __future__ import annotations
@@ -1079,7 +1083,11 @@ def interleaved_medians(
                 samples.append(time.perf_counter() - t)
         done = len(times[0])
         if done >= runs and (done >= 50 * runs or all(sum(s) >= min_seconds for s in times)):
-            return [statistics.median(s) for s in times]
+            return [STAT[0](s) for s in times]
+
+
+STAT: list[Callable[[list[float]], float]] = [statistics.median]
+"""The statistic of a program's timed runs (--stat: median, or min)."""
 
 
 def copy_bandwidth() -> float:
@@ -1228,13 +1236,15 @@ def report(rows: list[Row], bandwidth: float) -> None:
         )
 
 
-def summary(rows: list[Row]) -> dict[str, float]:
-    """Per-family and overall geometric means of the run-time ratio (ok programs only)."""
+def summary(rows: list[Row]) -> dict[str, dict]:
+    """Per-family and overall geometric means of the run-time ratio, and each program's
+    (XLA us, xlapy us) (ok programs only)."""
     good = [r for r in rows if r.status == "ok"]
-    out = {"overall": geomean(r.run_us / r.xla_run_us for r in good)}
+    families = {"overall": geomean(r.run_us / r.xla_run_us for r in good)}
     for family in {family_of(r.name) for r in good}:
-        out[family] = geomean(r.run_us / r.xla_run_us for r in good if family_of(r.name) == family)
-    return out
+        ratios = (r.run_us / r.xla_run_us for r in good if family_of(r.name) == family)
+        families[family] = geomean(ratios)
+    return {"families": families, "programs": {r.name: [r.xla_run_us, r.run_us] for r in good}}
 
 
 def scaling(threads: list[int], argv: list[str]) -> None:
@@ -1247,6 +1257,7 @@ def scaling(threads: list[int], argv: list[str]) -> None:
 
     cores = len(os.sched_getaffinity(0))
     results: dict[int, dict[str, float]] = {}
+    programs: dict[int, dict[str, list[float]]] = {}
     for t in [t for t in threads if t <= cores]:
         env = dict(os.environ, XLAPY_NUM_THREADS=str(t))
         cmd = ["taskset", "-c", f"0-{t - 1}", sys.executable, __file__, *argv, "--json-summary"]
@@ -1256,7 +1267,8 @@ def scaling(threads: list[int], argv: list[str]) -> None:
         if not lines:
             print(f"[scaling] {t} threads failed:\n{done.stderr[-2000:]}", file=sys.stderr)
             continue
-        results[t] = json.loads(lines[-1][len("SUMMARY ") :])
+        found = json.loads(lines[-1][len("SUMMARY ") :])
+        results[t], programs[t] = found["families"], found["programs"]
         print(done.stdout.split("SUMMARY ")[0], flush=True)
     skipped = [t for t in threads if t > cores]
     print(f"\nscaling: run-time ratio xlapy/XLA by thread count (machine has {cores} cores)")
@@ -1267,6 +1279,21 @@ def scaling(threads: list[int], argv: list[str]) -> None:
     for name in names:
         cells = " ".join(f"{results[t].get(name, math.nan):6.2f}" for t in results)
         print(f"  {name:12s} {cells}")
+    if len(programs) < 2:
+        return
+    first, *others = programs
+    print(
+        f"\nscaling: each side's own speedup from {first} thread(s) (time at {first} / time at"
+        " T), xlapy | XLA"
+    )
+    print(f"  {'program':26s} " + " ".join(f"{f'T={t}':>13s}" for t in others))
+    for name in sorted(programs[first]):
+        base_xla, base_ours = programs[first][name]
+        cells = []
+        for t in others:
+            xla, ours = programs[t].get(name, (math.nan, math.nan))
+            cells.append(f"{base_ours / ours:5.2f} |{base_xla / xla:5.2f}")
+        print(f"  {name:26s} " + " ".join(f"{c:>13s}" for c in cells))
 
 
 def main(argv=None) -> None:
@@ -1278,6 +1305,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs first")
     parser.add_argument("--small", action="store_true", help="tiny shapes (checks the harness)")
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
+    parser.add_argument(
+        "--stat", choices=("median", "min"), default="median", help="statistic of the timed runs"
+    )
     parser.add_argument("-v", action="store_true", help="print tracebacks of failures")
     parser.add_argument(
         "--threads",
@@ -1295,6 +1325,7 @@ def main(argv=None) -> None:
         rest = [a for a in rest if not a.startswith("--threads=")]
         scaling([int(t) for t in opts.threads.split(",")], rest)
         return
+    STAT[0] = min if opts.stat == "min" else statistics.median
     names = [n for n in PROGRAMS if not opts.program or any(p in n for p in opts.program)]
     if opts.list:
         print("\n".join(names))

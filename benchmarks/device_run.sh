@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/device_run.sh                 # from the repository root
 #   RUNS=10 SCALING="1,4,16" bash benchmarks/device_run.sh
+#   SMOKE=1 bash benchmarks/device_run.sh         # tiny shapes, 2 runs: checks the script
 #
 # Python: the repository's .venv when present (it must hold jax, jaxlib, numpy, scipy,
 # llvmlite and ml_dtypes: nothing is installed here), else python3 on PATH. xlapy's pool
@@ -20,9 +21,12 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export JAX_PLATFORMS=cpu
 RUNS="${RUNS:-5}"
 SCALING="${SCALING:-1,2,4,8,16}"
-SUBSET=(-p cumsum_reverse -p cumlogsumexp -p fori_dynamic -p lstm_bptt -p eigh -p svd
+SIZES=()
+if [ "${SMOKE:-0}" = 1 ]; then RUNS=2; SIZES=(--small); fi
+# scaling: each side's own speedup per program is printed too, from the best run (--stat min)
+SUBSET=(-p cumsum_reverse -p cumlogsumexp -p fori_dynamic -p lstm_bptt -p svd
         -p fft_complex -p maxpool_grad -p conv2d_3x3 -p threefry -p f16_arith -p int_bit_ops
-        -p softmax -p transformer_forward)
+        -p softmax -p transformer_forward -p batched_matmul_big -p argsort)
 
 echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "== date: $(date -u '+%Y-%m-%d %H:%M UTC'), load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -35,8 +39,8 @@ fi
 echo "== does xlapy read this JAX's HLO? (benchmarks/jax_version_probe.py, timeout 60 s)"
 timeout 60 "$PY" benchmarks/jax_version_probe.py 2>&1 | grep -v "^[a-z_0-9]* *ok$"
 echo "== every program, all cores (timeout 270 s)"
-timeout 270 "$PY" benchmarks/cpu_vs_xla.py --runs "$RUNS" --warmup 1
+timeout 270 "$PY" benchmarks/cpu_vs_xla.py --runs "$RUNS" --warmup 1 ${SIZES[@]+"${SIZES[@]}"}
 echo "== scaling over $SCALING threads, family subset (timeout 180 s)"
 timeout 180 "$PY" benchmarks/cpu_vs_xla.py --runs "$RUNS" --warmup 1 "${SUBSET[@]}" \
-  --threads "$SCALING" 2>/dev/null | sed -n '/^scaling:/,$p'
+  ${SIZES[@]+"${SIZES[@]}"} --stat min --threads "$SCALING" 2>/dev/null | sed -n '/^scaling:/,$p'
 echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -24,6 +24,13 @@
 # The MXCSR wrappers: `xlapy_mxcsr_flush() -> previous` sets FTZ/DAZ, `xlapy_mxcsr_set`
 # restores the previous value; a flushing gemm has the signature of the cblas gemm it wraps,
 # sets FTZ/DAZ, calls it on the same thread and restores the caller's MXCSR.
+#
+# The gemm list: a kernel in the parallel-for's calling convention that runs gemms lo..hi-1
+# of a table (one row-major cblas gemm each: byte offsets of its three matrices from three
+# base addresses, its rows and columns; the order, transposes, depth and leading dimensions
+# shared), with OpenBLAS limited to the calling thread around them. One product cut into
+# tiles, or a batch of products, is then one table and one parallel-for, with no Python per
+# tile (runtime/dot_thunk.py).
 
 from __future__ import annotations
 
@@ -299,4 +306,83 @@ def flushing_gemm_ir(dtype: np.dtype, gemm: int, wide: bool) -> str:
     b.call(target, list(fn.args))
     b.call(ld, [b.bitcast(saved, _I8P)])
     b.ret_void()
+    return str(module)
+
+
+GEMM_LIST_HEAD = 7
+"""i64 words at the start of a gemm list's table: order, trans_a, trans_b, k, lda, ldb, ldc."""
+GEMM_LIST_ENTRY = 5
+"""i64 words per gemm of a gemm list's table: a, b, c byte offsets, rows, columns."""
+
+
+def gemm_list_symbol(dtype: np.dtype) -> str:
+    """The symbol of gemm_list_ir(dtype, ...)'s function."""
+    return f"xlapy_gemm_list_{np.dtype(dtype).char}"
+
+
+def gemm_list_ir(dtype: np.dtype, gemm: int, wide: bool, setter: int) -> str:
+    """A module with `void f(i64 table, i64 a, i64 b, i64 c, i64 lo, i64 hi)` (the
+    parallel-for's kernel convention): for each gemm e in [lo, hi) of the table at `table`
+    (see the file comment; GEMM_LIST_HEAD words, then GEMM_LIST_ENTRY per gemm), calls the
+    cblas gemm at address `gemm` (float32 / float64; `wide`: 64-bit sizes) as
+    `C = A @ B` (alpha 1, beta 0) on `a + a_off`, `b + b_off`, `c + c_off`. With `setter`
+    nonzero (OpenBLAS's `int openblas_set_num_threads_local(int)`), OpenBLAS runs on one
+    thread during the calls and its previous count is restored after them. The addresses
+    are embedded: never cache the object on disk."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"gemm list: no cblas gemm for {dtype}")
+    i64 = ir.IntType(64)
+    scalar = ir.FloatType() if dtype == np.float32 else ir.DoubleType()
+    index = ir.IntType(64 if wide else 32)
+    matrix = [_I8P, index]
+    params = [_I32, _I32, _I32, index, index, index, scalar, *matrix, *matrix, scalar, *matrix]
+    gemm_sig = ir.FunctionType(ir.VoidType(), params)
+    module = ir.Module(name="xlapy_gemm_list")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [i64] * 6), gemm_list_symbol(dtype))
+    fn.attributes.add("nounwind")
+    table, a, b, c, lo, hi = fn.args
+    entry = fn.append_basic_block("entry")
+    loop = fn.append_basic_block("loop")
+    body = fn.append_basic_block("body")
+    done = fn.append_basic_block("done")
+    bld = ir.IRBuilder(entry)
+    words = bld.inttoptr(table, i64.as_pointer())
+
+    def word(at):
+        return bld.load(bld.gep(words, [at]))
+
+    def size(value):
+        return value if wide else bld.trunc(value, index)
+
+    order, ta, tb = (bld.trunc(word(ir.Constant(i64, w)), _I32) for w in range(3))
+    k, lda, ldb, ldc = (size(word(ir.Constant(i64, w))) for w in range(3, GEMM_LIST_HEAD))
+    set_sig = ir.FunctionType(_I32, [_I32])
+    set_fn = bld.inttoptr(ir.Constant(i64, setter), set_sig.as_pointer()) if setter else None
+    previous = bld.call(set_fn, [ir.Constant(_I32, 1)]) if set_fn is not None else None
+    target = bld.inttoptr(ir.Constant(i64, gemm), gemm_sig.as_pointer())
+    bld.branch(loop)
+
+    bld.position_at_end(loop)
+    e = bld.phi(i64)
+    e.add_incoming(lo, entry)
+    bld.cbranch(bld.icmp_signed("<", e, hi), body, done)
+
+    bld.position_at_end(body)
+    first = bld.add(ir.Constant(i64, GEMM_LIST_HEAD), bld.mul(e, ir.Constant(i64, GEMM_LIST_ENTRY)))
+
+    def field(n):
+        return word(bld.add(first, ir.Constant(i64, n)))
+
+    pa, pb, pc = (bld.inttoptr(bld.add(base, field(n)), _I8P) for n, base in enumerate((a, b, c)))
+    m, n = size(field(3)), size(field(4))
+    one, zero = ir.Constant(scalar, 1.0), ir.Constant(scalar, 0.0)
+    bld.call(target, [order, ta, tb, m, n, k, one, pa, lda, pb, ldb, zero, pc, ldc])
+    e.add_incoming(bld.add(e, ir.Constant(i64, 1)), body)
+    bld.branch(loop)
+
+    bld.position_at_end(done)
+    if set_fn is not None:
+        bld.call(set_fn, [previous])
+    bld.ret_void()
     return str(module)

@@ -20,6 +20,8 @@ from xlapy.backends.cpu.codegen.emit_helpers import (
     MXCSR_SET_SYMBOL,
     flushing_gemm_ir,
     flushing_gemm_symbol,
+    gemm_list_ir,
+    gemm_list_symbol,
     mxcsr_flush_ir,
     mxcsr_set_ir,
     parallel_for_ir,
@@ -79,6 +81,11 @@ class JitNativeCode:
         """The address of a wrapper of the cblas gemm at `gemm` that flushes subnormals."""
         return _flushing_gemm(np.dtype(dtype), gemm, wide)
 
+    def gemm_list(self, dtype: np.dtype, gemm: int, wide: bool, setter: int) -> int:
+        """The address of a gemm-list kernel calling the cblas gemm at `gemm` (see
+        codegen/emit_helpers.py), OpenBLAS limited to one thread by `setter` when nonzero."""
+        return _gemm_list(np.dtype(dtype), gemm, wide, setter)
+
 
 @functools.cache
 def _mxcsr_flush() -> tuple[int, int]:
@@ -88,3 +95,8 @@ def _mxcsr_flush() -> tuple[int, int]:
 @functools.cache
 def _flushing_gemm(dtype: np.dtype, gemm: int, wide: bool) -> int:
     return _load(flushing_gemm_ir(dtype, gemm, wide), flushing_gemm_symbol(dtype))
+
+
+@functools.cache
+def _gemm_list(dtype: np.dtype, gemm: int, wide: bool, setter: int) -> int:
+    return _load(gemm_list_ir(dtype, gemm, wide, setter), gemm_list_symbol(dtype))

@@ -16,6 +16,16 @@
 # run times (thunk.SplitChoice): the hand-off to a worker costs tens of microseconds and,
 # with the other core busy, splitting gains nothing.
 #
+# Planned gemms run natively: a product's tiles, or a batch of products whose matrices
+# each read as BLAS matrices one fixed batch stride apart, are one table of gemms (GemmList)
+# that a native kernel (codegen/emit_helpers.py's gemm list) runs, over the native pool
+# (runtime/native_pool.py) when split: no Python per tile or batch item, no GIL hand-off,
+# and OpenBLAS set to one thread inside the kernel on each worker. A batch run whole is the
+# same kernel on the calling thread (one native call for the whole batch, not NumPy's
+# matmul loop). Every tile sums its k products in the gemm's own order, so results do not
+# depend on the thread count as far as OpenBLAS's kernel does not depend on the tile's
+# size.
+#
 # Fast library dots for the cases DotThunk leaves to a rule thunk: mixed element types
 # (bf16 x bf16 -> f32, f16 -> f32, bf16 -> bf16, ...) and integer dots (s8 x s8 -> s32, ...).
 #
@@ -81,6 +91,7 @@ import cffi
 import numpy as np
 
 from xlapy.backends.cpu.runtime.native_code import native_code
+from xlapy.backends.cpu.runtime.native_pool import native_pool
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import (
     NS_PER_FLOP,
@@ -260,6 +271,62 @@ def flushing_gemm(dtype: np.dtype):
     return cffi.FFI().cast(signature, found[0])
 
 
+@functools.cache
+def _blas_setter_address() -> int:
+    """The address of OpenBLAS's `openblas_set_num_threads_local`, or 0 without one."""
+    found = _openblas_symbol(("openblas_set_num_threads_local",))
+    return (ctypes.cast(found[2], ctypes.c_void_p).value or 0) if found is not None else 0
+
+
+_GemmListCall = ctypes.CFUNCTYPE(None, *[ctypes.c_int64] * 6)
+
+
+@functools.cache
+def gemm_list_kernel(dtype: np.dtype, flush: bool):
+    """(address, ctypes function) of the native gemm-list kernel for float32 / float64
+    (codegen/emit_helpers.py; `flush`: through the flushing gemm), or None without
+    OpenBLAS's gemm for `dtype`."""
+    found = flushing_gemm_address(dtype) if flush else cblas_gemm_address(dtype)
+    if found is None:
+        return None
+    address = native_code().gemm_list(dtype, found[0], found[1], _blas_setter_address())
+    return address, _GemmListCall(address)
+
+
+class GemmList:
+    """Row-major gemms `C_e = A_e @ B_e` (the order, transposes, depth and leading
+    dimensions shared; each gemm's byte offsets from three base addresses, rows and
+    columns), run by the native gemm-list kernel: whole on the calling thread, or in blocks
+    of gemms over the native pool (the Python pool without one), OpenBLAS on one thread
+    per gemm either way."""
+
+    __slots__ = ("_address", "_call", "_table_at", "count", "table")
+
+    def __init__(self, kernel, trans: tuple[bool, bool], k: int, lds: tuple[int, int, int],
+                 entries: Sequence[tuple[int, int, int, int, int]]):  # fmt: skip
+        """`kernel`: gemm_list_kernel(dtype, flush); `entries`: (a offset, b offset,
+        c offset, rows, columns) per gemm, offsets in bytes."""
+        ta, tb = (TRANS if t else NO_TRANS for t in trans)
+        head = [ROW_MAJOR, ta, tb, k, *lds]
+        self.table = np.array([*head, *itertools.chain.from_iterable(entries)], np.int64)
+        self.count = len(entries)
+        self._address, self._call = kernel
+        self._table_at = self.table.ctypes.data
+
+    def run(self, a: int, b: int, c: int, blocks: int = 1) -> None:
+        """Every gemm on the matrices at bases `a`, `b`, `c`, cut into `blocks` blocks."""
+        count, table, call = self.count, self._table_at, self._call
+        blocks = min(blocks, count)
+        if blocks > 1:
+            native = native_pool()
+            if native is not None:
+                native.run(self._address, (table, a, b, c), count, blocks)
+                return
+            run_blocks(lambda lo, hi: call(table, a, b, c, lo, hi), even_blocks(count, blocks))
+            return
+        call(table, a, b, c, 0, count)
+
+
 def one_blas_thread(body, lo: int, hi: int) -> None:
     """`body(lo, hi)` with OpenBLAS limited to the calling thread (see the file comment)."""
     setter = blas_thread_setter()
@@ -341,6 +408,36 @@ def from_work(y: np.ndarray, acc: np.dtype, result: PrimitiveType) -> np.ndarray
     return to_result(y, result)
 
 
+@functools.cache
+def _contiguous_gemms(
+    dtype: np.dtype, b: int, m: int, n: int, k: int, flops: float
+) -> tuple[GemmList, int] | None:
+    """(a gemm list, its block count) for `b` row-major products [m, k] @ [k, n] stored
+    back to back, split like split_run (tiles over the pool's threads when `flops` is
+    large); None without a gemm-list kernel for `dtype`."""
+    if dtype not in _GEMM_LETTERS or 0 in (m, n, k):
+        return None
+    kernel = gemm_list_kernel(dtype, False)
+    if kernel is None:
+        return None
+    parts = pool_size() if flops >= PARALLEL_MIN_FLOPS else 1
+    row_parts, col_parts = tile_grid(m, n, -(-parts // b))
+    rows, cols = even_blocks(m, row_parts), _blocks(n, col_parts, _BLOCK_QUANTUM)
+    it = dtype.itemsize
+    entries = [
+        (
+            it * (i * m * k + r0 * k),
+            it * (i * k * n + c0),
+            it * (i * m * n + r0 * n + c0),
+            r1 - r0,
+            c1 - c0,
+        )
+        for i in range(b)
+        for (r0, r1), (c0, c1) in itertools.product(rows, cols)
+    ]
+    return GemmList(kernel, (False, False), k, (k, n, n), entries), parts
+
+
 def plan_dot(instr: HloInstruction):
     """A fast dot for mixed-precision and integer dots (see the file comment), or None."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
@@ -378,13 +475,18 @@ def plan_dot(instr: HloInstruction):
         direct = work == out.dtype and out.flags.c_contiguous
         prod = out.reshape(b, m, n) if direct else np.empty((b, m, n), work)
 
-        def block(lo: int, hi: int) -> None:
-            if batched:
-                np.matmul(xa[lo:hi], ya[lo:hi], out=prod[lo:hi])
-            else:
-                np.matmul(xa[0, lo:hi], ya[0], out=prod[0, lo:hi])
+        gemms = _contiguous_gemms(work, b, m, n, k, flops)
+        if gemms is not None:
+            gemms[0].run(xa.ctypes.data, ya.ctypes.data, prod.ctypes.data, gemms[1])
+        else:
 
-        split_run(b if batched else m, flops, block)
+            def block(lo: int, hi: int) -> None:
+                if batched:
+                    np.matmul(xa[lo:hi], ya[lo:hi], out=prod[lo:hi])
+                else:
+                    np.matmul(xa[0, lo:hi], ya[0], out=prod[0, lo:hi])
+
+            split_run(b if batched else m, flops, block)
         if not direct:
             np.copyto(out, from_work(prod, acc, result).reshape(dims))
         return True
@@ -456,6 +558,36 @@ class _MatrixView:
             out.append(stride)
         return (out[0], out[1], out[2])
 
+    def batched(self) -> tuple[np.ndarray, int, int] | None:
+        """(the element offset of each batch item, the row stride, the column stride) when
+        every item's [rows, cols] matrix is a view of the slice with one row and one column
+        stride; the batch dims need not merge into one stride (JAX's attention batches
+        over batch and heads that lie apart). None otherwise."""
+        steps = [1] * len(self.physical)
+        for axis in range(len(self.physical) - 2, -1, -1):
+            steps[axis] = steps[axis + 1] * self.physical[axis + 1]
+        axes = [(self.physical[p], steps[p]) for p in self.perm if self.physical[p] != 1]
+        b, rows, cols = self.shape
+        offsets, extent = np.zeros(1, np.int64), 1
+        while extent < b and axes:
+            dim, step = axes.pop(0)
+            offsets = (offsets[:, None] + step * np.arange(dim, dtype=np.int64)).ravel()
+            extent *= dim
+        if extent != b:
+            return None
+        out = []
+        for size in (rows, cols):
+            extent, stride = 1, 0
+            while extent < size and axes:
+                dim, step = axes.pop(0)
+                if extent > 1 and stride != step * dim:
+                    return None
+                extent, stride = extent * dim, step
+            if extent != size:
+                return None
+            out.append(stride)
+        return offsets, out[0], out[1]
+
 
 @dataclass(frozen=True, slots=True)
 class _BlasMatrix:
@@ -478,6 +610,13 @@ class _BlasMatrix:
             return None
         _, rows, cols = view.shape
         _, sr, sc = strides
+        return _BlasMatrix.at(view, rows, cols, sr, sc, transposed_ok)
+
+    @staticmethod
+    def at(view: _MatrixView, rows: int, cols: int, sr: int, sc: int,
+           transposed_ok: bool = True) -> _BlasMatrix | None:  # fmt: skip
+        """The [rows, cols] matrix at the start of `view`'s slice with element strides
+        `sr`, `sc`, or None when BLAS cannot read it in place."""
         it = view.dtype.itemsize
         if (cols == 1 or sc == 1) and (rows == 1 or sr >= cols):
             ld = sr if rows > 1 else max(cols, 1)
@@ -584,9 +723,11 @@ class DotThunk(Thunk):
         dtype = out.shape.dtype
         self._fn = flushing_gemm(dtype) if self.flush else cblas_gemm(dtype)
         self._gemm = self._plan_gemm(out) if self._fn is not None else None
+        self._batch = self._plan_batch(out) if self._fn is not None else None
         splits = self.flops >= PARALLEL_MIN_FLOPS and max(b, m, n) > 1
         self.split_choice = SplitChoice() if splits else None
         self._parts = pool_size()
+        self._lists: dict[bool, GemmList] = {}  # whole / split gemm lists, made on first use
 
     def __getstate__(self) -> dict:
         """The thunk without its BLAS entry point (a process's address), which is looked up
@@ -608,6 +749,88 @@ class DotThunk(Thunk):
         rank = out.shape.rank
         res = _MatrixView.of(out, range(rank), (1, self.m, self.n))
         return _GemmPlan.of(self._a, self._c, res)
+
+    def _plan_batch(self, out: BufferSlice) -> tuple[_GemmPlan, tuple[np.ndarray, ...]] | None:
+        """A batched product as one gemm per batch item: (the plan of item 0, the byte
+        offsets of every item's matrices from item 0's, for the plan's lhs, rhs and out), or
+        None when an operand's items are no BLAS matrices."""
+        if self.b == 1 or 0 in (self.m, self.n, self.k) or self._out is None:
+            return None
+        if out.overlaps(self.lhs) or out.overlaps(self.rhs):
+            return None
+        views = (self._a, self._c, self._out)
+        found = [v.batched() for v in views]
+        mats = [
+            _BlasMatrix.at(v, v.shape[1], v.shape[2], f[1], f[2]) if f is not None else None
+            for v, f in zip(views, found, strict=True)
+        ]
+        lhs, rhs, res = mats
+        if lhs is None or rhs is None or res is None:
+            return None
+        it = out.shape.dtype.itemsize
+        oa, oc, oo = (f[0] * it for f in found if f is not None)
+        if not res.trans:
+            return _GemmPlan(lhs, rhs, res, self.m, self.n, self.k), (oa, oc, oo)
+        plan = _GemmPlan(rhs.transposed(), lhs.transposed(), res.transposed(), self.n, self.m,
+                         self.k)  # fmt: skip
+        return plan, (oc, oa, oo)  # the transposed product: the dot's rhs comes first
+
+    def _gemm_list(self, split: bool) -> GemmList | None:
+        """The planned product (or batch of products) as a gemm list: one gemm per batch
+        item whole; split, tiles of tile_grid over the pool's threads (per batch item when
+        the batch is shorter than the pool). None without a native gemm-list kernel."""
+        made = self._lists.get(split)
+        if made is not None:
+            return made
+        offsets: tuple[np.ndarray, ...]
+        if self._gemm is not None:
+            zero = np.zeros(1, np.int64)
+            plan, offsets, b = self._gemm, (zero, zero, zero), 1
+        elif self._batch is not None:
+            (plan, offsets), b = self._batch, self.b
+        else:
+            return None
+        kernel = gemm_list_kernel(self.out.shape.dtype, self.flush)
+        if kernel is None:
+            return None
+        per_item = -(-self._parts // b) if split else 1
+        row_parts, col_parts = tile_grid(plan.m, plan.n, per_item)
+        rows = even_blocks(plan.m, row_parts)
+        cols = _blocks(plan.n, col_parts, _BLOCK_QUANTUM)
+        lhs, rhs, res = plan.lhs, plan.rhs, plan.out
+        oa, ob, oc = (o.tolist() for o in offsets)
+        entries = [
+            (
+                oa[i] + r0 * lhs.row_bytes,
+                ob[i] + c0 * rhs.col_bytes,
+                oc[i] + r0 * res.row_bytes + c0 * res.col_bytes,
+                r1 - r0,
+                c1 - c0,
+            )
+            for i in range(b)
+            for (r0, r1), (c0, c1) in itertools.product(rows, cols)
+        ]
+        made = GemmList(kernel, (lhs.trans, rhs.trans), plan.k, (lhs.ld, rhs.ld, res.ld), entries)
+        self._lists[split] = made
+        return made
+
+    def _run_list(self, ctx: ExecutionContext, split: bool) -> bool:
+        """The product as a gemm list (see _gemm_list); False when it has none."""
+        gemms = self._gemm_list(split)
+        if gemms is None:
+            return False
+        plan = self._gemm
+        if plan is None:
+            assert self._batch is not None, "a gemm list has a plan"
+            plan = self._batch[0]
+        bases = ctx.bases
+        gemms.run(
+            bases[plan.lhs.allocation] + plan.lhs.offset,
+            bases[plan.rhs.allocation] + plan.rhs.offset,
+            bases[plan.out.allocation] + plan.out.offset,
+            self._parts if split else 1,
+        )
+        return True
 
     def run(self, ctx: ExecutionContext) -> None:
         choice = self.split_choice
@@ -697,7 +920,7 @@ class DotThunk(Thunk):
     def _run(self, ctx: ExecutionContext, split: bool) -> None:
         if self._gemm is not None:
             self._run_gemm(ctx, split)
-        else:
+        elif self._batch is None or not self._run_list(ctx, split):
             self._run_matmul(ctx, split)
 
     def _gemm_args(self, bases) -> tuple:
@@ -741,6 +964,8 @@ class DotThunk(Thunk):
             return
         if not split:
             one_blas_thread(rows, 0, m)
+            return
+        if self._run_list(ctx, True):
             return
         row_parts, col_parts = tile_grid(m, n, self._parts)
         if row_parts == 1:  # short and wide: each block packs only its columns of rhs
@@ -795,7 +1020,13 @@ class DotThunk(Thunk):
             run_blocks(lambda lo, hi: one_blas_thread(body, lo, hi), blocks)
 
     def describe(self) -> list[str]:
-        how = "cblas gemm" if self._gemm is not None else "matmul"
+        how = (
+            "cblas gemm"
+            if self._gemm is not None
+            else "cblas gemm per batch item"
+            if self._batch is not None
+            else "matmul"
+        )
         how += ", subnormals flushed" if self.flush else ""
         if self.split_choice is not None:
             how += f", split x{self._parts} when faster"

@@ -27,6 +27,12 @@ class NativeCode(Protocol):
         """The cblas gemm at `gemm` wrapped with FTZ/DAZ set around it (x86)."""
         ...
 
+    def gemm_list(self, dtype: np.dtype, gemm: int, wide: bool, setter: int) -> int:
+        """`void f(table, a, b, c, lo, hi)`: gemms lo..hi-1 of a table, each calling the
+        gemm at `gemm`, with OpenBLAS on one thread through `setter` when nonzero
+        (codegen/emit_helpers.py's gemm list)."""
+        ...
+
 
 _installed: list[NativeCode] = []
 

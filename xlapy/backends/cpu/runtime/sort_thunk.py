@@ -13,6 +13,10 @@
 # permutation, the same permutation the interpreter's stable merge sort produces.
 # Descending keys use the bitwise complement, which reverses any integer order without
 # overflow. Comparators that do not fit the pattern keep the interpreter's rule.
+# Sorts of many rows split the rows (the blocks of another axis) over the pool
+# (pool.split_over, its cost model deciding how many blocks): NumPy's argsort and gathers
+# release the GIL, each row's permutation is the same whichever block sorts it, so results
+# do not depend on the thread count.
 #
 # topk takes the k smallest of the (complemented, for largest) keys with ties by lower index.
 # For 32-bit rows long against k it first prunes: a row is cut into G groups (group g holds the
@@ -28,12 +32,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 
+from xlapy.backends.cpu.runtime.pool import split_over
 from xlapy.backends.interpreter.rules._lifted import call_elementwise
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -295,6 +301,10 @@ def stable_permutation(keys: list[np.ndarray], axis: int) -> np.ndarray:
 
 FastFn = Callable[[list, object, object], bool]
 
+SORT_SECONDS_PER_KEY = 3e-9
+"""About the seconds a stable argsort spends per element and comparison level (log2 of
+the sorted length), for the split decision."""
+
 
 def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | None:
     """A fast sort for `instr` when its comparator is recognized, else None.
@@ -317,17 +327,28 @@ def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | 
     if keys is None or any(k.operand >= n_ops for k in keys):
         return None
     is_tuple = instr.shape.is_tuple
+    outer = 1 if axis == 0 else 0  # the axis whose blocks sort apart
+    units = shape.dims[outer] if shape.rank > 1 else 1
+    n = max(shape.dims[axis], 2)
+    seconds = SORT_SECONDS_PER_KEY * shape.num_elements * math.log2(n) * len(keys) * n_ops
 
     def run(values, outs, ctx) -> bool:
         arrays = [np.asarray(v) for v in values]
         key = key_arrays(ctx, keys, arrays, flush_denormals)
         if key is None:
             return False
-        perm = stable_permutation(key, axis)
         targets = outs if is_tuple else (outs,)
-        results = [np.take_along_axis(a, perm, axis=axis) for a in arrays]
-        for t, r in zip(targets, results, strict=True):
-            np.copyto(t, r, casting="no")
+
+        def block(lo: int, hi: int) -> None:
+            part = (slice(None),) * outer + (slice(lo, hi),) if shape.rank > 1 else ()
+            perm = stable_permutation([k[part] for k in key], axis)
+            for t, a in zip(targets, arrays, strict=True):
+                np.copyto(t[part], np.take_along_axis(a[part], perm, axis=axis), casting="no")
+
+        if units > 1:
+            split_over(units, seconds, block)
+        else:
+            block(0, units)
         return True
 
     return run
