@@ -19,6 +19,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
@@ -116,6 +118,4 @@ def test_sharded_rng_and_partly_manual_shard_map_like_cpu():
         assert not isinstance(got[name], str), f"{name} on xlapy: {got[name]}"
         # bits exactly; float results to float32 rounding (tanh's gradient near
         # saturation amplifies one ulp of tanh)
-        import numpy as np
-
         np.testing.assert_allclose(np.array(got[name]), np.array(value), rtol=2e-5, atol=2e-5)
