@@ -127,8 +127,8 @@ def _getter_ir(name: str, g: Getter, fallback: int) -> str:
     lines = [f"define i8* @{name}(i8* %args) {{", "entry:"]
     buffer = g.handle_type == "PJRT_Buffer"
     lines += _load_handle(g.args, g.handle, g.handle_type, "indexnull" if buffer else "isnull")
-    if buffer:  # an output of the native Execute (index 0, native
-        # set) is live and carries its fields: answered here, not materialized in Python
+    if buffer:  # a native Execute's output (index 0, `native` set) is live and carries
+        # its fields: answered here, not materialized in Python to be asked
         lines += [
             f"  %np = getelementptr i8, i8* %h, i64 {_offset('PJRT_Buffer', 'native')}",
             "  %npp = bitcast i8* %np to i64*",
