@@ -254,3 +254,56 @@ def test_deleted_and_donated_free_memory(client, rng):
     del fresh
     gc.collect()
     assert stats().bytes_in_use == 0
+
+
+RETURNED_TWICE = """HloModule returned_twice, input_output_alias={ {1}: (0, {}, may-alias) }
+ENTRY e {
+  p = f32[4] parameter(0)
+  ROOT t = (f32[4], f32[4]) tuple(p, p)
+}"""
+
+BLOCK = """HloModule block
+ENTRY e {
+  x = f32[4] parameter(0)
+  ROOT c = f32[4] custom-call(x), custom_call_target="block"
+}"""
+
+
+@pytest.mark.parametrize("drop", [(1,), (0, 1)])
+def test_output_taking_donated_memory_deleted_before_the_run(client, rng, drop):
+    """A donated parameter returned twice (`main(%p {tf.aliasing_output = 1}) -> (%p, %p)`,
+    what JAX makes of `x_ref[...]`): output 1 takes over the parameter's memory, output 0
+    is a copy. When the caller deletes output 1 before the queued run has read the
+    parameter (JAX drops the old ref buffer at once), the run still reads it: the
+    run holds its own reference, so the memory is freed only after the run (it used to
+    be freed under the run: "parameter 0 expects f32[], got object[]")."""
+    import threading
+
+    gate, started = threading.Event(), threading.Event()
+
+    def block(ins, opaque):
+        started.set()
+        assert gate.wait(10), "gate never opened"
+        return ins[0]
+
+    client.register_custom_call("block", block)
+    blocker, twice = client.compile(BLOCK), client.compile(RETURNED_TWICE)
+    host = f32(rng, 4)
+    [held] = run(blocker, client, [client.buffer_from_pyval(f32(rng, 4))])
+    assert started.wait(10)  # the device's worker is busy: the next run is queued
+    p = client.buffer_from_pyval(host)
+    outs = run(twice, client, [p], donate=[0])
+    assert p.is_donated and not outs[0].ready().done()
+    for i in drop:
+        outs[i].delete()
+    gate.set()
+    held.block_until_ready()
+    for i, out in enumerate(outs):
+        if i not in drop:
+            np.testing.assert_array_equal(out.to_numpy(), host)
+    twice_again = run(twice, client, [client.buffer_from_pyval(host)], donate=[0])
+    for out in twice_again:  # the device is still sound
+        np.testing.assert_array_equal(out.to_numpy(), host)
+    del held, twice_again, out
+    gc.collect()
+    assert client.memory_stats(0).bytes_in_use == 16 * (2 - len(drop))

@@ -323,7 +323,21 @@ def _context(ctx) -> _Context:
 
 
 def _execution_context_get(args) -> None:
-    raise FfiError(NOT_FOUND, f"no user data of type id {args.type_id.type_id} in the context")
+    """User data of the execution (XLA's ExecutionContext): XLA:CPU answers from what the
+    caller attached to the execution (ExecuteOptions.context) and returns NOT_FOUND for any
+    other type. JAX attaches user data only to XLA:CPU's own executions (its host
+    callbacks, which xlapy runs through its own custom call), never to a PJRT plugin's, so
+    an xlapy execution carries none: every lookup is NOT_FOUND, naming the type."""
+    _context(args.ctx)
+    wanted = args.type_id.type_id if args.type_id != ffi.NULL else 0
+    with _LOCK:
+        names = [name for name, known in _TYPES.items() if known == wanted]
+    what = f"type id {wanted}" + (f" ({names[0]!r})" if names else " (never registered)")
+    raise FfiError(
+        NOT_FOUND,
+        f"user data with {what} not found in the execution context: xlapy's executions carry "
+        "no user data (JAX attaches none to a PJRT plugin's executions)",
+    )
 
 
 def _state_set(args) -> None:

@@ -1,5 +1,6 @@
 """JAX host callbacks on the xlapy platform: `jax.debug.print` / `jax.debug.callback`,
-`jax.pure_callback` and `jax.experimental.io_callback` (ordered and unordered).
+`jax.pure_callback` and `jax.experimental.io_callback` (ordered and unordered), and
+`checkify.check` lowered to a runtime error (`jax_experimental_unsafe_xla_runtime_errors`).
 
 JAX lowers these three primitives through `callback.emit_python_callback`, which serves
 its own platforms only ("cpu", "cuda", "rocm", "tpu"): on the CPU it emits a custom call
@@ -54,6 +55,9 @@ def install() -> None:
     mlir.register_lowering(
         debugging.debug_print_p, _debug_print_lowering, platform="xlapy", cacheable=False
     )
+    from jax._src import checkify
+
+    mlir.register_lowering(checkify.check_p, _check_lowering, platform="xlapy", cacheable=False)
     for prim in (debugging.debug_callback_p, debugging.debug_print_p):
         prim.def_impl(functools.partial(_debug_impl, prim.impl, prim))
     install.done = True  # type: ignore[attr-defined]
@@ -350,3 +354,28 @@ def _debug_print_lowering(ctx, *args, **params):
     return _debug_lowering(
         ctx, *args, effect=effect, partitioned=params["partitioned"], callback=callback
     )
+
+
+def _check_lowering(ctx, *args, err_tree, debug):
+    """checkify's check_lowering_rule: with `jax_experimental_unsafe_xla_runtime_errors`
+    a `checkify.check` left in a jitted program (not functionalized by `checkify.checkify`)
+    becomes a callback that raises JAX's JaxRuntimeError with the check's message when the
+    predicate fails; that failure fails the call, as on XLA:CPU. Without the option JAX's
+    own error (a check must be functionalized)."""
+    from jax._src import checkify, config
+
+    if debug:  # a debug check only triggers when discharged
+        return []
+    if not config.xla_runtime_errors.value:
+        raise checkify.functionalization_error
+    _check_platform(ctx)
+    results, _ = emit_callback(
+        ctx,
+        functools.partial(checkify.python_err, err_tree),
+        None,
+        args,
+        has_side_effect=True,
+        sharding=None,
+        name="checkify.check",
+    )
+    return results

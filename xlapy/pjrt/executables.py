@@ -519,6 +519,8 @@ def _loaded_execute(args):
         indices = options.non_donatable_input_indices
         kept = {indices[i] for i in range(options.num_non_donatable_input_indices)}
         donate = tuple(p for p in donate if p not in kept)
+    if donate:
+        donate = _donatable(lists, donate)
     if donate:  # no native reader may use a buffer given away (see native_execute)
         _retire_donated(args, donate)
     if args.execute_device != ffi.NULL:
@@ -572,6 +574,15 @@ def _as_declared(info: ExecInfo, outputs: list[Buffer], device) -> list[Buffer]:
     for i, kind in info.placed:
         outputs[i] = outputs[i].copy_to_memory_space(device.memory_space(kind))
     return outputs
+
+
+def _donatable(lists: list[list[Buffer]], donate: tuple[int, ...]) -> tuple[int, ...]:
+    """`donate` less the parameters whose buffer lends an external reference (a NumPy view
+    from `np.asarray(x)`, a DLPack export): XLA:CPU keeps such a buffer and runs on a copy
+    rather than fail the call, and JAX users rely on it (donating a model's parameters after
+    printing one). A reference taken after this check still fails the call (DonationError)."""
+    kept = {p for row in lists for p in donate if p < len(row) and row[p].has_external_references}
+    return tuple(p for p in donate if p not in kept) if kept else donate
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:

@@ -103,7 +103,7 @@ def _args_guard(args_type: str) -> list[str]:
     ]
 
 
-def _load_handle(args_type: str, field: str, handle_type: str) -> list[str]:
+def _load_handle(args_type: str, field: str, handle_type: str, result: str = "isnull") -> list[str]:
     """Load the handle `field` of the argument struct into %h; %isnull is true when Python
     must answer instead: NULL args, args smaller than this version's struct, a NULL handle
     or a destroyed one (index 0, see core.forget)."""
@@ -119,13 +119,23 @@ def _load_handle(args_type: str, field: str, handle_type: str) -> list[str]:
         f"  %ip = getelementptr i8, i8* %h, i64 {_offset(handle_type, 'index')}",
         f"  %ipp = bitcast i8* %ip to {index_t}*",
         f"  %iv = load {index_t}, {index_t}* %ipp",
-        f"  %isnull = icmp eq {index_t} %iv, 0",
+        f"  %{result} = icmp eq {index_t} %iv, 0",
     ]
 
 
 def _getter_ir(name: str, g: Getter, fallback: int) -> str:
     lines = [f"define i8* @{name}(i8* %args) {{", "entry:"]
-    lines += _load_handle(g.args, g.handle, g.handle_type)
+    buffer = g.handle_type == "PJRT_Buffer"
+    lines += _load_handle(g.args, g.handle, g.handle_type, "indexnull" if buffer else "isnull")
+    if buffer:  # a native Execute's output (index 0, `native` set) is live and carries
+        # its fields: answered here, not materialized in Python to be asked
+        lines += [
+            f"  %np = getelementptr i8, i8* %h, i64 {_offset('PJRT_Buffer', 'native')}",
+            "  %npp = bitcast i8* %np to i64*",
+            "  %nv = load i64, i64* %npp",
+            "  %pyonly = icmp eq i64 %nv, 0",
+            "  %isnull = and i1 %indexnull, %pyonly",
+        ]
     lines.append("  br i1 %isnull, label %slow, label %check")
     lines.append("check:")
     if g.guard is not None:
@@ -304,6 +314,37 @@ done:
 """
 
 
+def _buffer_is_deleted_ir(fallback: int) -> str:
+    """Buffer_IsDeleted of a handle native code made and Python never saw (`native` set,
+    `index` 0): live (deleting or donating one materializes it first), so false; any other
+    asks Python. JAX asks it of every array it checks (`x.devices()`, `x.is_deleted()`)."""
+    return f"""
+define ptr @Buffer_IsDeleted(ptr %args) {{
+entry:
+{chr(10).join(_args_guard("PJRT_Buffer_Flag_Args"))}
+  %hp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Flag_Args", "buffer")}
+  %h = load ptr, ptr %hp
+  %isnull = icmp eq ptr %h, null
+  br i1 %isnull, label %slow, label %check
+check:
+  %np = getelementptr i8, ptr %h, i64 {_field("native")}
+  %n = load i64, ptr %np
+  %ip = getelementptr i8, ptr %h, i64 {_field("index")}
+  %i = load atomic i64, ptr %ip acquire, align 8
+  %isnative = icmp ne i64 %n, 0
+  %unseen = icmp eq i64 %i, 0
+  %mine = and i1 %isnative, %unseen
+  br i1 %mine, label %fast, label %slow
+fast:
+  %fp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Flag_Args", "flag")}
+  store i8 0, ptr %fp
+  ret ptr null
+slow:
+{chr(10).join(_fallback(fallback))}
+}}
+"""
+
+
 def _buffer_destroy_ir(fallback: int) -> str:
     """Buffer_Destroy of a handle native code made and Python never saw (`native` set,
     `index` 0): free its bytes and itself and count the free; any other asks Python."""
@@ -388,6 +429,7 @@ def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
             bodies.append(_event_ir(name, _address(python[name])))
         bodies.append(_user_data_ir(_address(python["Memory_GetUserData"])))
         bodies.append(_buffer_destroy_ir(_address(python["Buffer_Destroy"])))
+        bodies.append(_buffer_is_deleted_ir(_address(python["Buffer_IsDeleted"])))
         bodies.append(_execute_ir(_address(python["LoadedExecutable_Execute"])))
         engine = compile_ir("\n\n".join(bodies))
     except Exception as e:  # never fatal: the Python implementations serve
@@ -398,7 +440,7 @@ def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
     _ENGINE = engine
     names = [
         *GETTERS, *EVENT_FUNCTIONS, "Memory_GetUserData", "Buffer_Destroy",
-        "LoadedExecutable_Execute", *HELPERS,
+        "Buffer_IsDeleted", "LoadedExecutable_Execute", *HELPERS,
     ]  # fmt: skip
     ADDRESSES.update({name: engine.get_function_address(name) for name in names})
     ADDRESSES["python_execute"] = _address(python["LoadedExecutable_Execute"])

@@ -560,6 +560,10 @@ def _commit_one(plan: CallPlan):
         if source is not None and signature.leaves[source].param in donated:
             src = storages[source]
             if src is not None and src.owned and not src.holds:  # no host read in progress
+                # The output takes over the donated reference; the run keeps one of its
+                # own (the device lock is held), so that deleting the output before the run
+                # has read its input cannot free the input under it.
+                src.refs += 1
                 storage = src
                 in_place.add(id(src))
         if storage is None:
@@ -611,7 +615,7 @@ def _run(plan: CallPlan, storages, inputs_ready, out_storages, in_place, ready: 
     finally:  # inputs are let go before anyone waiting on the outputs wakes up
         with plan.device.lock:
             for storage in storages:
-                if storage is not None and id(storage) not in in_place:
+                if storage is not None:
                     storage.release_locked()
         storages.clear()
     if error is not None:

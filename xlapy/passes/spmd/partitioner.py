@@ -806,7 +806,7 @@ class _Partitioner:
             special = self.custom_call(instr, operands)
             if special is not None:
                 return self.constrain(instr, special)
-        if op is Opcode.TUPLE:
+        if op is Opcode.TUPLE and not any(v.manual for v in operands):
             new = self.emit(
                 Opcode.TUPLE,
                 Shape.tuple([v.instr.shape for v in operands]),
