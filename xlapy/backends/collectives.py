@@ -228,7 +228,7 @@ _BINARY_KINDS = {
 def reduction_kind(instr: HloInstruction) -> str | None:
     """The reduction ("add", "multiply", "min", "max"; "and"/"or" on pred become min/max) when
     `instr`'s computation is that one binary op on its two parameters; else None."""
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None:
         return None
     root = comp.root_instruction()

@@ -84,8 +84,8 @@ class CallInliner(HloPass):
                     i
                     for i in comp.instructions
                     if i.opcode is Opcode.CALL
-                    and i.to_apply is not None
-                    and i.to_apply.execution_thread == comp.execution_thread
+                    and i.to_apply_or_none is not None
+                    and i.to_apply_or_none.execution_thread == comp.execution_thread
                 ]
                 if not calls:
                     break

@@ -477,7 +477,7 @@ def _trivial_reduce(m: Match):
     dims = m.root.dimensions
     if any(x.shape.dims[d] != 1 for d in dims):
         return None
-    kind = reducer_opcode(m.root.to_apply)
+    kind = reducer_opcode(m.root.to_apply_or_none)
     value = splat_value(init)
     if kind is None or value is None:
         return None
@@ -495,7 +495,7 @@ def _scatter_add_onto_zero(instr: HloInstruction) -> bool:
     if instr.shape.element_type is PrimitiveType.PRED:
         return False
     value = splat_value(instr.operands[0])
-    return value is not None and reducer_opcode(instr.to_apply) is Op.ADD and _float(value) == 0
+    return value is not None and reducer_opcode(instr.to_apply_or_none) is Op.ADD and _float(value) == 0
 
 
 _SCATTER_DIMS = (

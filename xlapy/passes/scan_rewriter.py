@@ -389,7 +389,7 @@ def rewritable(instr: HloInstruction) -> ScanWindow | None:
     if scan.length == 1 and not scan.exclusive:
         return None  # one init and one element: nothing to gain
     half = len(instr.operands) // 2
-    reducer = instr.to_apply
+    reducer = instr.to_apply_or_none
     if reducer is None or not init_is_identity(reducer, list(instr.operands[half:])):
         return None
     return scan

@@ -35,7 +35,7 @@ def _key(instr: HloInstruction):
         groups,
         bool(instr.attrs.get("use_global_device_ids", False)),
         "channel_id" in instr.attrs,
-        id(instr.to_apply),
+        id(instr.to_apply_or_none),
         str(instr.shape.element_type),
     )
 

@@ -1604,7 +1604,7 @@ def _zeros_like(shape: Shape, namer: NameUniquer, body: list[HloInstruction]) ->
 
 def _is_sum(instr: HloInstruction) -> bool:
     """Whether a reduce adds its values up (one operand, `to_apply` an add)."""
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if len(instr.operands) != 2 or not isinstance(comp, HloComputation):
         return False
     root = comp.root_instruction()

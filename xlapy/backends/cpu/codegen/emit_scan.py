@@ -104,7 +104,7 @@ def scan_reason(instr: HloInstruction) -> str | None:
         return "reduce-window needs inputs and as many inits"
     if scan_window(instr) is None:
         return "not a prefix scan (strides, dilation or a pooling window)"
-    reducer = instr.to_apply
+    reducer = instr.to_apply_or_none
     if reducer is None:
         return "reduce-window needs to_apply"
     xs, inits = instr.operands[:k], instr.operands[k:]

@@ -291,7 +291,7 @@ def scatter_reason(instr: HloInstruction) -> str | None:
     it = indices.element_type
     if not it.is_integral or it is P.PRED:
         return f"index type {it}"
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None or comp.num_parameters != 2 or not comp.root_instruction().shape.is_array:
         return "the combiner is not a two-parameter scalar computation"
     shapes = [comp.parameter(0).shape, comp.parameter(1).shape, comp.root_instruction().shape]

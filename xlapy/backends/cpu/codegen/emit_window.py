@@ -79,7 +79,7 @@ def window_reason(instr: HloInstruction) -> str | None:
     k = len(instr.operands) // 2
     if k == 0 or len(instr.operands) != 2 * k:
         return "reduce-window needs inputs and as many inits"
-    window, reducer = instr.attrs.get("window"), instr.to_apply
+    window, reducer = instr.attrs.get("window"), instr.to_apply_or_none
     if window is None or reducer is None:
         return "reduce-window needs a window and to_apply"
     xs, inits = instr.operands[:k], instr.operands[k:]

@@ -301,7 +301,7 @@ def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | 
     `flush_denormals`: the comparator reads subnormal floats as zero (the CPU backend's
     default, XLA:CPU's behaviour); the values sorted keep their bits either way."""
     dims = instr.dimensions
-    comparator = instr.to_apply
+    comparator = instr.to_apply_or_none
     if len(dims) != 1 or comparator is None:
         return None
     n_ops = len(instr.operands)
@@ -467,7 +467,7 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
 def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
     """XLA's "TopK" custom call: the first k of a stable sort by its comparator."""
     called: tuple[HloComputation, ...] = instr.attrs.get("called_computations") or ()
-    comparator = instr.to_apply or (called[0] if len(called) == 1 else None)
+    comparator = instr.to_apply_or_none or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or len(instr.operands) != 1:
         return None
     (x,) = instr.operands

@@ -96,7 +96,7 @@ def plan_reduce_window(instr: HloInstruction):
         return None
     x = instr.operands[0]
     window = instr.attrs.get("window")
-    reducer = instr.to_apply
+    reducer = instr.to_apply_or_none
     if reducer is None or window is None or not x.shape.is_array:
         return None
     dims = x.shape.dims

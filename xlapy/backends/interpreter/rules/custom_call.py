@@ -99,7 +99,7 @@ def _xla_topk(instr, operands, ctx):
     of each row of the last dimension in the comparator's order, ties by lower index."""
     (x,) = operands
     called = instr.attrs.get("called_computations") or ()
-    comparator = instr.to_apply or (called[0] if len(called) == 1 else None)
+    comparator = instr.to_apply_or_none or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or x.ndim == 0:
         raise CustomCallError(
             f"{instr.name}: TopK needs one comparator computation and a (values, indices) result"

@@ -129,7 +129,7 @@ def _pack(values: list[np.ndarray], instr: HloInstruction):
 @evaluates(Opcode.REDUCE)
 def _reduce(instr, operands, ctx):
     inputs, inits = _split_operands(instr, operands)
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None:
         raise EvaluationError(f"{instr.name}: reduce needs to_apply")
     rank = inputs[0].ndim
@@ -191,7 +191,7 @@ def _offsets(window: Window, out_shape: tuple[int, ...]):
 @evaluates(Opcode.REDUCE_WINDOW)
 def _reduce_window(instr, operands, ctx):
     inputs, inits = _split_operands(instr, operands)
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None:
         raise EvaluationError(f"{instr.name}: reduce-window needs to_apply")
     window = _window_of(instr, inputs[0].ndim)

@@ -65,7 +65,7 @@ def merge_sort_permutation(ctx, comparator, rows: list[np.ndarray]) -> np.ndarra
 @evaluates(Opcode.SORT)
 def _sort(instr, operands, ctx):
     dims = instr.dimensions
-    comparator = instr.to_apply
+    comparator = instr.to_apply_or_none
     if len(dims) != 1 or comparator is None:
         raise EvaluationError(f"{instr.name}: sort needs dimensions={{d}} and to_apply")
     if comparator.num_parameters != 2 * len(operands):
