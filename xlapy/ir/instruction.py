@@ -100,9 +100,6 @@ class HloInstruction:
     def operand(self, i: int) -> HloInstruction:
         return self.operands[i]
 
-    def attr(self, name: str, default=None):
-        return self.attrs.get(name, default)
-
     def called_computations(self) -> Iterator[HloComputation]:
         """Every computation this instruction calls, in attribute order."""
         if CALL_ATTRIBUTES.isdisjoint(self.attrs):  # most instructions call nothing
@@ -158,7 +155,8 @@ class HloInstruction:
     @property
     def tuple_index(self) -> int:
         """The element a get-tuple-element reads."""
-        return self.attrs["index"]
+        value = self.attrs.get("index")
+        return value if type(value) is int else self._int("index")
 
     @property
     def to_apply(self) -> HloComputation:
@@ -172,20 +170,25 @@ class HloInstruction:
 
     @property
     def while_body(self) -> HloComputation:
-        return self.attrs["body"]
+        return self._computation("body")
 
     @property
     def while_condition(self) -> HloComputation:
-        return self.attrs["condition"]
+        return self._computation("condition")
 
     @property
     def branches(self) -> tuple[HloComputation, ...]:
         """A conditional's branch computations, in branch order (the predicated form's
         true and false computations too)."""
-        branches = self.attrs.get("branch_computations")
-        if branches is not None:
-            return tuple(branches)
-        return (self.attrs["true_computation"], self.attrs["false_computation"])
+        if self.attrs.get("branch_computations") is not None:
+            return self._computations("branch_computations")
+        return (self._computation("true_computation"), self._computation("false_computation"))
+
+    @property
+    def conditional_is_predicated(self) -> bool:
+        """Whether a conditional is the predicated form (`true_computation=` and
+        `false_computation=`, a pred selector) rather than the indexed one."""
+        return self.attrs.get("branch_computations") is None
 
     @property
     def known_trip_count(self) -> int | None:
@@ -347,6 +350,16 @@ class HloInstruction:
         )
 
     @property
+    def lhs_ragged_dims(self) -> tuple[int, ...]:
+        """A ragged-dot's ragged dimension of the lhs."""
+        return self._ints("lhs_ragged_dims")
+
+    @property
+    def rhs_group_dims(self) -> tuple[int, ...]:
+        """A ragged-dot's group dimension of the rhs."""
+        return self._ints("rhs_group_dims")
+
+    @property
     def operand_precision(self) -> tuple[str, ...]:
         """A dot's or convolution's `operand_precision={...}`, () when absent."""
         return tuple(str(p) for p in self.attrs.get("operand_precision") or ())
@@ -492,8 +505,10 @@ class HloInstruction:
         return self._typed("custom_call_target", str, None)
 
     @property
-    def custom_call_api_version(self) -> A.CustomCallApiVersion:
-        return self._enum("api_version", A.CustomCallApiVersion, A.CustomCallApiVersion.ORIGINAL)
+    def custom_call_api_version(self) -> A.CustomCallApiVersion | None:
+        """A custom call's `api_version=`, None when absent (XLA then reads
+        API_VERSION_ORIGINAL)."""
+        return self._enum("api_version", A.CustomCallApiVersion, None)
 
     @property
     def backend_config(self) -> A.BackendConfig | None:
