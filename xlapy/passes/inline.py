@@ -35,7 +35,7 @@ def inline_call(
 ) -> HloInstruction:
     """Inline one `call` instruction (or another caller of `callee`, such as a fusion);
     returns what replaced it."""
-    callee = call.attrs["to_apply"] if callee is None else callee
+    callee = call.to_apply if callee is None else callee
     clones: dict[int, HloInstruction] = {}
     for instr in callee.post_order():
         if instr.opcode is Opcode.PARAMETER:

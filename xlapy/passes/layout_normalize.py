@@ -93,7 +93,7 @@ def _follow_operands(instr: HloInstruction) -> bool:
     if instr.opcode is Opcode.TUPLE:
         shape = Shape.tuple(o.shape for o in instr.operands)
     else:
-        shape = instr.operands[0].shape.tuple_shapes[instr.attrs["index"]]
+        shape = instr.operands[0].shape.tuple_shapes[instr.tuple_index]
     if shape == instr.shape:
         return False
     instr.shape = shape
