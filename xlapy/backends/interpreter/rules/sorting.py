@@ -106,9 +106,9 @@ def _order_key(values: np.ndarray) -> np.ndarray:
 @evaluates(Opcode.TOPK)
 def _topk(instr, operands, ctx):
     (x,) = operands
-    k = instr.attrs.get("k")
-    largest = instr.attrs.get("largest", True)
-    if k is None or x.ndim == 0 or not 0 <= k <= x.shape[-1]:
+    k = instr.topk_k
+    largest = instr.topk_largest
+    if x.ndim == 0 or not 0 <= k <= x.shape[-1]:
         raise EvaluationError(
             f"{instr.name}: topk needs 0 <= k <= {x.shape[-1] if x.ndim else 0} along the last "
             f"dimension, got k={k}"
