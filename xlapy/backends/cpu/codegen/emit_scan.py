@@ -69,7 +69,7 @@ _COLUMNS = 1024
 def scan_window(instr: HloInstruction) -> tuple[int | None, bool] | None:
     """(axis, reverse) of a reduce-window that is a prefix scan over `axis`, (None, False)
     for a reduce-window of size-1 windows (out = f(init, x)), else None."""
-    window = instr.attrs.get("window")
+    window = instr.window_or_none
     k = len(instr.operands) // 2
     if window is None or k == 0:
         return None
@@ -140,7 +140,7 @@ class _ScanEmitter(KernelEmitter):
 
     def __init__(self, instr: HloInstruction, flush_denormals: bool):
         self.instr = instr
-        self.reducer = instr.attrs["to_apply"]
+        self.reducer = instr.to_apply
         super().__init__(self.reducer, SYMBOL, (), flush_denormals)
         self.k = len(instr.operands) // 2
         shape = instr.operands[0].shape
@@ -249,7 +249,7 @@ def scan_description(instr: HloInstruction, flush_denormals: bool = True) -> str
     shapes = " ".join(o.shape.to_text() for o in instr.operands)
     return (
         f"scan v1 {'ftz' if flush_denormals else 'ieee'} {shapes} -> {instr.shape.to_text()} "
-        f"window={instr.attrs['window']!r}\n{instr.attrs['to_apply'].to_text()}"
+        f"window={instr.window!r}\n{instr.to_apply.to_text()}"
     )
 
 

@@ -38,7 +38,7 @@ def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
     """About how many elements a kernel for `instr` touches: its largest output, or the
     operand of a reduce it computes (a reduction reads far more than it writes)."""
     elements = max((s.shape.num_elements for s in outputs), default=0)
-    comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
+    comp = instr.calls if instr.opcode is Opcode.FUSION else None
     for i in comp.instructions if comp is not None else (instr,):
         if i.opcode is Opcode.REDUCE:
             elements = max(elements, i.operands[0].shape.num_elements)

@@ -434,10 +434,10 @@ def _topk_keys(values: np.ndarray) -> np.ndarray | None:
 
 def plan_topk(instr: HloInstruction) -> FastFn | None:
     """topk: the k largest / smallest along the last dimension in total order."""
-    k = instr.attrs.get("k")
-    largest = instr.attrs.get("largest", True)
+    k = instr.topk_k
+    largest = instr.topk_largest
     (x,) = instr.operands
-    if k is None or not x.shape.is_array or x.shape.rank == 0 or not 0 <= k <= x.shape.dims[-1]:
+    if not x.shape.is_array or x.shape.rank == 0 or not 0 <= k <= x.shape.dims[-1]:
         return None
     if not instr.shape.is_tuple or len(instr.shape.tuple_shapes) != 2:
         return None
@@ -466,7 +466,7 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
 
 def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
     """XLA's "TopK" custom call: the first k of a stable sort by its comparator."""
-    called: tuple[HloComputation, ...] = instr.attrs.get("called_computations") or ()
+    called: tuple[HloComputation, ...] = instr.custom_call_computations
     comparator = instr.to_apply_or_none or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or len(instr.operands) != 1:
         return None
