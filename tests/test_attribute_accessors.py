@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (HLO lines are as long as XLA prints them)
 """HloInstruction's typed attribute accessors: what each returns for attributes read from HLO
 text, the defaults of absent ones, and the error (naming the instruction) for a missing
 required or a malformed attribute."""
@@ -74,6 +75,10 @@ def test_enums_and_scalars(instrs):
     cmp = instrs["cmp"]
     assert cmp.comparison_direction is A.ComparisonDirection.LT
     assert cmp.comparison_direction == "LT"  # a StrEnum: compares as its text
+    assert cmp.comparison_type is None
+    cmp.attrs["order"] = A.Enum("TOTAL")
+    assert cmp.comparison_type is A.ComparisonType.TOTALORDER
+    del cmp.attrs["order"]
     cc = instrs["cc"]
     assert cc.custom_call_target == "my_target"
     assert cc.custom_call_api_version is A.CustomCallApiVersion.TYPED_FFI
@@ -144,6 +149,7 @@ def test_index_vector_dim_defaults_to_the_indices_rank():
     ("attribute", "enum"),
     [
         ("direction", A.ComparisonDirection),
+        ("type", A.ComparisonType),
         ("comparison_direction", A.ComparisonDirection),
         ("fft_type", A.FftType),
         ("distribution", A.RngDistribution),

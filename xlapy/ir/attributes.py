@@ -370,6 +370,14 @@ class ComparisonDirection(enum.StrEnum):
     GE = "GE"
 
 
+class ComparisonType(enum.StrEnum):
+    FLOAT = "FLOAT"
+    TOTALORDER = "TOTALORDER"
+    SIGNED = "SIGNED"
+    UNSIGNED = "UNSIGNED"
+    PARTIALORDER = "PARTIALORDER"
+
+
 @dataclass(frozen=True, slots=True)
 class DotDimensionNumbers:
     """A dot's batch and contracting dimensions (`lhs_batch_dims=` ... `rhs_contracting_dims=`;

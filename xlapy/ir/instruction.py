@@ -137,15 +137,15 @@ class HloInstruction:
         return self._enum(name, A.ComparisonDirection, None)
 
     @property
-    def comparison_type(self) -> str | None:
+    def comparison_type(self) -> A.ComparisonType | None:
         """A compare's `type=` (FLOAT, TOTALORDER, SIGNED, UNSIGNED), None when absent.
         Newer XLA prints the ordering instead (`order=TOTAL` / `order=PARTIAL`): TOTAL reads
         as TOTALORDER and PARTIAL as the default comparison of the operands' type (None)."""
-        value = self.attrs.get("type")
-        if value is None:
+        if self.attrs.get("type") is None:
             order = self.attrs.get("order")
-            return "TOTALORDER" if order is not None and str(order) == "TOTAL" else None
-        return str(value)
+            total = order is not None and str(order) == "TOTAL"
+            return A.ComparisonType.TOTALORDER if total else None
+        return self._enum("type", A.ComparisonType)
 
     @property
     def dimensions(self) -> tuple[int, ...]:
