@@ -4,6 +4,9 @@ An instruction has a name, an opcode (from the opcode table), a result shape, op
 instructions, and attributes keyed by their text names (see xlapy.ir.attributes). Constants
 hold a Literal; parameters hold their number. Called computations (to_apply, body, ...)
 are attribute values, so `called_computations()` finds them without a per-opcode list.
+Code outside `ir` reads attributes through the typed accessors below (`window`,
+`dot_dimension_numbers`, `channel_id`, ...), which check the value and raise
+HloAttributeError naming the instruction; tests/test_architecture.py checks it.
 
 Use-lists: an instruction that belongs to a computation is listed in `users` of each of its
 operands (once, however often it reads it) and in `control_successors` of each of its control
