@@ -46,13 +46,13 @@ def package_of(module: str) -> str | None:
     return parts[1] if parts[1] in RANK else None
 
 
-def _layering_violations(imports_of, how: str) -> list[str]:
+def _layering_violations(imports_of, how: str, root: Path = ROOT) -> list[str]:
     """Imports (from `imports_of(path)`: (line, module) pairs, "?" for a computed name) of
-    every layered package that point against the layering; `how` ends each message
-    (`{there}` in it names the imported package)."""
+    every layered package under `root` that point against the layering; `how` ends each
+    message (`{there}` in it names the imported package)."""
     violations = []
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT)
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
         if len(rel.parts) < 2 or rel.parts[0] not in RANK:
             continue
         here = rel.parts[0]
@@ -163,16 +163,27 @@ def test_no_module_outside_ir_restates_an_opcode_property():
     assert _opcode_sets(ast.parse("x in (Opcode.TUPLE, Opcode.GET_TUPLE_ELEMENT)")) == [
         (1, frozenset({"TUPLE", "GET_TUPLE_ELEMENT"}))
     ]
+
+    def restatements(tree: ast.Module) -> list[tuple[int, str]]:
+        return [
+            (line, prop)
+            for line, members in _opcode_sets(tree)
+            for prop, expected in props.items()
+            if len(expected) >= 2
+            and (members == expected or (prop == "forwarding" and members >= expected))
+        ]
+
+    # a planted set, as a pass might write it, is caught (by members and by opcode names)
+    planted = ", ".join(f"Opcode.{n}" for n in sorted(props["control flow"]))
+    assert (1, "control flow") in restatements(ast.parse(f"LOOPS = frozenset({{{planted}}})"))
+    names = ", ".join(repr(Opcode[n].text) for n in sorted(props["side effects"]))
+    assert (2, "side effects") in restatements(ast.parse(f"def f(op):\n    return op in ({names})"))
     restated = []
     for path in ROOT.rglob("*.py"):
         if path.parent.name == "ir":
             continue
-        for line, members in _opcode_sets(ast.parse(path.read_text())):
-            for prop, expected in props.items():
-                if len(expected) >= 2 and (
-                    members == expected or (prop == "forwarding" and members >= expected)
-                ):
-                    restated.append(f"{path.relative_to(ROOT)}:{line} restates {prop}")
+        for line, prop in restatements(ast.parse(path.read_text())):
+            restated.append(f"{path.relative_to(ROOT)}:{line} restates {prop}")
     assert not restated, "\n".join(restated)
 
 
@@ -199,8 +210,9 @@ _IMPORT_FUNCTIONS = {"import_module", "__import__"}
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent).with_suffix("")
-    parts = list(rel.parts)
+    """`xlapy.a.b` for .../xlapy/a/b.py (the last `xlapy` of the path is the package)."""
+    parts = list(path.with_suffix("").parts)
+    parts = parts[len(parts) - 1 - parts[::-1].index("xlapy") :]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -341,11 +353,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
     return cycles
 
 
-def test_no_import_cycles_inside_a_package():
-    """Within each package, the modules imported at import time form no cycle (a cycle works
-    or fails by import order; break it by moving the shared piece down)."""
-    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == ["a -> b -> a"]
-    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+def _package_cycles(root: Path) -> list[str]:
+    paths = {_module_name(p): p for p in root.rglob("*.py")}
     modules = set(paths)
     cycles = []
     for package in RANK:
@@ -353,7 +362,41 @@ def test_no_import_cycles_inside_a_package():
         members = {m for m in modules if m == prefix or m.startswith(f"{prefix}.")}
         graph = {m: _import_time_edges(paths[m], modules) & members for m in members}
         cycles.extend(_cycles(graph))
+    return cycles
+
+
+def test_no_import_cycles_inside_a_package():
+    """Within each package, the modules imported at import time form no cycle (a cycle works
+    or fails by import order; break it by moving the shared piece down)."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == ["a -> b -> a"]
+    cycles = _package_cycles(ROOT)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_import_checks_catch_planted_violations(tmp_path):
+    """A planted package tree: a cycle through a relative and an absolute import, one
+    through a by-name import, an upward import by name and one by a computed name."""
+    passes = tmp_path / "xlapy" / "passes"
+    passes.mkdir(parents=True)
+    (passes / "__init__.py").write_text("")
+    (passes / "a.py").write_text("from . import b\n")
+    (passes / "b.py").write_text("from xlapy.passes.a import x\n")
+    (passes / "c.py").write_text("import importlib\nimportlib.import_module('xlapy.passes.d')\n")
+    (passes / "d.py").write_text("import xlapy.passes.c\n")
+    (passes / "e.py").write_text(
+        "import importlib\n"
+        "def f(name):\n"
+        "    importlib.import_module('xlapy.runtime.client')\n"
+        "    return __import__(name)\n"
+    )
+    assert sorted(_package_cycles(tmp_path / "xlapy")) == [
+        "xlapy.passes.a -> xlapy.passes.b -> xlapy.passes.a",
+        "xlapy.passes.c -> xlapy.passes.d -> xlapy.passes.c",
+    ]
+    assert sorted(_layering_violations(named_imports, "by name", tmp_path / "xlapy")) == [
+        "xlapy/passes/e.py:3 (passes) imports xlapy.runtime.client by name",
+        "xlapy/passes/e.py:4 imports a module by a computed name",
+    ]
 
 
 # -- the graph is edited through the IR's edits, which keep the use-lists current ----------------
@@ -555,3 +598,146 @@ def test_nobody_writes_another_objects_private_fields():
                     rel = path.relative_to(ROOT)
                     found.append(f"xlapy/{rel}:{node.lineno}: {ast.unparse(node)[:80]}")
     assert not found, "writes into another object's private fields:\n" + "\n".join(found)
+
+
+# -- attributes are read through HloInstruction's typed accessors -------------------------------
+ACCESSOR_OF = {
+    "to_apply": "to_apply / to_apply_or_none",
+    "calls": "calls / calls_or_none",
+    "called_computations": "custom_call_computations",
+    "condition": "while_condition",
+    "body": "while_body",
+    "branch_computations": "branches",
+    "true_computation": "branches",
+    "false_computation": "branches",
+    "select": "select_computation",
+    "scatter": "scatter_computation",
+    "index": "tuple_index",
+    "dimensions": "dimensions",
+    "direction": "comparison_direction",
+    "comparison_direction": "comparison_direction",
+    "type": "comparison_type",
+    "window": "window / window_or_none",
+    "dim_labels": "dim_labels / dim_labels_or_none",
+    "padding": "padding_config",
+    "slice": "slice_spec",
+    "kind": "fusion_kind",
+    "algorithm": "rng_algorithm",
+    "distribution": "rng_distribution",
+    "delta": "rng_delta",
+    "k": "topk_k",
+    "largest": "topk_largest",
+    "api_version": "custom_call_api_version",
+    "slice_sizes": "gather_dimension_numbers.slice_sizes / permute_slice_sizes",
+    **{
+        name: "dot_dimension_numbers"
+        for name in (
+            "lhs_batch_dims",
+            "rhs_batch_dims",
+            "lhs_contracting_dims",
+            "rhs_contracting_dims",
+        )
+    },
+    **{
+        name: "gather_dimension_numbers / scatter_dimension_numbers"
+        for name in [
+            "offset_dims",
+            "collapsed_slice_dims",
+            "start_index_map",
+            "operand_batching_dims",
+            "start_indices_batching_dims",
+            "index_vector_dim",
+            "update_window_dims",
+            "inserted_window_dims",
+            "scatter_dims_to_operand_dims",
+            "input_batching_dims",
+            "scatter_indices_batching_dims",
+        ]
+    },
+}
+"""Attribute name -> the accessor that reads it, where the two names differ (otherwise the
+accessor has the attribute's name: `instr.epsilon`, `instr.channel_id`, ...)."""
+
+RAW_ATTRIBUTE_FILES = {
+    # rewires every called-computation attribute (COMPUTATION_ATTRIBUTES) by its name
+    Path("passes/flatten_call_graph.py"),
+}
+"""Files outside ir and stablehlo (the parser, printer, verifier and importer, which handle
+every attribute by name) that may read `instr.attrs` by name: each handles attributes
+generically, and says so in a comment where it does."""
+
+
+def _raw_attribute_reads(tree: ast.AST):
+    """(line, attribute name or None) for each read of an instruction's attributes by name:
+    `x.attrs[...]` (not as an assignment target), `x.attrs.get(...)`, `x.attr(...)`,
+    `"name" in x.attrs`, and `a = x.attrs` (an alias read later by name). Copies of the
+    whole dict (`dict(x.attrs)`, `x.attrs.items()`: clones) are generic and not reported."""
+
+    def is_attrs(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "attrs"
+
+    def key(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_attrs(node.value):
+            if isinstance(node.ctx, ast.Load):
+                yield node.lineno, key(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if (func.attr == "get" and is_attrs(func.value)) or func.attr == "attr":
+                yield node.lineno, key(node.args[0]) if node.args else None
+        elif isinstance(node, ast.Compare) and any(
+            is_attrs(c) and isinstance(op, ast.In | ast.NotIn)
+            for op, c in zip(node.ops, node.comparators, strict=True)
+        ):
+            yield node.lineno, key(node.left)
+        elif isinstance(node, ast.Assign) and is_attrs(node.value):
+            yield node.lineno, None
+
+
+def _raw_attribute_violations(root: Path, allowed: set[Path]) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("ir", "stablehlo") or rel in allowed:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, name in sorted(_raw_attribute_reads(tree), key=lambda r: r[0]):
+            if name is None:
+                use = "the typed accessor of the attribute (no alias of instr.attrs)"
+            else:
+                use = f"instr.{ACCESSOR_OF.get(name, name)}"
+            found.append(f"xlapy/{rel}:{line} reads attribute {name or '?'} raw: use {use}")
+    return found
+
+
+def test_attributes_are_read_through_typed_accessors(tmp_path):
+    """Outside ir and stablehlo, instructions' attributes are read through HloInstruction's
+    typed accessors (which check the value and name the instruction when it is malformed),
+    not as `instr.attrs["window"]` / `.get("channel_id")` (issue 15 counted 194 such reads).
+    Writes (building or editing an instruction's attributes) are not reads."""
+    from xlapy.ir.instruction import HloInstruction
+
+    for name, accessor in ACCESSOR_OF.items():
+        for option in accessor.split(" / "):
+            assert hasattr(HloInstruction, option.split(".")[0]), (name, option)
+    planted = tmp_path / "passes"
+    planted.mkdir()
+    (planted / "bad.py").write_text(
+        "def f(instr):\n"
+        "    w = instr.attrs['window']\n"
+        "    c = instr.attrs.get('channel_id')\n"
+        "    instr.attrs['index'] = 2\n"
+        "    a = instr.attrs\n"
+        "    return 'sharding' in instr.attrs\n"
+    )
+    assert _raw_attribute_violations(tmp_path, set()) == [
+        "xlapy/passes/bad.py:2 reads attribute window raw: use instr.window / window_or_none",
+        "xlapy/passes/bad.py:3 reads attribute channel_id raw: use instr.channel_id",
+        "xlapy/passes/bad.py:5 reads attribute ? raw: use the typed accessor of the attribute "
+        "(no alias of instr.attrs)",
+        "xlapy/passes/bad.py:6 reads attribute sharding raw: use instr.sharding",
+    ]
+    found = _raw_attribute_violations(ROOT, RAW_ATTRIBUTE_FILES)
+    assert not found, f"{len(found)} raw attribute reads:\n" + "\n".join(found)

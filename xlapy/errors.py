@@ -46,3 +46,8 @@ class EvaluationError(XlapyError):
 
 class CustomCallError(XlapyError):
     """A custom call target is unknown, registered twice, or failed."""
+
+
+class HloAttributeError(VerifierError):
+    """An instruction's attribute is missing, or holds a value of the wrong kind, when read
+    through one of HloInstruction's typed accessors. The message names the instruction."""

@@ -117,7 +117,7 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
                     for index, _ in operand.shape.subshapes():
                         pairs.append((at(branch.parameter(0), index), at(operand, index)))
             elif op is Opcode.CALL:
-                callee = instr.attrs["to_apply"]
+                callee = instr.to_apply
                 for number, operand in enumerate(instr.operands):
                     for index, _ in operand.shape.subshapes():
                         pairs.append((at(callee.parameter(number), index), at(operand, index)))

@@ -81,13 +81,13 @@ def _elementwise(instr: HloInstruction) -> Cost:
 
 def _dot(instr: HloInstruction) -> Cost:
     lhs = instr.operands[0].shape
-    contracted = math.prod(lhs.dims[d] for d in instr.attrs.get("lhs_contracting_dims", ()))
+    contracted = math.prod(lhs.dims[d] for d in instr.dot_dimension_numbers.lhs_contracting)
     return Cost(flops=2 * _elements(instr.shape) * contracted)
 
 
 def _convolution(instr: HloInstruction) -> Cost:
     kernel = instr.operands[1].shape
-    labels = instr.attrs.get("dim_labels")
+    labels = instr.dim_labels_or_none
     if labels is None:
         return Cost(flops=2 * _elements(instr.shape))
     window = math.prod(kernel.dims[d] for d in labels.kernel_spatial)
@@ -96,7 +96,7 @@ def _convolution(instr: HloInstruction) -> Cost:
 
 
 def _fft(instr: HloInstruction) -> Cost:
-    lengths = instr.attrs.get("fft_length", ())
+    lengths = instr.fft_length
     n = max(1, math.prod(lengths))
     batch = max(1, _elements(instr.operands[0].shape) // n)
     return Cost(flops=5 * batch * n * max(1.0, math.log2(n)))

@@ -269,7 +269,7 @@ class _Builder:
             self.forward(instr, instr.operands[0], ())
             return
         if op is Opcode.CALL:
-            self.forward(instr, instr.attrs["to_apply"].root, ())
+            self.forward(instr, instr.to_apply.root_instruction(), ())
             return
         for index, shape in instr.shape.subshapes():
             self.define(instr, index, shape)
@@ -338,7 +338,7 @@ def in_place_operands(instr: HloInstruction) -> list[tuple[ShapeIndex, int, Shap
     if op is Opcode.CUSTOM_CALL:
         return [
             (a.output_index, a.operand_number, a.operand_index)
-            for a in instr.attrs.get("output_to_operand_aliasing") or ()
+            for a in instr.output_to_operand_aliasing
         ]
     if op is Opcode.FUSION:
         return _fusion_in_place(instr)
@@ -346,7 +346,7 @@ def in_place_operands(instr: HloInstruction) -> list[tuple[ShapeIndex, int, Shap
 
 
 def _fusion_in_place(fusion: HloInstruction) -> list[tuple[ShapeIndex, int, ShapeIndex]]:
-    comp = fusion.attrs.get("calls")
+    comp = fusion.calls_or_none
     if comp is None or comp.root is None:
         return []
     root = comp.root

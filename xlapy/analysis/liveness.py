@@ -152,7 +152,7 @@ def _fusion_elementwise_in(fusion: HloInstruction, operand: HloValue, value_at, 
     (an array of `operand`'s element count and element size) goes through elementwise
     operations and reshapes, all row-major: each output element is then computed from the
     operand's element at its own position, so the output may be written over the operand."""
-    comp = fusion.attrs.get("calls")
+    comp = fusion.calls_or_none
     if comp is None or output.index != () or not output.shape.is_array:
         return False
     if not operand.shape.is_array or operand.shape.num_elements != output.shape.num_elements:
@@ -250,4 +250,4 @@ def _called_in_order(instr: HloInstruction) -> list[HloComputation]:
         return [instr.while_condition, instr.while_body]
     if instr.opcode is Opcode.CONDITIONAL:
         return list(instr.branches)
-    return [instr.attrs["to_apply"]]
+    return [instr.to_apply]

@@ -50,7 +50,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from xlapy.errors import EvaluationError
-from xlapy.ir.attributes import ReplicaGroups
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 
@@ -85,8 +84,8 @@ _HAS_GLOBAL_IDS_FLAG = frozenset(
 
 def group_mode(instr: HloInstruction) -> GroupMode:
     """The id space of `instr`'s replica groups (see the file comment)."""
-    has_channel = instr.attrs.get("channel_id") is not None
-    global_ids = bool(instr.attrs.get("use_global_device_ids", False))
+    has_channel = instr.channel_id is not None
+    global_ids = instr.use_global_device_ids
     if not has_channel:
         if global_ids:
             raise EvaluationError(f"{instr.name}: use_global_device_ids needs a channel_id")
@@ -98,8 +97,8 @@ def group_mode(instr: HloInstruction) -> GroupMode:
 
 def expanded_groups(instr: HloInstruction) -> tuple[tuple[int, ...], ...]:
     """`instr`'s replica groups as explicit id lists (empty groups dropped)."""
-    attr = instr.attrs.get("replica_groups")
-    if not isinstance(attr, ReplicaGroups):
+    attr = instr.replica_groups
+    if attr is None:
         return ()
     try:
         groups = attr.expanded()
@@ -179,7 +178,7 @@ def _meeting(
 def permute_ids(instr: HloInstruction, replica: int, partition: int, grid: DeviceGrid):
     """For a collective-permute: (this device's id in the pairs' space, the (replica,
     partition) of an id, the pairs)."""
-    pairs = tuple(tuple(p) for p in instr.attrs.get("source_target_pairs", ()))
+    pairs = instr.source_target_pairs
     if group_mode(instr) is GroupMode.CROSS_PARTITION:
         return partition, (lambda i: (replica, i)), pairs
     return replica, (lambda i: (i, partition)), pairs
@@ -191,8 +190,7 @@ _PAIR = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
 def send_recv_pairs(instr: HloInstruction) -> tuple[tuple[int, int], ...] | None:
     """The (source, target) pairs of a send or recv between devices (XLA's frontend
     attribute `_xla_send_recv_source_target_pairs`), or None (a host transfer)."""
-    attrs = instr.attrs.get("frontend_attributes")
-    text = dict(getattr(attrs, "items", ())).get("_xla_send_recv_source_target_pairs")
+    text = instr.frontend_attributes.get("_xla_send_recv_source_target_pairs")
     if text is None:
         return None
     return tuple((int(a), int(b)) for a, b in _PAIR.findall(text))
@@ -228,7 +226,7 @@ _BINARY_KINDS = {
 def reduction_kind(instr: HloInstruction) -> str | None:
     """The reduction ("add", "multiply", "min", "max"; "and"/"or" on pred become min/max) when
     `instr`'s computation is that one binary op on its two parameters; else None."""
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None:
         return None
     root = comp.root_instruction()
@@ -269,7 +267,7 @@ def reduce_into(acc: np.ndarray, inputs: Sequence[np.ndarray], instr: HloInstruc
 def _generic_reduce(instr: HloInstruction, inputs: Sequence[np.ndarray]) -> np.ndarray:
     from xlapy.backends.interpreter.evaluator import Interpreter
 
-    comp = instr.attrs["to_apply"]
+    comp = instr.to_apply
     interpreter = Interpreter()
     acc = np.array(inputs[0], copy=True)
     for x in inputs[1:]:
@@ -569,7 +567,7 @@ class DeviceCollectives:
         ids; the k-th send of a channel from one device meets the k-th recv on the other."""
         pairs = send_recv_pairs(instr) or ()
         grid = self.run.grid
-        channel = instr.attrs.get("channel_id", 0)
+        channel = instr.channel_id or 0
         count = self._counts.get(f"{kind}:{channel}", 0)
         self._counts[f"{kind}:{channel}"] = count + 1
         if grid.num_partitions > 1:
@@ -732,7 +730,7 @@ def is_in_place_permute(instr: HloInstruction) -> bool:
         return False
     if len(ops) != 4:
         return False
-    if instr.attrs.get("slice_sizes"):
+    if instr.permute_slice_sizes:
         return True
     return all(
         o.shape.is_tuple and all(leaf.element_type.is_integral for _, leaf in o.shape.leaves())
@@ -750,7 +748,7 @@ def in_place_layout(instr: HloInstruction) -> InPlaceLayout | None:
     if not is_in_place_permute(instr):
         return None
     ops = instr.operands
-    pairs = tuple(instr.attrs.get("source_target_pairs", ()))
+    pairs = instr.source_target_pairs
     x, out = ops[0].shape, ops[1].shape
     xs = list(x.tuple_shapes) if x.is_tuple else [x]
     outs = list(out.tuple_shapes) if out.is_tuple else [out]
@@ -766,7 +764,7 @@ def in_place_layout(instr: HloInstruction) -> InPlaceLayout | None:
     if len(ranks) != 1:
         raise EvaluationError(f"{instr.name}: in-place buffers of different ranks {xs}")
     rank = ranks.pop()
-    given = [tuple(v) for v in instr.attrs.get("slice_sizes", ())]
+    given = list(instr.permute_slice_sizes)
     if not given:
         raise EvaluationError(f"{instr.name}: an in-place collective-permute needs slice_sizes")
     if len(given) not in (1, len(pairs)) or any(len(g) != rank for g in given):
@@ -995,7 +993,7 @@ def compute_alone(instr: HloInstruction, inputs: Sequence[np.ndarray], outputs) 
 def permute_alone(instr: HloInstruction, me: int, inputs, outputs) -> None:
     """A collective-permute run by device `me` (an id of its pairs) on its own: raises when
     another device sends to it."""
-    pairs = tuple(tuple(p) for p in instr.attrs.get("source_target_pairs", ()))
+    pairs = instr.source_target_pairs
     layout = in_place_layout(instr)
     if layout is None:
         _unique_targets(instr, pairs)

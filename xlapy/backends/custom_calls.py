@@ -560,7 +560,7 @@ def check_custom_calls(module, platform: str = "Host", registry: RegistryLike = 
     for instr in module.instructions():
         if instr.opcode is not Opcode.CUSTOM_CALL:
             continue
-        name = instr.attrs.get("custom_call_target")
+        name = instr.custom_call_target
         if not name:
             problems.append(f"{instr.name}: custom-call needs custom_call_target=")
             continue
@@ -573,9 +573,9 @@ def check_custom_calls(module, platform: str = "Host", registry: RegistryLike = 
             continue
         if target.api_version is ApiVersion.TYPED_FFI:
             problems += ffi.check_signature(target.fn, instr)
-        declared = instr.attrs.get("api_version")
+        declared = instr.custom_call_api_version
         if declared is not None and target.api_version.is_c:
-            wanted = ApiVersion.parse(declared.text)
+            wanted = ApiVersion.parse(declared)
             if wanted.is_c and wanted is not target.api_version:
                 problems.append(
                     f"{instr.name}: target {name!r} is registered as "

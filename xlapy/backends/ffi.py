@@ -439,7 +439,7 @@ def check_signature(h: FfiHandler | ForeignHandler, instr) -> list[str]:
     counts, element types and ranks of arguments and results, and the attributes."""
     if not isinstance(h, FfiHandler):  # a handler in C (xla_ffi.CHandler) checks itself
         return []
-    where = f"{instr.name} (target {instr.attrs.get('custom_call_target')!r})"
+    where = f"{instr.name} (target {instr.custom_call_target!r})"
     problems = []
     operands = [leaf for op in instr.operands for leaf in _leaf_shapes(op.shape)]
     results = _leaf_shapes(instr.shape)
@@ -464,13 +464,13 @@ def check_signature(h: FfiHandler | ForeignHandler, instr) -> list[str]:
 
 
 def backend_config_text(instr) -> str:
-    config = instr.attrs.get("backend_config")
+    config = instr.backend_config
     return config.text if config is not None else ""
 
 
 def decode_attributes(h: FfiHandler, instr) -> dict:
     """The handler's keyword attributes for `instr`, checked against the declaration."""
-    where = f"{instr.name} (target {instr.attrs.get('custom_call_target')!r})"
+    where = f"{instr.name} (target {instr.custom_call_target!r})"
     text = backend_config_text(instr)
     try:
         given = parse_attributes(text)
@@ -519,7 +519,7 @@ def prepare_handler(h: FfiHandler, instr) -> dict:
 def invoke_handler(h: FfiHandler, instr, attrs: dict, ins: Sequence, outs: list) -> None:
     """Run handler `h` (checked by `prepare_handler`, which gave `attrs`) on operand leaves
     `ins` and result leaves `outs`, filled in place; failures raise CustomCallError."""
-    target = instr.attrs.get("custom_call_target")
+    target = instr.custom_call_target
     try:
         returned = h.fn(*ins, *outs, **attrs)
     except CustomCallError:

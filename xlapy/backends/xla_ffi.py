@@ -515,7 +515,7 @@ class CHandler:
     def call(self, instr, ins, outs, device_ordinal: int = 0) -> None:
         """Run the handler for custom-call `instr` on operand leaves `ins` and result leaves
         `outs` (NumPy arrays, None for tokens; results filled in place)."""
-        where = f"{instr.name}: custom-call target {instr.attrs.get('custom_call_target')!r}"
+        where = f"{instr.name}: custom-call target {instr.custom_call_target!r}"
         attrs = _frame_attributes(instr, where)
         state = self.state_of(instr, attrs, where) if self.instantiate else None
         keep: list[Any] = []
@@ -617,7 +617,7 @@ def _physical_orders(instr, n_args: int, n_rets: int) -> tuple[list, list]:
             return None
         return tuple(reversed(layout.minor_to_major))
 
-    constraints = instr.attrs.get("operand_layout_constraints") or ()
+    constraints = instr.operand_layout_constraints
     args = [order(c) for c in constraints] if len(constraints) == n_args else [None] * n_args
     leaves = [leaf for _, leaf in instr.shape.leaves()]
     rets = [order(leaf) for leaf in leaves] if len(leaves) == n_rets else [None] * n_rets
@@ -626,8 +626,7 @@ def _physical_orders(instr, n_args: int, n_rets: int) -> tuple[list, list]:
 
 def _lapack_orders(instr, arrays) -> list:
     """Major-to-minor orders under JAX's LAPACK convention (CHandler.column_major)."""
-    frontend = instr.attrs.get("frontend_attributes")
-    batch = dict(getattr(frontend, "items", ())).get("num_batch_dims")
+    batch = instr.frontend_attributes.get("num_batch_dims")
     if batch is None:
         raise CustomCallError(
             f"{instr.name}: a LAPACK call needs its frontend attribute num_batch_dims"

@@ -317,6 +317,104 @@ COMPUTATION_ATTRIBUTES = tuple(
 """Attribute names whose values are called computations, in the order they are printed."""
 
 
+class FusionKind(enum.StrEnum):
+    """A fusion's `kind=` (compares equal to its text)."""
+
+    LOOP = "kLoop"
+    INPUT = "kInput"
+    OUTPUT = "kOutput"
+    CUSTOM = "kCustom"
+
+
+class FftType(enum.StrEnum):
+    FFT = "FFT"
+    IFFT = "IFFT"
+    RFFT = "RFFT"
+    IRFFT = "IRFFT"
+
+
+class RngAlgorithm(enum.StrEnum):
+    """rng-bit-generator's `algorithm=`."""
+
+    DEFAULT = "rng_default"
+    THREE_FRY = "rng_three_fry"
+    PHILOX = "rng_philox"
+
+
+class RngDistribution(enum.StrEnum):
+    UNIFORM = "rng_uniform"
+    NORMAL = "rng_normal"
+
+
+class TriangularSolveTranspose(enum.StrEnum):
+    """triangular-solve's `transpose_a=`."""
+
+    NO_TRANSPOSE = "NO_TRANSPOSE"
+    TRANSPOSE = "TRANSPOSE"
+    ADJOINT = "ADJOINT"
+
+
+class CustomCallApiVersion(enum.StrEnum):
+    ORIGINAL = "API_VERSION_ORIGINAL"
+    STATUS_RETURNING = "API_VERSION_STATUS_RETURNING"
+    STATUS_RETURNING_UNIFIED = "API_VERSION_STATUS_RETURNING_UNIFIED"
+    TYPED_FFI = "API_VERSION_TYPED_FFI"
+
+
+class ComparisonDirection(enum.StrEnum):
+    EQ = "EQ"
+    NE = "NE"
+    LT = "LT"
+    LE = "LE"
+    GT = "GT"
+    GE = "GE"
+
+
+class ComparisonType(enum.StrEnum):
+    FLOAT = "FLOAT"
+    TOTALORDER = "TOTALORDER"
+    SIGNED = "SIGNED"
+    UNSIGNED = "UNSIGNED"
+    PARTIALORDER = "PARTIALORDER"
+
+
+@dataclass(frozen=True, slots=True)
+class DotDimensionNumbers:
+    """A dot's batch and contracting dimensions (`lhs_batch_dims=` ... `rhs_contracting_dims=`;
+    an absent list is empty)."""
+
+    lhs_batch: tuple[int, ...] = ()
+    rhs_batch: tuple[int, ...] = ()
+    lhs_contracting: tuple[int, ...] = ()
+    rhs_contracting: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GatherDimensionNumbers:
+    """A gather's dimension numbers and slice sizes. `index_vector_dim` defaults to the
+    start indices' rank (the index vectors are their last, implicit, dimension of size 1)."""
+
+    offset_dims: tuple[int, ...]
+    collapsed_slice_dims: tuple[int, ...]
+    start_index_map: tuple[int, ...]
+    operand_batching_dims: tuple[int, ...]
+    start_indices_batching_dims: tuple[int, ...]
+    index_vector_dim: int
+    slice_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterDimensionNumbers:
+    """A scatter's dimension numbers; `index_vector_dim` defaults as a gather's does."""
+
+    update_window_dims: tuple[int, ...]
+    inserted_window_dims: tuple[int, ...]
+    scatter_dims_to_operand_dims: tuple[int, ...]
+    input_batching_dims: tuple[int, ...]
+    scatter_indices_batching_dims: tuple[int, ...]
+    index_vector_dim: int
+
+
 @dataclass(frozen=True, slots=True)
 class Enum:
     """A bare identifier attribute value such as `LT`, `kLoop` or `rng_uniform`."""

@@ -84,6 +84,9 @@ def _t(shape: Shape) -> str:
 
 
 def _attr(attrs: Mapping[str, Any], name: str, default=_MISSING):
+    """Attribute `name` read by name: shape inference runs on the attribute dict of an
+    instruction not made yet (the parser and the builder infer its shape first), so it has
+    no instruction to ask through HloInstruction's typed accessors."""
     value = attrs.get(name, default)
     if value is _MISSING:
         _fail(f"missing attribute '{name}'")

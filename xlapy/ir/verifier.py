@@ -207,6 +207,8 @@ def _check_instruction(instr: HloInstruction) -> Iterator[str]:
         yield (
             f"literal has shape {_t(literal.shape)} but the constant is declared {_t(instr.shape)}"
         )
+    # raw reads here and below: the verifier reports a malformed attribute as one problem
+    # among others, where a typed accessor would stop at the first one
     sharding = instr.attrs.get("sharding")
     if isinstance(sharding, HloSharding):
         yield from _check_sharding(instr, sharding)

@@ -120,10 +120,10 @@ class PeakBuffer:
 
 def opcode_text(instr: HloInstruction) -> str:
     """The opcode, with a fusion's kind and a custom call's target: `fusion(kLoop)`."""
-    if instr.opcode is Opcode.FUSION and instr.attr("kind") is not None:
-        return f"fusion({instr.attr('kind').text})"
-    if instr.opcode is Opcode.CUSTOM_CALL and instr.attr("custom_call_target"):
-        return f"custom-call({instr.attr('custom_call_target')})"
+    if instr.opcode is Opcode.FUSION and instr.fusion_kind is not None:
+        return f"fusion({instr.fusion_kind})"
+    if instr.opcode is Opcode.CUSTOM_CALL and instr.custom_call_target:
+        return f"custom-call({instr.custom_call_target})"
     return instr.opcode.text
 
 

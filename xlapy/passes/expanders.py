@@ -104,7 +104,7 @@ def _normalize(e: _Emitter, x, mean_b, var_b, scale_b, offset_b, eps) -> HloInst
 
 def _expand_training(e: _Emitter, instr: HloInstruction) -> HloInstruction:
     x, scale, offset = instr.operands
-    f = instr.attrs["feature_index"]
+    f = instr.feature_index
     et = x.shape.element_type
     count = e.const(x.shape.num_elements // x.shape.dims[f], et)
     n_f = e.broadcast(count, scale.shape.dims, ())
@@ -112,7 +112,7 @@ def _expand_training(e: _Emitter, instr: HloInstruction) -> HloInstruction:
     mean_b = _per_feature(e, mean, x, f)
     centered = e.binary(Op.SUBTRACT, x, mean_b)
     var = e.binary(Op.DIVIDE, e.sum(e.binary(Op.MULTIPLY, centered, centered), f), n_f)
-    eps = e.full(instr.attrs.get("epsilon", 0.0), x)
+    eps = e.full(instr.epsilon, x)
     y = _normalize(
         e,
         x,
@@ -127,8 +127,8 @@ def _expand_training(e: _Emitter, instr: HloInstruction) -> HloInstruction:
 
 def _expand_inference(e: _Emitter, instr: HloInstruction) -> HloInstruction:
     x, scale, offset, mean, var = instr.operands
-    f = instr.attrs["feature_index"]
-    eps = e.full(instr.attrs.get("epsilon", 0.0), x)
+    f = instr.feature_index
+    eps = e.full(instr.epsilon, x)
     mean_b, var_b, scale_b, offset_b = (
         _per_feature(e, v, x, f) for v in (mean, var, scale, offset)
     )
@@ -137,10 +137,10 @@ def _expand_inference(e: _Emitter, instr: HloInstruction) -> HloInstruction:
 
 def _expand_grad(e: _Emitter, instr: HloInstruction) -> HloInstruction:
     x, scale, mean, var, grad = instr.operands
-    f = instr.attrs["feature_index"]
+    f = instr.feature_index
     et = x.shape.element_type
     n_f = e.broadcast(e.const(x.shape.num_elements // x.shape.dims[f], et), scale.shape.dims, ())
-    eps_f = e.full(instr.attrs.get("epsilon", 0.0), var)
+    eps_f = e.full(instr.epsilon, var)
     inv_std = e.unary(Op.RSQRT, e.binary(Op.ADD, var, eps_f))
     centered = e.binary(Op.SUBTRACT, x, _per_feature(e, mean, x, f))
     grad_offset = e.sum(grad, f)

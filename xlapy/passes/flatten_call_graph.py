@@ -66,6 +66,8 @@ class FlattenCallGraph(HloPass):
             for instr in comp.instructions:
                 if instr.opcode.call_context is not CallContext.SEQUENTIAL:
                     continue
+                # every computation attribute, whatever its name, is rewired the same way:
+                # read and written by name (tests/test_architecture.py allows this file)
                 for key in COMPUTATION_ATTRIBUTES:
                     value = instr.attrs.get(key)
                     if value is None:

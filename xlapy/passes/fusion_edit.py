@@ -302,8 +302,8 @@ class FusionEditor(Editor):
         self._tidy_bodies[id(comp)] = comp
         self.module.computations.insert(self.module.computations.index(self.comp), comp)
         attrs: dict = {"kind": fusion_kind(comp), "calls": comp}
-        if "metadata" in instr.attrs:
-            attrs["metadata"] = instr.attrs["metadata"]
+        if instr.metadata is not None:
+            attrs["metadata"] = instr.metadata
         name = self.names.fresh(f"{instr.opcode.text.replace('-', '_')}_fusion", True)
         fusion = HloInstruction(name, Opcode.FUSION, instr.shape, [], attrs)
         self.insert(fusion, instr)
@@ -379,7 +379,7 @@ class FusionEditor(Editor):
         offset = len(first_outputs)
         if other.shape.is_tuple:
             for user in list(self.users_of(other)):
-                user.attrs["index"] = user.attrs["index"] + offset
+                user.attrs["index"] = user.tuple_index + offset
                 user.set_operands([base])
         else:
             self.replace(other, self._gte(base, offset))

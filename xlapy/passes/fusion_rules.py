@@ -93,7 +93,7 @@ def fused_computation(instr: HloInstruction) -> HloComputation | None:
     """The computation a fusion instruction calls (None for anything else)."""
     if instr.opcode is not O.FUSION:
         return None
-    return instr.attrs.get("calls")
+    return instr.calls_or_none
 
 
 def fusion_body(fusion: HloInstruction) -> HloComputation:
@@ -199,7 +199,7 @@ def is_fusible_fusion(
     comp = fused_computation(instr)
     if comp is None or instr.control_predecessors:
         return False
-    kind = instr.attrs.get("kind")
+    kind = instr.fusion_kind
     if kind is None or str(kind) not in FUSIBLE_KINDS:
         return False
     return fusion_body_is_fusible(comp, in_place_roots, unfusible)

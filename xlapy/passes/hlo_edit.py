@@ -85,8 +85,8 @@ class Editor:
     ) -> HloInstruction:
         """A new instruction inserted just before `before`; metadata is copied from it."""
         attrs = dict(attrs or {})
-        if "metadata" in before.attrs and "metadata" not in attrs:
-            attrs["metadata"] = before.attrs["metadata"]
+        if before.metadata is not None and "metadata" not in attrs:
+            attrs["metadata"] = before.metadata
         instr = HloInstruction(
             self.namer.fresh(name or opcode.text), opcode, shape, operands, attrs, literal=literal
         )

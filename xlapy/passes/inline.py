@@ -35,7 +35,7 @@ def inline_call(
 ) -> HloInstruction:
     """Inline one `call` instruction (or another caller of `callee`, such as a fusion);
     returns what replaced it."""
-    callee = call.attrs["to_apply"] if callee is None else callee
+    callee = call.to_apply if callee is None else callee
     clones: dict[int, HloInstruction] = {}
     for instr in callee.post_order():
         if instr.opcode is Opcode.PARAMETER:
@@ -84,8 +84,8 @@ class CallInliner(HloPass):
                     i
                     for i in comp.instructions
                     if i.opcode is Opcode.CALL
-                    and i.to_apply is not None
-                    and i.to_apply.execution_thread == comp.execution_thread
+                    and i.to_apply_or_none is not None
+                    and i.to_apply_or_none.execution_thread == comp.execution_thread
                 ]
                 if not calls:
                     break

@@ -26,6 +26,7 @@ Modules whose meaning depends on physical layouts are left alone: anything holdi
 
 from __future__ import annotations
 
+from xlapy.ir.call_graph import CallGraph
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -45,21 +46,6 @@ def _crosses(op: Opcode) -> bool:
     computations: control flow, and fusions (whose fused parameters and root carry the
     layouts its kernel reads and writes)."""
     return op.call_context is CallContext.SEQUENTIAL or op is Opcode.FUSION
-
-
-def _sequential(entry: HloComputation) -> list[HloComputation]:
-    """`entry` and the computations it runs in sequence (control flow), transitively."""
-    found = [entry]
-    seen = {id(entry)}
-    for comp in found:  # grows while iterating
-        for instr in comp.instructions:
-            if instr.opcode.call_context is not CallContext.SEQUENTIAL:
-                continue
-            for called in instr.called_computations():
-                if id(called) not in seen:
-                    seen.add(id(called))
-                    found.append(called)
-    return found
 
 
 def _pinned(entry) -> set[int]:
@@ -93,7 +79,7 @@ def _follow_operands(instr: HloInstruction) -> bool:
     if instr.opcode is Opcode.TUPLE:
         shape = Shape.tuple(o.shape for o in instr.operands)
     else:
-        shape = instr.operands[0].shape.tuple_shapes[instr.attrs["index"]]
+        shape = instr.operands[0].shape.tuple_shapes[instr.tuple_index]
     if shape == instr.shape:
         return False
     instr.shape = shape
@@ -115,7 +101,7 @@ class NormalizeLayouts(HloPass):
             if any(i.opcode in LAYOUT_SENSITIVE for i in comp.instructions):
                 return False
         changed = False
-        for comp in _sequential(entry):
+        for comp in CallGraph(module).sequential_computations():
             pinned = _pinned(comp)
             for instr in comp.post_order():
                 shape = instr.shape

@@ -298,8 +298,7 @@ def _full_precision(m: Match):
     if finfo is None:
         return None
     exponent, mantissa = finfo
-    a = m.root.attrs
-    if a.get("exponent_bits") == exponent and a.get("mantissa_bits") == mantissa:
+    if m.root.exponent_bits == exponent and m.root.mantissa_bits == mantissa:
         return m["x"]
     return None
 
@@ -381,7 +380,7 @@ def _reduce_window_of_transpose(m: Match):
     """reduce-window(transpose(x), v) -> transpose(reduce-window(x, v)), the window's dims
     permuted back: the pooling runs in x's order and only its (smaller) result moves."""
     t = m["t"]
-    window = m.root.attrs.get("window")
+    window = m.root.window_or_none
     if window is None or not _single_use(t, m) or m.root.shape.is_tuple:
         return None
     perm = t.dimensions
@@ -398,8 +397,7 @@ def _reduce_window_of_transpose(m: Match):
 
 
 def _no_padding(m: Match):
-    padding = m.root.attrs.get("padding")
-    if padding is None or any(d != (0, 0, 0) for d in padding.dims):
+    if any(d != (0, 0, 0) for d in m.root.padding_config.dims):
         return None
     return m["x"]
 
@@ -420,8 +418,8 @@ def _copy_of_copy(m: Match):
 
 def _constant_dynamic_slice(m: Match):
     x, starts = m.root.operands[0], m.root.operands[1:]
-    sizes = m.root.attrs.get("dynamic_slice_sizes")
-    if sizes is None or len(starts) != x.shape.rank:
+    sizes = m.root.dynamic_slice_sizes
+    if len(starts) != x.shape.rank:
         return None
     values = [splat_value(s) for s in starts]
     if any(v is None for v in values):
@@ -477,7 +475,7 @@ def _trivial_reduce(m: Match):
     dims = m.root.dimensions
     if any(x.shape.dims[d] != 1 for d in dims):
         return None
-    kind = reducer_opcode(m.root.to_apply)
+    kind = reducer_opcode(m.root.to_apply_or_none)
     value = splat_value(init)
     if kind is None or value is None:
         return None
@@ -495,17 +493,11 @@ def _scatter_add_onto_zero(instr: HloInstruction) -> bool:
     if instr.shape.element_type is PrimitiveType.PRED:
         return False
     value = splat_value(instr.operands[0])
-    return value is not None and reducer_opcode(instr.to_apply) is Op.ADD and _float(value) == 0
-
-
-_SCATTER_DIMS = (
-    "update_window_dims",
-    "inserted_window_dims",
-    "scatter_dims_to_operand_dims",
-    "index_vector_dim",
-    "input_batching_dims",
-    "scatter_indices_batching_dims",
-)
+    return (
+        value is not None
+        and reducer_opcode(instr.to_apply_or_none) is Op.ADD
+        and _float(value) == 0
+    )
 
 
 def _merged_like_xla(lhs: HloInstruction, rhs: HloInstruction) -> bool:
@@ -515,7 +507,7 @@ def _merged_like_xla(lhs: HloInstruction, rhs: HloInstruction) -> bool:
     (measured on XLA:CPU, jax 0.10.2: a 480-element update pair merges onto 484 elements,
     not onto 480). XLA:CPU scatters in index order, so its result is the lhs's updates summed
     in order onto zero, then the rhs's: scatter-add(scatter-add(0, i, u), j, w) bit for bit."""
-    same_dims = all(lhs.attrs.get(k) == rhs.attrs.get(k) for k in _SCATTER_DIMS)
+    same_dims = lhs.scatter_dimension_numbers == rhs.scatter_dimension_numbers
     updates = lhs.operands[2].shape.num_elements + rhs.operands[2].shape.num_elements
     return same_dims and lhs.shape.num_elements > updates
 
@@ -535,7 +527,7 @@ def _chain_scatter_adds(m: Match):
     for first, second in ((m["a"], m["b"]), (m["b"], m["a"])):
         if not _single_use(second, m) or first is second:
             continue
-        unique = bool(second.attrs.get("unique_indices", False))
+        unique = second.unique_indices
         as_xla = m.options.xla_scatter_merge and (first, second) == (lhs, rhs)
         exact = exact_type or unique or not m.options.ieee_exact
         if not exact and not (as_xla and _merged_like_xla(first, second)):
@@ -557,7 +549,8 @@ DOT_DIM_ATTRS = ("lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rh
 
 
 def _dot_dims(dot: HloInstruction):
-    return tuple(tuple(dot.attrs.get(k, ())) for k in DOT_DIM_ATTRS)
+    d = dot.dot_dimension_numbers
+    return d.lhs_batch, d.rhs_batch, d.lhs_contracting, d.rhs_contracting
 
 
 def _with_dot_dims(attrs: dict, dims) -> dict:

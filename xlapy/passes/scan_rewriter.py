@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xlapy.ir.attributes import Padding, SliceSpec, Window
+from xlapy.ir.attributes import Padding, SliceSpec
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -88,7 +88,7 @@ def match_scan_window(instr: HloInstruction) -> ScanWindow | None:
     if instr.opcode is not Op.REDUCE_WINDOW:
         return None
     half = len(instr.operands) // 2
-    window: Window | None = instr.attrs.get("window")
+    window = instr.window_or_none
     if half == 0 or window is None:
         return None
     dims = instr.operands[0].shape.dims
@@ -230,7 +230,7 @@ class _ScanBuilder:
         self.editor, self.anchor, self.block = editor, anchor, block
         half = len(anchor.operands) // 2
         self.inits = list(anchor.operands[half:])
-        self.reducer: HloComputation = anchor.attrs["to_apply"]
+        self.reducer: HloComputation = anchor.to_apply
         self.layouts = anchor.shape.is_array and anchor.shape.layout is not None
         self.layouts |= any(
             o.shape.is_array and o.shape.layout is not None for o in anchor.operands
@@ -389,7 +389,7 @@ def rewritable(instr: HloInstruction) -> ScanWindow | None:
     if scan.length == 1 and not scan.exclusive:
         return None  # one init and one element: nothing to gain
     half = len(instr.operands) // 2
-    reducer = instr.to_apply
+    reducer = instr.to_apply_or_none
     if reducer is None or not init_is_identity(reducer, list(instr.operands[half:])):
         return None
     return scan

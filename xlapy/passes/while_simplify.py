@@ -66,7 +66,7 @@ class _Loop:
     def __init__(self, loop: HloInstruction, callers: dict[HloComputation, int]):
         self.loop = loop
         self.ok = False
-        if loop.attrs.get("backend_config") is not None or loop.control_predecessors:
+        if loop.backend_config is not None or loop.control_predecessors:
             return
         init, body, cond = loop.operands[0], loop.while_body, loop.while_condition
         if init.opcode is not Opcode.TUPLE or not loop.shape.is_tuple:

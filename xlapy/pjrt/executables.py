@@ -347,7 +347,7 @@ def _spmd_shardings_proto(module) -> bytes:
 
     entry = module.entry_computation()
     root = entry.root_instruction()
-    out = root.attrs.get("sharding")
+    out = root.sharding
     if root.shape.is_tuple and not root.shape.tuple_shapes:
         # XLA gives an empty tuple one (replicated) element sharding, and checks for it
         out = HloSharding("tuple", elements=(HloSharding.replicated(),))
@@ -356,7 +356,7 @@ def _spmd_shardings_proto(module) -> bytes:
         out = HloSharding("tuple", elements=(HloSharding.replicated(),) * parts)
     data = proto_field(12, op_sharding(out))
     for p in entry.parameters:
-        data += proto_field(14, op_sharding(p.attrs.get("sharding")))
+        data += proto_field(14, op_sharding(p.sharding))
     return data
 
 

@@ -109,13 +109,13 @@ def callbacks_of(module) -> list[HostCallback]:
     found = []
     for instr in module.instructions():
         if _calls_back(instr):
-            config = instr.attrs.get("backend_config")
+            config = instr.backend_config
             found.append(lookup(config.text if config is not None else ""))
     return found
 
 
 def _calls_back(instr) -> bool:
-    return instr.opcode is Opcode.CUSTOM_CALL and instr.attrs.get("custom_call_target") in (
+    return instr.opcode is Opcode.CUSTOM_CALL and instr.custom_call_target in (
         TARGET,
         PARTITIONED_TARGET,
     )

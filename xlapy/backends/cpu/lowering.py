@@ -342,23 +342,21 @@ def native_loop_plan(
 
 
 def _conditional(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    branches = instr.attrs.get("branch_computations")
-    is_pred = branches is None
-    if branches is None:
-        branches = (instr.attrs["true_computation"], instr.attrs["false_computation"])
+    branches = instr.branches
+    is_pred = instr.conditional_is_predicated
     ins, outs, seqs = [], [], []
     for i, branch in enumerate(branches):
         copies = []
         if branch.num_parameters:
             copies = lw.leaf_copies(instr.operands[i + 1], branch.parameter(0))
         ins.append(copies)
-        outs.append(lw.leaf_copies(branch.root, instr))
+        outs.append(lw.leaf_copies(branch.root_instruction(), instr))
         seqs.append(lw.sequence(branch))
     return ConditionalThunk(instr, lw.slice_at(instr.operands[0]), seqs, ins, outs, is_pred)
 
 
 def _call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    comp = instr.attrs["to_apply"]
+    comp = instr.to_apply
     copies = [
         c for o, p in zip(instr.operands, comp.parameters, strict=True)
         for c in lw.leaf_copies(o, p)
@@ -424,13 +422,13 @@ def _copy(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     from xlapy.backends.custom_calls import XLA_INTERNAL_TARGET_NAMES
 
-    target = instr.attrs.get("custom_call_target")
+    target = instr.custom_call_target
     if target in XLA_INTERNAL_TARGET_NAMES:
         return f"XLA-internal target {target!r}"
     operands = [lw.tree_at(o) for o in instr.operands]
     result = lw.tree_at(instr)
     aliases = []
-    for alias in instr.attrs.get("output_to_operand_aliasing") or ():
+    for alias in instr.output_to_operand_aliasing:
         out = result
         for i in alias.output_index:
             out = out[i]
@@ -581,7 +579,7 @@ def kernel_computation(instr: HloInstruction) -> HloComputation:
     """The computation a kernel for `instr` compiles: its fused computation, or `instr`
     wrapped alone."""
     if instr.opcode is Opcode.FUSION:
-        return instr.attrs["calls"]
+        return instr.calls
     return wrap_instruction(instr)
 
 
@@ -624,7 +622,7 @@ CUSTOM_CALL_PLANNERS: dict[str, Planner] = {"TopK": plan_xla_topk}
 
 
 def _custom_call_library(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    planner = CUSTOM_CALL_PLANNERS.get(instr.attrs.get("custom_call_target", ""))
+    planner = CUSTOM_CALL_PLANNERS.get(instr.custom_call_target or "")
     if planner is None:
         return _rule(lw, instr, why)
     return library(planner).build(lw, instr, why)

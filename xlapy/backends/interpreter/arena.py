@@ -89,7 +89,7 @@ class _ArenaInterpreter:
         op = instr.opcode
         shape = instr.shape.subshape(index)
         if op is Opcode.GET_TUPLE_ELEMENT:
-            return self.read(instr.operands[0], (instr.attrs["index"], *index))
+            return self.read(instr.operands[0], (instr.tuple_index, *index))
         if op is Opcode.TUPLE and index:
             return self.read(instr.operands[index[0]], index[1:])
         if op is Opcode.BITCAST:
@@ -97,7 +97,7 @@ class _ArenaInterpreter:
         if op.forwards_operand:
             return self.read(instr.operands[0], index)
         if op is Opcode.CALL:
-            return self.read(instr.attrs["to_apply"].root, index)
+            return self.read(instr.to_apply.root_instruction(), index)
         if shape.is_tuple:
             return tuple(self.read(instr, (*index, i)) for i in range(len(shape.tuple_shapes)))
         if shape.is_token:
@@ -115,7 +115,7 @@ class _ArenaInterpreter:
             elif op is Opcode.CONDITIONAL:
                 self.run_conditional(instr)
             elif op is Opcode.CALL:
-                self.run(instr.attrs["to_apply"])
+                self.run(instr.to_apply)
             else:
                 operands = [self.read(o) for o in instr.operands]
                 try:
@@ -142,9 +142,8 @@ class _ArenaInterpreter:
 
     def run_conditional(self, instr: HloInstruction) -> None:
         selector = self.read(instr.operands[0])
-        branches = instr.attrs.get("branch_computations")
-        if branches is None:
-            branches = (instr.attrs["true_computation"], instr.attrs["false_computation"])
+        branches = instr.branches
+        if instr.conditional_is_predicated:
             index = 0 if bool(selector) else 1
         else:
             index = int(selector)

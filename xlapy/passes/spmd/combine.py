@@ -13,7 +13,6 @@ order; each group becomes one variadic all-reduce whose users read get-tuple-ele
 
 from __future__ import annotations
 
-from xlapy.ir import attributes as A
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -28,14 +27,14 @@ def _key(instr: HloInstruction):
         return None
     if not instr.shape.is_array:
         return None
-    groups = instr.attrs.get("replica_groups")
-    if not isinstance(groups, A.ReplicaGroups):
+    groups = instr.replica_groups
+    if groups is None:
         return None
     return (
         groups,
-        bool(instr.attrs.get("use_global_device_ids", False)),
-        "channel_id" in instr.attrs,
-        id(instr.to_apply),
+        instr.use_global_device_ids,
+        instr.channel_id is not None,
+        id(instr.to_apply_or_none),
         str(instr.shape.element_type),
     )
 

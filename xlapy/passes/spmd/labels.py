@@ -129,7 +129,7 @@ def _reshape(instr: HloInstruction) -> OpLabels:
 
 def _slice(instr: HloInstruction) -> OpLabels:
     dims = instr.operand(0).shape.dims
-    spec = instr.attrs["slice"].dims
+    spec = instr.slice_spec.dims
     labels = tuple(
         i if (s == 0 and e == n and st == 1) else None
         for i, ((s, e, st), n) in enumerate(zip(spec, dims, strict=True))
@@ -138,7 +138,7 @@ def _slice(instr: HloInstruction) -> OpLabels:
 
 
 def _pad(instr: HloInstruction) -> OpLabels:
-    labels = tuple(i if p == (0, 0, 0) else None for i, p in enumerate(instr.attrs["padding"].dims))
+    labels = tuple(i if p == (0, 0, 0) else None for i, p in enumerate(instr.padding_config.dims))
     return _finish(instr, (labels, ()), (labels,))
 
 
@@ -169,7 +169,7 @@ def _reducer_of(instr: HloInstruction) -> str | None:
     binary op of its two parameters, and an init value that is that op's identity."""
     if len(instr.operands) != 2:
         return None
-    comp = instr.attrs["to_apply"]
+    comp = instr.to_apply
     root = comp.root
     if root is None or root.opcode not in _REDUCERS:
         return None
@@ -231,7 +231,7 @@ def _variadic_identity(instr: HloInstruction) -> bool:
                 row.append(np.asarray(rng.normal() * 10).astype(a.dtype))
         probes.append(row)
     ctx = _FoldContext()
-    comp = instr.attrs["to_apply"]
+    comp = instr.to_apply
     try:
         for x in probes:
             for args in ([*init, *x], [*x, *init]):
@@ -293,7 +293,7 @@ def _halo(window_dim, size: int, out: int) -> tuple[int, int] | None:
 
 def _reduce_window(instr: HloInstruction) -> OpLabels:
     n = len(instr.operands) // 2
-    window = instr.attrs["window"].dims
+    window = instr.window.dims
     dims = instr.operand(0).shape.dims
     out_dims = (instr.shape.tuple_shapes[0] if instr.shape.is_tuple else instr.shape).dims
     labels: list[int | None] = []
@@ -308,7 +308,7 @@ def _reduce_window(instr: HloInstruction) -> OpLabels:
 
 
 def _select_and_scatter(instr: HloInstruction) -> OpLabels:
-    window = instr.attrs["window"].dims
+    window = instr.window.dims
     dims = instr.operand(0).shape.dims
     labels = tuple(
         i if _tiles_exactly(w, d) else None for i, (w, d) in enumerate(zip(window, dims))
@@ -317,10 +317,10 @@ def _select_and_scatter(instr: HloInstruction) -> OpLabels:
 
 
 def _dot(instr: HloInstruction) -> OpLabels:
-    a = instr.attrs
+    numbers = instr.dot_dimension_numbers
     lhs_rank, rhs_rank = instr.operand(0).shape.rank, instr.operand(1).shape.rank
-    lb, rb = a.get("lhs_batch_dims", ()), a.get("rhs_batch_dims", ())
-    lc, rc = a.get("lhs_contracting_dims", ()), a.get("rhs_contracting_dims", ())
+    lb, rb = numbers.lhs_batch, numbers.rhs_batch
+    lc, rc = numbers.lhs_contracting, numbers.rhs_contracting
     lhs: list[int | None] = [None] * lhs_rank
     rhs: list[int | None] = [None] * rhs_rank
     out: list[int | None] = []
@@ -349,10 +349,10 @@ def _convolution(instr: HloInstruction) -> OpLabels:
     """Batch and output features partition locally, input features by an all-reduce; a
     spatial dimension when its windows do not overlap, or with a halo exchange when they
     do but its output blocks align with its input blocks (`_halo`)."""
-    dl = instr.attrs["dim_labels"]
-    window = instr.attrs.get("window")
-    groups = instr.attrs.get("feature_group_count", 1)
-    batch_groups = instr.attrs.get("batch_group_count", 1)
+    dl = instr.dim_labels
+    window = instr.window_or_none
+    groups = instr.feature_group_count
+    batch_groups = instr.batch_group_count
     lhs: list[int | None] = [None] * instr.operand(0).shape.rank
     rhs: list[int | None] = [None] * instr.operand(1).shape.rank
     out: list[int | None] = [None] * instr.shape.rank
@@ -383,15 +383,15 @@ def _convolution(instr: HloInstruction) -> OpLabels:
 def _gather(instr: HloInstruction) -> OpLabels:
     """Index batch dimensions and the operand's whole-slice (passthrough) dimensions
     partition locally; the indexed dimensions stay whole."""
-    a = instr.attrs
+    a = instr.gather_dimension_numbers
     operand, indices = instr.operand(0).shape, instr.operand(1).shape
-    offset_dims = a["offset_dims"]
-    collapsed = set(a.get("collapsed_slice_dims", ()))
-    op_batch = list(a.get("operand_batching_dims", ()))
-    idx_batch = list(a.get("start_indices_batching_dims", ()))
-    ivd = a["index_vector_dim"]
-    sizes = a["slice_sizes"]
-    start_map = set(a["start_index_map"])
+    offset_dims = a.offset_dims
+    collapsed = set(a.collapsed_slice_dims)
+    op_batch = list(a.operand_batching_dims)
+    idx_batch = list(a.start_indices_batching_dims)
+    ivd = a.index_vector_dim
+    sizes = a.slice_sizes
+    start_map = set(a.start_index_map)
     out: list[int | None] = [None] * instr.shape.rank
     ops: list[int | None] = [None] * operand.rank
     idx: list[int | None] = [None] * indices.rank
@@ -428,13 +428,13 @@ does not hold, and an all-reduce (add) completes the result (XLA's way)."""
 def _scatter(instr: HloInstruction) -> OpLabels:
     """The operand's passthrough dimensions (whole-window ones) partition locally, with the
     updates' matching window dimensions; indices and scatter dimensions stay whole."""
-    a = instr.attrs
+    a = instr.scatter_dimension_numbers
     n = (len(instr.operands) - 1) // 2
     operand, updates = instr.operand(0).shape, instr.operand(n + 1).shape
-    window_dims = a["update_window_dims"]
-    inserted = set(a.get("inserted_window_dims", ()))
-    batching = set(a.get("input_batching_dims", ()))
-    targets = set(a["scatter_dims_to_operand_dims"])
+    window_dims = a.update_window_dims
+    inserted = set(a.inserted_window_dims)
+    batching = set(a.input_batching_dims)
+    targets = set(a.scatter_dims_to_operand_dims)
     window = [d for d in range(operand.rank) if d not in inserted and d not in batching]
     ops: list[int | None] = [None] * operand.rank
     upd: list[int | None] = [None] * updates.rank
@@ -450,7 +450,7 @@ def _dynamic_slice(instr: HloInstruction) -> OpLabels:
     dims = instr.operand(0).shape.dims
     labels = tuple(
         i if s == n else None
-        for i, (s, n) in enumerate(zip(instr.attrs["dynamic_slice_sizes"], dims, strict=True))
+        for i, (s, n) in enumerate(zip(instr.dynamic_slice_sizes, dims, strict=True))
     )
     return _finish(instr, (labels,) + ((),) * (len(instr.operands) - 1), (labels,))
 

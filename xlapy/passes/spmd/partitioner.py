@@ -189,9 +189,9 @@ def _read_shardy_annotations(module: HloModule) -> None:
     if not meshes or module.entry is None:
         return
     for instr in module.entry.instructions:
-        if "sharding" in instr.attrs:
+        if instr.sharding is not None:
             continue
-        fa = instr.attrs.get("frontend_attributes")
+        fa = instr.frontend_attributes
         text = fa.get("xla.sdy.sharding") if fa is not None else None
         if text is None:
             continue
@@ -212,7 +212,7 @@ def _strip_annotations(module: HloModule) -> None:
         for instr in list(comp.instructions):
             if (
                 instr.opcode is Opcode.CUSTOM_CALL
-                and instr.attrs.get("custom_call_target") in ("Sharding", *_PASS_THROUGH_TARGETS)
+                and instr.custom_call_target in ("Sharding", *_PASS_THROUGH_TARGETS)
                 and len(instr.operands) == 1
                 and instr.operands[0].shape == instr.shape
             ):
@@ -233,14 +233,14 @@ def needs_partitioning(module: HloModule, num_partitions: int) -> bool:
     if module.config.spmd_partitions > 1:
         return True
     for instr in module.entry.instructions:
-        s = instr.attrs.get("sharding")
+        s = instr.sharding
         if isinstance(s, HloSharding) and any(
             e.kind == "tiled" and not e.is_replicated for e in (s.elements or (s,))
         ):
             return True
-        if instr.attrs.get("custom_call_target") in _MANUAL_ENTRIES:
+        if instr.custom_call_target in _MANUAL_ENTRIES:
             return True
-        fa = instr.attrs.get("frontend_attributes")
+        fa = instr.frontend_attributes
         sdy = fa.get("xla.sdy.sharding") if fa is not None else None
         if sdy is not None and re.search(r'\{[^}]*"\w+', str(sdy)):
             return True
@@ -273,9 +273,7 @@ class _Partitioner:
         self.param_partials = param_partials
         if parent is None:
             self.namer = NameUniquer(module)
-            first = 1 + max(
-                (i.attrs.get("channel_id", 0) for i in module.instructions()), default=0
-            )
+            first = 1 + max((i.channel_id or 0 for i in module.instructions()), default=0)
             self._channel = [first]
             self._adders: dict[str, HloComputation] = {}
             self.mesh_axes = _sdy_mesh(module)
@@ -765,7 +763,7 @@ class _Partitioner:
         custom call or annotated root using it."""
         wanted: dict[int, Tiling] = {}
         for instr in self.entry.instructions:
-            s = instr.attrs.get("sharding")
+            s = instr.sharding
             if not isinstance(s, HloSharding) or s.is_manual or not instr.shape.is_array:
                 continue
             if s.kind == "tuple":
@@ -817,7 +815,7 @@ class _Partitioner:
             return Local(new, tuple(v.tiling for v in operands), partial=partial)
         if op is Opcode.GET_TUPLE_ELEMENT and not operands[0].manual:
             src = operands[0]
-            k = instr.attrs["index"]
+            k = instr.tuple_index
             new = self.emit(
                 op, src.instr.shape.tuple_shapes[k], [src.instr], dict(instr.attrs), base=instr.name
             )
@@ -869,10 +867,7 @@ class _Partitioner:
         pred = self.as_tiling(
             operands[0], self.replicated_of(instr.operand(0).shape), instr.operand(0).shape
         )
-        if "branch_computations" in instr.attrs:
-            branches = list(instr.attrs["branch_computations"])
-        else:
-            branches = [instr.attrs["true_computation"], instr.attrs["false_computation"]]
+        branches = list(instr.branches)
         new_branches = []
         result = None
         for comp, value in zip(branches, operands[1:], strict=True):
@@ -891,14 +886,14 @@ class _Partitioner:
 
     def _why(self, instr: HloInstruction) -> str:
         if instr.opcode is Opcode.CUSTOM_CALL:
-            return f"custom call {instr.attrs.get('custom_call_target')!r} has no partitioning rule"
+            return f"custom call {instr.custom_call_target!r} has no partitioning rule"
         if instr.opcode.is_control_flow:
             return "control flow runs whole on every device"
         return "no partitioning rule for this opcode"
 
     def constrain(self, instr: HloInstruction, value: Local) -> Local:
         """A user annotation is a constraint: reshard the value to it."""
-        s = instr.attrs.get("sharding")
+        s = instr.sharding
         if not isinstance(s, HloSharding) or value.manual or instr.opcode is Opcode.PARAMETER:
             return value
         if s.is_manual or not instr.shape.is_array or s.is_tuple:
@@ -948,7 +943,7 @@ class _Partitioner:
             return Local(
                 new, tiling, partial=partials[instr.parameter_number] if partials else None
             )
-        s = instr.attrs.get("sharding")
+        s = instr.sharding
         tiling = (
             self.tiling_of(s, instr.shape)
             if isinstance(s, HloSharding)
@@ -989,8 +984,8 @@ class _Partitioner:
 
     # -- custom calls: annotations and manual regions --------------------------------------
     def custom_call(self, instr: HloInstruction, operands: list[Local]) -> Local | None:
-        target = instr.attrs.get("custom_call_target")
-        s = instr.attrs.get("sharding")
+        target = instr.custom_call_target
+        s = instr.sharding
         if target == "Sharding" and len(operands) == 1:
             v = operands[0]
             if v.manual or (isinstance(s, HloSharding) and s.is_manual):
@@ -1110,9 +1105,9 @@ class _Partitioner:
     def _manual_shardings(self, instr: HloInstruction, key: str, shapes: list[Shape]):
         """The per-value shardings of a Shardy region edge, restricted to its manual axes
         (the region's data is replicated over the others), or None for the GSPMD form."""
-        if not instr.attrs.get("custom_call_target", "").startswith("xla.sdy."):
+        if not (instr.custom_call_target or "").startswith("xla.sdy."):
             return None
-        fa = instr.attrs.get("frontend_attributes")
+        fa = instr.frontend_attributes
         text = fa.get(key) if fa is not None else None
         manual = fa.get("xla.sdy.manual_axes") if fa is not None else None
         if text is None:
@@ -1126,7 +1121,7 @@ class _Partitioner:
         shapes = [o.shape for o in instr.operands]
         shardings = self._manual_shardings(instr, "xla.sdy.in_shardings", shapes)
         if shardings is None:  # GSPMD: the operand is a Sharding custom call saying how
-            shardings = [o.attrs.get("sharding") for o in instr.operands]
+            shardings = [o.sharding for o in instr.operands]
         locals_ = []
         for v, o, s in zip(operands, instr.operands, shardings, strict=True):
             if isinstance(s, HloSharding) and (s.is_manual or (s.subgroups and not s.is_unreduced)):
@@ -1157,7 +1152,7 @@ class _Partitioner:
         shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
         shardings = self._manual_shardings(instr, "xla.sdy.out_shardings", shapes)
         if shardings is None:
-            s = instr.attrs.get("sharding")
+            s = instr.sharding
             shardings = list(s.elements) if isinstance(s, HloSharding) and s.is_tuple else [s]
         tilings = [
             self.tiling_of(s, shape) if isinstance(s, HloSharding) else self.replicated_of(shape)
@@ -1304,9 +1299,7 @@ class _Partitioner:
             out_tilings = [cand_out.project(d) for d in L.results]
         elif cut:
             reducer = (
-                instr.attrs["to_apply"]
-                if instr.opcode is Opcode.REDUCE
-                else self.adder(shape.element_type)
+                instr.to_apply if instr.opcode is Opcode.REDUCE else self.adder(shape.element_type)
             )
             groups = cand.groups(cut)
             cand_out = cand.with_axes_whole(cut)
@@ -1342,7 +1335,7 @@ class _Partitioner:
         missing, the rows are the op's padding value (zero for a convolution, the init
         value for a reduce-window). The window's padding along those dimensions becomes
         0: the halo holds it. Returns the new operands and window."""
-        window = list(instr.attrs["window"].dims)
+        window = list(instr.window.dims)
         conv = instr.opcode is Opcode.CONVOLUTION
         n_data = 1 if conv else len(instr.operands) // 2
         ops = list(new_ops)
@@ -1376,7 +1369,7 @@ class _Partitioner:
                     {"dimensions": (dim,)},
                 )
             w = L.operands[0].index(x)
-            s = instr.attrs["dim_labels"].input_spatial.index(w) if conv else w
+            s = instr.dim_labels.input_spatial.index(w) if conv else w
             window[s] = A.WindowDim(**{**_fields(window[s]), "pad_low": 0, "pad_high": 0})
         return ops, A.Window(tuple(window))
 
@@ -1419,9 +1412,9 @@ class _Partitioner:
         gather runs on the local rows, and the rows whose index this device does not
         hold are zeroed. An all-reduce (add) over the cut devices completes it."""
         operand, indices = new_ops
-        a = instr.attrs
-        ivd = a["index_vector_dim"]
-        start_map = list(a["start_index_map"])
+        numbers = instr.gather_dimension_numbers
+        ivd = numbers.index_vector_dim
+        start_map = list(numbers.start_index_map)
         dims = indices.shape.dims
         itype = indices.shape.element_type
         glob = instr.operand(0).shape.dims
@@ -1469,7 +1462,7 @@ class _Partitioner:
         gathered = self.clone(instr, [operand, moved], shape, attrs)
         batch = tuple(n for i, n in enumerate(part_shape.dims) if i != ivd)
         mask = self.emit(Opcode.RESHAPE, _resized(preds, batch), [mask])
-        batch_out = tuple(o for o in range(shape.rank) if o not in a["offset_dims"])
+        batch_out = tuple(o for o in range(shape.rank) if o not in numbers.offset_dims)
         mask = self.emit(
             Opcode.BROADCAST, shape.with_element_type(PRED), [mask], {"dimensions": batch_out}
         )
@@ -1513,7 +1506,7 @@ class _Partitioner:
             Opcode.REDUCE,
             partial.shape,
             [*gathered, *inits],
-            {"dimensions": (parts[0].shape.rank,), "to_apply": instr.attrs["to_apply"]},
+            {"dimensions": (parts[0].shape.rank,), "to_apply": instr.to_apply},
         )
 
     def _scatter_target(self, out: Tiling, groups, wanted: Tiling, local: Shape):
@@ -1558,14 +1551,14 @@ class _Partitioner:
         value = self.values[id(root)]
         if value.manual:
             raise PartitionError(f"{root.name}: the program returns a manual value")
-        s = root.attrs.get("sharding")
+        s = root.sharding
         if isinstance(s, HloSharding) and root.shape.is_tuple and s.is_tuple:
             dst = self.even(self.tiling_of(s, root.shape), root.shape, root.name)
             value = self.to_state(value, dst, self.partial_of(s, root.shape), root.shape)
         elif value.partial is not None and not isinstance(s, HloSharding):
             value = self.reduced(value, root.shape)
         sharding = _sharding_attr(value.tiling, root.shape, value.partial)
-        if value.instr.opcode is Opcode.PARAMETER and value.instr.attrs.get("sharding") != sharding:
+        if value.instr.opcode is Opcode.PARAMETER and value.instr.sharding != sharding:
             # a parameter returned as it is, read differently (a replicated value returned
             # as a partial sum): the parameter keeps its own sharding
             value = Local(
@@ -1604,7 +1597,7 @@ def _zeros_like(shape: Shape, namer: NameUniquer, body: list[HloInstruction]) ->
 
 def _is_sum(instr: HloInstruction) -> bool:
     """Whether a reduce adds its values up (one operand, `to_apply` an add)."""
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if len(instr.operands) != 2 or not isinstance(comp, HloComputation):
         return False
     root = comp.root_instruction()
@@ -1695,7 +1688,7 @@ def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
             tuple(
                 (s, e, st) if (s, e, st) != (0, g, 1) else (0, loc, 1)
                 for (s, e, st), g, loc in zip(
-                    instr.attrs["slice"].dims,
+                    instr.slice_spec.dims,
                     instr.operand(0).shape.dims,
                     new_ops[0].shape.dims,
                     strict=True,
@@ -1705,7 +1698,7 @@ def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
     elif op is Opcode.DYNAMIC_SLICE:
         attrs["dynamic_slice_sizes"] = shape.dims
     elif op is Opcode.GATHER:
-        sizes = list(instr.attrs["slice_sizes"])
+        sizes = list(instr.gather_dimension_numbers.slice_sizes)
         for d, (g, loc) in enumerate(
             zip(instr.operand(0).shape.dims, new_ops[0].shape.dims, strict=True)
         ):

@@ -453,8 +453,8 @@ def _reduce_precision_bits(em: KernelEmitter, u, src: tuple[int, int], exp_bits,
 def _reduce_precision(em: KernelEmitter, instr, index):
     x = em.operand_at(instr, 0, index)
     t = _ot(instr)
-    exp_bits, mant_bits = instr.attrs.get("exponent_bits"), instr.attrs.get("mantissa_bits")
-    if exp_bits is None or mant_bits is None or not t.is_float:
+    exp_bits, mant_bits = instr.exponent_bits, instr.mantissa_bits
+    if not t.is_float:
         raise _unsupported(instr, "needs a float operand, exponent_bits and mantissa_bits")
     b = em.b
     if t is P.F16:  # the register holds an f32 that is an f16 value: work on its f16 bits
@@ -568,7 +568,7 @@ def _reshape(em: KernelEmitter, instr, index):
 
 @emits(Op.SLICE)
 def _slice(em: KernelEmitter, instr, index):
-    spec = instr.attrs["slice"].dims
+    spec = instr.slice_spec.dims
     b = em.b
     op_index = []
     for i, (start, _limit, stride) in zip(index, spec, strict=True):
@@ -613,7 +613,7 @@ def _pad(em: KernelEmitter, instr, index):
     in_bounds = ir.Constant(I1, 1)
     op_index = []
     for i, (lo, _hi, interior), size in zip(
-        index, instr.attrs["padding"].dims, op.shape.dims, strict=True
+        index, instr.padding_config.dims, op.shape.dims, strict=True
     ):
         shifted = b.sub(i, _c64(lo))
         step = interior + 1
@@ -631,7 +631,7 @@ def _pad(em: KernelEmitter, instr, index):
 
 @emits(Op.IOTA)
 def _iota(em: KernelEmitter, instr, index):
-    i = index[instr.attrs["iota_dimension"]]
+    i = index[instr.iota_dimension]
     return convert_value(em, i, P.S64, _et(instr))
 
 
@@ -711,7 +711,7 @@ def _gte(em: KernelEmitter, instr, index):
     value = em.gen(instr.operands[0], index)
     if not isinstance(value, tuple):
         raise _unsupported(instr, "of a non-tuple value")
-    return value[instr.attrs["index"]]
+    return value[instr.tuple_index]
 
 
 @emits(Op.TUPLE)
@@ -925,7 +925,7 @@ def _chunked_fold(em: KernelEmitter, comp, accs, size: int, element_values, src_
 def _reduce(em: KernelEmitter, instr, index):
     n = len(instr.operands) // 2
     inputs, inits = instr.operands[:n], instr.operands[n:]
-    comp = instr.attrs["to_apply"]
+    comp = instr.to_apply
     reduced = instr.dimensions
     src = inputs[0].shape
     kept = [d for d in range(src.rank) if d not in reduced]
@@ -1110,7 +1110,7 @@ class _ReduceLanes:
         self.instr = instr
         self.inputs, self.inits = instr.operands[:n], instr.operands[n:]
         self.types = [v.shape.element_type for v in self.inputs]
-        self.comp = instr.attrs["to_apply"]
+        self.comp = instr.to_apply
         op = simple_reducer(self.comp) if n == 1 else None
         if op is not None and _identity(op, self.types[0]) is None:
             op = None
@@ -1297,15 +1297,15 @@ def _gather_component(em: KernelEmitter, indices, index, t: PrimitiveType, upper
 @emits(Op.GATHER)
 def _gather(em: KernelEmitter, instr, index):
     operand, indices = instr.operands
-    a = instr.attrs
+    a = instr.gather_dimension_numbers
     dims = operand.shape.dims
-    offset_dims = tuple(a.get("offset_dims", ()))
-    collapsed = tuple(a.get("collapsed_slice_dims", ()))
-    index_map = tuple(a.get("start_index_map", ()))
-    operand_batching = tuple(a.get("operand_batching_dims", ()))
-    indices_batching = tuple(a.get("start_indices_batching_dims", ()))
-    ivd = a.get("index_vector_dim", indices.shape.rank)
-    sizes = tuple(a.get("slice_sizes", ()))
+    offset_dims = a.offset_dims
+    collapsed = a.collapsed_slice_dims
+    index_map = a.start_index_map
+    operand_batching = a.operand_batching_dims
+    indices_batching = a.start_indices_batching_dims
+    ivd = a.index_vector_dim
+    sizes = a.slice_sizes
     t = indices.shape.element_type
     if not t.is_integral:
         raise _unsupported(instr, f"needs integer start indices, got {t}")

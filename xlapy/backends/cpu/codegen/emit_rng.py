@@ -41,7 +41,7 @@ _PHILOX_KEY_STEPS = (0x9E3779B9, 0xBB67AE85)
 
 def rng_reason(instr: HloInstruction) -> str | None:
     """None when `instr` (an rng-bit-generator) can be a native kernel, else why not."""
-    algorithm = str(instr.attrs.get("algorithm", "rng_default"))
+    algorithm = instr.rng_algorithm
     if algorithm not in _ALGORITHMS:
         return f"unknown algorithm '{algorithm}'"
     (state,) = instr.operands
@@ -75,7 +75,7 @@ def rng_reason(instr: HloInstruction) -> str | None:
 class _RngEmitter:
     def __init__(self, instr: HloInstruction):
         self.instr = instr
-        self.algorithm = str(instr.attrs.get("algorithm", "rng_default"))
+        self.algorithm = instr.rng_algorithm
         self.three_fry = self.algorithm == "rng_three_fry"
         self.state_words = instr.operands[0].shape.dims[0]
         self.bits: Shape = instr.shape.tuple_shapes[1]
@@ -269,7 +269,7 @@ class _RngEmitter:
 
 def rng_description(instr: HloInstruction) -> str:
     """A text that determines the IR emit_rng makes for `instr` (a cache key)."""
-    algorithm = str(instr.attrs.get("algorithm", "rng_default"))
+    algorithm = instr.rng_algorithm
     return f"rng v1 {algorithm} {instr.operands[0].shape.to_text()} -> {instr.shape.to_text()}"
 
 

@@ -69,7 +69,7 @@ _COLUMNS = 1024
 def scan_window(instr: HloInstruction) -> tuple[int | None, bool] | None:
     """(axis, reverse) of a reduce-window that is a prefix scan over `axis`, (None, False)
     for a reduce-window of size-1 windows (out = f(init, x)), else None."""
-    window = instr.attrs.get("window")
+    window = instr.window_or_none
     k = len(instr.operands) // 2
     if window is None or k == 0:
         return None
@@ -104,7 +104,7 @@ def scan_reason(instr: HloInstruction) -> str | None:
         return "reduce-window needs inputs and as many inits"
     if scan_window(instr) is None:
         return "not a prefix scan (strides, dilation or a pooling window)"
-    reducer = instr.to_apply
+    reducer = instr.to_apply_or_none
     if reducer is None:
         return "reduce-window needs to_apply"
     xs, inits = instr.operands[:k], instr.operands[k:]
@@ -140,7 +140,7 @@ class _ScanEmitter(KernelEmitter):
 
     def __init__(self, instr: HloInstruction, flush_denormals: bool):
         self.instr = instr
-        self.reducer = instr.attrs["to_apply"]
+        self.reducer = instr.to_apply
         super().__init__(self.reducer, SYMBOL, (), flush_denormals)
         self.k = len(instr.operands) // 2
         shape = instr.operands[0].shape
@@ -249,7 +249,7 @@ def scan_description(instr: HloInstruction, flush_denormals: bool = True) -> str
     shapes = " ".join(o.shape.to_text() for o in instr.operands)
     return (
         f"scan v1 {'ftz' if flush_denormals else 'ieee'} {shapes} -> {instr.shape.to_text()} "
-        f"window={instr.attrs['window']!r}\n{instr.attrs['to_apply'].to_text()}"
+        f"window={instr.window!r}\n{instr.to_apply.to_text()}"
     )
 
 

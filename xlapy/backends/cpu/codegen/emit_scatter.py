@@ -65,17 +65,17 @@ class _ScatterEmitter(KernelEmitter):
 
     def __init__(self, instr: HloInstruction, in_place: bool, flush_denormals: bool):
         self.instr = instr
-        self.combiner = instr.attrs["to_apply"]
+        self.combiner = instr.to_apply
         super().__init__(self.combiner, SYMBOL, ((0, 0),) if in_place else (), flush_denormals)
         operand, indices, updates = instr.operands
         self.operand, self.indices, self.updates = operand.shape, indices.shape, updates.shape
-        a = instr.attrs
-        self.index_map = tuple(a.get("scatter_dims_to_operand_dims", ()))
-        self.window_dims = tuple(a.get("update_window_dims", ()))
-        inserted = set(a.get("inserted_window_dims", ()))
-        batching = tuple(a.get("input_batching_dims", ()))
-        indices_batching = tuple(a.get("scatter_indices_batching_dims", ()))
-        self.ivd = a.get("index_vector_dim", self.indices.rank)
+        a = instr.scatter_dimension_numbers
+        self.index_map = a.scatter_dims_to_operand_dims
+        self.window_dims = a.update_window_dims
+        inserted = set(a.inserted_window_dims)
+        batching = a.input_batching_dims
+        indices_batching = a.scatter_indices_batching_dims
+        self.ivd = a.index_vector_dim
         rank = self.operand.rank
         window_operand = [d for d in range(rank) if d not in inserted and d not in batching]
         self.scatter_positions = [d for d in range(self.updates.rank) if d not in self.window_dims]
@@ -291,7 +291,7 @@ def scatter_reason(instr: HloInstruction) -> str | None:
     it = indices.element_type
     if not it.is_integral or it is P.PRED:
         return f"index type {it}"
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None or comp.num_parameters != 2 or not comp.root_instruction().shape.is_array:
         return "the combiner is not a two-parameter scalar computation"
     shapes = [comp.parameter(0).shape, comp.parameter(1).shape, comp.root_instruction().shape]
@@ -300,12 +300,12 @@ def scatter_reason(instr: HloInstruction) -> str | None:
     why = supported(comp)
     if why is not None:
         return why
-    a = instr.attrs
-    index_map = tuple(a.get("scatter_dims_to_operand_dims", ()))
-    batching = tuple(a.get("input_batching_dims", ()))
-    inserted = tuple(a.get("inserted_window_dims", ()))
-    window_dims = tuple(a.get("update_window_dims", ()))
-    ivd = a.get("index_vector_dim", indices.rank)
+    a = instr.scatter_dimension_numbers
+    index_map = a.scatter_dims_to_operand_dims
+    batching = a.input_batching_dims
+    inserted = a.inserted_window_dims
+    window_dims = a.update_window_dims
+    ivd = a.index_vector_dim
     rank = operand.rank
     if len(set(index_map) | set(batching)) != len(index_map) + len(batching):
         return "an operand dim is both indexed and batched, or indexed twice"
@@ -327,7 +327,7 @@ def scatter_reason(instr: HloInstruction) -> str | None:
     for p, d in zip(scatter_positions, batch_dims, strict=True):
         if updates.dims[p] != indices.dims[d]:
             return "updates and indices differ in their scatter dims"
-    indices_batching = tuple(a.get("scatter_indices_batching_dims", ()))
+    indices_batching = a.scatter_indices_batching_dims
     if len(indices_batching) != len(batching) or ivd in indices_batching:
         return "batching dims do not pair up"
     for od, idim in zip(batching, indices_batching, strict=True):

@@ -79,7 +79,7 @@ def window_reason(instr: HloInstruction) -> str | None:
     k = len(instr.operands) // 2
     if k == 0 or len(instr.operands) != 2 * k:
         return "reduce-window needs inputs and as many inits"
-    window, reducer = instr.attrs.get("window"), instr.to_apply
+    window, reducer = instr.window_or_none, instr.to_apply_or_none
     if window is None or reducer is None:
         return "reduce-window needs a window and to_apply"
     xs, inits = instr.operands[:k], instr.operands[k:]
@@ -120,13 +120,13 @@ class _WindowEmitter(KernelEmitter):
 
     def __init__(self, instr: HloInstruction, flush_denormals: bool):
         self.instr = instr
-        self.reducer = instr.attrs["to_apply"]
+        self.reducer = instr.to_apply
         super().__init__(self.reducer, SYMBOL, (), flush_denormals)
         self.k = len(instr.operands) // 2
         x = instr.operands[0].shape
         out = next(s for _, s in instr.shape.leaves())
         self.types = [o.shape.element_type for o in instr.operands[: self.k]]
-        self.window = instr.attrs["window"].dims
+        self.window = instr.window.dims
         order = _order(x)
         # trailing physical dims with one-element windows: the contiguous run
         t = len(order)
@@ -281,8 +281,8 @@ def window_description(instr: HloInstruction, flush_denormals: bool = True) -> s
     shapes = " ".join(o.shape.to_text() for o in instr.operands)
     return (
         f"window v1 {'ftz' if flush_denormals else 'ieee'} {shapes} -> "
-        f"{instr.shape.to_text()} window={instr.attrs['window']!r}\n"
-        f"{instr.attrs['to_apply'].to_text()}"
+        f"{instr.shape.to_text()} window={instr.window!r}\n"
+        f"{instr.to_apply.to_text()}"
     )
 
 

@@ -158,8 +158,8 @@ class _Geometry:
 
     def __init__(self, instr: HloInstruction, labels: ConvDimLabels, window: Window):
         x_dims, k_dims = instr.operands[0].shape.dims, instr.operands[1].shape.dims
-        self.fgc = int(instr.attrs.get("feature_group_count", 1))
-        self.bgc = int(instr.attrs.get("batch_group_count", 1))
+        self.fgc = instr.feature_group_count
+        self.bgc = instr.batch_group_count
         n, c = x_dims[labels.input_batch], x_dims[labels.input_feature]
         ci, o = k_dims[labels.kernel_input_feature], k_dims[labels.kernel_output_feature]
         fgc, bgc = self.fgc, self.bgc
@@ -405,7 +405,7 @@ def direct_geometry(instr: HloInstruction) -> dict[str, Any] | None:
     comment)."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
         return None
-    labels, window = instr.attrs.get("dim_labels"), instr.attrs.get("window")
+    labels, window = instr.dim_labels_or_none, instr.window_or_none
     if labels is None or window is None or len(window.dims) != 2 or len(labels.input_spatial) != 2:
         return None
     if any(0 in s for s in (instr.shape.dims, *(op.shape.dims for op in instr.operands))):
@@ -479,7 +479,7 @@ def plan_convolution(instr: HloInstruction, direct: DirectKernel | None = None):
     `direct`: the direct kernel the driver compiled for `instr` (direct_geometry), if any."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
         return None
-    labels, window = instr.attrs.get("dim_labels"), instr.attrs.get("window")
+    labels, window = instr.dim_labels_or_none, instr.window_or_none
     if labels is None or window is None or len(window.dims) != len(labels.input_spatial):
         return None
     if not window.dims:  # no spatial dims: a dot, rare; the rule handles it
@@ -821,7 +821,7 @@ class ConvolutionThunk(RuleThunk):
 
 def convolution_flops(instr: HloInstruction) -> float:
     """The multiply-adds of a convolution, times two."""
-    labels = instr.attrs.get("dim_labels")
+    labels = instr.dim_labels_or_none
     kernel = instr.operands[1].shape
     if labels is None or not instr.shape.is_array:
         return 0.0

@@ -38,8 +38,8 @@ class CustomCallThunk(Thunk):
 
     def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases):
         self.instr, self.operands, self.result = instr, operands, result
-        self.target_name = instr.attrs.get("custom_call_target")
-        config = instr.attrs.get("backend_config")
+        self.target_name = instr.custom_call_target
+        config = instr.backend_config
         self.opaque = config.text if config is not None else ""
         self.fallback = RuleThunk(instr, operands, result, "")
         # (operand number, operand index, result tree leaf) for each aliased output

@@ -443,9 +443,9 @@ def plan_dot(instr: HloInstruction):
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
         return None
     lhs, rhs = instr.operands
-    a = instr.attrs
-    lb, rb = tuple(a.get("lhs_batch_dims") or ()), tuple(a.get("rhs_batch_dims") or ())
-    lc, rc = tuple(a.get("lhs_contracting_dims") or ()), tuple(a.get("rhs_contracting_dims") or ())
+    a = instr.dot_dimension_numbers
+    lb, rb = a.lhs_batch, a.rhs_batch
+    lc, rc = a.lhs_contracting, a.rhs_contracting
     ls, rs = lhs.shape.dims, rhs.shape.dims
     if len(lb) != len(rb) or len(lc) != len(rc):
         return None
@@ -699,11 +699,9 @@ class DotThunk(Thunk):
         """`flush`: subnormals flushed to zero, as XLA:CPU does (see the file comment)."""
         self.instr, self.lhs, self.rhs, self.out = instr, lhs, rhs, out
         self.flush = flush and _X86
-        a = instr.attrs
-        lb = tuple(a.get("lhs_batch_dims") or ())
-        rb = tuple(a.get("rhs_batch_dims") or ())
-        lc = tuple(a.get("lhs_contracting_dims") or ())
-        rc = tuple(a.get("rhs_contracting_dims") or ())
+        a = instr.dot_dimension_numbers
+        lb, rb = a.lhs_batch, a.rhs_batch
+        lc, rc = a.lhs_contracting, a.rhs_contracting
         ls, rs = lhs.shape.dims, rhs.shape.dims
         lf = [d for d in range(len(ls)) if d not in lb and d not in lc]
         rf = [d for d in range(len(rs)) if d not in rb and d not in rc]

@@ -27,8 +27,8 @@ class FftThunk(Thunk):
 
     def __init__(self, instr: HloInstruction, operand: BufferSlice, result: BufferSlice):
         self.instr, self.operand, self.result = instr, operand, result
-        self.fft_type = str(instr.attrs.get("fft_type", "FFT"))
-        self.lengths = tuple(int(n) for n in instr.attrs.get("fft_length") or ())
+        self.fft_type = instr.fft_type
+        self.lengths = instr.fft_length
         shape = operand.shape
         check(instr.name, self.fft_type, shape.dims, shape.dtype, self.lengths)
 

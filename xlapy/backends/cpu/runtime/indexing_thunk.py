@@ -83,19 +83,19 @@ def _index_dtype_ok(shape) -> bool:
 def plan_gather(instr: HloInstruction):
     """A fast gather for the row pattern (see the file comment), or None."""
     operand, indices = instr.operands
-    a = instr.attrs
-    if a.get("operand_batching_dims") or a.get("start_indices_batching_dims"):
+    a = instr.gather_dimension_numbers
+    if a.operand_batching_dims or a.start_indices_batching_dims:
         return None
     if not (operand.shape.is_array and indices.shape.is_array and _index_dtype_ok(indices.shape)):
         return None
     if operand.shape.dtype != instr.shape.dtype:
         return None
     dims = operand.shape.dims
-    index_map = tuple(a.get("start_index_map", ()))
-    collapsed = tuple(a.get("collapsed_slice_dims", ()))
-    offset_dims = tuple(a.get("offset_dims", ()))
-    sizes = tuple(a.get("slice_sizes", ()))
-    ivd = a.get("index_vector_dim", indices.shape.rank)
+    index_map = a.start_index_map
+    collapsed = a.collapsed_slice_dims
+    offset_dims = a.offset_dims
+    sizes = a.slice_sizes
+    ivd = a.index_vector_dim
     m = len(index_map)
     if not index_map or len(sizes) != len(dims) or 0 in dims:
         return None
@@ -137,20 +137,20 @@ def plan_scatter(instr: HloInstruction):
     if len(instr.operands) != 3 or not instr.shape.is_array:
         return None
     operand, indices, updates = instr.operands
-    a = instr.attrs
-    if a.get("input_batching_dims") or a.get("scatter_indices_batching_dims"):
+    a = instr.scatter_dimension_numbers
+    if a.input_batching_dims or a.scatter_indices_batching_dims:
         return None
     if not (operand.shape.is_array and updates.shape.is_array and _index_dtype_ok(indices.shape)):
         return None
-    combiner = a.get("to_apply")
+    combiner = instr.to_apply_or_none
     simple = _simple_combiner(combiner, operand.shape.dtype) if combiner is not None else None
     if simple is None or updates.shape.dtype != operand.shape.dtype:
         return None
     dims = operand.shape.dims
-    index_map = tuple(a.get("scatter_dims_to_operand_dims", ()))
-    inserted = tuple(a.get("inserted_window_dims", ()))
-    window_dims = tuple(a.get("update_window_dims", ()))
-    ivd = a.get("index_vector_dim", indices.shape.rank)
+    index_map = a.scatter_dims_to_operand_dims
+    inserted = a.inserted_window_dims
+    window_dims = a.update_window_dims
+    ivd = a.index_vector_dim
     m = len(index_map)
     if not index_map or 0 in dims or set(inserted) != set(index_map):
         return None

@@ -46,7 +46,7 @@ def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
     elements = max((s.shape.num_elements for s in outputs), default=0)
     if instr.opcode is Opcode.DOT:
         elements = max(elements, *(o.shape.num_elements for o in instr.operands))
-    comp = instr.attrs.get("calls") if instr.opcode is Opcode.FUSION else None
+    comp = instr.calls if instr.opcode is Opcode.FUSION else None
     for i in comp.instructions if comp is not None else (instr,):
         if i.opcode is Opcode.REDUCE:
             elements = max(elements, i.operands[0].shape.num_elements)

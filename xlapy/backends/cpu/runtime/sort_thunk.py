@@ -311,7 +311,7 @@ def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | 
     `flush_denormals`: the comparator reads subnormal floats as zero (the CPU backend's
     default, XLA:CPU's behaviour); the values sorted keep their bits either way."""
     dims = instr.dimensions
-    comparator = instr.to_apply
+    comparator = instr.to_apply_or_none
     if len(dims) != 1 or comparator is None:
         return None
     n_ops = len(instr.operands)
@@ -455,10 +455,10 @@ def _topk_keys(values: np.ndarray) -> np.ndarray | None:
 
 def plan_topk(instr: HloInstruction) -> FastFn | None:
     """topk: the k largest / smallest along the last dimension in total order."""
-    k = instr.attrs.get("k")
-    largest = instr.attrs.get("largest", True)
+    k = instr.topk_k
+    largest = instr.topk_largest
     (x,) = instr.operands
-    if k is None or not x.shape.is_array or x.shape.rank == 0 or not 0 <= k <= x.shape.dims[-1]:
+    if not x.shape.is_array or x.shape.rank == 0 or not 0 <= k <= x.shape.dims[-1]:
         return None
     if not instr.shape.is_tuple or len(instr.shape.tuple_shapes) != 2:
         return None
@@ -487,8 +487,8 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
 
 def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
     """XLA's "TopK" custom call: the first k of a stable sort by its comparator."""
-    called: tuple[HloComputation, ...] = instr.attrs.get("called_computations") or ()
-    comparator = instr.to_apply or (called[0] if len(called) == 1 else None)
+    called: tuple[HloComputation, ...] = instr.custom_call_computations
+    comparator = instr.to_apply_or_none or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or len(instr.operands) != 1:
         return None
     (x,) = instr.operands

@@ -95,8 +95,8 @@ def plan_reduce_window(instr: HloInstruction):
     if len(instr.operands) != 2 or not instr.shape.is_array:
         return None
     x = instr.operands[0]
-    window = instr.attrs.get("window")
-    reducer = instr.to_apply
+    window = instr.window_or_none
+    reducer = instr.to_apply_or_none
     if reducer is None or window is None or not x.shape.is_array:
         return None
     dims = x.shape.dims
@@ -320,11 +320,9 @@ def _select_compare(comp, dtype: np.dtype):
         return None
     if root.opcode is not Opcode.COMPARE or len(root.operands) != 2:
         return None
-    a = root.attrs
-    direction = a.get("direction", a.get("comparison_direction"))
+    direction = root.comparison_direction
     fn = _COMPARES.get(str(direction)) if direction is not None else None
-    kind = a.get("type")
-    kind = str(kind) if kind is not None else None
+    kind = root.comparison_type
     if fn is None or kind not in (None, "FLOAT" if dtype.kind == "f" else "SIGNED"):
         return None
     lhs, rhs = root.operands
@@ -347,9 +345,9 @@ def plan_select_and_scatter(instr: HloInstruction):
     if len(instr.operands) != 3 or not instr.shape.is_array:
         return None
     operand, source = instr.operands[:2]
-    a = instr.attrs
-    window, select, scatter = a.get("window"), a.get("select"), a.get("scatter")
-    if window is None or select is None or scatter is None:
+    window = instr.window_or_none
+    select, scatter = instr.select_computation, instr.scatter_computation
+    if window is None:
         return None
     if not (operand.shape.is_array and source.shape.is_array):
         return None

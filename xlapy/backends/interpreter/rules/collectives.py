@@ -168,7 +168,7 @@ def _permute(instr, operands, result_shape, ctx):
     (or, in place, its output operand) where nobody sends to it."""
     replica = int(ctx.state.get("replica_id", 0))
     partition = int(ctx.state.get("partition_id", 0))
-    me = partition if instr.attrs.get("channel_id") is not None else replica
+    me = partition if instr.channel_id is not None else replica
     made: list[np.ndarray] = []
     result = _empty_tree(result_shape, made)
     inputs = [a for o in operands for a in _array_leaves(o)]
@@ -209,7 +209,7 @@ def _partition_id(instr, operands, ctx):
 # -- send / recv: through the peers of a multi-device run, else a loopback channel ---------
 def _channel(ctx, instr):
     channels = queue(ctx, instr, "channels")
-    return channels.setdefault(instr.attrs.get("channel_id", 0), [])
+    return channels.setdefault(instr.channel_id or 0, [])
 
 
 def _send_recv_peers(instr, ctx):
@@ -241,9 +241,7 @@ def _recv(instr, operands, ctx):
         return (comm.recv(instr, instr.shape.tuple_shapes[0]), np.zeros((), np.uint32), TOKEN)
     channel = _channel(ctx, instr)
     if not channel:
-        raise EvaluationError(
-            f"{instr.name}: nothing was sent on channel {instr.attrs.get('channel_id', 0)}"
-        )
+        raise EvaluationError(f"{instr.name}: nothing was sent on channel {instr.channel_id or 0}")
     return (channel.pop(0), np.zeros((), np.uint32), TOKEN)
 
 

@@ -70,10 +70,6 @@ def to_result(acc: np.ndarray, result: PrimitiveType) -> np.ndarray:
     return np.asarray(acc.astype(result.dtype))
 
 
-def _dims(instr: HloInstruction, name: str) -> tuple[int, ...]:
-    return tuple(instr.attrs.get(name) or ())
-
-
 def dot_general(
     lhs: np.ndarray,
     rhs: np.ndarray,
@@ -101,8 +97,9 @@ def dot_general(
 
 
 def _check_dot_dims(instr: HloInstruction, lhs: np.ndarray, rhs: np.ndarray) -> tuple:
-    lb, rb = _dims(instr, "lhs_batch_dims"), _dims(instr, "rhs_batch_dims")
-    lc, rc = _dims(instr, "lhs_contracting_dims"), _dims(instr, "rhs_contracting_dims")
+    numbers = instr.dot_dimension_numbers
+    lb, rb = numbers.lhs_batch, numbers.rhs_batch
+    lc, rc = numbers.lhs_contracting, numbers.rhs_contracting
     if len(lb) != len(rb) or len(lc) != len(rc):
         raise EvaluationError(
             f"{instr.name}: lhs and rhs need as many batch dims ({lb} vs {rb}) and "
@@ -167,9 +164,10 @@ def _group_ids(
 @evaluates(Opcode.RAGGED_DOT)
 def _ragged_dot(instr, operands, ctx):
     lhs, rhs, group_sizes = operands
-    lb, rb = _dims(instr, "lhs_batch_dims"), _dims(instr, "rhs_batch_dims")
-    lc, rc = _dims(instr, "lhs_contracting_dims"), _dims(instr, "rhs_contracting_dims")
-    ragged_dims, group_dims = _dims(instr, "lhs_ragged_dims"), _dims(instr, "rhs_group_dims")
+    numbers = instr.dot_dimension_numbers
+    lb, rb = numbers.lhs_batch, numbers.rhs_batch
+    lc, rc = numbers.lhs_contracting, numbers.rhs_contracting
+    ragged_dims, group_dims = instr.lhs_ragged_dims, instr.rhs_group_dims
     if len(ragged_dims) != 1 or len(group_dims) > 1:
         raise EvaluationError(
             f"{instr.name}: ragged-dot needs one lhs ragged dim and at most one rhs group dim, "
@@ -307,19 +305,19 @@ def windows(x: np.ndarray, axes: list[int], dims: tuple[WindowDim, ...]) -> np.n
 @evaluates(Opcode.CONVOLUTION)
 def _convolution(instr, operands, ctx):
     lhs, rhs = operands
-    labels: ConvDimLabels | None = instr.attrs.get("dim_labels")
+    labels: ConvDimLabels | None = instr.dim_labels_or_none
     if labels is None:
         raise EvaluationError(f"{instr.name}: convolution needs dim_labels")
     nsp = len(labels.input_spatial)
-    window: Window = instr.attrs.get("window") or Window(
+    window: Window = instr.window_or_none or Window(
         tuple(WindowDim(size=rhs.shape[d]) for d in labels.kernel_spatial)
     )
     if len(window.dims) != nsp:
         raise EvaluationError(
             f"{instr.name}: window has {len(window.dims)} dims, the convolution {nsp} spatial dims"
         )
-    fgc = int(instr.attrs.get("feature_group_count", 1))
-    bgc = int(instr.attrs.get("batch_group_count", 1))
+    fgc = instr.feature_group_count
+    bgc = instr.batch_group_count
     result = instr.shape.element_type
     acc = accumulation_dtype(result, lhs, rhs)
 

@@ -17,13 +17,6 @@ from xlapy.ir.opcodes import Opcode
 _MAX_WHILE_ITERATIONS_KEY = "max_while_iterations"
 
 
-def _computation(instr, name) -> HloComputation:
-    comp = instr.attrs.get(name)
-    if comp is None:
-        raise EvaluationError(f"{instr.name}: {instr.opcode.text} needs {name}=")
-    return comp
-
-
 def _as_bool(value, instr, what) -> bool:
     if not isinstance(value, np.ndarray) or value.shape != () or value.dtype != np.bool_:
         raise EvaluationError(f"{instr.name}: {what} must return pred[], got {value!r}")
@@ -32,8 +25,8 @@ def _as_bool(value, instr, what) -> bool:
 
 @evaluates(Opcode.WHILE)
 def _while(instr, operands, ctx):
-    condition = _computation(instr, "condition")
-    body = _computation(instr, "body")
+    condition = instr.while_condition
+    body = instr.while_body
     limit = ctx.state.get(_MAX_WHILE_ITERATIONS_KEY)
     state = operands[0]
     iterations = 0
@@ -51,17 +44,13 @@ def _while(instr, operands, ctx):
 @evaluates(Opcode.CONDITIONAL)
 def _conditional(instr, operands, ctx):
     selector, *branch_args = operands
-    branches = instr.attrs.get("branch_computations")
-    if branches is None:
+    branches = instr.branches
+    if instr.conditional_is_predicated:
         if selector.dtype != np.bool_:
             raise EvaluationError(
                 f"{instr.name}: a conditional with true_computation/"
                 f"false_computation needs a pred selector"
             )
-        branches = (
-            _computation(instr, "true_computation"),
-            _computation(instr, "false_computation"),
-        )
         index = 0 if bool(selector) else 1
     else:
         if selector.shape != () or selector.dtype != np.int32:
@@ -81,12 +70,12 @@ def _conditional(instr, operands, ctx):
 
 @evaluates(Opcode.CALL)
 def _call(instr, operands, ctx):
-    return ctx.call(_computation(instr, "to_apply"), operands)
+    return ctx.call(instr.to_apply, operands)
 
 
 @evaluates(Opcode.FUSION)
 def _fusion(instr, operands, ctx):
-    return ctx.call(_computation(instr, "calls"), operands)
+    return ctx.call(instr.calls, operands)
 
 
 def is_elementwise_scalar_computation(comp: HloComputation) -> bool:
@@ -109,7 +98,7 @@ def is_elementwise_scalar_computation(comp: HloComputation) -> bool:
 
 @evaluates(Opcode.MAP)
 def _map(instr, operands, ctx):
-    comp = _computation(instr, "to_apply")
+    comp = instr.to_apply
     out_dims = instr.shape.dims
     dtype = instr.shape.dtype
     if is_elementwise_scalar_computation(comp):

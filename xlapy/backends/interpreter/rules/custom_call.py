@@ -55,7 +55,7 @@ def _preallocated_outs(instr, operands):
     for _, leaf in instr.shape.leaves():
         outs.append(np.zeros(leaf.dims, leaf.dtype) if leaf.is_array else None)
     leaf_numbers = {index: i for i, (index, _) in enumerate(instr.shape.leaves())}
-    for alias in instr.attrs.get("output_to_operand_aliasing", ()):
+    for alias in instr.output_to_operand_aliasing:
         if alias.output_index not in leaf_numbers or alias.operand_number >= len(operands):
             raise CustomCallError(
                 f"{instr.name}: output_to_operand_aliasing entry "
@@ -98,8 +98,8 @@ def _xla_topk(instr, operands, ctx):
     """XLA's "TopK" custom call (what its optimizer turns `topk` into): the k first elements
     of each row of the last dimension in the comparator's order, ties by lower index."""
     (x,) = operands
-    called = instr.attrs.get("called_computations") or ()
-    comparator = instr.to_apply or (called[0] if len(called) == 1 else None)
+    called = instr.custom_call_computations
+    comparator = instr.to_apply_or_none or (called[0] if len(called) == 1 else None)
     if comparator is None or not instr.shape.is_tuple or x.ndim == 0:
         raise CustomCallError(
             f"{instr.name}: TopK needs one comparator computation and a (values, indices) result"
@@ -131,7 +131,7 @@ def _aliased_operands(instr, operands, outs) -> list:
     output's buffer (the copy the target updates in place)."""
     operands = list(operands)
     leaf_numbers = {index: i for i, (index, _) in enumerate(instr.shape.leaves())}
-    for alias in instr.attrs.get("output_to_operand_aliasing", ()):
+    for alias in instr.output_to_operand_aliasing:
         out = outs[leaf_numbers[alias.output_index]]
         operands[alias.operand_number] = replace_leaf(
             operands[alias.operand_number], alias.operand_index, out
@@ -156,14 +156,14 @@ def _call_c(instr, target, operands, outs, opaque):
 
 @evaluates(Opcode.CUSTOM_CALL)
 def _custom_call(instr, operands, ctx):
-    name = instr.attrs.get("custom_call_target")
+    name = instr.custom_call_target
     if not name:
         raise CustomCallError(f"{instr.name}: custom-call needs custom_call_target=")
     if name in XLA_INTERNAL_TARGET_NAMES:
         return XLA_INTERNAL_TARGETS[name](instr, operands, ctx)
     platform = ctx.state.get("platform", "Host")
     target = find(name, platform, ctx.state.get("custom_calls"))
-    config = instr.attrs.get("backend_config")
+    config = instr.backend_config
     opaque = config.text if config is not None else ""
     outs = _preallocated_outs(instr, operands)
     with calling(name):

@@ -259,11 +259,7 @@ def _bitcast_convert(instr, operands, ctx):
 def _reduce_precision(instr, operands, ctx):
     x = operands[0]
     t = ptype_of(x)
-    exp_bits, mant_bits = instr.attrs.get("exponent_bits"), instr.attrs.get("mantissa_bits")
-    if exp_bits is None or mant_bits is None:
-        raise EvaluationError(
-            f"{instr.name}: reduce-precision needs exponent_bits and mantissa_bits"
-        )
+    exp_bits, mant_bits = instr.exponent_bits, instr.mantissa_bits
     if t.dtype in (np.float16, np.float32, np.float64):
         return reduce_precision(x, exp_bits, mant_bits)
     if t.is_float:

@@ -13,8 +13,8 @@ from xlapy.ir.opcodes import Opcode
 @evaluates(Opcode.FFT)
 def _fft(instr, operands, ctx):
     (x,) = operands
-    kind = str(instr.attrs.get("fft_type", "FFT"))
-    lengths = tuple(instr.attrs.get("fft_length") or ())
+    kind = instr.fft_type
+    lengths = instr.fft_length
     out = transform(kind, x, lengths, what=instr.name)
     if out.shape != instr.shape.dims or out.dtype != instr.shape.dtype:
         raise EvaluationError(

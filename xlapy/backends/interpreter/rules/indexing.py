@@ -48,7 +48,7 @@ def _clamped_starts(instr, operand_dims, sizes, starts) -> list[int]:
 @evaluates(Opcode.DYNAMIC_SLICE)
 def _dynamic_slice(instr, operands, ctx):
     operand, *starts = operands
-    sizes = instr.attrs.get("dynamic_slice_sizes", instr.shape.dims)
+    sizes = instr.dynamic_slice_sizes
     if any(s > d for s, d in zip(sizes, operand.shape, strict=False)):
         raise EvaluationError(
             f"{instr.name}: slice sizes {list(sizes)} exceed operand dims {list(operand.shape)}"
@@ -148,14 +148,14 @@ def _check_dims(instr, name, dims, rank):
 @evaluates(Opcode.GATHER)
 def _gather(instr, operands, ctx):
     operand, indices = operands
-    a = instr.attrs
-    offset_dims = tuple(a.get("offset_dims", ()))
-    collapsed = tuple(a.get("collapsed_slice_dims", ()))
-    index_map = tuple(a.get("start_index_map", ()))
-    operand_batching = tuple(a.get("operand_batching_dims", ()))
-    indices_batching = tuple(a.get("start_indices_batching_dims", ()))
-    index_vector_dim = a.get("index_vector_dim", indices.ndim)
-    slice_sizes = tuple(a.get("slice_sizes", ()))
+    a = instr.gather_dimension_numbers
+    offset_dims = a.offset_dims
+    collapsed = a.collapsed_slice_dims
+    index_map = a.start_index_map
+    operand_batching = a.operand_batching_dims
+    indices_batching = a.start_indices_batching_dims
+    index_vector_dim = a.index_vector_dim
+    slice_sizes = a.slice_sizes
     if len(slice_sizes) != operand.ndim:
         raise EvaluationError(
             f"{instr.name}: slice_sizes has {len(slice_sizes)} entries for an operand of rank "
@@ -246,14 +246,14 @@ def _scatter(instr, operands, ctx):
     inputs = operands[:count]
     indices = operands[count]
     updates = operands[count + 1 :]
-    a = instr.attrs
-    window_dims = tuple(a.get("update_window_dims", ()))
-    inserted = tuple(a.get("inserted_window_dims", ()))
-    index_map = tuple(a.get("scatter_dims_to_operand_dims", ()))
-    input_batching = tuple(a.get("input_batching_dims", ()))
-    indices_batching = tuple(a.get("scatter_indices_batching_dims", ()))
-    index_vector_dim = a.get("index_vector_dim", indices.ndim)
-    combiner = a.get("to_apply")
+    a = instr.scatter_dimension_numbers
+    window_dims = a.update_window_dims
+    inserted = a.inserted_window_dims
+    index_map = a.scatter_dims_to_operand_dims
+    input_batching = a.input_batching_dims
+    indices_batching = a.scatter_indices_batching_dims
+    index_vector_dim = a.index_vector_dim
+    combiner = instr.to_apply_or_none
     if combiner is None:
         raise EvaluationError(f"{instr.name}: scatter needs a to_apply combiner")
     operand_shape = inputs[0].shape

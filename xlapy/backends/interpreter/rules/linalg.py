@@ -47,7 +47,7 @@ def _hermitian_from_triangle(a: np.ndarray, lower: bool) -> np.ndarray:
 def _cholesky(instr, operands, ctx):
     (a,) = operands
     _square_batch(instr, a, "cholesky's operand")
-    lower = bool(instr.attrs.get("lower", False))
+    lower = instr.lower
     h = _hermitian_from_triangle(_wide(a), lower)
     flat = h.reshape(-1, *h.shape[-2:])
     factors = np.empty_like(flat)
@@ -69,10 +69,10 @@ _TRANSPOSE_KINDS = ("NO_TRANSPOSE", "TRANSPOSE", "ADJOINT")
 def _triangular_solve(instr, operands, ctx):
     a, b = operands
     _square_batch(instr, a, "triangular-solve's a")
-    left = bool(instr.attrs.get("left_side", False))
-    lower = bool(instr.attrs.get("lower", False))
-    unit = bool(instr.attrs.get("unit_diagonal", False))
-    kind = str(instr.attrs.get("transpose_a", "NO_TRANSPOSE"))
+    left = instr.left_side
+    lower = instr.lower
+    unit = instr.unit_diagonal
+    kind = instr.transpose_a
     if kind not in _TRANSPOSE_KINDS:
         raise EvaluationError(f"{instr.name}: transpose_a must be one of {_TRANSPOSE_KINDS}")
     m = a.shape[-1]
@@ -106,7 +106,7 @@ def _triangular_solve(instr, operands, ctx):
 
 
 def _feature_axes(instr, x: np.ndarray, *per_feature: np.ndarray) -> tuple[int, tuple]:
-    f = int(instr.attrs.get("feature_index", -1))
+    f = instr.feature_index
     if not 0 <= f < x.ndim:
         raise EvaluationError(f"{instr.name}: feature_index {f} invalid for rank {x.ndim}")
     for v in per_feature:
@@ -128,7 +128,7 @@ def _along(v: np.ndarray, f: int, rank: int) -> np.ndarray:
 def _batch_norm_training(instr, operands, ctx):
     x, scale, offset = operands
     f, axes = _feature_axes(instr, x, scale, offset)
-    eps = float(instr.attrs.get("epsilon", 0.0))
+    eps = instr.epsilon
     xw = _wide(x)
     mean = xw.mean(axis=axes)
     centered = xw - _along(mean, f, x.ndim)
@@ -142,7 +142,7 @@ def _batch_norm_training(instr, operands, ctx):
 def _batch_norm_inference(instr, operands, ctx):
     x, scale, offset, mean, var = operands
     f, _ = _feature_axes(instr, x, scale, offset, mean, var)
-    eps = float(instr.attrs.get("epsilon", 0.0))
+    eps = instr.epsilon
     r = x.ndim
     norm = (_wide(x) - _along(_wide(mean), f, r)) / np.sqrt(_along(_wide(var), f, r) + eps)
     y = norm * _along(_wide(scale), f, r) + _along(_wide(offset), f, r)
@@ -155,7 +155,7 @@ def _batch_norm_grad(instr, operands, ctx):
     f, axes = _feature_axes(instr, x, scale, mean, var)
     if grad.shape != x.shape:
         raise EvaluationError(f"{instr.name}: grad_output dims must equal the operand's")
-    eps = float(instr.attrs.get("epsilon", 0.0))
+    eps = instr.epsilon
     r = x.ndim
     g = _wide(grad)
     centered = _wide(x) - _along(_wide(mean), f, r)

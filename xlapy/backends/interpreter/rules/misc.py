@@ -60,8 +60,8 @@ def _tuple(instr, operands, ctx):
 @evaluates(Opcode.GET_TUPLE_ELEMENT)
 def _get_tuple_element(instr, operands, ctx):
     value = operands[0]
-    index = instr.attrs.get("index")
-    if not isinstance(value, tuple) or index is None or not 0 <= index < len(value):
+    index = instr.tuple_index
+    if not isinstance(value, tuple) or not 0 <= index < len(value):
         raise EvaluationError(
             f"{instr.name}: get-tuple-element index={index} of a value with "
             f"{len(value) if isinstance(value, tuple) else 'no'} elements"
@@ -102,9 +102,9 @@ def _copy_done(instr, operands, ctx):
 
 @evaluates(Opcode.ASYNC_START)
 def _async_start(instr, operands, ctx):
-    comp = instr.attrs.get("calls")
+    comp = instr.calls_or_none
     if comp is None:
-        called = instr.attrs.get("called_computations") or ()
+        called = instr.custom_call_computations
         comp = called[0] if called else None
     if comp is None:
         raise EvaluationError(f"{instr.name}: async-start needs calls=")

@@ -129,7 +129,7 @@ def _pack(values: list[np.ndarray], instr: HloInstruction):
 @evaluates(Opcode.REDUCE)
 def _reduce(instr, operands, ctx):
     inputs, inits = _split_operands(instr, operands)
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None:
         raise EvaluationError(f"{instr.name}: reduce needs to_apply")
     rank = inputs[0].ndim
@@ -158,7 +158,7 @@ def _reduce(instr, operands, ctx):
 
 
 def _window_of(instr: HloInstruction, rank: int) -> Window:
-    window: Window | None = instr.attrs.get("window")
+    window = instr.window_or_none
     if window is None:
         raise EvaluationError(f"{instr.name}: {instr.opcode.text} needs a window")
     if len(window.dims) != rank:
@@ -191,7 +191,7 @@ def _offsets(window: Window, out_shape: tuple[int, ...]):
 @evaluates(Opcode.REDUCE_WINDOW)
 def _reduce_window(instr, operands, ctx):
     inputs, inits = _split_operands(instr, operands)
-    comp = instr.to_apply
+    comp = instr.to_apply_or_none
     if comp is None:
         raise EvaluationError(f"{instr.name}: reduce-window needs to_apply")
     window = _window_of(instr, inputs[0].ndim)
@@ -236,9 +236,7 @@ def _occurrence_rank(targets: np.ndarray) -> np.ndarray:
 @evaluates(Opcode.SELECT_AND_SCATTER)
 def _select_and_scatter(instr, operands, ctx):
     operand, source, init = operands
-    select, scatter = instr.attrs.get("select"), instr.attrs.get("scatter")
-    if select is None or scatter is None:
-        raise EvaluationError(f"{instr.name}: select-and-scatter needs select and scatter")
+    select, scatter = instr.select_computation, instr.scatter_computation
     window = _window_of(instr, operand.ndim)
     if any(d.base_dilation != 1 for d in window.dims):
         raise EvaluationError(f"{instr.name}: select-and-scatter takes no base dilation")

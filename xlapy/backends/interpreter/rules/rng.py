@@ -162,7 +162,7 @@ def random_bits(algorithm: str, state: np.ndarray, element_type: PrimitiveType, 
 
 @evaluates(Opcode.RNG_BIT_GENERATOR)
 def _rng_bit_generator(instr, operands, ctx):
-    algorithm = str(instr.attrs.get("algorithm", "rng_default"))
+    algorithm = instr.rng_algorithm
     if algorithm not in _ALGORITHMS:
         raise EvaluationError(
             f"{instr.name}: unknown rng-bit-generator algorithm '{algorithm}' (expected one "
@@ -190,7 +190,7 @@ def _rng_bit_generator(instr, operands, ctx):
 
 @evaluates(Opcode.RNG)
 def _rng(instr, operands, ctx):
-    distribution = str(instr.attrs.get("distribution", ""))
+    distribution = instr.rng_distribution
     shape = instr.shape
     generator: np.random.Generator = ctx.state["rng"]
     a, b = (np.asarray(x) for x in operands)
@@ -220,7 +220,7 @@ def _rng(instr, operands, ctx):
 
 @evaluates(Opcode.RNG_GET_AND_UPDATE_STATE)
 def _rng_get_and_update_state(instr, operands, ctx):
-    delta = int(instr.attrs.get("delta", 0))
+    delta = instr.rng_delta
     current = ctx.state.get("rng_state", 0)
     ctx.state["rng_state"] = (current + delta) % (1 << 128)
     words = [(current >> (64 * i)) & ((1 << 64) - 1) for i in range(2)]

@@ -18,13 +18,6 @@ from xlapy.errors import EvaluationError
 from xlapy.ir.opcodes import Opcode
 
 
-def _attr(instr, name):
-    value = instr.attrs.get(name)
-    if value is None:
-        raise EvaluationError(f"{instr.name}: {instr.opcode.text} needs the attribute {name}=")
-    return value
-
-
 @evaluates(Opcode.BROADCAST)
 def _broadcast(instr, operands, ctx):
     x = operands[0]
@@ -97,7 +90,7 @@ def _from_physical(flat: np.ndarray, dims, layout) -> np.ndarray:
 
 @evaluates(Opcode.TRANSPOSE)
 def _transpose(instr, operands, ctx):
-    perm = tuple(_attr(instr, "dimensions"))
+    perm = instr.dimensions
     x = operands[0]
     if sorted(perm) != list(range(x.ndim)):
         raise EvaluationError(
@@ -108,7 +101,7 @@ def _transpose(instr, operands, ctx):
 
 @evaluates(Opcode.SLICE)
 def _slice(instr, operands, ctx):
-    spec = _attr(instr, "slice")
+    spec = instr.slice_spec
     x = operands[0]
     if len(spec.dims) != x.ndim:
         raise EvaluationError(f"{instr.name}: slice has {len(spec.dims)} ranges for rank {x.ndim}")
@@ -118,7 +111,7 @@ def _slice(instr, operands, ctx):
 
 @evaluates(Opcode.CONCATENATE)
 def _concatenate(instr, operands, ctx):
-    dims = _attr(instr, "dimensions")
+    dims = instr.dimensions
     return np.concatenate(operands, axis=dims[0])
 
 
@@ -131,7 +124,7 @@ def _reverse(instr, operands, ctx):
 @evaluates(Opcode.PAD)
 def _pad(instr, operands, ctx):
     x, value = operands
-    padding = _attr(instr, "padding")
+    padding = instr.padding_config
     if len(padding.dims) != x.ndim:
         raise EvaluationError(
             f"{instr.name}: padding has {len(padding.dims)} dimensions for rank {x.ndim}"
@@ -158,7 +151,7 @@ def _pad_axis(x, axis, low, high, interior, value):
 
 @evaluates(Opcode.IOTA)
 def _iota(instr, operands, ctx):
-    dim = _attr(instr, "iota_dimension")
+    dim = instr.iota_dimension
     dims = instr.shape.dims
     if not 0 <= dim < len(dims):
         raise EvaluationError(f"{instr.name}: iota_dimension={dim} is outside rank {len(dims)}")
@@ -170,7 +163,7 @@ def _iota(instr, operands, ctx):
 
 @evaluates(Opcode.GET_DIMENSION_SIZE)
 def _get_dimension_size(instr, operands, ctx):
-    dims = _attr(instr, "dimensions")
+    dims = instr.dimensions
     x = operands[0]
     if not 0 <= dims[0] < x.ndim:
         raise EvaluationError(f"{instr.name}: dimension {dims[0]} is outside rank {x.ndim}")

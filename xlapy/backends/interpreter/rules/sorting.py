@@ -65,7 +65,7 @@ def merge_sort_permutation(ctx, comparator, rows: list[np.ndarray]) -> np.ndarra
 @evaluates(Opcode.SORT)
 def _sort(instr, operands, ctx):
     dims = instr.dimensions
-    comparator = instr.to_apply
+    comparator = instr.to_apply_or_none
     if len(dims) != 1 or comparator is None:
         raise EvaluationError(f"{instr.name}: sort needs dimensions={{d}} and to_apply")
     if comparator.num_parameters != 2 * len(operands):
@@ -106,9 +106,9 @@ def _order_key(values: np.ndarray) -> np.ndarray:
 @evaluates(Opcode.TOPK)
 def _topk(instr, operands, ctx):
     (x,) = operands
-    k = instr.attrs.get("k")
-    largest = instr.attrs.get("largest", True)
-    if k is None or x.ndim == 0 or not 0 <= k <= x.shape[-1]:
+    k = instr.topk_k
+    largest = instr.topk_largest
+    if x.ndim == 0 or not 0 <= k <= x.shape[-1]:
         raise EvaluationError(
             f"{instr.name}: topk needs 0 <= k <= {x.shape[-1] if x.ndim else 0} along the last "
             f"dimension, got k={k}"
