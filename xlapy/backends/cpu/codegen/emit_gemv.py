@@ -138,10 +138,9 @@ def gemv_geometry(instr: HloInstruction, f32_lanes: int) -> Gemv | str:
     for s in (lhs, rhs, out):
         if s.is_dynamic or (s.layout is not None and s.layout.tiles):
             return "a dynamic shape or a tiled layout"
-    a = instr.attrs
-    lb, rb = tuple(a.get("lhs_batch_dims") or ()), tuple(a.get("rhs_batch_dims") or ())
-    lc = tuple(a.get("lhs_contracting_dims") or ())
-    rc = tuple(a.get("rhs_contracting_dims") or ())
+    dn = instr.dot_dimension_numbers
+    lb, rb = dn.lhs_batch, dn.rhs_batch
+    lc, rc = dn.lhs_contracting, dn.rhs_contracting
     if len(lb) != len(rb) or len(lc) != len(rc):
         return "unpaired batch or contracting dimensions"
     lf = [d for d in range(lhs.rank) if d not in lb and d not in lc]
