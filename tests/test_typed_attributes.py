@@ -44,7 +44,7 @@ def test_typed_accessors():
     assert get("w").known_trip_count == 8
     assert get("w").while_body is module.get_computation("body")
     assert get("w").while_condition is module.get_computation("cond")
-    assert get("w").to_apply is None
+    assert get("w").to_apply_or_none is None  # `to_apply` itself raises: it is required
     assert get("v").known_trip_count is None  # not a number: unknown, not an error
     assert get("t").known_trip_count is None
     assert get("x").tuple_index == 1
@@ -63,9 +63,8 @@ def test_comparison_direction_reads_either_spelling():
     assert lt.comparison_direction == "LT"
 
 
-# Attributes with a typed accessor on HloInstruction: outside `ir`, code reads the accessor.
-# (`to_apply` is still read as `attrs["to_apply"]` where the computation must exist: the
-# accessor returns None when it is absent.)
+# Attributes with a typed accessor on HloInstruction: outside `ir`, code reads the accessor
+# (every attribute has one now: tests/test_architecture.py checks all reads by name).
 ACCESSOR_LOOKUPS = (
     'attrs.get("to_apply"',
     'attr("to_apply"',
