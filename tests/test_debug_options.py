@@ -65,7 +65,8 @@ def test_module_re_limits_the_dumps(client, tmp_path):
     "debug, message",
     [
         ({"xla_cpu_enable_fast_math": True}, "xla_cpu_enable_fast_math is not supported"),
-        ({"xla_dump_hlo_pass_re": ".*", "xla_dump_to": "/tmp"}, "xla_dump_hlo_pass_re"),
+        ({"exec_time_compilation_effort": 0.0}, "No such compile option"),
+        ({"xla_dump_max_hlo_modules": "2"}, "must be an integer"),
         ({"xla_dump_to": ""}, "must name a directory"),
         ({"xla_dump_to": "/tmp/x", "xla_dump_hlo_as_text": False}, "as text only"),
         ({"xla_dump_hlo_module_re": "("}, "xla_dump_hlo_module_re"),
@@ -143,3 +144,49 @@ def test_jax_default_compile_options_warn_about_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DebugOptionWarning)
         jax.jit(lambda a: jnp.cos(a) + 1).lower(spec).compile()
+
+
+def test_dump_max_hlo_modules_stops_the_dumps(client, tmp_path):
+    options = CompileOptions.make(
+        debug_options={"xla_dump_to": str(tmp_path), "xla_dump_max_hlo_modules": 0}
+    )
+    client.compile(PROGRAM, options)
+    assert list(tmp_path.iterdir()) == []
+    unlimited = CompileOptions.make(
+        debug_options={"xla_dump_to": str(tmp_path), "xla_dump_max_hlo_modules": -1}
+    )
+    client.compile(PROGRAM, unlimited)
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+@pytest.mark.parametrize(
+    "name, value, reason",
+    [
+        ("xla_gpu_auto_spmd_partitioning_memory_budget_ratio", 0.5, "another backend"),
+        ("xla_tpu_enable_latency_hiding_scheduler", True, "another backend"),
+        ("xla_embed_ir_in_executable", True, "no LLVM IR"),
+        ("xla_dump_hlo_pass_re", ".*", "not per pass"),
+    ],
+)
+def test_options_that_cannot_change_the_program_warn(client, name, value, reason):
+    """What XLA accepts and XLA:CPU ignores (other backends' options) or xlapy does not
+    produce (diagnostics) compiles, with a DebugOptionWarning naming it and saying why."""
+    with pytest.warns(DebugOptionWarning, match=f"{name} is not honoured by xlapy: .*{reason}"):
+        client.compile(PROGRAM, CompileOptions.make(debug_options={name: value}))
+
+
+def test_jax_api_test_compile_options_run_on_xlapy():
+    """JAX's own api_test.test_compile_options_jit and the 'No such' half of
+    test_exec_time_optimization_effort_compiler_option, on the xlapy platform."""
+    xlapy = jax.devices("xlapy")[0]
+    x = jax.device_put(jnp.float32(-3.0), xlapy)
+    options = {
+        "xla_embed_ir_in_executable": True,
+        "xla_dump_max_hlo_modules": 200,
+        "xla_gpu_auto_spmd_partitioning_memory_budget_ratio": 0.5,
+    }
+    with pytest.warns(DebugOptionWarning):
+        out = jax.jit(lambda v: jnp.sqrt(v**2) + 1.0, compiler_options=options)(x)
+    assert float(out) == 4.0
+    with pytest.raises(jax.errors.JaxRuntimeError, match="No such"):
+        jax.jit(lambda v: v + 1.0, compiler_options={"exec_time_compilation_effort": 0.0})(x)

@@ -70,6 +70,8 @@ _DEBUG_STRING_FIELDS = {109: "xla_dump_to", 110: "xla_dump_hlo_module_re"}
 a request (xlapy.runtime.debug acts on it)."""
 _DEBUG_TRUE_FIELDS = {112: "xla_dump_hlo_as_text"}
 """DebugOptions bool fields xlapy honours when true."""
+_DUMP_MAX_MODULES_FIELD = 132
+"""DebugOptions.xla_dump_max_hlo_modules (int32; -1, JAX's default, is no limit)."""
 
 IGNORED_DEBUG_FIELDS: dict[int, tuple[str, int | bytes]] = {
     30: ("xla_disable_hlo_passes", b""),
@@ -81,7 +83,6 @@ IGNORED_DEBUG_FIELDS: dict[int, tuple[str, int | bytes]] = {
     116: ("xla_dump_hlo_as_html", 0),
     118: ("xla_dump_hlo_snapshots", 0),
     124: ("xla_enable_hlo_passes_only", b""),
-    132: ("xla_dump_max_hlo_modules", (1 << 64) - 1),
     144: ("xla_dump_module_metadata", 0),
     149: ("xla_dump_fusion_visualization", 0),
     151: ("xla_dump_compress_protos", 0),
@@ -117,6 +118,8 @@ def _debug_options(data: bytes, debug: dict[str, str | int | float | bool]) -> N
             debug[_DEBUG_STRING_FIELDS[n]] = v.decode("utf-8", "replace")
         elif n in _DEBUG_TRUE_FIELDS and v == 1:
             debug[_DEBUG_TRUE_FIELDS[n]] = True
+        elif n == _DUMP_MAX_MODULES_FIELD and isinstance(v, int) and v != (1 << 64) - 1:
+            debug["xla_dump_max_hlo_modules"] = v - (1 << 64) if v >= 1 << 63 else v
         elif n in IGNORED_DEBUG_FIELDS and v != IGNORED_DEBUG_FIELDS[n][1]:
             name = IGNORED_DEBUG_FIELDS[n][0]
             shown = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
