@@ -296,16 +296,26 @@ def _type_register(args) -> None:
     register_type(name, args.type_id, args.type_info)
 
 
+_OWN_TYPE_IDS = 1 << 40
+"""xlapy numbers the types it names from here, so that an id XLA:CPU's registry gave
+(numbered from 1, in the same process) never means another type to xlapy."""
+
+
 def register_type(name: str, type_id, type_info=None) -> int:
     """Give type `name` an id (the same one each time for a name) and write it into the
     XLA_FFI_TypeId `type_id` points at; a nonzero id already there must be the same.
     `type_info` (an XLA_FFI_TypeInfo pointer, or None/NULL) gives the deleter that frees a
     state object of this type."""
+    given = type_id.type_id
     with _LOCK:
         known = _TYPES.get(name)
-        if known is None:
-            known = _TYPES[name] = len(_TYPES) + 1
-    given = type_id.type_id
+        taken = set(_TYPES.values())
+        if known is None and given and given not in taken:
+            # already given an id by another registry (XLA:CPU's, for platform "cpu" in
+            # the same process): xlapy keeps it, so the one XLA_FFI_TypeId serves both
+            known = _TYPES[name] = given
+        elif known is None:  # far from the small sequential ids XLA's registry gives
+            known = _TYPES[name] = max(taken | {_OWN_TYPE_IDS}) + 1
     if given not in (0, known):
         raise FfiError(INVALID_ARGUMENT, f"type {name!r} has id {known}, not {given}")
     type_id.type_id = known
