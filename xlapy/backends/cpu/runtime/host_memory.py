@@ -14,6 +14,8 @@ what XLA's own CPU buffers get; small buffers keep NumPy's allocator (malloc, no
 from __future__ import annotations
 
 import mmap
+import threading
+import weakref
 
 import numpy as np
 
@@ -26,11 +28,47 @@ _PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MA
 child would share with its parent (and which the kernel backs with shmem)."""
 
 
-def empty_bytes(size: int) -> np.ndarray:
-    """A writable uint8 array of `size` bytes (contents undefined; large ones read as 0).
+RECYCLED_BYTES = 1 << 28
+"""Released mappings kept for reuse, at most this many bytes in all: a program run again
+gets its arenas and outputs back with their pages already mapped. Without reuse every run
+of a program with a 4 MiB output paid about 2 ms of page faults (1,024 first touches) that
+malloc's reuse of freed memory never paid: elementwise programs ran 5-7x slower."""
 
-    The array keeps its mapping alive; the memory goes back to the system when the last
-    array viewing it is collected."""
+_free: dict[int, list[mmap.mmap]] = {}
+_free_bytes = 0
+_lock = threading.Lock()
+
+
+def _release(mapping: mmap.mmap) -> None:
+    """Called when the last array viewing `mapping` is gone: keep it for reuse while the
+    budget allows, else unmap it."""
+    global _free_bytes
+    size = len(mapping)
+    with _lock:
+        if _free_bytes + size <= RECYCLED_BYTES:
+            _free.setdefault(size, []).append(mapping)
+            _free_bytes += size
+            return
+    mapping.close()
+
+
+def empty_bytes(size: int) -> np.ndarray:
+    """A writable uint8 array of `size` bytes (contents undefined).
+
+    The array keeps its mapping alive; when the last array viewing it is collected the
+    mapping is kept for the next request of the same size (RECYCLED_BYTES in all) or
+    goes back to the system."""
+    global _free_bytes
     if size < MAPPED_BYTES:
         return np.empty(size, _U8)
-    return np.frombuffer(mmap.mmap(-1, size, **_PRIVATE), _U8)
+    mapping = None
+    with _lock:
+        stack = _free.get(size)
+        if stack:
+            mapping = stack.pop()
+            _free_bytes -= size
+    if mapping is None:
+        mapping = mmap.mmap(-1, size, **_PRIVATE)
+    array = np.frombuffer(mapping, _U8)
+    weakref.finalize(array, _release, mapping).atexit = False
+    return array
