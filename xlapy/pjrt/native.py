@@ -314,15 +314,12 @@ done:
 """
 
 
-def _buffer_is_deleted_ir(fallback: int) -> str:
-    """Buffer_IsDeleted of a handle native code made and Python never saw (`native` set,
-    `index` 0): live (deleting or donating one materializes it first), so false; any other
-    asks Python. JAX asks it of every array it checks (`x.devices()`, `x.is_deleted()`)."""
-    return f"""
-define ptr @Buffer_IsDeleted(ptr %args) {{
-entry:
-{chr(10).join(_args_guard("PJRT_Buffer_Flag_Args"))}
-  %hp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Flag_Args", "buffer")}
+def _native_unseen_handle(args_struct: str) -> str:
+    """The IR that sends a call on a handle native code made and Python never saw
+    (`native` set, `index` 0) to the block `fast` (with `%h` the handle), any other (a null
+    handle included) to `slow`; `args_struct` is the call's args struct (`buffer` field)."""
+    return f"""{chr(10).join(_args_guard(args_struct))}
+  %hp = getelementptr i8, ptr %args, i64 {_offset(args_struct, "buffer")}
   %h = load ptr, ptr %hp
   %isnull = icmp eq ptr %h, null
   br i1 %isnull, label %slow, label %check
@@ -334,7 +331,17 @@ check:
   %isnative = icmp ne i64 %n, 0
   %unseen = icmp eq i64 %i, 0
   %mine = and i1 %isnative, %unseen
-  br i1 %mine, label %fast, label %slow
+  br i1 %mine, label %fast, label %slow"""
+
+
+def _buffer_is_deleted_ir(fallback: int) -> str:
+    """Buffer_IsDeleted of a handle native code made and Python never saw (`native` set,
+    `index` 0): live (deleting or donating one materializes it first), so false; any other
+    asks Python. JAX asks it of every array it checks (`x.devices()`, `x.is_deleted()`)."""
+    return f"""
+define ptr @Buffer_IsDeleted(ptr %args) {{
+entry:
+{_native_unseen_handle("PJRT_Buffer_Flag_Args")}
 fast:
   %fp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Flag_Args", "flag")}
   store i8 0, ptr %fp
@@ -351,20 +358,7 @@ def _buffer_destroy_ir(fallback: int) -> str:
     return f"""
 define ptr @Buffer_Destroy(ptr %args) {{
 entry:
-{chr(10).join(_args_guard("PJRT_Buffer_Only_Args"))}
-  %hp = getelementptr i8, ptr %args, i64 {_offset("PJRT_Buffer_Only_Args", "buffer")}
-  %h = load ptr, ptr %hp
-  %isnull = icmp eq ptr %h, null
-  br i1 %isnull, label %slow, label %check
-check:
-  %np = getelementptr i8, ptr %h, i64 {_field("native")}
-  %n = load i64, ptr %np
-  %ip = getelementptr i8, ptr %h, i64 {_field("index")}
-  %i = load atomic i64, ptr %ip acquire, align 8
-  %isnative = icmp ne i64 %n, 0
-  %unseen = icmp eq i64 %i, 0
-  %mine = and i1 %isnative, %unseen
-  br i1 %mine, label %fast, label %slow
+{_native_unseen_handle("PJRT_Buffer_Only_Args")}
 fast:
   %dp = getelementptr i8, ptr %h, i64 {_field("data")}
   %d = load ptr, ptr %dp
