@@ -89,5 +89,7 @@ def test_user_data_lookup_is_not_found_on_both(add_user_data):
     assert "not found in the execution context" in messages["xlapy"]
     assert "'xlapy_test_user_data'" in messages["xlapy"]  # the type, by name
     assert "error code 5" in messages["xlapy"]  # NOT_FOUND, as XLA:CPU's status
+    assert messages["cpu"].startswith("NOT_FOUND"), messages["cpu"]
+    assert messages["xlapy"].startswith("NOT_FOUND"), messages["xlapy"]  # the call's status
     y = jax.jit(lambda a: a * 2)(jax.device_put(x, XLAPY))  # the device is still sound
     np.testing.assert_allclose(np.asarray(y), x * 2, rtol=1e-6)

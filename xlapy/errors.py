@@ -45,7 +45,13 @@ class EvaluationError(XlapyError):
 
 
 class CustomCallError(XlapyError):
-    """A custom call target is unknown, registered twice, or failed."""
+    """A custom call target is unknown, registered twice, or failed. `status_code` is the
+    absl status code a failed target returned (XLA FFI handlers: NOT_FOUND, INTERNAL...),
+    which the PJRT plugin reports as the call's error code, as XLA does; None otherwise."""
+
+    def __init__(self, message: str, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class HloAttributeError(VerifierError):

@@ -608,7 +608,7 @@ def _run(address: int, frame, context: _Context, where: str) -> None:
         err = ffi.cast("XLA_FFI_Handler *", address)(frame)
         if err != ffi.NULL:
             code, message = take_error(err)
-            raise CustomCallError(f"{where} failed: {message} (error code {code})")
+            raise CustomCallError(f"{where} failed: {message} (error code {code})", code)
         if frame.future != ffi.NULL:
             _wait(frame.future, where)
     finally:
@@ -673,7 +673,7 @@ def _wait(future, where: str) -> None:
             _FUTURES.pop(future.index, None)
     if error:
         code, message = error[0]
-        raise CustomCallError(f"{where} failed: {message} (error code {code})")
+        raise CustomCallError(f"{where} failed: {message} (error code {code})", code)
 
 
 def _buffers(dest, field: str, arrays: list, keep: list, orders: list) -> None:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from xlapy.errors import XlapyError
+from xlapy.errors import CustomCallError, XlapyError
 from xlapy.pjrt.abi import ffi, struct_size
 from xlapy.runtime import (
     BufferDeletedError,
@@ -152,9 +152,25 @@ def new_error(code: int, message: str):
     return err
 
 
+def _target_status(error: BaseException) -> int | None:
+    """The status code a failed custom-call target returned, if `exc` is (or was raised
+    from) its CustomCallError: XLA reports a failed FFI handler with the handler's code."""
+    seen, exc = 0, error  # type: tuple[int, BaseException | None]
+    while exc is not None and seen < 16:
+        code = getattr(exc, "status_code", None) if isinstance(exc, CustomCallError) else None
+        if isinstance(code, int) and 1 <= code <= 16:
+            return code
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
 def error_of(exc: BaseException):
+    target_code = _target_status(exc)
     if isinstance(exc, PjrtError):
         code = exc.code
+    elif target_code is not None:
+        code = target_code
     elif isinstance(exc, BufferDeletedError | DonationError):
         code = FAILED_PRECONDITION
     elif isinstance(exc, XlapyError | ValueError | TypeError | KeyError):
