@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, I32, I64, SYMBOL
-from xlapy.backends.cpu.codegen.emitter import KernelEmitter
-from xlapy.backends.cpu.codegen.math import MathEmitter
+from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +93,9 @@ def vector_shape(features: str) -> tuple[int, int]:
     return 4, 16
 
 
-class _ConvEmitter(KernelEmitter):
+class _ConvEmitter(StandaloneKernelEmitter):
     def __init__(self, conv: DirectConv, flush_denormals: bool):
-        # only what begin_function / end_function / loop use: no computation to emit
-        self.name = SYMBOL
-        self.flush_denormals = flush_denormals
-        self._saved_mxcsr = None
-        self.module = ir.Module(name=SYMBOL)
-        self.math = MathEmitter(self.module)
-        self.scopes = [{}]
+        super().__init__(SYMBOL, flush_denormals)
         self.conv = conv
         self.vty = ir.VectorType(F32, conv.vector)
         fma_type = ir.FunctionType(self.vty, [self.vty] * 3)

@@ -45,8 +45,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL, KernelSpec
-from xlapy.backends.cpu.codegen.emitter import KernelEmitter
-from xlapy.backends.cpu.codegen.math import MathEmitter
+from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
@@ -187,15 +186,9 @@ def gemv_geometry(instr: HloInstruction, f32_lanes: int) -> Gemv | str:
     )
 
 
-class _GemvEmitter(KernelEmitter):
+class _GemvEmitter(StandaloneKernelEmitter):
     def __init__(self, g: Gemv, flush_denormals: bool):
-        # only what begin_function / end_function / loop / alloca use: no computation to emit
-        self.name = SYMBOL
-        self.flush_denormals = flush_denormals
-        self._saved_mxcsr = None
-        self.module = ir.Module(name=SYMBOL)
-        self.math = MathEmitter(self.module)
-        self.scopes = [{}]
+        super().__init__(SYMBOL, flush_denormals)
         self.g = g
         self.scalar = F64 if g.f64 else F32
         self.vty = ir.VectorType(self.scalar, g.lanes)

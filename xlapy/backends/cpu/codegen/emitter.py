@@ -689,3 +689,17 @@ __all__ = [
     "in_place_reason",
     "output_leaves",
 ]
+
+
+class StandaloneKernelEmitter(KernelEmitter):
+    """A kernel written by hand rather than from a computation (direct convolution,
+    matrix-vector products): only what begin_function / end_function / loop / alloca use,
+    one module named SYMBOL, no computation to emit."""
+
+    def __init__(self, symbol: str, flush_denormals: bool):
+        self.name = symbol
+        self.flush_denormals = flush_denormals
+        self._saved_mxcsr = None
+        self.module = ir.Module(name=symbol)
+        self.math = MathEmitter(self.module)
+        self.scopes = [{}]
