@@ -141,4 +141,9 @@ def test_native_loop_gemms_match_the_python_loop(case, dtype):
     assert [w.native is not None for w in loops] == [callable_natively]
     assert callable_natively == (case[0] != "split_choice")
     python = CpuBackend().compile(parse_module(text), {"native_loops": False})
-    np.testing.assert_array_equal(np.asarray(native.run(args)), np.asarray(python.run(args)))
+    got, want = np.asarray(native.run(args)), np.asarray(python.run(args))
+    if callable_natively:
+        np.testing.assert_array_equal(got, want)
+    else:  # both loops in Python, each dot choosing split or whole by its own timing: split
+        # tiles may sum in another order (last bits; seen in a CI run, 2026-11-27 10:09)
+        np.testing.assert_allclose(got, want, rtol=1e-4 if dtype == "f32" else 1e-12)
