@@ -8,8 +8,6 @@ even for an authentic entry."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import io
 import json
 import os
@@ -21,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from test_cpu_executable_cache import damage_flip, damage_foreign_key, damage_truncate
 
 import xlapy.stablehlo
 from xlapy.backends.cpu import backend as cpu_backend
@@ -202,26 +201,6 @@ def test_other_options_miss_and_compute_their_own_result(cache, texts):
     assert python.backend_program().compiled.python_loops  # not the native program's image
     for a, b in zip(run(native, args), run(python, args), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
-
-
-def damage_flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def damage_truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:-100])
-
-
-def damage_foreign_key(path: Path) -> None:
-    """An entry made under another user's key (a copy from elsewhere)."""
-    head, _, payload = path.read_bytes().partition(b"\n")
-    magic = head.rpartition(b" ")[0]
-    mac = hmac.new(b"k" * 32, magic, hashlib.sha256)
-    mac.update(b"\0" + path.name.encode() + b"\0")
-    mac.update(payload)
-    path.write_bytes(magic + b" " + mac.hexdigest().encode() + b"\n" + payload)
 
 
 def rewrite_authentic(path: Path, edit) -> None:
