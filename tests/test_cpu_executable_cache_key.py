@@ -246,6 +246,7 @@ OPTION_VALUES = {
     "native_loops": (True, False),
     "direct_convolutions": (True, False),
     "native_gemv": (True, False),
+    "native_small_gemm": (True, False),
     "denormals": ("flush", "ieee"),
     "max_while_iterations": (10, 11),
     "thunk_concurrency": ("auto", "off"),

@@ -4,7 +4,9 @@ column-major layouts and strided results, batches (leading or not), merged dimen
 groups, remainders of every tile, k of 0 and 1, f32 and f64; the same bits whether the
 kernel runs whole or split over the pool; inside native while loops of 0, 1 and many trips
 (bit for bit the Python loop's); subnormals flushed as XLA:CPU does unless denormals is
-'ieee'; dots that are not matrix-vector products (or do not merge) stay with BLAS."""
+'ieee'; small matrix-matrix products (a side of 2 to 16 free elements, native_small_gemm)
+in both orders, every chunking of their columns, batched, strided, split and in loops;
+dots that are not such products (or do not merge) stay with BLAS."""
 
 from __future__ import annotations
 
@@ -247,15 +249,157 @@ def test_gemv_flushes_subnormals_unless_ieee(order):
     np.testing.assert_allclose(ieee, want, rtol=1e-5)
 
 
+# (id, lhs, rhs, out, dims, layouts, loop order, columns: the smaller free side)
+GEMM_CASES = [
+    ("x_w", (3, 128), (128, 256), (3, 256), dims([1], [0]), ("", "", ""), "columns", 3),
+    ("x_wt", (3, 256), (128, 256), (3, 128), dims([1], [1]), ("", "", ""), "rows", 3),
+    ("five_rows", (5, 160), (160, 77), (5, 77), dims([1], [0]), ("", "", ""), "columns", 5),
+    ("seven_t", (7, 37), (45, 37), (7, 45), dims([1], [1]), ("", "", ""), "rows", 7),
+    ("a_x_cols", (45, 37), (37, 7), (45, 7), dims([1], [0]), ("", "", ""), "rows", 7),
+    ("at_x_cols", (37, 45), (37, 16), (45, 16), dims([0], [0]), ("", "", ""), "columns", 16),
+    ("two_cols", (2, 19), (19, 41), (2, 41), dims([1], [0]), ("", "", ""), "columns", 2),
+    ("col_major", (3, 37), (37, 29), (3, 29), dims([1], [0]), ("{0,1}",) * 3, "rows", 3),
+    ("out_col_major", (6, 33), (33, 50), (6, 50), dims([1], [0]), ("", "", "{0,1}"), "columns", 6),
+    ("k0", (13, 0), (0, 29), (13, 29), dims([1], [0]), ("", "", ""), "columns", 13),
+    ("k1", (11, 1), (1, 29), (11, 29), dims([1], [0]), ("", "", ""), "rows", 11),
+    (
+        "batched",
+        (2, 3, 37),
+        (2, 37, 29),
+        (2, 3, 29),
+        dims([2], [1], [0], [0]),
+        ("", "", ""),
+        "columns",
+        3,
+    ),
+    (
+        "batched_rows",
+        (4, 9, 21),
+        (4, 30, 21),
+        (4, 9, 30),
+        dims([2], [2], [0], [0]),
+        ("", "", ""),
+        "rows",
+        9,
+    ),
+]
+
+
+@pytest.mark.parametrize("t", ["f32", "f64"])
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[c[0] for c in GEMM_CASES])
+def test_small_gemm_matches_interpreter(case, t):
+    _, lhs, rhs, out, d, layouts, order, cols = case
+    text = dot_hlo(t, lhs, rhs, out, d, layouts)
+    instr = parse_module(text).entry_computation().root_instruction()
+    assert isinstance(gemv_geometry(instr, 8), str)  # not a matrix-vector product
+    geometry = gemv_geometry(instr, 8, small_gemm=True)
+    assert not isinstance(geometry, str), geometry
+    assert (geometry.by_rows, geometry.cols) == (order == "rows", cols)
+    program = CpuProgram(parse_module(text), {"optimize": False})
+    (thunk,) = _dot_thunks(program)
+    assert isinstance(thunk, KernelThunk), program.thunk_listing()
+    args = _args(t, lhs, rhs)
+    want = np.asarray(evaluate(parse_module(text), args))
+    got = np.asarray(program.run(args))
+    _close(got, want, t, geometry.depth)
+
+
+@pytest.mark.parametrize("cols", range(2, 17))
+def test_small_gemm_chunks_cover_every_column_once(cols):
+    text = dot_hlo("f32", (cols, 20), (20, 40), (cols, 40), dims([1], [0]))
+    g = gemv_geometry(parse_module(text).entry_computation().root_instruction(), 8, True)
+    assert not isinstance(g, str)
+    starts = [j for j0, width in g.chunks for j in range(j0, j0 + width)]
+    assert starts == list(range(cols))
+    assert max(w for _, w in g.chunks) - min(w for _, w in g.chunks) <= 1
+    assert all(w <= 4 for _, w in g.chunks) and g.gemm_vectors * max(w for _, w in g.chunks) <= 12
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_split_small_gemm_gives_the_same_bits(transposed):
+    m, k, n = 4, 1024, 1030  # a 1M-element operand may split (DOT_PARALLEL_MIN_ELEMENTS)
+    if transposed:
+        text = dot_hlo("f32", (m, k), (n, k), (m, n), dims([1], [1]))
+        args = _args("f32", (m, k), (n, k))
+    else:
+        text = dot_hlo("f32", (m, k), (k, n), (m, n), dims([1], [0]))
+        args = _args("f32", (m, k), (k, n))
+    program = CpuProgram(parse_module(text))
+    (thunk,) = _dot_thunks(program)
+    assert isinstance(thunk, KernelThunk) and thunk.split_choice is not None
+    results = [np.asarray(program.run(args)) for _ in range(12)]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+    _close(results[0], np.asarray(evaluate(parse_module(text), args)), "f32", k)
+
+
+def rnn_loop_hlo(trips: int, transposed: bool) -> str:
+    """h <- tanh(h @ W + b) (or h @ W^T) over `trips` steps: an RNN cell on 3 rows."""
+    w, h, d = "f32[40,40]", "f32[3,40]", dims([1], [1] if transposed else [0])
+    state = f"(s32[], {w}, {h})"
+    return f"""HloModule rnn_loop
+cond {{
+  s = {state} parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant({trips})
+  ROOT c = pred[] compare(i, n), direction=LT
+}}
+body {{
+  s = {state} parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  w = {w} get-tuple-element(s), index=1
+  h = {h} get-tuple-element(s), index=2
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  z = {h} dot(h, w), {d}
+  b = f32[] constant(0.125)
+  bz = {h} broadcast(b), dimensions={{}}
+  zb = {h} add(z, bz)
+  h1 = {h} tanh(zb)
+  ROOT r = {state} tuple(i1, w, h1)
+}}
+ENTRY e {{
+  w = {w} parameter(0)
+  h = {h} parameter(1)
+  zero = s32[] constant(0)
+  init = {state} tuple(zero, w, h)
+  l = {state} while(init), condition=cond, body=body
+  ROOT r = {h} get-tuple-element(l), index=2
+}}"""
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("trips", [0, 1, 23])
+def test_small_gemm_in_a_native_loop(transposed, trips):
+    """An RNN cell's dot is a kernel of the native loop: the Python loop's bits and the
+    interpreter's numbers."""
+    text = rnn_loop_hlo(trips, transposed)
+    w = (RNG.standard_normal((40, 40)) / 6).astype(np.float32)
+    h = RNG.standard_normal((3, 40)).astype(np.float32)
+    native = CpuBackend().compile(parse_module(text), {})
+    (loop,) = [x for x in native.compiled.entry.thunks if isinstance(x, WhileThunk)]
+    assert loop.native is not None, native.thunk_listing()
+    assert any(
+        isinstance(x, KernelThunk) and x.instr.opcode is Opcode.DOT for x in loop.body.thunks
+    )
+    python = CpuBackend().compile(parse_module(text), {"native_loops": False})
+    got = np.asarray(native.run([w, h]))
+    np.testing.assert_array_equal(got, np.asarray(python.run([w, h])))
+    want = np.asarray(evaluate(parse_module(text), [w, h]))
+    _close(got, want, "f32", 40 * max(trips, 1))
+
+
 @pytest.mark.parametrize(
     ("lhs", "rhs", "out", "d", "layouts", "options"),
     [
         ((30, 40), (40, 20), (30, 20), dims([1], [0]), ("", "", ""), {}),  # matrix-matrix
+        ((17, 40), (40, 90), (17, 90), dims([1], [0]), ("", "", ""), {}),  # 17 > SMALL_COLS
+        ((3, 40), (40, 90), (3, 90), dims([1], [0]), ("", "", ""), {"native_small_gemm": False}),
         ((30, 40), (40,), (30,), dims([1], [0]), ("", "", ""), {"native_gemv": False}),
         # neither rows nor k contiguous: the contracting dims' group has two strides
         ((8, 30, 8), (8, 8), (30,), dims([0, 2], [0, 1]), ("{0,2,1}", "", ""), {}),
     ],
-    ids=["matrix_matrix", "option_off", "unmergeable"],
+    ids=["matrix_matrix", "seventeen_rows", "small_gemm_off", "option_off", "unmergeable"],
 )
 def test_other_dots_stay_with_blas(lhs, rhs, out, d, layouts, options):
     text = dot_hlo("f32", lhs, rhs, out, d, layouts)

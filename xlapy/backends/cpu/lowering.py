@@ -378,11 +378,13 @@ def _blas_dot(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 
 
 def _native_gemv(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    """A matrix-vector dot as a native kernel (codegen/emit_gemv.py); compile option
-    `native_gemv=False` leaves it to BLAS."""
+    """A matrix-vector dot, or a small matrix-matrix one (a side of at most 16 free
+    elements), as a native kernel (codegen/emit_gemv.py); compile options
+    `native_gemv=False` / `native_small_gemm=False` leave them to BLAS."""
     if not lw.options.get("native_gemv", True):
         return "native_gemv is off"
-    geometry = gemv_geometry(instr, vector_shape(host_target().features)[0])
+    small_gemm = bool(lw.options.get("native_small_gemm", True))
+    geometry = gemv_geometry(instr, vector_shape(host_target().features)[0], small_gemm)
     if isinstance(geometry, str):
         return geometry
     return _described_kernel(

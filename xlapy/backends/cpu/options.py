@@ -32,6 +32,12 @@ CPU_OPTIONS: dict[str, Option] = {
         "(default true; lowering.py, codegen/emit_gemv.py)",
         boolean,
     ),
+    "native_small_gemm": Option(
+        "run f32/f64 dots with a side of at most 16 free elements (an RNN cell's batch) as "
+        "native kernels, not through BLAS (with native_gemv; default true; lowering.py, "
+        "codegen/emit_gemv.py)",
+        boolean,
+    ),
     "denormals": Option(
         "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
         "(codegen/emitter.py)",

@@ -26,6 +26,21 @@
 #            tile run as scalar chains. A block reads 4 rows of A side by side, each
 #            contiguous over the tile, as BLAS's column-major gemv does.
 #
+# A small matrix-matrix product (the "vector" operand has 2 to _SMALL_COLS free elements:
+# an RNN cell's [batch, k] @ [k, n] with a batch of a few rows, compile option
+# native_small_gemm) runs the same two orders over `cols` vectors x_j, without BLAS's
+# packing of both operands on every call (OpenBLAS sgemm on 3 x 128 x 256 spent ~3x XLA's
+# time on it). The matrix is the operand with more free elements. Each tile takes the
+# columns j in a few balanced chunks of at most _GEMM_CHUNK and keeps every (row, j) sum
+# of the chunk in a register over the whole of k (A's tile is re-read from cache per chunk):
+#
+#   rows     a tile is 4 rows; per chunk one vector accumulator per (row, j) over k
+#            (4 x J fused multiply-add chains, J + 4 vector loads per step), summed
+#            across lanes at the end.
+#   columns  a tile is G vectors of V adjacent rows; per chunk one vector accumulator per
+#            (vector, j): x[j, k] broadcast, G vector loads of A per step, G x J chains
+#            (G = 12 // J, at most 4, so that the accumulators and loads fit 16 registers).
+#
 # The kernel's outer range counts tiles over (batch, rows), so a thunk may split it over the
 # pool; every result element is summed by one tile in one fixed order, so any split gives the
 # same bits. Sums use llvm.fmuladd (fused where the target has FMA, as BLAS's kernels are)
@@ -60,6 +75,13 @@ _COLUMN_TILE_BYTES = 8192
 _DEPTH_BLOCK = 4
 """k steps per block of the columns order: the block's rows of A stream side by side as
 the groups sweep the tile (4 to 16 measured alike on 512 x 4096; 64 was 6x slower)."""
+SMALL_COLS = 16
+"""A dot whose smaller free side (m or n) has at most this many elements is a small
+matrix-matrix product for this kernel (native_small_gemm); larger ones go to BLAS."""
+_GEMM_CHUNK = 4
+"""Columns (x_j) per chunk of a small matrix-matrix product's tile."""
+_GEMM_REGISTERS = 12
+"""Vector accumulators per chunk of the columns order (G x J <= this)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +95,24 @@ class Gemv:
     rows: int
     depth: int  # k
     a_strides: tuple[int, int, int]  # matrix: batch, row, k
-    x_strides: tuple[int, int]  # vector: batch, k
-    y_strides: tuple[int, int]  # result: batch, row
+    x_strides: tuple[int, int, int]  # vector: batch, k, column
+    y_strides: tuple[int, int, int]  # result: batch, row, column
     lanes: int  # V: elements of one vector register
+    cols: int = 1  # the vectors x_j (free elements of the other operand): above 1, a gemm
+
+    @property
+    def chunks(self) -> tuple[tuple[int, int], ...]:
+        """(first column, columns) of each chunk of a small gemm's tile: as few as
+        _GEMM_CHUNK allows, balanced (5 columns are 3 + 2, not 4 + 1)."""
+        count = -(-self.cols // _GEMM_CHUNK)
+        sizes = [self.cols // count + (i < self.cols % count) for i in range(count)]
+        return tuple((sum(sizes[:i]), size) for i, size in enumerate(sizes))
+
+    @property
+    def gemm_vectors(self) -> int:
+        """G: vectors of rows per tile of a small gemm's columns order."""
+        widest = max(size for _, size in self.chunks)
+        return max(1, min(4, _GEMM_REGISTERS // widest))
 
     @property
     def by_rows(self) -> bool:
@@ -87,6 +124,8 @@ class Gemv:
         """Rows per tile."""
         if self.by_rows:
             return _ROW_TILE
+        if self.cols > 1:
+            return self.gemm_vectors * self.lanes
         group = _COLUMN_VECTORS * self.lanes
         per_tile = max(_COLUMN_TILE_BYTES // (8 if self.f64 else 4) // group, 1) * group
         return min(per_tile, -(-self.rows // group) * group)
@@ -102,7 +141,7 @@ class Gemv:
 
     def description(self, flush_denormals: bool) -> str:
         """A text that determines the kernel's IR (a cache key)."""
-        return f"gemv v1 {'ftz' if flush_denormals else 'ieee'} {self!r}"
+        return f"gemv v2 {'ftz' if flush_denormals else 'ieee'} {self!r}"
 
 
 def _merged_stride(shape: Shape, dims: Sequence[int]) -> int | None:
@@ -124,9 +163,10 @@ def _merged_stride(shape: Shape, dims: Sequence[int]) -> int | None:
 _TYPES = {PrimitiveType.F32: False, PrimitiveType.F64: True}
 
 
-def gemv_geometry(instr: HloInstruction, f32_lanes: int) -> Gemv | str:
+def gemv_geometry(instr: HloInstruction, f32_lanes: int, small_gemm: bool = False) -> Gemv | str:
     """The matrix-vector kernel geometry of dot `instr`, or why it has none. `f32_lanes`:
-    f32 elements in one vector register of the target (8 with AVX2)."""
+    f32 elements in one vector register of the target (8 with AVX2). `small_gemm`: also
+    a matrix-matrix product whose smaller free side has at most SMALL_COLS elements."""
     if len(instr.operands) != 2 or not instr.shape.is_array:
         return "not a dot of two arrays"
     lhs, rhs = (o.shape for o in instr.operands)
@@ -146,30 +186,34 @@ def gemv_geometry(instr: HloInstruction, f32_lanes: int) -> Gemv | str:
     rf = [d for d in range(rhs.rank) if d not in rb and d not in rc]
     m = math.prod(lhs.dims[d] for d in lf)
     n = math.prod(rhs.dims[d] for d in rf)
-    if m != 1 and n != 1:
+    if m != 1 and n != 1 and (not small_gemm or min(m, n) > SMALL_COLS):
         return f"a matrix-matrix product ({m} x {n} results per batch)"
     batch = math.prod(lhs.dims[d] for d in lb)
     depth = math.prod(lhs.dims[d] for d in lc)
     if batch == 0 or m * n == 0:
         return "an empty result"
-    matrix = 0 if n == 1 else 1
+    matrix = 0 if n == 1 or (m != 1 and m > n) else 1
     mat, vec = (lhs, rhs) if matrix == 0 else (rhs, lhs)
     mb, vb = (lb, rb) if matrix == 0 else (rb, lb)
     mc, vc = (lc, rc) if matrix == 0 else (rc, lc)
-    free = lf if matrix == 0 else rf
+    free, vfree = (lf, rf) if matrix == 0 else (rf, lf)
     nb = len(lb)
+    lhs_out = range(nb, nb + len(lf))
+    rhs_out = range(nb + len(lf), out.rank)
     strides = (
         _merged_stride(mat, mb),
         _merged_stride(mat, free),
         _merged_stride(mat, mc),
         _merged_stride(vec, vb),
         _merged_stride(vec, vc),
+        _merged_stride(vec, vfree),
         _merged_stride(out, range(nb)),
-        _merged_stride(out, range(nb, out.rank)),
+        _merged_stride(out, lhs_out if matrix == 0 else rhs_out),
+        _merged_stride(out, rhs_out if matrix == 0 else lhs_out),
     )
     if any(s is None for s in strides):
         return "a group of dimensions (batch, rows, contracting) spans several strides"
-    sa_b, sa_r, sa_k, sx_b, sx_k, sy_b, sy_r = (int(s or 0) for s in strides)
+    sa_b, sa_r, sa_k, sx_b, sx_k, sx_c, sy_b, sy_r, sy_c = (int(s or 0) for s in strides)
     if sa_k != 1 and sa_r != 1:
         return "the matrix operand is contiguous neither along rows nor along k"
     f64 = _TYPES[t]
@@ -177,12 +221,13 @@ def gemv_geometry(instr: HloInstruction, f32_lanes: int) -> Gemv | str:
         f64,
         matrix,
         batch,
-        m * n,
+        n if matrix else m,
         depth,
         (sa_b, sa_r, sa_k),
-        (sx_b, sx_k),
-        (sy_b, sy_r),
+        (sx_b, sx_k, sx_c),
+        (sy_b, sy_r, sy_c),
         max(f32_lanes // 2, 1) if f64 else f32_lanes,
+        m if matrix else n,
     )
 
 
@@ -209,7 +254,10 @@ class _GemvEmitter(StandaloneKernelEmitter):
             bi = b.udiv(unit, c(g.tiles))
             t = b.urem(unit, c(g.tiles))
             r0 = b.mul(t, c(g.tile))
-            tile = self._rows_tile if g.by_rows else self._columns_tile
+            if g.cols > 1:
+                tile = self._gemm_rows_tile if g.by_rows else self._gemm_columns_tile
+            else:
+                tile = self._rows_tile if g.by_rows else self._columns_tile
             if rest:
                 last = b.icmp_unsigned("==", t, c(g.tiles - 1))
                 with b.if_else(last) as (short, full):
@@ -381,6 +429,93 @@ class _GemvEmitter(StandaloneKernelEmitter):
                 b.store(v, self._at(self.y, b.add(y_at[q], c(lane * sy_r))))
         for s in range(scalars):
             b.store(b.load(sums[s]), self._at(self.y, y_at[vectors + s]))
+
+    # -- small matrix-matrix products: `cols` vectors x_j ----------------------------------
+    def _store_vector(self, value, index, stride: int) -> None:
+        """`value`'s lanes to `y[index + i * stride]`."""
+        b = self.b
+        if stride == 1:
+            ptr = b.bitcast(self._at(self.y, index), self.vty.as_pointer())
+            b.store(value, ptr, align=self.align)
+            return
+        for lane in range(self.g.lanes):
+            v = b.extract_element(value, ir.Constant(I32, lane))
+            b.store(v, self._at(self.y, b.add(index, self.c(lane * stride))))
+
+    def _gemm_rows_tile(self, bi, r0, rows: int) -> None:
+        """k contiguous: per chunk of columns, a vector accumulator per (row, column) over
+        the whole of k, the k past the last whole vector as scalar chains."""
+        b, g, c = self.b, self.g, self.c
+        lanes, sx_k, sx_c = g.lanes, g.x_strides[1], g.x_strides[2]
+        sy_r, sy_c = g.y_strides[1], g.y_strides[2]
+        a0, x0, y0 = self._bases(bi, r0)
+        row_at = [b.add(a0, c(r * g.a_strides[1])) for r in range(rows)]
+        whole = g.depth // lanes
+        for j0, width in g.chunks:
+            col_at = [b.add(x0, c((j0 + j) * sx_c)) for j in range(width)]
+            accs = self._zeroed(self.vty, rows * width, "acc")
+            sums = self._zeroed(self.scalar, rows * width, "sum")
+            if whole:
+                with self.loop(c(0), c(whole), "kv") as kv:
+                    k = b.mul(kv, c(lanes))
+                    xs = [
+                        self._load_vector(self.x, b.add(x, b.mul(k, c(sx_k))), sx_k) for x in col_at
+                    ]
+                    for r in range(rows):
+                        av = self._load_vector(self.a, b.add(row_at[r], k), 1)
+                        for j in range(width):
+                            acc = accs[r * width + j]
+                            b.store(b.call(self.vfma, [av, xs[j], b.load(acc)]), acc)
+            if g.depth > whole * lanes:
+                with self.loop(c(whole * lanes), c(g.depth), "k") as k:
+                    xs = [b.load(self._at(self.x, b.add(x, b.mul(k, c(sx_k))))) for x in col_at]
+                    for r in range(rows):
+                        a = b.load(self._at(self.a, b.add(row_at[r], k)))
+                        for j in range(width):
+                            acc = sums[r * width + j]
+                            b.store(b.call(self.sfma, [a, xs[j], b.load(acc)]), acc)
+            for r in range(rows):
+                for j in range(width):
+                    i = r * width + j
+                    value = b.fadd(self._lane_sum(b.load(accs[i])), b.load(sums[i]))
+                    at = b.add(y0, c(r * sy_r + (j0 + j) * sy_c))
+                    b.store(value, self._at(self.y, at))
+
+    def _gemm_columns_tile(self, bi, r0, rows: int) -> None:
+        """Rows contiguous: per chunk of columns, a vector accumulator per (vector of rows,
+        column) over the whole of k (x[j, k] broadcast); rows past the last whole vector
+        of the final tile as scalar chains."""
+        b, g, c = self.b, self.g, self.c
+        lanes, sa_k, sx_k, sx_c = g.lanes, g.a_strides[2], g.x_strides[1], g.x_strides[2]
+        sy_r, sy_c = g.y_strides[1], g.y_strides[2]
+        vectors, scalars = rows // lanes, rows % lanes
+        a0, x0, y0 = self._bases(bi, r0)
+        for j0, width in g.chunks:
+            col_at = [b.add(x0, c((j0 + j) * sx_c)) for j in range(width)]
+            accs = self._zeroed(self.vty, vectors * width, "acc")
+            sums = self._zeroed(self.scalar, scalars * width, "sum")
+            with self.loop(c(0), c(g.depth), "k") as k:
+                at = b.add(a0, b.mul(k, c(sa_k)))
+                xs = [b.load(self._at(self.x, b.add(x, b.mul(k, c(sx_k))))) for x in col_at]
+                xv = [self._splat(x) for x in xs] if vectors else []
+                for q in range(vectors):
+                    av = self._load_vector(self.a, b.add(at, c(q * lanes)), 1)
+                    for j in range(width):
+                        acc = accs[q * width + j]
+                        b.store(b.call(self.vfma, [av, xv[j], b.load(acc)]), acc)
+                for s in range(scalars):
+                    a = b.load(self._at(self.a, b.add(at, c(vectors * lanes + s))))
+                    for j in range(width):
+                        acc = sums[s * width + j]
+                        b.store(b.call(self.sfma, [a, xs[j], b.load(acc)]), acc)
+            for j in range(width):
+                y_col = b.add(y0, c((j0 + j) * sy_c))
+                for q in range(vectors):
+                    at = b.add(y_col, c(q * lanes * sy_r))
+                    self._store_vector(b.load(accs[q * width + j]), at, sy_r)
+                for s in range(scalars):
+                    at = b.add(y_col, c((vectors * lanes + s) * sy_r))
+                    b.store(b.load(sums[s * width + j]), self._at(self.y, at))
 
 
 def gemv_signature(
