@@ -35,6 +35,7 @@ without network access.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import statistics
@@ -744,6 +745,86 @@ def _():
         )
 
     return jax.grad(loss, argnums=(0, 1)), args
+
+
+# Seventh session (branch rnn): the outside models' recurrent cells, forward, on a batch of
+# a few rows (dots of 3-5 rows: small matrix-matrix products), scanned or unrolled.
+
+
+def lstm_cell_concat(w, b, carry, x):
+    h, c = carry
+    i, g, f, o = jnp.split(jnp.concatenate([x, h], axis=-1) @ w + b, 4, axis=-1)
+    c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    return (h, c), h
+
+
+def lstm_forward_args(rng, s, steps):
+    hidden, features = s.model // 2, s.model // 4
+    return (
+        normal(rng, (features + hidden, 4 * hidden), scale=1 / math.sqrt(hidden)),
+        normal(rng, (4 * hidden,), scale=0.1),
+        normal(rng, (hidden, features), scale=1 / math.sqrt(hidden)),
+        normal(rng, (steps, 3 if s is BIG else 2, features)),
+    )
+
+
+@program("lstm_forward_small_batch")
+def _():
+    def forward(w, b, proj, xs):
+        h0 = jnp.zeros((xs.shape[1], w.shape[1] // 4), xs.dtype)
+        hs = lax.scan(functools.partial(lstm_cell_concat, w, b), (h0, h0), xs)[1]
+        return hs @ proj
+
+    return forward, lambda rng, s: lstm_forward_args(rng, s, s.steps // 4)
+
+
+@program("lstm_unrolled_forward")
+def _():
+    def forward(w, b, proj, xs):
+        h = c = jnp.zeros((xs.shape[1], w.shape[1] // 4), xs.dtype)
+        hs = []
+        for t in range(xs.shape[0]):  # a static unroll: one straight-line cell per step
+            (h, c), _ = lstm_cell_concat(w, b, (h, c), xs[t])
+            hs.append(h)
+        return jnp.stack(hs) @ proj
+
+    return forward, lambda rng, s: lstm_forward_args(rng, s, 8)
+
+
+@program("gru_bidirectional_forward")
+def _():
+    def gru(ws, h0, xs):
+        wi, wh, bi, bh = ws
+
+        def cell(h, x):
+            r = jax.nn.sigmoid(x @ wi[0] + bi[0] + h @ wh[0])
+            z = jax.nn.sigmoid(x @ wi[1] + bi[1] + h @ wh[1])
+            n = jnp.tanh(x @ wi[2] + bi[2] + r * (h @ wh[2] + bh))
+            h = (1 - z) * n + z * h
+            return h, h
+
+        return lax.scan(cell, h0, xs)[1]
+
+    def forward(fwd, bwd, xs):
+        h0 = jnp.zeros((xs.shape[1], fwd[1].shape[-1]), xs.dtype)
+        both = jnp.concatenate([gru(fwd, h0, xs), gru(bwd, h0, xs[::-1])[::-1]], axis=-1)
+        return jnp.mean(both, axis=0)
+
+    def args(rng, s):
+        hidden, features = 3 * s.model // 8, s.model // 8
+
+        def direction():
+            return (
+                normal(rng, (3, features, hidden), scale=1 / math.sqrt(features)),
+                normal(rng, (3, hidden, hidden), scale=1 / math.sqrt(hidden)),
+                normal(rng, (3, hidden), scale=0.1),
+                normal(rng, (hidden,), scale=0.1),
+            )
+
+        return direction(), direction(), normal(rng, (s.steps // 4, 5 if s is BIG else 2, features))
+
+    return forward, args
 
 
 def spd(rng, n):

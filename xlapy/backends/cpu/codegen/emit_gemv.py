@@ -34,9 +34,9 @@
 # columns j in a few balanced chunks of at most _GEMM_CHUNK and keeps every (row, j) sum
 # of the chunk in a register over the whole of k (A's tile is re-read from cache per chunk):
 #
-#   rows     a tile is 4 rows; per chunk one vector accumulator per (row, j) over k
-#            (4 x J fused multiply-add chains, J + 4 vector loads per step), summed
-#            across lanes at the end.
+#   rows     a tile is 4 rows; per chunk (at most _GEMM_ROWS_CHUNK columns) one vector
+#            accumulator per (row, j) over k (4 x J fused multiply-add chains, J + 4
+#            vector loads per step), summed across lanes at the end.
 #   columns  a tile is G vectors of V adjacent rows; per chunk one vector accumulator per
 #            (vector, j): x[j, k] broadcast, G vector loads of A per step, G x J chains
 #            (G = 12 // J, at most 4, so that the accumulators and loads fit 16 registers).
@@ -79,7 +79,10 @@ SMALL_COLS = 16
 """A dot whose smaller free side (m or n) has at most this many elements is a small
 matrix-matrix product for this kernel (native_small_gemm); larger ones go to BLAS."""
 _GEMM_CHUNK = 4
-"""Columns (x_j) per chunk of a small matrix-matrix product's tile."""
+"""Columns (x_j) per chunk of a small matrix-matrix product's tile, columns order."""
+_GEMM_ROWS_CHUNK = 3
+"""The same, rows order (4 rows x 3 columns: 12 accumulators; 2, 3 and 4 measured within
+the noise of the loaded machine, 3 best or level on 3-8 rows x 128-512 x 160-384)."""
 _GEMM_REGISTERS = 12
 """Vector accumulators per chunk of the columns order (G x J <= this)."""
 
@@ -104,7 +107,7 @@ class Gemv:
     def chunks(self) -> tuple[tuple[int, int], ...]:
         """(first column, columns) of each chunk of a small gemm's tile: as few as
         _GEMM_CHUNK allows, balanced (5 columns are 3 + 2, not 4 + 1)."""
-        count = -(-self.cols // _GEMM_CHUNK)
+        count = -(-self.cols // (_GEMM_ROWS_CHUNK if self.by_rows else _GEMM_CHUNK))
         sizes = [self.cols // count + (i < self.cols % count) for i in range(count)]
         return tuple((sum(sizes[:i]), size) for i, size in enumerate(sizes))
 
@@ -141,7 +144,7 @@ class Gemv:
 
     def description(self, flush_denormals: bool) -> str:
         """A text that determines the kernel's IR (a cache key)."""
-        return f"gemv v2 {'ftz' if flush_denormals else 'ieee'} {self!r}"
+        return f"gemv v3 {'ftz' if flush_denormals else 'ieee'} {self!r}"
 
 
 def _merged_stride(shape: Shape, dims: Sequence[int]) -> int | None:
