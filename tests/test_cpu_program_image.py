@@ -8,6 +8,7 @@ even for an authentic entry."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -246,20 +247,67 @@ def test_rejected_image_warns_recompiles_and_is_rewritten(cache, texts, damage):
     assert Client("cpu").compile(text)._module is None  # the rewritten image is used
 
 
-class _Evil:
-    def __reduce__(self):
-        return (os.system, ("echo owned",))
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"\x8c" + bytes([len(data)]) + data  # SHORT_BINUNICODE
 
 
-def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, monkeypatch):
-    """Even an entry authenticated with the user's key resolves only xlapy's, NumPy's and a
-    few builtin names: one naming os.system is rejected before anything is called."""
+def _global(module: str, name: str) -> bytes:
+    return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL (a dotted name is a path)
+
+
+def _call(function: bytes, *args: bytes) -> bytes:
+    return function + b"(" + b"".join(args) + b"tR"  # MARK args TUPLE REDUCE
+
+
+def _pickle(body: bytes) -> bytes:
+    return b"\x80\x04" + body + b"."
+
+
+FORGED_KEY = "f" * 64
+HOSTILE = {
+    "os.system": _call(_global("os", "system"), _text("echo owned")),
+    "getattr": _call(
+        _global("builtins", "getattr"),
+        _call(_global("builtins", "__import__"), _text("os")),
+        _text("system"),
+    ),
+    "a dotted path through xlapy": _call(
+        _global("xlapy.backends.cpu.jit.program_image", "os.system"), _text("echo owned")
+    ),
+    "a module xlapy imports": _call(
+        _call(
+            _global("builtins", "getattr"),
+            _global("xlapy.backends.cpu.jit.program_image", "os"),
+            _text("system"),
+        ),
+        _text("echo owned"),
+    ),
+    "a function of xlapy not marked loadable": _call(
+        _global("xlapy.backends.cpu.jit.engine", "write_entry"),
+        _text(FORGED_KEY),
+        _text(".o"),
+        b"C\x01x",  # SHORT_BINBYTES b"x"
+    ),
+    "attrgetter": _call(
+        _call(_global("operator", "attrgetter"), _text("system")), _text("echo owned")
+    ),
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, monkeypatch, hostile):
+    """Even an entry authenticated with the user's key (what a reader of the key could
+    write) resolves only the names program_image.allowed lets it: one that names os.system,
+    getattr, a path or a module through xlapy's modules, or an xlapy function not marked
+    loadable is rejected before anything is called, compiled again and rewritten."""
     text = texts["softmax_loop"]
-    Client("cpu").compile(text)
+    args = inputs("softmax_loop", 6)
+    cold = run(Client("cpu").compile(text), args)
     (path,) = images(cache)
-    evil = pickle.dumps(_Evil(), protocol=5)  # (before os.system is watched)
-    called: list[str] = []
-    monkeypatch.setattr(os, "system", lambda cmd: called.append(cmd))
+    evil = _pickle(HOSTILE[hostile])
+    called: list[tuple] = []
+    monkeypatch.setattr(os, "system", lambda *a: called.append(a))
 
     def edit(payload: bytes) -> bytes:
         head, _, rest = payload.partition(b"\n")
@@ -273,15 +321,85 @@ def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, mon
     with pytest.warns(CacheEntryWarning, match="may not"):
         exe = Client("cpu").compile(text)
     assert called == []
+    assert list(cache.rglob(f"{FORGED_KEY}*")) == []
     assert exe._module is not None
+    for a, c in zip(run(exe, args), cold, strict=True):
+        np.testing.assert_array_equal(a, c)
+    clear_kernel_cache()
+    assert Client("cpu").compile(text)._module is None  # the rewritten image is used
 
 
-def test_unpickler_refuses_names_outside_its_list():
-    for module, name in [("os", "system"), ("builtins", "eval"), ("subprocess", "Popen")]:
-        data = b"\x80\x05\x95" + len(f"c{module}\n{name}\n.".encode()).to_bytes(8, "little")
-        data += f"c{module}\n{name}\n.".encode()
-        with pytest.raises(pickle.UnpicklingError, match="may not"):
-            program_image._Unpickler(io.BytesIO(data)).load()
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("os", "system"),
+        ("builtins", "eval"),
+        ("builtins", "getattr"),
+        ("builtins", "__import__"),
+        ("subprocess", "Popen"),
+        ("operator", "attrgetter"),
+        ("operator", "methodcaller"),
+        ("operator", "getitem"),
+        ("ctypes", "CDLL"),
+        ("ctypes", "memmove"),
+        ("numpy", "load"),
+        ("numpy", "fromfile"),
+        ("numpy.lib.npyio", "savetxt"),
+        ("functools", "reduce"),
+        ("xlapy.backends.cpu.jit.program_image", "os"),  # a module it imports
+        ("xlapy.backends.cpu.jit.program_image", "os.system"),  # a path
+        ("xlapy.backends.cpu.jit.program_image", "read"),  # a function not marked
+        ("xlapy.backends.cpu.jit.program_image", "_restore.__globals__"),
+        ("xlapy.backends.cpu.runtime.rule_thunk", "rule_for"),  # imported there
+        ("xlapy.backends.cpu.runtime.pool", "ThreadPoolExecutor"),
+        ("xlapy.runtime.client", "Client"),  # a class outside compiled programs
+        ("xlapy.tools.cli", "main"),
+        ("xlapy.backends.cpu.jit.disk_cache", "CacheEntryWarning"),
+    ],
+)
+def test_unpickler_refuses_names_outside_its_list(module, name):
+    data = _pickle(_global(module, name))
+    with pytest.raises(pickle.UnpicklingError, match="may not"):
+        program_image._Unpickler(io.BytesIO(data)).load()
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("builtins", "slice"),
+        ("numpy", "dtype"),
+        ("numpy", "float32"),
+        ("ml_dtypes", "bfloat16"),
+        ("ctypes", "c_int64"),
+        ("_operator", "lt"),
+        ("xlapy.ir.shapes", "Shape"),
+        ("xlapy.backends.cpu.runtime.dot_thunk", "plan_dot"),
+        ("xlapy.backends.cpu.jit.kernel", "_kernel_from_image"),
+        ("xlapy.backends.cpu.jit.program_image", "_restore"),
+    ],
+)
+def test_unpickler_resolves_what_images_hold(module, name):
+    found = program_image._Unpickler(io.BytesIO(_pickle(_global(module, name)))).load()
+    assert found is getattr(importlib.import_module(module), name)
+
+
+def test_loadable_functions_hand_out_no_attribute_by_name():
+    from xlapy.backends.cpu import lowering
+
+    with pytest.raises(ValueError, match="no '__class__'"):
+        lowering._native_of(type("T", (), {"native": object()})(), "__class__")
+
+
+def _unlisted() -> int:
+    return 1
+
+
+def test_an_image_that_would_name_other_code_is_not_written(cache):
+    """Pickling checks every class and function against the same list, so an image that
+    every load would reject is never written."""
+    assert not program_image.write("0" * 64, {"f": _unlisted})
+    assert not program_image.write("0" * 64, {"f": os.getcwd})
+    assert images(cache) == []
 
 
 def test_programs_with_custom_calls_are_not_imaged(cache):
