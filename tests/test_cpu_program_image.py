@@ -23,12 +23,14 @@ from jax import lax
 from test_cpu_executable_cache import damage_flip, damage_foreign_key, damage_truncate
 
 import xlapy.stablehlo
+from xlapy.backends import ffi
 from xlapy.backends.cpu import backend as cpu_backend
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.jit.disk_cache import CacheEntryWarning
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.interpreter import evaluate
+from xlapy.errors import CustomCallError
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client, CompileOptions
 
@@ -402,19 +404,108 @@ def test_an_image_that_would_name_other_code_is_not_written(cache):
     assert images(cache) == []
 
 
-def test_programs_with_custom_calls_are_not_imaged(cache):
-    """A custom call's target lives in a registry the key does not cover."""
-    client = Client("cpu")
-    client.register_custom_call("py_twice", lambda ins, opaque: ins[0] * 2)
-    text = """HloModule m
+def linalg(a):
+    """LAPACK through typed-FFI custom calls (syevd, gesdd, geqrf/orgqr, getrf + trsm)."""
+    w, v = jnp.linalg.eigh(a @ a.T)
+    s = jnp.linalg.svd(a, compute_uv=False)
+    q, r = jnp.linalg.qr(a)
+    return w, v, s, q, r, jnp.linalg.solve(a @ a.T + 8 * jnp.eye(8), a)
+
+
+def test_lapack_programs_are_imaged_and_compute_the_same_bits(cache, monkeypatch):
+    text = jax.jit(linalg).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32)).as_text(dialect="hlo")
+    args = [np.random.default_rng(7).standard_normal((8, 8)).astype(np.float32)]
+    cold = run(Client("cpu").compile(text), args)
+    assert len(images(cache)) == 1
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        exe = Client("cpu").compile(text)
+        warm = run(exe, args)
+    assert "typed FFI handler" in exe.backend_program().compiled.thunk_listing()
+    for w, c in zip(warm, cold, strict=True):
+        np.testing.assert_array_equal(w, c)
+    a = args[0].astype(np.float64)
+    np.testing.assert_allclose(warm[0], np.linalg.eigvalsh(a @ a.T), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(warm[2], np.linalg.svd(a, compute_uv=False), rtol=1e-4)
+    np.testing.assert_allclose(warm[3] @ warm[4], a, rtol=1e-4, atol=1e-4)
+    want = np.linalg.solve(a @ a.T + 8 * np.eye(8), a)
+    np.testing.assert_allclose(warm[5], want, rtol=1e-4, atol=1e-4)
+
+
+CUSTOM = """HloModule m
 ENTRY e {
   x = f32[4] parameter(0)
-  ROOT r = f32[4] custom-call(x), custom_call_target="py_twice"
+  ROOT r = f32[4] custom-call(x), custom_call_target="scaled"
 }"""
-    exe = client.compile(text)
-    x = np.arange(4, dtype=np.float32)
-    np.testing.assert_array_equal(run(exe, [x])[0], x * 2)
-    assert images(cache) == []
+
+
+def typed_times(factor: float, dtype: str = "f32"):
+    @ffi.handler(args=[ffi.Buffer(dtype, rank=1)], results=[ffi.Buffer(dtype, rank=1)])
+    def times(x, out):
+        out[...] = x * factor
+
+    return times
+
+
+def client_with(target=None) -> Client:
+    client = Client("cpu")
+    if target is not None:
+        client.register_custom_call("scaled", target)
+    return client
+
+
+def test_custom_call_targets_are_looked_up_again_where_the_image_loads(cache, monkeypatch):
+    """An image holds no target: loading it looks each one up in the loading client's
+    registry, as a compile would. The same kind of target (a Python function, a typed
+    handler) under the name runs from the image; an unknown target or one a compile would
+    reject is the compile's error; a target of another kind (lowered another way) is a
+    miss, compiled with it."""
+    x = np.random.default_rng(8).standard_normal(4).astype(np.float32)
+    first = client_with(lambda ins, opaque: ins[0] * 2).compile(CUSTOM)
+    np.testing.assert_array_equal(run(first, [x])[0], x * 2)
+    assert len(images(cache)) == 1
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        warm = client_with(lambda ins, opaque: ins[0] * 3).compile(CUSTOM)
+        np.testing.assert_array_equal(run(warm, [x])[0], x * 3)
+    with pytest.raises(CustomCallError, match="no custom-call target 'scaled'"):
+        client_with().compile(CUSTOM)
+    typed = client_with(typed_times(4.0)).compile(CUSTOM)  # a typed handler: a miss
+    assert typed._module is not None
+    assert "typed FFI handler" in typed.backend_program().compiled.thunk_listing()
+    np.testing.assert_array_equal(run(typed, [x])[0], x * 4)
+    clear_kernel_cache()
+    with monkeypatch.context() as m:  # the image now holds a typed call, bound on load
+        forbid_compiling(m)
+        warm = client_with(typed_times(5.0)).compile(CUSTOM)
+        np.testing.assert_array_equal(run(warm, [x])[0], x * 5)
+    with pytest.raises(CustomCallError, match="f64"):  # the handler rejects the call
+        client_with(typed_times(6.0, "f64")).compile(CUSTOM)
+    python = client_with(lambda ins, opaque: ins[0] * 7).compile(CUSTOM)  # a miss again
+    assert python._module is not None
+    np.testing.assert_array_equal(run(python, [x])[0], x * 7)
+
+
+def test_global_registry_changes_are_looked_up_again(cache, monkeypatch):
+    from xlapy.backends import custom_calls
+
+    x = np.random.default_rng(9).standard_normal(4).astype(np.float32)
+    custom_calls.register("scaled", lambda ins, opaque: ins[0] * 2)
+    try:
+        np.testing.assert_array_equal(run(Client("cpu").compile(CUSTOM), [x])[0], x * 2)
+        custom_calls.GLOBAL_REGISTRY.unregister("scaled")
+        custom_calls.register("scaled", lambda ins, opaque: ins[0] - 1)
+        clear_kernel_cache()
+        with monkeypatch.context() as m:
+            forbid_compiling(m)
+            warm = Client("cpu").compile(CUSTOM)
+            np.testing.assert_array_equal(run(warm, [x])[0], x - 1)
+    finally:
+        custom_calls.GLOBAL_REGISTRY.unregister("scaled")
+    with pytest.raises(CustomCallError, match="no custom-call target 'scaled'"):
+        Client("cpu").compile(CUSTOM)
 
 
 def test_images_can_be_turned_off(cache, texts, monkeypatch):

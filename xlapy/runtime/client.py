@@ -406,11 +406,10 @@ class Client:
         return f"Client(platform={self.platform!r}, device_count={len(self._devices)})"
 
 
-_NOT_IMAGED = frozenset(
-    {Opcode.CUSTOM_CALL, Opcode.INFEED, Opcode.OUTFEED, Opcode.SEND, Opcode.RECV}
-)
-"""Instructions whose run depends on the process beyond a program image's key (a custom
-call's target in a registry, a client's feeds and channels)."""
+_NOT_IMAGED = frozenset({Opcode.INFEED, Opcode.OUTFEED, Opcode.SEND, Opcode.RECV})
+"""Instructions whose run depends on the process beyond a program image's key (a client's
+feeds and channels). A custom call's target is looked up again where an image is loaded
+(the backend's load_image)."""
 
 
 def _options_json(options: CompileOptions | None) -> str:
@@ -420,9 +419,17 @@ def _options_json(options: CompileOptions | None) -> str:
 
 def _imageable(loaded: LoadedExecutable) -> bool:
     """Whether a backend may image `loaded`: one device, no debug options (they dump at
-    compile time), and no instruction in _NOT_IMAGED."""
+    compile time), no instruction in _NOT_IMAGED, every custom call still in the program
+    the backend compiled."""
     if loaded.options.debug_options or loaded.num_replicas * loaded.num_partitions != 1:
         return False
     if len(loaded.addressable_devices) != 1:
         return False
-    return not any(instr.opcode in _NOT_IMAGED for instr in loaded.module.instructions())
+    opcodes = [instr.opcode for instr in loaded.module.instructions()]
+    if any(op in _NOT_IMAGED for op in opcodes):
+        return False
+    # A custom call the passes removed was checked by the compile against the registry;
+    # an image could not check it again: such a program has no image.
+    compiled = loaded.backend_program().module.instructions()
+    kept = sum(1 for instr in compiled if instr.opcode is Opcode.CUSTOM_CALL)
+    return kept == opcodes.count(Opcode.CUSTOM_CALL)

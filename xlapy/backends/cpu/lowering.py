@@ -457,10 +457,17 @@ def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 
 def _typed_ffi_target(lw: Lowering, name: str | None):
     """The registered typed-FFI target `name` (found as a run would find it), or None."""
+    return typed_ffi_target(name, lw.options.get("custom_calls"))
+
+
+def typed_ffi_target(name: str | None, registry):
+    """The typed-FFI handler registered as `name` (in `registry`, then the global one) that
+    runs as an FfiCallThunk, or None: whether it is one is the only way a custom call's
+    lowering depends on the registry (a program image checks it again when it is loaded)."""
     from xlapy.backends.custom_calls import ApiVersion, find
 
     try:
-        target = find(name or "", "Host", lw.options.get("custom_calls"))
+        target = find(name or "", "Host", registry)
     except XlapyError:
         return None
     from xlapy.backends.ffi import FfiHandler

@@ -34,9 +34,11 @@
 # would reject is not written. A damaged, truncated, foreign or malformed entry is a
 # CacheEntryWarning and a full compile that writes the entry again.
 #
-# A program is imaged only where nothing it holds depends on the process beyond the key:
-# one device, no custom calls (their targets live in registries that are not part of the
-# key), no debug options; one that cannot pickle has no image.
+# A program is imaged only where nothing it holds depends on the process beyond the key
+# or what its load looks up again: one device, no feeds or channels, no debug options; one
+# that cannot pickle has no image. Custom calls hold no target: the backend's load_image
+# looks each up again in the loading client's registries, as a compile would, and a change
+# that would compile the call another way is a miss.
 
 from __future__ import annotations
 
@@ -44,7 +46,6 @@ import dataclasses
 import functools
 import gc
 import hashlib
-import importlib
 import io
 import json
 import os
@@ -110,8 +111,6 @@ _RESOURCE_MODULES = frozenset(
 )
 """Modules of process resources (thread pools, memory mappings): none of their classes is
 part of a compiled program."""
-_IMPORTABLE = (*_CLASS_MODULES, "xlapy.backends.cpu.")
-"""Modules an image may name before anything imported them."""
 
 
 def allowed(module: str, name: str, obj: Any) -> bool:
@@ -164,16 +163,12 @@ def image_key(program: str | bytes, options_json: str) -> str:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Resolves only the names `allowed` lets an image hold; it imports no module but
-    xlapy's compiled-program modules (an import runs a module's code)."""
+    """Resolves only the names `allowed` lets an image hold, in modules already imported
+    (an import runs a module's code; the CPU backend, which loads images, has imported
+    every module its programs are made of)."""
 
     def find_class(self, module: str, name: str) -> Any:
         loaded = sys.modules.get(module)
-        if loaded is None and module.startswith(_IMPORTABLE):
-            try:
-                loaded = importlib.import_module(module)
-            except ImportError:
-                loaded = None
         obj = getattr(loaded, name, None) if loaded is not None and "." not in name else None
         if obj is None or not allowed(module, name, obj):
             raise pickle.UnpicklingError(f"the image names {module}.{name}, which it may not")
