@@ -146,6 +146,30 @@ def test_warm_compile_loads_the_program_and_computes_the_same_bits(cache, texts,
     assert warm.module.to_text() == cold.module.to_text()  # parsed on first use
 
 
+def test_a_module_compiled_with_options_is_imaged_by_its_text(cache, texts, monkeypatch):
+    """The PJRT plugin hands the client a module (and its options): it compiles as its
+    printed text does, so that text keys its image."""
+    text = texts["nested_loops"]
+    options = CompileOptions.make(num_replicas=1, num_partitions=1)
+    args = inputs("nested_loops", 5)
+    Client("cpu").compile(parse_module(text))  # without options: no image
+    assert images(cache) == []
+    cold = Client("cpu").compile(parse_module(text), options)
+    assert len(images(cache)) == 1
+    cold_out = run(cold, args)
+    clear_kernel_cache()
+    module = parse_module(text)
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        warm = Client("cpu").compile(module, options)
+        warm_out = run(warm, args)
+    assert warm._module is None and warm.fingerprint == cold.fingerprint
+    for w, c in zip(warm_out, cold_out, strict=True):
+        np.testing.assert_array_equal(w, c)
+    other = CompileOptions.make(backend_options={"native_loops": False})
+    assert Client("cpu").compile(parse_module(text), other)._module is not None  # a miss
+
+
 def test_a_client_compiling_the_same_text_again_returns_its_executable(cache, texts):
     client = Client("cpu")
     first = client.compile(texts["softmax_loop"])

@@ -254,7 +254,7 @@ class Client:
 
         # Text is parsed once; a module the caller passed is printed and compiled from a
         # copy, so it is never modified. Text or bytes compiled before (by this process or
-        # another) come from the backend's program image, unparsed.
+        # another) come from the backend's program image, unparsed; a module, printed.
         module: HloModule | None = None
         image_key: str | None = None
         if isinstance(program, str | bytes | bytearray):  # HLO or StableHLO, text or bytes
@@ -268,6 +268,15 @@ class Client:
             text = module.to_text()
         else:
             text = program.to_text()
+            # a module (the PJRT plugin's programs) compiles as its text would (it is
+            # compiled from a parse of that text, below), so the text keys its image; with
+            # options given (without, its own config gives them, not all of it printed)
+            if options is not None:
+                image_key = self.backend.image_key(text, _options_json(options))
+                if image_key is not None:
+                    found = self._compile_from_image(image_key, options)
+                    if found is not None:
+                        return found
         if options is None:  # the module's own replica and partition counts
             config = (module or program).config  # type: ignore[union-attr]
             options = CompileOptions.make(
