@@ -8,6 +8,7 @@ even for an authentic entry."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -22,12 +23,14 @@ from jax import lax
 from test_cpu_executable_cache import damage_flip, damage_foreign_key, damage_truncate
 
 import xlapy.stablehlo
+from xlapy.backends import ffi
 from xlapy.backends.cpu import backend as cpu_backend
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.jit.disk_cache import CacheEntryWarning
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.interpreter import evaluate
+from xlapy.errors import CustomCallError
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client, CompileOptions
 
@@ -143,6 +146,30 @@ def test_warm_compile_loads_the_program_and_computes_the_same_bits(cache, texts,
     assert warm.module.to_text() == cold.module.to_text()  # parsed on first use
 
 
+def test_a_module_compiled_with_options_is_imaged_by_its_text(cache, texts, monkeypatch):
+    """The PJRT plugin hands the client a module (and its options): it compiles as its
+    printed text does, so that text keys its image."""
+    text = texts["nested_loops"]
+    options = CompileOptions.make(num_replicas=1, num_partitions=1)
+    args = inputs("nested_loops", 5)
+    Client("cpu").compile(parse_module(text))  # without options: no image
+    assert images(cache) == []
+    cold = Client("cpu").compile(parse_module(text), options)
+    assert len(images(cache)) == 1
+    cold_out = run(cold, args)
+    clear_kernel_cache()
+    module = parse_module(text)
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        warm = Client("cpu").compile(module, options)
+        warm_out = run(warm, args)
+    assert warm._module is None and warm.fingerprint == cold.fingerprint
+    for w, c in zip(warm_out, cold_out, strict=True):
+        np.testing.assert_array_equal(w, c)
+    other = CompileOptions.make(backend_options={"native_loops": False})
+    assert Client("cpu").compile(parse_module(text), other)._module is not None  # a miss
+
+
 def test_a_client_compiling_the_same_text_again_returns_its_executable(cache, texts):
     client = Client("cpu")
     first = client.compile(texts["softmax_loop"])
@@ -246,20 +273,67 @@ def test_rejected_image_warns_recompiles_and_is_rewritten(cache, texts, damage):
     assert Client("cpu").compile(text)._module is None  # the rewritten image is used
 
 
-class _Evil:
-    def __reduce__(self):
-        return (os.system, ("echo owned",))
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"\x8c" + bytes([len(data)]) + data  # SHORT_BINUNICODE
 
 
-def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, monkeypatch):
-    """Even an entry authenticated with the user's key resolves only xlapy's, NumPy's and a
-    few builtin names: one naming os.system is rejected before anything is called."""
+def _global(module: str, name: str) -> bytes:
+    return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL (a dotted name is a path)
+
+
+def _call(function: bytes, *args: bytes) -> bytes:
+    return function + b"(" + b"".join(args) + b"tR"  # MARK args TUPLE REDUCE
+
+
+def _pickle(body: bytes) -> bytes:
+    return b"\x80\x04" + body + b"."
+
+
+FORGED_KEY = "f" * 64
+HOSTILE = {
+    "os.system": _call(_global("os", "system"), _text("echo owned")),
+    "getattr": _call(
+        _global("builtins", "getattr"),
+        _call(_global("builtins", "__import__"), _text("os")),
+        _text("system"),
+    ),
+    "a dotted path through xlapy": _call(
+        _global("xlapy.backends.cpu.jit.program_image", "os.system"), _text("echo owned")
+    ),
+    "a module xlapy imports": _call(
+        _call(
+            _global("builtins", "getattr"),
+            _global("xlapy.backends.cpu.jit.program_image", "os"),
+            _text("system"),
+        ),
+        _text("echo owned"),
+    ),
+    "a function of xlapy not marked loadable": _call(
+        _global("xlapy.backends.cpu.jit.engine", "write_entry"),
+        _text(FORGED_KEY),
+        _text(".o"),
+        b"C\x01x",  # SHORT_BINBYTES b"x"
+    ),
+    "attrgetter": _call(
+        _call(_global("operator", "attrgetter"), _text("system")), _text("echo owned")
+    ),
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE))
+def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, monkeypatch, hostile):
+    """Even an entry authenticated with the user's key (what a reader of the key could
+    write) resolves only the names program_image.allowed lets it: one that names os.system,
+    getattr, a path or a module through xlapy's modules, or an xlapy function not marked
+    loadable is rejected before anything is called, compiled again and rewritten."""
     text = texts["softmax_loop"]
-    Client("cpu").compile(text)
+    args = inputs("softmax_loop", 6)
+    cold = run(Client("cpu").compile(text), args)
     (path,) = images(cache)
-    evil = pickle.dumps(_Evil(), protocol=5)  # (before os.system is watched)
-    called: list[str] = []
-    monkeypatch.setattr(os, "system", lambda cmd: called.append(cmd))
+    evil = _pickle(HOSTILE[hostile])
+    called: list[tuple] = []
+    monkeypatch.setattr(os, "system", lambda *a: called.append(a))
 
     def edit(payload: bytes) -> bytes:
         head, _, rest = payload.partition(b"\n")
@@ -273,30 +347,189 @@ def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, mon
     with pytest.warns(CacheEntryWarning, match="may not"):
         exe = Client("cpu").compile(text)
     assert called == []
+    assert list(cache.rglob(f"{FORGED_KEY}*")) == []
     assert exe._module is not None
+    for a, c in zip(run(exe, args), cold, strict=True):
+        np.testing.assert_array_equal(a, c)
+    clear_kernel_cache()
+    assert Client("cpu").compile(text)._module is None  # the rewritten image is used
 
 
-def test_unpickler_refuses_names_outside_its_list():
-    for module, name in [("os", "system"), ("builtins", "eval"), ("subprocess", "Popen")]:
-        data = b"\x80\x05\x95" + len(f"c{module}\n{name}\n.".encode()).to_bytes(8, "little")
-        data += f"c{module}\n{name}\n.".encode()
-        with pytest.raises(pickle.UnpicklingError, match="may not"):
-            program_image._Unpickler(io.BytesIO(data)).load()
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("os", "system"),
+        ("builtins", "eval"),
+        ("builtins", "getattr"),
+        ("builtins", "__import__"),
+        ("subprocess", "Popen"),
+        ("operator", "attrgetter"),
+        ("operator", "methodcaller"),
+        ("operator", "getitem"),
+        ("ctypes", "CDLL"),
+        ("ctypes", "memmove"),
+        ("numpy", "load"),
+        ("numpy", "fromfile"),
+        ("numpy.lib.npyio", "savetxt"),
+        ("functools", "reduce"),
+        ("xlapy.backends.cpu.jit.program_image", "os"),  # a module it imports
+        ("xlapy.backends.cpu.jit.program_image", "os.system"),  # a path
+        ("xlapy.backends.cpu.jit.program_image", "read"),  # a function not marked
+        ("xlapy.backends.cpu.jit.program_image", "_restore.__globals__"),
+        ("xlapy.backends.cpu.runtime.rule_thunk", "rule_for"),  # imported there
+        ("xlapy.backends.cpu.runtime.pool", "ThreadPoolExecutor"),
+        ("xlapy.runtime.client", "Client"),  # a class outside compiled programs
+        ("xlapy.tools.cli", "main"),
+        ("xlapy.backends.cpu.jit.disk_cache", "CacheEntryWarning"),
+    ],
+)
+def test_unpickler_refuses_names_outside_its_list(module, name):
+    data = _pickle(_global(module, name))
+    with pytest.raises(pickle.UnpicklingError, match="may not"):
+        program_image._Unpickler(io.BytesIO(data)).load()
 
 
-def test_programs_with_custom_calls_are_not_imaged(cache):
-    """A custom call's target lives in a registry the key does not cover."""
-    client = Client("cpu")
-    client.register_custom_call("py_twice", lambda ins, opaque: ins[0] * 2)
-    text = """HloModule m
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("builtins", "slice"),
+        ("numpy", "dtype"),
+        ("numpy", "float32"),
+        ("ml_dtypes", "bfloat16"),
+        ("ctypes", "c_int64"),
+        ("_operator", "lt"),
+        ("xlapy.ir.shapes", "Shape"),
+        ("xlapy.backends.cpu.runtime.dot_thunk", "plan_dot"),
+        ("xlapy.backends.cpu.jit.kernel", "_kernel_from_image"),
+        ("xlapy.backends.cpu.jit.program_image", "_restore"),
+    ],
+)
+def test_unpickler_resolves_what_images_hold(module, name):
+    found = program_image._Unpickler(io.BytesIO(_pickle(_global(module, name)))).load()
+    assert found is getattr(importlib.import_module(module), name)
+
+
+def test_loadable_functions_hand_out_no_attribute_by_name():
+    from xlapy.backends.cpu import lowering
+
+    with pytest.raises(ValueError, match="no '__class__'"):
+        lowering._native_of(type("T", (), {"native": object()})(), "__class__")
+
+
+def _unlisted() -> int:
+    return 1
+
+
+def test_an_image_that_would_name_other_code_is_not_written(cache):
+    """Pickling checks every class and function against the same list, so an image that
+    every load would reject is never written."""
+    assert not program_image.write("0" * 64, {"f": _unlisted})
+    assert not program_image.write("0" * 64, {"f": os.getcwd})
+    assert images(cache) == []
+
+
+def linalg(a):
+    """LAPACK through typed-FFI custom calls (syevd, gesdd, geqrf/orgqr, getrf + trsm)."""
+    w, v = jnp.linalg.eigh(a @ a.T)
+    s = jnp.linalg.svd(a, compute_uv=False)
+    q, r = jnp.linalg.qr(a)
+    return w, v, s, q, r, jnp.linalg.solve(a @ a.T + 8 * jnp.eye(8), a)
+
+
+def test_lapack_programs_are_imaged_and_compute_the_same_bits(cache, monkeypatch):
+    text = jax.jit(linalg).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32)).as_text(dialect="hlo")
+    args = [np.random.default_rng(7).standard_normal((8, 8)).astype(np.float32)]
+    cold = run(Client("cpu").compile(text), args)
+    assert len(images(cache)) == 1
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        exe = Client("cpu").compile(text)
+        warm = run(exe, args)
+    assert "typed FFI handler" in exe.backend_program().compiled.thunk_listing()
+    for w, c in zip(warm, cold, strict=True):
+        np.testing.assert_array_equal(w, c)
+    a = args[0].astype(np.float64)
+    np.testing.assert_allclose(warm[0], np.linalg.eigvalsh(a @ a.T), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(warm[2], np.linalg.svd(a, compute_uv=False), rtol=1e-4)
+    np.testing.assert_allclose(warm[3] @ warm[4], a, rtol=1e-4, atol=1e-4)
+    want = np.linalg.solve(a @ a.T + 8 * np.eye(8), a)
+    np.testing.assert_allclose(warm[5], want, rtol=1e-4, atol=1e-4)
+
+
+CUSTOM = """HloModule m
 ENTRY e {
   x = f32[4] parameter(0)
-  ROOT r = f32[4] custom-call(x), custom_call_target="py_twice"
+  ROOT r = f32[4] custom-call(x), custom_call_target="scaled"
 }"""
-    exe = client.compile(text)
-    x = np.arange(4, dtype=np.float32)
-    np.testing.assert_array_equal(run(exe, [x])[0], x * 2)
-    assert images(cache) == []
+
+
+def typed_times(factor: float, dtype: str = "f32"):
+    @ffi.handler(args=[ffi.Buffer(dtype, rank=1)], results=[ffi.Buffer(dtype, rank=1)])
+    def times(x, out):
+        out[...] = x * factor
+
+    return times
+
+
+def client_with(target=None) -> Client:
+    client = Client("cpu")
+    if target is not None:
+        client.register_custom_call("scaled", target)
+    return client
+
+
+def test_custom_call_targets_are_looked_up_again_where_the_image_loads(cache, monkeypatch):
+    """An image holds no target: loading it looks each one up in the loading client's
+    registry, as a compile would. The same kind of target (a Python function, a typed
+    handler) under the name runs from the image; an unknown target or one a compile would
+    reject is the compile's error; a target of another kind (lowered another way) is a
+    miss, compiled with it."""
+    x = np.random.default_rng(8).standard_normal(4).astype(np.float32)
+    first = client_with(lambda ins, opaque: ins[0] * 2).compile(CUSTOM)
+    np.testing.assert_array_equal(run(first, [x])[0], x * 2)
+    assert len(images(cache)) == 1
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        warm = client_with(lambda ins, opaque: ins[0] * 3).compile(CUSTOM)
+        np.testing.assert_array_equal(run(warm, [x])[0], x * 3)
+    with pytest.raises(CustomCallError, match="no custom-call target 'scaled'"):
+        client_with().compile(CUSTOM)
+    typed = client_with(typed_times(4.0)).compile(CUSTOM)  # a typed handler: a miss
+    assert typed._module is not None
+    assert "typed FFI handler" in typed.backend_program().compiled.thunk_listing()
+    np.testing.assert_array_equal(run(typed, [x])[0], x * 4)
+    clear_kernel_cache()
+    with monkeypatch.context() as m:  # the image now holds a typed call, bound on load
+        forbid_compiling(m)
+        warm = client_with(typed_times(5.0)).compile(CUSTOM)
+        np.testing.assert_array_equal(run(warm, [x])[0], x * 5)
+    with pytest.raises(CustomCallError, match="f64"):  # the handler rejects the call
+        client_with(typed_times(6.0, "f64")).compile(CUSTOM)
+    python = client_with(lambda ins, opaque: ins[0] * 7).compile(CUSTOM)  # a miss again
+    assert python._module is not None
+    np.testing.assert_array_equal(run(python, [x])[0], x * 7)
+
+
+def test_global_registry_changes_are_looked_up_again(cache, monkeypatch):
+    from xlapy.backends import custom_calls
+
+    x = np.random.default_rng(9).standard_normal(4).astype(np.float32)
+    custom_calls.register("scaled", lambda ins, opaque: ins[0] * 2)
+    try:
+        np.testing.assert_array_equal(run(Client("cpu").compile(CUSTOM), [x])[0], x * 2)
+        custom_calls.GLOBAL_REGISTRY.unregister("scaled")
+        custom_calls.register("scaled", lambda ins, opaque: ins[0] - 1)
+        clear_kernel_cache()
+        with monkeypatch.context() as m:
+            forbid_compiling(m)
+            warm = Client("cpu").compile(CUSTOM)
+            np.testing.assert_array_equal(run(warm, [x])[0], x - 1)
+    finally:
+        custom_calls.GLOBAL_REGISTRY.unregister("scaled")
+    with pytest.raises(CustomCallError, match="no custom-call target 'scaled'"):
+        Client("cpu").compile(CUSTOM)
 
 
 def test_images_can_be_turned_off(cache, texts, monkeypatch):

@@ -254,7 +254,7 @@ class Client:
 
         # Text is parsed once; a module the caller passed is printed and compiled from a
         # copy, so it is never modified. Text or bytes compiled before (by this process or
-        # another) come from the backend's program image, unparsed.
+        # another) come from the backend's program image, unparsed; a module, printed.
         module: HloModule | None = None
         image_key: str | None = None
         if isinstance(program, str | bytes | bytearray):  # HLO or StableHLO, text or bytes
@@ -268,6 +268,15 @@ class Client:
             text = module.to_text()
         else:
             text = program.to_text()
+            # a module (the PJRT plugin's programs) compiles as its text would (it is
+            # compiled from a parse of that text, below), so the text keys its image; with
+            # options given (without, its own config gives them, not all of it printed)
+            if options is not None:
+                image_key = self.backend.image_key(text, _options_json(options))
+                if image_key is not None:
+                    found = self._compile_from_image(image_key, options)
+                    if found is not None:
+                        return found
         if options is None:  # the module's own replica and partition counts
             config = (module or program).config  # type: ignore[union-attr]
             options = CompileOptions.make(
@@ -406,11 +415,10 @@ class Client:
         return f"Client(platform={self.platform!r}, device_count={len(self._devices)})"
 
 
-_NOT_IMAGED = frozenset(
-    {Opcode.CUSTOM_CALL, Opcode.INFEED, Opcode.OUTFEED, Opcode.SEND, Opcode.RECV}
-)
-"""Instructions whose run depends on the process beyond a program image's key (a custom
-call's target in a registry, a client's feeds and channels)."""
+_NOT_IMAGED = frozenset({Opcode.INFEED, Opcode.OUTFEED, Opcode.SEND, Opcode.RECV})
+"""Instructions whose run depends on the process beyond a program image's key (a client's
+feeds and channels). A custom call's target is looked up again where an image is loaded
+(the backend's load_image)."""
 
 
 def _options_json(options: CompileOptions | None) -> str:
@@ -420,9 +428,17 @@ def _options_json(options: CompileOptions | None) -> str:
 
 def _imageable(loaded: LoadedExecutable) -> bool:
     """Whether a backend may image `loaded`: one device, no debug options (they dump at
-    compile time), and no instruction in _NOT_IMAGED."""
+    compile time), no instruction in _NOT_IMAGED, every custom call still in the program
+    the backend compiled."""
     if loaded.options.debug_options or loaded.num_replicas * loaded.num_partitions != 1:
         return False
     if len(loaded.addressable_devices) != 1:
         return False
-    return not any(instr.opcode in _NOT_IMAGED for instr in loaded.module.instructions())
+    opcodes = [instr.opcode for instr in loaded.module.instructions()]
+    if any(op in _NOT_IMAGED for op in opcodes):
+        return False
+    # A custom call the passes removed was checked by the compile against the registry;
+    # an image could not check it again: such a program has no image.
+    compiled = loaded.backend_program().module.instructions()
+    kept = sum(1 for instr in compiled if instr.opcode is Opcode.CUSTOM_CALL)
+    return kept == opcodes.count(Opcode.CUSTOM_CALL)

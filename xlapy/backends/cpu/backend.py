@@ -44,6 +44,7 @@ from xlapy.backends.base import (
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
 from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.options import CPU_OPTIONS
+from xlapy.backends.cpu.runtime.custom_call_thunk import FfiCallThunk
 from xlapy.backends.cpu.runtime.host_memory import empty_bytes
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelCall, KernelThunk
 from xlapy.backends.cpu.runtime.thunk import (
@@ -52,9 +53,11 @@ from xlapy.backends.cpu.runtime.thunk import (
     address,
     logical_from_physical,
     physical_dims,
+    walk_thunks,
 )
-from xlapy.errors import EvaluationError
+from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.module import HloModule
+from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 from xlapy.memory.buffer_assignment import BufferAssignment
 
@@ -577,7 +580,8 @@ class CpuBackend(Backend):
         if not isinstance(program, CpuProgram):
             return False
         options = {k: v for k, v in program.options.items() if k != "custom_calls"}
-        return program_image.write(key, (dict(executable), options, program.compiled))
+        calls = _custom_call_kinds(program.compiled.module, program.options.get("custom_calls"))
+        return program_image.write(key, (dict(executable), options, program.compiled, calls))
 
     def load_image(
         self, key: str, options: Mapping[str, Any]
@@ -586,14 +590,63 @@ class CpuBackend(Backend):
         if value is None:
             return None
         try:
-            executable, own, compiled = value
+            executable, own, compiled, calls = value
         except (TypeError, ValueError):
-            executable = own = compiled = None
+            executable = own = compiled = calls = None
         if not (
             isinstance(executable, dict)
             and isinstance(own, dict)
             and isinstance(compiled, CompiledModule)
+            and isinstance(calls, dict)
         ):
             program_image.warn_rejected(key + program_image.SUFFIX, "it holds no CPU program")
             return None
+        if calls and not _bind_custom_calls(compiled, calls, options.get("custom_calls")):
+            return None  # the registry changed how a call compiles: a miss
         return executable, CpuProgram.from_compiled(compiled, {**own, **options})
+
+
+def _custom_call_kinds(module: HloModule, registry) -> dict[str, bool]:
+    """Each custom-call target of `module` -> whether it was a typed-FFI handler (an
+    FfiCallThunk) when the module was compiled with `registry`: what of the registry a
+    compiled program depends on (see _bind_custom_calls)."""
+    from xlapy.backends.cpu.lowering import typed_ffi_target
+
+    names = {
+        i.custom_call_target or "" for i in module.instructions() if i.opcode is Opcode.CUSTOM_CALL
+    }
+    return {name: typed_ffi_target(name, registry) is not None for name in sorted(names)}
+
+
+def _bind_custom_calls(compiled: CompiledModule, calls: dict[str, bool], registry) -> bool:
+    """Look the custom calls of a program image's `compiled` module up again in `registry`
+    (and the global registry), as a compile would, and bind its typed-FFI calls to the
+    handlers found: False (a miss, so a compile reports what changed) when a target is
+    unknown now, rejects its call (check_custom_calls), or is a typed handler where it was
+    not or the other way round (which would lower it another way). A Python or C target is
+    looked up by every run, as a compiled program's is."""
+    from xlapy.backends.cpu.lowering import typed_ffi_target
+    from xlapy.backends.custom_calls import XLA_INTERNAL_TARGET_NAMES, check_custom_calls, resolve
+    from xlapy.errors import CustomCallError
+
+    for name, typed in calls.items():
+        if name in XLA_INTERNAL_TARGET_NAMES:
+            continue
+        if resolve(name, "Host", registry) is None:
+            return False
+        if (typed_ffi_target(name, registry) is not None) != typed:
+            return False
+    try:
+        check_custom_calls(compiled.module, "Host", registry)
+    except CustomCallError:
+        return False
+    for thunk in walk_thunks(compiled.entry):
+        if isinstance(thunk, FfiCallThunk):
+            target = typed_ffi_target(thunk.target_name, registry)
+            if target is None:
+                return False
+            try:
+                thunk.bind_target(target)
+            except XlapyError:
+                return False
+    return True

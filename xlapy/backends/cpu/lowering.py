@@ -124,6 +124,7 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
     plan_scatter,
 )
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
 from xlapy.backends.cpu.runtime.sort_thunk import plan_sort, plan_topk, plan_xla_topk
@@ -224,26 +225,35 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return thunk
 
 
+@loadable
 def _kernel_address(kernel: Kernel) -> int:
     return kernel.address
 
 
+@loadable
 def _pool_run_address() -> int:
     pool = native_pool()
     assert pool is not None, "a loop plans pool calls only where the native pool runs"
     return pool.run_address
 
 
+@loadable
 def _gemm_address(dot: DotThunk) -> int:
     gemm = dot.native_gemm(math.inf)
     assert gemm is not None, "a loop plans gemm calls only for dots that have one"
     return gemm[0]
 
 
+@loadable
 def _native_of(thunk: WhileThunk, what: str) -> int:
     """An address of `thunk`'s native loop (`what`: "address" or "table_address")."""
-    assert thunk.native is not None, "inner loops are made native before outer ones"
-    return getattr(thunk.native, what)
+    native = thunk.native
+    assert native is not None, "inner loops are made native before outer ones"
+    if what == "address":  # (not getattr: a program image calls this, loadable.py)
+        return native.address
+    if what == "table_address":
+        return native.table_address
+    raise ValueError(f"a native loop has no {what!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,10 +459,17 @@ def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 
 def _typed_ffi_target(lw: Lowering, name: str | None):
     """The registered typed-FFI target `name` (found as a run would find it), or None."""
+    return typed_ffi_target(name, lw.options.get("custom_calls"))
+
+
+def typed_ffi_target(name: str | None, registry):
+    """The typed-FFI handler registered as `name` (in `registry`, then the global one) that
+    runs as an FfiCallThunk, or None: whether it is one is the only way a custom call's
+    lowering depends on the registry (a program image checks it again when it is loaded)."""
     from xlapy.backends.custom_calls import ApiVersion, find
 
     try:
-        target = find(name or "", "Host", lw.options.get("custom_calls"))
+        target = find(name or "", "Host", registry)
     except XlapyError:
         return None
     from xlapy.backends.ffi import FfiHandler

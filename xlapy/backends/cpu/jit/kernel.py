@@ -56,6 +56,7 @@ from xlapy.backends.cpu.jit.executable_cache import (
     KernelId,
     KernelRecord,
 )
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -833,6 +834,7 @@ class NativeFunction:
         return (_function_from_image, (self.key,))
 
 
+@loadable
 def _function_from_image(key: str) -> NativeFunction:
     return NativeFunction(key, _image_request(key)[0])
 
@@ -869,6 +871,7 @@ def described_kernel(
     return Kernel._deferred(signature, name, request, spec, emit, key)
 
 
+@loadable
 def _kernel_from_image(object_key: str, signature: Signature, name: str) -> Kernel:
     """A kernel of a program image being unpickled (see `objects_of_image`)."""
     kernel = Kernel._deferred(signature, name, _image_request(object_key), None, None, object_key)

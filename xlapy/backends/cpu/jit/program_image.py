@@ -25,12 +25,20 @@
 # __setstate__).
 #
 # Trust: only this user's authenticated entries are unpickled (the same trust as the
-# object code the entry holds and the process runs), and the unpickler resolves only the
-# classes and functions of xlapy, NumPy, ml_dtypes and a few builtins. A damaged,
-# truncated, foreign or malformed entry is a CacheEntryWarning and a full compile that
-# writes the entry again. A program is imaged only where nothing it holds depends on the
-# process beyond the key: one device, no custom calls (their targets live in registries
-# that are not part of the key), no debug options; one that cannot pickle has no image.
+# object code the entry holds and the process runs), and even an authentic entry is read
+# as untrusted input: the unpickler resolves only what `allowed` lists (builtin and C
+# value types, a few NumPy constructors and scalar types, the classes of xlapy's compiled
+# programs as defined in their own module, and xlapy functions marked `loadable`, none of
+# which hands out an attribute or item by name), never a dotted path, a re-exported
+# name, getattr or a module; the pickler checks the same list, so an image every load
+# would reject is not written. A damaged, truncated, foreign or malformed entry is a
+# CacheEntryWarning and a full compile that writes the entry again.
+#
+# A program is imaged only where nothing it holds depends on the process beyond the key
+# or what its load looks up again: one device, no feeds or channels, no debug options; one
+# that cannot pickle has no image. Custom calls hold no target: the backend's load_image
+# looks each up again in the loading client's registries, as a compile would, and a change
+# that would compile the call another way is a miss.
 
 from __future__ import annotations
 
@@ -44,6 +52,8 @@ import os
 import pickle
 import platform
 import re
+import sys
+from types import BuiltinFunctionType, FunctionType
 from typing import Any
 
 import numpy as np
@@ -53,6 +63,7 @@ from xlapy.backends.cpu.jit import executable_cache
 from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn, warn_rejected
 from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
+from xlapy.backends.cpu.runtime.loadable import is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
 
 __all__ = ["SUFFIX", "enabled", "image_key", "read", "warn_rejected", "write"]
@@ -68,18 +79,66 @@ def enabled() -> bool:
 
 SUFFIX = ".image"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_NP_CORE = ("_reconstruct", "scalar")
 _UNKEYED_ENV = frozenset({"XLAPY_CACHE_DIR"})
 """$XLAPY_* settings outside the key: where the cache is, which the entry is found in."""
 
 _BUILTINS = frozenset(
     {"bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list"}
-    | {"range", "set", "slice", "str", "tuple", "object", "getattr"}
+    | {"range", "set", "slice", "str", "tuple", "object"}
 )
 _OTHERS = frozenset(
     {("functools", "partial"), ("collections", "deque"), ("collections", "OrderedDict")}
+    | {("numpy", "dtype"), ("numpy", "ndarray")}
+    | {(m, n) for m in ("numpy.core.numeric", "numpy._core.numeric") for n in ["_frombuffer"]}
+    | {(m, n) for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in _NP_CORE}
 )
-_PURE_MODULES = frozenset({"operator", "_operator", "math"})
-_MODULE_PREFIXES = ("xlapy.", "numpy", "ml_dtypes")
+_OPERATORS = frozenset({"lt", "le", "eq", "ne", "ge", "gt", "add", "sub", "mul", "neg"})
+"""The comparisons and arithmetic a host compare or a reducer names (not attrgetter,
+methodcaller, getitem: those reach any attribute or item by name)."""
+_CTYPES = frozenset(
+    {f"c_{t}" for t in ("bool", "float", "double", "longdouble", "size_t", "ssize_t")}
+    | {f"c_{u}{t}" for u in ("", "u") for t in ("byte", "short", "int", "long", "longlong")}
+    | {f"c_{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64)}
+    | {"c_void_p"}
+)
+_CLASS_MODULES = ("xlapy.ir.", "xlapy.analysis.", "xlapy.memory.", "xlapy.backends.cpu.runtime.")
+_CLASS_MODULES_EXACT = frozenset(
+    {"xlapy.backends.base", "xlapy.backends.cpu.compiler", "xlapy.backends.cpu.jit.kernel"}
+)
+_RESOURCE_MODULES = frozenset(
+    {f"xlapy.backends.cpu.runtime.{m}" for m in ("pool", "native_pool", "host_memory")}
+)
+"""Modules of process resources (thread pools, memory mappings): none of their classes is
+part of a compiled program."""
+
+
+def allowed(module: str, name: str, obj: Any) -> bool:
+    """Whether a program image may name `obj`, found as `module`.`name`: the builtin and
+    C value types, a few NumPy and ml_dtypes constructors and scalar types, the classes
+    xlapy's compiled programs are made of (defined in that module: nothing re-exported, no
+    dotted path), and xlapy's functions marked `loadable`. Nothing else, `getattr` and
+    `eval` included, can be named, so nothing else can be called."""
+    if "." in name or name.startswith("__"):
+        return False
+    if module == "builtins":
+        return name in _BUILTINS
+    if module in ("operator", "_operator"):
+        return name in _OPERATORS
+    if module == "ctypes":
+        return name in _CTYPES
+    if (module, name) in _OTHERS:
+        return True
+    if module == "numpy" or module.startswith(("numpy.", "ml_dtypes")):
+        return isinstance(obj, type) and issubclass(obj, np.generic | np.dtype)
+    if not module.startswith("xlapy."):
+        return False
+    if getattr(obj, "__module__", None) != module or getattr(obj, "__qualname__", None) != name:
+        return False  # re-exported, or an instance
+    if is_loadable(obj):
+        return True
+    in_program = module.startswith(_CLASS_MODULES) or module in _CLASS_MODULES_EXACT
+    return isinstance(obj, type) and in_program and module not in _RESOURCE_MODULES
 
 
 def image_key(program: str | bytes, options_json: str) -> str:
@@ -104,18 +163,16 @@ def image_key(program: str | bytes, options_json: str) -> str:
 
 
 class _Unpickler(pickle.Unpickler):
-    """Resolves only xlapy's, NumPy's and ml_dtypes' globals and a few builtins."""
+    """Resolves only the names `allowed` lets an image hold, in modules already imported
+    (an import runs a module's code; the CPU backend, which loads images, has imported
+    every module its programs are made of)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name in _BUILTINS:
-            return super().find_class(module, name)
-        if module == "ctypes" and name.startswith("c_"):  # the C types (classes, not data)
-            return super().find_class(module, name)
-        if (module, name) in _OTHERS or module in _PURE_MODULES:
-            return super().find_class(module, name)
-        if module.startswith(_MODULE_PREFIXES):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"the image names {module}.{name}, which it may not")
+        loaded = sys.modules.get(module)
+        obj = getattr(loaded, name, None) if loaded is not None and "." not in name else None
+        if obj is None or not allowed(module, name, obj):
+            raise pickle.UnpicklingError(f"the image names {module}.{name}, which it may not")
+        return obj
 
 
 class _Pickler(pickle.Pickler):
@@ -129,6 +186,9 @@ class _Pickler(pickle.Pickler):
         self._equal: dict[Any, Any] = {}
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type | FunctionType | BuiltinFunctionType):
+            _check_name(obj)
+            return NotImplemented
         cls = type(obj)
         names = _frozen_slots(cls)  # type: ignore[arg-type]
         if names is None:
@@ -142,6 +202,14 @@ class _Pickler(pickle.Pickler):
             if first is not obj:
                 return (_same, (first,))
         return (_restore, (cls, values))
+
+
+def _check_name(obj: Any) -> None:
+    """PicklingError unless the unpickler will resolve `obj` (an image that would be
+    rejected on every load is not written)."""
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if module is None or not allowed(module, name, obj):
+        raise pickle.PicklingError(f"a program image may not name {module}.{name}")
 
 
 @functools.cache
@@ -159,10 +227,12 @@ def _generated(cls: type) -> bool:
     return getattr(cls.__getstate__, "__qualname__", "").startswith("_dataclass_")
 
 
+@loadable
 def _same(obj: Any) -> Any:
     return obj
 
 
+@loadable
 def _restore(cls: type, values: tuple) -> Any:
     obj: Any = object.__new__(cls)
     for name, value in zip(_frozen_slots(cls) or (), values, strict=True):

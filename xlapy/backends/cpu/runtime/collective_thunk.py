@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from xlapy.backends.collectives import result_parts
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
 from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
@@ -102,6 +103,7 @@ class _Viewer:
         return logical_from_physical(raw, self.shape)
 
 
+@loadable
 def plan_device_id(instr: HloInstruction):
     """replica-id and partition-id: the execution's own id (ctx.state, as the interpreter's
     rule reads it: 0 for a program run on its own) written into the u32 result."""

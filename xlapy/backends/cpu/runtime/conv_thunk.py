@@ -93,6 +93,7 @@ from xlapy.backends.cpu.runtime.dot_thunk import (
     supported_types,
     work_dtype,
 )
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import native_pool
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
@@ -474,6 +475,7 @@ def run_tiles(fn, ptrs: list[int], extent: int, flops: float) -> None:
     run_blocks(lambda lo, hi: fn(*ptrs, lo, hi), even_blocks(extent, blocks))
 
 
+@loadable
 def plan_convolution(instr: HloInstruction, direct: DirectKernel | None = None):
     """A fast convolution (see the file comment), or None when the rule should run.
     `direct`: the direct kernel the driver compiled for `instr` (direct_geometry), if any."""

@@ -12,7 +12,8 @@
 # assignment gave it other bytes, rearranged in place where it shares the operand's bytes in
 # another layout (a row-major operand, a column-major result); the handler then sees that
 # operand as a read-only view of the result. A target registered again under the same name
-# after compiling runs through the interpreter's rule.
+# after compiling runs through the interpreter's rule. Neither thunk pickles a target (a
+# program image's load looks it up again and binds a typed handler: bind_target).
 
 from __future__ import annotations
 
@@ -90,13 +91,9 @@ class FfiCallThunk(Thunk):
     kind = "custom-call"
 
     def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases, target):
-        from xlapy.backends.ffi import FfiHandler, prepare_handler
-
-        if not isinstance(target.fn, FfiHandler):
-            raise CustomCallError(f"{instr.name}: target {target.name!r} is not a typed handler")
         self.instr, self.operands, self.result = instr, operands, result
-        self.target, self.handler = target, target.fn
-        self.attrs = prepare_handler(self.handler, instr)
+        self.target_name = target.name
+        self.bind_target(target)
         self.fallback = RuleThunk(instr, operands, result, "")
         self.ins = [leaf for t in operands for leaf in tree_leaves(t)]
         self.outs = tree_leaves(result)
@@ -112,12 +109,32 @@ class FfiCallThunk(Thunk):
         aliased = [a[2] for a in aliases]
         self.zeroed = [leaf for leaf in self.outs if not any(leaf is a for a in aliased)]
 
+    def bind_target(self, target) -> None:
+        """Call `target` (a typed-FFI handler registered under this call's name): its
+        attributes are decoded and checked once, here."""
+        from xlapy.backends.ffi import FfiHandler, prepare_handler
+
+        handler = target.fn
+        if not isinstance(handler, FfiHandler):
+            raise CustomCallError(
+                f"{self.instr.name}: target {target.name!r} is not a typed handler"
+            )
+        self.target, self.handler = target, handler
+        self.attrs = prepare_handler(handler, self.instr)
+
+    def __getstate__(self) -> dict:
+        """The thunk without its target (a registry's object, in this process): a program
+        image binds the target it finds where it is loaded (bind_target)."""
+        return {**self.__dict__, "target": None, "handler": None, "attrs": None}
+
     def run(self, ctx: ExecutionContext) -> None:
         from xlapy.backends.custom_calls import calling, find
         from xlapy.backends.ffi import invoke_handler
 
-        name = self.target.name
-        if find(name, "Host", ctx.state.get("custom_calls")).fn is not self.handler:
+        name, handler = self.target_name, self.handler
+        if handler is None:
+            raise CustomCallError(f"{self.instr.name}: target {name!r} was never bound")
+        if find(name, "Host", ctx.state.get("custom_calls")).fn is not handler:
             self.fallback.run(ctx)
             return
         for leaf in self.zeroed:
@@ -132,10 +149,10 @@ class FfiCallThunk(Thunk):
             view.flags.writeable = False
         outs = [ctx.view(leaf) for leaf in self.outs]
         with calling(name):
-            invoke_handler(self.handler, self.instr, self.attrs, ins, outs)
+            invoke_handler(handler, self.instr, self.attrs, ins, outs)
 
     def describe(self) -> list[str]:
-        lines = [f"custom-call {self.instr.name} -> {self.target.name!r} (typed FFI handler)"]
+        lines = [f"custom-call {self.instr.name} -> {self.target_name!r} (typed FFI handler)"]
         for i, t in enumerate(self.operands):
             lines += tree_lines(f"in{i}", t)
         return lines + tree_lines("out", self.result)

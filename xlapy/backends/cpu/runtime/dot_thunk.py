@@ -90,6 +90,7 @@ from dataclasses import dataclass
 import cffi
 import numpy as np
 
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_code import native_code
 from xlapy.backends.cpu.runtime.native_pool import native_pool
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
@@ -438,6 +439,7 @@ def _contiguous_gemms(
     return GemmList(kernel, (False, False), k, (k, n, n), entries), parts
 
 
+@loadable
 def plan_dot(instr: HloInstruction):
     """A fast dot for mixed-precision and integer dots (see the file comment), or None."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.thunk import BufferSlice, ExecutionContext, Thunk
 from xlapy.backends.interpreter.rules.indexing import _REPLACE, _simple_combiner
 from xlapy.ir.instruction import HloInstruction
@@ -80,6 +81,7 @@ def _index_dtype_ok(shape) -> bool:
     return dt.kind == "i" or (dt.kind == "u" and dt.itemsize < 8)
 
 
+@loadable
 def plan_gather(instr: HloInstruction):
     """A fast gather for the row pattern (see the file comment), or None."""
     operand, indices = instr.operands
@@ -132,6 +134,7 @@ def plan_gather(instr: HloInstruction):
     return run
 
 
+@loadable
 def plan_scatter(instr: HloInstruction):
     """A fast one-operand scatter for the row pattern (see the file comment), or None."""
     if len(instr.operands) != 3 or not instr.shape.is_array:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.pool import split_over
 from xlapy.backends.interpreter.rules._lifted import call_elementwise
 from xlapy.ir.computation import HloComputation
@@ -306,6 +307,7 @@ SORT_SECONDS_PER_KEY = 3e-9
 the sorted length), for the split decision."""
 
 
+@loadable
 def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | None:
     """A fast sort for `instr` when its comparator is recognized, else None.
     `flush_denormals`: the comparator reads subnormal floats as zero (the CPU backend's
@@ -453,6 +455,7 @@ def _topk_keys(values: np.ndarray) -> np.ndarray | None:
     return order_keys(values, "TOTALORDER")
 
 
+@loadable
 def plan_topk(instr: HloInstruction) -> FastFn | None:
     """topk: the k largest / smallest along the last dimension in total order."""
     k = instr.topk_k
@@ -485,6 +488,7 @@ def plan_topk(instr: HloInstruction) -> FastFn | None:
     return run
 
 
+@loadable
 def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
     """XLA's "TopK" custom call: the first k of a stable sort by its comparator."""
     called: tuple[HloComputation, ...] = instr.custom_call_computations

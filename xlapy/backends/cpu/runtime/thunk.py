@@ -35,7 +35,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -442,6 +442,18 @@ class ThunkSequence:
 
     def kernels(self) -> list[NativeKernel]:
         return [k for t in self.thunks for k in t.kernels()]
+
+
+def walk_thunks(sequence: ThunkSequence) -> Iterator[Thunk]:
+    """Every thunk of `sequence` and of the sequences its thunks hold (loop bodies and
+    conditions, branches, called computations), depth first."""
+    for thunk in sequence.thunks:
+        yield thunk
+        for value in getattr(thunk, "__dict__", {}).values():
+            nested = value if isinstance(value, list | tuple) else (value,)
+            for inner in nested:
+                if isinstance(inner, ThunkSequence):
+                    yield from walk_thunks(inner)
 
 
 def slice_lines(label: str, slices: Sequence[BufferSlice]) -> list[str]:

@@ -42,6 +42,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.pool import byte_seconds, split_over
 from xlapy.backends.interpreter.rules.reduction import simple_reducer
 from xlapy.ir.instruction import HloInstruction
@@ -90,6 +91,7 @@ def _scan_axis(window, dims: tuple[int, ...]) -> tuple[int, bool] | None:
     return found
 
 
+@loadable
 def plan_reduce_window(instr: HloInstruction):
     """A fast reduce-window for one input with a one-op reducer, or None."""
     if len(instr.operands) != 2 or not instr.shape.is_array:
@@ -340,6 +342,7 @@ def _window_count(n: int, d) -> int:
     return 0 if padded < span else (padded - span) // d.stride + 1
 
 
+@loadable
 def plan_select_and_scatter(instr: HloInstruction):
     """A fast select-and-scatter for a compare select and a one-op scatter, or None."""
     if len(instr.operands) != 3 or not instr.shape.is_array:
