@@ -30,7 +30,7 @@ from xlapy.pjrt.core import (
     named_values,
     register,
 )
-from xlapy.pjrt.native_execute import arm_pending, build, materialize
+from xlapy.pjrt.native_execute import arm_pending, build, materialize, retire_all
 from xlapy.pjrt.options import (
     compile_options_from_proto,
     device_assignment_proto,
@@ -487,6 +487,10 @@ def _loaded_is_deleted(args):
 
 
 def _all_ready(buffers: list[Buffer]) -> Future:
+    if buffers:  # the outputs of one run share its future (runtime.execution._commit_one)
+        first = buffers[0].ready()
+        if all(b.contents_ready is first for b in buffers):
+            return first
     pending = []
     for b in buffers:
         future = b.ready()
@@ -569,10 +573,17 @@ def _loaded_execute(args):
         results = [_as_declared(info, out, dev) for out, dev in zip(results, devices, strict=True)]
     client = info.client
     events = args.device_complete_events
+    # the runtime's outputs of one device's run are in its default memory, unless moved
+    default = args.execute_device == ffi.NULL and not info.python_outputs
     for d, outputs in enumerate(results):
         row = args.output_lists[d]
-        for i, out in enumerate(outputs):
-            row[i] = PBuffer(out, client).c
+        if default and info.single:
+            make = info.output_buffer
+            for i, out in enumerate(outputs):
+                row[i] = make(out)
+        else:
+            for i, out in enumerate(outputs):
+                row[i] = PBuffer(out, client).c
         if events != ffi.NULL:
             events[d] = PEvent.of(_all_ready(outputs))
 
@@ -616,13 +627,16 @@ def _donatable(lists: list[list[Buffer]], donate: tuple[int, ...]) -> tuple[int,
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:
+    get = OBJECTS.get
+    donated = []
     for d in range(args.num_devices):
         row = args.argument_lists[d]
         for p in donate:
             if p < args.num_args:
-                pb = OBJECTS.get(row[p].index) if row[p] != ffi.NULL else None
+                pb = get(row[p].index) if row[p] != ffi.NULL else None
                 if pb is not None:
-                    pb.retire()
+                    donated.append(pb)
+    retire_all(donated)
 
 
 def _arguments(row, count: int) -> list[Buffer]:
