@@ -158,3 +158,47 @@ def test_entry_point_makes_jax_find_xlapy(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[XlapyDevice(id=0), XlapyDevice(id=1)]" in done.stdout
     assert "CpuDevice" in done.stdout  # "cpu" stays the default
+
+
+def test_destroys_after_exit_began_do_not_enter_python():
+    """Once the interpreter is exiting (atexit ran), a destroy coming from one of JAX's own
+    threads must not enter Python: Python ends such a thread with pthread_exit, and its
+    unwinding through jaxlib's noexcept destructor aborted the process ("terminate called
+    without an active exception", seen at exit after recompiling a program). Here each
+    destroy is made after the exit hook with its object live: it answers natively and
+    Python never drops the object; and a process recompiling a program exits cleanly."""
+    done = run_python(
+        """
+        import threading
+        import numpy as np
+        import xlapy.pjrt
+        xlapy.pjrt.initialize()
+        import jax, jax.numpy as jnp
+        from xlapy.pjrt import abi, capi, core, native
+        from xlapy.pjrt.executables import PExecutable
+        x = jax.device_put(np.ones(5, np.float32), jax.devices("xlapy")[0])
+        f = lambda a: jnp.sin(a) * 3
+        jax.jit(f)(x)
+        jax.clear_caches()
+        y = jax.jit(f)(x)
+        api = abi.ffi.cast("PJRT_Api *", capi.api_pointer())
+        loaded = next(o for o in core.OBJECTS.values() if isinstance(o, PExecutable) and o.loaded)
+        before = len(core.OBJECTS)
+        native._set_exiting()
+        for name in ("LoadedExecutable_Destroy", "Executable_Destroy"):
+            args = abi.ffi.new(f"PJRT_{name}_Args *")
+            args.struct_size = abi.ffi.sizeof(f"PJRT_{name}_Args")
+            args.executable = abi.ffi.cast(f"PJRT_{name.split('_')[0]} *", loaded.c)
+            fn = abi.ffi.cast(f"PJRT_Error *(*)(PJRT_{name}_Args *)",
+                              api.slots[abi.SLOTS.index(name)])
+            result = []
+            t = threading.Thread(target=lambda: result.append(fn(args) == abi.ffi.NULL))
+            t.start(); t.join()
+            assert result == [True], name
+        assert len(core.OBJECTS) == before and loaded.c.index != 0
+        print("ok", np.asarray(y)[0].round(3))
+        """,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "ok 2.524" in done.stdout
+    assert "terminate called" not in done.stderr

@@ -30,16 +30,26 @@ from xlapy.pjrt.core import (
     named_values,
     register,
 )
-from xlapy.pjrt.native_execute import arm_pending, build, materialize
-from xlapy.pjrt.options import compile_options_from_proto, device_assignment_proto, proto_field
-from xlapy.pjrt.program import module_from_program
+from xlapy.pjrt.native_execute import arm_pending, build, materialize, retire_all
+from xlapy.pjrt.options import (
+    compile_options_from_proto,
+    device_assignment_proto,
+    fields,
+    proto_field,
+)
+from xlapy.pjrt.program import check_format, module_from_mlir
 from xlapy.runtime import (
     Buffer,
     Future,
     LoadedExecutable,
 )
 from xlapy.runtime.futures import COMPLETED
-from xlapy.runtime.host_callbacks import callbacks_of
+from xlapy.runtime.host_callbacks import PARTITIONED_TARGET, TARGET, callbacks_of
+
+_HOST_CALLBACK_TARGETS = tuple(f'custom_call_target="{t}"' for t in (TARGET, PARTITIONED_TARGET))
+"""One of them is in the text of every program that calls host callbacks."""
+_MEMORY_KINDS = "xla.output_memory_kinds"
+"""In the text of every program whose outputs ask for memory kinds (ModuleConfig)."""
 
 
 # -- executables -----------------------------------------------------------------------------
@@ -112,7 +122,12 @@ class ExecInfo:
         self.proto: bytes | None = None
         self.options = b""
         """The serialized CompileOptionsProto it was compiled with."""
-        self.host_callbacks = callbacks_of(executable.module)
+        text = executable.hlo_text()  # (a program image's module is parsed only if needed)
+        self.host_callbacks = (
+            callbacks_of(executable.module)
+            if any(t in text for t in _HOST_CALLBACK_TARGETS)
+            else []
+        )
         """The host callbacks the program calls (kept alive with it; a deserialized
         program whose callbacks are gone is refused here)."""
 
@@ -143,6 +158,8 @@ class ExecInfo:
 def _output_kinds(executable: LoadedExecutable, count: int) -> list[str]:
     """The memory kind of each of `count` outputs (ModuleConfig.output_memory_kinds), each
     checked to be one the executable's devices have."""
+    if _MEMORY_KINDS not in executable.hlo_text():  # (a program image's module is not parsed)
+        return ["device"] * count
     kinds = executable.module.config.output_memory_kinds
     if kinds is None:
         return ["device"] * count
@@ -164,9 +181,7 @@ def _output_kinds(executable: LoadedExecutable, count: int) -> list[str]:
 
 
 def _aliases(executable: LoadedExecutable):
-    from xlapy.backends.base import alias_leaves
-
-    return alias_leaves(executable.module)
+    return executable.call_signature.aliases
 
 
 def get_executable(ptr) -> PExecutable:
@@ -177,9 +192,11 @@ def _compile(c: PClient, code: bytes, fmt: str, options: bytes) -> PExecutable:
     """Compile a program JAX hands over. A program sharded over several partitions (jit
     with NamedShardings, shard_map) is a global program: the client's compiler
     SPMD-partitions it (xlapy.passes.spmd) and each device runs its piece."""
-    module = module_from_program(code, fmt)
+    check_format(fmt)
     compile_options = compile_options_from_proto(options)
-    executable = c.client.compile(module, compile_options)
+    # Handed over as bytes, so that a program compiled before (by this process or another)
+    # comes from the CPU backend's program image, without import, passes or lowering.
+    executable = c.client.compile(code, compile_options, importer=module_from_mlir)
     info = ExecInfo(executable, c)
     info.options = options
     return PExecutable(info, loaded=True)
@@ -307,28 +324,41 @@ def _executable_memory_stats(args):
         args.peak_unpadded_heap_bytes = stats.temp_bytes
 
 
-_MLIR_FORMAT = cstr("mlir")
+_OPTIMIZED_FORMAT = cstr("hlo_with_config")
 
 
 def _hlo_proto(info: ExecInfo) -> bytes:
-    """xlapy's compiled module as MLIR bytecode (what JAX reads for `compiled.as_text()`):
-    XLA's HLO parser reads xlapy's HLO text, jaxlib converts that to StableHLO."""
+    """xlapy's compiled module as a serialized HloModuleProtoWithConfig (what JAX reads for
+    `compiled.as_text()`, the output layouts and the shardings of a partitioned program):
+    XLA's HLO parser reads xlapy's HLO text; the config carries the entry layout (the
+    module's program shape) and the replica and partition counts. Made once per
+    executable. Not StableHLO: jaxlib asks for the optimized program 8 times per compile
+    (4 GetHloModules, each a size query and a copy) and would parse MLIR text and convert
+    it back to HLO on each (24 ms of a 47 ms small compile); a proto it only decodes."""
     if info.proto is None:
-        from jax._src.lib import _jax, xla_client
+        from jax._src.lib import xla_client
 
-        text = info.executable.hlo_text()
+        executable = info.executable
+        text = executable.hlo_text()
         try:
             module = xla_client.hlo.hlo_module_from_text(text)
         except Exception as e:
             raise PjrtError(
                 UNIMPLEMENTED,
                 f"XLA's parser does not read xlapy's HLO text of "
-                f"{info.executable.name} ({e}); xlapy's text:\n{text}",
+                f"{executable.name} ({e}); xlapy's text:\n{text}",
             ) from e
         proto = module.as_serialized_hlo_module_proto()
-        if info.executable.num_partitions > 1:
-            proto += _spmd_shardings_proto(info.executable.module)
-        info.proto = _jax.mlir.hlo_to_stablehlo(proto)
+        # HloModuleProto.host_program_shape (4) is the config's entry_computation_layout (1)
+        shape = next((v for n, v in fields(proto) if n == 4 and isinstance(v, bytes)), b"")
+        config = (
+            proto_field(1, shape)
+            + proto_field(4, executable.num_replicas)
+            + proto_field(5, executable.num_partitions)
+        )
+        if executable.num_partitions > 1:
+            proto += _spmd_shardings_proto(executable.module)
+        info.proto = proto_field(1, proto) + proto_field(2, config)
     return info.proto
 
 
@@ -364,7 +394,7 @@ def _spmd_shardings_proto(module) -> bytes:
 def _executable_optimized_program(args):
     data = _hlo_proto(get_executable(args.executable).info)
     program = args.program
-    program.format, program.format_size = _MLIR_FORMAT
+    program.format, program.format_size = _OPTIMIZED_FORMAT
     if program.code == ffi.NULL:
         program.code_size = len(data)
         return
@@ -457,6 +487,10 @@ def _loaded_is_deleted(args):
 
 
 def _all_ready(buffers: list[Buffer]) -> Future:
+    if buffers:  # the outputs of one run share its future (runtime.execution._commit_one)
+        first = buffers[0].ready()
+        if all(b.contents_ready is first for b in buffers):
+            return first
     pending = []
     for b in buffers:
         future = b.ready()
@@ -539,10 +573,17 @@ def _loaded_execute(args):
         results = [_as_declared(info, out, dev) for out, dev in zip(results, devices, strict=True)]
     client = info.client
     events = args.device_complete_events
+    # the runtime's outputs of one device's run are in its default memory, unless moved
+    default = args.execute_device == ffi.NULL and not info.python_outputs
     for d, outputs in enumerate(results):
         row = args.output_lists[d]
-        for i, out in enumerate(outputs):
-            row[i] = PBuffer(out, client).c
+        if default and info.single:
+            make = info.output_buffer
+            for i, out in enumerate(outputs):
+                row[i] = make(out)
+        else:
+            for i, out in enumerate(outputs):
+                row[i] = PBuffer(out, client).c
         if events != ffi.NULL:
             events[d] = PEvent.of(_all_ready(outputs))
 
@@ -586,13 +627,16 @@ def _donatable(lists: list[list[Buffer]], donate: tuple[int, ...]) -> tuple[int,
 
 
 def _retire_donated(args, donate: tuple[int, ...]) -> None:
+    get = OBJECTS.get
+    donated = []
     for d in range(args.num_devices):
         row = args.argument_lists[d]
         for p in donate:
             if p < args.num_args:
-                pb = OBJECTS.get(row[p].index) if row[p] != ffi.NULL else None
+                pb = get(row[p].index) if row[p] != ffi.NULL else None
                 if pb is not None:
-                    pb.retire()
+                    donated.append(pb)
+    retire_all(donated)
 
 
 def _arguments(row, count: int) -> list[Buffer]:

@@ -174,12 +174,53 @@ def _getter_ir(name: str, g: Getter, fallback: int) -> str:
     return "\n".join(lines)
 
 
-def _fallback(address: int) -> list[str]:
+def _fallback(address: int, destroy: bool = False) -> list[str]:
+    """Call the Python implementation; for a `destroy`, none once the interpreter is exiting
+    (`EXITING`): the call returns success and leaves the object to the process's end."""
+    lines = []
+    if destroy:
+        lines += [
+            "  %exiting = load atomic i64, i64* @xlapy_exiting seq_cst, align 8",
+            "  %gone = icmp ne i64 %exiting, 0",
+            "  br i1 %gone, label %atexit, label %python",
+            "atexit:",
+            "  ret i8* null",
+            "python:",
+        ]
     return [
+        *lines,
         f"  %py = inttoptr i64 {address} to i8* (i8*)*",
         "  %r = tail call i8* %py(i8* %args)",
         "  ret i8* %r",
     ]
+
+
+DESTROY_FUNCTIONS = ("Executable_Destroy", "LoadedExecutable_Destroy")
+"""Destroys with no native path of their own but the exit check (see `_destroy_ir`)."""
+
+
+def _destroy_ir(name: str, fallback: int) -> str:
+    """PJRT_<name> once the interpreter is exiting (`EXITING`): success, nothing done. JAX
+    destroys executables and buffers from its own threads too (an Eigen pool's); after
+    Python set out to finalize, a thread entering a cffi callback is ended with
+    pthread_exit, whose unwinding through jaxlib's noexcept destructor called
+    std::terminate ("terminate called without an active exception", SIGABRT at exit)."""
+    return "\n".join(
+        [f"define i8* @{name}(i8* %args) {{", "entry:", *_fallback(fallback, True), "}"]
+    )
+
+
+EXITING: list[int] = []
+"""The address of the word native destroys read (`_fallback`); set by `_set_exiting`, the
+atexit hook registered when the table is compiled (atexit hooks run before Python starts
+finalizing and ending threads)."""
+
+
+def _set_exiting() -> None:
+    import ctypes
+
+    if EXITING:
+        ctypes.c_int64.from_address(EXITING[0]).value = 1
 
 
 def _event_ir(name: str, fallback: int) -> str:
@@ -209,7 +250,8 @@ def _event_ir(name: str, fallback: int) -> str:
             "  %u = load i8*, i8** %upp",
             "  call void %cb(i8* null, i8* %u)",
         ]
-    lines += ["  ret i8* null", "slow:", *_fallback(fallback), "}"]
+    destroy = name == "Event_Destroy"
+    lines += ["  ret i8* null", "slow:", *_fallback(fallback, destroy), "}"]
     return "\n".join(lines)
 
 
@@ -371,7 +413,7 @@ fast:
   call void @free(ptr %h)
   ret ptr null
 slow:
-{chr(10).join(_fallback(fallback))}
+{chr(10).join(_fallback(fallback, True))}
 }}
 """
 
@@ -416,7 +458,7 @@ def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
         return {}
     try:
         _llvm()
-        bodies = ["declare void @free(ptr)", _helpers_ir()]
+        bodies = ["declare void @free(ptr)", "@xlapy_exiting = global i64 0", _helpers_ir()]
         for name, getter in GETTERS.items():
             bodies.append(_getter_ir(name, getter, _address(python[name])))
         for name in EVENT_FUNCTIONS:
@@ -425,6 +467,8 @@ def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
         bodies.append(_buffer_destroy_ir(_address(python["Buffer_Destroy"])))
         bodies.append(_buffer_is_deleted_ir(_address(python["Buffer_IsDeleted"])))
         bodies.append(_execute_ir(_address(python["LoadedExecutable_Execute"])))
+        for name in DESTROY_FUNCTIONS:
+            bodies.append(_destroy_ir(name, _address(python[name])))
         engine = compile_ir("\n\n".join(bodies))
     except Exception as e:  # never fatal: the Python implementations serve
         import warnings
@@ -434,9 +478,14 @@ def compile_fast_paths(python: dict[str, Any]) -> dict[str, int]:
     _ENGINE = engine
     names = [
         *GETTERS, *EVENT_FUNCTIONS, "Memory_GetUserData", "Buffer_Destroy",
-        "Buffer_IsDeleted", "LoadedExecutable_Execute", *HELPERS,
+        "Buffer_IsDeleted", "LoadedExecutable_Execute", *DESTROY_FUNCTIONS, *HELPERS,
     ]  # fmt: skip
     ADDRESSES.update({name: engine.get_function_address(name) for name in names})
+    if not EXITING:
+        import atexit
+
+        EXITING.append(engine.get_global_value_address("xlapy_exiting"))
+        atexit.register(_set_exiting)
     ADDRESSES["python_execute"] = _address(python["LoadedExecutable_Execute"])
     return {name: ADDRESSES[name] for name in names if name not in HELPERS}
 

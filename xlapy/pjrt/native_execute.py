@@ -121,15 +121,24 @@ _RETIRE: Any = None
 def retire(pb: PBuffer) -> None:
     """No native reader may use `pb`'s bytes from now on; returns once none does (call
     before deleting or donating its buffer)."""
+    if not pb.retired:
+        retire_all([pb])
+
+
+def retire_all(pbs: list[PBuffer]) -> None:
+    """`retire` of each of `pbs` (the donated arguments of a call), under one hold of the
+    mirror's lock."""
     global _RETIRE
-    if pb.retired:
-        return
     with _MIRROR_LOCK:
-        pb.retired = True
-        if pb.c.plain:
-            if _RETIRE is None:
-                _RETIRE = ffi.cast("void(*)(PJRT_Buffer *)", native.ADDRESSES["xlapy_retire"])
-            _RETIRE(pb.c)  # waits for native readers: they never need this lock
+        for pb in pbs:
+            if pb.retired:
+                continue
+            pb.retired = True
+            if pb.c.plain:
+                if _RETIRE is None:
+                    address = native.ADDRESSES["xlapy_retire"]
+                    _RETIRE = ffi.cast("void(*)(PJRT_Buffer *)", address)
+                _RETIRE(pb.c)  # waits for native readers: they never need this lock
 
 
 # -- native handles seen from Python ---------------------------------------------------------

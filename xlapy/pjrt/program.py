@@ -27,12 +27,18 @@ class ProgramFormatError(XlapyError):
     """A program in a format the plugin does not read."""
 
 
-def module_from_program(code: bytes, fmt: str) -> HloModule:
-    """The HloModule of a program of format `fmt` ("mlir")."""
+def check_format(fmt: str) -> None:
+    """ProgramFormatError unless `fmt` is a format the plugin reads ("mlir")."""
     if fmt != "mlir":
         raise ProgramFormatError(
             f"xlapy's PJRT plugin reads programs of format 'mlir' (StableHLO); got '{fmt}'"
         )
+
+
+def module_from_mlir(code: bytes) -> HloModule:
+    """The HloModule of StableHLO `code` (MLIR bytecode or text) as JAX hands it over, its
+    entry's tokens made runtime tokens (`runtime_tokens`). Client.compile's `importer` for
+    the plugin's programs (its name keys their program images)."""
     module = import_bytes(code)
     runtime_tokens(module)
     return module

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -236,7 +237,11 @@ class Client:
 
     # -- compilation -----------------------------------------------------------------------
     def compile(
-        self, program: HloModule | str | bytes, options: CompileOptions | None = None
+        self,
+        program: HloModule | str | bytes,
+        options: CompileOptions | None = None,
+        *,
+        importer: Callable[[bytes], HloModule] | None = None,
     ) -> LoadedExecutable:
         """A LoadedExecutable for `program` (a module, or HLO / StableHLO text or bytes as
         xlapy.load takes them), from the compile cache when the same program
@@ -245,7 +250,10 @@ class Client:
         custom call's target is unknown or rejects the call. Without `options`, the
         program runs with its own replica and partition counts (`replica_count=`,
         `num_partitions=` in the module header; for a global program imported from sharded
-        StableHLO, the partition count it asks for: ModuleConfig.spmd_partitions)."""
+        StableHLO, the partition count it asks for: ModuleConfig.spmd_partitions).
+        `importer` turns bytes into a module instead of xlapy.load (the PJRT plugin's:
+        JAX's StableHLO and its runtime tokens); its name is part of the program image's
+        key, so bytes imported two ways never share an image."""
         self.check_open("compile")
         check_program(program, (HloModule, str, bytes, bytearray))
         check_options(options)
@@ -259,12 +267,18 @@ class Client:
         image_key: str | None = None
         if isinstance(program, str | bytes | bytearray):  # HLO or StableHLO, text or bytes
             raw = program if isinstance(program, str) else bytes(program)
-            image_key = self.backend.image_key(raw, _options_json(options))
+            keyed = _options_json(options)
+            if importer is not None:
+                keyed += f" importer={importer.__module__}.{importer.__qualname__}"
+            image_key = self.backend.image_key(raw, keyed)
             if image_key is not None:
                 found = self._compile_from_image(image_key, options)
                 if found is not None:
                     return found
-            module = load(program)
+            if importer is not None and isinstance(raw, bytes):
+                module = importer(raw)
+            else:
+                module = load(program)
             text = module.to_text()
         else:
             text = program.to_text()
