@@ -103,23 +103,31 @@ SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+::.*?)(?: - (.*))?$")
 
 @pytest.hookimpl(wrapper=True, trylast=True)  # inside pytest's capture wrapper
 def pytest_make_collect_report(collector):  # pragma: no cover - runs inside pytest
-    """JAX reads `jax_test_dut` from absl flags, not from the environment: set it from
-    $JAX_TEST_DUT (without this, JAX's test_util saw the platform name "xlapy") before the
-    first test file is imported. test_util is imported here, while pytest captures the
-    file's collection, as in a plain run: `jtu.capture_stdout` binds the sys.stdout of its
-    import, and imported before capture started it captured nothing (24 failures of
-    debugging_primitives_test and one of custom_linear_solve_test, on cpu as on xlapy)."""
-    dut = os.environ.get("JAX_TEST_DUT")
-    if dut and isinstance(collector, pytest.File):
-        import jax
-        from jax._src import test_util  # defines jax_test_dut
-
-        if test_util._TEST_DUT.value != dut:
-            jax.config.update("jax_test_dut", dut)
+    """Before the first test file is imported: JAX's test-only modules loaded and
+    `jax_test_dut` set. Done here, while pytest captures the file's collection, as in a plain
+    run: `jtu.capture_stdout` binds the sys.stdout of test_util's import, and imported
+    before capture started (in pytest_configure / pytest_sessionstart) it captured nothing
+    (24 failures of debugging_primitives_test, one of custom_linear_solve_test)."""
+    if isinstance(collector, pytest.File):
+        _load_test_only()
+        _set_test_dut()
     return (yield)
 
 
-def pytest_sessionstart(session):  # pragma: no cover - runs inside pytest
+def _set_test_dut() -> None:
+    """JAX reads `jax_test_dut` from absl flags, not from the environment: set it from
+    $JAX_TEST_DUT (without this, JAX's test_util saw the platform name "xlapy")."""
+    dut = os.environ.get("JAX_TEST_DUT")
+    if not dut:
+        return
+    import jax
+    from jax._src import test_util  # defines jax_test_dut
+
+    if test_util._TEST_DUT.value != dut:
+        jax.config.update("jax_test_dut", dut)
+
+
+def _load_test_only() -> None:
     """Modules the tests import from jax._src that the jax wheel does not ship (the
     test-only hypothesis_test_util: state_test), loaded from $JAX_SUITE_TEST_ONLY."""
     folder = os.environ.get("JAX_SUITE_TEST_ONLY")

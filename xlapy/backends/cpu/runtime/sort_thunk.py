@@ -539,8 +539,13 @@ def plan_approx_topk(instr: HloInstruction) -> FastFn | None:
         return None
     n, size = first.dims[dim], results[0].dims[dim]
     only = keys[0] if len(keys) == 1 else None
-    prunable = only is not None and only.expr is None and only.operand == 0
-    prunable = prunable and only.kind in ("FLOAT", "TOTALORDER") and first.dtype in _PRUNED_TYPES
+    prunable = (
+        only is not None
+        and only.expr is None
+        and only.operand == 0
+        and only.kind in ("FLOAT", "TOTALORDER")
+        and first.dtype in _PRUNED_TYPES
+    )
     groups = pruning_groups(n, size) if prunable else None
 
     def run(values, outs, ctx) -> bool:
