@@ -71,6 +71,7 @@ import ctypes
 import difflib
 import enum
 import inspect
+import re
 import threading
 from _ctypes import CFuncPtr
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -89,7 +90,16 @@ PLATFORMS = ("Host", "CUDA")
 
 # Custom calls XLA itself emits for operations with HLO semantics; backends evaluate them
 # directly rather than through the registry.
-XLA_INTERNAL_TARGET_NAMES = frozenset({"TopK"})
+XLA_INTERNAL_TARGET_NAMES = frozenset({"TopK", "ApproxTopK"})
+
+
+def approx_topk_dimension(instr) -> int | None:
+    """An "ApproxTopK" custom call's reduction dimension, read from its backend_config
+    (JAX's attribute dictionary `{..., reduction_dim = 1 : i64, ...}`, or JSON); None when
+    it names none."""
+    config = instr.backend_config
+    found = re.search(r"\breduction_dim\b\W*(-?\d+)", config.text if config else "")
+    return int(found.group(1)) if found else None
 
 
 class ApiVersion(enum.Enum):

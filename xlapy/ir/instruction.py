@@ -318,12 +318,20 @@ class HloInstruction:
     @property
     def window(self) -> A.Window:
         """A reduce-window's, select-and-scatter's or convolution's `window={...}`."""
-        return self._typed("window", A.Window)
+        return self._typed("window", A.Window, self._scalar_window())
 
     @property
     def window_or_none(self) -> A.Window | None:
         """`window=`, None when absent (a convolution without spatial dimensions)."""
-        return self._typed("window", A.Window, None)
+        return self._typed("window", A.Window, self._scalar_window(None))
+
+    def _scalar_window(self, default: Any = _REQUIRED) -> Any:
+        """The empty window of a reduce-window or select-and-scatter over a scalar, whose
+        `window=` XLA leaves out of the text; `default` for any other instruction."""
+        if self.opcode not in (Opcode.REDUCE_WINDOW, Opcode.SELECT_AND_SCATTER):
+            return default
+        first = self.operands[0].shape if self.operands else None
+        return A.Window(()) if first is not None and first.is_array and not first.dims else default
 
     @property
     def dim_labels(self) -> A.ConvDimLabels:

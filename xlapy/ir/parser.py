@@ -1452,6 +1452,9 @@ class _Parser(TextCursor):
 
     def padding(self) -> A.Padding:
         self.skip()
+        if self.accept("{"):  # a scalar's: no dimensions
+            self.expect("}", "'}' (a scalar's padding is {})")
+            return A.Padding(())
         dims = []
         for m in self.x_separated(_PAD_DIM, "low_high[_interior] padding"):
             interior = int(m.group(3)) if m.group(3) else 0

@@ -500,6 +500,8 @@ def _dim_labels(labels: A.ConvDimLabels, opts: PrintOptions) -> str:
 
 
 def _padding(padding: A.Padding, opts: PrintOptions) -> str:
+    if not padding.dims:
+        return "{}"  # a scalar's (XLA prints nothing, which no parser reads back)
     interior = any(d[2] for d in padding.dims)
     return "x".join(
         f"{lo}_{hi}_{inner}" if interior else f"{lo}_{hi}" for lo, hi, inner in padding.dims

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -64,6 +65,7 @@ def initialize(options: dict[str, Any] | None = None) -> Any:
     from xlapy.pjrt import callbacks
 
     callbacks.install()  # after register_plugin: JAX knows the platform name now
+    install_cpu_stand_in()
     from jaxlib import xla_client
 
     # jax.ffi.register_ffi_target(..., platform="xlapy") / register_ffi_type: JAX hands
@@ -87,6 +89,56 @@ class CpuLowerings(dict):
 
     def __missing__(self, key: Any) -> Any:
         return self.cpu[key]
+
+
+def install_cpu_stand_in() -> None:
+    """Let the "xlapy" platform stand in for the CPU where JAX picks code by platform name
+    or assumes a CPU backend exists:
+    - `lax.platform_dependent(x, cpu=f, default=g)` runs `f` on xlapy (xlapy gets the CPU's
+      lowerings, so it takes the CPU's branch too), unless a branch names "xlapy" itself;
+    - `lax.scan` returns a forwarded NumPy input on the first CPU device; with
+      JAX_PLATFORMS=xlapy (no CPU backend) it goes on the default device instead, where
+      JAX raised "Unknown backend cpu"."""
+    from jax._src.interpreters import mlir
+    from jax._src.lax.control_flow import conditionals, loops
+
+    if getattr(install_cpu_stand_in, "done", False):
+        return
+
+    def platform_index_rule(ctx: Any, *, platforms: Any) -> Any:
+        return conditionals._platform_index_lowering(ctx, platforms=_cpu_branch(platforms))
+
+    def cond_rule(ctx: Any, *args: Any, **params: Any) -> Any:
+        if params.get("branches_platforms") is not None:
+            params["branches_platforms"] = _cpu_branch(params["branches_platforms"])
+        return conditionals._cond_lowering(ctx, *args, **params)
+
+    mlir.register_lowering(conditionals.platform_index_p, platform_index_rule, platform="xlapy")
+    mlir.register_lowering(conditionals.cond_p, cond_rule, platform="xlapy")
+    loops._maybe_put = functools.partial(_put_forwarded, loops._maybe_put)
+    install_cpu_stand_in.done = True  # type: ignore[attr-defined]
+
+
+def _cpu_branch(branches_platforms: Any) -> Any:
+    """`platform_dependent`'s branch platforms with "xlapy" added to the branch naming
+    "cpu" (unchanged when a branch names "xlapy" or none names "cpu")."""
+    if any(ps is not None and "xlapy" in ps for ps in branches_platforms):
+        return branches_platforms
+    return tuple(
+        ps if ps is None or "cpu" not in ps else (*ps, "xlapy") for ps in branches_platforms
+    )
+
+
+def _put_forwarded(original: Any, x: Any) -> Any:
+    """loops._maybe_put: JAX's, which puts a NumPy array on the first CPU device; without
+    a CPU backend, `jax.device_put` to the default device (uncommitted, as JAX's is)."""
+    import numpy as np
+    from jax._src import api
+    from jax._src import xla_bridge as xb
+
+    if isinstance(x, np.ndarray) and "cpu" not in xb.backends():
+        return api.device_put(x)
+    return original(x)
 
 
 def register_jaxlib_lapack() -> list[str]:

@@ -710,6 +710,9 @@ class Reader(TextCursor):
             c = text[p]
             if c in ":{}" or (c == "l" and self.peek_ident() == "loc"):
                 return
+            if c == "," and not first:  # an empty operand list: `dynamic_slice %x, , sizes = []`
+                self.pos += 1
+                continue
             if c == "%":
                 op.operands.append(self.value())
                 if self.text.startswith("[", self.pos):  # get_tuple_element %t[0]

@@ -127,7 +127,12 @@ from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
 from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
-from xlapy.backends.cpu.runtime.sort_thunk import plan_sort, plan_topk, plan_xla_topk
+from xlapy.backends.cpu.runtime.sort_thunk import (
+    plan_approx_topk,
+    plan_sort,
+    plan_topk,
+    plan_xla_topk,
+)
 from xlapy.backends.cpu.runtime.thunk import (
     BufferSlice,
     GraphChoice,
@@ -636,7 +641,7 @@ def _sort_library(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return library(planner).build(lw, instr, why)
 
 
-CUSTOM_CALL_PLANNERS: dict[str, Planner] = {"TopK": plan_xla_topk}
+CUSTOM_CALL_PLANNERS: dict[str, Planner] = {"TopK": plan_xla_topk, "ApproxTopK": plan_approx_topk}
 """XLA-internal custom-call target -> its library planner."""
 
 

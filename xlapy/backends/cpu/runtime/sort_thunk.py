@@ -1,4 +1,4 @@
-# Fast library implementations of sort, topk and XLA's "TopK" custom call.
+# Fast library implementations of sort, topk, XLA's "TopK" and JAX's "ApproxTopK" custom calls.
 #
 # A sort comparator is recognized structurally as a lexicographic order on keys: its root is
 # `compare(f(p[2i]), f(p[2i+1]))` with direction LT or GT (a key of operand i, ascending or
@@ -519,6 +519,58 @@ def plan_xla_topk(instr: HloInstruction) -> FastFn | None:
         out_values, out_indices = outs
         np.copyto(out_values, np.take_along_axis(rows, perm, axis=1).reshape(out_values.shape))
         np.copyto(out_indices, perm.reshape(out_indices.shape), casting="unsafe")
+        return True
+
+    return run
+
+
+def plan_approx_topk(instr: HloInstruction) -> FastFn | None:
+    """JAX's "ApproxTopK" custom call, as XLA runs it off TPUs: its inputs (values, indices)
+    stably sorted along reduction_dim by the comparator, each cut to the result's size."""
+    from xlapy.backends.custom_calls import approx_topk_dimension
+
+    called: tuple[HloComputation, ...] = instr.custom_call_computations
+    count = len(instr.operands) // 2
+    dim = approx_topk_dimension(instr)
+    results = [s for _, s in instr.shape.leaves()]
+    if len(called) != 1 or dim is None or count == 0 or len(results) != count:
+        return None
+    first = instr.operands[0].shape
+    if not first.is_array or not 0 <= dim < first.rank or not all(s.is_array for s in results):
+        return None
+    keys = match_comparator(called[0])
+    if keys is None or any(k.operand >= count for k in keys):
+        return None
+    n, size = first.dims[dim], results[0].dims[dim]
+    only = keys[0] if len(keys) == 1 else None
+    prunable = (
+        only is not None
+        and only.expr is None
+        and only.operand == 0
+        and only.kind in ("FLOAT", "TOTALORDER")
+        and first.dtype in _PRUNED_TYPES
+    )
+    groups = pruning_groups(n, size) if prunable else None
+
+    def run(values, outs, ctx) -> bool:
+        moved = [np.moveaxis(np.asarray(v), dim, -1) for v in values[:count]]
+        rows = [m.reshape(-1, n) for m in moved]
+        perm = None
+        if groups is not None and only is not None and rows[0].size:
+            # a FLOAT compare ties -0.0 with +0.0: the total order after -0.0 + 0.0 = +0.0
+            zeroed = rows[0] + rows[0].dtype.type(0) if only.kind == "FLOAT" else rows[0]
+            perm = pruned_top_k(zeroed, size, only.descending, groups)  # None: a NaN
+        if perm is None:
+            key = key_arrays(ctx, keys, rows)
+            if key is None:
+                return False
+            if len(key) == 1:
+                perm = smallest_k(key[0], size)  # ties by lower index: a stable sort's first
+            else:
+                perm = stable_permutation(key, axis=-1)[:, :size]
+        for m, row, out in zip(moved, rows, outs, strict=True):
+            top = np.take_along_axis(row, perm, axis=1).reshape(*m.shape[:-1], size)
+            np.copyto(out, np.moveaxis(top, -1, dim), casting="no")
         return True
 
     return run

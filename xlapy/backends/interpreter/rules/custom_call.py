@@ -5,7 +5,8 @@ NumPy buffers (tuple operands and results as nested pointer tables, seed 002's l
 
 Targets are found in `ctx.state["custom_calls"]` first (a CustomCallRegistry, or a dict from
 target name to callable), then in the global registry, for the platform
-`ctx.state.get("platform", "Host")`. XLA's own "TopK" custom call is evaluated here.
+`ctx.state.get("platform", "Host")`. XLA's own "TopK" and JAX's "ApproxTopK" custom calls
+are evaluated here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from xlapy.backends.base import replace_leaf
 from xlapy.backends.custom_calls import (
     XLA_INTERNAL_TARGET_NAMES,
     ApiVersion,
+    approx_topk_dimension,
     call_cpu_c_target,
     calling,
     find,
@@ -115,15 +117,42 @@ def _xla_topk(instr, operands, ctx):
     return values, perm.astype(indices_shape.dtype).reshape(indices_shape.dims)
 
 
+def _approx_topk(instr, operands, ctx):
+    """JAX's "ApproxTopK" (lax.approx_max_k / approx_min_k) as XLA runs it off TPUs: its
+    inputs (values, indices) stably sorted along `reduction_dim` by the comparator, each cut
+    to the result's size there (k, or the reduction output size when not aggregated)."""
+    k = len(operands) // 2
+    called = instr.custom_call_computations
+    dim = approx_topk_dimension(instr)
+    results = [s for _, s in instr.shape.leaves()]
+    if len(called) != 1 or k == 0 or len(results) != k or dim is None:
+        raise CustomCallError(
+            f"{instr.name}: ApproxTopK needs inputs and as many init values, one comparator, "
+            "one result per input and a backend_config naming reduction_dim"
+        )
+    inputs = operands[:k]
+    if not 0 <= dim < inputs[0].ndim:
+        raise CustomCallError(f"{instr.name}: reduction_dim {dim} of rank {inputs[0].ndim}")
+    moved = [np.moveaxis(x, dim, -1) for x in inputs]
+    n, size = moved[0].shape[-1], results[0].dims[dim]
+    rows = [x.reshape(-1, n) for x in moved]
+    perm = merge_sort_permutation(ctx, called[0], rows)[:, :size]
+    outs = []
+    for x, row, shape in zip(moved, rows, results, strict=True):
+        top = np.take_along_axis(row, perm, axis=1).reshape(*x.shape[:-1], size)
+        outs.append(np.ascontiguousarray(np.moveaxis(top, -1, dim)).reshape(shape.dims))
+    return tuple(outs)
+
+
 # Custom calls that XLA itself emits for operations with HLO semantics (they carry called
 # computations, so they are evaluated here rather than through the target registry).
-XLA_INTERNAL_TARGETS = {"TopK": _xla_topk}
+XLA_INTERNAL_TARGETS = {"TopK": _xla_topk, "ApproxTopK": _approx_topk}
 
 
 def _contiguous(value):
     if isinstance(value, tuple):
         return tuple(_contiguous(v) for v in value)
-    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else None
+    return np.asarray(value, order="C") if isinstance(value, np.ndarray) else None
 
 
 def _aliased_operands(instr, operands, outs) -> list:

@@ -94,7 +94,7 @@ def unsigned_bits(x: np.ndarray) -> np.ndarray:
         u = x.astype(np.int64).astype(np.uint64) if t.is_signed_integral else x.astype(np.uint64)
     else:
         size = x.dtype.itemsize
-        u = np.ascontiguousarray(x).view(np.dtype(f"u{size}")).astype(np.uint64)
+        u = np.asarray(x, order="C").view(np.dtype(f"u{size}")).astype(np.uint64)
     if t.bits >= 64:
         return u
     return u & np.uint64((1 << t.bits) - 1)
@@ -190,7 +190,7 @@ def convert_array(x: np.ndarray, to: PrimitiveType) -> np.ndarray:
     if to.is_pred:
         return as_value(x != 0, np.bool_)
     if frm.is_complex and not to.is_complex:
-        return convert_array(np.ascontiguousarray(x.real), to)
+        return convert_array(np.asarray(x.real, order="C"), to)
     if to.is_complex:
         real = x if frm.is_complex else x.astype(np.float64)
         return as_value(real, to.dtype)
@@ -282,7 +282,7 @@ def reduce_precision(x: np.ndarray, exponent_bits: int, mantissa_bits: int) -> n
     bits = x.dtype.itemsize * 8
     ut = np.dtype(f"u{x.dtype.itemsize}")
     one = ut.type(1)
-    u = np.ascontiguousarray(x).view(ut).copy()
+    u = np.asarray(x, order="C").view(ut).copy()
     if mantissa_bits < src_mant:
         drop = src_mant - mantissa_bits
         last = one << ut.type(drop)

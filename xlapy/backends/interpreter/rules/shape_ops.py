@@ -96,7 +96,7 @@ def _transpose(instr, operands, ctx):
         raise EvaluationError(
             f"{instr.name}: dimensions={list(perm)} is not a permutation of rank {x.ndim}"
         )
-    return np.ascontiguousarray(np.transpose(x, perm))
+    return np.asarray(np.transpose(x, perm), order="C")
 
 
 @evaluates(Opcode.SLICE)
@@ -132,7 +132,7 @@ def _pad(instr, operands, ctx):
     result = x
     for axis, (low, high, interior) in enumerate(padding.dims):
         result = _pad_axis(result, axis, low, high, interior, value)
-    return np.ascontiguousarray(result).copy()
+    return np.array(result, order="C")  # a copy (ascontiguousarray makes a 0-d array 1-d)
 
 
 def _pad_axis(x, axis, low, high, interior, value):
