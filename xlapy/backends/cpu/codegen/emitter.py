@@ -255,6 +255,7 @@ class KernelEmitter:
         self.module = ir.Module(name=name)
         self.math = MathEmitter(self.module)
         self.scopes: list[dict] = [{}]
+        self.open_loops: list[_Loop] = []
         self.param_ptrs: dict[int, ir.Value] = {}
         self.scalar_env: list[dict[int, object]] = []
         self._globals = 0
@@ -650,15 +651,22 @@ class KernelEmitter:
 
 
 class _Loop:
-    """`with emitter.loop(lo, hi) as i:` emits a counted loop; the body goes in the block."""
+    """`with emitter.loop(lo, hi) as i:` emits a counted loop; the body goes in the block.
+    A loop with another loop inside is marked `llvm.loop.unroll.disable` (see the top of
+    the file)."""
 
     def __init__(self, em: KernelEmitter, lo, hi, name: str, step: int = 1):
         self.em, self.lo, self.hi, self.name, self.step = em, lo, hi, name, step
+        self.has_inner = False
 
     def __enter__(self):
-        b = self.em.b
+        em = self.em
+        b = em.b
         pre = b.block
-        fn = self.em.fn
+        fn = em.fn
+        if em.open_loops:
+            em.open_loops[-1].has_inner = True
+        em.open_loops.append(self)
         self.header = fn.append_basic_block(f"{self.name}.header")
         body = fn.append_basic_block(f"{self.name}.body")
         self.exit = fn.append_basic_block(f"{self.name}.exit")
@@ -668,19 +676,37 @@ class _Loop:
         self.i.add_incoming(self.lo, pre)
         b.cbranch(b.icmp_signed("<", self.i, self.hi), body, self.exit)
         b.position_at_end(body)
-        self.em.scopes.append({})
+        em.scopes.append({})
         return self.i
 
     def __exit__(self, exc_type, exc, tb):
-        self.em.scopes.pop()
+        em = self.em
+        em.scopes.pop()
+        em.open_loops.pop()
         if exc_type is not None:
             return False
-        b = self.em.b
+        b = em.b
         nxt = b.add(self.i, ir.Constant(I64, self.step), flags=["nsw"])
         self.i.add_incoming(nxt, b.block)
-        b.branch(self.header)
+        latch = b.branch(self.header)
+        if self.has_inner:
+            latch.set_metadata("llvm.loop", _no_unroll_loop_id(em.module))
         b.position_at_end(self.exit)
         return False
+
+
+class _LoopID(ir.values.MDValue):
+    """A loop's identity (`distinct !{!self, properties...}`): LLVM reads loop properties
+    only from a distinct node whose first operand is the node itself."""
+
+    def descr(self, buf):
+        refs = ", ".join([self.get_reference(), *(op.get_reference() for op in self.operands)])
+        buf += (f"distinct !{{ {refs} }}", "\n")
+
+
+def _no_unroll_loop_id(module: ir.Module) -> _LoopID:
+    disable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])
+    return _LoopID(module, [disable], name=str(len(module.metadata)))
 
 
 __all__ = [
@@ -703,3 +729,4 @@ class StandaloneKernelEmitter(KernelEmitter):
         self.module = ir.Module(name=symbol)
         self.math = MathEmitter(self.module)
         self.scopes = [{}]
+        self.open_loops = []
