@@ -250,6 +250,10 @@ def in_place_reason(comp: HloComputation, out: int, param: int) -> str | None:
 class KernelEmitter:
     """Builds the LLVM IR of one kernel; rules in EMIT_RULES call back into it."""
 
+    unroll_outer_loops = False
+    """Whether LLVM may unroll loops that hold loops (see the top of the file): an emitter
+    whose loop nest counts on it (independent chains interleaved by unrolling) says so."""
+
     def __init__(
         self, comp: HloComputation, name: str, in_place: tuple = (), flush_denormals: bool = True
     ):
@@ -695,7 +699,7 @@ class _Loop:
         nxt = b.add(self.i, ir.Constant(I64, self.step), flags=["nsw"])
         self.i.add_incoming(nxt, b.block)
         latch = b.branch(self.header)
-        if self.has_inner:
+        if self.has_inner and not em.unroll_outer_loops:
             latch.set_metadata("llvm.loop", _no_unroll_loop_id(em.module))
         b.position_at_end(self.exit)
         return False
