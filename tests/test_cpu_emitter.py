@@ -937,3 +937,29 @@ ENTRY e {
 }"""
     kernel = check(text, [random_array("f32", (1, 16, 96))], exact=True)
     assert "udiv" not in kernel.llvm_ir and "urem" not in kernel.llvm_ir
+
+
+def test_loops_holding_loops_are_not_unrolled(monkeypatch):
+    """An outer loop of constant trip count is marked llvm.loop.unroll.disable, the
+    innermost loop is left to LLVM: fully unrolled, the outer loop of this concatenation
+    copied its vectorized inner loop 16 times (ten times the optimized IR)."""
+    from xlapy.backends.cpu.codegen.emitter import KernelEmitter
+
+    def text(name: str) -> str:
+        return f"""HloModule m
+ENTRY e {{
+  {name} = f32[4,16,64] parameter(0)
+  b = f32[4,16,96] parameter(1)
+  ROOT c = f32[4,16,160] concatenate({name}, b), dimensions={{2}}
+}}"""
+
+    args = [random_array("f32", (4, 16, 64)), random_array("f32", (4, 16, 96))]
+    kept = check(text("a"), args, exact=True)
+    latches = [ln for ln in kept.llvm_ir.splitlines() if ln.strip().startswith("br label")]
+    marked = [ln for ln in latches if "!llvm.loop" in ln]
+    assert marked and len(marked) < len(latches)
+    assert "llvm.loop.unroll.disable" in kept.llvm_ir
+    monkeypatch.setattr(KernelEmitter, "unroll_outer_loops", True)
+    unrolled = check(text("a2"), args, exact=True)
+    assert "llvm.loop.unroll.disable" not in unrolled.llvm_ir
+    assert 3 * len(kept.optimized_ir) < len(unrolled.optimized_ir)
