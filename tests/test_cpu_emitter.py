@@ -286,6 +286,26 @@ SHAPE_CASES = {
         "x = f32[6,10]{0,1} parameter(0)\n ROOT r = f32[10,2,3]{0,2,1} bitcast(x)",
         [(6, 10)],
     ),
+    "reshape_keeps_dims": (
+        "x = f32[4,6,10] parameter(0)\n ROOT r = f32[24,10] reshape(x)",
+        [(4, 6, 10)],
+    ),
+    "reshape_size_one_dims": (
+        "x = f32[1,6,1,10] parameter(0)\n ROOT r = f32[6,1,10,1] reshape(x)",
+        [(1, 6, 1, 10)],
+    ),
+    "reshape_split_and_merge": (
+        "x = f32[4,6,10] parameter(0)\n ROOT r = f32[2,12,5,2] reshape(x)",
+        [(4, 6, 10)],
+    ),
+    "reshape_size_one_inside_a_run": (
+        "x = f32[2,1,3,5] parameter(0)\n ROOT r = f32[3,2,5]{2,0,1} reshape(x)",
+        [(2, 1, 3, 5)],
+    ),
+    "bitcast_runs_in_layout_order": (
+        "x = f32[6,4,10]{0,2,1} parameter(0)\n ROOT r = f32[4,60]{1,0} bitcast(x)",
+        [(6, 4, 10)],
+    ),
     "slice": (
         "x = f32[10,12]{1,0} parameter(0)\n ROOT r = f32[4,3]{1,0} slice(x), "
         "slice={[1:9:2], [2:11:3]}",
@@ -885,3 +905,61 @@ def test_shifts_by_amounts_read_from_memory_stay_one_loop_nest():
     for amounts in ([13, 15, 26, 6], [0, 32, 40, 1]):
         kernel = check(text, [x, y, np.array(amounts, np.uint32)])
     assert len(kernel.optimized_ir) < 100_000, len(kernel.optimized_ir)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "runs"),
+    [
+        ([1, 16, 96], [16, 96], [((0,), ()), ((1,), (0,)), ((2,), (1,))]),
+        ([4, 6], [2, 12], [((0, 1), (0, 1))]),
+        ([2, 3, 4], [6, 4], [((0, 1), (0,)), ((2,), (1,))]),
+        ([24], [2, 3, 4], [((0,), (0, 1, 2))]),
+        ([2, 1, 3], [3, 2], [((0, 1, 2), (0, 1))]),
+        ([], [1, 1], [((), (0,)), ((), (1,))]),
+    ],
+)
+def test_reshape_groups(a, b, runs):
+    from xlapy.backends.cpu.codegen.elemental import reshape_groups
+
+    got = [(tuple(ra), tuple(rb)) for ra, rb in reshape_groups(a, b)]
+    assert got == runs
+
+
+def test_reshape_keeping_dimensions_divides_nothing():
+    """A reshape that only adds or drops dimensions of size 1 (or merges major ones) indexes
+    the dimensions it keeps directly: no division per element (LLVM widens each into a long
+    multiply-high sequence, and the unroller copies it)."""
+    text = """HloModule m
+ENTRY e {
+  x = f32[1,16,96] parameter(0)
+  r = f32[16,96] reshape(x)
+  ROOT n = f32[16,96] negate(r)
+}"""
+    kernel = check(text, [random_array("f32", (1, 16, 96))], exact=True)
+    assert "udiv" not in kernel.llvm_ir and "urem" not in kernel.llvm_ir
+
+
+def test_loops_holding_loops_are_not_unrolled(monkeypatch):
+    """An outer loop of constant trip count is marked llvm.loop.unroll.disable, the
+    innermost loop is left to LLVM: fully unrolled, the outer loop of this concatenation
+    copied its vectorized inner loop 16 times (ten times the optimized IR)."""
+    from xlapy.backends.cpu.codegen.emitter import KernelEmitter
+
+    def text(name: str) -> str:
+        return f"""HloModule m
+ENTRY e {{
+  {name} = f32[4,16,64] parameter(0)
+  b = f32[4,16,96] parameter(1)
+  ROOT c = f32[4,16,160] concatenate({name}, b), dimensions={{2}}
+}}"""
+
+    args = [random_array("f32", (4, 16, 64)), random_array("f32", (4, 16, 96))]
+    kept = check(text("a"), args, exact=True)
+    latches = [ln for ln in kept.llvm_ir.splitlines() if ln.strip().startswith("br label")]
+    marked = [ln for ln in latches if "!llvm.loop" in ln]
+    assert marked and len(marked) < len(latches)
+    assert "llvm.loop.unroll.disable" in kept.llvm_ir
+    monkeypatch.setattr(KernelEmitter, "unroll_outer_loops", True)
+    unrolled = check(text("a2"), args, exact=True)
+    assert "llvm.loop.unroll.disable" not in unrolled.llvm_ir
+    assert 3 * len(kept.optimized_ir) < len(unrolled.optimized_ir)

@@ -531,22 +531,56 @@ def _transpose(em: KernelEmitter, instr, index):
 def _linearize(em, index, dims, order):
     """Linear position of `index` when dimensions are laid out in `order` (major first)."""
     b = em.b
-    total = _c64(0)
-    for d in order:
+    if not order:
+        return _c64(0)
+    total = index[order[0]]
+    for d in order[1:]:
         total = b.add(b.mul(total, _c64(dims[d]), flags=["nsw"]), index[d], flags=["nsw"])
     return total
 
 
 def _delinearize(em, linear, dims, order):
+    """The index of `linear` (< the product of `dims`) in dimensions laid out in `order`
+    (major first); the most major dimension takes what is left, without a remainder."""
     b = em.b
     index = [None] * len(dims)
-    for d in reversed(order):
+    for k, d in enumerate(reversed(order)):
         if dims[d] == 1:
             index[d] = _c64(0)
-            continue
-        index[d] = b.urem(linear, _c64(dims[d]))
-        linear = b.udiv(linear, _c64(dims[d]))
+        elif k == len(order) - 1:
+            index[d] = linear
+        else:
+            index[d] = b.urem(linear, _c64(dims[d]))
+            linear = b.udiv(linear, _c64(dims[d]))
     return tuple(index)
+
+
+def reshape_groups(a: list[int], b: list[int]) -> list[tuple[range, range]]:
+    """The runs of dimensions of two shapes with as many elements (`a` and `b`, major first)
+    whose element counts agree: (positions in a, positions in b) per run, in order, as
+    small as they can be; a dimension of size 1 is a run of its own. An index of `a` maps to
+    one of `b` run by run, so the runs of one dimension on each side need no arithmetic."""
+    groups: list[tuple[range, range]] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        if i < len(a) and a[i] == 1:
+            groups.append((range(i, i + 1), range(j, j)))
+            i += 1
+            continue
+        if j < len(b) and b[j] == 1:
+            groups.append((range(i, i), range(j, j + 1)))
+            j += 1
+            continue
+        si, sj = i, j
+        pa, pb = a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                pa, i = pa * a[i], i + 1
+            else:
+                pb, j = pb * b[j], j + 1
+        groups.append((range(si, i), range(sj, j)))
+    return groups
 
 
 @emits(Op.RESHAPE, Op.BITCAST)
@@ -562,8 +596,28 @@ def _reshape(em: KernelEmitter, instr, index):
         out_order, src_order = list(range(out.rank)), list(range(src.rank))
     if src.rank == 0:
         return em.gen(op, ())
-    linear = _linearize(em, index, out.dims, out_order)
-    return em.gen(op, _delinearize(em, linear, src.dims, src_order))
+    if 0 in out.dims:
+        linear = _linearize(em, index, out.dims, out_order)
+        return em.gen(op, _delinearize(em, linear, src.dims, src_order))
+    # Run by run (dimensions whose element counts agree), so that a dimension kept as it
+    # is needs no division: a division by a constant per element costs the vectorized
+    # loop a long multiply-high sequence (and LLVM its time).
+    src_index: list = [_c64(0)] * src.rank
+    out_dims = [out.dims[d] for d in out_order]
+    src_dims = [src.dims[d] for d in src_order]
+    for run_out, run_src in reshape_groups(out_dims, src_dims):
+        if not run_out or not run_src:
+            continue  # a dimension of size 1: index 0
+        if len(run_out) == 1 and len(run_src) == 1:
+            src_index[src_order[run_src[0]]] = index[out_order[run_out[0]]]
+            continue
+        outs = [out_order[k] for k in run_out]
+        srcs = [src_order[k] for k in run_src]
+        linear = _linearize(em, index, out.dims, outs)
+        part = _delinearize(em, linear, src.dims, srcs)
+        for d in srcs:
+            src_index[d] = part[d]
+    return em.gen(op, tuple(src_index))
 
 
 @emits(Op.SLICE)

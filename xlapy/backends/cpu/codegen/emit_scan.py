@@ -138,6 +138,8 @@ def scan_reason(instr: HloInstruction) -> str | None:
 class _ScanEmitter(KernelEmitter):
     """Emits the scan loops of one reduce-window; the reducer goes through call_scalar."""
 
+    unroll_outer_loops = True  # the rows of a tile overlap their chains once unrolled
+
     def __init__(self, instr: HloInstruction, flush_denormals: bool):
         self.instr = instr
         self.reducer = instr.to_apply
