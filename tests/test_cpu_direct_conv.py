@@ -84,6 +84,8 @@ CASES = [
           rhs_dilation=(1, 2))),
     ("chwn_iohw_to_nwhc", (3, 7, 8, 2), (3, 12, 2, 3), np.float32,
      conv("CHWN", "IOHW", "NWHC", window_strides=(1, 2), padding="SAME")),
+    ("nchw_looped_blocks", (2, 3, 6, 7), (40, 3, 3, 3), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
     ("one_input_feature", (5, 1, 16, 16), (16, 1, 3, 3), np.float32,
      conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
 ]  # fmt: skip

@@ -104,7 +104,7 @@ class DirectConv:
 
     def description(self, flush_denormals: bool) -> str:
         """A text that determines the kernel's IR (a cache key)."""
-        return f"direct conv v3 {'ftz' if flush_denormals else 'ieee'} {self!r}"
+        return f"direct conv v4 {'ftz' if flush_denormals else 'ieee'} {self!r}"
 
 
 def vector_shape(features: str) -> tuple[int, int]:
@@ -152,12 +152,32 @@ class _ConvEmitter(StandaloneKernelEmitter):
         return str(self.module)
 
     def _tile(self, n, i, j0, r: int) -> None:
-        cv = self.conv
-        for first in range(0, cv.vectors, cv.block):
-            self._block(n, i, j0, r, first, min(cv.block, cv.vectors - first))
+        """The blocks of a tile: those of whole vectors as a loop (the IR stays the same size
+        however many output features there are), then the rest one by one."""
+        cv, b = self.conv, self.b
+        nv = cv.block
+        looped = (cv.features // cv.vector) // nv
+        start = 0
+        if looped >= 2:
+            with self.loop(ir.Constant(I64, 0), ir.Constant(I64, looped), "blk") as blk:
+                self._block(n, i, j0, r, b.mul(blk, ir.Constant(I64, nv)), nv)
+            start = looped * nv
+        for first in range(start, cv.vectors, nv):
+            self._block(n, i, j0, r, first, min(nv, cv.vectors - first))
 
-    def _block(self, n, i, j0, r: int, first: int, nv: int) -> None:
-        """Output positions [j0, j0 + r) of row (n, i), vectors [first, first + nv)."""
+    def _lane(self, first, q: int):
+        """The lane of vector `first` + q: `first` a vector number, or an IR value of one
+        (a looped block, whose vectors are all whole)."""
+        lane = (first if isinstance(first, int) else 0) + q
+        if isinstance(first, int):
+            return ir.Constant(I64, lane * self.conv.vector)
+        return self.b.mul(
+            self.b.add(first, ir.Constant(I64, q)), ir.Constant(I64, self.conv.vector)
+        )
+
+    def _block(self, n, i, j0, r: int, first, nv: int) -> None:
+        """Output positions [j0, j0 + r) of row (n, i), vectors [first, first + nv)
+        (`first`: see _lane)."""
         cv, b = self.conv, self.b
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
         zero = ir.Constant(self.vty, [0.0] * cv.vector)
@@ -190,7 +210,7 @@ class _ConvEmitter(StandaloneKernelEmitter):
             inside = b.and_(inside, on_grid)
         return inside
 
-    def _row(self, n, h_at, j0, ka, r: int, first: int, nv: int, accs) -> None:
+    def _row(self, n, h_at, j0, ka, r: int, first, nv: int, accs) -> None:
         """The reduction over (b, c) of window row `ka`, which reads input row offset
         `h_at` (elements)."""
         cv, b = self.conv, self.b
@@ -200,7 +220,7 @@ class _ConvEmitter(StandaloneKernelEmitter):
         wo = cv.kernel_width
         with self.loop(c(0), c(cv.ksizes[1]), "kb") as kb:
             k_at = b.add(b.mul(b.add(b.mul(ka, c(cv.ksizes[1])), kb), c(cv.channels * wo)),
-                         c(first * cv.vector))  # fmt: skip
+                         self._lane(first, 0))  # fmt: skip
             t_kb = b.sub(b.mul(kb, c(cv.dilations[1])), c(cv.pads[1]))
             ts = [b.add(b.mul(b.add(j0, c(p)), c(cv.strides[1])), t_kb) for p in range(r)]
             if not cv.checked[1]:
@@ -261,7 +281,7 @@ class _ConvEmitter(StandaloneKernelEmitter):
                     acc = accs[p][q]
                     b.store(b.call(self.fma, [splat, ws[q], b.load(acc)]), acc)
 
-    def _store(self, n, i, j0, r: int, first: int, nv: int, accs) -> None:
+    def _store(self, n, i, j0, r: int, first, nv: int, accs) -> None:
         cv, b = self.conv, self.b
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
         y0, y1, y2, y3 = cv.out_strides
@@ -269,16 +289,19 @@ class _ConvEmitter(StandaloneKernelEmitter):
         for p in range(r):
             base = b.add(row, b.mul(b.add(j0, c(p)), c(y2)))
             for q in range(nv):
-                lane0 = (first + q) * cv.vector
+                lane0 = self._lane(first, q)
                 value = b.load(accs[p][q])
-                if y3 == 1 and lane0 + cv.vector <= cv.features:
-                    at = b.add(base, c(lane0))
-                    ptr = b.bitcast(b.gep(self.out, [at], True), self.vty.as_pointer())
-                    b.store(value, ptr, align=4)
+                whole = not isinstance(first, int) or (first + q + 1) * cv.vector <= cv.features
+                if y3 == 1 and whole:
+                    ptr = b.gep(self.out, [b.add(base, lane0)], True)
+                    b.store(value, b.bitcast(ptr, self.vty.as_pointer()), align=4)
                     continue
-                for lane in range(min(cv.vector, cv.features - lane0)):  # lane by lane
+                lanes = cv.vector
+                if isinstance(first, int):
+                    lanes = min(lanes, cv.features - (first + q) * cv.vector)
+                for lane in range(lanes):  # lane by lane
                     v = b.extract_element(value, ir.Constant(I32, lane))
-                    at = b.add(base, c((lane0 + lane) * y3))
+                    at = b.add(base, b.mul(b.add(lane0, c(lane)), c(y3)))
                     b.store(v, b.gep(self.out, [at], True))
 
 
