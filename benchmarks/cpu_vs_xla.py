@@ -961,6 +961,67 @@ def _():
     return block, args
 
 
+# untuned conv programs (added with the direct kernels on the arena, third conv session):
+# the many small convolutions of a haiku-style ResNet forward, and equinox's layout (NCHW /
+# OIHW, vmapped over images) in a training step
+@program("convnet_small_resnet_forward")
+def _():
+    def bn(h, p):
+        return h * p[0] + p[1]
+
+    def nhwc(x, w, strides=(1, 1), padding="SAME"):
+        dims = ("NHWC", "HWIO", "NHWC")
+        return lax.conv_general_dilated(x, w, strides, padding, dimension_numbers=dims)
+
+    def forward(p, x):
+        h = jax.nn.relu(bn(nhwc(x, p["stem"], (2, 2), ((2, 3), (2, 3))), p["bn0"]))
+        for i in range(3):
+            r = jax.nn.relu(bn(nhwc(h, p[f"a{i}"]), p["bn1"]))
+            r = jax.nn.relu(nhwc(r, p[f"b{i}"]))
+            h = h + nhwc(r, p[f"c{i}"])
+        return jnp.mean(h, axis=(1, 2)) @ p["dense"]
+
+    def args(rng, s):
+        p = {"stem": normal(rng, (7, 7, 3, 32), scale=0.1), "dense": normal(rng, (32, 8))}
+        p["bn0"] = (normal(rng, (32,)), normal(rng, (32,)))
+        p["bn1"] = (normal(rng, (8,)), normal(rng, (8,)))
+        for i in range(3):
+            p[f"a{i}"] = normal(rng, (1, 1, 32, 8), scale=0.2)
+            p[f"b{i}"] = normal(rng, (3, 3, 8, 8), scale=0.1)
+            p[f"c{i}"] = normal(rng, (1, 1, 8, 32), scale=0.2)
+        return p, normal(rng, (4, s.image, s.image, 3))
+
+    return forward, args
+
+
+@program("convnet_nchw_vmap_train_step")
+def _():
+    def one(p, image):  # [C, H, W], as an equinox Conv2d sees it
+        dims = ("NCHW", "OIHW", "NCHW")
+        h = lax.conv_general_dilated(image[None], p["c1"], (1, 1), ((2, 2), (2, 2)),
+                                     dimension_numbers=dims)[0]  # fmt: skip
+        h = jax.nn.relu(h + p["b1"][:, None, None])
+        h = lax.reduce_window(h, 0.0, lax.add, (1, 2, 2), (1, 2, 2), "VALID") / 4
+        h = lax.conv_general_dilated(h[None], p["c2"], (1, 1), ((2, 2), (2, 2)),
+                                     dimension_numbers=dims)[0]  # fmt: skip
+        return jnp.ravel(jax.nn.relu(h)) @ p["dense"]
+
+    def loss(p, x):
+        return jnp.mean(jax.vmap(lambda im: one(p, im))(x) ** 2)
+
+    def args(rng, s):
+        half = s.image // 2
+        p = {
+            "c1": normal(rng, (16, 3, 5, 5), scale=0.1),
+            "b1": normal(rng, (16,)),
+            "c2": normal(rng, (16, 16, 5, 5), scale=0.05),
+            "dense": normal(rng, (16 * half * half, 10), scale=0.02),
+        }
+        return p, normal(rng, (8, 3, s.image, s.image))
+
+    return sgd_step(loss), args
+
+
 @program("threefry_normal")
 def _():
     def normals(key, like):

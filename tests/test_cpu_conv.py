@@ -35,6 +35,7 @@ def use_blas_paths(monkeypatch) -> None:
     """Convolutions take conv_thunk's BLAS paths, not a direct kernel (codegen/emit_conv.py,
     which takes every f32 two-dimensional ungrouped convolution first)."""
     monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)
+    monkeypatch.setattr(lowering, "arena_geometry", lambda instr: None)
 
 
 @pytest.fixture
@@ -65,7 +66,8 @@ def random(rng, shape, dtype):
 
 def check(f, *args, opcode, scale=1.0):
     """Run the lowered HLO of `f` on the CPU backend and the interpreter; compare, and check
-    that every `opcode` instruction took the fast path."""
+    that every `opcode` instruction took the fast path (a library one, or a direct
+    convolution kernel on the arena)."""
     text = jax.jit(f).lower(*args).as_text(dialect="hlo")
     module = parse_module(text)
     want = evaluate(module, list(args))
@@ -73,7 +75,8 @@ def check(f, *args, opcode, scale=1.0):
     listing = program.thunk_listing()
     lines = [ln for ln in listing.splitlines() if f"= {opcode.text}" in ln]
     assert lines, listing
-    assert all("fast NumPy path" in ln or ln.strip().startswith("blas") for ln in lines), listing
+    fast = ("fast NumPy path", "direct convolution on the arena")
+    assert all(any(f in ln for f in fast) or ln.strip().startswith("blas") for ln in lines), listing
     got = program.run(list(args))
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         g, w = np.asarray(g), np.asarray(w)
@@ -228,9 +231,15 @@ def test_window_reversal_attribute():
     want = evaluate(parse_module(REVERSED), [x, k])
     flipped = parse_module(REVERSED.replace(" rhs_reversal=1x0", ""))
     assert not np.allclose(want, evaluate(flipped, [x, k]))
-    program = CpuProgram(parse_module(REVERSED))
-    assert "fast NumPy path" in program.thunk_listing()
-    np.testing.assert_allclose(program.run([x, k]), want, rtol=1e-5, atol=1e-5)
+    chosen = lowering.arena_geometry is not conv_thunk.arena_geometry  # a caller's BLAS paths
+    for direct in (False,) if chosen else (True, False):  # the arena kernel packs it reversed
+        with pytest.MonkeyPatch.context() as m:
+            if not direct:
+                use_blas_paths(m)
+            program = CpuProgram(parse_module(REVERSED))
+            path = "direct convolution on the arena" if direct else "fast NumPy path"
+            assert path in program.thunk_listing()
+            np.testing.assert_allclose(program.run([x, k]), want, rtol=1e-5, atol=1e-5)
 
 
 def test_large_convolution_runs_in_parallel_blocks():

@@ -7,7 +7,14 @@ import zlib
 
 import numpy as np
 import pytest
-from test_cpu_conv import CONVS, GRADS, check, random, test_convolution_gradients_match_interpreter
+from test_cpu_conv import (
+    CONVS,
+    GRADS,
+    check,
+    random,
+    test_convolution_gradients_match_interpreter,
+    use_blas_paths,
+)
 
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.cpu.runtime import conv_thunk
@@ -18,9 +25,17 @@ from xlapy.ir.parser import parse_module
 pytestmark = pytest.mark.usefixtures("x64_mode")
 
 
+@pytest.fixture(autouse=True)
+def library_paths(monkeypatch):
+    """No direct kernels (f32 convolutions with 4 or more output features run one on the
+    arena, whatever their size): the library's paths, the gather path first."""
+    use_blas_paths(monkeypatch)
+
+
 @pytest.fixture
 def gathers(monkeypatch):
-    """Count the runs that took the gather path (every small float convolution does)."""
+    """Count the runs that took the gather path (every small float convolution does, with
+    the direct kernels off)."""
     calls, make = [], conv_thunk._gathered
 
     def counted(geo, instr):

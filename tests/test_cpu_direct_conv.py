@@ -1,8 +1,11 @@
-"""Direct convolution kernels (codegen/emit_conv.py, run by conv_thunk.py's `_direct`)
+"""Direct convolution kernels (codegen/emit_conv.py, run on the arena by conv_thunk.py's
+DirectConvThunk for f32 input and result, else by the library's `_direct` on a padded copy)
 against the interpreter: output features that fill whole vectors, part of one, several
 blocks; rows whose last tile is short; strides, window and base dilation, padding (negative
-too), window reversal, NCHW / OIHW layouts, a result laid out otherwise (staged), f16 / bf16
-operands, training-step gradients; every case checks the direct kernel ran. Then the split:
+too, and windows that lie wholly in padding), window reversal, NCHW / OIHW layouts, a result
+laid out otherwise, non-default layouts, f16 / bf16 operands, training-step gradients in
+NHWC and NCHW; every case checks the direct kernel ran, and f32 cases that it ran on the
+arena. Then the split:
 tile counts and even blocks for 16 threads from batch 1 on, and the same bits at
 XLAPY_NUM_THREADS=1, 2, 3 and 16 (one subprocess each)."""
 
@@ -74,6 +77,17 @@ CASES = [
      conv(window_strides=(1, 1), padding="SAME", preferred_element_type=jnp.float32)),
     ("one_column", (3, 9, 1, 4), (3, 1, 4, 16), np.float32, conv(window_strides=(1, 1),
                                                                    padding="SAME")),
+    ("padding_only_rows", (2, 3, 4, 3), (3, 3, 3, 8), np.float32,
+     conv(window_strides=(1, 1), padding=((4, 4), (5, 3)))),
+    ("dilated_nchw_both", (2, 3, 5, 6), (9, 3, 3, 2), np.float32,
+     conv("NCHW", "OIHW", window_strides=(2, 1), padding=((3, 1), (2, 4)), lhs_dilation=(3, 2),
+          rhs_dilation=(1, 2))),
+    ("chwn_iohw_to_nwhc", (3, 7, 8, 2), (3, 12, 2, 3), np.float32,
+     conv("CHWN", "IOHW", "NWHC", window_strides=(1, 2), padding="SAME")),
+    ("nchw_looped_blocks", (2, 3, 6, 7), (40, 3, 3, 3), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
+    ("one_input_feature", (5, 1, 16, 16), (16, 1, 3, 3), np.float32,
+     conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
 ]  # fmt: skip
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
 
@@ -84,6 +98,9 @@ def _check(f, x, k, direct_runs):
 
     text = jax.jit(f).lower(x, k).as_text(dialect="hlo")
     program = CpuProgram(parse_module(text))
+    listing = program.compiled.thunk_listing()
+    if x.dtype == np.float32:
+        assert "direct convolution on the arena" in listing, listing
     got = program.run([x, k])
     want = evaluate(parse_module(text), [x, k])
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
@@ -131,6 +148,48 @@ def test_training_step_gradients(direct_runs):
 
     _check(jax.grad(loss, argnums=(0, 1)), x, k, direct_runs)
     assert len(direct_runs) >= 2
+
+
+def test_training_step_gradients_nchw(direct_runs):
+    """A strided NCHW / OIHW training step (equinox's layout, vmapped): forward, input and
+    filter gradients all on the arena where they have at least 4 output features."""
+    rng = np.random.default_rng(6)
+    x, k = _random(rng, (3, 5, 11, 10), np.float32), _random(rng, (8, 5, 3, 3), np.float32)
+
+    def loss(x, k):
+        def one(image):
+            dims = ("NCHW", "OIHW", "NCHW")
+            return lax.conv_general_dilated(image[None], k, (2, 1), ((1, 1), (0, 2)),
+                                            dimension_numbers=dims)[0]  # fmt: skip
+
+        return jnp.sum(jax.nn.gelu(jax.vmap(one)(x)))
+
+    _check(jax.grad(loss, argnums=(0, 1)), x, k, direct_runs)
+    assert len(direct_runs) >= 3
+
+
+def test_non_default_layouts(direct_runs):
+    """Operands and result in layouts that are not row-major (strides from minor_to_major)."""
+    from xlapy.backends.cpu.backend import CpuProgram
+    from xlapy.backends.interpreter import evaluate
+
+    text = """HloModule layouts
+
+ENTRY main {
+  x = f32[2,6,7,3]{0,3,2,1} parameter(0)
+  k = f32[3,3,3,9]{2,3,1,0} parameter(1)
+  ROOT y = f32[2,6,7,9]{1,2,0,3} convolution(x, k), window={size=3x3 pad=1_1x1_1},
+    dim_labels=b01f_01io->b01f
+}
+"""
+    rng = np.random.default_rng(7)
+    x, k = _random(rng, (2, 6, 7, 3), np.float32), _random(rng, (3, 3, 3, 9), np.float32)
+    program = CpuProgram(parse_module(text))
+    assert "direct convolution on the arena" in program.compiled.thunk_listing()
+    got = np.asarray(program.run([x, k]))
+    want = np.asarray(evaluate(parse_module(text), [x, k]))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert direct_runs
 
 
 def _geometry(xdims, kdims, **kw):

@@ -20,6 +20,10 @@ from xlapy.backends.cpu.runtime import conv_thunk, pool, window_thunk
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 
+# a fresh kernel cache: Client.compile loads a program image another compile of the same
+# text left (in another run, without this file's lowering patches) and would not lower it
+pytestmark = pytest.mark.usefixtures("kernel_cache")
+
 
 def _maxpool(x):
     return lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
@@ -50,7 +54,11 @@ SHAPES = [(1, 5, 6, 3), (3, 7, 9, 2), (5, 8, 8, 4), (7, 17, 16, 5)]
 
 def library_pooling(monkeypatch) -> None:
     """Pooling reduce-windows take the library path split here, not the native kernel
-    (codegen/emit_window.py, split through its row range: tests/test_cpu_window_kernel.py)."""
+    (codegen/emit_window.py, split through its row range: tests/test_cpu_window_kernel.py),
+    and convolutions the library's paths, not a direct kernel (tests/test_cpu_direct_conv.py
+    checks those splits)."""
+    monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)
+    monkeypatch.setattr(lowering, "arena_geometry", lambda instr: None)
     strategies = lowering.LOWERING[Opcode.REDUCE_WINDOW]
     kept = tuple(s for s in strategies if s.name != "native window")
     monkeypatch.setitem(lowering.LOWERING, Opcode.REDUCE_WINDOW, kept)
@@ -228,6 +236,7 @@ def test_banded_convolution_split_within_batch_items(parts, shape, monkeypatch):
     """Fewer batch items than threads: a band-row convolution splits into (item, block of
     output rows) units, equal to the interpreter however they are cut."""
     monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)  # the BLAS paths
+    monkeypatch.setattr(lowering, "arena_geometry", lambda instr: None)
     calls: list[int] = []
     monkeypatch.setattr(conv_thunk, "pool_size", lambda: 16)
     monkeypatch.setattr(conv_thunk, "split_run", _forced(parts, calls))

@@ -23,8 +23,9 @@
 #   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
 #                               directions, variadic) as a native scan (codegen/emit_scan.py),
 #                               other windows (pooling) as a native window (emit_window.py)
-#   convolution                 a direct native kernel (codegen/emit_conv.py) run by the
-#                               library thunk, else its BLAS paths (runtime/conv_thunk.py)
+#   convolution                 a direct native kernel (codegen/emit_conv.py) on the arena
+#                               (f32 input and result), or run by the library thunk, else
+#                               its BLAS paths (runtime/conv_thunk.py)
 #   sort, topk, reduce-window, select-and-scatter, gather, scatter, convolution
 #                               a fast NumPy library path where the family has one
 #   everything else             a fused or single-instruction kernel where the emitter
@@ -105,7 +106,9 @@ from xlapy.backends.cpu.runtime.control_flow_thunk import (
 )
 from xlapy.backends.cpu.runtime.conv_thunk import (
     ConvolutionThunk,
+    DirectConvThunk,
     DirectKernel,
+    arena_geometry,
     direct_geometry,
     plan_convolution,
 )
@@ -542,11 +545,17 @@ def _described_kernel(lw: Lowering, instr: HloInstruction, reason_of, describe, 
 
 
 def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    """The library convolution (runtime/conv_thunk.py), with a direct kernel compiled for
-    its geometry where it has one (codegen/emit_conv.py)."""
-    geometry = None if lw.failed.get(instr.name) else direct_geometry(instr)
-    if geometry is None or not lw.options.get("direct_convolutions", True):
-        return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+    """A direct kernel compiled for the convolution's geometry (codegen/emit_conv.py): on
+    the arena where its input and result allow (DirectConvThunk), else run by the library
+    convolution (runtime/conv_thunk.py), which has BLAS paths for the rest."""
+    fallback = library(plan_convolution, ConvolutionThunk)
+    if lw.failed.get(instr.name) or not lw.options.get("direct_convolutions", True):
+        return fallback.build(lw, instr, why)
+    out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
+    arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
+    geometry = arena or direct_geometry(instr)
+    if geometry is None:
+        return fallback.build(lw, instr, why)
     vector, registers = vector_shape(host_target().features)
     conv = DirectConv(**geometry, vector=vector, registers=registers)
     flush = lw.flush_denormals
@@ -556,9 +565,11 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         )
     except Exception as e:  # a code generator bug: loud (see the file comment)
         lw.kernel_failed(instr.name, e)
-        return library(plan_convolution, ConvolutionThunk).build(lw, instr, why)
+        return fallback.build(lw, instr, why)
     lw.functions.append((instr.name, function))
     direct = DirectKernel(function, conv.kernel_width, conv.extent)
+    if arena is not None:
+        return DirectConvThunk(instr, direct, out, x, w)
     planner = functools.partial(plan_convolution, direct=direct)
     return library(planner, ConvolutionThunk).build(lw, instr, why)
 

@@ -97,7 +97,13 @@ from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import native_pool
 from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.rule_thunk import RuleThunk
-from xlapy.backends.cpu.runtime.thunk import NS_PER_FLOP
+from xlapy.backends.cpu.runtime.thunk import (
+    NS_PER_FLOP,
+    BufferSlice,
+    ExecutionContext,
+    Thunk,
+    slice_lines,
+)
 from xlapy.backends.interpreter.rules.contraction import accumulation_dtype, window_output_size
 from xlapy.ir.attributes import ConvDimLabels, Window
 from xlapy.ir.instruction import HloInstruction
@@ -400,10 +406,9 @@ class DirectKernel:
 _DIRECT_MIN_FEATURES = 4  # fewer output features waste most of each vector register
 
 
-def direct_geometry(instr: HloInstruction) -> dict[str, Any] | None:
-    """The geometry of a direct kernel for `instr` (emit_conv.DirectConv's fields but the
-    target's vector shape), or None where the direct path does not apply (see the file
-    comment)."""
+def _direct_base(instr: HloInstruction) -> _Geometry | None:
+    """The canonical geometry of `instr` where a direct kernel applies to it (two spatial
+    dims, one group, f32 work, at least _DIRECT_MIN_FEATURES output features), else None."""
     if len(instr.operands) != 2 or not instr.shape.is_array or not supported_types(instr):
         return None
     labels, window = instr.dim_labels_or_none, instr.window_or_none
@@ -417,16 +422,83 @@ def direct_geometry(instr: HloInstruction) -> dict[str, Any] | None:
     geo = _Geometry(instr, labels, window)
     if geo.g != 1 or geo.og < _DIRECT_MIN_FEATURES:
         return None
+    return geo
+
+
+def _row_major(dims) -> tuple[int, ...]:
+    return tuple(math.prod(dims[i + 1 :]) for i in range(len(dims)))
+
+
+def _common(geo: _Geometry) -> dict[str, Any]:
     return {
         "nb": geo.nb,
-        "padded": tuple(geo.padded),
         "channels": geo.cg,
         "outs": tuple(geo.outs),
         "ksizes": tuple(geo.ksizes),
         "strides": tuple(d.stride for d in geo.dims),
         "dilations": tuple(d.window_dilation for d in geo.dims),
         "features": geo.og,
-        "ldo": geo.og,
+    }
+
+
+def direct_geometry(instr: HloInstruction) -> dict[str, Any] | None:
+    """The geometry of the direct kernel the library path runs for `instr` on the padded
+    input it writes and a row-major result (emit_conv.DirectConv's fields but the target's
+    vector shape), or None where the direct path does not apply (see the file comment)."""
+    geo = _direct_base(instr)
+    if geo is None:
+        return None
+    padded = tuple(geo.padded)
+    return {
+        **_common(geo),
+        "sizes": padded,
+        "pads": (0, 0),
+        "base_dilations": (1, 1),
+        "checked": (False, False),
+        "x_strides": _row_major((geo.nb, *padded, geo.cg)),
+        "out_strides": _row_major((geo.nb, *geo.outs, geo.og)),
+    }
+
+
+def _element_strides(shape) -> tuple[int, ...] | None:
+    """The element stride of each logical dim of `shape` in its layout, or None for a
+    tiled layout."""
+    layout = shape.layout_or_default
+    if layout.tiles:
+        return None
+    strides, step = [0] * shape.rank, 1
+    for d in layout.minor_to_major:
+        strides[d] = step
+        step *= shape.dims[d]
+    return tuple(strides)
+
+
+def arena_geometry(instr: HloInstruction) -> dict[str, Any] | None:
+    """The geometry of a direct kernel that reads `instr`'s input and writes its result
+    where they lie (DirectConvThunk: f32 input and result in untiled layouts; padding and
+    base dilation checked in the kernel), or None (see the file comment)."""
+    geo = _direct_base(instr)
+    if geo is None:
+        return None
+    x, out = instr.operands[0].shape, instr.shape
+    if x.dtype != np.float32 or out.dtype != np.float32:
+        return None
+    xs, ys = _element_strides(x), _element_strides(out)
+    if xs is None or ys is None or _element_strides(instr.operands[1].shape) is None:
+        return None
+    labels = instr.dim_labels_or_none
+    assert labels is not None, "_direct_base checked the labels"
+    sizes = tuple(x.dims[d] for d in labels.input_spatial)
+    x_order = (labels.input_batch, *labels.input_spatial, labels.input_feature)
+    y_order = (labels.output_batch, *labels.output_spatial, labels.output_feature)
+    return {
+        **_common(geo),
+        "sizes": sizes,
+        "pads": tuple(d.pad_low for d in geo.dims),
+        "base_dilations": tuple(d.base_dilation for d in geo.dims),
+        "checked": tuple(d.base_dilation > 1 or d.pad_low > 0 or d.pad_high > 0 for d in geo.dims),
+        "x_strides": tuple(xs[d] for d in x_order),
+        "out_strides": tuple(ys[d] for d in y_order),
     }
 
 
@@ -816,6 +888,89 @@ class ConvolutionThunk(RuleThunk):
 
     def cost(self) -> float:
         return 5_000 + convolution_flops(self.instr) * NS_PER_FLOP * 2
+
+    def runs_alone(self) -> bool:
+        return False
+
+
+class DirectConvThunk(Thunk):
+    """A convolution as a direct kernel on the arena (arena_geometry): a run packs the
+    kernel operand into a kept buffer (one NumPy copy through a view worked out on the first
+    run) and runs the kernel's tiles on the input and result where they lie, whole or over
+    the native pool (run_tiles): no padded input, no staged result, no fallback path."""
+
+    kind = "kernel"
+
+    def __init__(
+        self,
+        instr: HloInstruction,
+        kernel: DirectKernel,
+        out: BufferSlice,
+        x: BufferSlice,
+        w: BufferSlice,
+    ):
+        labels, window = instr.dim_labels_or_none, instr.window_or_none
+        assert labels is not None and window is not None, "arena_geometry checked them"
+        self.instr, self.kernel = instr, kernel
+        self.out, self.x, self.w = out, x, w
+        self.geo = _Geometry(instr, labels, window)
+        self.flops = convolution_flops(instr)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._fn: Any = None  # the entry as a ctypes function, made on the first run
+        self._pack: tuple | None = None  # (shape, strides, byte offset) of the kernel's view
+        self._src: tuple | None = None  # (arena memory, the kernel's view in it)
+        self._local = threading.local()  # per thread: (packed[..., :Og], its address, packed)
+
+    def __getstate__(self) -> dict:
+        """The thunk without what a run makes (remade on the first run after unpickling)."""
+        state = dict(self.__dict__)
+        for name in ("_fn", "_pack", "_src", "_local"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def _source(self, ctx: ExecutionContext) -> np.ndarray:
+        """The kernel operand as [K0, K1, Cg, Og] (reversed where the window says) in this
+        execution's memory."""
+        w, mem = self.w, ctx.memory[self.w.allocation]
+        src = self._src
+        if src is not None and src[0] is mem:
+            return src[1]
+        pack = self._pack
+        if pack is None:
+            view = self.geo.kernel(ctx.view(w))[0]
+            pack = self._pack = (view.shape, view.strides, view.ctypes.data - ctx.ptr(w))
+        shape, strides, offset = pack
+        view = np.ndarray(shape, w.shape.dtype, mem, w.offset + offset, strides)
+        self._src = (mem, view)
+        return view
+
+    def run(self, ctx: ExecutionContext) -> None:
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = _PROTO(self.kernel.address())
+        src = self._source(ctx)
+        kept = getattr(self._local, "packed", None)
+        if kept is None:
+            packed = np.zeros((*src.shape[:3], self.kernel.width), np.float32)
+            kept = self._local.packed = (packed[..., : src.shape[3]], packed.ctypes.data, packed)
+        np.copyto(kept[0], src, casting="unsafe")
+        bases = ctx.bases
+        ptrs = [bases[self.out.allocation] + self.out.offset,
+                bases[self.x.allocation] + self.x.offset, kept[1]]  # fmt: skip
+        run_tiles(fn, ptrs, self.kernel.extent, self.flops)
+
+    def describe(self) -> list[str]:
+        head = f"kernel {self.instr.name} = convolution -> direct convolution on the arena"
+        return [head, *slice_lines("out", [self.out]), *slice_lines("in", [self.x, self.w])]
+
+    def cost(self) -> float:
+        return 2_000 + self.flops * NS_PER_FLOP * 2
 
     def runs_alone(self) -> bool:
         return False
