@@ -402,7 +402,9 @@ def native_run_plans(seq: ThunkSequence) -> list[NativeRunPlan]:
     """The stretches of at least MIN_NATIVE_RUN thunks of `seq` (one without a graph plan)
     that native_run_steps takes, each with its straight-line plan."""
     found: list[NativeRunPlan] = []
-    start, steps, table, one_thread = 0, [], [], False
+    steps: list[LoopStep] = []
+    table: list[Callable[[], int]] = []
+    start, one_thread = 0, False
 
     def close(end: int) -> None:
         if end - start >= MIN_NATIVE_RUN:

@@ -447,7 +447,7 @@ class ThunkSequence:
         head = f"{indent}sequence {self.name} ({len(self.thunks)} thunks)"
         if self.plan is not None:
             head += f" ({self.plan.describe()})"
-        runs = [len(s.thunks) for s in self.steps or () if s.kind == "native-run"]
+        runs = [len(getattr(s, "thunks", ())) for s in self.steps or () if s.kind == "native-run"]
         if runs:
             head += f" ({sum(runs)} in {len(runs)} native runs)"
         lines = [head]
