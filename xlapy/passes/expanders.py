@@ -180,8 +180,6 @@ def _expand_narrow_dot(e: _Emitter, instr: HloInstruction) -> HloInstruction | N
     types = [instr.shape.element_type, *(o.shape.element_type for o in instr.operands)]
     if not all(t in _UPCASTABLE for t in types) or not any(t in _NARROW_FLOATS for t in types):
         return None
-    if instr.attrs.get("algorithm") is not None:  # a dot algorithm names its own types
-        return None
     f32 = PrimitiveType.F32
 
     def wide(x: HloInstruction) -> HloInstruction:
