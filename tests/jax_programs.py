@@ -243,6 +243,23 @@ def attention_masked_self(x, wq, wk, wv, keep):
     return jax.nn.softmax(scores) @ v
 
 
+@program(
+    gen(
+        normal(2, 6, 16, dtype=ml_dtypes.bfloat16),
+        normal(16, 48, scale=0.3, dtype=ml_dtypes.bfloat16),
+        normal(2, dtype=ml_dtypes.bfloat16),
+    )
+)
+def attention_heads_bf16(x, w, scale):
+    """bf16 dots (batched per head, f32 after dot-upcast) and an outer-product dot with no
+    contracting dims (BERT's scaled probabilities: a multiply after the simplifier)."""
+    q, k, v = jnp.split((x @ w).reshape(2, 6, 3, 2, 8), 3, axis=2)
+    q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]
+    probs = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), axis=-1)
+    probs = jnp.einsum("b,bhqk->bhqk", scale, probs)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(2, 6, 16)
+
+
 def _rnn_loss(w, h0, xs):
     def cell(h, x):
         h = jnp.tanh(h @ w + x)

@@ -29,6 +29,7 @@ VALID = {
         "optimize": False,
         "verify": True,
         "native_loops": False,
+        "native_runs": False,
         "direct_convolutions": False,
         "native_gemv": False,
         "native_small_gemm": False,
@@ -51,6 +52,7 @@ VALID = {
 BAD_VALUES = {
     "optimize": "yes",
     "native_loops": 1,
+    "native_runs": "off",
     "direct_convolutions": "no",
     "native_gemv": 0,
     "native_small_gemm": "off",

@@ -1,11 +1,11 @@
 """Dots and sorts split over the native pool: the gemm-list kernel (dot_thunk.GemmList) on
 arbitrary tables against NumPy, whole and in blocks; batched dots (one gemm per batch item,
-batch dims that do not merge into one stride, transposed operands and results) and the
-library path's bf16 dots against the interpreter; then processes with XLAPY_NUM_THREADS=1,
-2 and 5 (5: more threads than this machine's cores) running each program split and whole:
-every run within tolerance of the interpreter, and the same bits at every thread count where
-the split cannot change a sum's order (batches of at least 5 items, one gemm per item;
-sorts, whose rows are independent)."""
+batch dims that do not merge into one stride, transposed operands and results) and bf16
+dots (f32 dots between converts) against the interpreter; then processes with
+XLAPY_NUM_THREADS=1, 2 and 5 (5: more threads than this machine's cores) running each
+program split and whole: every run within tolerance of the interpreter, and the same bits
+at every thread count where the split cannot change a sum's order (batches of at least 5
+items, one gemm per item; sorts, whose rows are independent)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def _normal(*shape, dtype=np.float32):
 
 
 # name -> (function, arguments): dots whose batch dims merge and do not, transposed
-# operands and results, a batch shorter and longer than the pool, bf16 (the library path)
+# operands and results, a batch shorter and longer than the pool, bf16 (f32 between converts)
 PROGRAMS = {
     "bmm_short": (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), ((3, 160, 120), (3, 120, 140))),
     "bmm_long": (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), ((20, 48, 96), (20, 96, 64))),
@@ -174,7 +174,8 @@ def test_threads_1_2_5_agree(tmp_path):
 
 
 def test_bf16_dot_matches_interpreter():
-    """The library path (bf16 operands, f32 result) as one gemm list on its work copies."""
+    """bf16 operands, f32 result: converts around an f32 dot (the dot-upcast pass), run as
+    one gemm list."""
     text = _text("bf16")
     args = _args("bf16")
     client = xlapy.Client("cpu")

@@ -17,7 +17,7 @@ from xlapy.passes.constant_folding import ConstantFolding
 from xlapy.passes.cse import CommonSubexpressionElimination
 from xlapy.passes.dce import DeadCodeElimination
 from xlapy.passes.donors import BufferDonorToAlias
-from xlapy.passes.expanders import BatchNormExpander, LogisticExpander
+from xlapy.passes.expanders import BatchNormExpander, DotUpcast, LogisticExpander
 from xlapy.passes.inline import CallInliner
 from xlapy.passes.tuple_simplify import TupleSimplifier
 
@@ -353,7 +353,51 @@ def test_logistic_expander():
     np.testing.assert_allclose(evaluate(module, [x]), evaluate(before, [x]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("expander", [BatchNormExpander(), LogisticExpander()])
+# (name, lhs type, rhs type, result type, whether dot-upcast rewrites it)
+UPCAST_CASES = [
+    ("bf16 in and out", "bf16", "bf16", "bf16", True),
+    ("bf16 in, f32 out", "bf16", "bf16", "f32", True),
+    ("f16 in and out", "f16", "f16", "f16", True),
+    ("f32 and bf16 in, f32 out", "f32", "bf16", "f32", True),
+    ("f32 in, bf16 out", "f32", "f32", "bf16", True),
+    ("f32 alone", "f32", "f32", "f32", False),
+    ("f64 with bf16", "f64", "bf16", "f64", False),
+    ("s8 in, s32 out", "s8", "s8", "s32", False),
+]
+
+
+@pytest.mark.parametrize("name,lt,rt,ot,fires", UPCAST_CASES, ids=[c[0] for c in UPCAST_CASES])
+def test_dot_upcast_computes_in_f32_with_the_same_numbers(name, lt, rt, ot, fires):
+    text = (
+        "HloModule m\nENTRY e {\n"
+        f"  a = {lt}[2,5,24] parameter(0)\n  b = {rt}[2,24,7] parameter(1)\n"
+        f"  ROOT d = {ot}[2,5,7] dot(a, b), lhs_batch_dims={{0}}, rhs_batch_dims={{0}}, "
+        "lhs_contracting_dims={2}, rhs_contracting_dims={1}, operand_precision={highest,default}\n}\n"
+    )
+    before = parse_module(text)
+    module, changed = run(DotUpcast(), text)
+    assert changed == fires
+    dots = [i for i in module.entry.instructions if i.opcode is Opcode.DOT]
+    assert len(dots) == 1
+    if fires:
+        assert dots[0].shape.element_type.text == "f32"
+        assert all(o.shape.element_type.text == "f32" for o in dots[0].operands)
+        assert dots[0].attrs["operand_precision"] == before.entry.root.attrs["operand_precision"]
+    assert module.entry.root.shape == before.entry.root.shape
+    rng = np.random.default_rng(len(name))
+    args = []
+    for p in before.entry.parameters:
+        x = rng.standard_normal(p.shape.dims) * 3
+        args.append(x.astype(np.int8) if p.shape.dtype == np.int8 else x.astype(p.shape.dtype))
+    got, want = evaluate(module, args), evaluate(before, args)
+    assert got.dtype == want.dtype
+    # f32 accumulation either way, rounded once to the result type
+    np.testing.assert_allclose(
+        got.astype(np.float64), want.astype(np.float64), rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("expander", [BatchNormExpander(), LogisticExpander(), DotUpcast()])
 def test_expanders_do_nothing_without_their_ops(expander):
     text = "HloModule m\nENTRY e {\n  x = f32[8] parameter(0)\n  ROOT r = f32[8] negate(x)\n}\n"
     _, changed = run(expander, text)

@@ -591,3 +591,58 @@ def test_movement_around_pooling_does_not_fire(name, body, expected):
     module = _pool(body)
     assert not AlgebraicSimplifier().run(module)
     assert expr(module.entry.root) == expected
+
+
+# -- dots without contracting dims: one product per element, a multiply ----------------------
+# (name, operand and result declarations, dot attributes): batch dims that move, free dims on
+# both sides, a bf16 outer product (the shape of BERT's scaled attention probabilities)
+OUTER_DOTS = [
+    ("outer product", "x = f32[3] parameter(0)\n  y = f32[4] parameter(1)", "f32[3,4]", ""),
+    (
+        "batch first on lhs, second on rhs",
+        "x = bf16[4] parameter(0)\n  y = bf16[3,4,5,6] parameter(1)",
+        "bf16[4,3,5,6]",
+        ", lhs_batch_dims={0}, rhs_batch_dims={1}",
+    ),
+    (
+        "two batch dims, swapped",
+        "x = f32[2,3,5] parameter(0)\n  y = f32[3,4,2] parameter(1)",
+        "f32[2,3,5,4]",
+        ", lhs_batch_dims={0,1}, rhs_batch_dims={2,0}",
+    ),
+    (
+        "lhs batch dims out of order",
+        "x = f32[5,3,2] parameter(0)\n  y = f32[2,3,4] parameter(1)",
+        "f32[2,3,5,4]",
+        ", lhs_batch_dims={2,1}, rhs_batch_dims={0,1}",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,params,shape,dims", OUTER_DOTS, ids=[c[0] for c in OUTER_DOTS])
+def test_dot_without_contracting_dims_becomes_a_multiply(name, params, shape, dims):
+    text = f"HloModule m\nENTRY e {{\n  {params}\n  ROOT d = {shape} dot(x, y){dims}\n}}\n"
+    before, after = parse_module(text), parse_module(text)
+    assert AlgebraicSimplifier().run(after)
+    DeadCodeElimination().run(after)
+    verify(after)
+    assert after.entry.root.opcode.text == "multiply"
+    assert not any(i.opcode.text == "dot" for i in after.entry.instructions)
+    rng = np.random.default_rng(len(name))
+    args = [
+        (rng.standard_normal(p.shape.dims) * 4).astype(p.shape.dtype)
+        for p in before.entry.parameters
+    ]
+    got, want = evaluate(after, args), evaluate(before, args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)  # one product per element: the same bits
+
+
+def test_dot_without_contracting_dims_of_mixed_types_stays():
+    text = (
+        "HloModule m\nENTRY e {\n  x = bf16[3] parameter(0)\n  y = bf16[4] parameter(1)\n"
+        "  ROOT d = f32[3,4] dot(x, y)\n}\n"
+    )
+    module = parse_module(text)
+    assert not AlgebraicSimplifier().run(module)
+    assert module.entry.root.opcode.text == "dot"

@@ -4,6 +4,11 @@
                       broadcasts and add-reductions over the non-feature dimensions
                       (variance as the mean of squared deviations, the stabler form)
   logistic-expander   logistic(x) -> 1 / (1 + exp(-x)), as XLA's CPU pipeline does
+  dot-upcast          a dot of bf16/f16 operands or result -> converts around an f32 dot, as
+                      XLA's CPU pipeline does (BLAS has no bf16 gemm; the converts fuse into
+                      the operands' producers and the result's consumers). The same numbers:
+                      a low-precision dot accumulates in f32 and rounds once at the end, and
+                      widening bf16/f16 to f32 is exact
 
 Everything else stays: cholesky and triangular-solve are library calls on the CPU, rng and
 rng-bit-generator have interpreter and backend rules, and compares in total order are left
@@ -167,8 +172,31 @@ def _expand_logistic(e: _Emitter, instr: HloInstruction) -> HloInstruction:
     return e.binary(Op.DIVIDE, one, denominator)
 
 
+_NARROW_FLOATS = frozenset({PrimitiveType.BF16, PrimitiveType.F16})
+_UPCASTABLE = _NARROW_FLOATS | {PrimitiveType.F32}
+
+
+def _expand_narrow_dot(e: _Emitter, instr: HloInstruction) -> HloInstruction | None:
+    types = [instr.shape.element_type, *(o.shape.element_type for o in instr.operands)]
+    if not all(t in _UPCASTABLE for t in types) or not any(t in _NARROW_FLOATS for t in types):
+        return None
+    f32 = PrimitiveType.F32
+
+    def wide(x: HloInstruction) -> HloInstruction:
+        if x.shape.element_type is f32:
+            return x
+        return e.emit(Op.CONVERT, x.shape.with_element_type(f32), [x])
+
+    operands = [wide(o) for o in instr.operands]
+    dot = e.emit(Op.DOT, instr.shape.with_element_type(f32), operands, dict(instr.attrs))
+    if instr.shape.element_type is f32:
+        return dot
+    return e.emit(Op.CONVERT, instr.shape, [dot])
+
+
 class _Expander(HloPass):
-    """Replaces each instruction of `opcodes` by what its expansion builds."""
+    """Replaces each instruction of `opcodes` by what its expansion builds (an expansion
+    that answers None leaves the instruction as it is)."""
 
     expansions: dict = {}
 
@@ -185,6 +213,8 @@ class _Expander(HloPass):
                 if any(o.shape.is_dynamic for o in instr.operands):
                     continue
                 new = expand(_Emitter(module, editor, instr, reducers), instr)
+                if new is None:
+                    continue
                 editor.replace(instr, new)
                 editor.remove(instr)
                 changed = True
@@ -209,3 +239,11 @@ class LogisticExpander(_Expander):
 
     name = "logistic-expander"
     expansions = {Op.LOGISTIC: _expand_logistic}
+
+
+@register_pass
+class DotUpcast(_Expander):
+    """dot of bf16/f16 operands or result -> convert(dot(convert(a), convert(b))) in f32."""
+
+    name = "dot-upcast"
+    expansions = {Op.DOT: _expand_narrow_dot}

@@ -32,6 +32,7 @@ CPU_PIPELINE: list[PlanEntry] = [
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",
+    "dot-upcast",  # bf16/f16 dots as f32 dots (BLAS) between converts that fusion places
     # "reduce-window-rewriter" (prefix scans as reduce-window -> blocked O(n) scans) is not in
     # the pipeline yet: the CPU backend runs its slice/concatenate chains slower than its
     # NumPy accumulate path on forward scans (see benchmarks/RESULTS.md, "scans").

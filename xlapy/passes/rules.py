@@ -609,6 +609,37 @@ def _fold_transpose_into_dot(side: int):
     return rewrite
 
 
+def _dot_without_contraction(m: Match):
+    """dot(a, b) with no contracting dims -> multiply(broadcast(a'), broadcast(b')), a' and
+    b' a and b transposed (where needed) into the result's dimension order: each element is
+    one product, so the numbers are the same (XLA's simplifier does this too); the multiply
+    fuses with its neighbours, where the dot would be a gemm with k = 1. Only where operands
+    and result share one float or complex type (a mixed-type dot would need converts)."""
+    dot = m.root
+    lb, rb, lc, rc = _dot_dims(dot)
+    a, b = dot.operands
+    et = dot.shape.element_type
+    if lc or rc or not et.is_floating_or_complex:
+        return None
+    if a.shape.element_type is not et or b.shape.element_type is not et:
+        return None
+    nb = len(lb)
+    la, ra = _free_dims(a.shape.rank, lb, lc), _free_dims(b.shape.rank, rb, rc)
+    pos_a = {d: lb.index(d) if d in lb else nb + la.index(d) for d in range(a.shape.rank)}
+    pos_b = {d: rb.index(d) if d in rb else nb + len(la) + ra.index(d) for d in range(b.shape.rank)}
+
+    def spread(x: HloInstruction, pos: dict[int, int]) -> HloInstruction:
+        order = sorted(range(x.shape.rank), key=pos.__getitem__)
+        layout = dot.shape.layout is not None
+        if order != sorted(order):
+            dims = tuple(x.shape.dims[d] for d in order)
+            shape = Shape.array(et, dims, Layout.default(len(dims)) if layout else None)
+            x = m.new(Op.TRANSPOSE, [x], {"dimensions": tuple(order)}, shape=shape)
+        return m.new(Op.BROADCAST, [x], {"dimensions": tuple(sorted(pos.values()))})
+
+    return m.new(Op.MULTIPLY, [spread(a, pos_a), spread(b, pos_b)])
+
+
 # -- the rules ------------------------------------------------------------------------------
 
 X, Y, C = var("x"), var("y"), var("c")
@@ -728,6 +759,11 @@ RULES: list[Rule] = [
         "dot(a, transpose(b)) -> dot(a, b)   (dims renumbered)",
         op(Op.DOT, X, op(Op.TRANSPOSE, Y)),
         _fold_transpose_into_dot(1),
+    ),
+    (
+        "dot(a, b) -> broadcast(a') * broadcast(b')   (no contracting dims)",
+        Pat(Op.DOT),
+        _dot_without_contraction,
     ),
     # reductions
     ("reduce(x, id) -> reshape(x)   (dims of size 1)", op(Op.REDUCE, X, Y), _trivial_reduce),

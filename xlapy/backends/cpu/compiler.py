@@ -100,10 +100,12 @@ def compile_module(
     with using_book(book):
         lowering = Lowering(assignment, options)
         entry_seq = lowering.sequence(entry_comp)
+        lowering.plan_native_runs(entry_seq)
         failed = lowering.wait_for_kernels()
         if failed:  # lower again, those instructions as rule thunks
             lowering = Lowering(assignment, options, failed)
             entry_seq = lowering.sequence(entry_comp)
+            lowering.plan_native_runs(entry_seq)
             lowering.wait_for_kernels()
         lowering.compile_loops()
     for why in book.rejected:

@@ -62,6 +62,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopCall,
     LoopCopy,
     LoopGemm,
+    LoopGemmList,
     LoopNested,
     LoopPlan,
     LoopStep,
@@ -102,6 +103,7 @@ from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
     ConditionalThunk,
     NativeLoop,
+    NativeRun,
     WhileThunk,
 )
 from xlapy.backends.cpu.runtime.conv_thunk import (
@@ -357,6 +359,85 @@ def native_loop_plan(
     after = (*copies(body_copies), *body, *copies(back_copies))
     plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after)
     return NativeLoopPlan(plan, table, one_thread)
+
+
+MIN_NATIVE_RUN = 3
+"""Thunks in a row that become one native function (fewer save too little to pay for
+compiling it)."""
+
+
+def _gemm_list_address(dot: DotThunk, which: int) -> int:
+    return dot.gemm_list_addresses()[which]
+
+
+def native_run_steps(
+    thunk: Thunk, table: list[Callable[[], int]]
+) -> tuple[list[LoopStep], bool] | None:
+    """`thunk` as steps of a straight native run, its entry points appended to `table`,
+    and whether a gemm among them needs OpenBLAS limited to the calling thread; None for a
+    thunk that runs from Python: a kernel that may split over the pool (it keeps choosing
+    by its run times) or writes through scratch, a dot that is not one gemm or one gemm list
+    run whole, and every other kind."""
+    if isinstance(thunk, KernelThunk):
+        kernel = thunk.kernel
+        if thunk.scratch or thunk.split_choice is not None or not isinstance(kernel, Kernel):
+            return None
+        table.append(functools.partial(_kernel_address, kernel))
+        slots = tuple((s.allocation, s.offset) for s in (*thunk.outputs, *thunk.inputs))
+        return [LoopCall(len(table) - 1, slots, kernel.outer_extent)], False
+    if isinstance(thunk, CopyThunk):
+        moves = raw_copies([(thunk.src, thunk.dst)])
+        return [LoopCopy((da, do), (sa, so), n) for da, do, sa, so, n in moves], False
+    if not isinstance(thunk, DotThunk):
+        return None
+    gemm = thunk.native_gemm(math.inf)
+    if gemm is not None:
+        _, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
+        table.append(functools.partial(_gemm_address, thunk))
+        dtype = "float" if thunk.out.shape.dtype.itemsize == 4 else "double"
+        bits, entry = 64 if wide else 32, len(table) - 1
+        step = LoopGemm(entry, dtype, bits, order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
+        return [step], thunk.flops > OPENBLAS_SERIAL_FLOPS
+    listed = thunk.native_gemm_list()
+    if listed is None:
+        return None
+    (a, b, c), count = listed
+    table.extend((functools.partial(_gemm_list_address, thunk, 0),
+                  functools.partial(_gemm_list_address, thunk, 1)))  # fmt: skip
+    return [LoopGemmList(len(table) - 2, a, b, c, count)], False
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRunPlan:
+    """A stretch of a sequence's thunks (`start` to `end`) as one native function."""
+
+    start: int
+    end: int
+    plan: NativeLoopPlan
+
+
+def native_run_plans(seq: ThunkSequence) -> list[NativeRunPlan]:
+    """The stretches of at least MIN_NATIVE_RUN thunks of `seq` (one without a graph plan)
+    that native_run_steps takes, each with its straight-line plan."""
+    found: list[NativeRunPlan] = []
+    steps: list[LoopStep] = []
+    table: list[Callable[[], int]] = []
+    start, one_thread = 0, False
+
+    def close(end: int) -> None:
+        if end - start >= MIN_NATIVE_RUN:
+            plan = NativeLoopPlan(LoopPlan(tuple(steps), None, ()), table, one_thread)
+            found.append(NativeRunPlan(start, end, plan))
+
+    for i, thunk in enumerate([*seq.thunks, None]):
+        made = None if thunk is None else native_run_steps(thunk, table)
+        if made is None:
+            close(i)
+            start, steps, table, one_thread = i + 1, [], [], False
+            continue
+        steps += made[0]
+        one_thread |= made[1]
+    return found
 
 
 def _conditional(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -756,6 +837,23 @@ class Lowering:
         # thunk -> (its function, its plan)
         self.native_loops: dict[WhileThunk, tuple[NativeFunction, NativeLoopPlan]] = {}
         self.python_loops: list[Fallback] = []  # while loops left to the Python driver
+        # sequences with stretches of native thunks: (sequence, [(stretch, its function)])
+        self.native_runs: list[tuple[ThunkSequence, list[tuple[NativeRunPlan, Any]]]] = []
+
+    def plan_native_runs(self, seq: ThunkSequence) -> None:
+        """Start compiling `seq`'s stretches of native thunks (native_run_plans) as native
+        functions on the JIT's pool; compile_loops makes them the sequence's steps. Not for
+        a sequence run as a graph; compile option `native_runs=False` keeps them all in
+        Python."""
+        if seq.plan is not None or not self.options.get("native_runs", True):
+            return
+        made = []
+        for run in native_run_plans(seq):
+            plan = run.plan.plan
+            emit = functools.partial(emit_loop, plan)
+            made.append((run, request_function(repr(plan), emit, LOOP_SYMBOL)))
+        if made:
+            self.native_runs.append((seq, made))
 
     def plan_native_loop(self, thunk: WhileThunk) -> None:
         """When `thunk` can be one native function (native_loop_plan), start compiling it on
@@ -780,6 +878,17 @@ class Lowering:
         for thunk, (function, planned) in self.native_loops.items():
             thunk.native = NativeLoop(function, planned.table, planned.one_blas_thread)
             thunk.native.bind()
+        for seq, runs in self.native_runs:
+            steps: list[Thunk] = []
+            done = 0
+            for run, function in runs:
+                planned = run.plan
+                native = NativeLoop(function, planned.table, planned.one_blas_thread)
+                function.address()  # compiled (the table binds on the first run)
+                steps += seq.thunks[done : run.start]
+                steps.append(NativeRun(seq.thunks[run.start : run.end], native))
+                done = run.end
+            seq.steps = steps + seq.thunks[done:]
 
     def wait_for_kernels(self) -> dict[str, str]:
         """Wait for the kernels this lowering asked for; {instruction: why} of those whose

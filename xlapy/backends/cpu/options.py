@@ -22,6 +22,11 @@ CPU_OPTIONS: dict[str, Option] = {
         "(default true; lowering.py)",
         boolean,
     ),
+    "native_runs": Option(
+        "run stretches of kernels, copies and gemms of the entry as one native function "
+        "each (default true; lowering.py)",
+        boolean,
+    ),
     "direct_convolutions": Option(
         "run 2-D convolutions that fit them as direct native kernels, not through BLAS "
         "(default true; lowering.py, codegen/emit_conv.py)",

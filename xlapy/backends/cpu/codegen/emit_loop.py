@@ -25,6 +25,11 @@
 # `budget` iterations (budget > 0) with the state in memory, so that calling it again goes
 # on where it stopped (it starts at the condition): the runtime calls it in rounds and Python
 # gets to handle signals (Ctrl-C) between them. A nested loop runs without a budget.
+#
+# A plan without a pred is a straight run of steps (a stretch of a sequence outside any
+# loop, runtime/control_flow_thunk.py's NativeRun): the function runs them once and returns
+# 0. A batched dot run as a gemm list (runtime/dot_thunk.py's GemmList) is a call of the
+# gemm-list kernel on its table, whose address the table holds too.
 
 from __future__ import annotations
 
@@ -105,16 +110,30 @@ class LoopSwitch:
     branches: tuple[tuple[LoopStep, ...], ...]
 
 
-LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm | LoopSwitch
+@dataclass(frozen=True, slots=True)
+class LoopGemmList:
+    """Call the gemm-list kernel at `table[entry]` (`void f(list, a, b, c, lo, hi)`, all
+    64-bit) on the gemm list at `table[entry + 1]` and the matrices at `a`, `b`, `c`, for
+    its gemms 0..count-1."""
+
+    entry: int
+    a: Slot
+    b: Slot
+    c: Slot
+    count: int
+
+
+LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm | LoopSwitch | LoopGemmList
 
 
 @dataclass(frozen=True, slots=True)
 class LoopPlan:
     """One iteration: `before` (condition copies and kernels), then a test of the pred byte
-    at `pred`; while it is nonzero, `after` (body copies, kernels, copies back)."""
+    at `pred`; while it is nonzero, `after` (body copies, kernels, copies back). Without a
+    pred, `before` runs once (a straight run; `after` is empty)."""
 
     before: tuple[LoopStep, ...]
-    pred: Slot
+    pred: Slot | None
     after: tuple[LoopStep, ...]
 
 
@@ -214,6 +233,12 @@ def emit_loop(plan: LoopPlan) -> str:
                 b.call(memmove, args)
             elif isinstance(step, LoopGemm):
                 b.call(*_gemm_call(b, step, pointer, table))
+            elif isinstance(step, LoopGemmList):
+                callee = table(step.entry, ir.FunctionType(ir.VoidType(), [I64] * 6).as_pointer())
+                matrices = [b.ptrtoint(pointer(b, s), I64) for s in (step.a, step.b, step.c)]
+                listed = kernel_words.setdefault(step.entry + 1, word(step.entry + 1))
+                bounds = [ir.Constant(I64, 0), ir.Constant(I64, step.count)]
+                b.call(callee, [listed, *matrices, *bounds])
             elif isinstance(step, LoopSwitch):
                 b = emit_switch(b, step)
             elif isinstance(step, LoopCall) and step.blocks > 1:
@@ -261,6 +286,11 @@ def emit_loop(plan: LoopPlan) -> str:
 
     header = fn.append_basic_block("header")
     b = ir.IRBuilder(header)
+    if plan.pred is None:  # a straight run
+        b = emit_steps(b, plan.before)
+        b.ret(ir.Constant(I32, 0))
+        entry.branch(header)
+        return str(module)
     count = b.phi(I64, "iterations")
     count.add_incoming(ir.Constant(I64, 0), entry.block)
     b = emit_steps(b, plan.before)

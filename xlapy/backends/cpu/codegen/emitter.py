@@ -210,6 +210,23 @@ def output_leaves(comp: HloComputation) -> list[tuple[HloInstruction, int | None
     return out
 
 
+_LINEAR_MOVES = (Opcode.RESHAPE, Opcode.BITCAST)
+
+
+def _same_linear_order(a: Shape, b: Shape) -> bool:
+    """Whether arrays of shapes `a` and `b` hold each element at the same byte: row-major
+    both, the same element count and size (a reshape or bitcast between them moves no
+    element, so [3,16] and [3,16,1] can share their bytes in place)."""
+    return (
+        a.is_array
+        and b.is_array
+        and a.num_elements == b.num_elements
+        and a.dtype.itemsize == b.dtype.itemsize
+        and a.layout_or_default.is_default
+        and b.layout_or_default.is_default
+    )
+
+
 def in_place_reason(comp: HloComputation, out: int, param: int) -> str | None:
     """None when output leaf `out` of `comp` may share its bytes with parameter `param`
     (the kernel reads that parameter only at the index it writes, through elementwise ops),
@@ -219,12 +236,12 @@ def in_place_reason(comp: HloComputation, out: int, param: int) -> str | None:
         return f"{comp.name}: no output {out} or parameter {param}"
     target = comp.parameter(param)
     oshape, pshape = leaves[out][2], target.shape
-    if (
-        not pshape.is_array
-        or pshape.dims != oshape.dims
-        or pshape.layout_or_default.minor_to_major != oshape.layout_or_default.minor_to_major
-        or pshape.dtype.itemsize != oshape.dtype.itemsize
-    ):
+    same_layout = (
+        pshape.is_array
+        and pshape.layout_or_default.minor_to_major == oshape.layout_or_default.minor_to_major
+    )
+    alike = (same_layout and pshape.dims == oshape.dims) or _same_linear_order(pshape, oshape)
+    if not alike or pshape.dtype.itemsize != oshape.dtype.itemsize:
         return f"{comp.name}: parameter {param} ({pshape}) is not laid out like output {out}"
     seen: set[tuple[int, bool]] = set()
     stack = [(leaf, element is None) for leaf, element, _ in leaves]
@@ -239,6 +256,9 @@ def in_place_reason(comp: HloComputation, out: int, param: int) -> str | None:
             continue
         if instr.opcode.is_elementwise and same:
             stack.extend((o, o.shape.dims == instr.shape.dims) for o in instr.operands)
+        elif instr.opcode in _LINEAR_MOVES and same:
+            operand = instr.operands[0]
+            stack.append((operand, _same_linear_order(operand.shape, instr.shape)))
         elif instr.opcode is Opcode.DYNAMIC_UPDATE_SLICE and same:
             stack.append((instr.operands[0], True))
             stack.extend((o, False) for o in instr.operands[1:])

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,11 +167,13 @@ class NativeLoop:
         """What limits OpenBLAS to the calling thread around the loop (None: not needed)."""
         return self.bind()[4]
 
-    def run(self, bases: list[int], limit: int | None) -> bool:
+    def run(self, bases: list[int], limit: int | None, memory: Any = None) -> bool:
         """Run the loop on an execution's allocation bases: False when some loop ran past
-        `limit` iterations (None: no limit), else True."""
+        `limit` iterations (None: no limit), else True. `memory`: the bases as a ctypes
+        int64 array, when the caller has made it (ExecutionContext.native_bases)."""
         function, table, _, _, setter = self.bind()
-        memory = (ctypes.c_int64 * len(bases))(*bases)
+        if memory is None:
+            memory = (ctypes.c_int64 * len(bases))(*bases)
         left = -1 if limit is None else limit
         previous = None if setter is None else setter(1)
         try:
@@ -183,6 +186,37 @@ class NativeLoop:
         finally:
             if setter is not None:
                 setter(previous)
+
+
+class NativeRun(Thunk):
+    """A stretch of consecutive thunks of a sequence run by one native function (a
+    NativeLoop whose plan has no pred, codegen/emit_loop.py): kernels, copies and dots that
+    are one gemm or one gemm list, called in order with no Python between them (about a
+    microsecond saved per kernel, a few per dot). The sequence keeps its thunks for the
+    listing and the profiler (which times them one by one); `thunks` are the ones this run
+    stands for."""
+
+    kind = "native-run"
+
+    def __init__(self, thunks: Sequence[Thunk], native: NativeLoop):
+        self.thunks, self.native = tuple(thunks), native
+        self.instr = thunks[0].instr
+
+    def run(self, ctx: ExecutionContext) -> None:
+        function, table, _, _, setter = self.native.bind()
+        if setter is not None:
+            self.native.run(ctx.bases, None, ctx.native_bases)
+            return
+        function(ctx.native_bases, table, -1, 0)  # a straight run returns 0
+
+    def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
+        return functools.partial(self.run, ctx)
+
+    def kernels(self) -> list[NativeKernel]:
+        return [k for t in self.thunks for k in t.kernels()]
+
+    def cost(self) -> float:
+        return sum(t.cost() for t in self.thunks)
 
 
 class WhileThunk(Thunk):

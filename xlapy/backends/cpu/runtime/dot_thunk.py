@@ -730,9 +730,10 @@ class DotThunk(Thunk):
         self._lists: dict[bool, GemmList] = {}  # whole / split gemm lists, made on first use
 
     def __getstate__(self) -> dict:
-        """The thunk without its BLAS entry point (a process's address), which is looked up
-        again when it is unpickled (a program image: jit/executable_cache.py)."""
-        return {**self.__dict__, "_fn": None}
+        """The thunk without its BLAS entry point and gemm lists (a process's addresses),
+        which are made again when it is unpickled (a program image:
+        jit/executable_cache.py)."""
+        return {**self.__dict__, "_fn": None, "_lists": {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -916,6 +917,27 @@ class DotThunk(Thunk):
             out.ld,
         )
         return found[0], found[1], args
+
+    def native_gemm_list(self) -> tuple[tuple[tuple[int, int], ...], int] | None:
+        """For native code running this dot's batch as its gemm list (the whole list on the
+        calling thread, as `_run_list` does unsplit): the (allocation, offset) of the first
+        item's three matrices and the number of gemms; None unless the dot is a batch of
+        planned gemms with no split choice and a gemm-list kernel exists. The kernel's and
+        the list's addresses: `gemm_list_addresses()`, once the program runs."""
+        if self._gemm is not None or self._batch is None or self.split_choice is not None:
+            return None
+        if gemm_list_kernel(self.out.shape.dtype, self.flush) is None:
+            return None
+        plan = self._batch[0]
+        slots = tuple((m.allocation, m.offset) for m in (plan.lhs, plan.rhs, plan.out))
+        return slots, self.b
+
+    def gemm_list_addresses(self) -> tuple[int, int]:
+        """(the gemm-list kernel's address, the address of this dot's whole gemm list)."""
+        gemms = self._gemm_list(False)
+        assert gemms is not None, "native_gemm_list answered for this dot"
+        assert gemms.count == self.b, "a whole gemm list holds one gemm per batch item"
+        return gemms._address, gemms.table.ctypes.data
 
     def _run(self, ctx: ExecutionContext, split: bool) -> None:
         if self._gemm is not None:

@@ -215,6 +215,15 @@ class ExecutionContext:
         self.bases = [0 if m is None else address(m) for m in memory] if bases is None else bases
         self.state = state
         self._interpreter = None
+        self._native_bases: Any = None
+
+    @property
+    def native_bases(self) -> Any:
+        """`bases` as a ctypes int64 array, for native code (made once per execution)."""
+        made = self._native_bases
+        if made is None:
+            made = self._native_bases = (ctypes.c_int64 * max(1, len(self.bases)))(*self.bases)
+        return made
 
     def ptr(self, s: BufferSlice) -> int:
         return self.bases[s.allocation] + s.offset
@@ -391,12 +400,16 @@ class ThunkSequence:
     """The thunks of one computation, in schedule order. `plan`, when set, runs the
     independent ones concurrently (thunk_graph.py); with a `choice` as well, each
     execution runs as a graph or in order, whichever the choice has found faster (another
-    thread helps only where a core is free, which load on the machine decides)."""
+    thread helps only where a core is free, which load on the machine decides). `steps`,
+    when set (a sequence without a plan), are what an unprofiled run runs in place of
+    `thunks`: the same thunks with stretches of native ones each one native call
+    (control_flow_thunk.NativeRun)."""
 
     name: str
     thunks: list[Thunk] = field(default_factory=list)
     plan: GraphPlan | None = None
     choice: GraphChoice | None = None
+    steps: list[Thunk] | None = None
 
     def run(self, ctx: ExecutionContext) -> None:
         profile = PROFILE.get()
@@ -405,7 +418,7 @@ class ThunkSequence:
             return
         plan = self.plan
         if plan is None:
-            for thunk in self.thunks:
+            for thunk in self.thunks if self.steps is None else self.steps:
                 thunk.run(ctx)
             return
         choice = self.choice
@@ -427,12 +440,16 @@ class ThunkSequence:
         of every execution, a loop body's included)."""
         if self.plan is not None or PROFILE.get() is not None:
             return [functools.partial(self.run, ctx)]
-        return [b for t in self.thunks if (b := t.bind(ctx)) is not None]
+        thunks = self.thunks if self.steps is None else self.steps
+        return [b for t in thunks if (b := t.bind(ctx)) is not None]
 
     def describe(self, indent: str = "") -> list[str]:
         head = f"{indent}sequence {self.name} ({len(self.thunks)} thunks)"
         if self.plan is not None:
             head += f" ({self.plan.describe()})"
+        runs = [len(getattr(s, "thunks", ())) for s in self.steps or () if s.kind == "native-run"]
+        if runs:
+            head += f" ({sum(runs)} in {len(runs)} native runs)"
         lines = [head]
         for thunk in self.thunks:
             text = thunk.describe()
