@@ -9,6 +9,7 @@ from jax_programs import PROGRAMS, hlo_texts
 from test_jax_programs import assert_leaf_matches, leaves
 
 from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
 
@@ -30,6 +31,9 @@ def test_cpu_matches_interpreter(name, form):
     assert len(got) == len(expected)
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert_leaf_matches(g, e, prog, f"{name} ({form}) output leaf {i}")
+    # Every program can be kept as a program image (a refused pickle would leave its warm
+    # compile silently slow: a new thunk's function not marked loadable, say).
+    assert program_image.refusal(program.compiled) is None, name
     # The arguments are never written when nothing is donated.
     for a, b in zip(args, prog.args(), strict=True):
         assert a.tobytes() == b.tobytes(), f"{name}: an argument was modified"

@@ -366,6 +366,7 @@ MIN_NATIVE_RUN = 3
 compiling it)."""
 
 
+@loadable
 def _gemm_list_address(dot: DotThunk, which: int) -> int:
     return dot.gemm_list_addresses()[which]
 

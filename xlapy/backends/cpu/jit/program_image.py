@@ -66,7 +66,7 @@ from xlapy.backends.cpu.jit.module_cache import package_fingerprint
 from xlapy.backends.cpu.runtime.loadable import is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
 
-__all__ = ["SUFFIX", "enabled", "image_key", "read", "warn_rejected", "write"]
+__all__ = ["SUFFIX", "enabled", "image_key", "read", "refusal", "warn_rejected", "write"]
 
 ENABLE_ENV = "XLAPY_PROGRAM_IMAGES"
 
@@ -240,15 +240,34 @@ def _restore(cls: type, values: tuple) -> Any:
     return obj
 
 
+_NOT_IMAGEABLE = (pickle.PicklingError, TypeError, AttributeError, ValueError, RecursionError)
+
+
+def _dump(value: Any, file: Any) -> set[str]:
+    """Pickle `value` into `file` as an image holds it; the keys of the objects it runs."""
+    with collecting_objects() as keys:
+        _Pickler(file).dump(value)
+    return set(keys)
+
+
+def refusal(value: Any) -> str | None:
+    """Why `value` could not be imaged (what its pickling refuses), or None: a test's way
+    to see that a program is not silently left without an image."""
+    try:
+        _dump(value, io.BytesIO())
+    except _NOT_IMAGEABLE as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def write(key: str, value: Any) -> bool:
     """Write the image `key` of `value` (what `read` gives back); False, and nothing written,
     when it does not pickle (a thunk with process state that cannot be made again) or an
     object it runs is not in the disk cache."""
     buffer = io.BytesIO()
     try:
-        with collecting_objects() as keys:
-            _Pickler(buffer).dump(value)
-    except (pickle.PicklingError, TypeError, AttributeError, ValueError, RecursionError):
+        keys = _dump(value, buffer)
+    except _NOT_IMAGEABLE:
         return False
     objects = []
     for object_key in sorted(keys):
