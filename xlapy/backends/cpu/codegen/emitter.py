@@ -665,7 +665,7 @@ class KernelEmitter:
 class _Loop:
     """`with emitter.loop(lo, hi) as i:` emits a counted loop; the body goes in the block.
     A loop with another loop inside is marked `llvm.loop.unroll.disable` (see the top of
-    the file)."""
+    the file); an `unroll` count, where given, is what LLVM is told instead."""
 
     def __init__(
         self, em: KernelEmitter, lo, hi, name: str, step: int = 1, unroll: int | None = None
