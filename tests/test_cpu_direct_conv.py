@@ -12,6 +12,7 @@ XLAPY_NUM_THREADS=1, 2, 3 and 16 (one subprocess each)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from xlapy.backends.cpu.codegen.emit_conv import DirectConv
+from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv
 from xlapy.backends.cpu.runtime import conv_thunk
 from xlapy.backends.cpu.runtime.conv_thunk import direct_geometry
 from xlapy.backends.cpu.runtime.pool import even_blocks
@@ -88,6 +89,11 @@ CASES = [
      conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
     ("one_input_feature", (5, 1, 16, 16), (16, 1, 3, 3), np.float32,
      conv("NCHW", "OIHW", window_strides=(1, 1), padding="SAME")),
+    # input features past _UNROLL_ALL_CHANNELS: the feature loop unrolled by 2, odd counts
+    ("odd_features_unrolled_by_2", (2, 9, 13, 7), (3, 3, 7, 16), np.float32,
+     conv(window_strides=(1, 1), padding="SAME")),
+    ("odd_features_strided_nchw", (2, 9, 11, 9), (12, 9, 3, 3), np.float32,
+     conv("NHWC", "OIHW", "NCHW", window_strides=(2, 1), padding=((1, 2), (2, 0)))),
 ]  # fmt: skip
 TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3, np.dtype(BF16): 3e-2}
 
@@ -122,6 +128,24 @@ def test_direct_convolution_matches_interpreter(direct_runs, name, xdims, kdims,
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     x, k = _random(rng, xdims, dtype), _random(rng, kdims, dtype)
     _check(f, x, k, direct_runs)
+
+
+@pytest.mark.parametrize("channels,count", [(3, None), (4, None), (5, 2), (16, 2)])
+def test_feature_loop_unroll_count(channels, count):
+    """The reduction over input features carries `llvm.loop.unroll.count 2` past a few
+    features (LLVM unrolled it fully in every copy of the tile, doubling the kernel's
+    optimized IR and its compile time), and LLVM's own choice up to them."""
+    x_strides = (64 * channels, 8 * channels, channels, 1)
+    cv = DirectConv(nb=2, sizes=(8, 8), pads=(1, 1), base_dilations=(1, 1), checked=(True, True),
+                    channels=channels, outs=(8, 8), ksizes=(3, 3), strides=(1, 1),
+                    dilations=(1, 1), features=16, x_strides=x_strides,
+                    out_strides=(1024, 128, 16, 1), vector=8, registers=16)  # fmt: skip
+    text = emit_direct_conv(cv)
+    counts = re.findall(r'"llvm.loop.unroll.count", i32 (\d+)', text)
+    if count is None:
+        assert not counts, text
+    else:
+        assert counts and set(counts) == {str(count)}, counts
 
 
 def test_window_reversal_transposed_kernel(direct_runs):

@@ -24,9 +24,12 @@
 # by the FMA units, not by loads (R x NV is chosen to fill the register file: 12
 # accumulators with 16 registers, 24 with 32). Output features beyond NV x V run as further
 # blocks over the same tile. Rows whose last tile is shorter than R run a copy of the body
-# unrolled for the remainder. A result whose features are not adjacent (Y3 > 1: NCHW) is
-# stored lane by lane. Each output element is summed by one tile in one fixed order (a, b,
-# c ascending), so any split of the range over threads gives the same bits. The kernel is
+# unrolled for the remainder. The loop over input features is unrolled by 2 (LLVM's own choice
+# unrolled it fully in each of the 2-4 copies of the reduction, doubling the kernel's
+# optimized IR and its compile time; see _UNROLL_ALL_CHANNELS). A result whose features are
+# not adjacent (Y3 > 1: NCHW) is stored lane by lane. Each output element is summed by one
+# tile in one fixed order (a, b, c ascending), so any split of the range over threads gives
+# the same bits. The kernel is
 #
 #   void f(i8* noalias out, i8* noalias x, i8* noalias w, i64 start, i64 end)
 #
@@ -40,6 +43,11 @@ from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, I32, I64, SYMBOL
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
+
+# The reduction over input features is unrolled by 2 (LLVM's own choice unrolls it fully up to
+# some 16 features, in every copy of the tile: 2-4 copies of 6 x 2 fused multiply-adds each),
+# except over so few features that the whole loop is a handful of steps.
+_UNROLL_ALL_CHANNELS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +112,7 @@ class DirectConv:
 
     def description(self, flush_denormals: bool) -> str:
         """A text that determines the kernel's IR (a cache key)."""
-        return f"direct conv v4 {'ftz' if flush_denormals else 'ieee'} {self!r}"
+        return f"direct conv v5 {'ftz' if flush_denormals else 'ieee'} {self!r}"
 
 
 def vector_shape(features: str) -> tuple[int, int]:
@@ -261,7 +269,8 @@ class _ConvEmitter(StandaloneKernelEmitter):
         c = lambda v: ir.Constant(I64, v)  # noqa: E731
         x3, wo = cv.x_strides[3], cv.kernel_width
         zero = ir.Constant(F32, 0.0)
-        with self.loop(c(0), c(cv.channels), "ci") as ci:
+        unroll = None if cv.channels <= _UNROLL_ALL_CHANNELS else 2
+        with self.loop(c(0), c(cv.channels), "ci", unroll=unroll) as ci:
             w_at = b.add(k_at, b.mul(ci, c(wo)))
             ws = []
             for q in range(nv):

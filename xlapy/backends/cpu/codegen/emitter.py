@@ -532,8 +532,10 @@ class KernelEmitter:
             self.b.store(self.to_mem(value, shape.element_type), self.b.gep(ptr, [offset], True))
 
     # -- loops and scopes ----------------------------------------------------------------
-    def loop(self, lo, hi, name: str, step: int = 1):
-        return _Loop(self, lo, hi, name, step)
+    def loop(self, lo, hi, name: str, step: int = 1, unroll: int | None = None):
+        """A counted loop (see _Loop); `unroll`: the count LLVM unrolls it by, even when it
+        is innermost (1: not unrolled), or None for the default."""
+        return _Loop(self, lo, hi, name, step, unroll)
 
     def alloca(self, ty, name: str = ""):
         return self.alloca_builder.alloca(ty, name=name)
@@ -683,10 +685,13 @@ class KernelEmitter:
 class _Loop:
     """`with emitter.loop(lo, hi) as i:` emits a counted loop; the body goes in the block.
     A loop with another loop inside is marked `llvm.loop.unroll.disable` (see the top of
-    the file)."""
+    the file); an `unroll` count, where given, is what LLVM is told instead."""
 
-    def __init__(self, em: KernelEmitter, lo, hi, name: str, step: int = 1):
+    def __init__(
+        self, em: KernelEmitter, lo, hi, name: str, step: int = 1, unroll: int | None = None
+    ):
         self.em, self.lo, self.hi, self.name, self.step = em, lo, hi, name, step
+        self.unroll = unroll
         self.has_inner = False
 
     def __enter__(self):
@@ -719,7 +724,9 @@ class _Loop:
         nxt = b.add(self.i, ir.Constant(I64, self.step), flags=["nsw"])
         self.i.add_incoming(nxt, b.block)
         latch = b.branch(self.header)
-        if self.has_inner and not em.unroll_outer_loops:
+        if self.unroll is not None and self.unroll > 1:
+            latch.set_metadata("llvm.loop", _unroll_count_loop_id(em.module, self.unroll))
+        elif self.unroll == 1 or (self.has_inner and not em.unroll_outer_loops):
             latch.set_metadata("llvm.loop", _no_unroll_loop_id(em.module))
         b.position_at_end(self.exit)
         return False
@@ -732,6 +739,13 @@ class _LoopID(ir.values.MDValue):
     def descr(self, buf):
         refs = ", ".join([self.get_reference(), *(op.get_reference() for op in self.operands)])
         buf += (f"distinct !{{ {refs} }}", "\n")
+
+
+def _unroll_count_loop_id(module: ir.Module, count: int) -> _LoopID:
+    unroll = module.add_metadata(
+        [ir.MetaDataString(module, "llvm.loop.unroll.count"), ir.Constant(ir.IntType(32), count)]
+    )
+    return _LoopID(module, [unroll], name=str(len(module.metadata)))
 
 
 def _no_unroll_loop_id(module: ir.Module) -> _LoopID:
