@@ -6,6 +6,8 @@ import jax
 import pytest
 
 import xlapy.pjrt
+from xlapy.backends.cpu.jit import program_image
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 
 # A kernel the CPU code generator accepted but cannot compile is a bug: in the tests it raises
 # (xlapy.backends.cpu.lowering.KernelCompileError) instead of warning and falling back.
@@ -36,6 +38,19 @@ def kernel_cache(tmp_path_factory):
         os.environ.pop("XLAPY_CACHE_DIR", None)
     else:
         os.environ["XLAPY_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def image_cache(tmp_path, monkeypatch):
+    """A fresh kernel cache and key directory with program images on, the process's kernels
+    forgotten before and after; its value is the cache directory (where images are)."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)
+    monkeypatch.delenv(program_image.ENABLE_ENV, raising=False)
+    clear_kernel_cache()
+    yield tmp_path / "kernels"
+    clear_kernel_cache()
 
 
 @pytest.fixture

@@ -88,18 +88,6 @@ def texts() -> dict[str, str]:
     return {name: lowered(name) for name in PROGRAMS}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh cache and key directory, images on; the process's kernels forgotten."""
-    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)
-    monkeypatch.delenv(program_image.ENABLE_ENV, raising=False)
-    clear_kernel_cache()
-    yield tmp_path / "kernels"
-    clear_kernel_cache()
-
-
 def inputs(name: str, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(s).astype(np.float32) for s in PROGRAMS[name][1]]
@@ -126,10 +114,12 @@ def forbid_compiling(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_warm_compile_loads_the_program_and_computes_the_same_bits(cache, texts, monkeypatch, name):
+def test_warm_compile_loads_the_program_and_computes_the_same_bits(
+    image_cache, texts, monkeypatch, name
+):
     text = texts[name]
     cold = Client("cpu").compile(text)
-    assert len(images(cache)) == 1
+    assert len(images(image_cache)) == 1
     cold_out = [run(cold, inputs(name, seed)) for seed in (1, 2)]
     clear_kernel_cache()
     with monkeypatch.context() as m:
@@ -155,16 +145,16 @@ def test_warm_compile_loads_the_program_and_computes_the_same_bits(cache, texts,
     assert warm.module.to_text() == cold.module.to_text()  # parsed on first use
 
 
-def test_a_module_compiled_with_options_is_imaged_by_its_text(cache, texts, monkeypatch):
+def test_a_module_compiled_with_options_is_imaged_by_its_text(image_cache, texts, monkeypatch):
     """The PJRT plugin hands the client a module (and its options): it compiles as its
     printed text does, so that text keys its image."""
     text = texts["nested_loops"]
     options = CompileOptions.make(num_replicas=1, num_partitions=1)
     args = inputs("nested_loops", 5)
     Client("cpu").compile(parse_module(text))  # without options: no image
-    assert images(cache) == []
+    assert images(image_cache) == []
     cold = Client("cpu").compile(parse_module(text), options)
-    assert len(images(cache)) == 1
+    assert len(images(image_cache)) == 1
     cold_out = run(cold, args)
     clear_kernel_cache()
     module = parse_module(text)
@@ -179,7 +169,7 @@ def test_a_module_compiled_with_options_is_imaged_by_its_text(cache, texts, monk
     assert Client("cpu").compile(parse_module(text), other)._module is not None  # a miss
 
 
-def test_a_client_compiling_the_same_text_again_returns_its_executable(cache, texts):
+def test_a_client_compiling_the_same_text_again_returns_its_executable(image_cache, texts):
     client = Client("cpu")
     first = client.compile(texts["softmax_loop"])
     assert client.compile(texts["softmax_loop"]) is first
@@ -226,14 +216,14 @@ def test_every_ingredient_of_the_key_is_a_miss(texts, monkeypatch):
         assert program_image.image_key(text, "null") == base
 
 
-def test_other_options_miss_and_compute_their_own_result(cache, texts):
+def test_other_options_miss_and_compute_their_own_result(image_cache, texts):
     text = texts["softmax_loop"]
     args = inputs("softmax_loop", 3)
     native = Client("cpu").compile(text)
     options = CompileOptions.make(backend_options={"native_loops": False})
     clear_kernel_cache()
     python = Client("cpu").compile(text, options)
-    assert len(images(cache)) == 2
+    assert len(images(image_cache)) == 2
     assert python.backend_program().compiled.python_loops  # not the native program's image
     for a, b in zip(run(native, args), run(python, args), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
@@ -262,11 +252,11 @@ def longer_pickle(payload: bytes) -> bytes:
 @pytest.mark.parametrize(
     "damage", [damage_flip, damage_truncate, damage_foreign_key, "extra_bytes", "longer_pickle"]
 )
-def test_rejected_image_warns_recompiles_and_is_rewritten(cache, texts, damage):
+def test_rejected_image_warns_recompiles_and_is_rewritten(image_cache, texts, damage):
     text = texts["softmax_loop"]
     args = inputs("softmax_loop", 4)
     cold = run(Client("cpu").compile(text), args)
-    (path,) = images(cache)
+    (path,) = images(image_cache)
     if isinstance(damage, str):
         rewrite_authentic(path, globals()[damage])
     else:
@@ -331,7 +321,9 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("hostile", list(HOSTILE))
-def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, monkeypatch, hostile):
+def test_an_authentic_image_naming_other_code_is_not_unpickled(
+    image_cache, texts, monkeypatch, hostile
+):
     """Even an entry authenticated with the user's key (what a reader of the key could
     write) resolves only the names program_image.allowed lets it: one that names os.system,
     getattr, a path or a module through xlapy's modules, or an xlapy function not marked
@@ -339,7 +331,7 @@ def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, mon
     text = texts["softmax_loop"]
     args = inputs("softmax_loop", 6)
     cold = run(Client("cpu").compile(text), args)
-    (path,) = images(cache)
+    (path,) = images(image_cache)
     evil = _pickle(HOSTILE[hostile])
     called: list[tuple] = []
     monkeypatch.setattr(os, "system", lambda *a: called.append(a))
@@ -356,7 +348,7 @@ def test_an_authentic_image_naming_other_code_is_not_unpickled(cache, texts, mon
     with pytest.warns(CacheEntryWarning, match="may not"):
         exe = Client("cpu").compile(text)
     assert called == []
-    assert list(cache.rglob(f"{FORGED_KEY}*")) == []
+    assert list(image_cache.rglob(f"{FORGED_KEY}*")) == []
     assert exe._module is not None
     for a, c in zip(run(exe, args), cold, strict=True):
         np.testing.assert_array_equal(a, c)
@@ -429,12 +421,12 @@ def _unlisted() -> int:
     return 1
 
 
-def test_an_image_that_would_name_other_code_is_not_written(cache):
+def test_an_image_that_would_name_other_code_is_not_written(image_cache):
     """Pickling checks every class and function against the same list, so an image that
     every load would reject is never written."""
     assert not program_image.write("0" * 64, {"f": _unlisted})
     assert not program_image.write("0" * 64, {"f": os.getcwd})
-    assert images(cache) == []
+    assert images(image_cache) == []
 
 
 def linalg(a):
@@ -445,11 +437,11 @@ def linalg(a):
     return w, v, s, q, r, jnp.linalg.solve(a @ a.T + 8 * jnp.eye(8), a)
 
 
-def test_lapack_programs_are_imaged_and_compute_the_same_bits(cache, monkeypatch):
+def test_lapack_programs_are_imaged_and_compute_the_same_bits(image_cache, monkeypatch):
     text = jax.jit(linalg).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32)).as_text(dialect="hlo")
     args = [np.random.default_rng(7).standard_normal((8, 8)).astype(np.float32)]
     cold = run(Client("cpu").compile(text), args)
-    assert len(images(cache)) == 1
+    assert len(images(image_cache)) == 1
     clear_kernel_cache()
     with monkeypatch.context() as m:
         forbid_compiling(m)
@@ -488,7 +480,7 @@ def client_with(target=None) -> Client:
     return client
 
 
-def test_custom_call_targets_are_looked_up_again_where_the_image_loads(cache, monkeypatch):
+def test_custom_call_targets_are_looked_up_again_where_the_image_loads(image_cache, monkeypatch):
     """An image holds no target: loading it looks each one up in the loading client's
     registry, as a compile would. The same kind of target (a Python function, a typed
     handler) under the name runs from the image; an unknown target or one a compile would
@@ -497,7 +489,7 @@ def test_custom_call_targets_are_looked_up_again_where_the_image_loads(cache, mo
     x = np.random.default_rng(8).standard_normal(4).astype(np.float32)
     first = client_with(lambda ins, opaque: ins[0] * 2).compile(CUSTOM)
     np.testing.assert_array_equal(run(first, [x])[0], x * 2)
-    assert len(images(cache)) == 1
+    assert len(images(image_cache)) == 1
     clear_kernel_cache()
     with monkeypatch.context() as m:
         forbid_compiling(m)
@@ -521,7 +513,7 @@ def test_custom_call_targets_are_looked_up_again_where_the_image_loads(cache, mo
     np.testing.assert_array_equal(run(python, [x])[0], x * 7)
 
 
-def test_global_registry_changes_are_looked_up_again(cache, monkeypatch):
+def test_global_registry_changes_are_looked_up_again(image_cache, monkeypatch):
     from xlapy.backends import custom_calls
 
     x = np.random.default_rng(9).standard_normal(4).astype(np.float32)
@@ -541,7 +533,7 @@ def test_global_registry_changes_are_looked_up_again(cache, monkeypatch):
         Client("cpu").compile(CUSTOM)
 
 
-def test_images_can_be_turned_off(cache, texts, monkeypatch):
+def test_images_can_be_turned_off(image_cache, texts, monkeypatch):
     monkeypatch.setenv(program_image.ENABLE_ENV, "0")
     Client("cpu").compile(texts["softmax_loop"])
-    assert images(cache) == []
+    assert images(image_cache) == []

@@ -10,12 +10,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax._src.interpreters import mlir
+from test_cpu_program_image import images
 
 import xlapy.stablehlo
 from xlapy.backends.cpu import backend as cpu_backend
-from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.pjrt import core, executables, program
 from xlapy.pjrt.client import PClient
@@ -26,22 +25,6 @@ from xlapy.runtime import Client
 XLAPY = jax.devices("xlapy")[0]
 CPU = jax.devices("cpu")[0]
 RNG = np.random.default_rng(11)
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh cache and key directory, images on; the process's kernels forgotten."""
-    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.delenv("XLAPY_EXECUTABLE_CACHE", raising=False)
-    monkeypatch.delenv(program_image.ENABLE_ENV, raising=False)
-    clear_kernel_cache()
-    yield tmp_path / "kernels"
-    clear_kernel_cache()
-
-
-def images(directory) -> list:
-    return sorted(directory.glob(f"*{program_image.SUFFIX}"))
 
 
 def forbid_compiling(monkeypatch) -> None:
@@ -81,10 +64,10 @@ def run(exe, args) -> list[np.ndarray]:
     return [o.to_numpy() for o in outs]
 
 
-def test_plugin_programs_are_imaged_and_a_warm_compile_imports_nothing(cache, monkeypatch):
+def test_plugin_programs_are_imaged_and_a_warm_compile_imports_nothing(image_cache, monkeypatch):
     code = stablehlo_bytes(step, *arguments(0))
     cold = Client("cpu").compile(code, importer=program.module_from_mlir)
-    assert len(images(cache)) == 1
+    assert len(images(image_cache)) == 1
     cold_out = [run(cold, arguments(seed)) for seed in (1, 2)]
     clear_kernel_cache()
     with monkeypatch.context() as m:
@@ -97,11 +80,11 @@ def test_plugin_programs_are_imaged_and_a_warm_compile_imports_nothing(cache, mo
             np.testing.assert_array_equal(w, c)  # the same program, the same bits
 
 
-def test_the_importer_is_part_of_the_image_key(cache):
+def test_the_importer_is_part_of_the_image_key(image_cache):
     code = stablehlo_bytes(step, *arguments(0))
     Client("cpu").compile(code, importer=program.module_from_mlir)
     Client("cpu").compile(code)  # xlapy.load's import of the same bytes: its own image
-    assert len(images(cache)) == 2
+    assert len(images(image_cache)) == 2
 
 
 def plugin_client() -> Client:
@@ -109,7 +92,7 @@ def plugin_client() -> Client:
     return clients[0].client
 
 
-def test_jax_recompiling_a_program_loads_its_image(cache, monkeypatch):
+def test_jax_recompiling_a_program_loads_its_image(image_cache, monkeypatch):
     p, x = arguments(3)
 
     def fn(p, x):  # a program of this test's own (no image from another test)
@@ -123,7 +106,7 @@ def test_jax_recompiling_a_program_loads_its_image(cache, monkeypatch):
     for attempt in range(2):  # the same call site: JAX hands over the same bytes
         with monkeypatch.context() as m:
             if attempt:
-                assert len(images(cache)) == 1
+                assert len(images(image_cache)) == 1
                 plugin_client().clear_compile_cache()
                 clear_kernel_cache()
                 jax.clear_caches()  # JAX compiles again
