@@ -228,11 +228,11 @@ def test_warm_kernels_share_one_engine(tmp_path, monkeypatch, text):
     monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
     module = parse_module(text)
     clear_kernel_cache()
-    # Start on a fresh engine: one that earlier tests filled to ENGINE_OBJECTS would be
-    # retired halfway through the cold compile, leaving its first kernels (whose keys the
-    # warm compile reuses) in an older engine than the rest.
-    with jit._lock:
-        jit.shared_engine()._retire()
+    # The test's own SharedEngine: the process's may hold an object of the same key in an
+    # older engine (a live kernel of an earlier test), or retire its current engine
+    # halfway through the cold compile once earlier tests filled it (ENGINE_OBJECTS).
+    own = jit.SharedEngine()
+    monkeypatch.setattr(jit, "shared_engine", lambda: own)
     compile_module(module)  # cold: fills this test's cache directory
     clear_kernel_cache()
     warm = compile_module(module)
