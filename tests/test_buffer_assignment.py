@@ -264,3 +264,39 @@ def test_arena_run_after_the_cpu_pipeline(name):
     check_invariants(a)
     run = evaluate_in_arena(a, args)
     assert_bitwise_equal(run.result, evaluate(a.module, args), name)  # the planned module
+
+
+FUSED_AND_REDUCED = """
+HloModule m
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+body {
+  x = f32[64,32] parameter(0)
+  y = f32[64,32] exponential(x)
+  ROOT z = f32[64,32] multiply(y, y)
+}
+ENTRY e {
+  p = f32[64,32] parameter(0)
+  f = f32[64,32] fusion(p), kind=kLoop, calls=body
+  zero = f32[] constant(0)
+  ROOT r = f32[64] reduce(f, zero), dimensions={1}, to_apply=add
+}
+"""
+
+
+def test_thread_local_allocations_as_xla_makes_them():
+    # XLA skips fusion computations (their values never reach memory) and gives every
+    # value of the other thread-local computations (here the reducer) its own allocation
+    a = assign_buffers(parse_module(FUSED_AND_REDUCED))
+    check_invariants(a)
+    local = [x for x in a.allocations if x.is_thread_local]
+    assert sorted((x.computation.name, x.instruction.name, x.size) for x in local) == [
+        ("add", "a", 4),
+        ("add", "b", 4),
+        ("add", "s", 4),
+    ]
+    assert all(x.describe().endswith(f"thread-local (add: {x.instruction.name})") for x in local)
+    assert a.memory_analysis().temp_bytes == 64 * 32 * 4

@@ -21,8 +21,10 @@ The steps follow XLA's BufferAssigner:
     into that allocation's bytes, as XLA reuses any allocation that is neither a
     parameter nor a constant; such allocations list the temporaries after their live-out
     buffer. Values
-    inside thread-local computations (fusion bodies, reducers, comparators) never reach
-    the arena: each such computation gets a thread-local allocation, outside every total.
+    inside thread-local computations (reducers, comparators, map bodies) never reach the
+    arena: each array value there gets its own thread-local allocation, outside every
+    total, as XLA gives one to each. Fusion bodies get none (XLA skips fusion computations:
+    a fused instruction's values live in registers of the fusion's loop, never in memory).
 
 Figures as XLA's memory_analysis() defines them: argument bytes (entry parameter
 allocations), output bytes (live-out allocations, aliased parameters included), alias bytes
@@ -89,7 +91,8 @@ class Allocation:
     is_aliased_output: bool = False
     is_tuple_table: bool = False
     buffers: list[tuple[HloBuffer, int]] = field(default_factory=list)  # (buffer, offset)
-    computation: HloComputation | None = None  # thread-local allocations
+    computation: HloComputation | None = None  # thread-local allocations: where and
+    instruction: HloInstruction | None = None  # whose value
 
     @property
     def is_entry_parameter(self) -> bool:
@@ -121,6 +124,8 @@ class Allocation:
             flags.append("maybe-live-out")
         if self.is_thread_local:
             name = self.computation.name if self.computation is not None else "?"
+            if self.instruction is not None:
+                name += f": {self.instruction.name}"
             flags.append(f"thread-local ({name})")
         if self.is_tuple_table:
             flags.append("tuple")
@@ -517,9 +522,18 @@ def _allocate(
         heap_results[space] = result
         arena = new("temp", None, size=result.heap_size, memory_space=space)
         arena.buffers.extend((b, result.offsets[b.id]) for b in buffers)
-    for comp in sorted(dataflow.thread_local, key=lambda c: c.name):
-        size = sum(i.shape.byte_size for i in comp.instructions if not i.shape.is_tuple)
-        new("thread-local", None, size=size, computation=comp)
+    fused = {
+        called
+        for comp in module.computations
+        for instr in comp.instructions
+        if instr.opcode is Opcode.FUSION
+        for called in instr.called_computations()
+    }
+    for comp in sorted(dataflow.thread_local - fused, key=lambda c: c.name):
+        for instr in comp.instructions:
+            if not instr.shape.is_tuple:
+                size = instr.shape.byte_size
+                new("thread-local", None, size=size, computation=comp, instruction=instr)
     return allocations, heap_results
 
 
