@@ -194,6 +194,8 @@ COMPLEX_OPS = [
     ("exp", lax.exp, 1, False),
     ("log", lax.log, 1, False),
     ("sqrt", lax.sqrt, 1, False),
+    ("atan2", lax.atan2, 2, False),  # XLA's -i log((x + iy) / sqrt(x^2 + y^2))
+    ("logistic", lax.logistic, 1, False),
     ("real", lax.real, 1, True),
     ("imag", lax.imag, 1, True),
     ("eq", lax.eq, 2, True),

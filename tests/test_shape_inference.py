@@ -578,6 +578,7 @@ BAD = [
     ("add", ["f32[2]", "s32[2]"], {}, None, "operand 1 has element type s32"),
     ("add", ["f32[2]"], {}, None, "expects 2 operands, got 1"),
     ("exponential", ["s32[2]"], {}, None, "float or complex"),
+    ("cbrt", ["c64[2]"], {}, None, "a float type"),  # XLA rejects complex cbrt too
     ("and", ["f32[2]", "f32[2]"], {}, None, "pred or an integer type"),
     ("shift-left", ["f32[2]", "f32[2]"], {}, None, "an integer type"),
     ("compare", ["f32[2]", "f32[2]"], {}, None, "missing attribute 'direction'"),

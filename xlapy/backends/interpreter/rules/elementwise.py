@@ -412,7 +412,17 @@ def _rsqrt(v):
 
 
 def _logistic(v):
+    if np.iscomplexobj(v):  # expit has no complex loop; XLA computes 1 / (1 + exp(-x))
+        return 1 / (1 + np.exp(-v))
     return scipy.special.expit(v)
+
+
+def _atan2(y, x):
+    """atan2, and on complex operands XLA's definition -i * log((x + iy) / sqrt(x^2 + y^2))
+    (NaN where x^2 + y^2 is zero with x + iy, as XLA:CPU gives)."""
+    if not np.iscomplexobj(y):
+        return np.arctan2(y, x)
+    return -1j * np.log((x + 1j * y) / np.sqrt(x * x + y * y))
 
 
 _EXACT_UNARY = {
@@ -562,7 +572,7 @@ _FLOAT_BINARY = {
     Opcode.MAXIMUM: np.maximum,
     Opcode.MINIMUM: np.minimum,
     Opcode.POWER: np.power,
-    Opcode.ATAN2: np.arctan2,
+    Opcode.ATAN2: _atan2,
 }
 
 
