@@ -4,8 +4,11 @@ against the interpreter: output features that fill whole vectors, part of one, s
 blocks; rows whose last tile is short; strides, window and base dilation, padding (negative
 too, and windows that lie wholly in padding), window reversal, NCHW / OIHW layouts, a result
 laid out otherwise, non-default layouts, f16 / bf16 operands, training-step gradients in
-NHWC and NCHW; every case checks the direct kernel ran, and f32 cases that it ran on the
-arena. Then the split:
+NHWC and NCHW; tiles that read outside x run on a staged copy of their input (every padding
+width on each side, in NHWC, NCHW and CHWN, rows shorter than a window, dilations and
+strides with padding, a heavy kernel's short tile) with one copy of the reduction in the
+IR; every case checks the direct kernel ran, and f32 cases that it ran on the arena. Then
+the split:
 tile counts and even blocks for 16 threads from batch 1 on, and the same bits at
 XLAPY_NUM_THREADS=1, 2, 3 and 16 (one subprocess each)."""
 
@@ -134,8 +137,8 @@ def test_direct_convolution_matches_interpreter(direct_runs, name, xdims, kdims,
 @pytest.mark.parametrize("channels,count", [(3, None), (4, None), (5, 2), (16, 2)])
 def test_feature_loop_unroll_count(channels, count):
     """The reduction over input features carries `llvm.loop.unroll.count 2` past a few
-    features (LLVM unrolled it fully in every copy of the tile, doubling the kernel's
-    optimized IR and its compile time), and LLVM's own choice up to them."""
+    features (LLVM unrolled it fully, doubling the kernel's optimized IR and its compile
+    time), and LLVM's own choice up to them."""
     x_strides = (64 * channels, 8 * channels, channels, 1)
     cv = DirectConv(nb=2, sizes=(8, 8), pads=(1, 1), base_dilations=(1, 1), checked=(True, True),
                     channels=channels, outs=(8, 8), ksizes=(3, 3), strides=(1, 1),

@@ -13,23 +13,35 @@
 # (s: strides, d: window dilations), where xp is x dilated by the base dilation and padded
 # (xp[n, t0, t1, c] = x[n, (t0 - p0) / e0, (t1 - p1) / e1, c] where that divides and lies
 # inside x, else 0). A dim with padding or base dilation checks its reads: a window row
-# that lies in padding is skipped, and in a tile whose reads along the last dim are not all
-# inside x, the positions outside read 0 (a select, on those tiles only). The library path
-# that pads the input itself passes the padded buffer with no padding left to check.
+# that lies in padding is skipped. The library path that pads the input itself passes the
+# padded buffer with no padding left to check.
 #
 # The kernel's outer range counts tiles of R consecutive output positions j of one output
 # row (n, i); a tile holds R x NV vector accumulators (NV vectors of V output features) in
 # registers through the whole reduction over (a, b, c): each step loads NV kernel vectors
 # and R input scalars (broadcast) and does R x NV fused multiply-adds, so the loop is bound
 # by the FMA units, not by loads (R x NV is chosen to fill the register file: 12
-# accumulators with 16 registers, 24 with 32). Output features beyond NV x V run as further
-# blocks over the same tile. Rows whose last tile is shorter than R run a copy of the body
-# unrolled for the remainder. The loop over input features is unrolled by 2 (LLVM's own choice
-# unrolled it fully in each of the 2-4 copies of the reduction, doubling the kernel's
-# optimized IR and its compile time; see _UNROLL_ALL_CHANNELS). A result whose features are
-# not adjacent (Y3 > 1: NCHW) is stored lane by lane. Each output element is summed by one
-# tile in one fixed order (a, b, c ascending), so any split of the range over threads gives
-# the same bits. The kernel is
+# accumulators with 16 registers, 24 with 32; a smaller R that divides the output row where
+# one keeps 8 or more, see `tile`). Output features beyond NV x V run as further blocks over
+# the same tile.
+#
+# The reduction is emitted once (its compile time is the kernel's: LLVM's loop strength
+# reduction and instruction combining grow faster than the code). Its base pointer is one
+# value per window row and its displacements constants, so it reads x directly or a copy:
+# a tile whose reads along the last dim leave x (padding, base dilation, the part-filled
+# last tile of a row) first stages the input it reads (every window row, `span` columns
+# from its first, 0 outside x) in a stack buffer laid out with x's column stride (Staging:
+# adjacent features copied a column at a time, adjacent columns by masked vector loads,
+# else element by element), then runs the same reduction on it. The tiles that read x
+# directly are a range of each row (`inner_tiles`), fixed at compile time. A part-filled
+# last tile runs whole and stores only its positions inside the row, except in a `heavy`
+# kernel (the packed kernel larger than L1, streamed once per tile), which keeps a copy of
+# the reduction for that tile's positions. The loop over input features is unrolled by 2
+# (LLVM's own choice unrolled it fully, doubling the kernel's optimized IR and its compile
+# time; see _UNROLL_ALL_CHANNELS). A result whose features are not adjacent (Y3 > 1: NCHW)
+# is stored lane by lane. Each output element is summed by one tile in one fixed order (a,
+# b, c ascending), so any split of the range over threads gives the same bits. The kernel
+# is
 #
 #   void f(i8* noalias out, i8* noalias x, i8* noalias w, i64 start, i64 end)
 #
@@ -46,15 +58,13 @@ from xlapy.backends.cpu.codegen.common import F32, I1, I8, I32, I64, SYMBOL
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 
 # The reduction over input features is unrolled by 2 (LLVM's own choice unrolls it fully up to
-# some 16 features, in every copy of the tile: 2-4 copies of 6 x 2 fused multiply-adds each),
-# except over so few features that the whole loop is a handful of steps.
+# some 16 features), except over so few features that the whole loop is a handful of steps.
 _UNROLL_ALL_CHANNELS = 4
 
 # A tile keeps at least this many accumulators when it is narrowed to divide the output row
 # (FMA latency x FMA units: fewer leave the units idle).
 _MIN_ACCUMULATORS = 8
-_L1_BYTES = 32 << 10
-_DIVIDING_TILES = True
+_L1_BYTES = 32 << 10  # a packed kernel larger than this is `heavy`
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +128,7 @@ class DirectConv:
         row while keeping at least _MIN_ACCUMULATORS accumulators."""
         nv = self.block
         most = self._tile_for(nv)
-        if self.outs[1] % most == 0 or self.heavy or not _DIVIDING_TILES:
+        if self.outs[1] % most == 0 or self.heavy:
             return most
         for r in range(most - 1, 0, -1):
             if r * nv < _MIN_ACCUMULATORS:
