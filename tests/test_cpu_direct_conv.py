@@ -237,6 +237,34 @@ def test_one_copy_of_the_reduction():
     assert _fmas(heavy) == (heavy.tile + heavy.short) * heavy.block
 
 
+def test_light_pipeline_same_bits_as_o3():
+    """The kernel compiled by the JIT's light pipeline (what the lowering asks for) and by
+    O3 gives the same bits: neither reorders the sums of the one reduction."""
+    import ctypes
+
+    from xlapy.backends.cpu.codegen.common import SYMBOL
+    from xlapy.backends.cpu.jit.kernel import request_function
+
+    cv = _geometry((2, 7, 13, 5), (3, 3, 5, 12), window_strides=(1, 1), padding="SAME")
+    cv = replace(cv, sizes=(7, 13), pads=(1, 1), checked=(True, True),
+                 x_strides=(7 * 13 * 5, 13 * 5, 5, 1))  # fmt: skip
+    rng = np.random.default_rng(9)
+    x = _random(rng, (2, 7, 13, 5), np.float32)
+    w = np.zeros((3, 3, 5, cv.kernel_width), np.float32)
+    w[..., : cv.features] = _random(rng, (3, 3, 5, cv.features), np.float32)
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3), ctypes.c_int64, ctypes.c_int64)
+    results = []
+    for light in (False, True):
+        emit = lambda: emit_direct_conv(cv)  # noqa: E731
+        function = request_function(cv.description(True), emit, SYMBOL, light=light)
+        fn = proto(function.address())  # (the code lives while `function` does)
+        y = np.full((2, *cv.outs, cv.features), np.nan, np.float32)
+        fn(y.ctypes.data, x.ctypes.data, w.ctypes.data, 0, cv.extent)
+        results.append(y)
+    assert not np.isnan(results[0]).any()
+    np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
 def test_staging_too_large_for_the_stack_falls_back(direct_runs):
     """A tile whose staged input would pass STAGE_LIMIT floats does not run on the arena
     (the library's padded copy, or its other paths, run it), still matching."""

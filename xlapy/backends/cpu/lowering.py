@@ -647,7 +647,10 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     flush = lw.flush_denormals
     try:
         function = request_function(
-            conv.description(flush), functools.partial(emit_direct_conv, conv, flush), SYMBOL
+            conv.description(flush),
+            functools.partial(emit_direct_conv, conv, flush),
+            SYMBOL,
+            light=True,  # its loops are vectorized and tiled already (emit_conv.py)
         )
     except Exception as e:  # a code generator bug: loud (see the file comment)
         lw.kernel_failed(instr.name, e)
