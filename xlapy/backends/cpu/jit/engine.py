@@ -3,7 +3,10 @@
 # The target machine is the host CPU with all its features (so AVX/FMA are used where the
 # machine has them). Optimization is LLVM's O3 pipeline built by the new pass manager
 # (PassBuilder with loop and SLP vectorization on); $XLAPY_CPU_LLVM_OPT picks level 1 or 2
-# instead (`opt_level`). The cost is in the code, not per object: linking a program's 77
+# instead (`opt_level`); a hand-written kernel whose loops are already vectorized and tiled
+# may ask for a short pipeline instead (`compile_object(light=True)`, the direct
+# convolution: a third of O3's time, the same inner loop). The cost is in the code, not per
+# object: linking a program's 77
 # kernels into one module saved no LLVM time (benchmarks/RESULTS.md, compile time, third
 # session), so each kernel stays its own object. The optimized module is emitted as an
 # object file; objects are loaded in batches into one MCJIT execution engine shared by the
@@ -202,7 +205,7 @@ def _run_pipeline(mod: llvm.ModuleRef, tm, locked: bool, light: bool = False) ->
 
 
 def _light_pipeline():
-    """The LIGHT pipeline (see compile_object): promote allocas to registers, simplify,
+    """The light pipeline (see compile_object): promote allocas to registers, simplify,
     unroll the loops whose metadata asks for it, drop dead code."""
     mpm = llvm.create_new_module_pass_manager()
     mpm.add_sroa_pass()
