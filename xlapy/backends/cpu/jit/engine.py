@@ -7,9 +7,10 @@
 # may ask for a short pipeline instead (`compile_object(light=True)`, the direct
 # convolution: a third of O3's time, the same inner loop). The cost is in the code, not per
 # object: linking a program's 77 kernels into one module saved no LLVM time
-# (benchmarks/RESULTS.md, compile time, third session), so each kernel stays its own object. The optimized module is emitted as an
-# object file; objects are loaded in batches into one MCJIT execution engine shared by the
-# whole process (`SharedEngine`: one finalization per batch, no engine per object).
+# (benchmarks/RESULTS.md, compile time, third session), so each kernel stays its own object.
+# The optimized module is emitted as an object file; objects are loaded in batches into one
+# MCJIT execution engine shared by the whole process (`SharedEngine`: one finalization per
+# batch, no engine per object).
 #
 # Code is emitted non-PIC with the large code model: constants, constant pools and libm
 # functions are reached through absolute 64-bit addresses (R_X86_64_64), which MCJIT's
