@@ -4,8 +4,11 @@ against the interpreter: output features that fill whole vectors, part of one, s
 blocks; rows whose last tile is short; strides, window and base dilation, padding (negative
 too, and windows that lie wholly in padding), window reversal, NCHW / OIHW layouts, a result
 laid out otherwise, non-default layouts, f16 / bf16 operands, training-step gradients in
-NHWC and NCHW; every case checks the direct kernel ran, and f32 cases that it ran on the
-arena. Then the split:
+NHWC and NCHW; tiles that read outside x run on a staged copy of their input (every padding
+width on each side, in NHWC, NCHW and CHWN, rows shorter than a window, dilations and
+strides with padding, a heavy kernel's short tile) with one copy of the reduction in the
+IR; every case checks the direct kernel ran, and f32 cases that it ran on the arena. Then
+the split:
 tile counts and even blocks for 16 threads from batch 1 on, and the same bits at
 XLAPY_NUM_THREADS=1, 2, 3 and 16 (one subprocess each)."""
 
@@ -16,6 +19,7 @@ import re
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -133,8 +137,8 @@ def test_direct_convolution_matches_interpreter(direct_runs, name, xdims, kdims,
 @pytest.mark.parametrize("channels,count", [(3, None), (4, None), (5, 2), (16, 2)])
 def test_feature_loop_unroll_count(channels, count):
     """The reduction over input features carries `llvm.loop.unroll.count 2` past a few
-    features (LLVM unrolled it fully in every copy of the tile, doubling the kernel's
-    optimized IR and its compile time), and LLVM's own choice up to them."""
+    features (LLVM unrolled it fully, doubling the kernel's optimized IR and its compile
+    time), and LLVM's own choice up to them."""
     x_strides = (64 * channels, 8 * channels, channels, 1)
     cv = DirectConv(nb=2, sizes=(8, 8), pads=(1, 1), base_dilations=(1, 1), checked=(True, True),
                     channels=channels, outs=(8, 8), ksizes=(3, 3), strides=(1, 1),
@@ -146,6 +150,140 @@ def test_feature_loop_unroll_count(channels, count):
         assert not counts, text
     else:
         assert counts and set(counts) == {str(count)}, counts
+
+
+# Tiles that read outside x along the last spatial dim run the one reduction on a staged
+# copy of their input (0 in padding): every padding width 0..k-1 on each side, in the three
+# ways the copy runs (features adjacent: NHWC; columns adjacent: NCHW; element by element:
+# CHWN), so the first, last and inner tiles of a row each read outside on one side or both.
+_EDGE_LAYOUTS = {
+    "nhwc": (("NHWC", "HWIO", "NHWC"), lambda n, h, w, c: (n, h, w, c)),
+    "nchw": (("NCHW", "OIHW", "NCHW"), lambda n, h, w, c: (n, c, h, w)),
+    "chwn": (("CHWN", "HWIO", "NHWC"), lambda n, h, w, c: (c, h, w, n)),
+}
+_EDGE_PADS = [(3, lo, hi) for lo in range(3) for hi in range(3)] + [
+    (5, lo, hi) for lo, hi in ((0, 4), (4, 0), (2, 2), (1, 3), (4, 4))
+]
+
+
+def _kernel_dims(lhs: str, k0: int, k1: int, c: int, o: int) -> tuple[int, ...]:
+    return (o, c, k0, k1) if lhs == "NCHW" else (k0, k1, c, o)
+
+
+@pytest.mark.parametrize("layout", list(_EDGE_LAYOUTS))
+@pytest.mark.parametrize("k,lo,hi", _EDGE_PADS, ids=[f"k{k}_{lo}_{hi}" for k, lo, hi in _EDGE_PADS])
+def test_staged_edges_every_padding(direct_runs, layout, k, lo, hi):
+    dims, order = _EDGE_LAYOUTS[layout]
+    rng = np.random.default_rng(zlib.crc32(f"{layout}{k}{lo}{hi}".encode()))
+    x = _random(rng, order(2, 5, 17, 6), np.float32)
+    w = _random(rng, _kernel_dims(dims[0], 2, k, 6, 16), np.float32)
+    f = conv(*dims, window_strides=(1, 1), padding=((1, 0), (lo, hi)))
+    _check(f, x, w, direct_runs)
+
+
+# (name, lhs dims NHWC, kernel (k0, k1), features, conv keywords): rows shorter than a tile
+# (every tile a row's last and part-filled), window dilation and strides with padding, base
+# dilation (every tile staged), a kernel too large for L1 (a short-tile copy) with padding
+_EDGE_CASES = [
+    ("row_of_one", (2, 4, 1, 5), (3, 3), 8, dict(window_strides=(1, 1), padding="SAME")),
+    ("row_of_two_padded", (1, 3, 2, 4), (2, 3), 12, dict(window_strides=(1, 1),
+                                                         padding=((0, 1), (2, 2)))),
+    ("row_shorter_than_window", (2, 5, 3, 3), (3, 5), 8, dict(window_strides=(1, 1),
+                                                              padding=((1, 1), (4, 4)))),
+    ("dilated_padded", (2, 6, 19, 4), (3, 3), 16, dict(window_strides=(1, 1),
+                                                       padding=((2, 2), (3, 1)),
+                                                       rhs_dilation=(2, 3))),
+    ("dilated_strided_padded", (1, 7, 23, 5), (3, 4), 9, dict(window_strides=(2, 3),
+                                                              padding=((1, 2), (5, 2)),
+                                                              rhs_dilation=(1, 2))),
+    ("base_dilated_padded", (2, 4, 6, 3), (3, 3), 8, dict(window_strides=(1, 1),
+                                                          padding=((1, 2), (2, 1)),
+                                                          lhs_dilation=(1, 3))),
+    ("heavy_short_tile_padded", (1, 4, 14, 64), (3, 3), 64, dict(window_strides=(1, 1),
+                                                                 padding="SAME")),
+    ("heavy_rows_of_one", (2, 3, 1, 48), (3, 3), 96, dict(window_strides=(1, 1),
+                                                          padding="SAME")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("name,xdims,ks,o,kw", _EDGE_CASES, ids=[c[0] for c in _EDGE_CASES])
+def test_staged_edges_shapes(direct_runs, layout, name, xdims, ks, o, kw):
+    dims, order = _EDGE_LAYOUTS[layout]
+    rng = np.random.default_rng(zlib.crc32(f"{layout}{name}".encode()))
+    x = _random(rng, order(*xdims), np.float32)
+    w = _random(rng, _kernel_dims(dims[0], *ks, xdims[3], o), np.float32)
+    _check(conv(*dims, **kw), x, w, direct_runs)
+
+
+def _fmas(cv: DirectConv) -> int:
+    return len(re.findall(r"call <8 x float> @\"?llvm\.fma", emit_direct_conv(cv)))
+
+
+def test_one_copy_of_the_reduction():
+    """A padded kernel holds the reduction once (R x NV fused multiply-adds a block kind):
+    no masked copy for tiles that read padding, no short copy for a row's last tile where R
+    divides the row or the kernel fits L1; a heavy kernel (over L1) keeps one short copy."""
+    cv = _geometry((8, 32, 32, 16), (3, 3, 16, 32), window_strides=(1, 1), padding="SAME")
+    arena = replace(cv, pads=(1, 1), checked=(True, True), sizes=(32, 32))
+    assert arena.outs[1] % arena.tile == 0 and arena.staging is not None
+    assert _fmas(arena) == arena.tile * arena.block
+    odd = replace(arena, outs=(32, 31), sizes=(32, 31))  # no divisor kept: last tile staged
+    assert odd.outs[1] % odd.tile and not odd.short
+    assert _fmas(odd) == odd.tile * odd.block
+    heavy = _geometry((1, 14, 14, 64), (3, 3, 64, 64), window_strides=(1, 1), padding="SAME")
+    heavy = replace(heavy, pads=(1, 1), checked=(True, True), sizes=(14, 14))
+    assert heavy.heavy and heavy.short == 14 % heavy.tile
+    assert _fmas(heavy) == (heavy.tile + heavy.short) * heavy.block
+
+
+def test_light_pipeline_same_bits_as_o3():
+    """The kernel compiled by the JIT's light pipeline (what the lowering asks for) and by
+    O3 gives the same bits: neither reorders the sums of the one reduction."""
+    import ctypes
+
+    from xlapy.backends.cpu.codegen.common import SYMBOL
+    from xlapy.backends.cpu.jit.kernel import request_function
+
+    cv = _geometry((2, 7, 13, 5), (3, 3, 5, 12), window_strides=(1, 1), padding="SAME")
+    cv = replace(cv, sizes=(7, 13), pads=(1, 1), checked=(True, True),
+                 x_strides=(7 * 13 * 5, 13 * 5, 5, 1))  # fmt: skip
+    rng = np.random.default_rng(9)
+    x = _random(rng, (2, 7, 13, 5), np.float32)
+    w = np.zeros((3, 3, 5, cv.kernel_width), np.float32)
+    w[..., : cv.features] = _random(rng, (3, 3, 5, cv.features), np.float32)
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3), ctypes.c_int64, ctypes.c_int64)
+    results = []
+    for light in (False, True):
+        emit = lambda: emit_direct_conv(cv)  # noqa: E731
+        function = request_function(cv.description(True), emit, SYMBOL, light=light)
+        fn = proto(function.address())  # (the code lives while `function` does)
+        y = np.full((2, *cv.outs, cv.features), np.nan, np.float32)
+        fn(y.ctypes.data, x.ctypes.data, w.ctypes.data, 0, cv.extent)
+        results.append(y)
+    assert not np.isnan(results[0]).any()
+    np.testing.assert_array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
+def test_staging_too_large_for_the_stack_falls_back(direct_runs):
+    """A tile whose staged input would pass STAGE_LIMIT floats does not run on the arena
+    (the library's padded copy, or its other paths, run it), still matching."""
+    from xlapy.backends.cpu.backend import CpuProgram
+    from xlapy.backends.interpreter import evaluate
+
+    rng = np.random.default_rng(8)
+    x, k = _random(rng, (1, 5, 9, 1024), np.float32), _random(rng, (5, 5, 1024, 8), np.float32)
+    f = conv(window_strides=(1, 1), padding="SAME")
+    text = jax.jit(f).lower(x, k).as_text(dialect="hlo")
+    (instr,) = [i for i in parse_module(text).entry.instructions if i.opcode.text == "convolution"]
+    geometry = conv_thunk.arena_geometry(instr)
+    assert geometry is not None
+    assert not DirectConv(**geometry, vector=8, registers=16).fits
+    program = CpuProgram(parse_module(text))
+    assert "direct convolution on the arena" not in program.compiled.thunk_listing()
+    got, want = program.run([x, k]), evaluate(parse_module(text), [x, k])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
+                               atol=1e-4 * float(np.abs(np.asarray(want)).max()))  # fmt: skip
 
 
 def test_window_reversal_transposed_kernel(direct_runs):

@@ -634,16 +634,23 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if lw.failed.get(instr.name) or not lw.options.get("direct_convolutions", True):
         return fallback.build(lw, instr, why)
     out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
+    vector, registers = vector_shape(host_target().features)
     arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
+    if arena is not None and not DirectConv(**arena, vector=vector, registers=registers).fits:
+        arena = None  # its edge tiles' input outgrows the stack buffer: the padded copy
     geometry = arena or direct_geometry(instr)
     if geometry is None:
         return fallback.build(lw, instr, why)
-    vector, registers = vector_shape(host_target().features)
     conv = DirectConv(**geometry, vector=vector, registers=registers)
+    if not conv.fits:
+        return fallback.build(lw, instr, why)
     flush = lw.flush_denormals
     try:
         function = request_function(
-            conv.description(flush), functools.partial(emit_direct_conv, conv, flush), SYMBOL
+            conv.description(flush),
+            functools.partial(emit_direct_conv, conv, flush),
+            SYMBOL,
+            light=True,  # its loops are vectorized and tiled already (emit_conv.py)
         )
     except Exception as e:  # a code generator bug: loud (see the file comment)
         lw.kernel_failed(instr.name, e)

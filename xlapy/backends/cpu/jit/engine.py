@@ -3,11 +3,14 @@
 # The target machine is the host CPU with all its features (so AVX/FMA are used where the
 # machine has them). Optimization is LLVM's O3 pipeline built by the new pass manager
 # (PassBuilder with loop and SLP vectorization on); $XLAPY_CPU_LLVM_OPT picks level 1 or 2
-# instead (`opt_level`). The cost is in the code, not per object: linking a program's 77
-# kernels into one module saved no LLVM time (benchmarks/RESULTS.md, compile time, third
-# session), so each kernel stays its own object. The optimized module is emitted as an
-# object file; objects are loaded in batches into one MCJIT execution engine shared by the
-# whole process (`SharedEngine`: one finalization per batch, no engine per object).
+# instead (`opt_level`); a hand-written kernel whose loops are already vectorized and tiled
+# may ask for a short pipeline instead (`compile_object(light=True)`, the direct
+# convolution: a third of O3's time, the same inner loop). The cost is in the code, not per
+# object: linking a program's 77 kernels into one module saved no LLVM time
+# (benchmarks/RESULTS.md, compile time, third session), so each kernel stays its own object.
+# The optimized module is emitted as an object file; objects are loaded in batches into one
+# MCJIT execution engine shared by the whole process (`SharedEngine`: one finalization per
+# batch, no engine per object).
 #
 # Code is emitted non-PIC with the large code model: constants, constant pools and libm
 # functions are reached through absolute 64-bit addresses (R_X86_64_64), which MCJIT's
@@ -187,18 +190,33 @@ def _parse(ir_text: str, context, rename: tuple[str, str] | None = None) -> llvm
     return mod
 
 
-def _run_pipeline(mod: llvm.ModuleRef, tm, locked: bool) -> None:
+def _run_pipeline(mod: llvm.ModuleRef, tm, locked: bool, light: bool = False) -> None:
     pto = llvm.PipelineTuningOptions(speed_level=opt_level())
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_interleaving = True
     pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm, pto)
-    mpm = pb.getModulePassManager()
+    mpm = _light_pipeline() if light else pb.getModulePassManager()
     if locked:
         mpm.run(mod, pb)
     else:
         _unlocked("LLVMPY_RunNewModulePassManager")(mpm, mod, pb)
+
+
+def _light_pipeline():
+    """The light pipeline (see compile_object): promote allocas to registers, simplify,
+    unroll the loops whose metadata asks for it, drop dead code."""
+    mpm = llvm.create_new_module_pass_manager()
+    mpm.add_sroa_pass()
+    mpm.add_instruction_combine_pass()
+    mpm.add_simplify_cfg_pass()
+    mpm.add_loop_rotate_pass()
+    mpm.add_loop_unroll_pass()
+    mpm.add_instruction_combine_pass()
+    mpm.add_simplify_cfg_pass()
+    mpm.add_dead_code_elimination_pass()
+    return mpm
 
 
 def _unlocked(name: str):
@@ -235,11 +253,20 @@ class CompiledObject:
 
 
 def compile_object(
-    ir_text: str, use_cache: bool = True, symbol: str = "xla_kernel", key: str | None = None
+    ir_text: str,
+    use_cache: bool = True,
+    symbol: str = "xla_kernel",
+    key: str | None = None,
+    light: bool = False,
 ) -> CompiledObject:
     """The native object for `ir_text` (whose kernel function is named `symbol`; the object
     exports it as `exported_symbol(key)`), from the disk cache when it is there. Safe to call
-    from several threads at once."""
+    from several threads at once. `light`: optimize with a short pipeline instead of O3
+    (_light_pipeline), for hand-written code whose loops are already vectorized and tiled
+    for registers, where O3 makes the same inner loops at two to three times the cost; the
+    caller's key must say so (`key` is required then)."""
+    if light and key is None:
+        raise ValueError("a light compile needs the key its caller made for it")
     key = key or cache_key(ir_text)
     if use_cache:
         data = read_entry(key, ".o")
@@ -247,7 +274,7 @@ def compile_object(
             return CompiledObject(key, data, True)
     tm = _thread_target_machine()
     mod = _parse(ir_text, llvm.create_context(), (symbol, exported_symbol(key)))
-    _run_pipeline(mod, tm, locked=False)
+    _run_pipeline(mod, tm, locked=False, light=light)
     data = _emit_object_unlocked(mod, tm)
     if use_cache:
         write_entry(key, ".o", data)

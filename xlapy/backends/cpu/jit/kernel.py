@@ -312,11 +312,17 @@ def _request_bytes(key: str, data: bytes) -> tuple[Future, bool]:
 
 
 def _request(
-    ir_text: str, key: str, symbol: str, defer: bool, on_loaded: Callable[[], None] | None = None
+    ir_text: str,
+    key: str,
+    symbol: str,
+    defer: bool,
+    on_loaded: Callable[[], None] | None = None,
+    light: bool = False,
 ) -> tuple[Future, bool]:
     """(the Future of the loaded object `key`, shared by every request in this process;
     whether an earlier request made it). `on_loaded` runs once the object is loaded, before
-    the Future resolves (so whoever waits for it sees its effect)."""
+    the Future resolves (so whoever waits for it sees its effect); `light`: see
+    jit.compile_object."""
     with _loaded_lock:
         known = _objects.get(key)
         future = _objects[key] = Future() if known is None else known
@@ -326,17 +332,22 @@ def _request(
             future.add_done_callback(lambda f: None if f.exception() else callback())
         return future, True
     if defer:
-        _compile_pool().submit(_compile_and_queue, future, ir_text, key, symbol, on_loaded)
+        _compile_pool().submit(_compile_and_queue, future, ir_text, key, symbol, on_loaded, light)
     else:
-        _compile_and_queue(future, ir_text, key, symbol, on_loaded)
+        _compile_and_queue(future, ir_text, key, symbol, on_loaded, light)
     return future, False
 
 
 def _compile_and_queue(
-    future: Future, ir_text: str, key: str, symbol: str, on_loaded: Callable[[], None] | None
+    future: Future,
+    ir_text: str,
+    key: str,
+    symbol: str,
+    on_loaded: Callable[[], None] | None,
+    light: bool = False,
 ) -> None:
     try:
-        obj = jit.compile_object(ir_text, True, symbol, key)
+        obj = jit.compile_object(ir_text, True, symbol, key, light)
     except BaseException as e:
         _fail(future, key, e)
         return
@@ -839,16 +850,21 @@ def _function_from_image(key: str) -> NativeFunction:
     return NativeFunction(key, _image_request(key)[0])
 
 
-def request_function(description: str, emit: Callable[[], str], symbol: str) -> NativeFunction:
+def request_function(
+    description: str, emit: Callable[[], str], symbol: str, light: bool = False
+) -> NativeFunction:
     """Start loading function `symbol` of the IR `emit()` makes, for code that is not a
     kernel of the kernel ABI (a native while loop, codegen.emit_loop); `address()` waits
     for it. The object is cached under `description` (which must determine the IR) and the
     code generator's sources, so a warm compile reads it without emitting the IR; a cold
     one compiles it on the JIT's pool, beside the kernels. One load per process for the
-    same description."""
-    key = jit.content_key(source_fingerprint(), symbol, description)
+    same description. `light`: optimized by the short pipeline (jit.compile_object)."""
+    key = jit.content_key(source_fingerprint(), symbol, description, *(["light"] * light))
     found = _request_cached(key)
-    future = _request(emit(), key, symbol, defer=True)[0] if found is None else found[0]
+    if found is None:
+        future = _request(emit(), key, symbol, defer=True, light=light)[0]
+    else:
+        future = found[0]
     return NativeFunction(key, future)
 
 
