@@ -218,9 +218,9 @@ MOVED = {
     "a chain with a cheap op inside": """e = f32[16] exponential(w)
   rv = f32[16] reverse(e), dimensions={0}
   x = f32[16] sine(rv)""",
-    "an op on a constant and an invariant": """c = f32[4] constant({1.5, 2, -3, 4})
-  cb = f32[4,4] broadcast(c), dimensions={1}
-  c16 = f32[16] reshape(cb)
+    "an op on a constant and an invariant": """c = f32[2,8] constant(
+    {{1.5, 2, -3, 4, 1, 1, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7}})
+  c16 = f32[16] reshape(c)
   x = f32[16] multiply(w, c16)""",
 }
 
