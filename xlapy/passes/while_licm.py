@@ -157,7 +157,7 @@ def _at_most_one_trip(loop: HloInstruction, init: list[HloInstruction]) -> bool:
     test = cond.root
     if test is None or test.opcode is not Opcode.COMPARE or body.root is None:
         return False
-    direction = test.comparison_direction
+    direction = str(test.comparison_direction)
     lhs, rhs = test.operands
     if direction == "GT":  # n > i is i < n
         lhs, rhs, direction = rhs, lhs, "LT"
