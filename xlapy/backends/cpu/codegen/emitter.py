@@ -378,7 +378,8 @@ class KernelEmitter:
                 if part[0] is None:
                     self._store_outputs(tuple(index), out_ptrs)
                 else:
-                    self._store_concat_part(concat, *part[0], tuple(index), out_ptrs[0])
+                    op, offset = part[0]
+                    self._store_concat_part(concat, op, offset, tuple(index), out_ptrs[0])
                 return
             d = order[level]
             if concat is not None and d == concat.dimensions[0]:
