@@ -215,6 +215,14 @@ def test_side_effects_collectives_and_ordered_instructions_never_move(what):
 
 MOVED = {
     "elementwise": "x = f32[16] exponential(w)",
+    "scaled by a broadcast scalar, normalized by a reduce": """c = f32[] constant(0.5)
+  cb = f32[16] broadcast(c), dimensions={}
+  sq = f32[16] multiply(w, w)
+  zr = f32[] constant(0)
+  ss = f32[] reduce(sq, zr), dimensions={0}, to_apply=sum
+  nb = f32[16] broadcast(ss), dimensions={}
+  scaled = f32[16] multiply(w, cb)
+  x = f32[16] divide(scaled, nb)""",
     "a chain with a cheap op inside": """e = f32[16] exponential(w)
   rv = f32[16] reverse(e), dimensions={0}
   x = f32[16] sine(rv)""",
@@ -230,9 +238,11 @@ def test_pure_invariant_work_moves_and_computes_the_same(what):
     text = GENERIC.replace("OP", MOVED[what])
     module, changed = _licm(text)
     assert changed, what
-    body = _loops(module)[0].while_body
-    assert not any(i.name == "x" for i in body.instructions)
+    (loop,) = _loops(module)
+    assert not any(i.name == "x" for i in loop.while_body.instructions)
     assert any(i.name.startswith("x.") for i in module.entry.instructions)
+    # x alone joined the state (not the values it was computed from); w left it
+    assert len(loop.shape.tuple_shapes) == 3
     _same(module, text)
 
 

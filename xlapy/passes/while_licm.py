@@ -19,8 +19,10 @@ What moves (XLA's rules, with its CPU defaults):
     reshape, reverse, slice, transpose, tuple): moved alone they only stop fusion and
     simplification in the body. They are invariant, so an instruction that reads them and
     moves takes a copy of them along;
-  - an instruction whose result is much larger than what it reads stays (its value would be
-    live across the whole loop): at most INFLATION times its operands' bytes;
+  - a value much larger than the state elements and constants it is computed from stays in
+    the loop (it would be live across the whole loop): at most INFLATION times their bytes
+    (an outer product of two invariant vectors stays; a matrix scaled by a broadcast
+    vector moves);
   - nothing moves out of a loop that runs at most once (its trip count known or read from
     the usual counter pattern) or that holds a domain, SPMD shard-shape or host-offload
     custom call, whose placement matters.
@@ -48,7 +50,7 @@ from xlapy.passes.hlo_edit import Editor, has_side_effect_deep
 from xlapy.passes.pass_base import HloPass, register_pass
 
 INFLATION = 2
-"""A hoisted instruction's result may be at most this many times its operands' bytes."""
+"""A hoisted value may be at most this many times the bytes it is computed from."""
 
 _NOT_ALONE = frozenset(
     {
@@ -261,6 +263,24 @@ def _not_alone(instr: HloInstruction) -> bool:
     return instr.opcode in _NOT_ALONE
 
 
+def _source_bytes(instr: HloInstruction) -> int:
+    """The bytes of the loop state elements and constants `instr`'s value is computed from
+    (the leaves of its invariant expression, each counted once)."""
+    seen: set[int] = set()
+    total = 0
+    stack = [instr]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.opcode in (Opcode.GET_TUPLE_ELEMENT, Opcode.CONSTANT):
+            total += _bytes(node.shape)
+        else:
+            stack.extend(node.operands)
+    return total
+
+
 def _dot_operands(
     body: HloComputation, invariant: set[int], hoisted: list[HloInstruction]
 ) -> list[HloInstruction]:
@@ -358,16 +378,31 @@ class WhileLoopInvariantCodeMotion(HloPass):
                 continue
             if not all(id(op) in invariant for op in instr.operands):
                 continue
-            read = sum(_bytes(op.shape) for op in instr.operands)
-            if _bytes(instr.shape) > INFLATION * read:
-                continue
             invariant.add(id(instr))
             if not _not_alone(instr):
                 hoisted.append(instr)
         hoisted += _dot_operands(plan.body, invariant, hoisted)
+        # a value kept back as too large is computed before the loop where a moved value
+        # reads it (and in the body where the body still does)
+        hoisted = [i for i in hoisted if _bytes(i.shape) <= INFLATION * _source_bytes(i)]
         # only values the body still reads after the move enter the state
         moved = {id(i) for i in hoisted}
-        hoisted = [i for i in hoisted if i is plan.root or any(id(u) not in moved for u in i.users)]
+        memo: dict[int, bool] = {}
+
+        def live(user: HloInstruction) -> bool:
+            """Whether `user` is still computed in the body after the move."""
+            if id(user) in moved:
+                return False
+            if id(user) not in invariant or user is plan.root:
+                return True
+            if id(user) not in memo:
+                memo[id(user)] = False  # no cycles in a computation; guard anyway
+                memo[id(user)] = user.parent is not None and (
+                    user.parent.root is user or any(live(u) for u in user.users)
+                )
+            return memo[id(user)]
+
+        hoisted = [i for i in hoisted if any(live(u) for u in i.users)]
         if not hoisted:
             return False
         values = [plan.copy_out(instr) for instr in hoisted]
