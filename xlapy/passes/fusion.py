@@ -23,9 +23,10 @@ Beyond that, a duplicated producer must be cheap (`is_expensive`: no transcenden
 power or gather; a widening convert is always allowed, it makes its consumers read fewer
 bytes) and must not concatenate computed values (a consumer would compute every operand of
 the concatenate at each element: an LSTM's joined gate gradients, copied into the bias
-gradient's reduce, cost it four times their work); the work copied in a computation (elements computed by arithmetic, data movement
-free) stays within `max_duplicated_fraction` of the work it had (2: a chain may be copied
-whole into two users and partly into a third), or a small floor (a copy leaves the
+gradient's reduce, cost it four times their work); the work copied in a computation
+(elements computed by arithmetic, data movement free) stays within
+`max_duplicated_fraction` of the work it had (2: a chain may be copied whole into two users
+and partly into a third), or a small floor (a copy leaves the
 producer's operands to other consumers to copy again, so a per-kernel limit would not bound
 a long cheap chain with several users). Copying cheap arithmetic is what XLA does and costs
 far less than a round trip of the value through memory (a vector add of a u32 is ~1/8 cycle
@@ -50,8 +51,8 @@ from xlapy.passes.fusion_edit import FusionEditor, NameUniquer
 from xlapy.passes.fusion_rules import (
     arithmetic_work,
     can_be_consumer,
-    concatenates_computed_values,
     can_be_producer,
+    concatenates_computed_values,
     fused_computation,
     in_place_operand,
     is_always_duplicable,
