@@ -885,6 +885,32 @@ def spd(rng, n):
     return a @ a.T / n + np.eye(n, dtype=np.float32)
 
 
+@program("scan_weight_norm")
+def _():
+    """An RNN scan whose step re-normalizes its weights (weight normalization written in
+    the step function, as a model library does): the normalized matrix is the same on
+    every step, so XLA's loop-invariant code motion computes it once."""
+
+    def forward(v, g, xs):
+        def step(h, x):
+            w = g * v / jnp.sqrt(jnp.sum(v * v, axis=0, keepdims=True))
+            h = jnp.tanh(h @ w + x)
+            return h, h
+
+        h0 = jnp.zeros((xs.shape[1], v.shape[1]), xs.dtype)
+        return lax.scan(step, h0, xs)[1]
+
+    def args(rng, s):
+        width = s.model // 2
+        return (
+            normal(rng, (width, width)),
+            normal(rng, (1, width), scale=0.5),
+            normal(rng, (s.steps, s.batch // 4, width)),
+        )
+
+    return forward, args
+
+
 @program("eigh")
 def _():
     return jnp.linalg.eigh, lambda rng, s: (spd(rng, s.mat // 4),)

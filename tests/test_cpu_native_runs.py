@@ -145,3 +145,41 @@ ENTRY e {
 def test_in_place_through_a_reshape_but_not_a_transpose():
     assert in_place_reason(parse_module(RESHAPED_IN_PLACE).entry, 0, 0) is None
     assert in_place_reason(parse_module(TRANSPOSED).entry, 0, 0) is not None
+
+
+def _deep_tanh_grad(ws, x):
+    """jax.grad of a scan over layers of 256x256 dots: dots big enough to split over the
+    cores keep both loops in Python (lowering.native_loop_plan says why)."""
+
+    def loss(ws, x):
+        def layer(c, w):
+            c = jnp.tanh(c @ w) * 0.9 + 0.05 * c
+            return c, jnp.sum(c * c)
+
+        c, sums = jax.lax.scan(layer, x, ws)
+        return jnp.sum(c * c) + jnp.sum(sums)
+
+    return jax.grad(loss)(ws, x)
+
+
+def test_loops_left_to_python_run_their_native_stretches_natively():
+    rng = np.random.default_rng(61127)
+    args = [_normal(rng, 3, 256, 256, scale=0.06), _normal(rng, 256, 256)]
+    text = jax.jit(_deep_tanh_grad).lower(*args).as_text(dialect="hlo")
+    native = CpuProgram(parse_module(text))
+    python = CpuProgram(parse_module(text), {"native_runs": False})
+    loops = [t for t in native.compiled.entry.thunks if t.kind == "while"]
+    in_python = [w for w in loops if w.native is None]
+    if not in_python:  # a one-thread pool: nothing splits, every loop is native
+        assert native.python_loops == []
+    runs = [s for w in in_python for s in w.body.steps or () if isinstance(s, NativeRun)]
+    assert all(len(r.thunks) >= MIN_NATIVE_RUN for r in runs)
+    assert runs or not in_python  # the forward body: a split dot, then a stretch of kernels
+    for loop in python.compiled.entry.thunks:
+        if loop.kind == "while":
+            assert loop.body.steps is None
+    want = evaluate(parse_module(text), args)
+    for _ in range(2):  # the first run binds the tables
+        got, same = native.run(args), python.run(args)
+        np.testing.assert_array_equal(got, same)
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)

@@ -977,3 +977,50 @@ def test_duplicated_work_is_bounded(fraction):
     )
     assert 24 <= fused_op_count(module, Opcode.NEGATE) <= 24 + int(fraction * 26)
     assert fused_op_count(module, Opcode.EXP) == 1
+
+
+# An LSTM's backward step: four gate gradients joined by a concatenate that a dot reads (it
+# is written to memory anyway) and that the bias gradient's reduce reads too.
+GATES_JOINED = """
+HloModule gates_joined
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  g = f32[4,8] parameter(0)
+  h = f32[4,8] parameter(1)
+  w = f32[32,6] parameter(2)
+  x0 = f32[4,8] multiply(g, h)
+  x1 = f32[4,8] add(g, h)
+  x2 = f32[4,8] subtract(g, h)
+  x3 = f32[4,8] multiply(x0, h)
+  cat = f32[4,32] concatenate(x0, x1, x2, x3), dimensions={1}
+  d = f32[4,6] dot(cat, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  z = f32[] constant(0)
+  bias = f32[32] reduce(cat, z), dimensions={0}, to_apply=add
+  ROOT t = (f32[4,6], f32[32]) tuple(d, bias)
+}
+"""
+
+
+def test_a_concatenate_of_computed_values_is_not_copied_into_a_second_user():
+    """Copied into the reduce, the concatenate would compute all four gradients at each
+    element and select one; the reduce reads the fusion that writes it instead."""
+    module = fused(GATES_JOINED, (LoopFusion,))
+    cats = [i for i in module.instructions() if i.opcode is Opcode.CONCATENATE]
+    assert len(cats) == 1
+    (reduce,) = [i for i in module.instructions() if i.opcode is Opcode.REDUCE]
+    writer = cats[0].parent
+    assert reduce.parent is not writer
+    fs = fusions(module)
+    assert any(f.attrs["calls"] is writer for f in fs)
+    # but a concatenate of parameters is copied as before: nothing is computed twice
+    plain = GATES_JOINED.replace(
+        "cat = f32[4,32] concatenate(x0, x1, x2, x3)", "cat = f32[4,32] concatenate(g, h, g, h)"
+    )
+    module = fused(plain, (LoopFusion,))
+    assert len([i for i in module.instructions() if i.opcode is Opcode.CONCATENATE]) == 2

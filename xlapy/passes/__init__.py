@@ -34,6 +34,7 @@ PASS_MODULES = (
     "spmd.combine",
     "spmd.partitioner",
     "tuple_simplify",
+    "while_licm",
     "while_simplify",
 )
 """The modules under xlapy.passes that register passes (tests/test_pipeline.py checks that

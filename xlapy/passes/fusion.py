@@ -21,9 +21,12 @@ residual stream x_k = x_{k-1} + f(x_{k-1}) of a transformer, whose users reach i
 layer norm's reduction, is computed once instead of again from x_0 inside every layer.
 Beyond that, a duplicated producer must be cheap (`is_expensive`: no transcendental, divide,
 power or gather; a widening convert is always allowed, it makes its consumers read fewer
-bytes); the work copied in a computation (elements computed by arithmetic, data movement
-free) stays within `max_duplicated_fraction` of the work it had (2: a chain may be copied
-whole into two users and partly into a third), or a small floor (a copy leaves the
+bytes) and must not concatenate computed values (a consumer would compute every operand of
+the concatenate at each element: an LSTM's joined gate gradients, copied into the bias
+gradient's reduce, cost it four times their work); the work copied in a computation
+(elements computed by arithmetic, data movement free) stays within
+`max_duplicated_fraction` of the work it had (2: a chain may be copied whole into two users
+and partly into a third), or a small floor (a copy leaves the
 producer's operands to other consumers to copy again, so a per-kernel limit would not bound
 a long cheap chain with several users). Copying cheap arithmetic is what XLA does and costs
 far less than a round trip of the value through memory (a vector add of a u32 is ~1/8 cycle
@@ -49,6 +52,7 @@ from xlapy.passes.fusion_rules import (
     arithmetic_work,
     can_be_consumer,
     can_be_producer,
+    concatenates_computed_values,
     fused_computation,
     in_place_operand,
     is_always_duplicable,
@@ -205,6 +209,8 @@ class LoopFusion(HloPass):
         more bytes than it writes, every user can take it in and the temporaries it reads are
         no larger than it."""
         if is_expensive(producer) and not is_always_duplicable(producer):
+            return False
+        if concatenates_computed_values(producer):
             return False
         if producer in self._no_dup:
             return False

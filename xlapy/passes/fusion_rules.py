@@ -260,6 +260,32 @@ def is_expensive(instr: HloInstruction) -> bool:
     return instr.opcode not in (O.PARAMETER, O.TUPLE, O.GET_TUPLE_ELEMENT)
 
 
+def concatenates_computed_values(instr: HloInstruction) -> bool:
+    """Whether a fusion computes arithmetic under a concatenate, or a concatenate reads
+    computed values (which a consumer pulls in after it): a consumer it is copied into
+    evaluates every operand of the concatenate at every element and selects one (the
+    kernel that writes the fusion itself loops once per operand), so a copy costs as many
+    times the work as the concatenate has operands."""
+    comp = fused_computation(instr)
+    if comp is None:  # a concatenate whose operands compute (and would be fused next)
+        return instr.opcode is O.CONCATENATE and any(
+            arithmetic_work(op) > 0 and op.opcode is not O.PARAMETER for op in instr.operands
+        )
+    for concat in comp.instructions:
+        if concat.opcode is not O.CONCATENATE or len(concat.operands) < 2:
+            continue
+        stack, seen = list(concat.operands), set()
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.opcode.is_elementwise and node.operands:
+                return True
+            stack.extend(node.operands)
+    return False
+
+
 def is_always_duplicable(instr: HloInstruction) -> bool:
     """A widening convert: duplicated into its consumers, they read the narrow operand."""
     if instr.opcode is not O.CONVERT or not instr.shape.is_array:

@@ -18,6 +18,7 @@ PlanEntry = str | HloPass | list[str | HloPass]
 SIMPLIFY: list[str | HloPass] = [
     "algsimp",
     "constant-folding",
+    "while-loop-invariant-code-motion",  # before the state clean-up, as XLA orders them
     "tuple-simplifier",
     "while-loop-constant-sinking",
     "while-loop-simplifier",

@@ -865,8 +865,9 @@ class Lowering:
 
     def plan_native_loop(self, thunk: WhileThunk) -> None:
         """When `thunk` can be one native function (native_loop_plan), start compiling it on
-        the JIT's pool (its IR needs no kernel address); compile_loops finishes it. Compile
-        option `native_loops=False` keeps every loop in Python."""
+        the JIT's pool (its IR needs no kernel address); compile_loops finishes it. A loop
+        left to Python gets native runs in its condition and body instead (plan_native_runs).
+        Compile option `native_loops=False` keeps every loop in Python."""
         instr = thunk.instr
         if not self.options.get("native_loops", True):
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, "native_loops=False"))
@@ -875,6 +876,9 @@ class Lowering:
         planned = native_loop_plan(thunk, inner)
         if isinstance(planned, str):
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, planned))
+            # the loop stays in Python, its stretches of native thunks need not
+            self.plan_native_runs(thunk.condition)
+            self.plan_native_runs(thunk.body)
             return
         plan = planned.plan
         function = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)

@@ -370,11 +370,21 @@ class KernelEmitter:
         order = list(reversed(shape0.layout_or_default.minor_to_major))
         index: list = [None] * shape0.rank
 
+        concat = self._root_concatenate()
+        part: list = [None]  # (operand, offset) of the root concatenate being stored
+
         def nest(level: int):
             if level == len(order):
-                self._store_outputs(tuple(index), out_ptrs)
+                if part[0] is None:
+                    self._store_outputs(tuple(index), out_ptrs)
+                else:
+                    op, offset = part[0]
+                    self._store_concat_part(concat, op, offset, tuple(index), out_ptrs[0])
                 return
             d = order[level]
+            if concat is not None and d == concat.dimensions[0]:
+                self._concat_loops(concat, level, start, end, index, part, nest)
+                return
             lo = start if level == 0 else ir.Constant(I64, 0)
             hi = end if level == 0 else ir.Constant(I64, shape0.dims[d])
             with self.loop(lo, hi, f"d{d}") as i:
@@ -405,6 +415,50 @@ class KernelEmitter:
             self.outer_extent(),
             self.in_place,
         )
+
+    def _root_concatenate(self) -> HloInstruction | None:
+        """The root when it is a concatenate written alone (one output, no reduce hero):
+        then the loop over its dimension is one loop per operand (`_concat_loops`), each
+        computing only its operand. Evaluated element by element, a concatenate computes
+        every operand (and what it reads) at every element and selects one: a fusion that
+        joins four gate gradients computed four times the work."""
+        if self.hero is not None or len(self.out_leaves) != 1:
+            return None
+        leaf, element, shape = self.out_leaves[0]
+        if element is not None or leaf.opcode is not Opcode.CONCATENATE or shape.rank == 0:
+            return None
+        return leaf
+
+    def _concat_loops(self, concat, level: int, start, end, index: list, part: list, nest):
+        """The loops over the concatenated dimension at nest `level`: one per operand over
+        its own range of the output (cut to [start, end) at the outermost level)."""
+        d = concat.dimensions[0]
+        b = self.b
+        offset = 0
+        for k, op in enumerate(concat.operands):
+            size = op.shape.dims[d]
+            lo, hi = ir.Constant(I64, offset), ir.Constant(I64, offset + size)
+            if level == 0:
+                lo = b.select(b.icmp_signed(">", start, lo), start, lo)
+                hi = b.select(b.icmp_signed("<", end, hi), end, hi)
+            if size:
+                with self.loop(lo, hi, f"c{d}.{k}") as i:
+                    index[d] = i
+                    part[0] = (op, offset)
+                    nest(level + 1)
+            offset += size
+        part[0] = None
+
+    def _store_concat_part(self, concat, op, offset: int, index, out_ptr) -> None:
+        """out[index] = op[index less `offset` along the concatenated dimension]."""
+        d = concat.dimensions[0]
+        local = list(index)
+        if offset:
+            local[d] = self.b.sub(index[d], ir.Constant(I64, offset), flags=["nsw"])
+        value = self.gen(op, tuple(local))
+        shape = self.out_leaves[0][2]
+        at = self.b.gep(out_ptr, [self.offset(shape, index)], True)
+        self.b.store(self.to_mem(value, shape.element_type), at)
 
     def outer_extent(self) -> int:
         """The size of the range [start, end) the kernel's entry point splits on: what
