@@ -40,6 +40,7 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -235,14 +236,18 @@ class CompiledObject:
 
 
 def compile_object(
-    ir_text: str, use_cache: bool = True, symbol: str = "xla_kernel", key: str | None = None
+    ir_text: str,
+    use_cache: bool = True,
+    symbol: str = "xla_kernel",
+    key: str | None = None,
+    directory: Path | None = None,
 ) -> CompiledObject:
     """The native object for `ir_text` (whose kernel function is named `symbol`; the object
-    exports it as `exported_symbol(key)`), from the disk cache when it is there. Safe to call
-    from several threads at once."""
+    exports it as `exported_symbol(key)`), from the disk cache (or `directory`: the kernel
+    library's) when it is there. Safe to call from several threads at once."""
     key = key or cache_key(ir_text)
     if use_cache:
-        data = read_entry(key, ".o")
+        data = read_entry(key, ".o", directory)
         if data is not None:
             return CompiledObject(key, data, True)
     tm = _thread_target_machine()
@@ -250,7 +255,7 @@ def compile_object(
     _run_pipeline(mod, tm, locked=False)
     data = _emit_object_unlocked(mod, tm)
     if use_cache:
-        write_entry(key, ".o", data)
+        write_entry(key, ".o", data, directory)
     return CompiledObject(key, data, False)
 
 
