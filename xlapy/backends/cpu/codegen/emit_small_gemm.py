@@ -59,6 +59,9 @@ element, column chunks, their narrower width and how many chunks are one wider (
 `rem`), then the matrix's, vector's and result's strides in elements (batch, row or k,
 k or column...: as Gemv's a_strides, x_strides, y_strides)."""
 
+UNROLL = 2
+ROWS_UNROLL = 2
+
 _ROW_TILE = 4
 """Rows per tile of the rows order (emit_gemv's)."""
 
@@ -243,6 +246,13 @@ class _SmallGemmEmitter(StandaloneKernelEmitter):
             width = half
         return b.extract_element(v, ir.Constant(I32, 0))
 
+    def _running(self, start):
+        """A stack slot holding an index a loop advances (promoted to a register: the
+        loop then adds a stride instead of multiplying its counter by one)."""
+        slot = self.alloca(I64, "at")
+        self.b.store(start, slot)
+        return slot
+
     def _zeroed(self, ty, count: int, name: str) -> list:
         zero = ir.Constant(ty, [0.0] * self.k.lanes) if ty is self.vty else ir.Constant(ty, 0.0)
         slots = [self.alloca(ty, f"{name}{i}") for i in range(count)]
@@ -272,11 +282,15 @@ class _SmallGemmEmitter(StandaloneKernelEmitter):
                     return
                 lanes = c(k.lanes)
                 vectors = b.udiv(left, lanes)
-                with self.loop(c(0), vectors, "vector") as q:
-                    r = b.mul(q, lanes)
-                    a = b.add(a0, b.mul(r, p["a_r"]))
-                    ys = [b.add(y, b.mul(r, p["y_r"])) for y in y_cols]
-                    self._columns_block(a, col_at, ys, 1)
+                merge = self.fn.append_basic_block("part.merge")
+                switch = b.switch(vectors, merge)
+                for count in range(1, k.vectors):  # the whole vectors in one pass over k
+                    case = self.fn.append_basic_block(f"part.{count}")
+                    switch.add_case(c(count), case)
+                    b.position_at_end(case)
+                    self._columns_block(a0, col_at, y_cols, count)
+                    b.branch(merge)
+                b.position_at_end(merge)
                 with self.loop(b.mul(vectors, lanes), left, "single") as r:
                     a = b.add(a0, b.mul(r, p["a_r"]))
                     ys = [b.add(y, b.mul(r, p["y_r"])) for y in y_cols]
@@ -293,17 +307,21 @@ class _SmallGemmEmitter(StandaloneKernelEmitter):
         sums = self._zeroed(self.scalar, rows * width, "sum")
         vectors = b.udiv(p["depth"], c(lanes))
         sx_k = p["x_k"]
-        with self.loop(c(0), vectors, "kv") as kv:
-            at = b.mul(kv, c(lanes))
+        a_at, x_at = self._running(c(0)), self._running(col_at[0])
+        x_offsets = [b.sub(x, col_at[0]) for x in col_at]  # x_c apart
+        x_step = b.mul(c(lanes), sx_k)
+        with self.loop(c(0), vectors, "kv", unroll=ROWS_UNROLL):
+            at, x0 = b.load(a_at), b.load(x_at)
             xs = [
-                self._load_vector(self.x, b.add(x, b.mul(at, sx_k)), sx_k, k.contiguous)
-                for x in col_at
+                self._load_vector(self.x, b.add(x0, off), sx_k, k.contiguous) for off in x_offsets
             ]
             for r in range(rows):
                 av = self._load_vector(self.a, b.add(row_at[r], at), None, True)
                 for j in range(width):
                     acc = accs[r * width + j]
                     b.store(b.call(self.vfma, [av, xs[j], b.load(acc)]), acc)
+            b.store(b.add(at, c(lanes)), a_at)
+            b.store(b.add(x0, x_step), x_at)
         with self.loop(b.mul(vectors, c(lanes)), p["depth"], "k") as kk:
             xs = [b.load(self._at(self.x, b.add(x, b.mul(kk, sx_k)))) for x in col_at]
             for r in range(rows):
@@ -326,14 +344,35 @@ class _SmallGemmEmitter(StandaloneKernelEmitter):
         width, lanes = len(col_at), k.lanes
         accs = self._zeroed(self.vty, vectors * width, "acc")
         sa_k, sx_k = p["a_k"], p["x_k"]
-        with self.loop(c(0), p["depth"], "k") as kk:
-            at = b.add(a0, b.mul(kk, sa_k))
-            xv = [self._splat(b.load(self._at(self.x, b.add(x, b.mul(kk, sx_k))))) for x in col_at]
-            for q in range(vectors):
-                av = self._load_vector(self.a, b.add(at, c(q * lanes)), None, True)
+        a_at, x_at = self._running(a0), self._running(col_at[0])
+        x_offsets = [b.sub(x, col_at[0]) for x in col_at]  # x_c apart
+        with self.loop(c(0), p["depth"], "k", unroll=UNROLL):
+            at, x0 = b.load(a_at), b.load(x_at)
+
+            def matrix(q: int):
+                return self._load_vector(self.a, b.add(at, c(q * lanes)), None, True)
+
+            def broadcast(j: int):
+                return self._splat(b.load(self._at(self.x, b.add(x0, x_offsets[j]))))
+
+            # the operand with fewer vectors is loaded first, the other one vector at a
+            # time: G x J accumulators + min(G, J) + 1 registers (16 for 4 x 3 and 3 x 4)
+            if vectors <= width:
+                avs = [matrix(q) for q in range(vectors)]
                 for j in range(width):
-                    acc = accs[q * width + j]
-                    b.store(b.call(self.vfma, [av, xv[j], b.load(acc)]), acc)
+                    xv = broadcast(j)
+                    for q in range(vectors):
+                        acc = accs[q * width + j]
+                        b.store(b.call(self.vfma, [avs[q], xv, b.load(acc)]), acc)
+            else:
+                xvs = [broadcast(j) for j in range(width)]
+                for q in range(vectors):
+                    av = matrix(q)
+                    for j in range(width):
+                        acc = accs[q * width + j]
+                        b.store(b.call(self.vfma, [av, xvs[j], b.load(acc)]), acc)
+            b.store(b.add(at, sa_k), a_at)
+            b.store(b.add(x0, sx_k), x_at)
         for j in range(width):
             for q in range(vectors):
                 at = b.add(y_cols[j], b.mul(c(q * lanes), p["y_r"]))
