@@ -335,8 +335,7 @@ def native_loop_plan(
                     continue
                 table.append(_pool_run_address)
                 pool_at = len(table) - 1
-                step = LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, pool_at, data)
-                out.append(step)
+                out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, pool_at, data))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
             elif isinstance(t, DotThunk) and (gemm := t.native_gemm(math.inf)) is not None:
