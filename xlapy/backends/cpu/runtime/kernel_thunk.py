@@ -165,15 +165,15 @@ class KernelThunk(Thunk):
             self._call = self._direct()
         return self._call
 
-    def native_entry(self) -> tuple[int, tuple[tuple[int, int], ...], int] | None:
+    def native_entry(self) -> tuple[int, tuple[tuple[int, int], ...], int, int] | None:
         """What native code calls when `direct_call` applies: (the entry's address, the
-        (allocation, offset) of each pointer argument, the outer extent); else None (also
-        for a kernel with a parameter block, which these callers do not pass)."""
-        if self.data is not None or self.direct_call() is None:
+        (allocation, offset) of each buffer argument, the outer extent, the address of the
+        parameter block passed after the buffers or 0 without one); else None."""
+        if self.direct_call() is None:
             return None
         function: Any = self.kernel.function  # a ctypes function pointer
         address = ctypes.cast(function, ctypes.c_void_p).value
-        return (address, self._slots, self._extent) if address else None
+        return (address, self._slots, self._extent, self.data_address()) if address else None
 
     def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
         if self.scratch or self.split_choice is not None:
