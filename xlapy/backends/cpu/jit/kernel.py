@@ -306,6 +306,11 @@ def _request_bytes(key: str, data: bytes) -> tuple[Future, bool]:
     """(the Future of the loaded object `key`, whether an earlier request made it), `data`
     (its bytes, from an authenticated whole-executable entry) queued for flush_loads()
     unless the object is loaded or queued already."""
+    return _queue_bytes(key, data)
+
+
+def _queue_bytes(key: str, data: bytes) -> tuple[Future, bool]:
+    """`_request_bytes` for bytes from anywhere authenticated (an entry, the library)."""
     with _loaded_lock:
         future = _objects.get(key)
         if future is not None:
@@ -898,7 +903,7 @@ def library_request(key: str, emit: Callable[[], str], directory: Path) -> tuple
             return future, True
     data = read_entry_or_warn(key, ".o", "kernel library object", directory)
     if data is not None:
-        return _request_bytes(key, data)
+        return _queue_bytes(key, data)
     return _request(emit(), key, SYMBOL, defer=True, directory=directory)
 
 
