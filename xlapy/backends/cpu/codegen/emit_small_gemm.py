@@ -60,7 +60,10 @@ element, column chunks, their narrower width and how many chunks are one wider (
 k or column...: as Gemv's a_strides, x_strides, y_strides)."""
 
 UNROLL = 2
+"""The count LLVM unrolls a columns-order k loop by (runtime trip count; left to LLVM, an
+unroll by 2 of 12 accumulators plus 4 broadcasts spilled every accumulator every step)."""
 ROWS_UNROLL = 2
+"""The same for the rows order's loop over whole vectors of k."""
 
 _ROW_TILE = 4
 """Rows per tile of the rows order (emit_gemv's)."""
