@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.test-installed
 DEMO_STAMP := $(VENV)/.demo-installed
 LINT_PATHS := xlapy tests examples benchmarks
 
-.PHONY: demo demo-hlo test lint format coverage-ops loc clean
+.PHONY: demo demo-hlo test lint format coverage-ops loc clean kernel-library
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "xlapy needs Python 3.11+"'
@@ -36,6 +36,11 @@ demo: $(DEMO_STAMP)
 # The earlier demo: the HLO of a training step exported from JAX, run by xlapy directly.
 demo-hlo: $(RUNTIME_STAMP)
 	$(PY) examples/train_mlp.py
+
+# The CPU backend's kernel library (kernels generic in their shapes, jit/kernel_library.py):
+# built on first need anyway; this builds all of it ahead for this machine and prints the cost.
+kernel-library: $(RUNTIME_STAMP)
+	$(PY) -m xlapy.backends.cpu.jit.kernel_library
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -247,6 +247,7 @@ OPTION_VALUES = {
     "direct_convolutions": (True, False),
     "native_gemv": (True, False),
     "native_small_gemm": (True, False),
+    "small_gemm_library": (True, False),
     "native_runs": (True, False),
     "denormals": ("flush", "ieee"),
     "max_while_iterations": (10, 11),

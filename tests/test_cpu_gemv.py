@@ -5,7 +5,8 @@ groups, remainders of every tile, k of 0 and 1, f32 and f64; the same bits wheth
 kernel runs whole or split over the pool; inside native while loops of 0, 1 and many trips
 (bit for bit the Python loop's); subnormals flushed as XLA:CPU does unless denormals is
 'ieee'; small matrix-matrix products (a side of 2 to 16 free elements, native_small_gemm)
-in both orders, every chunking of their columns, batched, strided, split and in loops;
+in both orders, every chunking of their columns, batched, strided, split and in loops, on
+the kernel library's generic kernels and on kernels compiled per shape;
 dots that are not such products (or do not merge) stay with BLAS."""
 
 from __future__ import annotations
@@ -285,9 +286,12 @@ GEMM_CASES = [
 ]
 
 
+@pytest.mark.parametrize("library", [True, False], ids=["library", "per_shape"])
 @pytest.mark.parametrize("t", ["f32", "f64"])
 @pytest.mark.parametrize("case", GEMM_CASES, ids=[c[0] for c in GEMM_CASES])
-def test_small_gemm_matches_interpreter(case, t):
+def test_small_gemm_matches_interpreter(case, t, library):
+    """On the kernel library's generic kernel (default; tests/test_cpu_kernel_library.py)
+    and on the kernel compiled for the dot's shape (small_gemm_library=False)."""
     _, lhs, rhs, out, d, layouts, order, cols = case
     text = dot_hlo(t, lhs, rhs, out, d, layouts)
     instr = parse_module(text).entry_computation().root_instruction()
@@ -295,9 +299,11 @@ def test_small_gemm_matches_interpreter(case, t):
     geometry = gemv_geometry(instr, 8, small_gemm=True)
     assert not isinstance(geometry, str), geometry
     assert (geometry.by_rows, geometry.cols) == (order == "rows", cols)
-    program = CpuProgram(parse_module(text), {"optimize": False})
+    options = {"optimize": False, "small_gemm_library": library}
+    program = CpuProgram(parse_module(text), options)
     (thunk,) = _dot_thunks(program)
     assert isinstance(thunk, KernelThunk), program.thunk_listing()
+    assert (thunk.data is not None) == library
     args = _args(t, lhs, rhs)
     want = np.asarray(evaluate(parse_module(text), args))
     got = np.asarray(program.run(args))

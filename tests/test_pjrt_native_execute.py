@@ -83,6 +83,12 @@ PROGRAMS = [
         lambda r: [r.standard_normal((64, 64)).astype(np.float32)],
         2e-6,
     ),
+    (  # a library kernel: its parameter block passed by the native Execute
+        "small_gemm_f32",
+        lambda x, w: jnp.tanh(x @ w),
+        lambda r: [r.standard_normal(s).astype(np.float32) for s in ((3, 40), (40, 48))],
+        2e-5,
+    ),
 ]
 
 

@@ -72,9 +72,10 @@ _U8 = np.dtype(np.uint8)
 class NativePlan:
     """A program of native kernels in a row, for native callers (`CpuProgram.native_plan`):
     `params` (allocation, parameter number), `constants` (allocation, address: kept alive
-    by the program), `outputs` (allocation, bytes) in output order, `kernels` (entry
-    address, (allocation, offset) per pointer argument, outer extent) in run order; each
-    kernel's entry takes its pointers, then the range start and end."""
+    by the program; a kernel's parameter block is one, at an allocation number past the
+    program's), `outputs` (allocation, bytes) in output order, `kernels` (entry address,
+    (allocation, offset) per pointer argument, outer extent) in run order; each kernel's
+    entry takes its pointers, then the range start and end."""
 
     num_allocations: int
     params: tuple[tuple[int, int], ...]
@@ -259,15 +260,20 @@ class CpuProgram(CompiledProgram):
         constants = tuple((i, self._template_bases[i]) for i in self.compiled.constants)
         known = {a for a, _ in params} | {a for a, _ in constants} | set(outputs)
         kernels = []
+        blocks: list[tuple[int, int]] = []  # parameter blocks, as constants of their own
         for thunk in self.compiled.entry.thunks:
             entry = thunk.native_entry() if isinstance(thunk, KernelThunk) else None
             if entry is None or any(alloc not in known for alloc, _ in entry[1]):
                 return None  # (a fresh allocation no kernel touches, a tuple's, is left out)
-            kernels.append(entry)
+            address, slots, extent, data = entry
+            if data:  # a pseudo-allocation past the program's, at the block (kept by the thunk)
+                blocks.append((len(self._template) + len(blocks), data))
+                slots = (*slots, (blocks[-1][0], 0))
+            kernels.append((address, slots, extent))
         return NativePlan(
-            len(self._template),
+            len(self._template) + len(blocks),
             params,
-            constants,
+            constants + tuple(blocks),
             tuple((alloc, sizes[alloc]) for alloc in outputs),
             tuple(kernels),
         )

@@ -56,7 +56,7 @@ from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
 from xlapy.backends.cpu.codegen.common import SYMBOL
 from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv, vector_shape
-from xlapy.backends.cpu.codegen.emit_gemv import emit_gemv, gemv_geometry, gemv_signature
+from xlapy.backends.cpu.codegen.emit_gemv import Gemv, emit_gemv, gemv_geometry, gemv_signature
 from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
     LoopCall,
@@ -77,6 +77,11 @@ from xlapy.backends.cpu.codegen.emit_scan import (
     scan_signature,
 )
 from xlapy.backends.cpu.codegen.emit_scatter import emit_scatter, scatter_reason
+from xlapy.backends.cpu.codegen.emit_small_gemm import (
+    small_gemm_extent,
+    small_gemm_kernel,
+    small_gemm_params,
+)
 from xlapy.backends.cpu.codegen.emit_window import (
     emit_window,
     window_description,
@@ -98,6 +103,7 @@ from xlapy.backends.cpu.jit.kernel import (
     symbol_name,
     wrap_instruction,
 )
+from xlapy.backends.cpu.jit.kernel_library import library_kernel
 from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk, plan_device_id
 from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
@@ -241,6 +247,19 @@ def _kernel_address(kernel: Kernel) -> int:
 
 
 @loadable
+def _data_address(thunk: KernelThunk) -> int:
+    return thunk.data_address()
+
+
+def _data_entry(thunk: KernelThunk, table: list[Callable[[], int]]) -> int:
+    """The table index of `thunk`'s parameter block's address (appended), or -1 without one."""
+    if thunk.data is None:
+        return -1
+    table.append(functools.partial(_data_address, thunk))
+    return len(table) - 1
+
+
+@loadable
 def _pool_run_address() -> int:
     pool = native_pool()
     assert pool is not None, "a loop plans pool calls only where the native pool runs"
@@ -305,15 +324,18 @@ def native_loop_plan(
                     return f"{t.instr.name}: its kernel needs scratch buffers"
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
                 pool = native_pool() if t.split_choice is not None else None
-                if t.split_choice is not None and (pool is None or len(slots) > MAX_ARGS):
+                arity = len(slots) + (t.data is not None)
+                if t.split_choice is not None and (pool is None or arity > MAX_ARGS):
                     return f"{t.instr.name}: its kernel may split and the native pool cannot run it"
                 table.append(functools.partial(_kernel_address, t.kernel))
                 entry = len(table) - 1
+                data = _data_entry(t, table)
                 if pool is None:
-                    out.append(LoopCall(entry, slots, t.kernel.outer_extent))
+                    out.append(LoopCall(entry, slots, t.kernel.outer_extent, data=data))
                     continue
                 table.append(_pool_run_address)
-                out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, entry + 1))
+                pool_at = len(table) - 1
+                out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, pool_at, data))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
             elif isinstance(t, DotThunk) and (gemm := t.native_gemm(math.inf)) is not None:
@@ -384,8 +406,10 @@ def native_run_steps(
         if thunk.scratch or thunk.split_choice is not None or not isinstance(kernel, Kernel):
             return None
         table.append(functools.partial(_kernel_address, kernel))
+        entry = len(table) - 1
         slots = tuple((s.allocation, s.offset) for s in (*thunk.outputs, *thunk.inputs))
-        return [LoopCall(len(table) - 1, slots, kernel.outer_extent)], False
+        data = _data_entry(thunk, table)
+        return [LoopCall(entry, slots, kernel.outer_extent, data=data)], False
     if isinstance(thunk, CopyThunk):
         moves = raw_copies([(thunk.src, thunk.dst)])
         return [LoopCopy((da, do), (sa, so), n) for da, do, sa, so, n in moves], False
@@ -487,6 +511,8 @@ def _native_gemv(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     geometry = gemv_geometry(instr, vector_shape(host_target().features)[0], small_gemm)
     if isinstance(geometry, str):
         return geometry
+    if geometry.cols > 1 and lw.options.get("small_gemm_library", True):
+        return _library_gemm(lw, instr, geometry)
     return _described_kernel(
         lw,
         instr,
@@ -495,6 +521,30 @@ def _native_gemv(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         lambda i: gemv_signature(i, geometry),
         lambda i, flush: emit_gemv(i, geometry, flush),
     )
+
+
+def _library_gemm(lw: Lowering, instr: HloInstruction, geometry: Gemv) -> Built:
+    """A small matrix-matrix dot as a kernel of the kernel library, generic in its shape
+    (codegen/emit_small_gemm.py, jit/kernel_library.py): no LLVM for this program; the
+    thunk keeps the dot's geometry as the kernel's parameter block."""
+    kernel = small_gemm_kernel(geometry)
+    if isinstance(kernel, str):
+        return kernel
+    reason = lw.failed.get(instr.name)
+    if reason is not None:
+        return reason
+    matrix = instr.operands[geometry.matrix]
+    vector = instr.operands[1 - geometry.matrix]
+    extent = small_gemm_extent(geometry, kernel)
+    signature = Signature((instr.shape,), (matrix.shape, vector.shape), extent, param_blocks=1)
+    try:
+        native = library_kernel(kernel, lw.flush_denormals, signature, symbol_name(instr.name))
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, native))
+    inputs = [lw.slice_at(matrix), lw.slice_at(vector)]
+    data = small_gemm_params(geometry, kernel)
+    return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
 
 
 def _dynamic_update_slice(lw: Lowering, instr: HloInstruction, why: str) -> Built:

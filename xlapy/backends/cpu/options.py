@@ -43,6 +43,12 @@ CPU_OPTIONS: dict[str, Option] = {
         "codegen/emit_gemv.py)",
         boolean,
     ),
+    "small_gemm_library": Option(
+        "run those small matrix-matrix dots on kernels generic in their shape, compiled once "
+        "per machine into the kernel library, not on a kernel compiled per shape (default "
+        "true; lowering.py, codegen/emit_small_gemm.py, jit/kernel_library.py)",
+        boolean,
+    ),
     "denormals": Option(
         "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
         "(codegen/emitter.py)",

@@ -87,6 +87,11 @@ _GEMM_REGISTERS = 12
 """Vector accumulators per chunk of the columns order (G x J <= this)."""
 
 
+def gemm_chunk_limit(by_rows: bool) -> int:
+    """The most columns one chunk of a small gemm's tile keeps in registers, by loop order."""
+    return _GEMM_ROWS_CHUNK if by_rows else _GEMM_CHUNK
+
+
 @dataclass(frozen=True, slots=True)
 class Gemv:
     """The geometry a matrix-vector kernel is compiled for (see the file comment); strides
@@ -107,7 +112,7 @@ class Gemv:
     def chunks(self) -> tuple[tuple[int, int], ...]:
         """(first column, columns) of each chunk of a small gemm's tile: as few as
         _GEMM_CHUNK allows, balanced (5 columns are 3 + 2, not 4 + 1)."""
-        count = -(-self.cols // (_GEMM_ROWS_CHUNK if self.by_rows else _GEMM_CHUNK))
+        count = -(-self.cols // gemm_chunk_limit(self.by_rows))
         sizes = [self.cols // count + (i < self.cols % count) for i in range(count)]
         return tuple((sum(sizes[:i]), size) for i, size in enumerate(sizes))
 

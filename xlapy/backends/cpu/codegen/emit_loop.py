@@ -48,13 +48,16 @@ Slot = tuple[int, int]
 @dataclass(frozen=True, slots=True)
 class LoopCall:
     """Call the kernel at `table[entry]` on the addresses of `slots` over [0, extent); with
-    `blocks` > 1, through the parallel-for at `table[pool]` in that many blocks."""
+    `blocks` > 1, through the parallel-for at `table[pool]` in that many blocks. With `data`
+    >= 0, `table[data]` (the address of the kernel's parameter block: a library kernel's)
+    is one more pointer argument after the slots'."""
 
     entry: int
     slots: tuple[Slot, ...]
     extent: int
     blocks: int = 1
     pool: int = -1
+    data: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +206,14 @@ def emit_loop(plan: LoopPlan) -> str:
         return entry.load(at)
 
     def split_call(b: ir.IRBuilder, step: LoopCall) -> None:
-        n = len(step.slots)
+        words = [b.ptrtoint(pointer(b, slot), I64) for slot in step.slots]
+        if step.data >= 0:
+            words.append(kernel_words.setdefault(step.data, word(step.data)))
+        n = len(words)
         array = entry.alloca(ir.ArrayType(I64, n))  # in the entry block: one stack slot
-        for i, slot in enumerate(step.slots):
+        for i, value in enumerate(words):
             at = b.gep(array, [ir.Constant(I64, 0), ir.Constant(I64, i)])
-            b.store(b.ptrtoint(pointer(b, slot), I64), at)
+            b.store(value, at)
         run = table(step.pool, POOL_TYPE.as_pointer())
         args = [
             kernel_words.setdefault(step.entry, word(step.entry)),
@@ -244,8 +250,10 @@ def emit_loop(plan: LoopPlan) -> str:
             elif isinstance(step, LoopCall) and step.blocks > 1:
                 split_call(b, step)
             elif isinstance(step, LoopCall):
-                callee = table(step.entry, _kernel_type(len(step.slots)).as_pointer())
                 args = [pointer(b, s) for s in step.slots]
+                if step.data >= 0:
+                    args.append(table(step.data, I8.as_pointer()))
+                callee = table(step.entry, _kernel_type(len(args)).as_pointer())
                 b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, step.extent)])
             else:
                 callee = table(step.entry, LOOP_TYPE.as_pointer())

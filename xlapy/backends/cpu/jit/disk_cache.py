@@ -65,6 +65,22 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "xlapy" / "kernels"
 
 
+LIBRARY_ENV = "XLAPY_LIBRARY_DIR"
+"""Environment variable: where the kernel library's objects are kept (jit/kernel_library.py)."""
+
+
+def library_dir() -> Path:
+    """Where the kernel library's objects are kept: $XLAPY_LIBRARY_DIR or
+    ~/.cache/xlapy/library. Apart from the kernel cache on purpose: the library is built
+    once per machine (like the kernels XLA ships in its binary) and a fresh kernel cache
+    directory does not build it again. Same trust rules as the cache (a private directory,
+    authenticated entries)."""
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "xlapy" / "library"
+
+
 def key_file() -> Path:
     """The per-user secret key's file: $XDG_CONFIG_HOME/xlapy/cache-key (default
     ~/.config/xlapy/cache-key)."""
@@ -112,9 +128,10 @@ def _private_dir(path: Path, what: str) -> Path | None:
     return path
 
 
-def trusted_dir() -> Path | None:
-    """The cache directory when it is private to this user, else None (after a warning)."""
-    return _private_dir(cache_dir(), "cache directory")
+def trusted_dir(directory: Path | None = None) -> Path | None:
+    """The cache directory (or `directory`) when it is private to this user, else None
+    (after a warning)."""
+    return _private_dir(directory or cache_dir(), "cache directory")
 
 
 def secret_key() -> bytes | None:
@@ -182,6 +199,16 @@ def _create_key(path: Path) -> None:
         os.unlink(tmp)
 
 
+def key_tag() -> str:
+    """A short tag of this user's cache key ("" without one): the kernel library names
+    its objects with it, so objects authenticated under another key (a test's own key
+    directory) are never read, rejected and written over by turns."""
+    secret = secret_key()
+    if secret is None:
+        return ""
+    return hmac.new(secret, b"xlapy key tag", hashlib.sha256).hexdigest()[:16]
+
+
 def _mac(secret: bytes, name: str, payload: bytes) -> bytes:
     h = hmac.new(secret, FORMAT, hashlib.sha256)
     h.update(b"\0" + name.encode() + b"\0")
@@ -189,11 +216,11 @@ def _mac(secret: bytes, name: str, payload: bytes) -> bytes:
     return h.hexdigest().encode()
 
 
-def read_entry(key: str, suffix: str) -> bytes | None:
-    """The payload of entry `key + suffix`; None when it is missing, not a regular file of
-    this user, too large, damaged or not authenticated by this user's key (or the cache is
-    not trusted)."""
-    directory = trusted_dir()
+def read_entry(key: str, suffix: str, directory: Path | None = None) -> bytes | None:
+    """The payload of entry `key + suffix` of the cache (or of `directory`, a library); None
+    when it is missing, not a regular file of this user, too large, damaged or not
+    authenticated by this user's key (or the directory is not trusted)."""
+    directory = trusted_dir(directory)
     secret = secret_key() if directory is not None else None
     if secret is None or directory is None:
         return None
@@ -223,12 +250,12 @@ def read_entry(key: str, suffix: str) -> bytes | None:
     return payload
 
 
-def write_entry(key: str, suffix: str, payload: bytes) -> None:
-    """Write entry `key + suffix` atomically (an untrusted, full or read-only cache
-    directory is ignored: it only costs the next compile)."""
+def write_entry(key: str, suffix: str, payload: bytes, directory: Path | None = None) -> None:
+    """Write entry `key + suffix` atomically to the cache (or to `directory`): an
+    untrusted, full or read-only directory is ignored (it only costs the next compile)."""
     if len(payload) > MAX_ENTRY_BYTES:
         return
-    directory = trusted_dir()
+    directory = trusted_dir(directory)
     secret = secret_key() if directory is not None else None
     if secret is None or directory is None:
         return
@@ -262,13 +289,15 @@ def warn_rejected(name: str, why: str) -> None:
     )
 
 
-def read_entry_or_warn(key: str, suffix: str, what: str) -> bytes | None:
+def read_entry_or_warn(
+    key: str, suffix: str, what: str, directory: Path | None = None
+) -> bytes | None:
     """`read_entry`, with a CacheEntryWarning when the entry exists but is rejected (a
     missing entry is an ordinary miss and says nothing)."""
-    payload = read_entry(key, suffix)
+    payload = read_entry(key, suffix, directory)
     if payload is not None:
         return payload
-    directory = trusted_dir()
+    directory = trusted_dir(directory)
     if directory is None:
         return None
     try:

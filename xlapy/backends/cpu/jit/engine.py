@@ -43,6 +43,7 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -258,18 +259,20 @@ def compile_object(
     symbol: str = "xla_kernel",
     key: str | None = None,
     light: bool = False,
+    directory: Path | None = None,
 ) -> CompiledObject:
     """The native object for `ir_text` (whose kernel function is named `symbol`; the object
-    exports it as `exported_symbol(key)`), from the disk cache when it is there. Safe to call
-    from several threads at once. `light`: optimize with a short pipeline instead of O3
-    (_light_pipeline), for hand-written code whose loops are already vectorized and tiled
-    for registers, where O3 makes the same inner loops at two to three times the cost; the
-    caller's key must say so (`key` is required then)."""
+    exports it as `exported_symbol(key)`), from the disk cache (or `directory`: the kernel
+    library's) when it is there. Safe to call from several threads at once. `light`:
+    optimize with a short pipeline instead of O3 (_light_pipeline), for hand-written code
+    whose loops are already vectorized and tiled for registers, where O3 makes the same
+    inner loops at two to three times the cost; the caller's key must say so (`key` is
+    required then)."""
     if light and key is None:
         raise ValueError("a light compile needs the key its caller made for it")
     key = key or cache_key(ir_text)
     if use_cache:
-        data = read_entry(key, ".o")
+        data = read_entry(key, ".o", directory)
         if data is not None:
             return CompiledObject(key, data, True)
     tm = _thread_target_machine()
@@ -277,7 +280,7 @@ def compile_object(
     _run_pipeline(mod, tm, locked=False, light=light)
     data = _emit_object_unlocked(mod, tm)
     if use_cache:
-        write_entry(key, ".o", data)
+        write_entry(key, ".o", data, directory)
     return CompiledObject(key, data, False)
 
 

@@ -50,6 +50,7 @@ from xlapy.backends.cpu.codegen.emitter import (
     output_leaves,
 )
 from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn
 from xlapy.backends.cpu.jit.executable_cache import (
     ENABLE_ENV,
     KernelBook,
@@ -107,6 +108,9 @@ class Signature:
     params: tuple[Shape, ...]
     outer_extent: int
     in_place: tuple[tuple[int, int], ...] = ()
+    param_blocks: int = 0
+    """Pointer arguments after the buffers': blocks of run-time parameters (a library
+    kernel's geometry, jit/kernel_library.py), which its caller passes."""
 
     @staticmethod
     def of(spec: KernelSpec) -> Signature:
@@ -302,6 +306,11 @@ def _request_bytes(key: str, data: bytes) -> tuple[Future, bool]:
     """(the Future of the loaded object `key`, whether an earlier request made it), `data`
     (its bytes, from an authenticated whole-executable entry) queued for flush_loads()
     unless the object is loaded or queued already."""
+    return _queue_bytes(key, data)
+
+
+def _queue_bytes(key: str, data: bytes) -> tuple[Future, bool]:
+    """`_request_bytes` for bytes from anywhere authenticated (an entry, the library)."""
     with _loaded_lock:
         future = _objects.get(key)
         if future is not None:
@@ -318,6 +327,7 @@ def _request(
     defer: bool,
     on_loaded: Callable[[], None] | None = None,
     light: bool = False,
+    directory: Path | None = None,
 ) -> tuple[Future, bool]:
     """(the Future of the loaded object `key`, shared by every request in this process;
     whether an earlier request made it). `on_loaded` runs once the object is loaded, before
@@ -331,10 +341,11 @@ def _request(
             callback = on_loaded
             future.add_done_callback(lambda f: None if f.exception() else callback())
         return future, True
+    args = (future, ir_text, key, symbol, on_loaded, light, directory)
     if defer:
-        _compile_pool().submit(_compile_and_queue, future, ir_text, key, symbol, on_loaded, light)
+        _compile_pool().submit(_compile_and_queue, *args)
     else:
-        _compile_and_queue(future, ir_text, key, symbol, on_loaded, light)
+        _compile_and_queue(*args)
     return future, False
 
 
@@ -345,9 +356,10 @@ def _compile_and_queue(
     symbol: str,
     on_loaded: Callable[[], None] | None,
     light: bool = False,
+    directory: Path | None = None,
 ) -> None:
     try:
-        obj = jit.compile_object(ir_text, True, symbol, key, light)
+        obj = jit.compile_object(ir_text, True, symbol, key, light, directory)
     except BaseException as e:
         _fail(future, key, e)
         return
@@ -406,7 +418,8 @@ class Kernel:
             _await_loaded(pending)
             loaded = pending.result()
             self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
-            n = len(self.signature.outputs) + len(self.signature.params)
+            sig = self.signature
+            n = len(sig.outputs) + len(sig.params) + sig.param_blocks
             proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
             self._fn = proto(loaded.address)
             self._future, self._pending = pending, None  # the future keeps the code
@@ -885,6 +898,21 @@ def described_kernel(
             raise XlapyError(f"kernel {name}: emitted {Signature.of(spec)}, expected {signature}")
         request = _request(spec.llvm_ir, key, SYMBOL, defer=True)
     return Kernel._deferred(signature, name, request, spec, emit, key)
+
+
+def library_request(key: str, emit: Callable[[], str], directory: Path) -> tuple[Future, bool]:
+    """(the Future of the loaded object `key` of the kernel library in `directory`,
+    whether an earlier request made it): read from there (authenticated; a damaged or
+    forged object is a CacheEntryWarning and a miss), else compiled from `emit()` on the
+    JIT's pool and written there (jit/kernel_library.py)."""
+    with _loaded_lock:
+        future = _objects.get(key)
+        if future is not None:
+            return future, True
+    data = read_entry_or_warn(key, ".o", "kernel library object", directory)
+    if data is not None:
+        return _queue_bytes(key, data)
+    return _request(emit(), key, SYMBOL, defer=True, directory=directory)
 
 
 @loadable

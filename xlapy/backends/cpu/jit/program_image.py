@@ -60,7 +60,7 @@ import numpy as np
 
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import executable_cache
-from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn, warn_rejected
+from xlapy.backends.cpu.jit.disk_cache import library_dir, read_entry_or_warn, warn_rejected
 from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
 from xlapy.backends.cpu.runtime.loadable import is_loadable, loadable
@@ -270,8 +270,8 @@ def write(key: str, value: Any) -> bool:
     except _NOT_IMAGEABLE:
         return False
     objects = []
-    for object_key in sorted(keys):
-        data = jit.read_entry(object_key, ".o")
+    for object_key in sorted(keys):  # a kernel cache object, or a kernel library one
+        data = jit.read_entry(object_key, ".o") or jit.read_entry(object_key, ".o", library_dir())
         if data is None:
             return False
         objects.append((object_key, data))

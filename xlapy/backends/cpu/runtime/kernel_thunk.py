@@ -58,12 +58,18 @@ KernelCall = Callable[[list[int]], object]
 
 
 def _pointer_call(
-    fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int
+    fn: Callable[..., object], slots: tuple[tuple[int, int], ...], extent: int, data: int = 0
 ) -> KernelCall:
     """A function of an execution's allocation bases that calls kernel entry `fn` on the
-    addresses of `slots` ((allocation, offset) pairs) over its whole outer range. The
-    common argument counts get a closure that adds the addresses up without building a list
-    (several tenths of a microsecond of a small kernel's ~1 us)."""
+    addresses of `slots` ((allocation, offset) pairs), then `data` (the address of a
+    parameter block) when nonzero, over its whole outer range. The common argument counts
+    get a closure that adds the addresses up without building a list (several tenths of a
+    microsecond of a small kernel's ~1 us)."""
+    if data:
+        if len(slots) == 3:
+            (a0, o0), (a1, o1), (a2, o2) = slots
+            return lambda b: fn(b[a0] + o0, b[a1] + o1, b[a2] + o2, data, 0, extent)
+        return lambda b: fn(*[b[a] + offset for a, offset in slots], data, 0, extent)
     if len(slots) == 1:
         ((a0, o0),) = slots
         return lambda b: fn(b[a0] + o0, 0, extent)
@@ -84,7 +90,8 @@ class KernelThunk(Thunk):
     when the kernel was compiled for that (output, input) pair (`kernel.in_place`: it reads
     the input through the output's pointer). Any other overlap sets `scratch`: the kernel's
     arguments are noalias, so it writes fresh scratch buffers that are copied into the
-    outputs afterwards."""
+    outputs afterwards. `data`: the words of a parameter block the kernel takes after its
+    buffers (a library kernel's geometry, jit/kernel_library.py), kept by the thunk."""
 
     kind = "kernel"
 
@@ -94,11 +101,14 @@ class KernelThunk(Thunk):
         kernel: NativeKernel,
         outputs: Sequence[BufferSlice],
         inputs: Sequence[BufferSlice],
+        data: Sequence[int] | None = None,
     ):
         self.instr = instr
         self.kernel = kernel
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
+        self.data = None if data is None else tuple(int(w) for w in data)
+        self._block = self._make_block()
         in_place = set(kernel.in_place)
         self.scratch = any(
             o.overlaps(i) and not ((a, b) in in_place and o.same_bytes(i))
@@ -114,8 +124,25 @@ class KernelThunk(Thunk):
         self._call: KernelCall | None = None  # made on first run
 
     def __getstate__(self) -> dict:
-        """The thunk without its call closure (made again on the first run)."""
-        return {**self.__dict__, "_call": None}
+        """The thunk without its call closure (made again on the first run) and its
+        parameter block's memory (made again from `data`)."""
+        return {**self.__dict__, "_call": None, "_block": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._block = self._make_block()
+
+    def _make_block(self) -> ctypes.Array | None:
+        """The parameter block's memory: made once per thunk, so its address is fixed for
+        the thunk's life (native code and closures hold it)."""
+        return None if self.data is None else (ctypes.c_int64 * len(self.data))(*self.data)
+
+    def data_address(self) -> int:
+        """The address of the parameter block (0 without one)."""
+        return 0 if self._block is None else ctypes.addressof(self._block)
+
+    def _extra(self) -> list[int]:
+        return [] if self.data is None else [self.data_address()]
 
     def run(self, ctx: ExecutionContext) -> None:
         call = self._call
@@ -123,8 +150,11 @@ class KernelThunk(Thunk):
             if self.scratch or self.split_choice is not None:
                 self._run_general(ctx)
                 return
-            call = self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
+            call = self._call = self._direct()
         call(ctx.bases)
+
+    def _direct(self) -> KernelCall:
+        return _pointer_call(self.kernel.function, self._slots, self._extent, self.data_address())
 
     def direct_call(self) -> KernelCall | None:
         """The kernel's entry over its whole range as a function of the allocation bases,
@@ -132,23 +162,25 @@ class KernelThunk(Thunk):
         if self.scratch or self.split_choice is not None:
             return None
         if self._call is None:
-            self._call = _pointer_call(self.kernel.function, self._slots, self._extent)
+            self._call = self._direct()
         return self._call
 
-    def native_entry(self) -> tuple[int, tuple[tuple[int, int], ...], int] | None:
+    def native_entry(self) -> tuple[int, tuple[tuple[int, int], ...], int, int] | None:
         """What native code calls when `direct_call` applies: (the entry's address, the
-        (allocation, offset) of each pointer argument, the outer extent); else None."""
+        (allocation, offset) of each buffer argument, the outer extent, the address of the
+        parameter block passed after the buffers or 0 without one); else None."""
         if self.direct_call() is None:
             return None
         function: Any = self.kernel.function  # a ctypes function pointer
         address = ctypes.cast(function, ctypes.c_void_p).value
-        return (address, self._slots, self._extent) if address else None
+        return (address, self._slots, self._extent, self.data_address()) if address else None
 
     def bind(self, ctx: ExecutionContext) -> Callable[[], object] | None:
         if self.scratch or self.split_choice is not None:
             return functools.partial(self._run_general, ctx)
         bases = ctx.bases
         args = [ctypes.c_void_p(bases[a] + offset) for a, offset in self._slots]
+        args += [ctypes.c_void_p(p) for p in self._extra()]
         return functools.partial(
             self.kernel.function, *args, ctypes.c_int64(0), ctypes.c_int64(self._extent)
         )
@@ -161,6 +193,7 @@ class KernelThunk(Thunk):
         else:
             bases = ctx.bases
             ptrs = [bases[a] + offset for a, offset in self._slots]
+        ptrs += self._extra()
         extent = self._extent
         choice = self.split_choice
         if choice is None:
