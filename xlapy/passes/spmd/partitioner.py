@@ -129,14 +129,15 @@ class PartitionReport:
 @dataclass
 class Local:
     """A global value's per-device form: the instruction computing it, its tiling (a tuple
-    of them for a tuple value; None for tokens), whether it is manual (shard_map data), and
-    whether it is a partial sum: `partial` holds the device groups whose pieces add up to
+    of them for a tuple value; None for tokens), how deep it is in shard_map regions
+    (`manual`: 0 outside, 1 in a region, 2 in a region nested in another), and whether it
+    is a partial sum: `partial` holds the device groups whose pieces add up to
     the value (the devices of a group hold the same piece under `tiling`), None when each
     device holds its piece whole; a tuple of those for a tuple value."""
 
     instr: HloInstruction
     tiling: Any  # Tiling | tuple[<tiling>, ...] | None
-    manual: bool = False
+    manual: int = 0
     partial: Any = None  # Groups | tuple[<partial>, ...] | None
 
 
@@ -980,7 +981,8 @@ class _Partitioner:
             v.instr if v.manual else self.as_tiling(v, self.replicated_of(o.shape), o.shape)
             for v, o in zip(operands, instr.operands, strict=True)
         ]
-        return Local(self.clone(instr, ops, instr.shape), None, manual=True)
+        depth = max(v.manual for v in operands)
+        return Local(self.clone(instr, ops, instr.shape), None, manual=depth)
 
     # -- custom calls: annotations and manual regions --------------------------------------
     def custom_call(self, instr: HloInstruction, operands: list[Local]) -> Local | None:
@@ -1117,16 +1119,27 @@ class _Partitioner:
 
     def to_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Enter a shard_map region: each operand resharded to its in-sharding; the
-        region works on the local pieces as they are."""
+        region works on the local pieces as they are. A region nested in another (over
+        other mesh axes) enters from the outer region's data, which each device holds
+        whole along the inner axes: it takes its piece, a free slice."""
         shapes = [o.shape for o in instr.operands]
         shardings = self._manual_shardings(instr, "xla.sdy.in_shardings", shapes)
         if shardings is None:  # GSPMD: the operand is a Sharding custom call saying how
             shardings = [o.sharding for o in instr.operands]
         locals_ = []
+        depth = 1 + max((v.manual for v in operands), default=0)
         for v, o, s in zip(operands, instr.operands, shardings, strict=True):
             if isinstance(s, HloSharding) and (s.is_manual or (s.subgroups and not s.is_unreduced)):
                 raise PartitionError(f"{instr.name}: cannot read the region's in-sharding {s}")
-            if isinstance(s, HloSharding):
+            if v.manual:
+                if isinstance(s, HloSharding) and s.is_unreduced:
+                    raise PartitionError(
+                        f"{instr.name}: a nested region cannot enter with partial sums ({s})"
+                    )
+                whole = Local(v.instr, self.replicated_of(o.shape))
+                dst = self.tiling_of(s, o.shape) if isinstance(s, HloSharding) else whole.tiling
+                locals_.append(self.as_tiling(whole, dst, o.shape))
+            elif isinstance(s, HloSharding):
                 dst = self.tiling_of(s, o.shape)
                 # an unreduced in-sharding: each device enters with its partial sum
                 locals_.append(self.to_state(v, dst, self.partial_of(s, o.shape), o.shape).instr)
@@ -1142,12 +1155,14 @@ class _Partitioner:
         self.report.native["shard_map region"] = self.report.native.get("shard_map region", 0) + 1
         if instr.shape.is_tuple:
             shape = Shape.tuple([x.shape for x in locals_])
-            return Local(self.emit(Opcode.TUPLE, shape, locals_), None, manual=True)
-        return Local(locals_[0], None, manual=True)
+            return Local(self.emit(Opcode.TUPLE, shape, locals_), None, manual=depth)
+        return Local(locals_[0], None, manual=depth)
 
     def from_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Leave a shard_map region: each device's local piece is its piece of the global
-        result under the out-sharding."""
+        result under the out-sharding. Leaving a nested region returns to the outer one,
+        whose data each device holds whole along the inner axes: the pieces are gathered
+        (and partial sums added up) among the devices of the same outer piece."""
         (v,) = operands
         shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
         shardings = self._manual_shardings(instr, "xla.sdy.out_shardings", shapes)
@@ -1174,6 +1189,10 @@ class _Partitioner:
             partial = states if any(x is not None for x in states) else None
         else:
             partial = states[0]
+        if v.manual > 1:
+            held = Local(v.instr, tiling, partial=partial)
+            whole = self.as_tiling(held, self.replicated_of(instr.shape), instr.shape)
+            return Local(whole, None, manual=v.manual - 1)
         return Local(v.instr, tiling, partial=partial)
 
     # -- ops with dimension labels ---------------------------------------------------------

@@ -1,0 +1,109 @@
+# ruff: noqa: E501
+"""The SPMD partitioner on what JAX's multi-device tests exercise beyond tests/spmd/:
+shard_map regions nested in partially manual ones (manual over some mesh axes, then over
+others inside). Each program is partitioned, run on its devices with each device's slice
+of random global inputs, reassembled, and checked against NumPy (the manual collectives
+need the devices, so the one-device interpreter cannot run the global program)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from tests.test_spmd_partition import run_partitioned
+
+# shard_map(h, in P('i', None), out P('i', None), manual over {'i'}) where h enters a
+# region over 'j' (in P(None, 'j'), out P(None, None)) computing psum(sin(x) * x, 'j'),
+# and adds 1 in the outer region: JAX 0.10.2's HLO of the program on a 2x2 mesh ('i', 'j').
+NESTED_PSUM = r"""
+HloModule jit_f, entry_computation_layout={(f32[4,8]{1,0})->f32[4,4]{1,0}}, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["i"=2, "j"=2]>}}
+
+region_0.1 {
+  psum.2 = f32[] parameter(0)
+  psum.3 = f32[] parameter(1)
+  ROOT add.1 = f32[] add(psum.2, psum.3)
+}
+
+xla.sdy.manual_computation_body.2 {
+  shard_map.4 = f32[2,4]{1,0} parameter(0)
+  sin.1 = f32[2,4]{1,0} sine(shard_map.4)
+  mul.1 = f32[2,4]{1,0} multiply(sin.1, shard_map.4)
+  ROOT psum.5 = f32[2,4]{1,0} all-reduce(mul.1), channel_id=1, replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=region_0.1
+}
+
+xla.sdy.manual_computation_body_0.3 {
+  shard_map.7 = f32[2,8]{1,0} parameter(0)
+  shard_map.8 = f32[2,4]{1,0} custom-call(shard_map.7), custom_call_target="xla.sdy.GlobalToLocalShape", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.in_shardings="#sdy.sharding_per_value<[<@mesh, [{}, {\"j\"}]>]>",xla.sdy.manual_axes="#sdy<manual_axes{\"j\"}>"}
+  shard_map.9 = f32[2,4]{1,0} call(shard_map.8), to_apply=xla.sdy.manual_computation_body.2, frontend_attributes={inlineable="false"}
+  shard_map.10 = f32[2,4]{1,0} custom-call(shard_map.9), custom_call_target="xla.sdy.LocalToGlobalShape", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="#sdy<manual_axes{\"j\"}>",xla.sdy.out_shardings="#sdy.sharding_per_value<[<@mesh, [{}, {}]>]>"}
+  constant.1 = f32[] constant(1)
+  broadcast.1 = f32[2,4]{1,0} broadcast(constant.1), dimensions={}
+  add.5 = f32[2,4]{1,0} custom-call(broadcast.1), custom_call_target="Sharding", sharding={replicated}, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{}, {}]>]>"}
+  add.6 = f32[2,4]{1,0} add(shard_map.10, add.5)
+  ROOT add.7 = f32[2,4]{1,0} custom-call(add.6), custom_call_target="Sharding", sharding={replicated}, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{}, {}]>]>"}
+}
+
+ENTRY main.4 {
+  x.1 = f32[4,8]{1,0} parameter(0), sharding={devices=[2,2]<=[4]}, frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{\"i\"}, {\"j\"}]>"}
+  shard_map.14 = f32[2,8]{1,0} custom-call(x.1), custom_call_target="xla.sdy.GlobalToLocalShape", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.in_shardings="#sdy.sharding_per_value<[<@mesh, [{\"i\"}, {}]>]>",xla.sdy.manual_axes="#sdy<manual_axes{\"i\"}>"}
+  shard_map.15 = f32[2,4]{1,0} call(shard_map.14), to_apply=xla.sdy.manual_computation_body_0.3, frontend_attributes={inlineable="false"}
+  shard_map.16 = f32[4,4]{1,0} custom-call(shard_map.15), custom_call_target="xla.sdy.LocalToGlobalShape", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="#sdy<manual_axes{\"i\"}>",xla.sdy.out_shardings="#sdy.sharding_per_value<[<@mesh, [{\"i\"}, {}]>]>"}
+  shard_map.17 = f32[4,4]{1,0} custom-call(shard_map.16), custom_call_target="xla.sdy.FuncResultSharding", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{\"i\"}, {}]>]>"}
+  tuple.1 = (f32[4,4]{1,0}) tuple(shard_map.17)
+  ROOT get-tuple-element.1 = f32[4,4]{1,0} get-tuple-element(tuple.1), index=0, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}
+}
+"""
+
+# The same nesting with the inner region's result tiled along 'j' (out P(None, 'j')):
+# leaving it gathers the 'j' pieces back inside the outer region, which holds its data
+# whole along 'j'.
+NESTED_TILED = (
+    NESTED_PSUM.replace(
+        r'xla.sdy.out_shardings="#sdy.sharding_per_value<[<@mesh, [{}, {}]>]>"',
+        r'xla.sdy.out_shardings="#sdy.sharding_per_value<[<@mesh, [{}, {\"j\"}]>]>"',
+    )
+    .replace(
+        "  ROOT psum.5 = f32[2,4]{1,0} all-reduce(mul.1), channel_id=1, "
+        "replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=region_0.1\n",
+        "  ROOT psum.5 = f32[2,4]{1,0} add(mul.1, mul.1)\n",
+    )
+    .replace("f32[2,4]{1,0} custom-call(shard_map.9)", "f32[2,8]{1,0} custom-call(shard_map.9)")
+    .replace("f32[2,4]{1,0} broadcast", "f32[2,8]{1,0} broadcast")
+    .replace("add.5 = f32[2,4]", "add.5 = f32[2,8]")
+    .replace("add.6 = f32[2,4]", "add.6 = f32[2,8]")
+    .replace("add.7 = f32[2,4]", "add.7 = f32[2,8]")
+    .replace("f32[2,4]{1,0} call(shard_map.14)", "f32[2,8]{1,0} call(shard_map.14)")
+    .replace("->f32[4,4]", "->f32[4,8]")
+    .replace("f32[4,4]{1,0} custom-call", "f32[4,8]{1,0} custom-call")
+    .replace("tuple.1 = (f32[4,4]{1,0})", "tuple.1 = (f32[4,8]{1,0})")
+    .replace("get-tuple-element.1 = f32[4,4]", "get-tuple-element.1 = f32[4,8]")
+)
+
+
+def _x(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
+
+
+def test_nested_region_with_inner_psum():
+    """The inner region takes each device's 'j' piece of the outer region's rows, sums
+    over 'j' inside; the outer region adds 1 and returns its rows."""
+    x = _x(0)
+    (got,), report, module = run_partitioned(NESTED_PSUM, [x], 4)
+    want = (np.sin(x) * x)[:, :4] + (np.sin(x) * x)[:, 4:] + 1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert report.native["shard_map region"] == 2
+    text = module.to_text()
+    # entering the inner region is a local slice, not a collective
+    assert "all-to-all" not in text and "collective-permute" not in text
+    assert "dynamic-slice" in text
+
+
+def test_nested_region_with_tiled_result():
+    """The inner region's result tiled along 'j' is gathered back to the outer region's
+    whole rows among the devices of the same 'i' piece (groups {0,1} and {2,3})."""
+    x = _x(1)
+    (got,), _, module = run_partitioned(NESTED_TILED, [x], 4)
+    np.testing.assert_allclose(got, 2 * np.sin(x) * x + 1, rtol=1e-5, atol=1e-6)
+    gathers = re.findall(r"all-gather\(.*replica_groups=(\{[^ ]*\})", module.to_text())
+    assert "{{0,1},{2,3}}" in gathers, module.to_text()
