@@ -1,9 +1,10 @@
 # ruff: noqa: E501
 """The SPMD partitioner on what JAX's multi-device tests exercise beyond tests/spmd/:
 shard_map regions nested in partially manual ones (manual over some mesh axes, then over
-others inside). Each program is partitioned, run on its devices with each device's slice
-of random global inputs, reassembled, and checked against NumPy (the manual collectives
-need the devices, so the one-device interpreter cannot run the global program)."""
+others inside), sharding constraints with open dimensions, and the choice for a dot of
+sharded operands. Each program is partitioned, run on its devices with each device's slice
+of random global inputs, reassembled, and checked against NumPy or the one-device interpreter
+(the manual collectives need the devices: the interpreter cannot run those globally)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import re
 
 import numpy as np
 
-from tests.test_spmd_partition import run_partitioned
+import xlapy
+from tests.test_spmd_partition import run_partitioned, run_sharded
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.parser import parse_module
+from xlapy.passes.spmd import partition
+from xlapy.runtime import Client
+from xlapy.runtime.options import CompileOptions
 
 # shard_map(h, in P('i', None), out P('i', None), manual over {'i'}) where h enters a
 # region over 'j' (in P(None, 'j'), out P(None, None)) computing psum(sin(x) * x, 'j'),
@@ -107,3 +114,97 @@ def test_nested_region_with_tiled_result():
     np.testing.assert_allclose(got, 2 * np.sin(x) * x + 1, rtol=1e-5, atol=1e-6)
     gathers = re.findall(r"all-gather\(.*replica_groups=(\{[^ ]*\})", module.to_text())
     assert "{{0,1},{2,3}}" in gathers, module.to_text()
+
+
+# -- sharding constraints with open dimensions --------------------------------------------
+
+# x P('x', 'y') on a 2x2x2 mesh, transposed, then constrained with every dimension open
+# but the last (JAX's out-sharding left to propagation: `[{?}, {?}, {}]` on an empty mesh)
+OPEN_CONSTRAINT = """
+module @jit_f attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["x"=2, "y"=2, "z"=2]>
+  sdy.mesh @empty_mesh = <[]>
+  func.func public @main(%arg0: tensor<8x4x2xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"x"}, {"y"}, {}]>}) -> (tensor<2x4x8xf32>) {
+    %0 = stablehlo.sine %arg0 : tensor<8x4x2xf32>
+    %1 = stablehlo.transpose %0, dims = [2, 1, 0] : (tensor<8x4x2xf32>) -> tensor<2x4x8xf32>
+    %2 = sdy.sharding_constraint %1 <@empty_mesh, [{?}, {?}, {}]> : tensor<2x4x8xf32>
+    return %2 : tensor<2x4x8xf32>
+  }
+}
+"""
+
+
+def _partition_mlir(text: str, n: int):
+
+    module = xlapy.load(text)
+    report = partition(module, n)
+    return module, report
+
+
+def test_open_dimensions_read_as_unspecified_dims():
+    """Shardy's `{?}` becomes GSPMD's unspecified_dims on the Sharding custom call."""
+
+    module = xlapy.load(OPEN_CONSTRAINT)
+    (call,) = [i for i in module.entry_computation().instructions if i.opcode.text == "custom-call"]
+    assert call.custom_call_target == "Sharding"
+    assert call.backend_config is not None
+    assert call.backend_config.text == "unspecified_dims=[0,1]"
+
+
+def test_open_dimensions_keep_the_value_tiling():
+    """Open dimensions keep the tiling the value has (dimension 1 cut by 'y'), the closed
+    one is held whole (dimension 2 was cut by 'x': gathered); the result's sharding says
+    so, and the pieces reassemble to the global result."""
+    module, _ = _partition_mlir(OPEN_CONSTRAINT, 8)
+    root = module.entry_computation().root_instruction()
+    assert root.shape.dims == (2, 2, 8)
+    s = root.attrs["sharding"]
+    assert s.tile_dims[:3] == (1, 2, 1)
+    x = np.random.default_rng(2).standard_normal((8, 4, 2)).astype(np.float32)
+
+    client = Client("interpreter", device_count=8)
+    exe = client.compile(module.to_text(), CompileOptions.make(num_partitions=8))
+    (got,) = run_sharded(client, exe, module, [x], 8)
+    np.testing.assert_allclose(got, np.sin(x).transpose(2, 1, 0), rtol=1e-6)
+
+
+def test_closed_replicated_constraint_still_gathers():
+    """The same constraint with every dimension closed (`[{}, {}, {}]`) replicates."""
+    module, _ = _partition_mlir(OPEN_CONSTRAINT.replace("[{?}, {?}, {}]", "[{}, {}, {}]"), 8)
+    root = module.entry_computation().root_instruction()
+    assert root.shape.dims == (2, 4, 8)
+
+
+# -- a dot of sharded operands stays sharded ------------------------------------------------
+
+# sin(2x) @ x2 with x P('x', 'y') and x2 P('y', 'x') on a 2x2 mesh, the result's sharding
+# left to propagation (JAX's ShardingInTypesTest.test_auto_user)
+SHARDED_DOT = """
+HloModule f, entry_computation_layout={(f32[8,2]{1,0}, f32[2,8]{1,0})->f32[8,8]{1,0}}
+
+ENTRY main {
+  x = f32[8,2]{1,0} parameter(0), sharding={devices=[2,2]<=[4]}
+  x2 = f32[2,8]{1,0} parameter(1), sharding={devices=[2,2]<=[2,2]T(1,0)}
+  two = f32[] constant(2)
+  b = f32[8,2]{1,0} broadcast(two), dimensions={}
+  y = f32[8,2]{1,0} multiply(x, b)
+  z = f32[8,2]{1,0} sine(y)
+  ROOT a = f32[8,8]{1,0} dot(z, x2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_dot_of_sharded_operands_is_not_replicated():
+    """XLA keeps the lhs's row cut on the result (P('x', None)) and all-reduces the
+    contraction cut by 'y'; replicating the dot (gathering both operands, every device
+    computing all of it) moved fewer bytes here but left three devices' work redundant."""
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 2)).astype(np.float32)
+    x2 = rng.standard_normal((2, 8)).astype(np.float32)
+    (got,), _, module = run_partitioned(SHARDED_DOT, [x, x2], 4)
+    root = module.entry_computation().root_instruction()
+    assert root.shape.dims == (4, 8)
+    assert "all-reduce" in module.to_text()
+    want = evaluate(parse_module(SHARDED_DOT), [x, x2])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -22,10 +22,13 @@ Cost rule (the conflict rule): a candidate costs the bytes each device receives 
 its operands into the candidate's tiling (all-gathers; slicing a held value is free), plus
 the all-reduce of a partial result when it cuts contracted labels (2(g-1)/g of the local
 result; half that when a reduce-scatter leaves it in its wanted tiling), plus the
-all-gathers to bring the result into its wanted tiling. The cheapest wins; ties go to the
+all-gathers to bring the result into its wanted tiling, plus the work: the bytes of result
+each device computes (so a dot of sharded operands is not replicated to save a small
+all-reduce, which XLA's propagation would not do either). The cheapest wins; ties go to the
 candidate that cuts the iteration space into more pieces (less work per device), then to
 the earlier candidate (operand 0 first). A user annotation is a
-constraint: the annotated value is resharded to it whatever it costs.
+constraint: the annotated value is resharded to it whatever it costs; a constraint's open
+dimensions (`unspecified_dims`, Shardy's `{?}`) keep the value's own cuts.
 
 Resharding a value from tiling A to B: all-gather every dimension A cuts differently from B,
 then dynamic-slice what B cuts, at offsets read from a table by partition-id (XLA's way
@@ -767,7 +770,7 @@ class _Partitioner:
             s = instr.sharding
             if not isinstance(s, HloSharding) or s.is_manual or not instr.shape.is_array:
                 continue
-            if s.kind == "tuple":
+            if s.kind == "tuple" or _unspecified_dims(instr):
                 continue
             try:
                 t = Tiling.from_sharding(s, instr.shape.rank, self.n)
@@ -900,6 +903,9 @@ class _Partitioner:
         if s.is_manual or not instr.shape.is_array or s.is_tuple:
             return value
         dst = self.even(self.tiling_of(s, instr.shape), instr.shape, instr.name)
+        free = _unspecified_dims(instr)
+        if free and value.partial is None and isinstance(value.tiling, Tiling):
+            dst = _open_constraint(dst, value.tiling, free)
         return self.to_state(value, dst, self.partial_of(s, instr.shape), instr.shape)
 
     def even(self, tiling, shape: Shape, name: str):
@@ -1284,6 +1290,11 @@ class _Partitioner:
                 cost -= (g - 1) / g * local * _scatter_share(out_t, wanted)
         if wanted is not None:
             cost += _gather_bytes(out_t, wanted, out_shape)
+        # the work: the bytes of result each device computes (a candidate that leaves
+        # devices idle pays for it: replicating a dot of sharded operands is not free)
+        results = instr.shape.tuple_shapes if instr.shape.is_tuple else (instr.shape,)
+        for r, dims in zip(results, L.results, strict=False):
+            cost += r.byte_size / math.prod(cand.project(dims).tiles)
         return cost
 
     def _emit_labelled(self, instr, operands: list[Local], L: OpLabels, cand: Tiling) -> Local:
@@ -1590,6 +1601,32 @@ class _Partitioner:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _unspecified_dims(instr: HloInstruction) -> tuple[int, ...]:
+    """The dimensions a Sharding custom call leaves open (GSPMD's
+    `backend_config="unspecified_dims=[...]"`, Shardy's `{?}`): the constraint fixes the
+    others; propagation decides these."""
+    if instr.opcode is not Opcode.CUSTOM_CALL or instr.custom_call_target != "Sharding":
+        return ()
+    config = instr.backend_config
+    m = re.fullmatch(r"\s*unspecified_dims=\[([0-9,\s]*)\]\s*", config.text) if config else None
+    if m is None:
+        return ()
+    return tuple(int(d) for d in m.group(1).split(",") if d.strip())
+
+
+def _open_constraint(annotated: Tiling, held: Tiling, free: tuple[int, ...]) -> Tiling:
+    """The tiling a constraint with open dimensions `free` asks of a value held as `held`:
+    the annotation on its fixed dimensions, the value's own cuts on the open ones where
+    both fit one uniform tiling (else the annotation alone, the open dimensions whole)."""
+    fixed = [i for i in range(held.rank) if i not in free]
+    kept = held.with_axes_whole(fixed)
+    if kept.is_replicated:
+        return annotated
+    if annotated.is_replicated:
+        return kept
+    return merge(annotated, kept) or annotated
 
 
 _BITS = {8: "u8", 16: "u16", 32: "u32", 64: "u64"}
