@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
 import xlapy
 from tests.test_spmd_partition import run_partitioned, run_sharded
@@ -208,3 +209,84 @@ def test_dot_of_sharded_operands_is_not_replicated():
     assert "all-reduce" in module.to_text()
     want = evaluate(parse_module(SHARDED_DOT), [x, x2])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# -- values made from replicated ones are made per piece (a pure map) -----------------------
+
+# JAX's partitionable threefry, in small: a counter made of iotas, mixed in a loop, added
+# to a sharded input. Each device counts and mixes its own piece only.
+PURE_MAP = """
+HloModule bits
+
+body {
+  s = (s32[], u32[DIMS]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  v = u32[DIMS] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  i1 = s32[] add(i, one)
+  k = u32[] convert(i1)
+  kb = u32[DIMS] broadcast(k), dimensions={}
+  m = u32[DIMS] multiply(v, kb)
+  c = u32[] constant(2654435761)
+  cb = u32[DIMS] broadcast(c), dimensions={}
+  x = u32[DIMS] xor(m, cb)
+  thirteen = u32[] constant(13)
+  tb = u32[DIMS] broadcast(thirteen), dimensions={}
+  sh = u32[DIMS] shift-right-logical(x, tb)
+  y = u32[DIMS] add(x, sh)
+  ROOT t = (s32[], u32[DIMS]) tuple(i1, y)
+}
+
+cond {
+  s = (s32[], u32[DIMS]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(5)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+ENTRY main {
+  p = u32[DIMS] parameter(0), sharding=SHARDING
+  r = u64[DIMS] iota(), iota_dimension=0
+  c = u64[DIMS] iota(), iota_dimension=1
+  cols = u64[] constant(COLS)
+  e = u64[DIMS] broadcast(cols), dimensions={}
+  rm = u64[DIMS] multiply(r, e)
+  idx64 = u64[DIMS] add(rm, c)
+  idx = u32[DIMS] convert(idx64)
+  zero = s32[] constant(0)
+  init = (s32[], u32[DIMS]) tuple(zero, idx)
+  w = (s32[], u32[DIMS]) while(init), condition=cond, body=body
+  bits = u32[DIMS] get-tuple-element(w), index=1
+  ROOT out = u32[DIMS] add(bits, p)
+}
+"""
+
+PURE_MAP_CASES = [
+    # (rows, cols, sharding of the input, devices)
+    (4, 8, "{devices=[2,2]<=[4]}", 4),
+    (4, 9, "{devices=[1,3,2]<=[2,3]T(1,0) last_tile_dim_replicate}", 6),
+    (16, 4, "{devices=[4,2]<=[8]}", 8),
+    (8, 6, "{devices=[2,1,2]<=[4] last_tile_dim_replicate}", 4),
+]
+
+
+@pytest.mark.parametrize("rows,cols,sharding,n", PURE_MAP_CASES)
+def test_values_from_replicated_ones_are_made_per_piece(rows, cols, sharding, n):
+    """The iotas, the loop state and every op on them take the input's tiling: the
+    partitioned program holds no array of the global shape and moves no data; its
+    reassembled result is the one-device interpreter's."""
+    text = (
+        PURE_MAP.replace("DIMS", f"{rows},{cols}")
+        .replace("SHARDING", sharding)
+        .replace("COLS", str(cols))
+    )
+    rng = np.random.default_rng(rows * cols)
+    p = rng.integers(0, 2**32, (rows, cols), dtype=np.uint32)
+    (got,), report, module = run_partitioned(text, [p], n)
+    out = module.to_text()
+    assert f"[{rows},{cols}]" not in out, out
+    for collective in ("all-gather", "all-reduce", "collective-permute", "all-to-all"):
+        assert collective not in out, out
+    assert not report.fallbacks
+    want = evaluate(parse_module(text), [p])
+    np.testing.assert_array_equal(got, want)

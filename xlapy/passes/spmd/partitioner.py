@@ -8,8 +8,12 @@ shape, and collectives move data where the global program needed it.
 Sharding propagation and partitioning happen in one forward walk over the entry (calls are
 inlined first). Every value's tiling (xlapy.passes.spmd.tiling) is known when its users are
 reached: parameters take their annotation (none: replicated), constants and iotas are
-replicated (any tiling of them is a free local slice). An op with a dimension-label rule
-(xlapy.passes.spmd.labels) chooses a tiling of its iteration space among candidates:
+replicated (any tiling of them is a free local slice). Before the walk, values made from
+replicated ones alone (iotas, constants, and the elementwise ops, broadcasts and loops on
+them: a random-bits counter) are wanted in the tiling of the sharded value they meet in an
+elementwise op, so each device makes only its own piece (XLA's backward propagation).
+An op with a dimension-label rule (xlapy.passes.spmd.labels) chooses a tiling of its
+iteration space among candidates:
 
   * each operand's tiling, read through the operand's labels;
   * the tiling its result is wanted in (its own annotation, or that of the Sharding
@@ -151,6 +155,20 @@ _LINEAR = (Opcode.ADD, Opcode.SUBTRACT, Opcode.NEGATE, Opcode.COPY, Opcode.TRANS
 # Linear ops that keep them partial when each device holds the whole array's partial sum.
 _LINEAR_WHOLE = (Opcode.RESHAPE, Opcode.BROADCAST, Opcode.SLICE)
 
+
+_FREE_OPS = {
+    Opcode.CONSTANT,
+    Opcode.IOTA,
+    Opcode.BROADCAST,
+    Opcode.TUPLE,
+    Opcode.GET_TUPLE_ELEMENT,
+    Opcode.WHILE,
+    Opcode.RESHAPE,
+    Opcode.SLICE,
+    *(op for op in Opcode if op.is_elementwise),
+}
+"""Ops whose results, from operands computed without any parameter, are free to make in
+any tiling (see `_Partitioner._pull_to_free_values`)."""
 
 _PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
 _PER_PIECE_TARGETS = ("xlapy_partitioned_host_callback",)
@@ -796,7 +814,87 @@ class _Partitioner:
                 if src.opcode is not Opcode.CUSTOM_CALL:
                     break
                 target = src
+        self._pull_to_free_values(wanted)
         return wanted
+
+    def _pull_to_free_values(self, wanted: dict[int, Tiling]) -> None:
+        """Values computed from replicated ones alone (iotas, constants, replicated
+        parameters, and what elementwise ops, broadcasts and loops make of them: JAX's
+        random bits) are wanted in the tiling of the sharded values they meet in an
+        elementwise op: each device then computes only its own piece, a pure map (XLA's
+        propagation runs backwards through them the same way), instead of computing the
+        whole array and slicing it."""
+        order = self.entry.post_order()
+        free: set[int] = set()
+        held: dict[int, Any] = {}  # the tilings known before the walk, not replicated
+        for instr in order:
+            key, op = id(instr), instr.opcode
+            if op is Opcode.PARAMETER:
+                t = self._param_guess(instr)
+                if t is None:
+                    continue
+                if isinstance(t, Tiling) and t.is_replicated:
+                    free.add(key)
+                else:
+                    held[key] = t
+            elif op is Opcode.GET_TUPLE_ELEMENT and isinstance(
+                held.get(id(instr.operands[0])), tuple
+            ):
+                t = held[id(instr.operands[0])][instr.tuple_index]
+                if isinstance(t, Tiling):
+                    if t.is_replicated:
+                        free.add(key)
+                    else:
+                        held[key] = t
+            elif op in _FREE_OPS and all(id(o) in free for o in instr.operands):
+                if not has_side_effect_deep(instr):
+                    free.add(key)
+            elif op.is_elementwise and instr.shape.is_array:
+                for o in instr.operands:
+                    if isinstance(held.get(id(o)), Tiling) and o.shape.dims == instr.shape.dims:
+                        held[key] = held[id(o)]
+                        break
+        for instr in order:  # the meeting points
+            t = held.get(id(instr))
+            if not isinstance(t, Tiling) or not instr.opcode.is_elementwise:
+                continue
+            for o in instr.operands:
+                if id(o) in free and o.shape.dims == instr.shape.dims:
+                    wanted.setdefault(id(o), t)
+        tuples: dict[int, dict[int, Tiling]] = {}
+        for instr in order:  # the meeting points
+            t = held.get(id(instr))
+            if t is None or id(instr) in free:
+                continue
+            for o in instr.operands:
+                if id(o) in free and o.shape.dims == instr.shape.dims:
+                    wanted.setdefault(id(o), t)
+        for instr in reversed(order):  # users before producers
+            key = id(instr)
+            if key not in free:
+                continue
+            if key in tuples and instr.opcode in (Opcode.TUPLE, Opcode.WHILE):
+                parts = tuples[key]
+                if instr.opcode is Opcode.TUPLE:
+                    for k, t in parts.items():
+                        wanted.setdefault(id(instr.operands[k]), t)
+                else:
+                    tuples.setdefault(id(instr.operands[0]), {}).update(parts)
+                continue
+            t = wanted.get(key)
+            if t is None or not instr.shape.is_array:
+                continue
+            if instr.opcode is Opcode.GET_TUPLE_ELEMENT:
+                src = instr.operands[0]
+                tuples.setdefault(id(src), {}).setdefault(instr.tuple_index, t)
+            elif instr.opcode is Opcode.BROADCAST:
+                (o,) = instr.operands
+                if o.shape.rank:
+                    wanted.setdefault(id(o), t.project(list(instr.attrs["dimensions"])))
+            elif instr.opcode.is_elementwise:
+                for o in instr.operands:
+                    if o.shape.dims == instr.shape.dims:
+                        wanted.setdefault(id(o), t)
 
     # -- visiting --------------------------------------------------------------------------
     def visit(self, instr: HloInstruction) -> Local:
@@ -842,6 +940,9 @@ class _Partitioner:
             return self.constrain(instr, self.while_loop(instr, operands))
         if op is Opcode.CONDITIONAL:
             return self.constrain(instr, self.conditional(instr, operands))
+        held = self.wanted.get(id(instr))
+        if op is Opcode.IOTA and held is not None and held.divides(instr.shape.dims):
+            return self.constrain(instr, self.local_iota(instr, held))
         if op in (Opcode.CONSTANT, Opcode.IOTA, Opcode.PARTITION_ID, Opcode.REPLICA_ID):
             new = self.clone(instr, [], instr.shape)
             return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
@@ -850,6 +951,36 @@ class _Partitioner:
         if labels is not None and (instr.shape.is_array or op in multi):
             return self.constrain(instr, self.labelled(instr, operands, labels))
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
+
+    def _param_guess(self, instr: HloInstruction):
+        """A parameter's tiling as the walk will hold it (a tuple of them for a tuple),
+        None when it is manual or a partial sum."""
+        assert instr.parameter_number is not None
+        if self.param_tilings is not None:
+            partials = self.param_partials
+            if partials and partials[instr.parameter_number] is not None:
+                return None
+            return self.param_tilings[instr.parameter_number]
+        s = instr.sharding
+        if not isinstance(s, HloSharding):
+            return self.replicated_of(instr.shape)
+        if s.is_manual or s.is_unreduced:
+            return None
+        return self.tiling_of(s, instr.shape)
+
+    def local_iota(self, instr: HloInstruction, tiling: Tiling) -> Local:
+        """An iota made in `tiling`: each device counts its own piece (a local iota plus
+        the piece's start along the iota dimension), nothing made whole."""
+        shape = _local_shape(instr.shape, tiling, instr.name)
+        local = self.clone(instr, [], shape)
+        d = instr.iota_dimension
+        if tiling.tiles[d] == 1:
+            return Local(local, tiling)
+        start = self.offset(tiling.offsets(d, instr.shape.dims[d]))
+        scalar = Shape.array(instr.shape.element_type, ())
+        start = self.emit(Opcode.CONVERT, scalar, [start])
+        starts = self.emit(Opcode.BROADCAST, shape, [start], {"dimensions": ()})
+        return Local(self.emit(Opcode.ADD, shape, [local, starts]), tiling)
 
     def while_loop(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """The loop state keeps its initial tiling and partial sums: the body is
