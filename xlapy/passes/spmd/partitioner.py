@@ -890,7 +890,7 @@ class _Partitioner:
             elif instr.opcode is Opcode.BROADCAST:
                 (o,) = instr.operands
                 if o.shape.rank:
-                    wanted.setdefault(id(o), t.project(list(instr.attrs["dimensions"])))
+                    wanted.setdefault(id(o), t.project(list(instr.dimensions)))
             elif instr.opcode.is_elementwise:
                 for o in instr.operands:
                     if o.shape.dims == instr.shape.dims:
