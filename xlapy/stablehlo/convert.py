@@ -388,6 +388,15 @@ def sdy_sharding(body: str, meshes: dict[str, str], keep: set[str] | None = None
     return f"{{devices=[{','.join(map(str, tile_dims))}]{devices}{last}}}"
 
 
+def sdy_open_dims(body: str) -> list[int]:
+    """The open dimensions (`{?}`, `{"x", ?}`) of a Shardy sharding `@mesh, [...]`."""
+    m = _SDY_SHARDING.match(body)
+    if m is None:
+        return []
+    dims = re.findall(r"\{([^{}]*)\}", m.group(2))
+    return [i for i, dim in enumerate(dims) if "?" in dim]
+
+
 def sdy_manual_sharding(mesh: str, meshes: dict[str, str], manual: list[str], rank: int) -> str:
     """The HLO sharding of a value inside a shard_map region over `manual` axes of `mesh`:
     `{manual}` when they are all its axes, else manual over them and replicated over the
@@ -1861,6 +1870,13 @@ def _sharding_constraint(conv: Converter, op: Op, scope: Scope, operands):
         raise conv.error("sdy.sharding_constraint needs a sharding", op.pos)
     (x, shape) = operands[0]
     text = f', custom_call_target="Sharding", sharding={sharding}'
+    attr = op.attrs.get("sharding")
+    open_dims = sdy_open_dims(attr.body) if isinstance(attr, DialectAttr) else []
+    if open_dims:
+        # Shardy's open dimensions (`{?}`, `{"x", ?}`): propagation may cut them further;
+        # GSPMD's spelling of the same constraint
+        listed = ",".join(map(str, open_dims))
+        text += f', backend_config="unspecified_dims=[{listed}]"'
     return [conv.add(scope, "custom-call", shape, [x], text)]
 
 

@@ -8,8 +8,12 @@ shape, and collectives move data where the global program needed it.
 Sharding propagation and partitioning happen in one forward walk over the entry (calls are
 inlined first). Every value's tiling (xlapy.passes.spmd.tiling) is known when its users are
 reached: parameters take their annotation (none: replicated), constants and iotas are
-replicated (any tiling of them is a free local slice). An op with a dimension-label rule
-(xlapy.passes.spmd.labels) chooses a tiling of its iteration space among candidates:
+replicated (any tiling of them is a free local slice). Before the walk, values made from
+replicated ones alone (iotas, constants, and the elementwise ops, broadcasts and loops on
+them: a random-bits counter) are wanted in the tiling of the sharded value they meet in an
+elementwise op, so each device makes only its own piece (XLA's backward propagation).
+An op with a dimension-label rule (xlapy.passes.spmd.labels) chooses a tiling of its
+iteration space among candidates:
 
   * each operand's tiling, read through the operand's labels;
   * the tiling its result is wanted in (its own annotation, or that of the Sharding
@@ -22,10 +26,13 @@ Cost rule (the conflict rule): a candidate costs the bytes each device receives 
 its operands into the candidate's tiling (all-gathers; slicing a held value is free), plus
 the all-reduce of a partial result when it cuts contracted labels (2(g-1)/g of the local
 result; half that when a reduce-scatter leaves it in its wanted tiling), plus the
-all-gathers to bring the result into its wanted tiling. The cheapest wins; ties go to the
+all-gathers to bring the result into its wanted tiling, plus the work: the bytes of result
+each device computes (so a dot of sharded operands is not replicated to save a small
+all-reduce, which XLA's propagation would not do either). The cheapest wins; ties go to the
 candidate that cuts the iteration space into more pieces (less work per device), then to
 the earlier candidate (operand 0 first). A user annotation is a
-constraint: the annotated value is resharded to it whatever it costs.
+constraint: the annotated value is resharded to it whatever it costs; a constraint's open
+dimensions (`unspecified_dims`, Shardy's `{?}`) keep the value's own cuts.
 
 Resharding a value from tiling A to B: all-gather every dimension A cuts differently from B,
 then dynamic-slice what B cuts, at offsets read from a table by partition-id (XLA's way
@@ -129,14 +136,15 @@ class PartitionReport:
 @dataclass
 class Local:
     """A global value's per-device form: the instruction computing it, its tiling (a tuple
-    of them for a tuple value; None for tokens), whether it is manual (shard_map data), and
-    whether it is a partial sum: `partial` holds the device groups whose pieces add up to
+    of them for a tuple value; None for tokens), how deep it is in shard_map regions
+    (`manual`: 0 outside, 1 in a region, 2 in a region nested in another), and whether it
+    is a partial sum: `partial` holds the device groups whose pieces add up to
     the value (the devices of a group hold the same piece under `tiling`), None when each
     device holds its piece whole; a tuple of those for a tuple value."""
 
     instr: HloInstruction
     tiling: Any  # Tiling | tuple[<tiling>, ...] | None
-    manual: bool = False
+    manual: int = 0
     partial: Any = None  # Groups | tuple[<partial>, ...] | None
 
 
@@ -147,6 +155,20 @@ _LINEAR = (Opcode.ADD, Opcode.SUBTRACT, Opcode.NEGATE, Opcode.COPY, Opcode.TRANS
 # Linear ops that keep them partial when each device holds the whole array's partial sum.
 _LINEAR_WHOLE = (Opcode.RESHAPE, Opcode.BROADCAST, Opcode.SLICE)
 
+
+_FREE_OPS = {
+    Opcode.CONSTANT,
+    Opcode.IOTA,
+    Opcode.BROADCAST,
+    Opcode.TUPLE,
+    Opcode.GET_TUPLE_ELEMENT,
+    Opcode.WHILE,
+    Opcode.RESHAPE,
+    Opcode.SLICE,
+    *(op for op in Opcode if op.is_elementwise),
+}
+"""Ops whose results, from operands computed without any parameter, are free to make in
+any tiling (see `_Partitioner._pull_to_free_values`)."""
 
 _PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
 _PER_PIECE_TARGETS = ("xlapy_partitioned_host_callback",)
@@ -766,7 +788,7 @@ class _Partitioner:
             s = instr.sharding
             if not isinstance(s, HloSharding) or s.is_manual or not instr.shape.is_array:
                 continue
-            if s.kind == "tuple":
+            if s.kind == "tuple" or _unspecified_dims(instr):
                 continue
             try:
                 t = Tiling.from_sharding(s, instr.shape.rank, self.n)
@@ -792,7 +814,87 @@ class _Partitioner:
                 if src.opcode is not Opcode.CUSTOM_CALL:
                     break
                 target = src
+        self._pull_to_free_values(wanted)
         return wanted
+
+    def _pull_to_free_values(self, wanted: dict[int, Tiling]) -> None:
+        """Values computed from replicated ones alone (iotas, constants, replicated
+        parameters, and what elementwise ops, broadcasts and loops make of them: JAX's
+        random bits) are wanted in the tiling of the sharded values they meet in an
+        elementwise op: each device then computes only its own piece, a pure map (XLA's
+        propagation runs backwards through them the same way), instead of computing the
+        whole array and slicing it."""
+        order = self.entry.post_order()
+        free: set[int] = set()
+        held: dict[int, Any] = {}  # the tilings known before the walk, not replicated
+        for instr in order:
+            key, op = id(instr), instr.opcode
+            if op is Opcode.PARAMETER:
+                t = self._param_guess(instr)
+                if t is None:
+                    continue
+                if isinstance(t, Tiling) and t.is_replicated:
+                    free.add(key)
+                else:
+                    held[key] = t
+            elif op is Opcode.GET_TUPLE_ELEMENT and isinstance(
+                held.get(id(instr.operands[0])), tuple
+            ):
+                t = held[id(instr.operands[0])][instr.tuple_index]
+                if isinstance(t, Tiling):
+                    if t.is_replicated:
+                        free.add(key)
+                    else:
+                        held[key] = t
+            elif op in _FREE_OPS and all(id(o) in free for o in instr.operands):
+                if not has_side_effect_deep(instr):
+                    free.add(key)
+            elif op.is_elementwise and instr.shape.is_array:
+                for o in instr.operands:
+                    if isinstance(held.get(id(o)), Tiling) and o.shape.dims == instr.shape.dims:
+                        held[key] = held[id(o)]
+                        break
+        for instr in order:  # the meeting points
+            t = held.get(id(instr))
+            if not isinstance(t, Tiling) or not instr.opcode.is_elementwise:
+                continue
+            for o in instr.operands:
+                if id(o) in free and o.shape.dims == instr.shape.dims:
+                    wanted.setdefault(id(o), t)
+        tuples: dict[int, dict[int, Tiling]] = {}
+        for instr in order:  # the meeting points
+            t = held.get(id(instr))
+            if t is None or id(instr) in free:
+                continue
+            for o in instr.operands:
+                if id(o) in free and o.shape.dims == instr.shape.dims:
+                    wanted.setdefault(id(o), t)
+        for instr in reversed(order):  # users before producers
+            key = id(instr)
+            if key not in free:
+                continue
+            if key in tuples and instr.opcode in (Opcode.TUPLE, Opcode.WHILE):
+                parts = tuples[key]
+                if instr.opcode is Opcode.TUPLE:
+                    for k, t in parts.items():
+                        wanted.setdefault(id(instr.operands[k]), t)
+                else:
+                    tuples.setdefault(id(instr.operands[0]), {}).update(parts)
+                continue
+            t = wanted.get(key)
+            if t is None or not instr.shape.is_array:
+                continue
+            if instr.opcode is Opcode.GET_TUPLE_ELEMENT:
+                src = instr.operands[0]
+                tuples.setdefault(id(src), {}).setdefault(instr.tuple_index, t)
+            elif instr.opcode is Opcode.BROADCAST:
+                (o,) = instr.operands
+                if o.shape.rank:
+                    wanted.setdefault(id(o), t.project(list(instr.dimensions)))
+            elif instr.opcode.is_elementwise:
+                for o in instr.operands:
+                    if o.shape.dims == instr.shape.dims:
+                        wanted.setdefault(id(o), t)
 
     # -- visiting --------------------------------------------------------------------------
     def visit(self, instr: HloInstruction) -> Local:
@@ -838,6 +940,9 @@ class _Partitioner:
             return self.constrain(instr, self.while_loop(instr, operands))
         if op is Opcode.CONDITIONAL:
             return self.constrain(instr, self.conditional(instr, operands))
+        held = self.wanted.get(id(instr))
+        if op is Opcode.IOTA and held is not None and held.divides(instr.shape.dims):
+            return self.constrain(instr, self.local_iota(instr, held))
         if op in (Opcode.CONSTANT, Opcode.IOTA, Opcode.PARTITION_ID, Opcode.REPLICA_ID):
             new = self.clone(instr, [], instr.shape)
             return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
@@ -846,6 +951,36 @@ class _Partitioner:
         if labels is not None and (instr.shape.is_array or op in multi):
             return self.constrain(instr, self.labelled(instr, operands, labels))
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
+
+    def _param_guess(self, instr: HloInstruction):
+        """A parameter's tiling as the walk will hold it (a tuple of them for a tuple),
+        None when it is manual or a partial sum."""
+        assert instr.parameter_number is not None
+        if self.param_tilings is not None:
+            partials = self.param_partials
+            if partials and partials[instr.parameter_number] is not None:
+                return None
+            return self.param_tilings[instr.parameter_number]
+        s = instr.sharding
+        if not isinstance(s, HloSharding):
+            return self.replicated_of(instr.shape)
+        if s.is_manual or s.is_unreduced:
+            return None
+        return self.tiling_of(s, instr.shape)
+
+    def local_iota(self, instr: HloInstruction, tiling: Tiling) -> Local:
+        """An iota made in `tiling`: each device counts its own piece (a local iota plus
+        the piece's start along the iota dimension), nothing made whole."""
+        shape = _local_shape(instr.shape, tiling, instr.name)
+        local = self.clone(instr, [], shape)
+        d = instr.iota_dimension
+        if tiling.tiles[d] == 1:
+            return Local(local, tiling)
+        start = self.offset(tiling.offsets(d, instr.shape.dims[d]))
+        scalar = Shape.array(instr.shape.element_type, ())
+        start = self.emit(Opcode.CONVERT, scalar, [start])
+        starts = self.emit(Opcode.BROADCAST, shape, [start], {"dimensions": ()})
+        return Local(self.emit(Opcode.ADD, shape, [local, starts]), tiling)
 
     def while_loop(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """The loop state keeps its initial tiling and partial sums: the body is
@@ -899,6 +1034,9 @@ class _Partitioner:
         if s.is_manual or not instr.shape.is_array or s.is_tuple:
             return value
         dst = self.even(self.tiling_of(s, instr.shape), instr.shape, instr.name)
+        free = _unspecified_dims(instr)
+        if free and value.partial is None and isinstance(value.tiling, Tiling):
+            dst = _open_constraint(dst, value.tiling, free)
         return self.to_state(value, dst, self.partial_of(s, instr.shape), instr.shape)
 
     def even(self, tiling, shape: Shape, name: str):
@@ -980,7 +1118,8 @@ class _Partitioner:
             v.instr if v.manual else self.as_tiling(v, self.replicated_of(o.shape), o.shape)
             for v, o in zip(operands, instr.operands, strict=True)
         ]
-        return Local(self.clone(instr, ops, instr.shape), None, manual=True)
+        depth = max(v.manual for v in operands)
+        return Local(self.clone(instr, ops, instr.shape), None, manual=depth)
 
     # -- custom calls: annotations and manual regions --------------------------------------
     def custom_call(self, instr: HloInstruction, operands: list[Local]) -> Local | None:
@@ -1117,16 +1256,27 @@ class _Partitioner:
 
     def to_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Enter a shard_map region: each operand resharded to its in-sharding; the
-        region works on the local pieces as they are."""
+        region works on the local pieces as they are. A region nested in another (over
+        other mesh axes) enters from the outer region's data, which each device holds
+        whole along the inner axes: it takes its piece, a free slice."""
         shapes = [o.shape for o in instr.operands]
         shardings = self._manual_shardings(instr, "xla.sdy.in_shardings", shapes)
         if shardings is None:  # GSPMD: the operand is a Sharding custom call saying how
             shardings = [o.sharding for o in instr.operands]
         locals_ = []
+        depth = 1 + max((v.manual for v in operands), default=0)
         for v, o, s in zip(operands, instr.operands, shardings, strict=True):
             if isinstance(s, HloSharding) and (s.is_manual or (s.subgroups and not s.is_unreduced)):
                 raise PartitionError(f"{instr.name}: cannot read the region's in-sharding {s}")
-            if isinstance(s, HloSharding):
+            if v.manual:
+                if isinstance(s, HloSharding) and s.is_unreduced:
+                    raise PartitionError(
+                        f"{instr.name}: a nested region cannot enter with partial sums ({s})"
+                    )
+                whole = Local(v.instr, self.replicated_of(o.shape))
+                dst = self.tiling_of(s, o.shape) if isinstance(s, HloSharding) else whole.tiling
+                locals_.append(self.as_tiling(whole, dst, o.shape))
+            elif isinstance(s, HloSharding):
                 dst = self.tiling_of(s, o.shape)
                 # an unreduced in-sharding: each device enters with its partial sum
                 locals_.append(self.to_state(v, dst, self.partial_of(s, o.shape), o.shape).instr)
@@ -1142,12 +1292,14 @@ class _Partitioner:
         self.report.native["shard_map region"] = self.report.native.get("shard_map region", 0) + 1
         if instr.shape.is_tuple:
             shape = Shape.tuple([x.shape for x in locals_])
-            return Local(self.emit(Opcode.TUPLE, shape, locals_), None, manual=True)
-        return Local(locals_[0], None, manual=True)
+            return Local(self.emit(Opcode.TUPLE, shape, locals_), None, manual=depth)
+        return Local(locals_[0], None, manual=depth)
 
     def from_manual(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Leave a shard_map region: each device's local piece is its piece of the global
-        result under the out-sharding."""
+        result under the out-sharding. Leaving a nested region returns to the outer one,
+        whose data each device holds whole along the inner axes: the pieces are gathered
+        (and partial sums added up) among the devices of the same outer piece."""
         (v,) = operands
         shapes = list(instr.shape.tuple_shapes) if instr.shape.is_tuple else [instr.shape]
         shardings = self._manual_shardings(instr, "xla.sdy.out_shardings", shapes)
@@ -1174,6 +1326,10 @@ class _Partitioner:
             partial = states if any(x is not None for x in states) else None
         else:
             partial = states[0]
+        if v.manual > 1:
+            held = Local(v.instr, tiling, partial=partial)
+            whole = self.as_tiling(held, self.replicated_of(instr.shape), instr.shape)
+            return Local(whole, None, manual=v.manual - 1)
         return Local(v.instr, tiling, partial=partial)
 
     # -- ops with dimension labels ---------------------------------------------------------
@@ -1265,6 +1421,11 @@ class _Partitioner:
                 cost -= (g - 1) / g * local * _scatter_share(out_t, wanted)
         if wanted is not None:
             cost += _gather_bytes(out_t, wanted, out_shape)
+        # the work: the bytes of result each device computes (a candidate that leaves
+        # devices idle pays for it: replicating a dot of sharded operands is not free)
+        results = instr.shape.tuple_shapes if instr.shape.is_tuple else (instr.shape,)
+        for r, dims in zip(results, L.results, strict=False):
+            cost += r.byte_size / math.prod(cand.project(dims).tiles)
         return cost
 
     def _emit_labelled(self, instr, operands: list[Local], L: OpLabels, cand: Tiling) -> Local:
@@ -1571,6 +1732,32 @@ class _Partitioner:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _unspecified_dims(instr: HloInstruction) -> tuple[int, ...]:
+    """The dimensions a Sharding custom call leaves open (GSPMD's
+    `backend_config="unspecified_dims=[...]"`, Shardy's `{?}`): the constraint fixes the
+    others; propagation decides these."""
+    if instr.opcode is not Opcode.CUSTOM_CALL or instr.custom_call_target != "Sharding":
+        return ()
+    config = instr.backend_config
+    m = re.fullmatch(r"\s*unspecified_dims=\[([0-9,\s]*)\]\s*", config.text) if config else None
+    if m is None:
+        return ()
+    return tuple(int(d) for d in m.group(1).split(",") if d.strip())
+
+
+def _open_constraint(annotated: Tiling, held: Tiling, free: tuple[int, ...]) -> Tiling:
+    """The tiling a constraint with open dimensions `free` asks of a value held as `held`:
+    the annotation on its fixed dimensions, the value's own cuts on the open ones where
+    both fit one uniform tiling (else the annotation alone, the open dimensions whole)."""
+    fixed = [i for i in range(held.rank) if i not in free]
+    kept = held.with_axes_whole(fixed)
+    if kept.is_replicated:
+        return annotated
+    if annotated.is_replicated:
+        return kept
+    return merge(annotated, kept) or annotated
 
 
 _BITS = {8: "u8", 16: "u16", 32: "u32", 64: "u64"}
