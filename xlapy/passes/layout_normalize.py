@@ -104,11 +104,7 @@ def _aliased_result_layouts(module: HloModule, entry: HloComputation) -> dict[in
         if not param.has_index(alias.param_index):
             continue
         layout = param.subshape(alias.param_index).layout
-        instr = root
-        for i in alias.output_index:
-            instr = instr.operands[i] if instr.opcode is Opcode.TUPLE else None
-            if instr is None:
-                break
+        instr = _returned_at(root, alias.output_index)
         if instr is None or not instr.shape.is_array or layout is None:
             continue
         if layout.tiles or layout.element_size_bits or layout.memory_space:
@@ -118,6 +114,17 @@ def _aliased_result_layouts(module: HloModule, entry: HloComputation) -> dict[in
         key = id(instr)
         found[key] = layout if found.get(key, layout) == layout else None
     return {key: layout for key, layout in found.items() if layout is not None}
+
+
+def _returned_at(root: HloInstruction, index: tuple[int, ...]) -> HloInstruction | None:
+    """The instruction a root returns at output `index` through its tuples (None where the
+    index passes through anything else)."""
+    instr = root
+    for i in index:
+        if instr.opcode is not Opcode.TUPLE:
+            return None
+        instr = instr.operands[i]
+    return instr
 
 
 def _declare_aliased_layouts(module: HloModule, root: HloInstruction) -> None:
