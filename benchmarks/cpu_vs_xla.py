@@ -462,6 +462,53 @@ def _():
     return adam_step(loss), data
 
 
+# Added in the eighth session (branch xformer2): attention written as flax.nnx writes it,
+# projections as einsums with [model, heads, head] kernels, in a training step with Adam. Its
+# gradients contract [batch, heads, tokens, head] values over (heads, head) and keep (heads,
+# head) free, which no BLAS matrix reads in place (passes/dot_operands.py transposes them).
+def mha_block(p, x, heads):
+    h = layernorm(x, p["g1"], p["b1"])
+    q, k, v = (jnp.einsum("btm,mhd->bthd", h, p[w]) for w in ("wq", "wk", "wv"))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    t = x.shape[1]
+    scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+    att = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+    x = x + jnp.einsum("bqhd,hdm->bqm", att, p["wo"])
+    h = layernorm(x, p["g2"], p["b2"])
+    return x + jax.nn.relu(h @ p["ff1"]) @ p["ff2"]
+
+
+@program("transformer_mha_adam_step")
+def _():
+    heads = 4
+
+    def loss(layers, x):
+        for p in layers:
+            x = mha_block(p, x, heads)
+        return jnp.mean(x**2)
+
+    def data(rng, s):
+        d = max(s.model // 4, 8)
+        hd = d // heads
+
+        def layer():
+            def w(*shape):
+                return normal(rng, shape, scale=1 / math.sqrt(d))
+
+            return {
+                "wq": w(d, heads, hd), "wk": w(d, heads, hd), "wv": w(d, heads, hd),
+                "wo": w(heads, hd, d), "ff1": w(d, 2 * d), "ff2": w(2 * d, d),
+                "g1": normal(rng, (d,)), "b1": normal(rng, (d,), scale=0.1),
+                "g2": normal(rng, (d,)), "b2": normal(rng, (d,), scale=0.1),
+            }  # fmt: skip
+
+        layers = [layer() for _ in range(2)]
+        moments = [jax.tree_util.tree_map(lambda a: 0.01 * np.abs(a), p) for p in layers]
+        return layers, moments, moments, normal(rng, (3, max(s.seq // 8, 4), d))
+
+    return adam_step(loss), data
+
+
 # -- convolutions --------------------------------------------------------------------------------
 
 

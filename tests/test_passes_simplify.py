@@ -359,6 +359,8 @@ ENTRY e {
   p = f32[2,3,4] parameter(4)
   q = f32[2,4,5] parameter(5)
   g = f32[3,2,4] parameter(6)
+  w = f64[5,4] parameter(7)
+  wl = f64[4,3] parameter(8)
 """
 
 # (name, body, expected root, expected dimension numbers (lb, rb, lc, rc) of the root dot)
@@ -414,6 +416,22 @@ DOT_FIRES = [
         "dot(bt, at)",
         ((), (), (1,), (0,)),
     ),
+    (
+        "dot(a, convert(transpose(w))) -> dot(a, convert(w))",
+        "t = f64[4,5] transpose(w), dimensions={1,0}\n"
+        "  c = f32[4,5] convert(t)\n"
+        "  ROOT r = f32[3,5] dot(a, c), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "dot(a, convert(w))",
+        ((), (), (1,), (1,)),
+    ),
+    (
+        "dot(convert(transpose(wl)), b) -> dot(convert(wl), b)",
+        "t = f64[3,4] transpose(wl), dimensions={1,0}\n"
+        "  c = f32[3,4] convert(t)\n"
+        "  ROOT r = f32[3,5] dot(c, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "dot(convert(wl), b)",
+        ((), (), (0,), (0,)),
+    ),
 ]
 
 DOT_DOES_NOT_FIRE = [
@@ -442,6 +460,14 @@ DOT_DOES_NOT_FIRE = [
         "  ROOT r = f32[2,3,5] dot(t, b), lhs_contracting_dims={2}, rhs_contracting_dims={0}",
         "dot(transpose(g), b)",
     ),
+    (
+        "converted transpose with another user",
+        "t = f64[4,5] transpose(w), dimensions={1,0}\n"
+        "  c = f32[4,5] convert(t)\n"
+        "  d = f32[3,5] dot(a, c), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        "  ROOT u = (f32[3,5], f32[4,5]) tuple(d, c)",
+        "tuple(dot(a, convert(transpose(w))), convert(transpose(w)))",
+    ),
 ]
 
 
@@ -451,7 +477,9 @@ def _dot_module(body: str):
 
 def _dot_args(module, seed: int):
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal(p.shape.dims).astype(np.float32) for p in module.entry.parameters]
+    return [
+        rng.standard_normal(p.shape.dims).astype(p.shape.dtype) for p in module.entry.parameters
+    ]
 
 
 @pytest.mark.parametrize("name,body,expected,dims", DOT_FIRES, ids=[c[0] for c in DOT_FIRES])

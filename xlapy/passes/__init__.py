@@ -22,6 +22,7 @@ PASS_MODULES = (
     "cse",
     "dce",
     "donors",
+    "dot_operands",
     "expanders",
     "flatten_call_graph",
     "fusion",

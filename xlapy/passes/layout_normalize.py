@@ -19,12 +19,25 @@ The simplifier then sees transposes as real data movement and folds them into do
 (rules.py: transpose(dot) and dot(transpose) rules), and reshape-to-bitcast later turns
 back into bitcasts the reshapes and transposes that still move no bytes.
 
+An entry result that aliases a parameter (`input_output_alias`) shares that parameter's
+buffer, so it takes the parameter's layout: JAX may hand over a training step whose root
+returns an optimizer state `f32[64,256]{0,1}` (an update computed in a transposed
+gradient's order, and so declared in `entry_computation_layout`) in place of the donated
+`f32[64,256]{1,0}` parameter. Kept, the update's kernel would write the parameter's bytes in
+another order than it reads them (a run through a scratch copy, and the next step reads
+its state transposed). XLA compiles such a step from JAX with every layout row-major; here
+the value the root returns (through tuples) is computed in its parameter's layout, and the
+declared result layout says so, where the value is free to change: not a parameter, no
+operand or result of control flow, not returned at two places in different layouts.
+
 Modules whose meaning depends on physical layouts are left alone: anything holding a
 `bitcast` (a reinterpretation of bytes, as in XLA's own optimized dumps) or a custom call
 (native code reads its operands' bytes as laid out).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from xlapy.ir.call_graph import CallGraph
 from xlapy.ir.computation import HloComputation
@@ -48,13 +61,14 @@ def _crosses(op: Opcode) -> bool:
     return op.call_context is CallContext.SEQUENTIAL or op is Opcode.FUSION
 
 
-def _pinned(entry) -> set[int]:
+def _pinned(entry, with_root: bool = True) -> set[int]:
     """ids of the instructions of a computation (`entry`) whose layouts are part of a
     contract: parameters, the values the root returns (through tuples and
-    get-tuple-elements), and the operands and results of control flow (a tuple operand of
-    a while or call through its tuples too: its elements share the state's buffers)."""
+    get-tuple-elements; not `with_root`: left out), and the operands and results of control
+    flow (a tuple operand of a while or call through its tuples too: its elements share the
+    state's buffers)."""
     pinned: set[int] = set()
-    stack: list[HloInstruction] = [entry.root]
+    stack: list[HloInstruction] = [entry.root] if with_root else []
     for instr in entry.instructions:
         if instr.opcode is Opcode.PARAMETER or _crosses(instr.opcode):
             pinned.add(id(instr))
@@ -69,6 +83,82 @@ def _pinned(entry) -> set[int]:
         if instr.opcode.category is Category.TUPLE:
             stack.extend(o for o in instr.operands if id(o) not in pinned)
     return pinned
+
+
+def _aliased_result_layouts(module: HloModule, entry: HloComputation) -> dict[int, Layout]:
+    """id -> layout of each array instruction that the entry's root returns (through tuples)
+    as an output aliasing a parameter whose layout differs, where the instruction is free to
+    take that layout (see the file comment)."""
+    root = entry.root
+    if root is None or not module.config.input_output_alias:
+        return {}
+    params = entry.parameters
+    contract = _pinned(entry, with_root=False)
+    found: dict[int, Layout | None] = {}
+    for alias in module.config.input_output_alias:
+        if not 0 <= alias.param_number < len(params) or not root.shape.has_index(
+            alias.output_index
+        ):
+            continue
+        param = params[alias.param_number].shape
+        if not param.has_index(alias.param_index):
+            continue
+        layout = param.subshape(alias.param_index).layout
+        instr = _returned_at(root, alias.output_index)
+        if instr is None or not instr.shape.is_array or layout is None:
+            continue
+        if layout.tiles or layout.element_size_bits or layout.memory_space:
+            continue
+        if instr.opcode is Opcode.GET_TUPLE_ELEMENT or id(instr) in contract:
+            continue  # a get-tuple-element's shape is its tuple's; contract: see _pinned
+        key = id(instr)
+        found[key] = layout if found.get(key, layout) == layout else None
+    return {key: layout for key, layout in found.items() if layout is not None}
+
+
+def _returned_at(root: HloInstruction, index: tuple[int, ...]) -> HloInstruction | None:
+    """The instruction a root returns at output `index` through its tuples (None where the
+    index passes through anything else)."""
+    instr = root
+    for i in index:
+        if instr.opcode is not Opcode.TUPLE:
+            return None
+        instr = instr.operands[i]
+    return instr
+
+
+def _declare_aliased_layouts(module: HloModule, root: HloInstruction) -> None:
+    """Make `entry_computation_layout`'s result say the layouts the root now returns at
+    its aliased outputs."""
+    declared = module.config.entry_computation_layout
+    if declared is None or not declared.result.compatible(root.shape):
+        return
+
+    def rebuilt(shape: Shape, now: Shape, index: tuple[int, ...]) -> Shape:
+        if shape.is_tuple:
+            parts = [rebuilt(s, n, (*index, i)) for i, (s, n) in
+                     enumerate(zip(shape.tuple_shapes, now.tuple_shapes, strict=True))]  # fmt: skip
+            return Shape.tuple(parts)
+        return now if module.config.alias_for_output(index) is not None else shape
+
+    result = rebuilt(declared.result, root.shape, ())
+    if result != declared.result:
+        module.config.entry_computation_layout = replace(declared, result=result)
+
+
+def _retuple(instr: HloInstruction) -> bool:
+    """Give a root tuple (and the tuples under it) its operands' shapes; whether one
+    changed."""
+    if instr.opcode is not Opcode.TUPLE:
+        return False
+    changed = False
+    for o in instr.operands:
+        changed |= _retuple(o)
+    shape = Shape.tuple(o.shape for o in instr.operands)
+    if shape != instr.shape:
+        instr.shape = shape
+        changed = True
+    return changed
 
 
 def _follow_operands(instr: HloInstruction) -> bool:
@@ -101,10 +191,15 @@ class NormalizeLayouts(HloPass):
             if any(i.opcode in LAYOUT_SENSITIVE for i in comp.instructions):
                 return False
         changed = False
+        returned = _aliased_result_layouts(module, entry)
         for comp in CallGraph(module).sequential_computations():
             pinned = _pinned(comp)
             for instr in comp.post_order():
                 shape = instr.shape
+                want = returned.get(id(instr)) if comp is entry else None
+                if want is not None and shape.layout != want:
+                    instr.shape = shape.with_layout(want)
+                    changed = True
                 if id(instr) in pinned:
                     continue
                 if instr.opcode.category is Category.TUPLE:
@@ -119,6 +214,9 @@ class NormalizeLayouts(HloPass):
                     continue
                 instr.shape = shape.with_layout(Layout.default(shape.rank))
                 changed = True
+        if returned and entry.root is not None:
+            changed |= _retuple(entry.root)
+            _declare_aliased_layouts(module, entry.root)
         return changed
 
 

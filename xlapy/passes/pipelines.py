@@ -39,6 +39,7 @@ CPU_PIPELINE: list[PlanEntry] = [
     # NumPy accumulate path on forward scans (see benchmarks/RESULTS.md, "scans").
     SIMPLIFY,  # a list is a FixedPoint group
     "buffer-donor-to-alias",
+    "dot-matrix-operands",  # after the simplifier folds transposes into dots: BLAS-readable
     # -- late stages: fusion, then copy insertion ---------------------------------------------
     "fusion",
     # "multi-output-fusion" is not in the pipeline: it saves softmax a re-read (~12%) but

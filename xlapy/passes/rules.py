@@ -586,6 +586,20 @@ def _transpose_of_dot(m: Match):
     return m.new(Op.DOT, [b, a], attrs)
 
 
+def _dims_through_transpose(dot: HloInstruction, side: int, perm: tuple[int, ...]):
+    """`dot`'s dimension numbers with operand `side` read before a transpose `perm` (its
+    batch and contracting dims renumbered), or None when the permutation reorders the
+    operand's free dims (they give the result's order)."""
+    dims = list(_dot_dims(dot))
+    batch, contracting = dims[side], dims[2 + side]
+    free = [perm[d] for d in _free_dims(len(perm), batch, contracting)]
+    if free != sorted(free):
+        return None
+    dims[side] = tuple(perm[d] for d in batch)
+    dims[2 + side] = tuple(perm[d] for d in contracting)
+    return dims
+
+
 def _fold_transpose_into_dot(side: int):
     """dot(transpose(a), b) -> dot(a, b) (side 0; side 1 for the rhs) with the batch and
     contracting dimensions renumbered through the permutation. Exact when the permutation
@@ -593,18 +607,38 @@ def _fold_transpose_into_dot(side: int):
 
     def rewrite(m: Match):
         t = m.root.operands[side]
-        perm = t.dimensions
-        dims = list(_dot_dims(m.root))
-        batch, contracting = dims[side], dims[2 + side]
-        free = [perm[d] for d in _free_dims(t.shape.rank, batch, contracting)]
-        if free != sorted(free):
+        dims = _dims_through_transpose(m.root, side, t.dimensions)
+        if dims is None:
             return None
-        dims[side] = tuple(perm[d] for d in batch)
-        dims[2 + side] = tuple(perm[d] for d in contracting)
-        attrs = _with_dot_dims(m.root.attrs, dims)
         operands = list(m.root.operands)
         operands[side] = t.operands[0]
-        return m.new(Op.DOT, operands, attrs)
+        return m.new(Op.DOT, operands, _with_dot_dims(m.root.attrs, dims))
+
+    return rewrite
+
+
+def _fold_converted_transpose_into_dot(side: int):
+    """dot(convert(transpose(a)), b) -> dot(convert(a), b) (side 0; side 1 for the rhs),
+    dims renumbered as above: a convert is elementwise, so it commutes with the transpose.
+    JAX transposes bf16 weights before their dots and dot-upcast puts the widening convert
+    between: kept, every run converts the weight through a transposing kernel where BLAS
+    reads the plainly converted one with a transpose flag. Only for a convert that the dot
+    alone reads (else both converts would run)."""
+
+    def rewrite(m: Match):
+        c = m.root.operands[side]
+        if len(c.users) != 1 or c.control_successors:
+            return None
+        t = c.operands[0]
+        dims = _dims_through_transpose(m.root, side, t.dimensions)
+        if dims is None:
+            return None
+        a = t.operands[0]
+        operands = list(m.root.operands)
+        operands[side] = m.new(
+            Op.CONVERT, [a], shape=a.shape.with_element_type(c.shape.element_type)
+        )
+        return m.new(Op.DOT, operands, _with_dot_dims(m.root.attrs, dims))
 
     return rewrite
 
@@ -759,6 +793,16 @@ RULES: list[Rule] = [
         "dot(a, transpose(b)) -> dot(a, b)   (dims renumbered)",
         op(Op.DOT, X, op(Op.TRANSPOSE, Y)),
         _fold_transpose_into_dot(1),
+    ),
+    (
+        "dot(convert(transpose(a)), b) -> dot(convert(a), b)   (dims renumbered)",
+        op(Op.DOT, op(Op.CONVERT, op(Op.TRANSPOSE, X)), Y),
+        _fold_converted_transpose_into_dot(0),
+    ),
+    (
+        "dot(a, convert(transpose(b))) -> dot(a, convert(b))   (dims renumbered)",
+        op(Op.DOT, X, op(Op.CONVERT, op(Op.TRANSPOSE, Y))),
+        _fold_converted_transpose_into_dot(1),
     ),
     (
         "dot(a, b) -> broadcast(a') * broadcast(b')   (no contracting dims)",
