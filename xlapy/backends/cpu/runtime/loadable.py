@@ -29,3 +29,26 @@ def loadable(fn: F) -> F:
 def is_loadable(obj: object) -> bool:
     """Whether `obj` is a function marked with `loadable`."""
     return isinstance(obj, FunctionType) and obj in _LOADABLE
+
+
+# -- parts of a loaded program that are read only by reports ---------------------------------
+# A program image keeps what only reports read (the optimized module, its buffer
+# assignment, the instruction each thunk implements) apart from what running needs, and
+# unpickles it on first use (program_image: "deferred"). A class whose instances may come
+# back with such attributes lists them in `IMAGE_DEFERRED` and answers `__getattr__` with
+# `deferred_attribute`: until it is first read, the attribute is absent and its pending
+# value (something with `resolve()`) waits under PENDING in the instance's __dict__.
+
+PENDING = "_image_pending"
+
+
+def deferred_attribute(obj: object, name: str) -> object:
+    """The deferred attribute `name` of `obj` (resolved and stored on first use); the
+    usual AttributeError for any other missing attribute."""
+    pending = obj.__dict__.get(PENDING)
+    if pending is None or name not in pending:
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+    value = pending[name].resolve()
+    obj.__dict__[name] = value
+    pending.pop(name, None)
+    return value
