@@ -33,7 +33,9 @@
 # IMAGE_DEFERRED (a thunk's `instr`, the compiled module's `module` and `assignment`) is
 # unpickled on first use (runtime/loadable.py); any other reference loads the report
 # pickle at once. Both are read from the one authenticated entry, the report pickle kept
-# in memory until it is needed.
+# in memory until it is needed. A thunk that needs its instruction to load or run (an
+# interpreter rule and its planner, an FFT, a typed FFI call) lists it in IMAGE_DETACHED
+# instead: it keeps a copy that shares nothing with the module (loadable.detached).
 #
 # Trust: only this user's authenticated entries are unpickled (the same trust as the
 # object code the entry holds and the process runs), and even an authentic entry is read
@@ -53,6 +55,7 @@
 
 from __future__ import annotations
 
+import copyreg
 import dataclasses
 import functools
 import gc
@@ -75,7 +78,7 @@ from xlapy.backends.cpu.jit import executable_cache
 from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn, trusted_dir, warn_rejected
 from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
-from xlapy.backends.cpu.runtime.loadable import PENDING, is_loadable, loadable
+from xlapy.backends.cpu.runtime.loadable import PENDING, detached, is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -262,13 +265,8 @@ _REPORT_TYPES = (HloInstruction, HloComputation, HloModule, BufferAssignment)
 """What the report pickle holds (the HLO graph): the run pickle names them by number."""
 
 
-class _Deferred:
-    """A value an IMAGE_DEFERRED attribute had: the report pickle holds it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
+_REPORT = object()
+"""Stands for the report pickle in the run pickle (persistent id ("report", -1))."""
 
 
 class _RunPickler(_Pickler):
@@ -280,6 +278,12 @@ class _RunPickler(_Pickler):
         super().__init__(file)
         self.anchors: list[Any] = []
         self._numbers: dict[int, int] = {}
+        self._detached: list[Any] = []  # (the copies, alive while their ids are kept)
+        self._firsts: dict[Any, Any] = {}
+        self._box = [_REPORT]
+        """What every deferred attribute's (box, number) holds: one list, pickled once,
+        whose item (the report pickle) the unpickler puts in once."""
+        self._inline: set[int] = set()
 
     def _anchor(self, obj: Any) -> int:
         number = self._numbers.get(id(obj))
@@ -289,44 +293,56 @@ class _RunPickler(_Pickler):
         return number
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is _Deferred:
-            return ("deferred", self._anchor(obj.value))
-        if isinstance(obj, _REPORT_TYPES):
+        if obj is _REPORT:
+            return ("report", -1)
+        if isinstance(obj, _REPORT_TYPES) and id(obj) not in self._inline:
             return ("report", self._anchor(obj))
         return None
 
     def reducer_override(self, obj: Any) -> Any:
-        names = getattr(type(obj), "IMAGE_DEFERRED", None)
-        if names and not isinstance(obj, type):
+        cls = type(obj)
+        deferred = getattr(cls, "IMAGE_DEFERRED", ())
+        detach = getattr(cls, "IMAGE_DETACHED", ())
+        if (deferred or detach) and not isinstance(obj, type):
             reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
             state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
             if isinstance(state, dict) and PENDING not in state:
                 state = dict(state)
-                pending = {n: _Deferred(state.pop(n)) for n in names if n in state}
-                state[PENDING] = pending
-                return (_new_deferring, (type(obj),), state)
+                for name in detach:
+                    if isinstance(state.get(name), HloInstruction):
+                        made: list[Any] = []
+                        state[name] = detached(state[name], made)
+                        self._detached += made
+                        self._inline.update(map(id, made))
+                for name, value in state.items():
+                    state[name] = self._shared(value)
+                pending = {
+                    n: (self._box, self._anchor(state.pop(n))) for n in deferred if n in state
+                }
+                if pending:
+                    state[PENDING] = pending
+                return (copyreg.__newobj__, (cls,), state)
         return super().reducer_override(obj)
 
 
-@loadable
-def _new_deferring(cls: type) -> Any:
-    """An empty instance of `cls`, a class with IMAGE_DEFERRED attributes (its state, the
-    pending ones included, is set next)."""
-    if not (isinstance(cls, type) and getattr(cls, "IMAGE_DEFERRED", None)):
-        raise pickle.UnpicklingError(f"{cls!r} defers no attribute")
-    return cls.__new__(cls)
+    def _shared(self, value: Any) -> Any:
+        """`value` (a thunk's attribute) with each frozen value in it, or in the tuple or
+        list it is, replaced by the first equal one pickled: the pickle then refers back
+        to that one instead of making another (the compiler makes a slice per operand and
+        result of every thunk, most of them equal to another's)."""
+        kind = type(value)
+        if kind is tuple or kind is list:
+            if value and all(_frozen_slots(type(v)) is not None for v in value):
+                shared = [self._first(v) for v in value]
+                return tuple(shared) if kind is tuple else shared
+            return value
+        return self._first(value) if _frozen_slots(kind) is not None else value
 
-
-class _Pending:
-    """A deferred attribute's value: number `number` of the report pickle."""
-
-    __slots__ = ("number", "report")
-
-    def __init__(self, report: _Report, number: int):
-        self.report, self.number = report, number
-
-    def resolve(self) -> Any:
-        return self.report.anchor(self.number)
+    def _first(self, value: Any) -> Any:
+        try:
+            return self._firsts.setdefault(value, value)
+        except TypeError:  # unhashable fields
+            return value
 
 
 class _Report:
@@ -380,10 +396,8 @@ class _RunUnpickler(_Unpickler):
         if not (isinstance(pid, tuple) and len(pid) == 2 and type(pid[1]) is int):
             raise pickle.UnpicklingError(f"bad persistent id {pid!r}")
         kind, number = pid
-        if kind == "deferred":
-            return _Pending(self.report, number)
         if kind == "report":
-            return self.report.anchor(number)
+            return self.report if number == -1 else self.report.anchor(number)
         raise pickle.UnpicklingError(f"bad persistent id {pid!r}")
 
 
@@ -396,7 +410,14 @@ def _discard(key: str) -> None:
             pass
 
 
-_NOT_IMAGEABLE = (pickle.PicklingError, TypeError, AttributeError, ValueError, RecursionError)
+_NOT_IMAGEABLE = (
+    pickle.PicklingError,
+    TypeError,
+    AttributeError,
+    ValueError,
+    KeyError,
+    RecursionError,
+)
 
 
 def _dump(value: Any) -> tuple[bytes, bytes, set[str]]:
