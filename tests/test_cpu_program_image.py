@@ -29,8 +29,8 @@ from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.jit.disk_cache import CacheEntryWarning
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
-from xlapy.backends.interpreter import evaluate
 from xlapy.backends.cpu.runtime.loadable import PENDING
+from xlapy.backends.interpreter import evaluate
 from xlapy.errors import CustomCallError, XlapyError
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client, CompileOptions
@@ -224,7 +224,7 @@ def test_a_malformed_report_part_is_an_error_and_the_entry_goes(image_cache, tex
     assert warm._module is None
     for a, c in zip(run(warm, args), cold, strict=True):
         np.testing.assert_array_equal(a, c)
-    with pytest.raises(XlapyError, match="malformed report part.*may not"):
+    with pytest.raises(XlapyError, match=r"malformed report part.*may not"):
         warm.backend_program().compiled.thunk_listing()
     assert called == [] and images(image_cache) == []
     clear_kernel_cache()

@@ -201,22 +201,25 @@ class CpuProgram(CompiledProgram):
         """The program `image_state` described, run with `options`: the module and buffer
         assignment stay unread until a report asks for them."""
         program = cls.__new__(cls)
-        program.options = dict(options)
-        program.compiled = state["compiled"]
-        for name in cls._IMAGED:
-            setattr(program, name, state[name])
-        program.state = {k: program.options[k] for k in _STATE_OPTIONS if k in program.options}
-        program._alias_by_output = {a.output_index: a for a in program.aliases}
-        program._arenas = []
-        program._arena_lock = threading.Lock()
-        constants = program.compiled.constants
-        program._template = [None] * int(state["allocations"])
-        program._template_bases = [0] * len(program._template)
-        for index, mem in constants.items():
-            program._template[index] = mem
-            program._template_bases[index] = address(mem)
-        program._kernel_calls = program._straight_line_kernels()
+        program._restore_image_state(state, options)
         return program
+
+    def _restore_image_state(self, state: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        self.compiled = state["compiled"]
+        for name in self._IMAGED:
+            setattr(self, name, state[name])
+        self.state = {k: self.options[k] for k in _STATE_OPTIONS if k in self.options}
+        self._alias_by_output = {a.output_index: a for a in self.aliases}
+        self._arenas = []
+        self._arena_lock = threading.Lock()
+        template: list[np.ndarray | None] = [None] * int(state["allocations"])
+        self._template = template
+        self._template_bases = [0] * len(template)
+        for index, mem in self.compiled.constants.items():
+            self._template[index] = mem
+            self._template_bases[index] = address(mem)
+        self._kernel_calls = self._straight_line_kernels()
 
     @property
     def module(self) -> HloModule:  # type: ignore[override]
@@ -237,7 +240,7 @@ class CpuProgram(CompiledProgram):
         allocations = self.compiled.assignment.allocations
         params = self.compiled.module.entry_computation().parameters
         self._num_params = len(params)
-        self._template: list[np.ndarray | None] = [None] * len(allocations)
+        self._template = [None] * len(allocations)
         self._template_bases = [0] * len(allocations)
         for index, mem in self.compiled.constants.items():
             self._template[index] = mem
@@ -268,9 +271,7 @@ class CpuProgram(CompiledProgram):
             if shape.is_array
         ]
         self._single_output = root.shape.is_array
-        self._flat_output = root.shape.is_tuple and all(
-            t.is_array for t in root.shape.tuple_shapes
-        )
+        self._flat_output = root.shape.is_tuple and all(t.is_array for t in root.shape.tuple_shapes)
         self._simple = self._simple_plan()
         self._kernel_calls = self._straight_line_kernels()
         self._fixed_cost = (

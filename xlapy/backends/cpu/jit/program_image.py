@@ -55,6 +55,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import dataclasses
 import functools
@@ -265,6 +266,7 @@ _REPORT_TYPES = (HloInstruction, HloComputation, HloModule, BufferAssignment)
 """What the report pickle holds (the HLO graph): the run pickle names them by number."""
 
 
+_NEWOBJ: Any = getattr(copyreg, "__newobj__")  # noqa: B009  (pickle's NEWOBJ: no call)
 _REPORT = object()
 """Stands for the report pickle in the run pickle (persistent id ("report", -1))."""
 
@@ -321,9 +323,8 @@ class _RunPickler(_Pickler):
                 }
                 if pending:
                     state[PENDING] = pending
-                return (copyreg.__newobj__, (cls,), state)
+                return (_NEWOBJ, (cls,), state)
         return super().reducer_override(obj)
-
 
     def _shared(self, value: Any) -> Any:
         """`value` (a thunk's attribute) with each frozen value in it, or in the tuple or
@@ -332,11 +333,11 @@ class _RunPickler(_Pickler):
         result of every thunk, most of them equal to another's)."""
         kind = type(value)
         if kind is tuple or kind is list:
-            if value and all(_frozen_slots(type(v)) is not None for v in value):
+            if value and all(_frozen_slots(type(v)) is not None for v in value):  # type: ignore[arg-type]
                 shared = [self._first(v) for v in value]
                 return tuple(shared) if kind is tuple else shared
             return value
-        return self._first(value) if _frozen_slots(kind) is not None else value
+        return self._first(value) if _frozen_slots(kind) is not None else value  # type: ignore[arg-type]
 
     def _first(self, value: Any) -> Any:
         try:
@@ -404,10 +405,8 @@ class _RunUnpickler(_Unpickler):
 def _discard(key: str) -> None:
     directory = trusted_dir()
     if directory is not None:
-        try:
+        with contextlib.suppress(OSError):
             (directory / f"{key}{SUFFIX}").unlink()
-        except OSError:
-            pass
 
 
 _NOT_IMAGEABLE = (

@@ -357,7 +357,8 @@ class Thunk:
     reads: tuple[BufferSlice, ...] = ()
     writes: tuple[BufferSlice, ...] = ()
     access: Access | None = None
-    IMAGE_DEFERRED = ("instr",)
+    IMAGE_DETACHED: tuple[str, ...] = ()
+    IMAGE_DEFERRED: tuple[str, ...] = ("instr",)
     """What a program image keeps with the reports' part (loadable.deferred_attribute): a
     thunk loaded from one reads its instruction (names, shapes, costs) on first use."""
 
