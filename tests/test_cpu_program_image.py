@@ -29,10 +29,12 @@ from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import program_image
 from xlapy.backends.cpu.jit.disk_cache import CacheEntryWarning
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
+from xlapy.backends.cpu.runtime.loadable import PENDING
 from xlapy.backends.interpreter import evaluate
-from xlapy.errors import CustomCallError
+from xlapy.errors import CustomCallError, XlapyError
 from xlapy.ir.parser import parse_module
 from xlapy.runtime import Client, CompileOptions
+from xlapy.runtime.profiler import profile_program
 
 
 def softmax_loop(x, w, b):
@@ -143,6 +145,91 @@ def test_warm_compile_loads_the_program_and_computes_the_same_bits(
         cold.backend_program().compiled.thunk_listing()
     )
     assert warm.module.to_text() == cold.module.to_text()  # parsed on first use
+
+
+def report_part(compiled):
+    """The report part of a program loaded from an image (what its compiled module's
+    deferred `module` points at)."""
+    (box, _number) = vars(compiled)[PENDING]["module"]
+    return box[0]
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_loading_and_running_an_image_leaves_its_report_part_unread(image_cache, texts, name):
+    """Running needs neither the module nor its buffer assignment: a warm compile and its
+    runs unpickle no part of the HLO graph (the reports' part), and the first report
+    unpickles it once."""
+    text = texts[name]
+    Client("cpu").compile(text)
+    clear_kernel_cache()
+    warm = Client("cpu").compile(text)
+    for seed in (3, 4):
+        run(warm, inputs(name, seed))
+    compiled = warm.backend_program().compiled
+    report = report_part(compiled)
+    assert report.loads == 0 and "module" not in vars(compiled)
+    assert warm.backend_program().compiled.thunk_listing()
+    warm.memory_stats()
+    assert report.loads == 1
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_reports_of_an_imaged_program_are_a_fresh_compiles(image_cache, texts, name):
+    """What a user reads of an executable loaded from an image (thunk listing, optimized
+    module, buffer assignment and memory figures, fallbacks, a profile of its runs) is what
+    the compile that wrote the image gives."""
+    text = texts[name]
+    cold = Client("cpu").compile(text)
+    clear_kernel_cache()
+    warm = Client("cpu").compile(text)
+    c, w = cold.backend_program(), warm.backend_program()
+    assert report_part(w.compiled).loads == 0
+    assert w.compiled.thunk_listing() == c.compiled.thunk_listing()
+    assert w.module.to_text() == c.module.to_text()
+    assert w.buffer_assignment.to_text() == c.buffer_assignment.to_text()
+    assert warm.memory_plan().to_text() == cold.memory_plan().to_text()
+    assert w.fallbacks == c.fallbacks and w.python_loops == c.python_loops
+    args = inputs(name, 5)
+
+    def steps(program):
+        rows = profile_program(program, args, runs=1).rows()
+        return sorted((s.sequence, s.kind, s.name, s.opcode, s.hlo, s.parent) for s in rows)
+
+    assert steps(w) == steps(c)
+
+
+def test_a_malformed_report_part_is_an_error_and_the_entry_goes(image_cache, texts, monkeypatch):
+    """An authentic entry whose report part names other code (what a reader of the key
+    could write) still runs (running reads no report) but its first report is a clear
+    error that calls nothing, and the entry is removed so the next compile writes it
+    again."""
+    text = texts["softmax_loop"]
+    args = inputs("softmax_loop", 7)
+    cold = run(Client("cpu").compile(text), args)
+    (path,) = images(image_cache)
+    evil = _pickle(HOSTILE["os.system"])
+    called: list[tuple] = []
+    monkeypatch.setattr(os, "system", lambda *a: called.append(a))
+
+    def edit(payload: bytes) -> bytes:
+        head, _, rest = payload.partition(b"\n")
+        doc = json.loads(head)
+        kept = rest[: len(rest) - doc["report"]]
+        doc["report"] = len(evil)
+        return json.dumps(doc).encode() + b"\n" + kept + evil
+
+    rewrite_authentic(path, edit)
+    clear_kernel_cache()
+    warm = Client("cpu").compile(text)
+    assert warm._module is None
+    for a, c in zip(run(warm, args), cold, strict=True):
+        np.testing.assert_array_equal(a, c)
+    with pytest.raises(XlapyError, match=r"malformed report part.*may not"):
+        warm.backend_program().compiled.thunk_listing()
+    assert called == [] and images(image_cache) == []
+    clear_kernel_cache()
+    Client("cpu").compile(text)
+    assert len(images(image_cache)) == 1
 
 
 def test_a_module_compiled_with_options_is_imaged_by_its_text(image_cache, texts, monkeypatch):

@@ -158,39 +158,90 @@ class CpuProgram(CompiledProgram):
         self.options = dict(options or {})
         self._set_up(compile_module(module, self.options, text=text))
 
-    @classmethod
-    def from_compiled(cls, compiled: CompiledModule, options: Mapping[str, Any]) -> CpuProgram:
-        """The program of a module compiled before (a program image's), run with `options`."""
-        program = cls.__new__(cls)
-        program.options = dict(options)
-        program._set_up(compiled)
-        return program
-
     def _set_up(self, compiled: CompiledModule) -> None:
         self.compiled = compiled
-        self.module = self.compiled.module
-        self._root = self.module.entry_computation().root_instruction()
+        root = compiled.module.entry_computation().root_instruction()
+        self._root_shape = root.shape
         self.state = {k: self.options[k] for k in _STATE_OPTIONS if k in self.options}
-        self.aliases = alias_leaves(self.module)
+        self.aliases = alias_leaves(compiled.module)
         self._alias_by_output = {a.output_index: a for a in self.aliases}
-        allocations = self.compiled.assignment.allocations
+        allocations = compiled.assignment.allocations
         self._temps = [a.index for a in allocations if a.is_temp]
-        self._plan = self.compiled.assignment  # the plan every memory figure describes
+        self._temp_sizes = [max(allocations[i].size, 1) for i in self._temps]
         self._temp_bytes = sum(allocations[i].size for i in self._temps)
         self._arenas: list[tuple[list[np.ndarray], list[int]]] = []
         self._arena_lock = threading.Lock()
-        self._prepare_memory_plan()
+        self._prepare_memory_plan(root)
+
+    _IMAGED = (
+        "_root_shape",
+        "aliases",
+        "_temps",
+        "_temp_sizes",
+        "_temp_bytes",
+        "_num_params",
+        "_param_leaves",
+        "_fresh",
+        "_outputs_plan",
+        "_single_output",
+        "_flat_output",
+        "_simple",
+        "_fixed_cost",
+    )
+    """What `_set_up` works out from the module and its buffer assignment, kept in a
+    program image (`image_state`) so that loading one reads neither."""
+
+    def image_state(self) -> dict[str, Any]:
+        """What `from_image_state` needs: the compiled program and the run plan `_set_up`
+        made of it (no address, closure or lock: those are made again where it loads)."""
+        imaged = {name: getattr(self, name) for name in self._IMAGED}
+        return {"compiled": self.compiled, "allocations": len(self._template), **imaged}
+
+    @classmethod
+    def from_image_state(cls, state: Mapping[str, Any], options: Mapping[str, Any]) -> CpuProgram:
+        """The program `image_state` described, run with `options`: the module and buffer
+        assignment stay unread until a report asks for them."""
+        program = cls.__new__(cls)
+        program._restore_image_state(state, options)
+        return program
+
+    def _restore_image_state(self, state: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        self.compiled = state["compiled"]
+        for name in self._IMAGED:
+            setattr(self, name, state[name])
+        self.state = {k: self.options[k] for k in _STATE_OPTIONS if k in self.options}
+        self._alias_by_output = {a.output_index: a for a in self.aliases}
+        self._arenas = []
+        self._arena_lock = threading.Lock()
+        template: list[np.ndarray | None] = [None] * int(state["allocations"])
+        self._template = template
+        self._template_bases = [0] * len(template)
+        for index, mem in self.compiled.constants.items():
+            self._template[index] = mem
+            self._template_bases[index] = address(mem)
+        self._kernel_calls = self._straight_line_kernels()
+
+    @property
+    def module(self) -> HloModule:  # type: ignore[override]
+        """The optimized module this program runs."""
+        return self.compiled.module
+
+    @property
+    def buffer_assignment(self) -> BufferAssignment:
+        """The buffer assignment this program executes (every memory figure describes it)."""
+        return self.compiled.assignment
 
     @property
     def temp_allocation_bytes(self) -> int:
         """The bytes of the temp arenas one run takes."""
         return self._temp_bytes
 
-    def _prepare_memory_plan(self) -> None:
+    def _prepare_memory_plan(self, root) -> None:
         allocations = self.compiled.assignment.allocations
-        params = self.module.entry_computation().parameters
+        params = self.compiled.module.entry_computation().parameters
         self._num_params = len(params)
-        self._template: list[np.ndarray | None] = [None] * len(allocations)
+        self._template = [None] * len(allocations)
         self._template_bases = [0] * len(allocations)
         for index, mem in self.compiled.constants.items():
             self._template[index] = mem
@@ -213,17 +264,15 @@ class CpuProgram(CompiledProgram):
             _OutputLeaf(
                 index,
                 shape,
-                sl := self._slice(index),
+                sl := self._slice(root, index),
                 self._alias_by_output.get(index),
                 allocations[sl.allocation],
             )
-            for index, shape in self._root.shape.leaves()
+            for index, shape in root.shape.leaves()
             if shape.is_array
         ]
-        self._single_output = self._root.shape.is_array
-        self._flat_output = self._root.shape.is_tuple and all(
-            t.is_array for t in self._root.shape.tuple_shapes
-        )
+        self._single_output = root.shape.is_array
+        self._flat_output = root.shape.is_tuple and all(t.is_array for t in root.shape.tuple_shapes)
         self._simple = self._simple_plan()
         self._kernel_calls = self._straight_line_kernels()
         self._fixed_cost = (
@@ -295,7 +344,7 @@ class CpuProgram(CompiledProgram):
             return None
         if any(leaf.index or leaf.writes or not leaf.row_major for leaf in leaves):
             return None
-        root = self._root.shape
+        root = self._root_shape
         flat = self._single_output or all(s.is_array for s in root.tuple_shapes)
         fresh = {index for index, _ in self._fresh}
         allocations = [out.slice.allocation for out in self._outputs_plan]
@@ -314,8 +363,7 @@ class CpuProgram(CompiledProgram):
             ),
         )
 
-    def _slice(self, index) -> BufferSlice:
-        root = self._root
+    def _slice(self, root, index) -> BufferSlice:
         s = self.compiled.assignment.slice_of(root, index)
         return BufferSlice(s.allocation, s.offset, s.size, root.shape.subshape(index))
 
@@ -326,8 +374,7 @@ class CpuProgram(CompiledProgram):
         with self._arena_lock:
             if self._arenas:
                 return self._arenas.pop()
-        allocations = self.compiled.assignment.allocations
-        arenas = [empty_bytes(max(allocations[i].size, 1)) for i in self._temps]
+        arenas = [empty_bytes(size) for size in self._temp_sizes]
         return arenas, [address(a) for a in arenas]
 
     def _give_back(self, arenas: tuple[list[np.ndarray], list[int]]) -> None:
@@ -495,7 +542,7 @@ class CpuProgram(CompiledProgram):
         if self._flat_output:
             return tuple(leaves)
         by_index = {out.index: leaf for out, leaf in zip(self._outputs_plan, leaves, strict=True)}
-        return _build(self._root.shape, (), by_index)
+        return _build(self._root_shape, (), by_index)
 
     @property
     def fallbacks(self) -> list[Fallback]:
@@ -587,7 +634,7 @@ class CpuBackend(Backend):
             return False
         options = {k: v for k, v in program.options.items() if k != "custom_calls"}
         calls = _custom_call_kinds(program.compiled.module, program.options.get("custom_calls"))
-        return program_image.write(key, (dict(executable), options, program.compiled, calls))
+        return program_image.write(key, (dict(executable), options, program.image_state(), calls))
 
     def load_image(
         self, key: str, options: Mapping[str, Any]
@@ -596,20 +643,21 @@ class CpuBackend(Backend):
         if value is None:
             return None
         try:
-            executable, own, compiled, calls = value
-        except (TypeError, ValueError):
+            executable, own, state, calls = value
+            compiled = state["compiled"]
+            if not isinstance(compiled, CompiledModule) or set(state) != _IMAGE_STATE_KEYS:
+                raise TypeError("not a CPU program's state")
+        except (TypeError, ValueError, KeyError):
             executable = own = compiled = calls = None
-        if not (
-            isinstance(executable, dict)
-            and isinstance(own, dict)
-            and isinstance(compiled, CompiledModule)
-            and isinstance(calls, dict)
-        ):
+        if not (isinstance(executable, dict) and isinstance(own, dict) and isinstance(calls, dict)):
             program_image.warn_rejected(key + program_image.SUFFIX, "it holds no CPU program")
             return None
         if calls and not _bind_custom_calls(compiled, calls, options.get("custom_calls")):
             return None  # the registry changed how a call compiles: a miss
-        return executable, CpuProgram.from_compiled(compiled, {**own, **options})
+        return executable, CpuProgram.from_image_state(state, {**own, **options})
+
+
+_IMAGE_STATE_KEYS = frozenset({"compiled", "allocations", *CpuProgram._IMAGED})
 
 
 def _custom_call_kinds(module: HloModule, registry) -> dict[str, bool]:

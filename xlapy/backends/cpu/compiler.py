@@ -34,6 +34,7 @@ from xlapy.backends.cpu.jit.disk_cache import warn_rejected
 from xlapy.backends.cpu.jit.executable_cache import KernelBook
 from xlapy.backends.cpu.jit.kernel import Kernel, using_book
 from xlapy.backends.cpu.lowering import Lowering
+from xlapy.backends.cpu.runtime.loadable import deferred_attribute
 from xlapy.backends.cpu.runtime.thunk import ThunkSequence
 from xlapy.backends.options import memory_scheduler
 from xlapy.errors import EvaluationError, XlapyError
@@ -61,6 +62,12 @@ class CompiledModule:
     """The instructions run with the interpreter's rule alone, and why."""
     python_loops: list[Fallback] = field(default_factory=list)
     """The while loops driven from Python (not one native function), and why."""
+    IMAGE_DEFERRED = ("module", "assignment")
+    """What a program image unpickles on first use (runtime/loadable.py): running needs
+    neither, the reports (listings, memory figures, dumps) read them."""
+
+    def __getattr__(self, name: str) -> Any:
+        return deferred_attribute(self, name)
 
     def kernels(self) -> list[Kernel]:
         seen: dict[int, Kernel] = {}

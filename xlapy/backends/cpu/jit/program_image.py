@@ -13,16 +13,29 @@
 # Value ("<key>.image", authenticated with this user's key and written atomically like
 # every entry, disk_cache.py):
 #
-#   {"pickle": <bytes>, "objects": [[object key, length], ...]}\n<pickle><objects' bytes>
+#   {"pickle": <bytes>, "objects": [[object key, length], ...], "report": <bytes>}\n
+#   <pickle><objects' bytes><report pickle>
 #
-# The pickle holds what the runtime's executable needs without its module (name, text,
-# parameter and result shapes, aliases) and the CPU program as compiled: the optimized
-# module, its buffer assignment, every thunk sequence, the constants' bytes. Kernels and
-# other native functions pickle as their object's key (jit.kernel: Kernel.__reduce__,
-# NativeFunction.__reduce__) and load from the entry's objects; what is an address in one
-# process (a BLAS entry point, a native loop's table, a library thunk's NumPy closure) is
-# left out and made again where the image is loaded (the thunks' __getstate__ and
-# __setstate__).
+# The pickle holds what running needs: what the runtime's executable needs without its
+# module (name, text, parameter and result shapes, aliases) and the CPU program's run
+# state (every thunk sequence, the constants' bytes, the memory plan the backend works out
+# from the buffer assignment: CpuProgram.image_state). Kernels and other native functions
+# pickle as their object's key (jit.kernel: Kernel.__reduce__, NativeFunction.__reduce__)
+# and load from the entry's objects; what is an address in one process (a BLAS entry
+# point, a native loop's table, a library thunk's NumPy closure) is left out and made
+# again where the image is loaded (the thunks' __getstate__ and __setstate__).
+#
+# The report pickle holds the HLO graph: the optimized module, its buffer assignment and
+# analyses, and every instruction the thunks implement (about two thirds of a large
+# program's objects: fusion bodies, dataflow values, live ranges), which only reports
+# read (listings, memory figures, dumps, profiles, errors naming an instruction). The
+# pickle names them by number ("persistent ids"): an attribute a class lists in
+# IMAGE_DEFERRED (a thunk's `instr`, the compiled module's `module` and `assignment`) is
+# unpickled on first use (runtime/loadable.py); any other reference loads the report
+# pickle at once. Both are read from the one authenticated entry, the report pickle kept
+# in memory until it is needed. A thunk that needs its instruction to load or run (an
+# interpreter rule and its planner, an FFT, a typed FFI call) lists it in IMAGE_DETACHED
+# instead: it keeps a copy that shares nothing with the module (loadable.detached).
 #
 # Trust: only this user's authenticated entries are unpickled (the same trust as the
 # object code the entry holds and the process runs), and even an authentic entry is read
@@ -42,6 +55,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import copyreg
 import dataclasses
 import functools
 import gc
@@ -53,6 +68,7 @@ import pickle
 import platform
 import re
 import sys
+import threading
 from types import BuiltinFunctionType, FunctionType
 from typing import Any
 
@@ -60,11 +76,21 @@ import numpy as np
 
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit import executable_cache
-from xlapy.backends.cpu.jit.disk_cache import library_dir, read_entry_or_warn, warn_rejected
+from xlapy.backends.cpu.jit.disk_cache import (
+    library_dir,
+    read_entry_or_warn,
+    trusted_dir,
+    warn_rejected,
+)
 from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
-from xlapy.backends.cpu.runtime.loadable import is_loadable, loadable
+from xlapy.backends.cpu.runtime.loadable import PENDING, detached, is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
+from xlapy.errors import XlapyError
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.module import HloModule
+from xlapy.memory.buffer_assignment import BufferAssignment
 
 __all__ = ["SUFFIX", "enabled", "image_key", "read", "refusal", "warn_rejected", "write"]
 
@@ -105,6 +131,7 @@ _CTYPES = frozenset(
 _CLASS_MODULES = ("xlapy.ir.", "xlapy.analysis.", "xlapy.memory.", "xlapy.backends.cpu.runtime.")
 _CLASS_MODULES_EXACT = frozenset(
     {"xlapy.backends.base", "xlapy.backends.cpu.compiler", "xlapy.backends.cpu.jit.kernel"}
+    | {"xlapy.backends.cpu.backend"}  # (the run plan: parameter and output leaves)
 )
 _RESOURCE_MODULES = frozenset(
     {f"xlapy.backends.cpu.runtime.{m}" for m in ("pool", "native_pool", "host_memory")}
@@ -240,21 +267,183 @@ def _restore(cls: type, values: tuple) -> Any:
     return obj
 
 
-_NOT_IMAGEABLE = (pickle.PicklingError, TypeError, AttributeError, ValueError, RecursionError)
+_REPORT_TYPES = (HloInstruction, HloComputation, HloModule, BufferAssignment)
+"""What the report pickle holds (the HLO graph): the run pickle names them by number."""
 
 
-def _dump(value: Any, file: Any) -> set[str]:
-    """Pickle `value` into `file` as an image holds it; the keys of the objects it runs."""
+_NEWOBJ: Any = getattr(copyreg, "__newobj__")  # noqa: B009  (pickle's NEWOBJ: no call)
+_REPORT = object()
+"""Stands for the report pickle in the run pickle (persistent id ("report", -1))."""
+
+
+class _RunPickler(_Pickler):
+    """Pickles what running needs; every HLO graph object it meets goes to `anchors` (the
+    report pickle) and is named by its number there, IMAGE_DEFERRED attributes as values
+    to unpickle on first use."""
+
+    def __init__(self, file: Any):
+        super().__init__(file)
+        self.anchors: list[Any] = []
+        self._numbers: dict[int, int] = {}
+        self._detached: list[Any] = []  # (the copies, alive while their ids are kept)
+        self._firsts: dict[Any, Any] = {}
+        self._box = [_REPORT]
+        """What every deferred attribute's (box, number) holds: one list, pickled once,
+        whose item (the report pickle) the unpickler puts in once."""
+        self._inline: set[int] = set()
+
+    def _anchor(self, obj: Any) -> int:
+        number = self._numbers.get(id(obj))
+        if number is None:
+            number = self._numbers[id(obj)] = len(self.anchors)
+            self.anchors.append(obj)
+        return number
+
+    def persistent_id(self, obj: Any) -> Any:
+        if obj is _REPORT:
+            return ("report", -1)
+        if isinstance(obj, _REPORT_TYPES) and id(obj) not in self._inline:
+            return ("report", self._anchor(obj))
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        deferred = getattr(cls, "IMAGE_DEFERRED", ())
+        detach = getattr(cls, "IMAGE_DETACHED", ())
+        if (deferred or detach) and not isinstance(obj, type):
+            reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
+            if isinstance(state, dict) and PENDING not in state:
+                state = dict(state)
+                for name in detach:
+                    if isinstance(state.get(name), HloInstruction):
+                        made: list[Any] = []
+                        state[name] = detached(state[name], made)
+                        self._detached += made
+                        self._inline.update(map(id, made))
+                for name, value in state.items():
+                    state[name] = self._shared(value)
+                pending = {
+                    n: (self._box, self._anchor(state.pop(n))) for n in deferred if n in state
+                }
+                if pending:
+                    state[PENDING] = pending
+                return (_NEWOBJ, (cls,), state)
+        return super().reducer_override(obj)
+
+    def _shared(self, value: Any) -> Any:
+        """`value` (a thunk's attribute) with each frozen value in it, or in the tuple or
+        list it is, replaced by the first equal one pickled: the pickle then refers back
+        to that one instead of making another (the compiler makes a slice per operand and
+        result of every thunk, most of them equal to another's)."""
+        kind = type(value)
+        if kind is tuple or kind is list:
+            if value and all(_frozen_slots(type(v)) is not None for v in value):  # type: ignore[arg-type]
+                shared = [self._first(v) for v in value]
+                return tuple(shared) if kind is tuple else shared
+            return value
+        return self._first(value) if _frozen_slots(kind) is not None else value  # type: ignore[arg-type]
+
+    def _first(self, value: Any) -> Any:
+        try:
+            return self._firsts.setdefault(value, value)
+        except TypeError:  # unhashable fields
+            return value
+
+
+class _Report:
+    """The report pickle of one image: its bytes (from the authenticated entry) until
+    something asks for a value, then the values."""
+
+    def __init__(self, key: str, data: bytes):
+        self.key, self._data = key, data
+        self._anchors: tuple | None = None
+        self._lock = threading.Lock()
+        self.loads = 0
+        """How many times the pickle was unpickled (0 or 1: a test's way to see that a
+        warm compile and a run left it alone)."""
+
+    def anchor(self, number: int) -> Any:
+        anchors = self._anchors
+        if anchors is None:
+            anchors = self._load()
+        if not 0 <= number < len(anchors):
+            raise pickle.UnpicklingError(f"the image names report value {number} it lacks")
+        return anchors[number]
+
+    def _load(self) -> tuple:
+        with self._lock:
+            if self._anchors is not None:
+                return self._anchors
+            try:
+                anchors = _load_pickle(self._data, {})
+                if not isinstance(anchors, tuple):
+                    raise pickle.UnpicklingError("the report pickle is not a tuple")
+            except Exception as e:  # anything an entry can make the unpickler raise
+                _discard(self.key)
+                raise XlapyError(
+                    f"the program image {self.key}{SUFFIX} holds a malformed report part "
+                    f"({type(e).__name__}: {e}); the entry was removed: compile the program "
+                    "again"
+                ) from e
+            self._anchors, self._data = anchors, b""
+            self.loads += 1
+            return anchors
+
+
+class _RunUnpickler(_Unpickler):
+    """Unpickles the run pickle: numbers name the report pickle's values."""
+
+    def __init__(self, file: Any, report: _Report):
+        super().__init__(file)
+        self.report = report
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 2 and type(pid[1]) is int):
+            raise pickle.UnpicklingError(f"bad persistent id {pid!r}")
+        kind, number = pid
+        if kind == "report":
+            return self.report if number == -1 else self.report.anchor(number)
+        raise pickle.UnpicklingError(f"bad persistent id {pid!r}")
+
+
+def _discard(key: str) -> None:
+    directory = trusted_dir()
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            (directory / f"{key}{SUFFIX}").unlink()
+
+
+_NOT_IMAGEABLE = (
+    pickle.PicklingError,
+    TypeError,
+    AttributeError,
+    ValueError,
+    KeyError,
+    RecursionError,
+)
+
+
+def _dump(value: Any) -> tuple[bytes, bytes, set[str]]:
+    """The run and report pickles of `value` as an image holds them, and the keys of the
+    objects they run."""
+    run, report = io.BytesIO(), io.BytesIO()
     with collecting_objects() as keys:
-        _Pickler(file).dump(value)
-    return set(keys)
+        pickler = _RunPickler(run)
+        pickler.dump(value)
+    if pickler.anchors:
+        with collecting_objects() as code:
+            _Pickler(report).dump(tuple(pickler.anchors))
+        if code:  # (the HLO graph holds no kernel: its part loads without objects)
+            raise pickle.PicklingError("the report part of the image refers to native code")
+    return run.getvalue(), report.getvalue(), set(keys)
 
 
 def refusal(value: Any) -> str | None:
     """Why `value` could not be imaged (what its pickling refuses), or None: a test's way
     to see that a program is not silently left without an image."""
     try:
-        _dump(value, io.BytesIO())
+        _dump(value)
     except _NOT_IMAGEABLE as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -264,9 +453,8 @@ def write(key: str, value: Any) -> bool:
     """Write the image `key` of `value` (what `read` gives back); False, and nothing written,
     when it does not pickle (a thunk with process state that cannot be made again) or an
     object it runs is not in the disk cache."""
-    buffer = io.BytesIO()
     try:
-        keys = _dump(value, buffer)
+        run, report, keys = _dump(value)
     except _NOT_IMAGEABLE:
         return False
     objects = []
@@ -275,16 +463,37 @@ def write(key: str, value: Any) -> bool:
         if data is None:
             return False
         objects.append((object_key, data))
-    data = buffer.getvalue()
-    head = {"pickle": len(data), "objects": [[k, len(v)] for k, v in objects]}
-    payload = json.dumps(head).encode() + b"\n" + data + b"".join(v for _, v in objects)
-    jit.write_entry(key, SUFFIX, payload)
+    head = {
+        "pickle": len(run),
+        "objects": [[k, len(v)] for k, v in objects],
+        "report": len(report),
+    }
+    blobs = b"".join(v for _, v in objects)
+    jit.write_entry(key, SUFFIX, json.dumps(head).encode() + b"\n" + run + blobs + report)
     return True
 
 
+def _load_pickle(data: Any, objects: dict[str, bytes], report: _Report | None = None) -> Any:
+    """Unpickle `data` (the run pickle when `report` is given), its kernels' code loaded."""
+    collecting = gc.isenabled()
+    gc.disable()  # (thousands of objects: collections in the middle only cost time)
+    try:
+        with objects_of_image(objects) as kernels:
+            file = io.BytesIO(data)
+            value = (_Unpickler(file) if report is None else _RunUnpickler(file, report)).load()
+    finally:
+        if collecting:
+            gc.enable()
+    flush_loads()
+    for kernel in kernels:
+        kernel.wait()
+    return value
+
+
 def read(key: str) -> Any | None:
-    """The value imaged under `key` (its kernels' code loaded), or None: missing, or
-    rejected (damaged, truncated, forged, malformed: a CacheEntryWarning says which)."""
+    """The value imaged under `key` (its kernels' code loaded; what only reports read is
+    unpickled when first asked for), or None: missing, or rejected (damaged, truncated,
+    forged, malformed: a CacheEntryWarning says which)."""
     if not enabled():
         return None
     payload = read_entry_or_warn(key, SUFFIX, "compiled program")
@@ -295,32 +504,24 @@ def read(key: str) -> Any | None:
         if not sep:
             raise ValueError("no header line")
         doc = json.loads(head.decode())
-        offset = int(doc["pickle"])
-        if offset < 0 or offset > len(rest):
-            raise ValueError("the pickle's length exceeds the entry (truncated?)")
+        offset, report_length = int(doc["pickle"]), int(doc["report"])
+        if not (0 <= offset <= len(rest) and 0 <= report_length <= len(rest) - offset):
+            raise ValueError("the pickles' lengths exceed the entry (truncated?)")
+        end = len(rest) - report_length
         view = memoryview(rest)
         objects: dict[str, bytes] = {}
         at = offset
         for object_key, length in doc["objects"]:
             if not (isinstance(object_key, str) and _HEX64.fullmatch(object_key)):
                 raise ValueError(f"bad object key {object_key!r}")
-            if not isinstance(length, int) or length <= 0 or at + length > len(rest):
+            if not isinstance(length, int) or length <= 0 or at + length > end:
                 raise ValueError("object lengths exceed the entry (truncated?)")
             objects[object_key] = bytes(view[at : at + length])
             at += length
-        if at != len(rest):
-            raise ValueError(f"{len(rest) - at} trailing bytes after the objects")
-        collecting = gc.isenabled()
-        gc.disable()  # (thousands of objects: collections in the middle only cost time)
-        try:
-            with objects_of_image(objects) as kernels:
-                value = _Unpickler(io.BytesIO(view[:offset])).load()
-        finally:
-            if collecting:
-                gc.enable()
-        flush_loads()
-        for kernel in kernels:
-            kernel.wait()
+        if at != end:
+            raise ValueError(f"{end - at} bytes between the objects and the report pickle")
+        report = _Report(key, rest[end:])
+        value = _load_pickle(view[:offset], objects, report)
     except Exception as e:  # anything an entry can make the unpickler raise
         warn_rejected(key + SUFFIX, f"its contents are malformed ({type(e).__name__}: {e})")
         return None

@@ -89,6 +89,10 @@ class FfiCallThunk(Thunk):
     """A typed-FFI handler called on views of the arena (see the file comment)."""
 
     kind = "custom-call"
+    IMAGE_DEFERRED = ()
+    IMAGE_DETACHED = ("instr",)
+    """It reads its instruction to load or run: a program image keeps a copy of it that
+    shares nothing with the module (loadable.detached), so neither reads the module."""
 
     def __init__(self, instr, operands: list[ValueTree], result: ValueTree, aliases, target):
         self.instr, self.operands, self.result = instr, operands, result

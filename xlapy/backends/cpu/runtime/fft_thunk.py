@@ -24,6 +24,10 @@ class FftThunk(Thunk):
     checked when the thunk is built (EvaluationError naming the instruction)."""
 
     kind = "library"
+    IMAGE_DEFERRED = ()
+    IMAGE_DETACHED = ("instr",)
+    """It reads its instruction to load or run: a program image keeps a copy of it that
+    shares nothing with the module (loadable.detached), so neither reads the module."""
 
     def __init__(self, instr: HloInstruction, operand: BufferSlice, result: BufferSlice):
         self.instr, self.operand, self.result = instr, operand, result

@@ -11,6 +11,10 @@ from collections.abc import Callable
 from types import FunctionType
 from typing import TypeVar
 
+from xlapy.ir.computation import HloComputation
+from xlapy.ir.instruction import HloInstruction
+from xlapy.ir.opcodes import Opcode
+
 F = TypeVar("F", bound=Callable)
 
 _LOADABLE: set[FunctionType] = set()
@@ -29,3 +33,90 @@ def loadable(fn: F) -> F:
 def is_loadable(obj: object) -> bool:
     """Whether `obj` is a function marked with `loadable`."""
     return isinstance(obj, FunctionType) and obj in _LOADABLE
+
+
+# -- parts of a loaded program that are read only by reports ---------------------------------
+# A program image keeps what only reports read (the optimized module, its buffer
+# assignment, the instruction each thunk implements) apart from what running needs, and
+# unpickles it on first use (program_image: "deferred"). A class whose instances may come
+# back with such attributes lists them in `IMAGE_DEFERRED` and answers `__getattr__` with
+# `deferred_attribute`: until it is first read, the attribute is absent, and where to find
+# it waits under PENDING in the instance's __dict__: (a list holding the image's report
+# part, which has `anchor(number)`, its number there).
+
+PENDING = "_image_pending"
+
+
+def deferred_attribute(obj: object, name: str) -> object:
+    """The deferred attribute `name` of `obj` (resolved and stored on first use); the
+    usual AttributeError for any other missing attribute."""
+    pending = obj.__dict__.get(PENDING)
+    if pending is None or name not in pending:
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
+    box, number = pending[name]
+    value = box[0].anchor(number)
+    obj.__dict__[name] = value
+    pending.pop(name, None)
+    return value
+
+
+def detached(instr: HloInstruction, made: list | None = None) -> HloInstruction:
+    """A copy of `instr` that shares nothing with its module, for a thunk that needs its
+    instruction to run (an interpreter rule and its planner): the operands are parameters
+    of the same shapes, the computations it calls are copied alike. A program image keeps
+    it with the thunk, so that loading and running it read no part of the module. `made`
+    gets every instruction and computation made."""
+    copies: dict[HloComputation, HloComputation] = {}
+    operands = [
+        HloInstruction(op.name, Opcode.PARAMETER, op.shape, parameter_number=i)
+        for i, op in enumerate(instr.operands)
+    ]
+    clone = HloInstruction(
+        instr.name,
+        instr.opcode,
+        instr.shape,
+        operands,
+        _copied_attrs(instr.attrs, copies),
+        literal=instr.literal,
+        parameter_number=instr.parameter_number,
+    )
+    if made is not None:
+        made += [clone, *operands]
+        for comp in copies.values():
+            made += [comp, *comp.instructions]
+    return clone
+
+
+def _copied_attrs(attrs: dict, copies: dict) -> dict:
+    return {key: _copied_value(value, copies) for key, value in attrs.items()}
+
+
+def _copied_value(value: object, copies: dict) -> object:
+    if isinstance(value, HloComputation):
+        return _copied_computation(value, copies)
+    if isinstance(value, tuple) and any(isinstance(v, HloComputation) for v in value):
+        return tuple(_copied_value(v, copies) for v in value)
+    return value
+
+
+def _copied_computation(comp: HloComputation, copies: dict) -> HloComputation:
+    made = copies.get(comp)
+    if made is not None:
+        return made
+    mapping: dict[HloInstruction, HloInstruction] = {}
+    for original in comp.post_order():
+        mapping[original] = HloInstruction(
+            original.name,
+            original.opcode,
+            original.shape,
+            [mapping[op] for op in original.operands],
+            _copied_attrs(original.attrs, copies),
+            literal=original.literal,
+            parameter_number=original.parameter_number,
+            control_predecessors=[mapping[p] for p in original.control_predecessors],
+        )
+    assert comp.root is not None, "a called computation has a root"
+    order = [mapping[i] for i in comp.instructions if i in mapping]
+    made = copies[comp] = HloComputation(comp.name, order, mapping[comp.root])
+    made.execution_thread = comp.execution_thread
+    return made

@@ -59,6 +59,10 @@ class RuleThunk(Thunk):
     it, shown in the listing for a thunk without a fast path."""
 
     kind = "library"
+    IMAGE_DEFERRED = ()
+    IMAGE_DETACHED = ("instr",)
+    """It reads its instruction to load or run: a program image keeps a copy of it that
+    shares nothing with the module (loadable.detached), so neither reads the module."""
 
     def __init__(
         self,

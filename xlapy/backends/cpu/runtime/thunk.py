@@ -43,6 +43,7 @@ import cffi
 import numpy as np
 
 from xlapy.backends.base import PROFILE
+from xlapy.backends.cpu.runtime.loadable import deferred_attribute
 from xlapy.backends.cpu.runtime.thunk_graph import Access, GraphPlan, run_graph
 from xlapy.errors import EvaluationError
 from xlapy.ir.instruction import HloInstruction
@@ -356,6 +357,18 @@ class Thunk:
     reads: tuple[BufferSlice, ...] = ()
     writes: tuple[BufferSlice, ...] = ()
     access: Access | None = None
+    IMAGE_DETACHED: tuple[str, ...] = ()
+    IMAGE_DEFERRED: tuple[str, ...] = ("instr",)
+    """What a program image keeps with the reports' part (loadable.deferred_attribute): a
+    thunk loaded from one reads its instruction (names, shapes, costs) on first use."""
+
+    def __getattr__(self, name: str) -> Any:
+        return deferred_attribute(self, name)
+
+    def __setstate__(self, state: dict) -> None:
+        # (pickle's own way looks __setstate__ up on the instance first: a miss through
+        # __getattr__ per thunk of a program image)
+        self.__dict__.update(state)
 
     def run(self, ctx: ExecutionContext) -> None:
         raise NotImplementedError
