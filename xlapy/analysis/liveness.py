@@ -134,9 +134,9 @@ def may_update_in_place(
                 value = same[value]
         return value
 
-    if output.shape.is_array and operand.shape.is_array:
-        if not same_layout(output.shape, operand.shape):
-            return False  # written in place, the operand's bytes would read back reordered
+    arrays = output.shape.is_array and operand.shape.is_array
+    if arrays and not same_layout(output.shape, operand.shape):
+        return False  # written in place, the operand's bytes would read back reordered
     for out_index, number, operand_index in in_place_operands(instr):
         if out_index == output.index and value_at(instr.operands[number], operand_index) is operand:
             return True
