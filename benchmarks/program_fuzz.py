@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import os
 import re
 import sys
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/xlapy-program-fuzz"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    faulthandler.enable()  # a crash in native code prints where it happened
     kinds: collections.Counter = collections.Counter()
 
     def log(seed, found, program) -> None:
@@ -51,9 +53,22 @@ def main() -> None:
         print(f"  reproducer: {folder}/module.hlo", flush=True)
 
     start = time.perf_counter()
+
+    def progress(k: int, seed: int) -> None:
+        # the seed being run is on disk, so a crash of the process names it
+        (args.out / "current_seed").write_text(f"{seed}\n")
+        if k and k % 50 == 0:
+            took = time.perf_counter() - start
+            print(f"  {k} programs in {took:.0f} s, {len(failed)} failing", flush=True)
+
+    failed: list[int] = []
     seeds = range(args.seed, args.seed + args.programs)
     report = program_fuzz.run_seeds(
-        seeds, xla_every=args.xla_every, shrink_failures=not args.no_shrink, log=log
+        seeds,
+        xla_every=args.xla_every,
+        shrink_failures=not args.no_shrink,
+        log=lambda seed, found, program: (failed.append(seed), log(seed, found, program)),
+        progress=progress,
     )
     took = time.perf_counter() - start
     xla = len(range(0, args.programs, args.xla_every)) if args.xla_every else 0

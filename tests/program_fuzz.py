@@ -52,6 +52,7 @@ NP = {
 }
 BITS = {"f32": 32, "f16": 16, "bf16": 16, "f64": 64, "s32": 32, "s8": 8, "u8": 8, "u32": 32}
 MAX_ELEMENTS = 2048
+LARGEST = {"f16": 65504.0, "bf16": 3.3e38, "f32": 3.4e38, "c64": 3.4e38, "f64": 1.7e308}
 
 
 @dataclass
@@ -215,6 +216,8 @@ class _Gen:
                     tuple(dims))  # fmt: skip
         self.instrs.append(ins)
         self.used.update(args)
+        if not mag <= LARGEST.get(dtype, math.inf) / 4:
+            ins.hidden = True  # may overflow: two correct sides may disagree on infinities
         return ins
 
     def param(self, dtype: str, dims: tuple[int, ...], how: str | None = None) -> Instr:
@@ -715,6 +718,9 @@ class _Gen:
         v = self.any_array(dtypes=(*FLOATS, "s32", "u8"))
         if not v.dims:
             return
+        if self.chance(0.3):
+            self.prefix_scan(v)
+            return
         sizes, strides, pads, out, base, win = [], [], [], [], [], []
         for d in v.dims:
             s = int(self.rng.integers(1, min(d, 3) + 1)) if d else 1
@@ -741,6 +747,26 @@ class _Gen:
         m = n * v.mag if kind == "add" else max(v.mag, 100.0)
         err = (n * v.err + n * EPS.get(v.dtype, 0) * m) if kind == "add" else v.err
         self.emit("rw", v.dtype, tuple(out), "reduce-window", [v.name, c.name],
+                  f"window={{{window}}}, to_apply=%{comp}", mag=m, err=err)  # fmt: skip
+
+    def prefix_scan(self, v: Instr) -> None:
+        """A cumulative sum/max/min along one axis, either direction, written as JAX writes
+        it: a reduce-window whose window spans the axis, padded by its length less one (the
+        CPU backend's scan rewrite and native scan kernel)."""
+        axis = int(self.rng.integers(len(v.dims)))
+        n = v.dims[axis]
+        if n == 0:
+            return
+        kind = self.pick(["add", "add", "maximum", "minimum"])
+        sizes = [n if k == axis else 1 for k in range(len(v.dims))]
+        pad = f"{n - 1}_0" if self.chance(0.5) else f"0_{n - 1}"
+        pads = [pad if k == axis else "0_0" for k in range(len(v.dims))]
+        c = self.const(v.dtype, _identity(kind, v.dtype))
+        window = f"size={'x'.join(map(str, sizes))} pad={'x'.join(pads)}"
+        m = n * v.mag if kind == "add" else max(v.mag, 100.0)
+        err = (n * v.err + n * EPS.get(v.dtype, 0) * m) if kind == "add" else v.err
+        comp = self.reducer(kind, v.dtype)
+        self.emit("scan", v.dtype, v.dims, "reduce-window", [v.name, c.name],
                   f"window={{{window}}}, to_apply=%{comp}", mag=m, err=err)  # fmt: skip
 
     def dot(self) -> None:
@@ -1346,10 +1372,15 @@ class Report:
     failures: list[tuple[int, list[Mismatch], Program]] = field(default_factory=list)
 
 
-def run_seeds(seeds, *, xla_every: int = 0, shrink_failures: bool = True, log=None) -> Report:
-    """Check the programs of `seeds` (XLA on every `xla_every`-th); failures shrunk."""
+def run_seeds(
+    seeds, *, xla_every: int = 0, shrink_failures: bool = True, log=None, progress=None
+) -> Report:
+    """Check the programs of `seeds` (XLA on every `xla_every`-th); failures shrunk and
+    passed to `log(seed, mismatches, program)`; `progress(k, seed)` before each."""
     report = Report()
     for k, seed in enumerate(seeds):
+        if progress:
+            progress(k, seed)
         program = generate(seed)
         found = check(program, xla=bool(xla_every) and k % xla_every == 0)
         report.programs += 1

@@ -245,6 +245,18 @@ ENTRY %main {
 }
 """
 
+# An f16 cbrt (computed in f64, truncated to f32, stored as f16) over a transposed operand:
+# LLVM narrowed f64 -> f16 in one step with a call to __truncdfhf2, which the JIT left
+# unresolved; the kernel jumped to address 0 (a segfault; jit/engine.py RUNTIME_BUILTINS).
+F16_CBRT_TRANSPOSED = """HloModule f16_cbrt_transposed
+ENTRY %main {
+  %p.3 = f16[2,3,6]{2,0,1} parameter(0)
+  %u.4 = f16[2,3,6] cbrt(%p.3)
+  %rs.6 = f16[12,3] reshape(%u.4)
+  ROOT %root = (f16[12,3]) tuple(%rs.6)
+}
+"""
+
 REPRODUCERS = {
     "dus_layout": DUS_LAYOUT,
     "tuple_layout": TUPLE_LAYOUT,
@@ -253,6 +265,7 @@ REPRODUCERS = {
     "conditional_layout": CONDITIONAL_LAYOUT,
     "empty_concatenate": EMPTY_CONCATENATE,
     "sort_same_operand": SORT_SAME_OPERAND,
+    "f16_cbrt_transposed": F16_CBRT_TRANSPOSED,
 }
 
 
@@ -262,3 +275,49 @@ def test_reproducer(name):
     for seed in range(3):
         args = module_arguments(text, seed)
         assert differences(text, args, ALL_CONFIGS) == []
+
+
+def test_truncdfhf2_rounds_as_numpy():
+    """The JIT's __truncdfhf2 (f64 -> f16) rounds every double as NumPy does: halfway cases
+    to even, subnormal results, overflow to infinity, NaN kept a NaN."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    from xlapy.backends.cpu.jit import engine
+
+    engine.host_target()  # LLVM initialized
+    engine._provide_builtins(b"__truncdfhf2")
+    caller = llvm.parse_assembly(
+        "declare half @__truncdfhf2(double)\n"
+        "define void @conv(ptr %x, ptr %out, i64 %n) {\n"
+        "entry:\n  br label %loop\n"
+        "loop:\n  %i = phi i64 [0, %entry], [%j, %loop]\n"
+        "  %px = getelementptr double, ptr %x, i64 %i\n  %v = load double, ptr %px\n"
+        "  %h = call half @__truncdfhf2(double %v)\n"
+        "  %po = getelementptr half, ptr %out, i64 %i\n  store half %h, ptr %po\n"
+        "  %j = add i64 %i, 1\n  %more = icmp slt i64 %j, %n\n"
+        "  br i1 %more, label %loop, label %done\n"
+        "done:\n  ret void\n}\n"
+    )
+    jit = llvm.create_mcjit_compiler(caller, engine.new_target_machine())
+    jit.finalize_object()
+    conv = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
+        jit.get_function_address("conv")
+    )
+    rng = np.random.default_rng(0)
+    halves = rng.integers(0, 1 << 16, size=20000, dtype=np.uint16).view(np.float16)
+    halves = halves[np.isfinite(halves)]
+    mid = halves.astype(np.float64) * (1 + 2.0**-11)  # near the halfway points
+    x = np.concatenate([
+        rng.standard_normal(20000) * 10.0 ** rng.integers(-9, 6, size=20000),
+        mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf),
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 65519.99, 2.0**-24, 2.0**-25,
+         2.0**-25 * (1 + 2.0**-40), 1e-300, -1e300],
+    ]).astype(np.float64)  # fmt: skip
+    out = np.empty(x.shape, np.float16)
+    conv(x.ctypes.data, out.ctypes.data, x.size)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    same = (out.view(np.uint16) == want.view(np.uint16)) | (np.isnan(out) & np.isnan(want))
+    assert same.all(), (x[~same][:5], out[~same][:5], want[~same][:5])
