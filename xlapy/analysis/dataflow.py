@@ -371,11 +371,16 @@ def _fusion_in_place(fusion: HloInstruction) -> list[tuple[ShapeIndex, int, Shap
     return result
 
 
-def same_layout(a: Shape, b: Shape) -> bool:
-    """True if arrays `a` and `b` lay their elements out in the same order (a value written
-    over another's buffer must: `u32[2,4]{0,1}` updated in place over a `{1,0}` operand
-    would read back transposed)."""
-    return a.layout_or_default.minor_to_major == b.layout_or_default.minor_to_major
+def layouts_differ(a: Shape, b: Shape) -> bool:
+    """True if arrays `a` and `b` have the same dims but lay their elements out in different
+    orders (a value written over another's buffer must not: `u32[2,4]{0,1}` updated in
+    place over a `{1,0}` operand would read back transposed)."""
+    return (
+        a.is_array
+        and b.is_array
+        and a.dims == b.dims
+        and a.layout_or_default.minor_to_major != b.layout_or_default.minor_to_major
+    )
 
 
 def _in_place_pairs(instr: HloInstruction, at) -> list[InPlacePair]:
@@ -385,7 +390,7 @@ def _in_place_pairs(instr: HloInstruction, at) -> list[InPlacePair]:
         operand = at.get((id(instr.operands[number]), operand_index))
         if output is None or operand is None or output.instruction is not instr:
             continue
-        if output.shape.is_array and not same_layout(output.shape, operand.shape):
+        if layouts_differ(output.shape, operand.shape):
             continue
         pairs.append(InPlacePair(output, operand, number))
     return pairs

@@ -37,7 +37,7 @@ from xlapy.analysis.dataflow import (
     DataflowError,
     HloValue,
     in_place_operands,
-    same_layout,
+    layouts_differ,
 )
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -134,8 +134,7 @@ def may_update_in_place(
                 value = same[value]
         return value
 
-    arrays = output.shape.is_array and operand.shape.is_array
-    if arrays and not same_layout(output.shape, operand.shape):
+    if layouts_differ(output.shape, operand.shape):
         return False  # written in place, the operand's bytes would read back reordered
     for out_index, number, operand_index in in_place_operands(instr):
         if out_index == output.index and value_at(instr.operands[number], operand_index) is operand:
