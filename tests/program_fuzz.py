@@ -712,7 +712,7 @@ class _Gen:
             f"  %v = {s} select(%pick, %a0, %b0)\n  %i = s32[] select(%pick, %a1, %b1)\n"
             f"  ROOT %t = ({s}, s32[]) tuple(%v, %i)\n}}"
         )
-        init = self.const(dt, float("-inf") if dt in FLOATS else 0)
+        init = self.const(dt, _identity("maximum", dt))
         zero = self.const("s32", 0)
         tshape = f"({shape_text(dt, dims)}, {shape_text('s32', dims)})"
         r = self.emit("argmax", dt, dims, "reduce", [v.name, idx.name, init.name, zero.name],
