@@ -48,7 +48,7 @@ def main() -> None:
         lines = [f"{m.side} {m.output}: {m.message}" for m in found]
         (folder / "mismatches.txt").write_text("\n".join(lines) + "\n")
         for m in found:
-            kinds[(m.side, re.sub(r"[0-9.e+-]+", "N", m.message.split("\n")[0])[:80])] += 1
+            kinds[(m.side, re.sub(r"-?\d[\d.e+-]*", "N", m.message.split("\n")[0])[:80])] += 1
         print(f"seed {seed}: {found[0].side} {found[0].message.splitlines()[0][:160]}")
         print(f"  reproducer: {folder}/module.hlo", flush=True)
 
