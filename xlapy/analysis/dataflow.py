@@ -371,12 +371,26 @@ def _fusion_in_place(fusion: HloInstruction) -> list[tuple[ShapeIndex, int, Shap
     return result
 
 
+def layouts_differ(a: Shape, b: Shape) -> bool:
+    """True if arrays `a` and `b` have the same dims but lay their elements out in different
+    orders (a value written over another's buffer must not: `u32[2,4]{0,1}` updated in
+    place over a `{1,0}` operand would read back transposed)."""
+    return (
+        a.is_array
+        and b.is_array
+        and a.dims == b.dims
+        and a.layout_or_default.minor_to_major != b.layout_or_default.minor_to_major
+    )
+
+
 def _in_place_pairs(instr: HloInstruction, at) -> list[InPlacePair]:
     pairs = []
     for out_index, number, operand_index in in_place_operands(instr):
         output = at.get((id(instr), out_index))
         operand = at.get((id(instr.operands[number]), operand_index))
         if output is None or operand is None or output.instruction is not instr:
+            continue
+        if layouts_differ(output.shape, operand.shape):
             continue
         pairs.append(InPlacePair(output, operand, number))
     return pairs

@@ -37,6 +37,7 @@ from xlapy.analysis.dataflow import (
     DataflowError,
     HloValue,
     in_place_operands,
+    layouts_differ,
 )
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -133,6 +134,8 @@ def may_update_in_place(
                 value = same[value]
         return value
 
+    if layouts_differ(output.shape, operand.shape):
+        return False  # written in place, the operand's bytes would read back reordered
     for out_index, number, operand_index in in_place_operands(instr):
         if out_index == output.index and value_at(instr.operands[number], operand_index) is operand:
             return True

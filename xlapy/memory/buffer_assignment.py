@@ -61,6 +61,7 @@ from xlapy.memory.scheduler import (
 )
 from xlapy.passes.copy_insertion import CopyInsertion
 from xlapy.passes.flatten_call_graph import FlattenCallGraph
+from xlapy.passes.layout_normalize import AliasLayoutAgreement, WhileLayoutAgreement
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,6 +389,10 @@ def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") ->
     if scheduler not in PLAN_ORDERS:
         known = ", ".join(PLAN_ORDERS)
         raise MemoryPlanningError(f"unknown scheduler {scheduler!r}; expected one of {known}")
+    # values that share a buffer agree on layouts (copies where the module's did not; the
+    # CPU pipeline ran these already, an unoptimized compile did not)
+    WhileLayoutAgreement().run(module)
+    AliasLayoutAgreement().run(module)
     FlattenCallGraph().run(module)
     if scheduler == "plan":
         scheduler = _smallest_plan(module)

@@ -244,6 +244,68 @@ class WhileLayoutAgreement(HloPass):
         return changed
 
 
+@register_pass
+class AliasLayoutAgreement(HloPass):
+    """Values that share one buffer must agree on layouts; XLA's layout assignment makes
+    them agree with copies, and so does this pass, for what while-layout-agreement leaves:
+    a tuple's element and its operand (`(f32[2,4]) tuple(p)` of a `{0,1}` parameter), a
+    get-tuple-element and its tuple's element, a conditional's or call's operands and its
+    computations' parameters, and its computations' roots and its result. The shape the
+    consumer declares decides (the tuple's, the get-tuple-element's, the called
+    computation's parameter, the conditional's or call's result); the other side is copied
+    into it. Without this, the backend shared the buffer and read its bytes transposed."""
+
+    name = "alias-layout-agreement"
+
+    def run(self, module: HloModule) -> bool:
+        changed = False
+        names = NameUniquer(module)
+        for comp in list(module.computations):
+            for instr in list(comp.instructions):
+                if instr.parent is comp:
+                    changed |= _agree_aliases(comp, instr, names)
+        return changed
+
+
+def _agree_aliases(comp: HloComputation, instr: HloInstruction, names: NameUniquer) -> bool:
+    op = instr.opcode
+    changed = False
+    if op is Opcode.TUPLE:
+        for i, operand in enumerate(instr.operands):
+            want = instr.shape.tuple_shapes[i]
+            if operand.shape != want and operand.shape.compatible(want):
+                instr.replace_operand_at(i, _as(comp, operand, want, names, before=instr))
+                changed = True
+    elif op is Opcode.GET_TUPLE_ELEMENT:
+        element = instr.operands[0].shape.tuple_shapes[instr.tuple_index]
+        if instr.shape != element and instr.shape.compatible(element):
+            declared = instr.shape
+            instr.shape = element
+            comp.replace_all_uses(
+                instr, _as(comp, instr, declared, names, before=None, after=instr)
+            )
+            changed = True
+    elif op is Opcode.CONDITIONAL or op is Opcode.CALL:
+        callees = list(instr.branches) if op is Opcode.CONDITIONAL else [instr.to_apply]
+        first = 1 if op is Opcode.CONDITIONAL else 0
+        for k, callee in enumerate(callees):
+            if op is Opcode.CONDITIONAL:
+                pairs = [(first + k, callee.parameter(0))]
+            else:
+                pairs = [(n, callee.parameter(n)) for n in range(len(instr.operands))]
+            for number, param in pairs:
+                operand = instr.operands[number]
+                if operand.shape != param.shape and operand.shape.compatible(param.shape):
+                    copy = _as(comp, operand, param.shape, names, before=instr)
+                    instr.replace_operand_at(number, copy)
+                    changed = True
+            root = callee.root_instruction()
+            if root.shape != instr.shape and root.shape.compatible(instr.shape):
+                callee.set_root(_as(callee, root, instr.shape, names, before=None))
+                changed = True
+    return changed
+
+
 def _agree(comp: HloComputation, loop: HloInstruction, names: NameUniquer) -> bool:
     body, cond = loop.while_body, loop.while_condition
     want = body.parameter(0).shape

@@ -30,6 +30,7 @@ CPU_PIPELINE: list[PlanEntry] = [
     "call-inliner",
     "defuser",  # XLA's fusions around a dot, reduce-window, scatter...: fused again below
     "while-layout-agreement",  # a loop's state is one set of buffers: one layout each
+    "alias-layout-agreement",  # so are a tuple's elements, branch and call parameters
     "normalize-layouts",  # intermediate layouts are free: transposes fold into dots
     "batchnorm-expander",
     "logistic-expander",

@@ -657,6 +657,8 @@ def _concatenate(em: KernelEmitter, instr, index):
             continue
         inside = b.icmp_signed("<", index[dim], _c64(start + size))
         result = b.select(inside, value, result)
+    if result is None:  # every operand is empty along `dim`: so is the result (never read)
+        return em.scalar_constant(0, _et(instr))
     return result
 
 

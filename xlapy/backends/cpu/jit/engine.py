@@ -82,6 +82,59 @@ def _initialize() -> None:
             llvm.add_symbol(name, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
 
 
+# Compiler-runtime functions LLVM may call from a kernel that libc/libm do not provide.
+# LLVM narrows f64 -> f16 with a call to __truncdfhf2 (x86 has no instruction for it); it
+# makes one out of an f64 math result truncated to f32 and stored as f16 (an f16 cbrt over a
+# transposed operand), and the JIT left the call unresolved: the kernel jumped to address 0.
+# Each is compiled here, once, the first time a loaded object names it.
+RUNTIME_BUILTINS = {
+    # round to odd in f32 (truncate toward zero, set the last bit when inexact), then the
+    # one rounding to f16 (native with F16C) gives the correctly rounded result
+    "__truncdfhf2": """
+declare double @llvm.fabs.f64(double)
+define half @__truncdfhf2(double %x) {
+  %y = fptrunc double %x to float
+  %bits = bitcast float %y to i32
+  %ay = call double @llvm.fabs.f64(double %x)
+  %yd = fpext float %y to double
+  %ayd = call double @llvm.fabs.f64(double %yd)
+  %away = fcmp ogt double %ayd, %ay
+  %less = sub i32 %bits, 1
+  %toward = select i1 %away, i32 %less, i32 %bits
+  %tf = bitcast i32 %toward to float
+  %td = fpext float %tf to double
+  %inexact = fcmp one double %td, %x
+  %odd = or i32 %toward, 1
+  %rbits = select i1 %inexact, i32 %odd, i32 %toward
+  %r = bitcast i32 %rbits to float
+  %nan = fcmp uno double %x, %x
+  %pick = select i1 %nan, float %y, float %r
+  %h = fptrunc float %pick to half
+  ret half %h
+}
+""",
+}
+_builtin_engines: dict[str, object] = {}
+
+
+def _provide_builtins(data: bytes) -> None:
+    """Compile and register the RUNTIME_BUILTINS that object `data` names (under _lock)."""
+    for name, text in RUNTIME_BUILTINS.items():
+        if name in _builtin_engines or name.encode() not in data:
+            continue
+        module = llvm.parse_assembly(text)
+        module.triple = llvm.get_process_triple()
+        module.verify()
+        target = llvm.Target.from_triple(module.triple)
+        machine = target.create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2
+        )
+        engine = llvm.create_mcjit_compiler(module, machine)
+        engine.finalize_object()
+        llvm.add_symbol(name, engine.get_function_address(name))
+        _builtin_engines[name] = engine  # kept: loaded kernels call into it
+
+
 @dataclass(frozen=True, slots=True)
 class HostTarget:
     """The host CPU as LLVM sees it."""
@@ -411,6 +464,7 @@ class SharedEngine:
         assert engine is not None, "the current engine is never closed"
         try:
             for _, data in fresh:
+                _provide_builtins(data)
                 engine.add_object_file(llvm.ObjectFileRef.from_data(data))
                 code.size += len(data)
             engine.finalize_object()

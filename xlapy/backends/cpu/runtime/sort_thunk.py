@@ -344,8 +344,11 @@ def plan_sort(instr: HloInstruction, flush_denormals: bool = False) -> FastFn | 
         def block(lo: int, hi: int) -> None:
             part = (slice(None),) * outer + (slice(lo, hi),) if shape.rank > 1 else ()
             perm = stable_permutation([k[part] for k in key], axis)
-            for t, a in zip(targets, arrays, strict=True):
-                np.copyto(t[part], np.take_along_axis(a[part], perm, axis=axis), casting="no")
+            # every operand is read before any result is written: a result sorted in place
+            # may share its buffer with a later operand (sort(x, x) reads x twice)
+            taken = [np.take_along_axis(a[part], perm, axis=axis) for a in arrays]
+            for t, v in zip(targets, taken, strict=True):
+                np.copyto(t[part], v, casting="no")
 
         if units > 1:
             split_over(units, seconds, block)

@@ -1,0 +1,85 @@
+"""Differential program fuzzing over many seeds: CPU backend vs interpreter vs XLA:CPU.
+
+Generates random valid HLO programs (tests/program_fuzz.py), runs each on the interpreter,
+the CPU backend (default options and native paths off) and, for every `--xla-every`-th,
+XLA:CPU through jaxlib; shrinks each failure and writes the reproducer (module text,
+arguments, mismatches) under `--out`. Prints a summary: programs run, failures grouped by
+side and kind, time per program.
+
+    PYTHONPATH=. python benchmarks/program_fuzz.py --programs 2000 --seed 1 --xla-every 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import faulthandler
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+os.environ.setdefault("XLAPY_STRICT_KERNELS", "1")  # a kernel that fails to compile is a bug
+
+import numpy as np
+import program_fuzz
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument("--xla-every", type=int, default=3, help="0: never run XLA")
+    parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/xlapy-program-fuzz"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    faulthandler.enable()  # a crash in native code prints where it happened
+    kinds: collections.Counter = collections.Counter()
+
+    def log(seed, found, program) -> None:
+        folder = args.out / f"seed{seed}"
+        folder.mkdir(exist_ok=True)
+        (folder / "module.hlo").write_text(program.text())
+        arrays = program.arguments()
+        np.savez(folder / "inputs.npz", *arrays)
+        lines = [f"{m.side} {m.output}: {m.message}" for m in found]
+        (folder / "mismatches.txt").write_text("\n".join(lines) + "\n")
+        for m in found:
+            kinds[(m.side, re.sub(r"-?\d[\d.e+-]*", "N", m.message.split("\n")[0])[:80])] += 1
+        print(f"seed {seed}: {found[0].side} {found[0].message.splitlines()[0][:160]}")
+        print(f"  reproducer: {folder}/module.hlo", flush=True)
+
+    start = time.perf_counter()
+
+    def progress(k: int, seed: int) -> None:
+        # the seed being run is on disk, so a crash of the process names it
+        (args.out / "current_seed").write_text(f"{seed}\n")
+        if k and k % 50 == 0:
+            took = time.perf_counter() - start
+            print(f"  {k} programs in {took:.0f} s, {len(failed)} failing", flush=True)
+
+    failed: list[int] = []
+    seeds = range(args.seed, args.seed + args.programs)
+    report = program_fuzz.run_seeds(
+        seeds,
+        xla_every=args.xla_every,
+        shrink_failures=not args.no_shrink,
+        log=lambda seed, found, program: (failed.append(seed), log(seed, found, program)),
+        progress=progress,
+    )
+    took = time.perf_counter() - start
+    xla = len(range(0, args.programs, args.xla_every)) if args.xla_every else 0
+    print(
+        f"\n{report.programs} programs (seeds {args.seed}..{args.seed + args.programs - 1}, "
+        f"{xla} also on XLA) in {took:.0f} s ({took / max(report.programs, 1):.2f} s each); "
+        f"{len(report.failures)} failing"
+    )
+    for (side, kind), n in kinds.most_common():
+        print(f"  {n:4d}  {side:15s} {kind}")
+
+
+if __name__ == "__main__":
+    main()

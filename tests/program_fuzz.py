@@ -1,0 +1,1482 @@
+"""A seeded generator of random, valid HLO programs and a differential oracle over them.
+
+`generate(seed)` draws a random DAG of HLO instructions (elementwise unary/binary/compare/
+select/clamp/convert/bitcast-convert, broadcast, reshape, transpose, slice, dynamic slices
+and updates, concatenate, pad, reverse, iota, reduce (variadic too), reduce-window, dot,
+convolution, gather, scatter, sort, while loops carrying a buffer updated in place,
+conditionals, tuples) over f32/f16/bf16/f64/s32/s8/u8/u32/pred/c64, with shapes that have
+dims of 1 and 0 and some non-default layouts. `check(program)` runs it through the
+interpreter (the oracle), the CPU backend (default options and with its native paths off),
+and optionally XLA (through jaxlib), and returns the mismatches; `shrink` cuts a failing
+program down (instructions replaced by parameters or bypassed, outputs dropped) while it
+still fails, and `Program.text()` is the reproducer.
+
+Floats are compared against an error bound the generator carries with every value: `mag`
+bounds the value's magnitude and `err` its absolute rounding error (0 for values computed
+without rounding: parameters, shape ops, max/min/abs/negate/select of exact values, ...).
+Operations that are discontinuous (compare, floor, convert to an integer, remainder,
+sort keys, argmax) or that amplify an error without bound (divisor, sqrt, log, power) only
+take exact operands, so two correct implementations can differ only within the bound, and
+exact values must agree exactly. Float parameters are drawn with magnitudes in [0.25, 4]
+(no values near zero), integers over ranges that exercise wrap-around, and the undefined
+corner cases are XLA's defined ones (division by zero, shift counts, saturating converts).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import ml_dtypes
+import numpy as np
+
+FLOATS = ("f32", "f16", "bf16", "f64")
+INTS = ("s32", "s8", "u8", "u32")
+ALL = (*FLOATS, *INTS, "pred", "c64")
+EPS = {"f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7, "f64": 2.0**-52, "c64": 2.0**-23}
+NP = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "f64": np.dtype(np.float64),
+    "s32": np.dtype(np.int32),
+    "s8": np.dtype(np.int8),
+    "u8": np.dtype(np.uint8),
+    "u32": np.dtype(np.uint32),
+    "pred": np.dtype(np.bool_),
+    "c64": np.dtype(np.complex64),
+    "s64": np.dtype(np.int64),
+}
+BITS = {"f32": 32, "f16": 16, "bf16": 16, "f64": 64, "s32": 32, "s8": 8, "u8": 8, "u32": 32}
+MAX_ELEMENTS = 2048
+LARGEST = {"f16": 65504.0, "bf16": 3.3e38, "f32": 3.4e38, "c64": 3.4e38, "f64": 1.7e308}
+
+
+@dataclass
+class Instr:
+    """One entry instruction: `%name = shape opcode(%args...), attrs`. A parameter keeps how
+    its argument is drawn in `draw` ("float:<mag>", "int:<lo>:<hi>", "pred")."""
+
+    name: str
+    shape: str
+    opcode: str
+    args: list[str]
+    attrs: str = ""
+    draw: str = ""
+    # error bound of the value (arrays only): magnitude bound and absolute error bound
+    mag: float = 0.0
+    err: float = 0.0
+    dtype: str = ""
+    dims: tuple[int, ...] = ()
+    hidden: bool = False  # not an operand for later instructions (a raw bit pattern)
+    elements: tuple = ()  # a tuple parameter's (dtype, dims, draw) per element
+
+
+@dataclass
+class Program:
+    """A generated module: entry instructions in order, computations it calls, outputs."""
+
+    seed: int
+    instrs: list[Instr]
+    computations: dict[str, str]
+    outputs: list[str]
+
+    def by_name(self) -> dict[str, Instr]:
+        return {i.name: i for i in self.instrs}
+
+    def text(self) -> str:
+        """The module as HLO text (parameters numbered in order of appearance)."""
+        live = self._live()
+        lines, number = [], 0
+        used_comps: set[str] = set()
+        for ins in self.instrs:
+            if ins.name not in live:
+                continue
+            if ins.opcode == "parameter":
+                lines.append(f"  %{ins.name} = {ins.shape} parameter({number})")
+                number += 1
+                continue
+            if ins.opcode == "constant":
+                lines.append(f"  %{ins.name} = {ins.shape} constant({ins.attrs})")
+                continue
+            args = ", ".join(f"%{a}" for a in ins.args)
+            attrs = f", {ins.attrs}" if ins.attrs else ""
+            lines.append(f"  %{ins.name} = {ins.shape} {ins.opcode}({args}){attrs}")
+            used_comps |= {c for c in self.computations if f"%{c}" in ins.attrs}
+        by = self.by_name()
+        shapes = ", ".join(by[o].shape for o in self.outputs)
+        outs = ", ".join(f"%{o}" for o in self.outputs)
+        lines.append(f"  ROOT %root = ({shapes}) tuple({outs})")
+        # computations call others (a while body its reducer): close over the references
+        todo = list(used_comps)
+        while todo:
+            body = self.computations[todo.pop()]
+            for c in self.computations:
+                if c not in used_comps and f"%{c}" in body:
+                    used_comps.add(c)
+                    todo.append(c)
+        comps = [
+            _unique_names(self.computations[c], k)
+            for k, c in enumerate(self.computations)
+            if c in used_comps
+        ]
+        head = f"HloModule fuzz_{self.seed}\n\n"
+        return (
+            head
+            + "".join(c + "\n\n" for c in comps)
+            + "ENTRY %main {\n"
+            + "\n".join(lines)
+            + "\n}\n"
+        )
+
+    def _live(self) -> set[str]:
+        by = self.by_name()
+        live, todo = set(), list(self.outputs)
+        while todo:
+            n = todo.pop()
+            if n in live:
+                continue
+            live.add(n)
+            todo.extend(by[n].args)
+        return live
+
+    def parameters(self) -> list[Instr]:
+        live = self._live()
+        return [i for i in self.instrs if i.opcode == "parameter" and i.name in live]
+
+    def arguments(self, seed: int | None = None) -> list[np.ndarray]:
+        """Fresh arguments for the parameters, drawn from `seed` (the program's by default)."""
+        rng = np.random.default_rng([self.seed if seed is None else seed, 7])
+        return [
+            tuple(draw(rng, how, dt, dims) for dt, dims, how in p.elements)
+            if p.draw == "tuple"
+            else draw(rng, p.draw, p.dtype, p.dims)
+            for p in self.parameters()
+        ]
+
+
+def draw(rng: np.random.Generator, how: str, dtype: str, dims: tuple[int, ...]) -> np.ndarray:
+    """An argument drawn as `how` says (see Instr)."""
+    kind, *rest = how.split(":")
+    if kind == "pred":
+        return rng.random(dims) < 0.5
+    if kind == "int":
+        lo, hi = int(rest[0]), int(rest[1])
+        return rng.integers(lo, hi, size=dims, endpoint=True, dtype=np.int64).astype(NP[dtype])
+    mag = float(rest[0])
+    lo = min(0.25, mag)
+
+    def part():
+        return rng.uniform(lo, mag, size=dims) * rng.choice([-1.0, 1.0], size=dims)
+
+    if dtype == "c64":
+        return (part() + 1j * part()).astype(np.complex64)
+    return part().astype(NP[dtype])
+
+
+def shape_text(dtype: str, dims: tuple[int, ...], layout: tuple[int, ...] | None = None) -> str:
+    text = f"{dtype}[{','.join(map(str, dims))}]"
+    if layout is not None:
+        text += "{" + ",".join(map(str, layout)) + "}"
+    return text
+
+
+def _size(dims) -> int:
+    return math.prod(dims)
+
+
+# ---------------------------------------------------------------------------------------
+# The generator
+
+
+class _Gen:
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.rng = np.random.default_rng([seed, 1])
+        self.instrs: list[Instr] = []
+        self.comps: dict[str, str] = {}
+        self.count = 0
+        self.used: set[str] = set()
+
+    # -- helpers ------------------------------------------------------------------------
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}.{self.count}"
+
+    def pick(self, seq):
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def emit(self, stem, dtype, dims, opcode, args, attrs="", *, mag=0.0, err=0.0, layout=None,
+             shape=None, draw_how="") -> Instr:  # fmt: skip
+        if shape is None:
+            if layout is None and len(dims) >= 2 and self.chance(0.12):
+                layout = tuple(int(d) for d in self.rng.permutation(len(dims)))
+            shape = shape_text(dtype, dims, layout)
+        ins = Instr(self.name(stem), shape, opcode, list(args), attrs, draw_how, mag, err, dtype,
+                    tuple(dims))  # fmt: skip
+        self.instrs.append(ins)
+        self.used.update(args)
+        if not mag <= LARGEST.get(dtype, math.inf) / 4:
+            ins.hidden = True  # may overflow: two correct sides may disagree on infinities
+        return ins
+
+    def param(self, dtype: str, dims: tuple[int, ...], how: str | None = None) -> Instr:
+        if how is None:
+            how = default_draw(dtype, self.rng)
+        mag = float(how.split(":")[1]) if how.startswith("float") else 0.0
+        return self.emit("p", dtype, dims, "parameter", [], mag=mag, draw_how=how)
+
+    def const(self, dtype: str, value) -> Instr:
+        if dtype == "pred":
+            text = "true" if value else "false"
+        elif dtype == "c64":
+            text = f"({float(value.real)!r}, {float(value.imag)!r})"
+        elif dtype in FLOATS:
+            text = repr(float(value))
+        else:
+            text = str(int(value))
+        mag = abs(complex(value)) if dtype in (*FLOATS, "c64") else 0.0
+        return self.emit("c", dtype, (), "constant", [], text, mag=mag, shape=f"{dtype}[]")
+
+    def dims(self, rank: int | None = None, big: int = 6) -> tuple[int, ...]:
+        if rank is None:
+            rank = int(self.pick([0, 1, 1, 2, 2, 2, 3, 3, 4]))
+        out = []
+        for _ in range(rank):
+            r = self.rng.random()
+            out.append(0 if r < 0.03 else 1 if r < 0.2 else int(self.rng.integers(2, big + 1)))
+        return tuple(out)
+
+    def values(self, pred: Callable[[Instr], bool] = lambda i: True) -> list[Instr]:
+        return [i for i in self.instrs if i.opcode != "constant" and i.dims is not None
+                and not i.hidden and pred(i)]  # fmt: skip
+
+    def operand(self, pred: Callable[[Instr], bool] = lambda i: True, make=None) -> Instr | None:
+        """A value of the pool that `pred` accepts, recent ones preferred; else `make()`."""
+        pool = self.values(pred)
+        if pool and (make is None or self.chance(0.75)):
+            k = len(pool)
+            idx = k - 1 - min(k - 1, int(self.rng.geometric(0.25)) - 1)
+            return pool[idx]
+        return make() if make is not None else None
+
+    def any_array(self, dtypes=ALL, exact=False) -> Instr:
+        def ok(i):
+            return i.dtype in dtypes and (not exact or i.err == 0.0)
+
+        def make():
+            return self.param(self.pick(dtypes), self.dims())
+
+        v = self.operand(ok, make)
+        assert v is not None
+        return v
+
+    def like(self, v: Instr, exact=False, dtype=None) -> Instr:
+        """A value of v's dims (and dtype unless given): from the pool or a new parameter."""
+        dtype = dtype or v.dtype
+
+        def ok(i):
+            return i.dims == v.dims and i.dtype == dtype and (not exact or i.err == 0.0)
+
+        got = self.operand(ok, lambda: self.param(dtype, v.dims))
+        assert got is not None
+        return got
+
+    def scalar_index(self, lo=-2, hi=8) -> Instr:
+        if self.chance(0.5):
+            return self.const("s32", int(self.rng.integers(lo, hi)))
+        return self.param("s32", (), f"int:{lo}:{hi}")
+
+    def reducer(self, kind: str, dtype: str) -> str:
+        name = f"{kind}_{dtype}"
+        if name not in self.comps:
+            s = f"{dtype}[]"
+            self.comps[name] = (
+                f"%{name} (a: {s}, b: {s}) -> {s} {{\n  %a = {s} parameter(0)\n"
+                f"  %b = {s} parameter(1)\n  ROOT %r = {s} {kind}(%a, %b)\n}}"
+            )
+        return name
+
+    # -- operations -----------------------------------------------------------------------
+    def step(self) -> None:
+        ops = [
+            (self.unary, 10), (self.binary, 12), (self.compare, 4), (self.select, 3),
+            (self.clamp, 1), (self.convert, 4), (self.bitcast, 2), (self.broadcast, 4),
+            (self.reshape, 3), (self.transpose, 3), (self.slice, 3), (self.dynamic_slice, 2),
+            (self.dus, 2), (self.concat, 2), (self.pad, 2), (self.reverse, 2), (self.iota, 1),
+            (self.reduce, 5), (self.variadic_reduce, 2), (self.reduce_window, 3),
+            (self.dot, 6), (self.conv, 3), (self.gather, 2), (self.scatter, 2),
+            (self.sort, 2), (self.while_loop, 2), (self.conditional, 2),
+            (self.tuple_gte, 1),
+        ]  # fmt: skip
+        weights = np.array([w for _, w in ops], dtype=float)
+        fn = ops[int(self.rng.choice(len(ops), p=weights / weights.sum()))][0]
+        fn()
+
+    def unary(self) -> None:
+        v = self.any_array()
+        dt = v.dtype
+        if dt == "pred":
+            self.emit("not", dt, v.dims, "not", [v.name])
+            return
+        if dt in INTS:
+            ops = ["negate", "abs", "not", "popcnt", "count-leading-zeros", "sign"]
+            if dt.startswith("u"):
+                ops = [o for o in ops if o not in ("abs", "sign")]  # signed only in StableHLO
+            self.emit("u", dt, v.dims, self.pick(ops), [v.name])
+            return
+        if dt == "c64":
+            op = self.pick(["negate", "exponential", "abs", "real", "imag", "sqrt"])
+            if op == "exponential" and v.mag > 6:
+                op = "negate"
+            if op == "sqrt" and v.err:
+                op = "negate"
+            if op in ("abs", "real", "imag"):
+                self.emit("u", "f32", v.dims, op, [v.name], mag=v.mag,
+                          err=v.err + EPS["f32"] * v.mag * 4)  # fmt: skip
+            elif op == "exponential":
+                m = math.exp(v.mag)
+                self.emit("u", dt, v.dims, op, [v.name], mag=m,
+                          err=m * v.err * 2 + 16 * EPS["c64"] * m)  # fmt: skip
+            elif op == "sqrt":
+                m = math.sqrt(v.mag)
+                self.emit("u", dt, v.dims, op, [v.name], mag=m, err=16 * EPS["c64"] * m)
+            else:
+                self.emit("u", dt, v.dims, op, [v.name], mag=v.mag, err=v.err)
+            return
+        eps = EPS[dt]
+        exact_only = ["floor", "ceil", "round-nearest-even", "round-nearest-afz", "sign",
+                      "sqrt", "rsqrt", "log", "cbrt", "log-plus-one", "is-finite"]  # fmt: skip
+        lipschitz = ["tanh", "logistic", "sine", "cosine"]
+        ops = ["negate", "abs", *lipschitz, "exponential", "exponential-minus-one"]
+        if v.err == 0.0:
+            ops += exact_only
+        op = self.pick(ops)
+        m = v.mag
+        if op in ("exponential", "exponential-minus-one") and m > 6:
+            op = "tanh"
+        if op in ("negate", "abs"):
+            self.emit("u", dt, v.dims, op, [v.name], mag=m, err=v.err)
+        elif op in ("floor", "ceil", "round-nearest-even", "round-nearest-afz"):
+            self.emit("u", dt, v.dims, op, [v.name], mag=m + 1)
+        elif op == "sign":
+            self.emit("u", dt, v.dims, op, [v.name], mag=1.0)
+        elif op == "is-finite":
+            self.emit("u", "pred", v.dims, op, [v.name])
+        elif op in lipschitz:
+            self.emit("u", dt, v.dims, op, [v.name], mag=1.0, err=v.err + 8 * eps * max(1.0, m))
+        elif op in ("exponential", "exponential-minus-one"):
+            e = math.exp(m)
+            self.emit("u", dt, v.dims, op, [v.name], mag=e, err=e * v.err * 1.01 + 8 * eps * e)
+        else:  # exact-input functions: sqrt rsqrt log cbrt log1p
+            bound = {"sqrt": math.sqrt(m), "rsqrt": 2.0, "cbrt": m ** (1 / 3) + 1,
+                     "log": abs(math.log(max(m, 1e-30))) + 1.5,
+                     "log-plus-one": abs(math.log1p(m)) + 1.5}[op]  # fmt: skip
+            self.emit("u", dt, v.dims, op, [v.name], mag=bound, err=8 * eps * bound)
+
+    def binary(self) -> None:
+        a = self.any_array()
+        dt = a.dtype
+        if dt == "pred":
+            b = self.like(a)
+            self.emit("b", dt, a.dims, self.pick(["and", "or", "xor"]), [a.name, b.name])
+            return
+        if dt in INTS:
+            op = self.pick(["add", "subtract", "multiply", "divide", "remainder", "maximum",
+                            "minimum", "and", "or", "xor", "shift-left", "shift-right-logical",
+                            "shift-right-arithmetic", "power"])  # fmt: skip
+            b = self.like(a)
+            if op == "power":
+                # exponents below 64: XLA:CPU squares for the exponent's low 6 bits only (a
+                # larger one "overflows anyway"), so u32 79^79 is 79^15 there, while the
+                # interpreter and the CPU backend give the exact wrapped power
+                b = self.param(dt, a.dims, "int:-2:63" if dt[0] == "s" else "int:0:63")
+            self.emit("b", dt, a.dims, op, [a.name, b.name])
+            return
+        eps = EPS[dt]
+        ops = ["add", "subtract", "multiply", "maximum", "minimum"]
+        if dt != "c64":
+            ops += ["divide", "remainder", "power", "atan2"]
+        else:
+            ops += ["divide"]
+        op = self.pick(ops)
+        if op in ("remainder", "power", "atan2") and a.err:
+            op = "add"
+        exact = op in ("divide", "remainder", "power", "atan2")
+        b = self.like(a, exact=exact)
+        ma, mb, ea, eb = a.mag, b.mag, a.err, b.err
+        if op in ("add", "subtract"):
+            m = ma + mb
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=m, err=ea + eb + eps * m)
+        elif op == "multiply":
+            m = ma * mb
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=m,
+                      err=ea * mb + eb * ma + ea * eb + 2 * eps * m)  # fmt: skip
+        elif op in ("maximum", "minimum"):
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=max(ma, mb), err=max(ea, eb))
+        elif op == "divide":
+            # exact divisors are 0 or at least 0.25 in magnitude (see module docstring)
+            m = ma * 4 * (2 if dt == "c64" else 1)
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=m, err=ea * 8 + 4 * eps * m)
+        elif op == "remainder":
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=max(ma, mb), err=0.0)
+        elif op == "atan2":
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=3.2, err=16 * eps * 3.2)
+        else:  # power of exact values: at most 16^4
+            if ma > 4 or mb > 4:
+                self.emit("b", dt, a.dims, "maximum", [a.name, b.name], mag=max(ma, mb))
+                return
+            m = max(ma, 4.0) ** mb
+            self.emit("b", dt, a.dims, op, [a.name, b.name], mag=m, err=64 * eps * m)
+
+    def compare(self) -> None:
+        a = self.any_array(exact=True)
+        b = self.like(a, exact=True)
+        dirs = ["EQ", "NE"] if a.dtype in ("c64", "pred") else ["EQ", "NE", "LT", "LE", "GT", "GE"]
+        attrs = f"direction={self.pick(dirs)}"
+        if a.dtype in FLOATS and self.chance(0.3):
+            attrs += ", type=TOTALORDER"
+        self.emit("cmp", "pred", a.dims, "compare", [a.name, b.name], attrs)
+
+    def select(self) -> None:
+        a = self.any_array()
+        b = self.like(a)
+        if self.chance(0.2):
+            p = self.const("pred", self.chance(0.5))
+        else:
+            p = self.like(a, dtype="pred")
+        self.emit("sel", a.dtype, a.dims, "select", [p.name, a.name, b.name],
+                  mag=max(a.mag, b.mag), err=max(a.err, b.err))  # fmt: skip
+
+    def clamp(self) -> None:
+        x = self.any_array(dtypes=(*FLOATS, *INTS))
+        if self.chance(0.5):
+            lo = self.const(x.dtype, -1 if x.dtype[0] != "u" else 1)
+            hi = self.const(x.dtype, 2)
+        else:
+            lo, hi = self.like(x), self.like(x)
+        self.emit("clamp", x.dtype, x.dims, "clamp", [lo.name, x.name, hi.name],
+                  mag=max(x.mag, lo.mag, hi.mag), err=max(x.err, lo.err, hi.err))  # fmt: skip
+
+    def convert(self) -> None:
+        v = self.any_array()
+        to = self.pick([t for t in ALL if t != v.dtype])
+        if v.dtype == "c64" and to != "c64":
+            to = "c64"  # complex -> real convert is not allowed in HLO; keep it complex
+            return
+        if v.dtype in FLOATS and to in (*INTS, "pred") and v.err:
+            to = "f64"
+        if to == v.dtype:
+            return
+        if to in (*FLOATS, "c64"):
+            if v.dtype in (*FLOATS, "c64"):
+                m = v.mag
+            elif v.dtype == "pred":
+                m = 1.0
+            else:
+                m = float(2 ** BITS[v.dtype])
+            err = v.err + EPS[to] * m if (v.err or _narrower(to, v.dtype)) else 0.0
+            self.emit("cvt", to, v.dims, "convert", [v.name], mag=m, err=err)
+        else:
+            self.emit("cvt", to, v.dims, "convert", [v.name])
+
+    def bitcast(self) -> None:
+        v = self.any_array(dtypes=(*FLOATS, *INTS), exact=True)
+        bits = BITS[v.dtype]
+        same = [t for t in (*FLOATS, *INTS) if BITS[t] == bits and t != v.dtype]
+        other = [t for t in (*FLOATS, *INTS) if BITS[t] != bits and t != "f64"]
+        if same and (self.chance(0.6) or not v.dims):
+            to, dims = self.pick(same), v.dims
+        else:
+            to = self.pick(other)
+            ratio = BITS[to] / bits
+            if ratio < 1:
+                dims = (*v.dims, round(1 / ratio))
+            else:
+                if not v.dims or v.dims[-1] != int(ratio):
+                    return
+                dims = v.dims[:-1]
+        if _size(dims) > MAX_ELEMENTS:
+            return
+        raw = self.emit("bc", to, dims, "bitcast-convert", [v.name])
+        if to not in FLOATS:
+            return
+        raw.hidden = True
+        # keep the float bit patterns that are normal and moderate (no subnormals, whose
+        # flushing XLA:CPU and the interpreter treat differently; no NaN/inf; |x| in [2^-6, 2^6])
+        s = f"{to}[]"
+        lo = self.emit("c", to, (), "constant", [], repr(2.0**-6), shape=s)
+        hi = self.emit("c", to, (), "constant", [], repr(2.0**6), shape=s)
+        one = self.emit("c", to, (), "constant", [], "1", shape=s)
+        b_lo = self.emit("bc", to, dims, "broadcast", [lo.name], "dimensions={}")
+        b_hi = self.emit("bc", to, dims, "broadcast", [hi.name], "dimensions={}")
+        b_one = self.emit("bc", to, dims, "broadcast", [one.name], "dimensions={}")
+        mag = self.emit("abs", to, dims, "abs", [raw.name])
+        mag.hidden = True
+        ge = self.emit("cmp", "pred", dims, "compare", [mag.name, b_lo.name], "direction=GE")
+        le = self.emit("cmp", "pred", dims, "compare", [mag.name, b_hi.name], "direction=LE")
+        ok = self.emit("and", "pred", dims, "and", [ge.name, le.name])
+        self.emit("bcs", to, dims, "select", [ok.name, raw.name, b_one.name], mag=64.0)
+
+    def broadcast(self) -> None:
+        v = self.any_array()
+        extra = self.dims(int(self.rng.integers(0, 3)), big=4)
+        rank = len(v.dims) + len(extra)
+        if rank > 5 or _size(v.dims) * _size(extra) > MAX_ELEMENTS:
+            return
+        where = sorted(int(x) for x in self.rng.choice(rank, size=len(v.dims), replace=False))
+        dims, it_v, it_e = [], iter(v.dims), iter(extra)
+        for d in range(rank):
+            dims.append(next(it_v) if d in where else next(it_e))
+        attrs = "dimensions={" + ",".join(map(str, where)) + "}"
+        self.emit("bcast", v.dtype, tuple(dims), "broadcast", [v.name], attrs, mag=v.mag,
+                  err=v.err)  # fmt: skip
+
+    def reshape(self) -> None:
+        v = self.any_array()
+        n = _size(v.dims)
+        if n == 0:
+            dims = list(self.dims(int(self.rng.integers(1, 4))))
+            dims[int(self.rng.integers(len(dims)))] = 0
+        else:
+            factors = _factors(n)
+            self.rng.shuffle(factors)
+            rank = int(self.rng.integers(0 if n == 1 else 1, 5))
+            dims = [1] * max(rank, 1) if rank else []
+            for f in factors:
+                dims[int(self.rng.integers(len(dims)))] *= f
+            if self.chance(0.3):
+                dims.insert(int(self.rng.integers(len(dims) + 1)), 1)
+        self.emit("rs", v.dtype, tuple(dims), "reshape", [v.name], mag=v.mag, err=v.err)
+
+    def transpose(self) -> None:
+        v = self.any_array()
+        if len(v.dims) < 2:
+            return
+        perm = [int(x) for x in self.rng.permutation(len(v.dims))]
+        dims = tuple(v.dims[p] for p in perm)
+        attrs = "dimensions={" + ",".join(map(str, perm)) + "}"
+        self.emit("tr", v.dtype, dims, "transpose", [v.name], attrs, mag=v.mag, err=v.err)
+
+    def slice(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        parts, dims = [], []
+        for d in v.dims:
+            start = int(self.rng.integers(0, d + 1))
+            limit = int(self.rng.integers(start, d + 1))
+            stride = int(self.pick([1, 1, 2, 3]))
+            parts.append(f"[{start}:{limit}:{stride}]")
+            dims.append(-(-(limit - start) // stride))
+        attrs = "slice={" + ", ".join(parts) + "}"
+        self.emit("sl", v.dtype, tuple(dims), "slice", [v.name], attrs, mag=v.mag, err=v.err)
+
+    def dynamic_slice(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        sizes = tuple(int(self.rng.integers(0 if d == 0 else 1, d + 1)) for d in v.dims)
+        idx = [self.scalar_index(-3, d + 3).name for d in v.dims]
+        attrs = "dynamic_slice_sizes={" + ",".join(map(str, sizes)) + "}"
+        self.emit("ds", v.dtype, sizes, "dynamic-slice", [v.name, *idx], attrs, mag=v.mag,
+                  err=v.err)  # fmt: skip
+
+    def dus(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        sizes = tuple(int(self.rng.integers(0, d + 1)) for d in v.dims)
+        upd = self.operand(lambda i: i.dims == sizes and i.dtype == v.dtype,
+                           lambda: self.param(v.dtype, sizes))  # fmt: skip
+        assert upd is not None
+        idx = [self.scalar_index(-3, d + 3).name for d in v.dims]
+        self.emit("dus", v.dtype, v.dims, "dynamic-update-slice", [v.name, upd.name, *idx],
+                  mag=max(v.mag, upd.mag), err=max(v.err, upd.err))  # fmt: skip
+
+    def concat(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        axis = int(self.rng.integers(len(v.dims)))
+        parts = [v]
+        for _ in range(int(self.rng.integers(1, 3))):
+            want = list(v.dims)
+            want[axis] = int(self.rng.integers(0, 5))
+
+            def ok(i, axis=axis):
+                return (i.dtype == v.dtype and len(i.dims) == len(v.dims)
+                        and all(a == b for k, (a, b) in enumerate(zip(i.dims, v.dims))
+                                if k != axis))  # fmt: skip
+
+            got = self.operand(ok, lambda want=want: self.param(v.dtype, tuple(want)))
+            assert got is not None
+            parts.append(got)
+        dims = list(v.dims)
+        dims[axis] = sum(p.dims[axis] for p in parts)
+        if _size(dims) > MAX_ELEMENTS:
+            return
+        self.emit("cat", v.dtype, tuple(dims), "concatenate", [p.name for p in parts],
+                  f"dimensions={{{axis}}}", mag=max(p.mag for p in parts),
+                  err=max(p.err for p in parts))  # fmt: skip
+
+    def pad(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        pv = self.const(v.dtype, 0 if v.dtype == "pred" else 1 if v.dtype == "c64" else 2)
+        parts, dims = [], []
+        for d in v.dims:
+            interior = int(self.pick([0, 0, 1, 2]))
+            lo = int(self.rng.integers(-2, 3))
+            hi = int(self.rng.integers(-2, 3))
+            full = d + max(d - 1, 0) * interior
+            out = lo + hi + full
+            if out < 0:
+                lo, hi, out = 0, 0, full
+            parts.append(f"{lo}_{hi}" + (f"_{interior}" if interior else ""))
+            dims.append(out)
+        if _size(dims) > MAX_ELEMENTS:
+            return
+        self.emit("pad", v.dtype, tuple(dims), "pad", [v.name, pv.name],
+                  "padding=" + "x".join(parts), mag=max(v.mag, pv.mag), err=v.err)  # fmt: skip
+
+    def reverse(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        k = int(self.rng.integers(1, len(v.dims) + 1))
+        axes = sorted(int(x) for x in self.rng.choice(len(v.dims), size=k, replace=False))
+        attrs = "dimensions={" + ",".join(map(str, axes)) + "}"
+        self.emit("rev", v.dtype, v.dims, "reverse", [v.name], attrs, mag=v.mag, err=v.err)
+
+    def iota(self) -> None:
+        dims = self.dims(int(self.rng.integers(1, 4)))
+        dt = self.pick(["s32", "f32", "u8", "f16", "s8", "bf16", "f64", "u32"])
+        axis = int(self.rng.integers(len(dims)))
+        m = float(dims[axis])
+        self.emit("iota", dt, dims, "iota", [], f"iota_dimension={axis}", mag=m)
+
+    def reduce(self) -> None:
+        v = self.any_array()
+        if not v.dims:
+            return
+        k = int(self.rng.integers(1, len(v.dims) + 1))
+        axes = sorted(int(x) for x in self.rng.choice(len(v.dims), size=k, replace=False))
+        dims = tuple(d for i, d in enumerate(v.dims) if i not in axes)
+        n = max(1, _size([v.dims[a] for a in axes]))
+        dt = v.dtype
+        if dt == "pred":
+            kind, init = self.pick([("and", True), ("or", False)])
+        elif dt == "c64":
+            kind, init = "add", 0
+        else:
+            kind = self.pick(["add", "maximum", "minimum", "add", "multiply"] if dt in INTS
+                             else ["add", "maximum", "minimum", "add"])  # fmt: skip
+            init = _identity(kind, dt)
+        c = self.const(dt, init)
+        comp = self.reducer(kind, dt)
+        attrs = "dimensions={" + ",".join(map(str, axes)) + "}, to_apply=%" + comp
+        if kind == "add" and dt in (*FLOATS, "c64"):
+            m = n * v.mag
+            self.emit("red", dt, dims, "reduce", [v.name, c.name], attrs, mag=m,
+                      err=n * v.err + n * EPS[dt] * m)  # fmt: skip
+        else:
+            self.emit("red", dt, dims, "reduce", [v.name, c.name], attrs,
+                      mag=max(v.mag, 100.0) if dt in FLOATS else 0.0, err=v.err)  # fmt: skip
+
+    def variadic_reduce(self) -> None:
+        v = self.any_array(dtypes=("f32", "s32", "f64", "bf16", "u8"), exact=True)
+        if not v.dims:
+            return
+        axis = int(self.rng.integers(len(v.dims)))
+        dims = tuple(d for i, d in enumerate(v.dims) if i != axis)
+        idx = self.emit("iota", "s32", v.dims, "iota", [], f"iota_dimension={axis}")
+        dt = v.dtype
+        name = f"argmax_{dt}"
+        s = f"{dt}[]"
+        self.comps[name] = (
+            f"%{name} (a0: {s}, a1: s32[], b0: {s}, b1: s32[]) -> ({s}, s32[]) {{\n"
+            f"  %a0 = {s} parameter(0)\n  %a1 = s32[] parameter(1)\n"
+            f"  %b0 = {s} parameter(2)\n  %b1 = s32[] parameter(3)\n"
+            f"  %gt = pred[] compare(%a0, %b0), direction=GT\n"
+            f"  %eq = pred[] compare(%a0, %b0), direction=EQ\n"
+            f"  %lt = pred[] compare(%a1, %b1), direction=LT\n"
+            f"  %tie = pred[] and(%eq, %lt)\n  %pick = pred[] or(%gt, %tie)\n"
+            f"  %v = {s} select(%pick, %a0, %b0)\n  %i = s32[] select(%pick, %a1, %b1)\n"
+            f"  ROOT %t = ({s}, s32[]) tuple(%v, %i)\n}}"
+        )
+        init = self.const(dt, _identity("maximum", dt))
+        zero = self.const("s32", 0)
+        tshape = f"({shape_text(dt, dims)}, {shape_text('s32', dims)})"
+        r = self.emit("argmax", dt, dims, "reduce", [v.name, idx.name, init.name, zero.name],
+                      f"dimensions={{{axis}}}, to_apply=%{name}", shape=tshape)  # fmt: skip
+        r.dims = None  # type: ignore[assignment]  # a tuple: not an array operand
+        self.emit("gte", dt, dims, "get-tuple-element", [r.name], "index=0",
+                  shape=shape_text(dt, dims), mag=max(v.mag, 1.0))  # fmt: skip
+        self.emit("gte", "s32", dims, "get-tuple-element", [r.name], "index=1",
+                  shape=shape_text("s32", dims))  # fmt: skip
+
+    def reduce_window(self) -> None:
+        v = self.any_array(dtypes=(*FLOATS, "s32", "u8"))
+        if not v.dims:
+            return
+        if self.chance(0.3):
+            self.prefix_scan(v)
+            return
+        sizes, strides, pads, out, base, win = [], [], [], [], [], []
+        for d in v.dims:
+            s = int(self.rng.integers(1, min(d, 3) + 1)) if d else 1
+            st = int(self.pick([1, 1, 2]))
+            lo, hi = int(self.pick([0, 0, 1])), int(self.pick([0, 0, 1]))
+            bd = int(self.pick([1, 1, 1, 2]))
+            wd = int(self.pick([1, 1, 1, 2]))
+            dil_in = (d - 1) * bd + 1 if d else 0
+            eff = (s - 1) * wd + 1
+            span = dil_in + lo + hi
+            o = (span - eff) // st + 1 if span >= eff else 0
+            sizes.append(s), strides.append(st), pads.append(f"{lo}_{hi}")
+            base.append(bd), win.append(wd), out.append(o)
+        kind = self.pick(["add", "maximum", "minimum"])
+        c = self.const(v.dtype, _identity(kind, v.dtype))
+        j = "x".join
+        window = f"size={j(map(str, sizes))} stride={j(map(str, strides))} pad={j(pads)}"
+        if any(b > 1 for b in base):
+            window += f" lhs_dilate={j(map(str, base))}"
+        if any(w > 1 for w in win):
+            window += f" rhs_dilate={j(map(str, win))}"
+        n = _size(sizes)
+        comp = self.reducer(kind, v.dtype)
+        m = n * v.mag if kind == "add" else max(v.mag, 100.0)
+        err = (n * v.err + n * EPS.get(v.dtype, 0) * m) if kind == "add" else v.err
+        self.emit("rw", v.dtype, tuple(out), "reduce-window", [v.name, c.name],
+                  f"window={{{window}}}, to_apply=%{comp}", mag=m, err=err)  # fmt: skip
+
+    def prefix_scan(self, v: Instr) -> None:
+        """A cumulative sum/max/min along one axis, either direction, written as JAX writes
+        it: a reduce-window whose window spans the axis, padded by its length less one (the
+        CPU backend's scan rewrite and native scan kernel)."""
+        axis = int(self.rng.integers(len(v.dims)))
+        n = v.dims[axis]
+        if n == 0:
+            return
+        kind = self.pick(["add", "add", "maximum", "minimum"])
+        sizes = [n if k == axis else 1 for k in range(len(v.dims))]
+        pad = f"{n - 1}_0" if self.chance(0.5) else f"0_{n - 1}"
+        pads = [pad if k == axis else "0_0" for k in range(len(v.dims))]
+        c = self.const(v.dtype, _identity(kind, v.dtype))
+        window = f"size={'x'.join(map(str, sizes))} pad={'x'.join(pads)}"
+        m = n * v.mag if kind == "add" else max(v.mag, 100.0)
+        err = (n * v.err + n * EPS.get(v.dtype, 0) * m) if kind == "add" else v.err
+        comp = self.reducer(kind, v.dtype)
+        self.emit("scan", v.dtype, v.dims, "reduce-window", [v.name, c.name],
+                  f"window={{{window}}}, to_apply=%{comp}", mag=m, err=err)  # fmt: skip
+
+    def dot(self) -> None:
+        dt = self.pick(["f32", "f32", "f32", "f64", "f16", "bf16", "s32", "s8", "c64"])
+        nb = int(self.pick([0, 0, 1, 1, 2]))
+        nk = int(self.pick([0, 1, 1, 1, 2]))
+        nm, nn = int(self.pick([0, 1, 1, 2])), int(self.pick([0, 1, 1, 2]))
+        big = self.chance(0.15)
+
+        def side(k):
+            return [int(self.rng.integers(1, 40 if big else 17)) for _ in range(k)]
+
+        batch = [int(self.rng.integers(1, 4)) for _ in range(nb)]
+        contract = [int(self.rng.integers(1, 48 if big else 20)) for _ in range(nk)]
+        m, n = side(nm), side(nn)
+        if _size(batch) * max(_size(m), _size(n)) * _size(contract) > 40000:
+            return
+        if _size(batch) * _size(m) * _size(n) > MAX_ELEMENTS * 2:
+            return
+
+        def arrange(free):
+            kinds = ["b"] * nb + ["k"] * nk + ["f"] * len(free)
+            self.rng.shuffle(kinds)
+            dims, bpos, kpos = [], [], []
+            bi, ki, fi = iter(batch), iter(contract), iter(free)
+            for pos, kd in enumerate(kinds):
+                if kd == "b":
+                    dims.append(next(bi)), bpos.append(pos)
+                elif kd == "k":
+                    dims.append(next(ki)), kpos.append(pos)
+                else:
+                    dims.append(next(fi))
+            return tuple(dims), bpos, kpos
+
+        ldims, lb, lk = arrange(m)
+        rdims, rb, rk = arrange(n)
+        how = "int:-20:20" if dt in ("s32", "s8") else None
+        lhs = self.operand(lambda i: i.dims == ldims and i.dtype == dt,
+                           lambda: self.param(dt, ldims, how))  # fmt: skip
+        rhs = self.operand(lambda i: i.dims == rdims and i.dtype == dt,
+                           lambda: self.param(dt, rdims, how))  # fmt: skip
+        assert lhs is not None and rhs is not None
+        out_dt = dt
+        if dt in ("f16", "bf16") and self.chance(0.4):
+            out_dt = "f32"
+        if dt == "s8":
+            out_dt = "s32"
+
+        def attr(xs):
+            return "{" + ",".join(map(str, xs)) + "}"
+
+        attrs = (f"lhs_batch_dims={attr(lb)}, lhs_contracting_dims={attr(lk)}, "
+                 f"rhs_batch_dims={attr(rb)}, rhs_contracting_dims={attr(rk)}")  # fmt: skip
+        k = max(1, _size(contract))
+        dims = (*batch, *m, *n)
+        if out_dt in INTS:
+            self.emit("dot", out_dt, dims, "dot", [lhs.name, rhs.name], attrs)
+            return
+        mag = k * lhs.mag * rhs.mag
+        err = k * (lhs.err * rhs.mag + rhs.err * lhs.mag + lhs.err * rhs.err)
+        err += (k + 2) * EPS[out_dt] * mag
+        self.emit("dot", out_dt, dims, "dot", [lhs.name, rhs.name], attrs, mag=mag, err=err)
+
+    def conv(self) -> None:
+        dt = self.pick(["f32", "f32", "f32", "f64", "f16", "bf16"])
+        nd = int(self.pick([1, 2, 2]))
+        groups = int(self.pick([1, 1, 1, 2, 3]))
+        b = int(self.pick([1, 1, 2, 3]))
+        cin = groups * int(self.rng.integers(1, 4))
+        cout = groups * int(self.rng.integers(1, 4))
+        spatial = [int(self.rng.integers(1, 9)) for _ in range(nd)]
+        ksize = [int(self.rng.integers(1, 4)) for _ in range(nd)]
+        stride = [int(self.pick([1, 1, 2])) for _ in range(nd)]
+        rdil = [int(self.pick([1, 1, 1, 2])) for _ in range(nd)]
+        ldil = [int(self.pick([1, 1, 1, 1, 2])) for _ in range(nd)]
+        pads = [(int(self.pick([0, 0, 1, 2, -1])), int(self.pick([0, 0, 1, 2]))) for _ in range(nd)]
+        out = []
+        for s, k, st, rd, ld, (lo, hi) in zip(
+            spatial, ksize, stride, rdil, ldil, pads, strict=True
+        ):
+            span = (s - 1) * ld + 1 + lo + hi
+            eff = (k - 1) * rd + 1
+            if span < eff:
+                return
+            out.append((span - eff) // st + 1)
+        sp = "".join("0123"[:nd])
+        layout = self.pick(["b{s}f_{s}io->b{s}f", "bf{s}_oi{s}->bf{s}", "f{s}b_i{s}o->{s}bf"])
+        labels = layout.format(s=sp)
+        lhs_part, rest = labels.split("_")
+        rhs_part, out_part = rest.split("->")
+        sizes_l = {"b": b, "f": cin, **{sp[i]: spatial[i] for i in range(nd)}}
+        sizes_r = {"i": cin // groups, "o": cout, **{sp[i]: ksize[i] for i in range(nd)}}
+        sizes_o = {"b": b, "f": cout, **{sp[i]: out[i] for i in range(nd)}}
+        ldims = tuple(sizes_l[c] for c in lhs_part)
+        rdims = tuple(sizes_r[c] for c in rhs_part)
+        odims = tuple(sizes_o[c] for c in out_part)
+        if _size(odims) > MAX_ELEMENTS * 2:
+            return
+        lhs = self.operand(lambda i: i.dims == ldims and i.dtype == dt,
+                           lambda: self.param(dt, ldims))  # fmt: skip
+        rhs = self.operand(lambda i: i.dims == rdims and i.dtype == dt,
+                           lambda: self.param(dt, rdims))  # fmt: skip
+        assert lhs is not None and rhs is not None
+        j = "x".join
+        window = f"size={j(map(str, ksize))}"
+        if any(s > 1 for s in stride):
+            window += f" stride={j(map(str, stride))}"
+        if any(p != (0, 0) for p in pads):
+            window += " pad=" + j(f"{lo}_{hi}" for lo, hi in pads)
+        if any(d > 1 for d in ldil):
+            window += f" lhs_dilate={j(map(str, ldil))}"
+        if any(d > 1 for d in rdil):
+            window += f" rhs_dilate={j(map(str, rdil))}"
+        attrs = f"window={{{window}}}, dim_labels={labels}"
+        if groups > 1:
+            attrs += f", feature_group_count={groups}"
+        k = (cin // groups) * _size(ksize)
+        mag = k * lhs.mag * rhs.mag
+        err = k * (lhs.err * rhs.mag + rhs.err * lhs.mag + lhs.err * rhs.err)
+        err += (k + 2) * EPS[dt] * mag
+        self.emit("conv", dt, odims, "convolution", [lhs.name, rhs.name], attrs, mag=mag, err=err)
+
+    def gather(self) -> None:
+        v = self.any_array(dtypes=(*FLOATS, *INTS, "pred"))
+        if not v.dims or v.dims[0] == 0:
+            return
+        k = int(self.rng.integers(1, 6))
+        idx = self.param("s32", (k, 1), f"int:-1:{v.dims[0]}")
+        rest = v.dims[1:]
+        rank = len(v.dims)
+        if self.chance(0.6):
+            offs = ",".join(str(i) for i in range(1, rank))
+            attrs = (
+                f"offset_dims={{{offs}}}, collapsed_slice_dims={{0}}, start_index_map={{0}}, "
+                f"index_vector_dim=1, slice_sizes={{1{''.join(f',{d}' for d in rest)}}}"
+            )
+            dims = (k, *rest)
+        else:
+            w = int(self.rng.integers(1, v.dims[0] + 1))
+            offs = ",".join(str(i) for i in range(1, rank + 1))
+            attrs = (
+                f"offset_dims={{{offs}}}, collapsed_slice_dims={{}}, start_index_map={{0}}, "
+                f"index_vector_dim=1, slice_sizes={{{w}{''.join(f',{d}' for d in rest)}}}"
+            )
+            dims = (k, w, *rest)
+        if _size(dims) > MAX_ELEMENTS:
+            return
+        self.emit("gather", v.dtype, dims, "gather", [v.name, idx.name], attrs, mag=v.mag,
+                  err=v.err)  # fmt: skip
+
+    def scatter(self) -> None:
+        v = self.any_array(dtypes=("f32", "f64", "s32", "f16", "u8"))
+        if not v.dims or v.dims[0] == 0:
+            return
+        k = int(self.rng.integers(1, 6))
+        idx = self.param("s32", (k, 1), f"int:-1:{v.dims[0]}")
+        rest = v.dims[1:]
+        upd_dims = (k, *rest)
+        upd = self.operand(lambda i: i.dims == upd_dims and i.dtype == v.dtype,
+                           lambda: self.param(v.dtype, upd_dims))  # fmt: skip
+        assert upd is not None
+        kind = self.pick(["add", "maximum", "minimum"])
+        comp = self.reducer(kind, v.dtype)
+        uwd = ",".join(str(i) for i in range(1, len(v.dims)))
+        attrs = (
+            f"update_window_dims={{{uwd}}}, inserted_window_dims={{0}}, "
+            f"scatter_dims_to_operand_dims={{0}}, index_vector_dim=1, to_apply=%{comp}"
+        )
+        if kind == "add":
+            m = v.mag + k * upd.mag
+            err = v.err + k * upd.err + (k + 1) * EPS.get(v.dtype, 0) * m
+        else:
+            m, err = max(v.mag, upd.mag), max(v.err, upd.err)
+        self.emit("scatter", v.dtype, v.dims, "scatter", [v.name, idx.name, upd.name], attrs,
+                  mag=m, err=err)  # fmt: skip
+
+    def sort(self) -> None:
+        keys = self.any_array(dtypes=(*FLOATS, "s32", "u8", "s8", "u32"), exact=True)
+        if not keys.dims:
+            return
+        axis = int(self.rng.integers(len(keys.dims)))
+        two = self.chance(0.5)
+        dt = keys.dtype
+        s = f"{dt}[]"
+        direction = self.pick(["LT", "GT"])
+        order = ", type=TOTALORDER" if dt in FLOATS else ""
+        ops = [keys]
+        params = [f"%a = {s} parameter(0)", f"%b = {s} parameter(1)"]
+        if two:
+            other = self.like(keys, dtype=self.pick(["f32", "s32"]))
+            ops.append(other)
+            t = f"{other.dtype}[]"
+            params += [f"%c = {t} parameter(2)", f"%d = {t} parameter(3)"]
+        name = f"cmp_{dt}_{direction}_{len(ops)}"
+        sig = ", ".join(p.split(" = ")[0][1:] + ": " + p.split(" = ")[1].split(" ")[0]
+                        for p in params)  # fmt: skip
+        self.comps[name] = (
+            f"%{name} ({sig}) -> pred[] {{\n"
+            + "".join(f"  {p}\n" for p in params)
+            + f"  ROOT %r = pred[] compare(%a, %b), direction={direction}{order}\n}}"
+        )
+        attrs = f"dimensions={{{axis}}}, is_stable=true, to_apply=%{name}"
+        if not two:
+            self.emit("sort", dt, keys.dims, "sort", [keys.name], attrs, mag=keys.mag)
+            return
+        o = ops[1]
+        tshape = f"({shape_text(dt, keys.dims)}, {shape_text(o.dtype, o.dims)})"
+        r = self.emit("sort", dt, keys.dims, "sort", [keys.name, o.name], attrs, shape=tshape)
+        r.dims = None  # type: ignore[assignment]
+        self.emit("gte", dt, keys.dims, "get-tuple-element", [r.name], "index=0",
+                  shape=shape_text(dt, keys.dims), mag=keys.mag)  # fmt: skip
+        self.emit("gte", o.dtype, o.dims, "get-tuple-element", [r.name], "index=1",
+                  shape=shape_text(o.dtype, o.dims), mag=o.mag, err=o.err)  # fmt: skip
+
+    def while_loop(self) -> None:
+        """i from a start, while i < n: buf[i] = f(src[i]) (+ an accumulator)."""
+        dt = self.pick(["f32", "f32", "f64", "s32", "f16", "bf16"])
+        rows = int(self.rng.integers(1, 7))
+        width = int(self.rng.integers(1, 9))
+        bshape = shape_text(dt, (rows, width))
+        rshape = shape_text(dt, (1, width))
+        buf = self.operand(lambda i: i.dims == (rows, width) and i.dtype == dt,
+                           lambda: self.param(dt, (rows, width)))  # fmt: skip
+        src = self.operand(lambda i: i.dims == (rows, width) and i.dtype == dt,
+                           lambda: self.param(dt, (rows, width)))  # fmt: skip
+        assert buf is not None and src is not None
+        n = int(self.rng.integers(0, rows + 2))
+        op = self.pick(["add", "multiply", "maximum"])
+        tag = self.name("loop")
+        st = f"(s32[], {bshape}, {bshape}, {rshape})"
+        self.comps[f"body.{tag}"] = (
+            f"%body.{tag} (s: {st}) -> {st} {{\n  %s = {st} parameter(0)\n"
+            f"  %i = s32[] get-tuple-element(%s), index=0\n"
+            f"  %buf = {bshape} get-tuple-element(%s), index=1\n"
+            f"  %src = {bshape} get-tuple-element(%s), index=2\n"
+            f"  %acc = {rshape} get-tuple-element(%s), index=3\n"
+            f"  %z = s32[] constant(0)\n"
+            f"  %row = {rshape} dynamic-slice(%src, %i, %z), dynamic_slice_sizes={{1,{width}}}\n"
+            f"  %old = {rshape} dynamic-slice(%buf, %i, %z), dynamic_slice_sizes={{1,{width}}}\n"
+            f"  %new = {rshape} {op}(%row, %old)\n"
+            f"  %buf2 = {bshape} dynamic-update-slice(%buf, %new, %i, %z)\n"
+            f"  %acc2 = {rshape} add(%acc, %row)\n"
+            f"  %one = s32[] constant(1)\n  %i2 = s32[] add(%i, %one)\n"
+            f"  ROOT %t = {st} tuple(%i2, %buf2, %src, %acc2)\n}}"
+        )
+        self.comps[f"cond.{tag}"] = (
+            f"%cond.{tag} (s: {st}) -> pred[] {{\n  %s = {st} parameter(0)\n"
+            f"  %i = s32[] get-tuple-element(%s), index=0\n  %n = s32[] constant({n})\n"
+            f"  ROOT %lt = pred[] compare(%i, %n), direction=LT\n}}"
+        )
+        start = self.const("s32", int(self.pick([0, 0, 1, -1])))
+        zero = self.const(dt, 0)
+        acc0 = self.emit("bcast", dt, (1, width), "broadcast", [zero.name], "dimensions={}",
+                         shape=rshape)  # fmt: skip
+        t = self.emit("init", dt, (), "tuple", [start.name, buf.name, src.name, acc0.name],
+                      shape=st)  # fmt: skip
+        t.dims = None  # type: ignore[assignment]
+        w = self.emit("while", dt, (), "while", [t.name],
+                      f"condition=%cond.{tag}, body=%body.{tag}", shape=st)  # fmt: skip
+        w.dims = None  # type: ignore[assignment]
+        it = n + 2
+        eps = EPS.get(dt, 0.0)
+        if op == "multiply":
+            m = buf.mag * src.mag**1 if it else buf.mag
+            m = buf.mag * src.mag
+            err = buf.err * src.mag + src.err * buf.mag + 2 * eps * m
+        elif op == "add":
+            m = buf.mag + src.mag
+            err = buf.err + src.err + eps * m
+        else:
+            m, err = max(buf.mag, src.mag), max(buf.err, src.err)
+        self.emit("gte", dt, (rows, width), "get-tuple-element", [w.name], "index=1",
+                  shape=bshape, mag=m, err=err)  # fmt: skip
+        am = it * src.mag
+        self.emit("gte", dt, (1, width), "get-tuple-element", [w.name], "index=3",
+                  shape=rshape, mag=am, err=it * src.err + it * eps * am)  # fmt: skip
+
+    def conditional(self) -> None:
+        v = self.any_array(dtypes=(*FLOATS, "s32", "u8"))
+        s = v.shape
+        tag = self.name("branch")
+        bodies = [("negate", 1.0), ("abs" if v.dtype[0] != "u" else "not", 1.0), ("add", 2.0)]
+        names = []
+        for k, (op, _) in enumerate(bodies):
+            nm = f"{tag}.{k}"
+            names.append(nm)
+            expr = f"{op}(%x, %x)" if op == "add" else f"{op}(%x)"
+            self.comps[nm] = (
+                f"%{nm} (x: {s}) -> {s} {{\n  %x = {s} parameter(0)\n  ROOT %r = {s} {expr}\n}}"
+            )
+        eps = EPS.get(v.dtype, 0.0)
+        m, err = 2 * v.mag, 2 * v.err + eps * 2 * v.mag
+        if self.chance(0.5):
+            idx = self.scalar_index(-1, 5)
+            attrs = "branch_computations={" + ", ".join(f"%{n}" for n in names) + "}"
+            self.emit("cond", v.dtype, v.dims, "conditional", [idx.name, v.name, v.name, v.name],
+                      attrs, shape=s, mag=m, err=err)  # fmt: skip
+        else:
+            p = self.param("pred", ())
+            attrs = f"true_computation=%{names[0]}, false_computation=%{names[2]}"
+            self.emit("cond", v.dtype, v.dims, "conditional", [p.name, v.name, v.name], attrs,
+                      shape=s, mag=m, err=err)  # fmt: skip
+
+    def relayout(self, v_shape: str, dtype: str, dims) -> str:
+        """`v_shape`, or (sometimes, rank >= 2) the same dims in another layout: HLO whose
+        layouts disagree where buffers are shared is valid (XLA's layout assignment adds
+        copies), and the CPU backend must not read such bytes in the wrong order."""
+        if len(dims) < 2 or not self.chance(0.3):
+            return v_shape
+        return shape_text(dtype, dims, tuple(int(d) for d in self.rng.permutation(len(dims))))
+
+    def tuple_gte(self) -> None:
+        if self.chance(0.35):
+            self.tuple_parameter()
+            return
+        a = self.any_array()
+        b = self.any_array()
+        sa, sb = self.relayout(a.shape, a.dtype, a.dims), self.relayout(b.shape, b.dtype, b.dims)
+        t = self.emit("tup", a.dtype, (), "tuple", [a.name, b.name], shape=f"({sa}, {sb})")
+        t.dims = None  # type: ignore[assignment]
+        k, v = self.pick([(0, a), (1, b)])
+        self.emit("gte", v.dtype, v.dims, "get-tuple-element", [t.name], f"index={k}",
+                  shape=self.relayout(v.shape, v.dtype, v.dims), mag=v.mag,
+                  err=v.err)  # fmt: skip
+
+    def tuple_parameter(self) -> None:
+        """A parameter of tuple shape (its elements in any layouts) read by
+        get-tuple-elements that may declare other layouts."""
+        elements = []
+        for _ in range(int(self.rng.integers(1, 4))):
+            dt, dims = self.pick(ALL), self.dims()
+            elements.append((dt, dims, default_draw(dt, self.rng)))
+        shapes = [self.relayout(shape_text(dt, dims), dt, dims) for dt, dims, _ in elements]
+        p = self.emit("p", "", (), "parameter", [], shape="(" + ", ".join(shapes) + ")",
+                      draw_how="tuple")  # fmt: skip
+        p.dims = None  # type: ignore[assignment]
+        p.elements = tuple(elements)
+        for k, (dt, dims, how) in enumerate(elements):
+            mag = float(how.split(":")[1]) if how.startswith("float") else 0.0
+            self.emit("gte", dt, dims, "get-tuple-element", [p.name], f"index={k}",
+                      shape=self.relayout(shapes[k], dt, dims), mag=mag)  # fmt: skip
+
+
+def _identity(kind: str, dtype: str):
+    """The identity of reducer `kind` on `dtype`: XLA may apply a reduction's init value any
+    number of times (a one-element reduce returned the element, not min(init, element)), so
+    only identities have one meaning."""
+    if kind == "add":
+        return 0
+    if kind == "multiply":
+        return 1
+    if dtype in FLOATS:
+        return float("-inf") if kind == "maximum" else float("inf")
+    info = np.iinfo(NP[dtype])
+    return int(info.min) if kind == "maximum" else int(info.max)
+
+
+def _unique_names(body: str, k: int) -> str:
+    """`body` with its instruction names suffixed by `k` (names are module-wide in HLO)."""
+    names = re.findall(r"^\s*(?:ROOT )?%([\w.-]+) =", body, flags=re.M)
+    for n in sorted(set(names), key=len, reverse=True):
+        body = re.sub(rf"%{re.escape(n)}(?![\w.-])", f"%{n}.c{k}", body)
+    return body
+
+
+def _narrower(to: str, frm: str) -> bool:
+    if frm in INTS:
+        return BITS[frm] >= {"f16": 11, "bf16": 8, "f32": 24, "f64": 53, "c64": 24}[to]
+    return EPS.get(to, 0) > EPS.get(frm, 0)
+
+
+def _factors(n: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        out.append(n)
+    return out
+
+
+def default_draw(dtype: str, rng: np.random.Generator) -> str:
+    if dtype in (*FLOATS, "c64"):
+        return "float:4"
+    if dtype == "pred":
+        return "pred"
+    if dtype == "s32":
+        return rng.choice(["int:-100:100", "int:-2147483648:2147483647", "int:-40:40"])
+    if dtype == "s8":
+        return "int:-128:127"
+    if dtype == "u8":
+        return "int:0:255"
+    return rng.choice(["int:0:4294967295", "int:0:100"])
+
+
+def generate(seed: int, steps: int | None = None) -> Program:
+    """A random valid program from `seed`."""
+    g = _Gen(seed)
+    if steps is None:
+        steps = int(g.rng.integers(3, 16 if g.chance(0.8) else 30))
+    for _ in range(int(g.rng.integers(1, 4))):
+        g.param(g.pick(ALL), g.dims())
+    for _ in range(steps):
+        g.step()
+    arrays = g.values()
+    sinks = [i.name for i in arrays if i.name not in g.used]
+    outs = sinks[-6:] if sinks else [arrays[-1].name]
+    return Program(seed, g.instrs, g.comps, outs)
+
+
+# ---------------------------------------------------------------------------------------
+# The oracle
+
+NATIVE_OFF = {
+    "native_loops": False,
+    "native_runs": False,
+    "direct_convolutions": False,
+    "native_gemv": False,
+    "native_small_gemm": False,
+    "thunk_concurrency": "off",
+}
+CONFIGS: dict[str, dict] = {"cpu": {}, "cpu-native-off": NATIVE_OFF}
+
+
+@dataclass
+class Mismatch:
+    """One disagreement: which side, which output (or None for an exception), what."""
+
+    side: str
+    output: str | None
+    message: str
+
+    def key(self) -> tuple[str, str | None, str]:
+        return (self.side, self.output, self.message.split(":")[0])
+
+
+def _leaves(value) -> list:
+    if isinstance(value, tuple | list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+def compare_leaf(got, want: np.ndarray, ins: Instr) -> str | None:
+    """None when `got` matches `want` within the bound the generator carried for `ins`."""
+    got = np.asarray(got)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"shape/dtype: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}"
+    if want.dtype.kind in "biu":
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            i = bad[0]
+            return (f"values: {bad.size}/{want.size} differ, first at {i}: "
+                    f"got {got.reshape(-1)[i]!r}, want {want.reshape(-1)[i]!r}")  # fmt: skip
+        return None
+    wide = np.complex128 if want.dtype.kind == "c" else np.float64
+    a, e = got.astype(wide), want.astype(wide)
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        i = np.flatnonzero(nan_a != nan_e)[0]
+        got_i, want_i = a.reshape(-1)[i], e.reshape(-1)[i]
+        return f"values: NaN at different places, first {i}: got {got_i}, want {want_i}"
+    fin = np.isfinite(e) & np.isfinite(a)
+    both_inf = ~nan_e & ~np.isfinite(e)
+    if np.any(both_inf & (a != e)):
+        i = np.flatnonzero(both_inf & (a != e))[0]
+        return f"values: infinities differ at {i}: got {a.reshape(-1)[i]}, want {e.reshape(-1)[i]}"
+    if np.any(~nan_a & ~np.isfinite(a) & np.isfinite(e)):
+        i = np.flatnonzero(~nan_a & ~np.isfinite(a) & np.isfinite(e))[0]
+        return f"values: infinities differ at {i}: got {a.reshape(-1)[i]}, want {e.reshape(-1)[i]}"
+    eps = EPS[{"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+               "complex64": "c64"}[want.dtype.name]]  # fmt: skip
+    limit = 4 * ins.err + 2 * eps * np.abs(np.where(fin, e, 0)) + 1e-300
+    with np.errstate(invalid="ignore"):
+        diff = np.where(fin, np.abs(a - e), 0.0)
+    bad = np.flatnonzero(~(diff <= limit))
+    if bad.size:
+        i = bad[np.argmax(diff.reshape(-1)[bad])]
+        return (f"values: {bad.size}/{want.size} out of bound (err bound {ins.err:.3g}), worst at "
+                f"{i}: got {a.reshape(-1)[i]}, want {e.reshape(-1)[i]}")  # fmt: skip
+    return None
+
+
+def _run_cpu(text: str, args, options):
+    from xlapy.backends.cpu.backend import CpuProgram
+    from xlapy.ir.parser import parse_module
+
+    return CpuProgram(parse_module(text), options).run(_copy(args))
+
+
+def _copy(args):
+    return [tuple(_copy(a)) if isinstance(a, tuple) else np.array(a, copy=True) for a in args]
+
+
+def xla_run(text: str, args):
+    """XLA:CPU's outputs (through jaxlib, as benchmarks/hlo_vs_xla.py compiles HLO text)."""
+    import jax
+    import jax.extend as je
+    from jax._src.lib import _jax, hlo
+    from jax._src.lib import xla_client as xc
+
+    backend = je.backend.get_backend("cpu")
+    device = backend.local_devices()[0]
+    module = hlo.hlo_module_from_text(text)
+    stablehlo = _jax.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+    options = je.backend.get_compile_options(1, 1)
+    exe = backend.compile_and_load(stablehlo, xc.DeviceList((device,)), options)
+    with jax.enable_x64(True):  # f64/u32 arguments as they are
+        outs = exe.execute([jax.device_put(np.asarray(a), device) for a in _leaves(args)])
+    return [np.asarray(o) for o in outs]
+
+
+def check(program: Program, *, xla: bool = False, configs=None, args=None) -> list[Mismatch]:
+    """Run `program` through the interpreter and the other sides; the mismatches."""
+    from xlapy.backends.interpreter import evaluate
+    from xlapy.ir.parser import parse_module
+    from xlapy.ir.verifier import verify
+
+    text = program.text()
+    if args is None:
+        args = program.arguments()
+    try:
+        module = parse_module(text)
+        verify(module)
+        expected = _leaves(evaluate(module, _copy(args)))
+    except Exception as exc:  # every failure is a finding
+        return [Mismatch("interpreter", None, f"{type(exc).__name__}: {exc}")]
+    by = program.by_name()
+    outs = [by[o] for o in program.outputs]
+    sides: dict[str, Callable] = {}
+    for name, opts in (CONFIGS if configs is None else configs).items():
+        sides[name] = lambda opts=opts: _leaves(_run_cpu(text, args, opts))
+    if xla:
+        sides["xla"] = lambda: xla_run(text, args)
+    found = []
+    for side, run in sides.items():
+        try:
+            got = run()
+        except Exception as exc:
+            tb = traceback.format_exc(limit=-3)
+            found.append(Mismatch(side, None, f"{type(exc).__name__}: {exc}\n{tb}"))
+            continue
+        if len(got) != len(expected):
+            found.append(Mismatch(side, None, f"{len(got)} outputs, want {len(expected)}"))
+            continue
+        for ins, g, e in zip(outs, got, expected, strict=True):
+            msg = compare_leaf(g, np.asarray(e), ins)
+            if msg:
+                found.append(Mismatch(side, ins.name, msg))
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# Shrinking
+
+
+def _drop_dead(p: Program) -> Program:
+    live = p._live()
+    return replace(p, instrs=[i for i in p.instrs if i.name in live])
+
+
+def _as_param(ins: Instr) -> Instr:
+    if ins.dtype in (*FLOATS, "c64"):
+        how = f"float:{max(min(ins.mag, 1e6), 0.25):.6g}"
+    elif ins.dtype == "pred":
+        how = "pred"
+    else:
+        how = {"s32": "int:-100:100", "s8": "int:-128:127", "u8": "int:0:255",
+               "u32": "int:0:1000"}[ins.dtype]  # fmt: skip
+    return replace(ins, opcode="parameter", args=[], attrs="", draw=how,
+                   shape=shape_text(ins.dtype, ins.dims), err=0.0)  # fmt: skip
+
+
+def shrink(program: Program, fails: Callable[[Program], bool], budget: int = 200) -> Program:
+    """A smaller program that still `fails`: outputs dropped, then instructions replaced by
+    parameters of their shape or bypassed by an operand of the same shape, to a fixed point
+    (at most `budget` checks)."""
+    best = _drop_dead(program)
+    tries = 0
+
+    def attempt(candidate: Program) -> bool:
+        nonlocal best, tries
+        tries += 1
+        candidate = _drop_dead(candidate)
+        try:
+            ok = fails(candidate)
+        except Exception:  # a candidate that breaks the harness is no good
+            ok = False
+        if ok:
+            best = candidate
+        return ok
+
+    for o in list(best.outputs):
+        if len(best.outputs) > 1 and tries < budget:
+            attempt(replace(best, outputs=[o]))
+    changed = True
+    while changed and tries < budget:
+        changed = False
+        for ins in reversed(list(best.instrs)):
+            if tries >= budget:
+                break
+            if ins.opcode == "parameter" or ins.dims is None or ins.name not in best.by_name():
+                continue
+            users = [u for u in best.instrs if ins.name in u.args]
+            # bypass: users read an operand of the same shape instead
+            for a in ins.args:
+                src = best.by_name().get(a)
+                if src is None or src.dims != ins.dims or src.dtype != ins.dtype:
+                    continue
+                cand = [replace(u, args=[a if x == ins.name else x for x in u.args])
+                        if u in users else u for u in best.instrs]  # fmt: skip
+                outs = [a if o == ins.name else o for o in best.outputs]
+                if attempt(replace(best, instrs=cand, outputs=outs)):
+                    changed = True
+                    break
+            else:
+                cand = [_as_param(i) if i.name == ins.name else i for i in best.instrs]
+                if ins.opcode not in ("constant", "iota") and attempt(replace(best, instrs=cand)):
+                    changed = True
+    return best
+
+
+# ---------------------------------------------------------------------------------------
+# Running many
+
+
+@dataclass
+class Report:
+    programs: int = 0
+    failures: list[tuple[int, list[Mismatch], Program]] = field(default_factory=list)
+
+
+def run_seeds(
+    seeds, *, xla_every: int = 0, shrink_failures: bool = True, log=None, progress=None
+) -> Report:
+    """Check the programs of `seeds` (XLA on every `xla_every`-th); failures shrunk and
+    passed to `log(seed, mismatches, program)`; `progress(k, seed)` before each."""
+    report = Report()
+    for k, seed in enumerate(seeds):
+        if progress:
+            progress(k, seed)
+        program = generate(seed)
+        found = check(program, xla=bool(xla_every) and k % xla_every == 0)
+        report.programs += 1
+        if not found:
+            continue
+        if shrink_failures:
+            first = found[0]
+            sides = {first.side: CONFIGS.get(first.side, {})}
+            want_xla = first.side == "xla"
+
+            def fails(p: Program, first=first, sides=sides, want_xla=want_xla) -> bool:
+                got = check(p, xla=want_xla, configs={} if want_xla else sides)
+                return any(m.side == first.side and (m.output is None) == (first.output is None)
+                           and m.message.split(":")[0] == first.message.split(":")[0]
+                           for m in got)  # fmt: skip
+
+            program = shrink(program, fails)
+            found = check(program, xla=want_xla) or found
+        report.failures.append((seed, found, program))
+        if log:
+            log(seed, found, program)
+    return report
+
+
+def module_arguments(text: str, seed: int = 0) -> list[np.ndarray]:
+    """Arguments for any module's parameters (of the types the generator uses), drawn as the
+    generator draws them: for reproducers kept as text."""
+    from xlapy.ir.parser import parse_module
+
+    module = parse_module(text)
+    rng = np.random.default_rng([seed, 7])
+
+    def arg(shape):
+        if shape.is_tuple:
+            return tuple(arg(s) for s in shape.tuple_shapes)
+        dtype, dims = shape.element_type.text, tuple(shape.dims)
+        return draw(rng, default_draw(dtype, rng), dtype, dims)
+
+    return [arg(p.shape) for p in module.entry_computation().parameters]
+
+
+def differences(text: str, args, options_list) -> list[str]:
+    """Each CPU configuration's mismatches against the interpreter on `text` (exact for
+    integers, 1e-5 relative for floats): for reproducers."""
+    from xlapy.backends.interpreter import evaluate
+    from xlapy.ir.parser import parse_module
+
+    want = _leaves(evaluate(parse_module(text), _copy(args)))
+    found = []
+    for options in options_list:
+        got = _leaves(_run_cpu(text, args, options))
+        for k, (g, e) in enumerate(zip(got, want, strict=True)):
+            g, e = np.asarray(g), np.asarray(e)
+            same = g.shape == e.shape and g.dtype == e.dtype
+            if same and e.dtype.kind in "fc":
+                same = bool(np.allclose(g.astype(np.complex128), e.astype(np.complex128),
+                                        rtol=1e-5, atol=1e-6, equal_nan=True))  # fmt: skip
+            elif same:
+                same = bool(np.array_equal(g, e))
+            if not same:
+                found.append(f"options {options}, output {k}: got {g!r}, want {e!r}")
+    return found
