@@ -191,3 +191,19 @@ def test_oversized_entry_is_not_read(cache, monkeypatch):
 
     monkeypatch.setattr(disk_cache, "MAX_ENTRY_BYTES", 1 << 20)
     assert jit.read_entry(obj.stem, ".o") is None
+
+
+def test_directory_removed_while_running_is_made_again(cache):
+    """The directory is checked once per process; one removed after that is checked and
+    made again by the next write (not written into blindly, not given up on)."""
+    import shutil
+
+    from xlapy.backends.cpu.jit import disk_cache
+
+    disk_cache.write_entry("1" * 64, ".o", b"first")
+    assert disk_cache.read_entry("1" * 64, ".o") == b"first"
+    shutil.rmtree(cache)
+    assert disk_cache.read_entry("1" * 64, ".o") is None
+    disk_cache.write_entry("2" * 64, ".o", b"second")
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert disk_cache.read_entry("2" * 64, ".o") == b"second"

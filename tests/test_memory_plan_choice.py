@@ -75,6 +75,36 @@ def test_the_plan_is_the_smallest_candidate_and_runs_like_the_interpreter(path):
     _close(program.run(args), want, rtol=1e-4, atol=1e-4)  # f32, tanh through 12 steps
 
 
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_the_chosen_plan_is_copy_insertion_under_that_order_alone(path):
+    """The copies are added once and each candidate's order computed once (only distinct
+    orders tried): the module kept is what preparing under the chosen order alone gives."""
+    optimized = _optimized(path.read_text()).to_text()
+    chosen = parse_module(optimized)
+    name = prepare_for_buffer_assignment(chosen)
+    alone = parse_module(optimized)
+    prepare_for_buffer_assignment(alone, name)
+    assert chosen.to_text() == alone.to_text()
+
+
+def test_a_program_whose_orders_all_agree_is_not_tried(monkeypatch):
+    """One instruction per step: every candidate gives the same sequence, so no candidate
+    is tried on a parse of the module (a trivial program's plan costs one copy insertion)."""
+    import xlapy.memory.buffer_assignment as ba
+
+    def no_trials(text):
+        raise AssertionError("a candidate was tried")
+
+    monkeypatch.setattr(ba, "parse_module", no_trials)
+    module = parse_module(
+        "HloModule m\nENTRY e {\n  a = f32[8] parameter(0)\n  b = f32[8] parameter(1)\n"
+        "  ROOT s = f32[8] add(a, b)\n}\n"
+    )
+    assert prepare_for_buffer_assignment(module) == PLAN_CANDIDATES[0]
+    assert module.config.is_scheduled
+    assert assign_buffers(module).temp_bytes == 0
+
+
 def test_an_mlp_step_takes_the_list_order_where_the_size_model_picks_another():
     """The scheduler size model (copies still in place, no in-place updates, no output
     reuse) prefers post order for this SGD step; its plan holds 3,328 temp bytes where the

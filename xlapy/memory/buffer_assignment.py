@@ -37,11 +37,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind, value_bytes
-from xlapy.analysis.dataflow import Dataflow, DataflowAnalysis, DataflowError, HloValue, Use
+from xlapy.analysis.dataflow import (
+    Dataflow,
+    DataflowAnalysis,
+    DataflowError,
+    HloValue,
+    Use,
+    sequential_computations,
+)
 from xlapy.analysis.liveness import Liveness, LivenessAnalysis, may_update_in_place
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
+from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 from xlapy.ir.shapes import ShapeIndex, index_text
@@ -56,6 +64,7 @@ from xlapy.memory.scheduler import (
     SCHEDULERS,
     ComputationSchedule,
     Schedule,
+    schedule_candidates,
     schedule_computation,
     text_order,
 )
@@ -395,7 +404,7 @@ def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") ->
     AliasLayoutAgreement().run(module)
     FlattenCallGraph().run(module)
     if scheduler == "plan":
-        scheduler = _smallest_plan(module)
+        return _insert_copies_for_smallest_plan(module)
     CopyInsertion(_order_of(scheduler)).run(module)
     return scheduler
 
@@ -410,22 +419,64 @@ def _order_of(scheduler: str):
     return order
 
 
-def _smallest_plan(module: HloModule) -> str:
-    """The candidate order whose plan of `module` (flattened) has the fewest temp bytes."""
+def _insert_copies_for_smallest_plan(module: HloModule) -> str:
+    """Copy insertion into `module` (flattened) under the candidate order whose plan has the
+    fewest temp bytes (then the lowest peak, then the earliest candidate); the order kept.
+    Which copies copy insertion adds does not depend on the order, so they are added once,
+    and every candidate's sequences are computed once on the module that holds them. A
+    candidate whose sequences are an earlier candidate's makes the same plan: only the
+    distinct ones are tried, each on a parse of the module (copies added, then removed under
+    that order, buffers assigned), and a module on which all candidates agree (most small
+    programs) is not tried at all."""
     text = module.to_text()
-    best: tuple[int, int, int] | None = None
-    chosen = PLAN_CANDIDATES[0]
+    insertion = CopyInsertion()
+    names = NameUniquer(module)
+    insertion.add_copies(module, names)
+    schedules = {c: schedule_candidates(c) for c in sequential_computations(module)}
+    distinct: dict[tuple, tuple[int, str]] = {}
     for rank, name in enumerate(PLAN_CANDIDATES):
-        trial = parse_module(text)
-        CopyInsertion(_order_of(name)).run(trial)
-        try:
-            assignment = assign_buffers(trial)
-        except MemoryPlanningError:
-            continue  # the module's own call reports it, if every order fails
-        score = (assignment.temp_bytes, assignment.peak_bytes, rank)
-        if best is None or score < best:
-            best, chosen = score, name
+        orders = tuple(tuple(i.name for i in s[name].sequence) for s in schedules.values())
+        distinct.setdefault(orders, (rank, name))
+    chosen = PLAN_CANDIDATES[0]
+    if len(distinct) > 1:
+        best: tuple[int, int, int] | None = None
+        for rank, name in distinct.values():
+            trial = parse_module(text)  # (the copies' names are the same on every parse)
+            trial_insertion = CopyInsertion(_named_order(schedules, name))
+            trial_names = NameUniquer(trial)
+            trial_insertion.add_copies(trial, trial_names)
+            trial_insertion.remove_copies(trial, trial_names)
+            try:
+                assignment = assign_buffers(trial)
+            except MemoryPlanningError:
+                continue  # the module's own call reports it, if every order fails
+            score = (assignment.temp_bytes, assignment.peak_bytes, rank)
+            if best is None or score < best:
+                best, chosen = score, name
+    fallback = _order_of(chosen)
+
+    def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
+        found = schedules.get(comp)
+        return found[chosen].sequence if found is not None else fallback(comp)
+
+    insertion.schedule_fn = order
+    insertion.remove_copies(module, names)
     return chosen
+
+
+def _named_order(schedules: dict[HloComputation, dict[str, ComputationSchedule]], name: str):
+    """The order of candidate `name` in `schedules` (computed on another module) for the
+    same-named instructions of a parse of that module."""
+    by_name = {c.name: tuple(i.name for i in s[name].sequence) for c, s in schedules.items()}
+
+    def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
+        sequence = by_name.get(comp.name)
+        if sequence is None:
+            return schedule_computation(comp, name).sequence
+        instrs = {i.name: i for i in comp.instructions}
+        return tuple(instrs[n] for n in sequence)
+
+    return order
 
 
 def plan_as_given(module: HloModule, scheduler: str = "plan") -> BufferAssignment:

@@ -444,12 +444,36 @@ def schedule_computation(
         known = ", ".join(["best", *SCHEDULERS])
         raise MemoryPlanningError(f"unknown scheduler {algorithm!r}; expected one of {known}")
     names = list(SCHEDULERS) if algorithm == "best" else [algorithm]
+    return _best_of(comp, _tried(comp, names, size_fn))
+
+
+def schedule_candidates(
+    comp: HloComputation, size_fn: SizeFn = default_size
+) -> dict[str, ComputationSchedule]:
+    """`schedule_computation(comp, name)` for "best" and every name of SCHEDULERS, each
+    scheduler run once."""
+    tried = _tried(comp, list(SCHEDULERS), size_fn)
+    schedules = {n: ComputationSchedule(comp, s, n, p, ((n, p),)) for n, s, p in tried}
+    schedules["best"] = _best_of(comp, tried)
+    return schedules
+
+
+def _tried(
+    comp: HloComputation, names: list[str], size_fn: SizeFn
+) -> list[tuple[str, tuple[HloInstruction, ...], int]]:
     graph = _graph(comp, size_fn)
     tried = []
     for name in names:
         sequence = tuple(SCHEDULERS[name](comp, size_fn, graph))
         peak = simulate_peak(_live_intervals(comp, sequence, graph).values())[0]
         tried.append((name, sequence, peak))
+    return tried
+
+
+def _best_of(
+    comp: HloComputation, tried: list[tuple[str, tuple[HloInstruction, ...], int]]
+) -> ComputationSchedule:
+    """The tried sequence with the lowest peak (the first on a tie)."""
     name, sequence, peak = min(tried, key=lambda t: t[2])
     candidates = tuple((n, p) for n, _, p in tried)
     return ComputationSchedule(comp, sequence, name, peak, candidates)

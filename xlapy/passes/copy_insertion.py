@@ -112,13 +112,25 @@ class CopyInsertion(HloPass):
         if module.entry is None:
             return False
         names = NameUniquer(module)
-        added = self._add_copies(module, sequential_computations(module), names)
+        added = self.add_copies(module, names)
+        removed = self.remove_copies(module, names)
+        return added > 0 or removed > 0
+
+    def add_copies(self, module: HloModule, names: NameUniquer) -> int:
+        """The first half of `run`: add every copy that might be needed (which copies does
+        not depend on the schedule); the number added."""
+        return self._add_copies(module, sequential_computations(module), names)
+
+    def remove_copies(self, module: HloModule, names: NameUniquer) -> int:
+        """The second half of `run`, on a module `add_copies` gave its copies: fix the
+        schedule (`schedule_fn`), remove the copies it makes unnecessary and tidy up; the
+        number removed."""
         removed = self._remove_copies(module)
         if removed:  # the deep copies' tuples that now only rebuild their source go
             _collapse_rebuilt_tuples(module, names)
             TupleSimplifier().run(module)
             DeadCodeElimination().run(module)
-        return added > 0 or removed > 0
+        return removed
 
     # -- adding ----------------------------------------------------------------------------
     def _add_copies(self, module, computations, names) -> int:

@@ -858,6 +858,8 @@ def emit_cascade(em: KernelEmitter, size: int, blocks, clear, flush, elements) -
     spans = [blocks[0]]
     while spans[-1] < size:
         spans.append(spans[-1] * blocks[1])
+    if len(spans) > 1:  # a level whose span covers the whole size runs once: the level
+        spans.pop()  # below it flushes into the total instead
     b = em.b
 
     def level(k: int, lo, hi, top: bool):
@@ -1213,7 +1215,11 @@ def emit_kept_minor_reduce(em: KernelEmitter, plan: LanePlan, out_ptrs, start, e
         return _c64(0), _c64(out_shape.dims[k])
 
     def lane_loop(base, limit, body):
-        with em.loop(base, limit, "lane") as j:
+        # Only the accumulating loop runs once per row; the others (totals set, partials
+        # cleared and flushed, outputs stored) are vectorized but not interleaved: LLVM's
+        # interleaved copy of each, with its remainder loop, was most of the kernel's code.
+        interleave = None if body is accumulate else 1
+        with em.loop(base, limit, "lane", interleave=interleave) as j:
             src_index[minor] = j
             out_index[m_out] = j
             body(b.sub(j, base))

@@ -49,7 +49,8 @@ KEY_BYTES = 32
 KEY_FILE = "cache-key"
 
 _lock = threading.Lock()
-_keys: dict[str, bytes] = {}  # key file path -> secret key
+_keys: dict[str, bytes] = {}  # _key_file_id() -> secret key
+_trusted: dict[str, Path] = {}  # ($XLAPY_CACHE_DIR, $HOME) -> directory found private
 _warned: set[str] = set()
 
 
@@ -130,17 +131,35 @@ def _private_dir(path: Path, what: str) -> Path | None:
 
 def trusted_dir(directory: Path | None = None) -> Path | None:
     """The cache directory (or `directory`) when it is private to this user, else None
-    (after a warning)."""
-    return _private_dir(directory or cache_dir(), "cache directory")
+    (after a warning). The cache directory found private is remembered for the process (it
+    is checked once, as pip checks its cache once; every entry is still authenticated),
+    until a write finds it gone (`_forget_dir`); a `directory` given is checked each time."""
+    if directory is not None:
+        return _private_dir(directory, "cache directory")
+    ident = f"{os.environ.get('XLAPY_CACHE_DIR') or ''}\0{os.environ.get('HOME') or ''}"
+    known = _trusted.get(ident)
+    if known is not None:
+        return known
+    found = _private_dir(cache_dir(), "cache directory")
+    if found is not None:
+        with _lock:
+            _trusted[ident] = found
+    return found
+
+
+def _forget_dir(directory: Path) -> None:
+    with _lock:
+        for ident in [i for i, d in _trusted.items() if d == directory]:
+            del _trusted[ident]
 
 
 def secret_key() -> bytes | None:
     """This user's cache key (created on first use), or None (after a warning) when it
     cannot be made or its file is not private."""
-    path = key_file()
-    known = _keys.get(str(path))
+    known = _keys.get(_key_file_id())
     if known is not None:
         return known
+    path = key_file()
     if _private_dir(path.parent, "cache key directory") is None:
         return None
     try:
@@ -155,7 +174,13 @@ def secret_key() -> bytes | None:
         _warn(str(path), f"the cache key {path} cannot be created")
         return None
     with _lock:
-        return _keys.setdefault(str(path), secret)
+        return _keys.setdefault(_key_file_id(), secret)
+
+
+def _key_file_id() -> str:
+    """What names the key file (key_file() without building its path): the secret key is
+    remembered under it."""
+    return f"{os.environ.get('XDG_CONFIG_HOME') or ''}\0{os.environ.get('HOME') or ''}"
 
 
 def _read_key(path: Path) -> bytes | None:
@@ -255,14 +280,22 @@ def write_entry(key: str, suffix: str, payload: bytes, directory: Path | None = 
     untrusted, full or read-only directory is ignored (it only costs the next compile)."""
     if len(payload) > MAX_ENTRY_BYTES:
         return
-    directory = trusted_dir(directory)
+    given = directory
+    directory = trusted_dir(given)
     secret = secret_key() if directory is not None else None
     if secret is None or directory is None:
         return
     name = f"{key}{suffix}"
     head = FORMAT + b" " + _mac(secret, name, payload) + b"\n"
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
+        except FileNotFoundError:  # the directory went: check (and make) it again
+            _forget_dir(directory)
+            directory = trusted_dir(given)
+            if directory is None:
+                return
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=suffix)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(head + payload)
