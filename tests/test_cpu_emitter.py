@@ -1026,6 +1026,7 @@ def test_root_concatenate_loops_per_operand(case):
         got = kernel.finish(outputs)
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, equal_nan=True)
 
+
 def test_short_minor_dimension_stays_a_vectorized_loop(monkeypatch):
     """A nest's innermost dimension of 8-64 elements (the features of an NHWC tensor) is
     marked llvm.loop.unroll.disable: unrolled fully, LLVM vectorized the loop around it
