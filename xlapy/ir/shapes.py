@@ -10,8 +10,9 @@ Shape.__str__ prints XLA's text form; the parser reads it back (xlapy.ir.parser)
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from xlapy.ir.types import PrimitiveType
@@ -288,3 +289,19 @@ class ProgramShape:
 def index_text(index: ShapeIndex) -> str:
     """A ShapeIndex as XLA prints it: `{1,0}`."""
     return "{" + ",".join(str(i) for i in index) + "}"
+
+
+def merged_stride(shape: Shape, dims: Sequence[int]) -> int | None:
+    """The one element stride of `shape`'s logical `dims` (in this order, the first most
+    major) read as one flat dimension of their product in its layout, or None when they do
+    not merge (1 when the product is 1). Dims of extent 1 are left out: they move nothing."""
+    strides = [0] * shape.rank
+    step = 1
+    for d in shape.layout_or_default.minor_to_major:
+        strides[d] = step
+        step *= shape.dims[d]
+    kept = [d for d in dims if shape.dims[d] != 1]
+    for outer, inner in itertools.pairwise(kept):
+        if strides[outer] != strides[inner] * shape.dims[inner]:
+            return None
+    return strides[kept[-1]] if kept else 1

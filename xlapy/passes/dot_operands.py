@@ -26,7 +26,6 @@ take): the mixed-type library path copies its operands into this order anyway.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -35,7 +34,7 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Opcode
-from xlapy.ir.shapes import Layout, Shape
+from xlapy.ir.shapes import Layout, Shape, merged_stride
 from xlapy.ir.types import PrimitiveType
 from xlapy.passes.hlo_edit import Editor
 from xlapy.passes.pass_base import HloPass, register_pass
@@ -45,22 +44,6 @@ MATRIX_TYPES = frozenset(
     {PrimitiveType.F32, PrimitiveType.F64, PrimitiveType.C64, PrimitiveType.C128}
 )
 """Element types whose dots run as BLAS gemms or native gemv kernels."""
-
-
-def merged_stride(shape: Shape, dims: Sequence[int]) -> int | None:
-    """The element stride of logical `dims` (in this order, the first most major) read as
-    one dimension of their product, or None when they do not merge (1 when the product is
-    1). Dims of extent 1 are left out: they move nothing."""
-    strides = [0] * shape.rank
-    step = 1
-    for d in shape.layout_or_default.minor_to_major:
-        strides[d] = step
-        step *= shape.dims[d]
-    kept = [d for d in dims if shape.dims[d] != 1]
-    for outer, inner in itertools.pairwise(kept):
-        if strides[outer] != strides[inner] * shape.dims[inner]:
-            return None
-    return strides[kept[-1]] if kept else 1
 
 
 def reads_as_matrix(shape: Shape, rows: Sequence[int], cols: Sequence[int]) -> bool:

@@ -52,9 +52,7 @@
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -62,7 +60,7 @@ from llvmlite import ir
 from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL, KernelSpec
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 from xlapy.ir.instruction import HloInstruction
-from xlapy.ir.shapes import Shape
+from xlapy.ir.shapes import Shape, merged_stride
 from xlapy.ir.types import PrimitiveType
 
 _ROW_TILE = 4
@@ -152,20 +150,26 @@ class Gemv:
         return f"gemv v3 {'ftz' if flush_denormals else 'ieee'} {self!r}"
 
 
-def _merged_stride(shape: Shape, dims: Sequence[int]) -> int | None:
-    """The one element stride of logical `dims` (in this order, the first most major) read
-    as one flat dimension of their product, or None when they do not merge (1 when the
-    product is 1)."""
-    strides = [0] * shape.rank
-    step = 1
-    for d in shape.layout_or_default.minor_to_major:
-        strides[d] = step
-        step *= shape.dims[d]
-    kept = [d for d in dims if shape.dims[d] != 1]
-    for outer, inner in itertools.pairwise(kept):
-        if strides[outer] != strides[inner] * shape.dims[inner]:
-            return None
-    return strides[kept[-1]] if kept else 1
+def splat(b: ir.IRBuilder, vty: ir.VectorType, lanes: int, s) -> ir.Value:
+    """Scalar `s` in every one of the `lanes` lanes of a `vty` vector."""
+    one = b.insert_element(ir.Constant(vty, ir.Undefined), s, ir.Constant(I32, 0))
+    mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
+    return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), mask)
+
+
+def lane_sum(b: ir.IRBuilder, v, lanes: int) -> ir.Value:
+    """The sum of `v`'s `lanes` lanes, halves added until one lane is left (the order every
+    gemv/small-gemm kernel sums in, so their results agree bit for bit)."""
+    undefined = ir.Constant(v.type, ir.Undefined)
+    width = lanes
+    while width > 1:
+        half = width // 2
+        mask = list(range(half, width)) + list(range(half, width))
+        mask += [0] * (lanes - len(mask))
+        hi = b.shuffle_vector(v, undefined, ir.Constant(ir.VectorType(I32, lanes), mask))
+        v = b.fadd(v, hi)
+        width = half
+    return b.extract_element(v, ir.Constant(I32, 0))
 
 
 _TYPES = {PrimitiveType.F32: False, PrimitiveType.F64: True}
@@ -209,15 +213,15 @@ def gemv_geometry(instr: HloInstruction, f32_lanes: int, small_gemm: bool = Fals
     lhs_out = range(nb, nb + len(lf))
     rhs_out = range(nb + len(lf), out.rank)
     strides = (
-        _merged_stride(mat, mb),
-        _merged_stride(mat, free),
-        _merged_stride(mat, mc),
-        _merged_stride(vec, vb),
-        _merged_stride(vec, vc),
-        _merged_stride(vec, vfree),
-        _merged_stride(out, range(nb)),
-        _merged_stride(out, lhs_out if matrix == 0 else rhs_out),
-        _merged_stride(out, rhs_out if matrix == 0 else lhs_out),
+        merged_stride(mat, mb),
+        merged_stride(mat, free),
+        merged_stride(mat, mc),
+        merged_stride(vec, vb),
+        merged_stride(vec, vc),
+        merged_stride(vec, vfree),
+        merged_stride(out, range(nb)),
+        merged_stride(out, lhs_out if matrix == 0 else rhs_out),
+        merged_stride(out, rhs_out if matrix == 0 else lhs_out),
     )
     if any(s is None for s in strides):
         return "a group of dimensions (batch, rows, contracting) spans several strides"
@@ -305,25 +309,10 @@ class _GemvEmitter(StandaloneKernelEmitter):
         return v
 
     def _splat(self, s):
-        b = self.b
-        lanes = self.g.lanes
-        one = b.insert_element(ir.Constant(self.vty, ir.Undefined), s, ir.Constant(I32, 0))
-        mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
-        return b.shuffle_vector(one, ir.Constant(self.vty, ir.Undefined), mask)
+        return splat(self.b, self.vty, self.g.lanes, s)
 
     def _lane_sum(self, v):
-        """The sum of `v`'s lanes (halves added until one lane is left)."""
-        b = self.b
-        width = self.g.lanes
-        undefined = ir.Constant(v.type, ir.Undefined)
-        while width > 1:
-            half = width // 2
-            mask = list(range(half, width)) + list(range(half, width))
-            mask += [0] * (self.g.lanes - len(mask))
-            hi = b.shuffle_vector(v, undefined, ir.Constant(ir.VectorType(I32, self.g.lanes), mask))
-            v = b.fadd(v, hi)
-            width = half
-        return b.extract_element(v, ir.Constant(I32, 0))
+        return lane_sum(self.b, v, self.g.lanes)
 
     def _zeroed(self, ty, count: int, name: str) -> list:
         zero = ir.Constant(ty, [0.0] * self.g.lanes) if ty is self.vty else ir.Constant(ty, 0.0)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL
-from xlapy.backends.cpu.codegen.emit_gemv import Gemv, gemm_chunk_limit
+from xlapy.backends.cpu.codegen.emit_gemv import Gemv, gemm_chunk_limit, lane_sum, splat
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 
 PARAMS = (
@@ -229,25 +229,10 @@ class _SmallGemmEmitter(StandaloneKernelEmitter):
             b.store(v, self._at(self.y, b.add(index, b.mul(self.c(lane), stride))))
 
     def _splat(self, s):
-        b = self.b
-        lanes = self.k.lanes
-        one = b.insert_element(ir.Constant(self.vty, ir.Undefined), s, ir.Constant(I32, 0))
-        mask = ir.Constant(ir.VectorType(I32, lanes), [0] * lanes)
-        return b.shuffle_vector(one, ir.Constant(self.vty, ir.Undefined), mask)
+        return splat(self.b, self.vty, self.k.lanes, s)
 
     def _lane_sum(self, v):
-        """The sum of `v`'s lanes (halves added until one lane is left: emit_gemv's order)."""
-        b = self.b
-        width = self.k.lanes
-        undefined = ir.Constant(v.type, ir.Undefined)
-        while width > 1:
-            half = width // 2
-            mask = list(range(half, width)) + list(range(half, width))
-            mask += [0] * (self.k.lanes - len(mask))
-            hi = b.shuffle_vector(v, undefined, ir.Constant(ir.VectorType(I32, self.k.lanes), mask))
-            v = b.fadd(v, hi)
-            width = half
-        return b.extract_element(v, ir.Constant(I32, 0))
+        return lane_sum(self.b, v, self.k.lanes)
 
     def _running(self, start):
         """A stack slot holding an index a loop advances (promoted to a register: the
