@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cpu_gemv import dims, dot_hlo
 
 from xlapy.backends.cpu import CpuBackend
 from xlapy.backends.cpu.backend import CpuProgram
@@ -45,28 +46,6 @@ def library(tmp_path, monkeypatch):
     clear_kernel_cache()
     yield tmp_path / "library"
     clear_kernel_cache()
-
-
-def dot_hlo(t, lhs, rhs, out, dims, layouts=("", "", "")) -> str:
-    def ty(shape, layout):
-        return f"{t}[{','.join(map(str, shape))}]{layout}"
-
-    return f"""HloModule small_gemm
-ENTRY e {{
-  a = {ty(lhs, layouts[0])} parameter(0)
-  b = {ty(rhs, layouts[1])} parameter(1)
-  ROOT d = {ty(out, layouts[2])} dot(a, b), {dims}
-}}"""
-
-
-def dims(lc, rc, lb=(), rb=()) -> str:
-    def group(xs):
-        return "{" + ",".join(map(str, xs)) + "}"
-
-    text = f"lhs_contracting_dims={group(lc)}, rhs_contracting_dims={group(rc)}"
-    if lb:
-        text = f"lhs_batch_dims={group(lb)}, rhs_batch_dims={group(rb)}, " + text
-    return text
 
 
 def case(order: str, contiguous: bool, cols: int, k: int, n: int):
