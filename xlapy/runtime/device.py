@@ -30,8 +30,10 @@ naming the device and what was asked of it.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -181,8 +183,46 @@ class _Worker:
                 self._on_done()
 
 
+_LIVE_DEVICES: weakref.WeakSet[Device] = weakref.WeakSet()
+"""Every Device of the process, for the fork handlers below."""
+FORK_LOCK_SECONDS = 10.0
+"""How long a fork waits for each device's lock (a run holding it only briefly)."""
+_held_at_fork: list[threading.RLock] = []
+
+
+def _before_fork() -> None:
+    # Take every device's lock (in id order) so that no other thread is inside a device's
+    # bookkeeping at the fork: the child would inherit that lock held by a thread it has not.
+    for device in sorted(_LIVE_DEVICES, key=lambda d: (id(d.client), d.id)):
+        if device.lock.acquire(timeout=FORK_LOCK_SECONDS):
+            _held_at_fork.append(device.lock)
+
+
+def _release_after_fork() -> None:
+    while _held_at_fork:
+        _held_at_fork.pop().release()
+
+
+def _after_fork_in_child() -> None:
+    _release_after_fork()
+    for device in list(_LIVE_DEVICES):
+        device.forget_worker_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_release_after_fork,
+        after_in_child=_after_fork_in_child,
+    )
+
+
 class Device:
-    """One device of a client: id, kind, description, memory spaces, allocator, worker."""
+    """One device of a client: id, kind, description, memory spaces, allocator, worker.
+
+    A forked child keeps its parent's clients and devices, but not their worker threads: the
+    child's first queued run starts a new worker; runs the parent had queued or was running
+    at the fork stay the parent's (their results never arrive in the child)."""
 
     def __init__(self, client: Client, id: int, kind: str):
         self.client = client
@@ -204,6 +244,7 @@ class Device:
         self._inline_thread: int | None = None  # which one
         self._backlog: list[Callable[[], None]] = []  # started while one ran inline
         self._closed = False  # its client was closed: nothing new starts
+        _LIVE_DEVICES.add(self)
 
     @property
     def platform(self) -> str:
@@ -320,6 +361,15 @@ class Device:
     def _task_done(self) -> None:
         with self.lock:
             self._queued -= 1
+
+    def forget_worker_after_fork(self) -> None:
+        """In a forked child: the worker thread and the inline run belonged to the parent
+        (only the forking thread exists here), so the device starts idle, with no worker."""
+        self._worker = None
+        self._queued = 0
+        self._inline = False
+        self._inline_thread = None
+        self._backlog = []
 
     def stop(self) -> None:
         """Stop the worker thread once its queued work is done (Client.close)."""
