@@ -413,7 +413,7 @@ def run_script(script: str, **env) -> str:
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT), **env},
     )
     assert done.returncode == 0, done.stderr[-3000:]
