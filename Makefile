@@ -11,10 +11,12 @@ LINT_PATHS := xlapy tests examples benchmarks
 
 .PHONY: demo demo-hlo test lint format coverage-ops loc clean kernel-library
 
+# pip 21.3+ installs editable from pyproject.toml (PEP 660); not `--upgrade pip`, with which
+# each new pip release would change what CI runs on a clean checkout.
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "xlapy needs Python 3.11+"'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "pip>=21.3"
 
 $(RUNTIME_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -q -e .

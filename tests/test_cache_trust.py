@@ -165,7 +165,7 @@ def test_fifo_entry_does_not_hang(cache):
     reader = threading.Thread(target=lambda: result.append(jit.read_entry(obj.stem, ".o")))
     reader.daemon = True
     reader.start()
-    reader.join(5)
+    reader.join(60)
     hung = reader.is_alive()
     if hung:  # let the old code's blocked open go
         fd = os.open(obj, os.O_WRONLY | os.O_NONBLOCK)

@@ -44,7 +44,7 @@ def test_two_processes_match_one(what):
         [_mpiexec(), "-n", "2", sys.executable, str(PROGRAM), *what],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,  # a hang only: a job takes 10-60 s (more on a loaded machine)
         env=env,
         cwd=ROOT,
     )

@@ -432,6 +432,38 @@ def test_filter_gradient_shapes_take_long_contractions(monkeypatch, name, xdims,
     assert calls
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_contraction_bits_do_not_depend_on_which_block_ends_first(monkeypatch, dtype):
+    """The long-contraction path cuts the input features into blocks that run on the pool,
+    each into a partial sum: the partials are added in feature order, so a run whose blocks
+    finish in another order (any run with 3 or more pool threads) gives the same bits. The
+    blocks are run here in forward and in reverse order, 4 of them."""
+    from xlapy.backends.cpu.runtime.pool import even_blocks
+
+    use_blas_paths(monkeypatch)
+    calls, body = [], conv_thunk._reducing
+    monkeypatch.setattr(conv_thunk, "_reducing", lambda *a: calls.append(body(*a)))
+    rng = np.random.default_rng(11)
+    x, k = random(rng, (16, 12, 12, 3), dtype), random(rng, (16, 12, 12, 8), dtype)
+
+    def f(x, k):
+        specs = ("CHWN", "IHWO", "HWNC")  # a backward-filter convolution as JAX emits it
+        return lax.conv_general_dilated(x, k, (1, 1), ((1, 1), (1, 1)), dimension_numbers=specs)
+
+    program = CpuProgram(parse_module(jax.jit(f).lower(x, k).as_text(dialect="hlo")))
+    runs = []
+    for order in (list, lambda blocks: list(reversed(blocks))):
+
+        def split_run(units, flops, body, order=order):
+            for lo, hi in order(even_blocks(units, 4)):
+                body(lo, hi)
+
+        monkeypatch.setattr(conv_thunk, "split_run", split_run)
+        runs.append(np.array(program.run([x, k]), copy=True))
+    assert len(calls) == 2
+    assert runs[0].tobytes() == runs[1].tobytes()
+
+
 def test_long_contraction_window_reversal(reduce_everywhere):
     """A reversed kernel cannot be used in place: the path copies it first."""
     test_window_reversal_attribute()

@@ -416,7 +416,7 @@ def test_same_bits_at_any_thread_count(tmp_path):
             PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
         )
         done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+                              text=True, timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         digests[threads] = done.stdout.split()[-1]
     assert len(set(digests.values())) == 1, digests

@@ -298,7 +298,7 @@ def test_concurrent_writers_leave_a_valid_entry(cache, text, tmp_path, monkeypat
         for i in range(4)
     ]
     for p in procs:
-        _, err = p.communicate(timeout=300)
+        _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err.decode()[-2000:]
     outs = [np.load(tmp_path / f"out{i}.npy") for i in range(4)]
     for o in outs[1:]:

@@ -43,7 +43,7 @@ def test_run_blocks_from_pool_workers_does_not_deadlock():
 
     futures = [default_pool().submit(outer, k) for k in range(workers)]
     for f in futures:
-        f.result(timeout=30)
+        f.result(timeout=120)
     assert (seen == 1).all()
 
 

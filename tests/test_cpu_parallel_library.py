@@ -365,7 +365,7 @@ def test_native_pool_in_a_process_with_n_threads_exits_cleanly(threads):
 
     env = dict(os.environ, XLAPY_NUM_THREADS=str(threads), JAX_PLATFORMS="cpu")
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == [str(threads), str(threads - 1 if threads > 1 else 0)]

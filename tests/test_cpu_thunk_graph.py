@@ -372,9 +372,23 @@ def fan(n: int, join: bool = True):
 
 
 def test_executor_respects_edges_and_overlaps():
+    """The three independent thunks run at the same time: each waits (up to a minute) until
+    a second one has started, instead of sleeping a fixed 20 ms and hoping that a helper
+    thread got a core meanwhile (it did not, now and then, on a loaded 2-core machine)."""
     log = []
+    started = [0]
+    two_started = threading.Event()
+    lock = threading.Lock()
+
+    def meet():
+        with lock:
+            started[0] += 1
+            if started[0] >= 2:
+                two_started.set()
+        two_started.wait(60)
+
     plan = plan_graph(fan(3), [1e6] * 4, "always")
-    thunks = [Recorder(log, i, 0.02) for i in range(3)] + [Recorder(log, "join")]
+    thunks = [Recorder(log, i, body=meet) for i in range(3)] + [Recorder(log, "join")]
     run_graph(thunks, plan, None)
     order = [e for e in log]
     assert order[-2:] == [("start", "join"), ("end", "join")]

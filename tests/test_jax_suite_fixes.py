@@ -233,7 +233,7 @@ def test_scan_forwards_numpy_inputs_without_a_cpu_backend():
         [sys.executable, "-c", ONLY_XLAPY_SCAN],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "JAX_PLATFORMS": "xlapy"},
     )
     assert done.returncode == 0, done.stderr[-3000:]

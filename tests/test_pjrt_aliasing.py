@@ -145,19 +145,19 @@ def test_aliased_output_dropped_while_the_run_is_queued(dropped):
 
         def wait(x):
             started.set()
-            assert gate.wait(20), "gate never opened"
+            assert gate.wait(60), "gate never opened"
             return x
 
         blocked = jax.jit(lambda x: jax.pure_callback(wait, x, x) + 1)
         held = []
         worker = threading.Thread(target=lambda: held.append(blocked(jax.device_put(host, device))))
         worker.start()
-        assert started.wait(20)
+        assert started.wait(60)
         made = jax.device_put(host, device) * 1.0  # memory of the device's own, donatable
         outs = twice(made)
         outs[dropped].delete()
         gate.set()
-        worker.join(20)
+        worker.join(60)
         assert not worker.is_alive()
         return outs[1 - dropped], held[0]
 

@@ -50,7 +50,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env={**os.environ, **env},
     )
 

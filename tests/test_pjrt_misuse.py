@@ -106,7 +106,7 @@ INVALID_ARGUMENT = 3
 def test_c_api_misuse_returns_errors_and_never_crashes():
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))}
     p = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600
     )
     results = dict(json.loads(line) for line in p.stdout.splitlines() if line.startswith("["))
     assert p.returncode == 0 and "END" in p.stdout, (p.returncode, list(results)[-1:], p.stderr)

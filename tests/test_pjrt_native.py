@@ -164,7 +164,7 @@ def test_without_native_code_jax_gets_the_same_answers():
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env={**os.environ, "XLAPY_PJRT_NATIVE": "0"},
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -60,7 +60,7 @@ def test_pmap_collectives_and_gradients_on_four_devices():
         [sys.executable, "-c", textwrap.dedent(SCRIPT)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT),

@@ -263,7 +263,7 @@ def test_target_failure_surfaces_on_the_outputs_first_use(client, c_lib, kind):
         client.register_custom_call("fails", lambda ins, opaque: 1 / 0)
         text, message = unary("fails"), "ZeroDivisionError"
     outs, [arg] = run(client, text, x)  # returns at once; the failure comes with the outputs
-    error = outs[0].ready().exception(timeout=10)
+    error = outs[0].ready().exception(timeout=60)
     assert isinstance(error, ExecutionError) and message in str(error)
     assert isinstance(error.__cause__, CustomCallError)
     for out in outs:

@@ -283,14 +283,14 @@ def test_output_taking_donated_memory_deleted_before_the_run(client, rng, drop):
 
     def block(ins, opaque):
         started.set()
-        assert gate.wait(10), "gate never opened"
+        assert gate.wait(60), "gate never opened"
         return ins[0]
 
     client.register_custom_call("block", block)
     blocker, twice = client.compile(BLOCK), client.compile(RETURNED_TWICE)
     host = f32(rng, 4)
     [held] = run(blocker, client, [client.buffer_from_pyval(f32(rng, 4))])
-    assert started.wait(10)  # the device's worker is busy: the next run is queued
+    assert started.wait(60)  # the device's worker is busy: the next run is queued
     p = client.buffer_from_pyval(host)
     outs = run(twice, client, [p], donate=[0])
     assert p.is_donated and not outs[0].ready().done()

@@ -68,7 +68,7 @@ def test_failed_device_copy_fails_its_buffer_and_counts_nothing_after(monkeypatc
     with pytest.raises(MemoryError):
         copy.block_until_ready()
     with pytest.raises(MemoryError):
-        host.result(timeout=5)
+        host.result(timeout=60)
     del copy, buf
     assert in_use(client) == 0
     client.close()

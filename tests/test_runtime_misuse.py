@@ -283,7 +283,7 @@ def test_a_bad_timeout_on_a_pending_result_is_a_typed_error(timeout):
 
     go = threading.Event()
     client = Client("cpu", inline_execution=False)
-    client.register_custom_call("attack4_slow", lambda ins, o: (go.wait(10), ins[0])[1])
+    client.register_custom_call("attack4_slow", lambda ins, o: (go.wait(60), ins[0])[1])
     out = client.compile(SLOW_TARGET).execute([[client.buffer_from_pyval(np.ones(4, np.float32))]])
     with pytest.raises(RuntimeApiError, match="seconds"):
         out[0][0].ready().result(timeout)

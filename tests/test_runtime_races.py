@@ -81,7 +81,7 @@ def racing_buffer(client, bump, outcome, on_thread=False):
             return
         t = threading.Thread(target=donate)
         t.start()
-        t.join(10)
+        t.join(60)
 
     buf._ready = DonateWhileWaiting(hook)
     return buf

@@ -785,7 +785,9 @@ def _reducing(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -
     ldb, k_at = kc.strides[2] // it, kc.ctypes.data
     m = o1 * nb  # output rows of one product: [O1, Nb] for one O0 position
     step_a = d0.stride * k1 * m * it
-    partials = []
+    # Partial sums by their block's first feature, added in that order: in the order the
+    # blocks finish, 3 or more of them would round differently from run to run.
+    partials: dict[int, np.ndarray] = {}
 
     def block(lo: int, hi: int) -> None:
         band = scratch.get("reduce", bands.shape[1:], work)
@@ -797,12 +799,13 @@ def _reducing(geo: _Geometry, x, k, out, acc, work, result, scratch: _Scratch) -
             for i in range(o0):
                 gemm(m, og, k0 * k1, a_at + i * step_a, m, b_at, ldb, beta,
                      c_at + i * m * og * it, og, trans_a=True)  # fmt: skip
-        partials.append(part)
+        partials[lo] = part
 
     split_run(geo.cg, 2.0 * nb * geo.pout * geo.pwin * geo.cg * og, block)
-    total = partials[0]
-    for part in partials[1:]:
-        total += part
+    first, *rest = sorted(partials)
+    total = partials[first]
+    for lo in rest:
+        total += partials[lo]
     y = total.reshape(o0, o1, nb, og).transpose(2, 0, 1, 3)  # [Nb, O0, O1, Og]
     _store(geo.output(out), y, acc, result)
 
