@@ -285,7 +285,7 @@ def test_a_program_image_runs_ducc0_where_it_is_loaded(image_cache, monkeypatch)
         exe = Client("cpu").compile(text)
         warm = run(exe, args)
     thunks = fft_thunks(exe.backend_program())
-    assert thunks and all(t._fft is fft_thunk.ducc_fft() for t in thunks)
+    assert thunks and all(t.fft_module() is fft_thunk.ducc_fft() for t in thunks)
     np.testing.assert_array_equal(warm[0], cold[0])
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from xlapy.backends.cpu.runtime.pool import even_blocks, run_blocks, split_parts
+from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks, split_parts
 from xlapy.backends.cpu.runtime.thunk import BufferSlice, ExecutionContext, Thunk
 from xlapy.backends.fft import THREADED_MIN_ELEMENTS, check, result_shape, transform
 from xlapy.ir.instruction import HloInstruction
@@ -55,6 +55,10 @@ SMOOTH_PRIMES = (2, 3, 5, 7, 11)
 HARD_LENGTH_FACTOR = 4.0
 """An axis whose length has a prime factor above 11 runs ducc's slower generic or
 Bluestein passes: about this many times the time per point."""
+
+
+_UNRESOLVED = object()
+"""A thunk's library before its first run: ducc0 is imported then, not when compiling."""
 
 
 @functools.cache
@@ -215,9 +219,20 @@ class FftThunk(Thunk):
         self._reset()
 
     def _reset(self) -> None:
-        fft = ducc_fft() if self.library == "ducc0" and not self.shared_bytes else None
-        self._fft = fft  # None: scipy.fft
+        self._fft: Any = _UNRESOLVED if self.wants_ducc else None  # None: scipy.fft
         self._local = threading.local()  # per thread: the IRFFT's scratch buffer
+
+    @property
+    def wants_ducc(self) -> bool:
+        return self.library == "ducc0" and not self.shared_bytes
+
+    def fft_module(self) -> Any:
+        """ducc0.fft, or None for scipy.fft (ducc0 imported on first use: ~20 ms a process
+        pays once, at its first run of an fft rather than in a compile)."""
+        fft = self._fft
+        if fft is _UNRESOLVED:
+            fft = self._fft = ducc_fft()
+        return fft
 
     def __getstate__(self) -> dict:
         """The thunk without the module and per-thread buffers a run uses (found and made
@@ -234,6 +249,8 @@ class FftThunk(Thunk):
     def run(self, ctx: ExecutionContext) -> None:
         x, y = ctx.view(self.operand), ctx.view(self.result)
         fft = self._fft
+        if fft is _UNRESOLVED:
+            fft = self.fft_module()
         if fft is None:
             np.copyto(y, transform(self.fft_type, x, self.lengths, self.instr.name), casting="no")
             return
@@ -254,8 +271,8 @@ class FftThunk(Thunk):
 
     def how(self) -> str:
         """Which library runs the transform, and how (the listing's note)."""
-        if self._fft is None:
-            if self.library == "ducc0" and not self.shared_bytes:
+        if self.fft_module() is None:
+            if self.wants_ducc:
                 return "scipy.fft: ducc0 is not importable"
             return "scipy.fft" + (": operand and result share bytes" if self.shared_bytes else "")
         split = sum(p.split is not None for p in self.passes)
@@ -280,7 +297,11 @@ class FftThunk(Thunk):
         return 2_000 + seconds * 1e9
 
     def runs_alone(self) -> bool:
-        if self._fft is None:  # scipy.fft runs its own threads from that size
+        """Whether no pass may split (decided without importing ducc0 or measuring the
+        pool: a compile does neither)."""
+        if pool_size() < 2:
+            return True
+        if not self.wants_ducc:  # scipy.fft runs its own threads from that size
             elements = max(self.operand.shape.num_elements, self.result.shape.num_elements)
             return elements < THREADED_MIN_ELEMENTS
-        return all(len(p.blocks()) == 1 for p in self.passes)
+        return all(p.split is None or p.extent < 2 for p in self.passes)
