@@ -1205,7 +1205,7 @@ def _():
 # FFT programs added with the DUCC path (branch fft) and not tuned on: a 2-D rfft
 # convolution round trip (rfft2 of a batch of images and of a small kernel, product,
 # irfft2), an FFT over a non-minor axis (JAX transposes around the minor-axis fft), and a
-# large batch of short complex FFTs in double precision.
+# large batch of short complex FFTs (65536 of length 16).
 @program("rfft2_convolution")
 def _():
     def conv(x, k):
@@ -1225,10 +1225,9 @@ def _():
 
 @program("fft_batched_small")
 def _():
-    def f(x):
-        return jnp.fft.fft(x.astype(jnp.complex128), axis=-1)
-
-    return f, one(lambda s: (s.elems[0] * s.elems[1] // 16, 16))
+    return (lambda x: jnp.fft.fft(x.astype(jnp.complex64), axis=-1)), one(
+        lambda s: (s.elems[0] * s.elems[1] // 16, 16)
+    )
 
 
 @program("batched_matmul_big")
