@@ -10,10 +10,10 @@
 #
 # Passes and threads. A transform runs as a plan of ducc calls ("passes") fixed by its
 # shape. A small one (fewer than THREADED_MIN_ELEMENTS elements in or out) is one call over
-# all its axes on the calling thread. A larger one is one call per axis, in the order ducc
-# itself takes a multi-axis transform (the last axis first, from the operand into the
-# result, then the other axes in place on the result; an IRFFT's complex axes first, into a
-# scratch buffer of the operand's shape kept per thread, its real axis last), and each pass
+# all its axes on the calling thread. A larger one is one call per axis (the last axis
+# first, from the operand into the result, then the other axes in place on the result; an
+# IRFFT's complex axes first, into a scratch buffer of the operand's shape kept per thread,
+# its real axis last: the order of a c2r), and each pass
 # is cut along its longest other dim into blocks over the process's worker pool
 # (pool.split_parts: its cost model, the pass's estimated one-thread time against the
 # measured cost of a hand-off, decides how many blocks, at most one per core the process
