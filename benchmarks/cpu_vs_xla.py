@@ -1202,6 +1202,34 @@ def _():
     return (lambda x: jnp.fft.fft2(x.astype(jnp.complex64))), one(lambda s: (s.mat, s.mat))
 
 
+# FFT programs added with the DUCC path (branch fft) and not tuned on: a 2-D rfft
+# convolution round trip (rfft2 of a batch of images and of a small kernel, product,
+# irfft2), an FFT over a non-minor axis (JAX transposes around the minor-axis fft), and a
+# large batch of short complex FFTs (65536 of length 16).
+@program("rfft2_convolution")
+def _():
+    def conv(x, k):
+        spectrum = jnp.fft.rfft2(x) * jnp.fft.rfft2(k, s=x.shape[-2:])
+        return jnp.fft.irfft2(spectrum, s=x.shape[-2:])
+
+    return conv, lambda rng, s: (
+        normal(rng, (4, s.mat // 2, s.mat // 2)),
+        normal(rng, (9, 9)),
+    )
+
+
+@program("fft_axis0")
+def _():
+    return (lambda x: jnp.fft.fft(x.astype(jnp.complex64), axis=0)), one(lambda s: s.elems)
+
+
+@program("fft_batched_small")
+def _():
+    return (lambda x: jnp.fft.fft(x.astype(jnp.complex64), axis=-1)), one(
+        lambda s: (s.elems[0] * s.elems[1] // 16, 16)
+    )
+
+
 @program("batched_matmul_big")
 def _():
     return (lambda a, b: jnp.einsum("bij,bjk->bik", a, b)), two(lambda s: (8, s.mat, s.mat))

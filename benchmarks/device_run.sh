@@ -36,6 +36,15 @@ if ! $PY -c 'import jax, llvmlite, numpy, scipy' 2>/dev/null; then
   exit 2
 fi
 
+# ducc0 (the CPU backend's FFT library) from a wheel brought along in wheels/ (docs/cpu_backend.md):
+# installed into .deps/, not into the environment; without it fft runs on scipy.fft
+if ! $PY -c 'import ducc0' 2>/dev/null && ls wheels/ducc0-*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --find-links wheels --no-deps --target .deps ducc0 2>&1 | tail -2
+  export PYTHONPATH="$PWD/.deps:$PYTHONPATH"
+fi
+echo "== fft: $($PY -c 'import ducc0; print("ducc0", ducc0.__version__)' 2>/dev/null \
+  || echo 'scipy.fft (ducc0 not importable)')"
+
 echo "== does xlapy read this JAX's HLO? (benchmarks/jax_version_probe.py, timeout 60 s)"
 timeout 60 "$PY" benchmarks/jax_version_probe.py 2>&1 | grep -v "^[a-z_0-9]* *ok$"
 echo "== every program, all cores (timeout 270 s)"

@@ -41,6 +41,7 @@ VALID = {
         "rng_seed": 3,
         "collective_timeout": 2.5,
         "memory_scheduler": "dfs",
+        "fft_library": "scipy",
     },
     "interpreter": {
         "max_while_iterations": 5,
@@ -64,6 +65,7 @@ BAD_VALUES = {
     "rng_seed": 1.5,
     "collective_timeout": "soon",
     "memory_scheduler": "fastest",
+    "fft_library": "fftw",
 }
 
 

@@ -257,6 +257,7 @@ OPTION_VALUES = {
     "partition_id": (0, 1),
     "collective_timeout": (5.0, 6.0),
     "memory_scheduler": ("plan", "dfs"),
+    "fft_library": ("ducc0", "scipy"),
 }
 
 

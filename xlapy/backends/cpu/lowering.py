@@ -17,7 +17,9 @@
 #   dynamic-update-slice, copy  window writes and memmoves on the arena
 #   custom-call                 C targets on arena pointers, typed FFI handlers (LAPACK) on
 #                               arena views, XLA's TopK as a library sort
-#   fft                         scipy.fft on arena views (runtime/fft_thunk.py)
+#   fft                         ducc0 (XLA's FFT library) on arena views, split over the
+#                               pool by axis passes; scipy.fft without ducc0
+#                               (runtime/fft_thunk.py)
 #   scatter                     a native in-order scatter loop (codegen/emit_scatter.py)
 #   rng-bit-generator           native threefry / philox (codegen/emit_rng.py)
 #   reduce-window               prefix scans (cumsum, cumlogsumexp, ...: any reducer, both
@@ -622,7 +624,8 @@ def _fft(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if not instr.shape.is_array:
         return "a tuple result"
     try:
-        return FftThunk(instr, lw.slice_at(instr.operands[0]), lw.slice_at(instr))
+        library = lw.options.get("fft_library", "ducc0")
+        return FftThunk(instr, lw.slice_at(instr.operands[0]), lw.slice_at(instr), library)
     except EvaluationError as e:  # the rule reports the same problem when it runs
         return str(e)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from xlapy.backends.cpu.codegen.emitter import DENORMALS
+from xlapy.backends.cpu.runtime.fft_thunk import LIBRARIES as FFT_LIBRARIES
 from xlapy.backends.cpu.runtime.thunk_graph import MODES
 from xlapy.backends.options import MEMORY_SCHEDULER, Option, boolean, integer, one_of
 
@@ -67,4 +68,9 @@ CPU_OPTIONS: dict[str, Option] = {
     ),
     "rng_seed": Option("the seed of the legacy `rng` op's generator (backend.py)", integer(0)),
     "memory_scheduler": MEMORY_SCHEDULER,
+    "fft_library": Option(
+        "run fft through 'ducc0' (default; scipy.fft where ducc0 is not importable) or "
+        "'scipy' (runtime/fft_thunk.py)",
+        one_of(*FFT_LIBRARIES),
+    ),
 }
