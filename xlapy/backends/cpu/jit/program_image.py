@@ -82,7 +82,11 @@ from xlapy.backends.cpu.jit.disk_cache import (
     trusted_dir,
     warn_rejected,
 )
-from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
+from xlapy.backends.cpu.jit.kernel import (
+    bind_image_kernels,
+    collecting_objects,
+    objects_of_image,
+)
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
 from xlapy.backends.cpu.runtime.loadable import PENDING, detached, is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
@@ -553,9 +557,7 @@ def _load_pickle(data: Any, objects: dict[str, bytes], report: _Report | None = 
     finally:
         if collecting:
             gc.enable()
-    flush_loads()
-    for kernel in kernels:
-        kernel.wait()
+    bind_image_kernels(kernels)
     return value
 
 
