@@ -234,9 +234,7 @@ def bind_image_kernels(kernels: Sequence[Kernel]) -> None:
         if got is None:
             _await_loaded(pending)
             got = loaded[pending] = pending.result()
-        kernel._loaded, kernel.from_cache = got, got.from_cache or kernel._reused
-        kernel._fn = _prototype(kernel.signature)(got.address)
-        kernel._future, kernel._pending = pending, None
+        kernel.bind(pending, got)
 
 
 def clear_loaded_objects() -> None:
@@ -464,11 +462,14 @@ class Kernel:
         pending = self._pending  # read once: threads sharing the kernel may wait at once
         if pending is not None:
             _await_loaded(pending)
-            loaded = pending.result()
-            self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
-            self._fn = _prototype(self.signature)(loaded.address)
-            self._future, self._pending = pending, None  # the future keeps the code
+            self.bind(pending, pending.result())
         return self
+
+    def bind(self, future: Future, loaded: _Loaded) -> None:
+        """Run the code `future` loaded (`loaded`, its result) from now on."""
+        self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
+        self._fn = _prototype(self.signature)(loaded.address)
+        self._future, self._pending = future, None  # the future keeps the code
 
     @property
     def spec(self) -> KernelSpec:
