@@ -10,6 +10,12 @@ Beside the wall times, the process CPU time (`time.process_time`, all threads) o
 compile and the least of the warm ones: on a loaded machine the fairer figure.
 
   python benchmarks/compile_times.py [-p NAME ...] [--json OUT] [--warm-runs 5]
+      [--hlo DIR ...] [--only-hlo] [--worst 10]
+
+`--hlo DIR` adds the program in DIR/module.hlo (the outside models' `--keep` folders,
+/work/shared/outside/models.py) or every */module.hlo under DIR, compiled by xlapy only
+(no XLA time: the ratio columns skip them). The end lists the `--worst` programs by warm
+CPU time (the least of the warm compiles), with their warm wall times.
 
 To compare two trees, run it with PYTHONPATH set to each (the same minutes, the same machine).
 """
@@ -50,6 +56,13 @@ def measure(name: str, warm_runs: int, xla_runs: int) -> dict[str, float | str]:
         lowered.compile()
         xla.append(1e3 * (time.perf_counter() - start))
     row: dict[str, float | str] = {"name": name, "xla_ms": min(xla)}
+    row.update(measure_text(name, text, warm_runs))
+    return row
+
+
+def measure_text(name: str, text: str, warm_runs: int) -> dict[str, float | str]:
+    """`measure` for a program given as HLO text (no XLA compile)."""
+    row: dict[str, float | str] = {"name": name}
     try:
         with tempfile.TemporaryDirectory(prefix="xlapy-ct-") as tmp, kernel_cache_dir(tmp):
             start = time.process_time()
@@ -70,6 +83,30 @@ def measure(name: str, warm_runs: int, xla_runs: int) -> dict[str, float | str]:
     return row
 
 
+def hlo_programs(folders: list[str]) -> list[tuple[str, Path]]:
+    """(name, module.hlo) of each --hlo folder: its own module.hlo, or those one level down."""
+    found = []
+    for folder in map(Path, folders):
+        files = [folder / "module.hlo"] if (folder / "module.hlo").is_file() else []
+        for path in files or sorted(folder.glob("*/module.hlo")):
+            found.append((f"{path.parent.parent.name}/{path.parent.name}", path))
+    return found
+
+
+def print_worst(rows: list[dict], count: int) -> None:
+    """The `count` programs with the largest warm CPU time."""
+    good = sorted((r for r in rows if "status" not in r), key=lambda r: -float(r["warm_cpu_ms"]))[
+        :count
+    ]
+    print(
+        f"worst {len(good)} by warm CPU (ms): "
+        + ", ".join(
+            f"{r['name']} {float(r['warm_cpu_ms']):.1f} (wall {float(r['warm_min_ms']):.1f})"
+            for r in good
+        )
+    )
+
+
 def geomean(values) -> float:
     vals = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else math.nan
@@ -81,8 +118,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--warm-runs", type=int, default=5)
     parser.add_argument("--xla-runs", type=int, default=1)
+    parser.add_argument("--hlo", action="append", default=[], help="outside programs' folder")
+    parser.add_argument("--only-hlo", action="store_true", help="skip the suite's programs")
+    parser.add_argument("--worst", type=int, default=10, help="how many worst to list")
     opts = parser.parse_args()
     names = [n for n in suite.PROGRAMS if not opts.p or any(p in n for p in opts.p)]
+    names = [] if opts.only_hlo else names
     rows = []
     print(
         f"{'program':28s} {'xla ms':>8s} {'cold ms':>8s} {'warm min':>8s} {'warm med':>8s} "
@@ -99,7 +140,19 @@ def main() -> None:
             f"{row['warm_med_ms']:8.1f} {row['cold_cpu_ms']:8.1f} {row['warm_cpu_ms']:8.1f}",
             flush=True,
         )
-    good = [r for r in rows if "status" not in r]
+    for name, path in hlo_programs(opts.hlo):
+        row = measure_text(name, path.read_text(), opts.warm_runs)
+        rows.append(row)
+        if "status" in row:
+            print(f"{name:28s} {row['status']}", flush=True)
+            continue
+        print(
+            f"{name:28s} {'-':>8s} {row['cold_ms']:8.1f} {row['warm_min_ms']:8.1f} "
+            f"{row['warm_med_ms']:8.1f} {row['cold_cpu_ms']:8.1f} {row['warm_cpu_ms']:8.1f}",
+            flush=True,
+        )
+    print_worst(rows, opts.worst)
+    good = [r for r in rows if "status" not in r and "xla_ms" in r]
     cold = geomean(float(r["cold_ms"]) / float(r["xla_ms"]) for r in good)
     warm = geomean(float(r["warm_min_ms"]) / float(r["xla_ms"]) for r in good)
     meds = [float(r["warm_min_ms"]) for r in good]

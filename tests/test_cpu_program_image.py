@@ -624,3 +624,56 @@ def test_images_can_be_turned_off(image_cache, texts, monkeypatch):
     monkeypatch.setenv(program_image.ENABLE_ENV, "0")
     Client("cpu").compile(texts["softmax_loop"])
     assert images(image_cache) == []
+
+
+def chain_text(length: int, op: str) -> str:
+    """A program whose every instruction uses the one before: `length` steps of
+    dot(x, w) (op "dot") or x * w (op "multiply"), on f32[2,2]."""
+    lines = ["HloModule chain", "", "ENTRY main {"]
+    lines += ["  p0 = f32[2,2]{1,0} parameter(0)", "  w = f32[2,2]{1,0} parameter(1)"]
+    dims = ", lhs_contracting_dims={1}, rhs_contracting_dims={0}" if op == "dot" else ""
+    for i in range(length):
+        before = "p0" if i == 0 else f"v{i - 1}"
+        lines.append(f"  v{i} = f32[2,2]{{1,0}} {op}({before}, w){dims}")
+    lines[-1] = lines[-1].replace(f"  v{length - 1} =", f"  ROOT v{length - 1} =")
+    return "\n".join([*lines, "}", ""])
+
+
+def test_a_deep_graph_pickles_flat_and_comes_back_whole():
+    """The report part pickles the HLO graph without recursing along its chains of operands
+    and users: a chain far deeper than Python's recursion limit round-trips."""
+    import sys
+
+    length = 2 * sys.getrecursionlimit()
+    module = parse_module(chain_text(length, "multiply"))
+    data = io.BytesIO()
+    program_image._GraphPickler(data).dump_graph((module,))
+    (back,) = program_image._load_graph(data.getvalue())
+    assert back.to_text() == module.to_text()
+    entry = back.entry
+    for instr in entry.instructions:
+        assert instr.parent is entry
+        for operand in instr.operands:
+            assert instr in operand.users
+    assert len(entry.instructions) == length + 2
+
+
+def test_a_deep_program_is_imaged_and_computes_the_same_bits(image_cache, monkeypatch):
+    """A program whose chain of dots (not fused: each its own thunk) is deep enough that a
+    recursive pickle of its graph fails has an image all the same, and the warm compile
+    computes the cold one's bits."""
+    text = chain_text(400, "dot")
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal((2, 2)).astype(np.float32) * 0.5 for _ in range(2)]
+    cold = Client("cpu").compile(text)
+    assert len(images(image_cache)) == 1
+    cold_out = run(cold, args)
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        warm = Client("cpu").compile(text)
+        warm_out = run(warm, args)
+    np.testing.assert_array_equal(warm_out[0], cold_out[0])
+    want = np.asarray(evaluate(parse_module(text), args))
+    np.testing.assert_allclose(warm_out[0], want, rtol=1e-4, atol=1e-6)
+    assert warm.module.to_text() == cold.module.to_text()

@@ -198,6 +198,8 @@ class Shape:
 
     def leaves(self) -> list[IndexedShape]:
         """The non-tuple sub-shapes in pre-order (the flattening custom calls and .npz use)."""
+        if not self.tuple_shapes:  # (an array, a token, or an empty tuple: no generator)
+            return [] if self.is_tuple else [((), self)]
         return [(i, s) for i, s in self.subshapes() if not s.is_tuple]
 
     # -- variants --------------------------------------------------------------------------

@@ -87,31 +87,31 @@ class PrimitiveType(enum.Enum):
     # -- properties ------------------------------------------------------------------------
     @property
     def text(self) -> str:
-        return self.value.text
+        return self._value_.text
 
     @property
     def kind(self) -> Kind:
-        return self.value.kind
+        return self._value_.kind
 
     @property
     def bits(self) -> int:
         """Bit width of one element (pred counts as 8, as XLA stores it)."""
-        return self.value.bits
+        return self._value_.bits
 
     @property
     def byte_size(self) -> int:
         """Bytes one element takes in an unpacked buffer (sub-byte types take one byte)."""
-        return max(1, (self.value.bits + 7) // 8) if self.is_array_type else 0
+        return max(1, (self._value_.bits + 7) // 8) if self.is_array_type else 0
 
     @property
     def dtype(self) -> np.dtype:
-        if self.value.dtype is None:
+        if self._value_.dtype is None:
             raise TypeError(f"element type {self.text} has no host array representation")
-        return self.value.dtype
+        return self._value_.dtype
 
     @property
     def is_array_type(self) -> bool:
-        return self.value.dtype is not None
+        return self._value_.dtype is not None
 
     @property
     def is_pred(self) -> bool:

@@ -257,9 +257,6 @@ class Client:
         self.check_open("compile")
         check_program(program, (HloModule, str, bytes, bytearray))
         check_options(options)
-        from xlapy.ir.parser import parse_module
-        from xlapy.stablehlo import load
-
         # Text is parsed once; a module the caller passed is printed and compiled from a
         # copy, so it is never modified. Text or bytes compiled before (by this process or
         # another) come from the backend's program image, unparsed; a module, printed.
@@ -277,7 +274,9 @@ class Client:
                     return found
             if importer is not None and isinstance(raw, bytes):
                 module = importer(raw)
-            else:
+            else:  # (imported here: a warm compile, from the image, never reads it)
+                from xlapy.stablehlo import load
+
                 module = load(program)
             text = module.to_text()
         else:
@@ -310,6 +309,8 @@ class Client:
                 return hit
             self._misses += 1
         if module is None:
+            from xlapy.ir.parser import parse_module
+
             module = parse_module(text)
         loaded = self.load(self.compiler.compile_canonical(module, options, text))
         with self._cache_lock:

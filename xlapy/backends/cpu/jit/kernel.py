@@ -164,6 +164,10 @@ _image_objects: contextvars.ContextVar[Mapping[str, bytes] | None] = contextvars
     "xlapy_image_objects", default=None
 )
 """While a program image is unpickled (`objects_of_image`): its objects' bytes by key."""
+_image_requests: contextvars.ContextVar[dict[str, tuple[Future, bool]] | None] = (
+    contextvars.ContextVar("xlapy_image_requests", default=None)
+)
+"""... and the request made for each object so far."""
 
 
 def _note_pickled(key: str) -> None:
@@ -196,18 +200,41 @@ def objects_of_image(objects: Mapping[str, bytes]) -> Iterator[list[Kernel]]:
     kernels made are added to the list yielded (`wait()` for them before running any)."""
     kernels: list[Kernel] = []
     token, token_kernels = _image_objects.set(objects), _image_kernels.set(kernels)
+    token_requests = _image_requests.set({})
     try:
         yield kernels
     finally:
         _image_objects.reset(token)
         _image_kernels.reset(token_kernels)
+        _image_requests.reset(token_requests)
 
 
 def _image_request(key: str) -> tuple[Future, bool]:
     objects = _image_objects.get()
     if objects is None or key not in objects:
         raise ValueError(f"the image names object {key[:16]}... it does not hold")
-    return _request_bytes(key, objects[key])
+    requests = _image_requests.get()
+    if requests is None:
+        return _request_bytes(key, objects[key])
+    request = requests.get(key)
+    if request is None:  # (one request per object: most kernels share theirs with others)
+        request = requests[key] = _queue_bytes(key, objects[key], notify=False)
+    return request
+
+
+def bind_image_kernels(kernels: Sequence[Kernel]) -> None:
+    """Load the objects queued by an image's kernels (one batch) and bind each kernel to
+    its code: what `wait()` does kernel by kernel, with one look at each object's future."""
+    loaded = flush_loads()
+    for kernel in kernels:
+        pending = kernel._pending
+        if pending is None:
+            continue
+        got = loaded.get(pending)
+        if got is None:
+            _await_loaded(pending)
+            got = loaded[pending] = pending.result()
+        kernel.bind(pending, got)
 
 
 def clear_loaded_objects() -> None:
@@ -256,14 +283,16 @@ def _request_cached(key: str) -> tuple[Future, bool] | None:
     return future, False
 
 
-def flush_loads() -> None:
+def flush_loads() -> dict[Future, _Loaded]:
     """Load every queued object into the shared execution engine, as one batch. Called by
-    any kernel that waits for its code, so the kernels of a compile share one finalization."""
+    any kernel that waits for its code, so the kernels of a compile share one finalization.
+    The futures resolved, with their results."""
     with _loaded_lock:
         batch = list(_queued)
         _queued.clear()
+    done: dict[Future, _Loaded] = {}
     if not batch:
-        return
+        return done
     try:
         addresses = jit.shared_engine().load([(item.key, item.data) for item in batch])
     except BaseException as e:
@@ -276,11 +305,13 @@ def flush_loads() -> None:
         try:
             if item.on_loaded is not None:
                 item.on_loaded()
-            item.future.set_result(_Loaded(addresses[item.key], item.from_cache))
+            result = done[item.future] = _Loaded(addresses[item.key], item.from_cache)
+            item.future.set_result(result)
         except BaseException as e:
             _fail(item.future, item.key, e)
     with _queue_changed:
         _queue_changed.notify_all()
+    return done
 
 
 def _await_loaded(future: Future) -> None:
@@ -309,13 +340,18 @@ def _request_bytes(key: str, data: bytes) -> tuple[Future, bool]:
     return _queue_bytes(key, data)
 
 
-def _queue_bytes(key: str, data: bytes) -> tuple[Future, bool]:
-    """`_request_bytes` for bytes from anywhere authenticated (an entry, the library)."""
+def _queue_bytes(key: str, data: bytes, notify: bool = True) -> tuple[Future, bool]:
+    """`_request_bytes` for bytes from anywhere authenticated (an entry, the library).
+    `notify=False`: queued without waking threads waiting for a load (a program image's
+    objects, which the image's own flush_loads loads next, and wakes them then)."""
     with _loaded_lock:
         future = _objects.get(key)
         if future is not None:
             return future, True
         future = _objects[key] = Future()
+        if not notify:
+            _queued.append(_Queued(future, key, data, True))
+            return future, False
     _enqueue(_Queued(future, key, data, True))
     return future, False
 
@@ -364,6 +400,16 @@ def _compile_and_queue(
         _fail(future, key, e)
         return
     _enqueue(_Queued(future, key, obj.data, obj.from_cache, on_loaded))
+
+
+def _prototype(signature: Signature) -> type:
+    """The ctypes function type of kernels with `signature`'s arguments."""
+    return _prototype_of(len(signature.outputs) + len(signature.params) + signature.param_blocks)
+
+
+@functools.cache
+def _prototype_of(pointers: int) -> type:
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * pointers), ctypes.c_int64, ctypes.c_int64)
 
 
 class Kernel:
@@ -416,14 +462,14 @@ class Kernel:
         pending = self._pending  # read once: threads sharing the kernel may wait at once
         if pending is not None:
             _await_loaded(pending)
-            loaded = pending.result()
-            self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
-            sig = self.signature
-            n = len(sig.outputs) + len(sig.params) + sig.param_blocks
-            proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n), ctypes.c_int64, ctypes.c_int64)
-            self._fn = proto(loaded.address)
-            self._future, self._pending = pending, None  # the future keeps the code
+            self.bind(pending, pending.result())
         return self
+
+    def bind(self, future: Future, loaded: _Loaded) -> None:
+        """Run the code `future` loaded (`loaded`, its result) from now on."""
+        self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
+        self._fn = _prototype(self.signature)(loaded.address)
+        self._future, self._pending = future, None  # the future keeps the code
 
     @property
     def spec(self) -> KernelSpec:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,16 @@ memory_scheduler decides where copy insertion puts copies)."""
 def package_fingerprint() -> str:
     """A SHA-256 of every Python source of the xlapy package, computed once per process."""
     root = Path(__file__).resolve().parents[3]
+    sources = []
+    for folder, subfolders, files in os.walk(root):  # (strings: pathlib cost more than the hashing)
+        subfolders.sort()
+        relative = os.path.relpath(folder, root)
+        sources += [os.path.normpath(os.path.join(relative, f)) for f in files if f.endswith(".py")]
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
+    for name in sorted(sources, key=lambda n: n.split(os.sep)):  # (Path order, as before)
+        h.update(name.encode())
+        with open(os.path.join(root, name), "rb") as f:
+            h.update(f.read())
     return h.hexdigest()
 
 

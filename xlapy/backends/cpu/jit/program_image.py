@@ -82,7 +82,11 @@ from xlapy.backends.cpu.jit.disk_cache import (
     trusted_dir,
     warn_rejected,
 )
-from xlapy.backends.cpu.jit.kernel import collecting_objects, flush_loads, objects_of_image
+from xlapy.backends.cpu.jit.kernel import (
+    bind_image_kernels,
+    collecting_objects,
+    objects_of_image,
+)
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
 from xlapy.backends.cpu.runtime.loadable import PENDING, detached, is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
@@ -267,6 +271,75 @@ def _restore(cls: type, values: tuple) -> Any:
     return obj
 
 
+class _GraphPickler(_Pickler):
+    """Pickles the HLO graph without following its edges down the pickler's stack: an
+    instruction is pickled as an empty object of its class, and its attributes (operands,
+    users, parent...) later, in a pickle of their own (`dump_graph`), where every
+    instruction they name is a reference back or another empty object. The default
+    recursed once per instruction along the longest chain of operands or users (a
+    2,700-instruction training step: past Python's recursion limit, so no image)."""
+
+    def __init__(self, file: Any):
+        super().__init__(file)
+        self._states: list[_StateOf] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is HloInstruction:
+            self._states.append(_StateOf(obj, _slot_values(obj)))
+            return (_NEWOBJ, (kind,))
+        if kind is _StateOf:
+            return (_set_instruction_state, (obj.instr, obj.values))
+        return super().reducer_override(obj)
+
+    def dump_graph(self, value: Any) -> None:
+        """`value`, then the attributes of every instruction it holds, as one pickle each
+        round (read back by `_load_graph`; the pickles share one memo)."""
+        self.dump(value)
+        done = 0
+        while done < len(self._states):
+            round_, done = self._states[done:], len(self._states)
+            self.dump(round_)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _StateOf:
+    instr: HloInstruction
+    values: tuple
+
+
+_INSTRUCTION_SLOTS = tuple(n for n in HloInstruction.__slots__ if n != "__weakref__")
+
+
+def _slot_values(instr: HloInstruction) -> tuple:
+    return tuple(getattr(instr, n) for n in _INSTRUCTION_SLOTS)
+
+
+@loadable
+def _set_instruction_state(instr: Any, values: Any) -> None:
+    """Set the attributes of an instruction unpickled empty (`_GraphPickler`)."""
+    if type(instr) is not HloInstruction or not isinstance(values, tuple):
+        raise pickle.UnpicklingError("an instruction's state names no instruction")
+    for name, value in zip(_INSTRUCTION_SLOTS, values, strict=True):
+        setattr(instr, name, value)
+
+
+def _load_graph(data: bytes) -> Any:
+    """The value `_GraphPickler.dump_graph` pickled into `data`."""
+    file = io.BytesIO(data)
+    unpickler = _Unpickler(file)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        value = unpickler.load()
+        while file.tell() < len(data):
+            unpickler.load()
+    finally:
+        if collecting:
+            gc.enable()
+    return value
+
+
 _REPORT_TYPES = (HloInstruction, HloComputation, HloModule, BufferAssignment)
 """What the report pickle holds (the HLO graph): the run pickle names them by number."""
 
@@ -376,7 +449,7 @@ class _Report:
             if self._anchors is not None:
                 return self._anchors
             try:
-                anchors = _load_pickle(self._data, {})
+                anchors = _load_graph(self._data)
                 if not isinstance(anchors, tuple):
                     raise pickle.UnpicklingError("the report pickle is not a tuple")
             except Exception as e:  # anything an entry can make the unpickler raise
@@ -433,7 +506,7 @@ def _dump(value: Any) -> tuple[bytes, bytes, set[str]]:
         pickler.dump(value)
     if pickler.anchors:
         with collecting_objects() as code:
-            _Pickler(report).dump(tuple(pickler.anchors))
+            _GraphPickler(report).dump_graph(tuple(pickler.anchors))
         if code:  # (the HLO graph holds no kernel: its part loads without objects)
             raise pickle.PicklingError("the report part of the image refers to native code")
     return run.getvalue(), report.getvalue(), set(keys)
@@ -484,9 +557,7 @@ def _load_pickle(data: Any, objects: dict[str, bytes], report: _Report | None = 
     finally:
         if collecting:
             gc.enable()
-    flush_loads()
-    for kernel in kernels:
-        kernel.wait()
+    bind_image_kernels(kernels)
     return value
 
 
