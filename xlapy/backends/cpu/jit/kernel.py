@@ -52,6 +52,7 @@ from xlapy.backends.cpu.codegen.emitter import (
     outer_extent_of,
     output_leaves,
 )
+from xlapy.backends.cpu.compile_timing import phase
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn
 from xlapy.backends.cpu.jit.executable_cache import (
@@ -269,7 +270,8 @@ def flush_loads() -> None:
     if not batch:
         return
     try:
-        addresses = jit.shared_engine().load([(item.key, item.data) for item in batch])
+        with phase("object loading"):
+            addresses = jit.shared_engine().load([(item.key, item.data) for item in batch])
     except BaseException as e:
         for item in batch:
             _fail(item.future, item.key, e)
@@ -552,7 +554,8 @@ def compile_computation(
         flush_denormals = denormals_flushed({})
 
     def emit() -> KernelSpec:
-        return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
+        with phase("LLVM IR emission (Python)"):
+            return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
 
     if not use_cache:
         return Kernel(emit(), symbol, use_cache=False)
@@ -659,6 +662,11 @@ def _remember(key: str, hit: tuple[str, Signature]) -> None:
 
 
 def _write_entry(key: str, object_key: str, signature: Signature) -> None:
+    with phase("cache writes"):
+        _write_kernel_entry(key, object_key, signature)
+
+
+def _write_kernel_entry(key: str, object_key: str, signature: Signature) -> None:
     _remember(key, (object_key, signature))
     entry = {
         "object": object_key,
