@@ -85,7 +85,7 @@ def test_phases_nest_and_count_on_their_own_thread():
     import threading
     import time
 
-    from xlapy.backends.cpu.compile_timing import phase, recording
+    from xlapy.backends.cpu.jit.compile_timing import phase, recording
 
     def spin(seconds: float) -> None:
         end = time.thread_time() + seconds

@@ -18,7 +18,7 @@ cold compile's progress (once it runs past a second), its time per pass, and (CP
 where the cold compile went: thread CPU and wall time of each phase on the main thread
 (parsing, HLO passes, memory-plan choice, buffer assignment, lowering, LLVM IR emission,
 cache writes, the program image) and on the compile pool (LLVM's optimization and code
-generation), backends/cpu/compile_timing.py.
+generation), backends/cpu/jit/compile_timing.py.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def bench_module(
         if verbose is None:
             cold_ms, _ = time_compile(backend, text, *counts)
         else:
-            from xlapy.backends.cpu.compile_timing import recording
+            from xlapy.backends.cpu.jit.compile_timing import recording
             from xlapy.tools.progress import compile_progress
 
             cpu = time.process_time()

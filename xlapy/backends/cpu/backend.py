@@ -41,9 +41,9 @@ from xlapy.backends.base import (
     alias_leaves,
     leaf_at,
 )
-from xlapy.backends.cpu.compile_timing import phase
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
 from xlapy.backends.cpu.jit import program_image
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.options import CPU_OPTIONS
 from xlapy.backends.cpu.runtime.custom_call_thunk import FfiCallThunk
 from xlapy.backends.cpu.runtime.host_memory import empty_bytes

@@ -29,8 +29,8 @@ import numpy as np
 
 from xlapy.backends.base import Fallback
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed
-from xlapy.backends.cpu.compile_timing import phase
 from xlapy.backends.cpu.jit import executable_cache, module_cache
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import warn_rejected
 from xlapy.backends.cpu.jit.executable_cache import KernelBook
 from xlapy.backends.cpu.jit.kernel import Kernel, using_book

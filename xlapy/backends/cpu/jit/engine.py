@@ -50,7 +50,7 @@ import llvmlite.binding as llvm
 
 import xlapy
 from xlapy.backends.cpu.codegen.math import LIBM_FUNCTIONS
-from xlapy.backends.cpu.compile_timing import phase
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import FORMAT, read_entry, write_entry
 from xlapy.backends.cpu.jit.disk_cache import cache_dir as cache_dir  # where the files are
 from xlapy.errors import XlapyError

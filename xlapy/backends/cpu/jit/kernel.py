@@ -52,8 +52,8 @@ from xlapy.backends.cpu.codegen.emitter import (
     outer_extent_of,
     output_leaves,
 )
-from xlapy.backends.cpu.compile_timing import phase
 from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn
 from xlapy.backends.cpu.jit.executable_cache import (
     ENABLE_ENV,
