@@ -69,6 +69,53 @@ def test_text_report_random_inputs(run_cli, write, module):
     assert "median" in out and "(3 runs after 3 warm-up)" in out
 
 
+def test_verbose_report_breaks_the_cold_compile_down(run_cli, write):
+    code, out, err = run_cli("bench", write("m.hlo", MODULE), "--random-inputs", "-v")
+    assert "compile: cold" in out
+    assert code == 0, err
+    assert "cold compile:" in err and "process CPU" in err
+    main = err[err.index("  main thread:") : err.index("  compile pool (LLVM):")]
+    for name in ("HLO passes", "buffer assignment", "LLVM IR emission (Python)"):
+        assert name in main
+    pool = err[err.index("  compile pool (LLVM):") :]
+    assert "LLVM optimization" in pool and "LLVM code generation" in pool
+
+
+def test_phases_nest_and_count_on_their_own_thread():
+    import threading
+    import time
+
+    from xlapy.backends.cpu.jit.compile_timing import phase, recording
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    with phase("not recorded"):
+        spin(0.001)
+    with recording() as times:
+        with phase("outer"):
+            spin(0.02)
+            with phase("inner"):
+                spin(0.03)
+
+        def pooled() -> None:
+            with phase("pooled"):
+                spin(0.01)
+
+        worker = threading.Thread(target=pooled)
+        worker.start()
+        worker.join()
+    outer, inner = times.phases["main", "outer"], times.phases["main", "inner"]
+    assert 0.02 <= outer.cpu < 0.03 + 0.02 and outer.count == 1  # the inner phase's 0.03 s not
+    assert inner.cpu >= 0.03 and inner.count == 1
+    assert ("main", "not recorded") not in times.phases
+    assert times.phases["pool", "pooled"].cpu >= 0.01 and ("main", "pooled") not in times.phases
+    text = times.summary(1.0, 2.0)
+    assert text.index("outer") > text.index("inner")  # most CPU first
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [

@@ -379,3 +379,79 @@ def test_bad_optimization_level_is_a_clear_error(monkeypatch, raw):
     monkeypatch.setenv(jit.OPT_LEVEL_ENV, raw)
     with pytest.raises(XlapyError, match=r"XLAPY_CPU_LLVM_OPT must be 1, 2 or 3"):
         jit.opt_level()
+
+
+def _reducing(op: str, names: tuple[str, str] = ("r", "f")) -> str:
+    """A fused exp-then-reduce whose reducer is `op`; `names`: the reducer's and the fused
+    computation's names."""
+    reducer, fused = names
+    return f"""HloModule m_{op}
+{reducer} {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] {op}(a, b)
+}}
+{fused} {{
+  p = f32[16,24] parameter(0)
+  z = f32[] constant(0)
+  e = f32[16,24] exponential(p)
+  ROOT s = f32[16] reduce(e, z), dimensions={{1}}, to_apply={reducer}
+}}
+ENTRY e {{
+  x = f32[16,24] parameter(0)
+  ROOT k = f32[16] fusion(x), kind=kInput, calls={fused}
+}}"""
+
+
+@pytest.mark.parametrize("same_process", [True, False])
+def test_reducers_of_the_same_name_get_their_own_kernels(tmp_path, monkeypatch, same_process):
+    """Two programs whose fusions print alike but call reducers that differ (add, maximum,
+    both named `r`) each run their own reducer: the kernel's key holds the reducer's body,
+    not only its name (it did not: the second program ran the first one's sums)."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    x = np.random.default_rng(5).standard_normal((16, 24)).astype(np.float32)
+    wants = {"add": np.exp(x).sum(axis=1), "maximum": np.exp(x).max(axis=1)}
+    for op, want in wants.items():
+        if not same_process:
+            clear_kernel_cache()
+        got = execute(parse_module(_reducing(op)), [x], "cpu")
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+
+
+def test_fusions_alike_up_to_names_share_one_kernel(tmp_path, monkeypatch):
+    """XLA's kernel reuse: a second program whose fused computation and reducer differ only
+    in their names (and metadata) takes the first one's kernel without emitting it again;
+    a fusion with another shape does not."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    clear_kernel_cache()
+    x = np.random.default_rng(6).standard_normal((16, 24)).astype(np.float32)
+    first = compile_module(parse_module(_reducing("add")))
+    emitted = []
+    real_emit = kernel_mod.emit_kernel
+    monkeypatch.setattr(kernel_mod, "emit_kernel", lambda *a: emitted.append(a) or real_emit(*a))
+    renamed = _reducing("add", ("sum_reducer.7", "fused_exp.3")).replace(
+        "exponential(p)", 'exponential(p), metadata={op_name="jit(f)/exp"}'
+    )
+    second = compile_module(parse_module(renamed))
+    assert not emitted
+    assert second.kernels()[0] is first.kernels()[0]
+    np.testing.assert_allclose(
+        np.asarray(execute(parse_module(renamed), [x], "cpu")), np.exp(x).sum(axis=1), rtol=1e-5
+    )
+    other = compile_module(parse_module(_reducing("add").replace("16,24", "16,25")))
+    assert len(emitted) == 1 and other.kernels()[0] is not first.kernels()[0]
+
+
+def test_canonical_text_renames_by_position_and_prints_called_bodies():
+    from xlapy.ir.printer import print_canonical
+
+    a = parse_module(_reducing("add"))
+    b = parse_module(_reducing("add", ("other", "fused.2")))
+    c = parse_module(_reducing("maximum"))
+    fused = [m.get_computation(n) for m, n in ((a, "f"), (b, "fused.2"), (c, "f"))]
+    texts = [print_canonical(f) for f in fused]
+    assert texts[0] == texts[1] != texts[2]
+    assert "add(c1.0, c1.1)" in texts[0] and "to_apply=c1" in texts[0]
+    # a name used twice is printed as it is (renaming could not be told apart)
+    clash = parse_module(_reducing("add", ("s", "f")))
+    assert "to_apply=s" in print_canonical(clash.get_computation("f"))

@@ -127,14 +127,14 @@ def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloVal
     if entry is None or entry.root is None:
         raise DataflowError(f"module {module.name} has no entry computation with a root")
     root = entry.root
+    params = entry.parameters_by_number()
     for alias in module.config.input_output_alias:
-        try:
-            param = entry.parameter(alias.param_number)
-        except IndexError:
+        param = params.get(alias.param_number)
+        if param is None:
             raise DataflowError(
                 f"input_output_alias names parameter {alias.param_number}, which "
                 f"{entry.name} does not have"
-            ) from None
+            )
         if not param.shape.has_index(alias.param_index) or not root.shape.has_index(
             alias.output_index
         ):

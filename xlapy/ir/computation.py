@@ -87,6 +87,16 @@ class HloComputation:
         params = [i for i in self.instructions if i.opcode is Opcode.PARAMETER]
         return sorted(params, key=_parameter_number)
 
+    def parameters_by_number(self) -> dict[int, HloInstruction]:
+        """Parameter number -> the parameter `parameter(number)` finds, from one pass over
+        the instructions: for callers that look many up (an entry with hundreds of aliased
+        parameters; `parameter` scans the instructions each time)."""
+        found: dict[int, HloInstruction] = {}
+        for instr in self.instructions:
+            if instr.opcode is Opcode.PARAMETER and instr.parameter_number is not None:
+                found.setdefault(instr.parameter_number, instr)
+        return found
+
     def parameter(self, number: int) -> HloInstruction:
         for instr in self.instructions:
             if instr.opcode is Opcode.PARAMETER and instr.parameter_number == number:

@@ -49,6 +49,7 @@ class PrintOptions:
     xla_floats: bool = False  # XLA's fixed `%.9g` style instead of the shortest text
     elide_constants_over: int | None = None  # print larger constants as `{...}`
     async_sugar: bool = True  # `custom-call-start(x), ...` for an async op wrapping one op
+    names: Callable[[str], str] | None = None  # instruction and computation names, renamed
 
     @staticmethod
     def short() -> PrintOptions:
@@ -108,6 +109,34 @@ def print_computation(
     lines.extend("  " + print_instruction(i, opts) for i in computation.instructions)
     lines.append("}")
     return "\n".join(lines)
+
+
+def print_canonical(computation: HloComputation) -> str:
+    """`computation` and every computation it calls (each once, in the order first called),
+    without metadata, with computations renamed `c<k>` and instructions `c<k>.<position>`
+    (XLA's canonical print): computations that differ only in names print the same text,
+    and computations whose called computations differ do not (their bodies are printed, not
+    only their names). When a name is used twice (an instruction named like a computation,
+    or two instructions alike in different computations), the names are printed as they
+    are, which keeps the text faithful."""
+    comps = [computation]
+    seen = {id(computation)}
+    for comp in comps:  # grows while it is walked: breadth first over the call graph
+        for instr in comp.instructions:
+            for called in instr.called_computations():
+                if id(called) not in seen:
+                    seen.add(id(called))
+                    comps.append(called)
+    names: dict[str, str] = {}
+    count = 0
+    for k, comp in enumerate(comps):
+        names[comp.name] = f"c{k}"
+        for j, instr in enumerate(comp.instructions):
+            names[instr.name] = f"c{k}.{j}"
+        count += 1 + len(comp.instructions)
+    rename = names.__getitem__ if len(names) == count else None
+    opts = dataclasses.replace(PrintOptions.fingerprint(), names=rename)
+    return "\n".join(print_computation(c, opts) for c in comps)
 
 
 def print_instruction(
@@ -268,6 +297,8 @@ def _signature(computation: HloComputation, root: HloInstruction) -> str:
 
 
 def _name(name: str, opts: PrintOptions) -> str:
+    if opts.names is not None:
+        name = opts.names(name)
     return f"%{name}" if opts.percent_names else name
 
 

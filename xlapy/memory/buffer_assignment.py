@@ -492,8 +492,9 @@ def plan_as_given(module: HloModule, scheduler: str = "plan") -> BufferAssignmen
 def _writable_parameters(
     module: HloModule, entry: HloComputation, dataflow: Dataflow
 ) -> frozenset[HloValue]:
+    params = entry.parameters_by_number()
     return frozenset(
-        dataflow.value_at(entry.parameter(a.param_number), a.param_index)
+        dataflow.value_at(params[a.param_number], a.param_index)
         for a in module.config.input_output_alias
     )
 

@@ -148,8 +148,9 @@ class CopyInsertion(HloPass):
                     for branch in instr.branches:
                         branch.root = _deep_copy(branch, branch.root, names)
         entry = module.entry
+        params = entry.parameters_by_number()
         for alias in module.config.input_output_alias:
-            param = entry.parameter(alias.param_number)
+            param = params[alias.param_number]
             if alias.param_index or not param.shape.is_array:
                 continue
             copy = entry.add_instruction(
@@ -168,8 +169,9 @@ class CopyInsertion(HloPass):
         entry = module.entry
         if entry is None:
             return 0
+        params = entry.parameters_by_number()
         writable = frozenset(
-            dataflow.value_at(entry.parameter(a.param_number), a.param_index)
+            dataflow.value_at(params[a.param_number], a.param_index)
             for a in module.config.input_output_alias
         )
         groups = UnionFind()

@@ -14,7 +14,11 @@ report adds, per device, the median time until its outputs were ready.
 (xlapy.runtime.profiler): time per thunk with its HLO, op_name and source line, most first,
 the thunks of loop bodies, branches and called computations included (per iteration, summed);
 `--trace FILE.json` writes those runs as a Chrome/Perfetto trace. `--verbose` echoes the
-cold compile's progress (once it runs past a second) and its time per pass.
+cold compile's progress (once it runs past a second), its time per pass, and (CPU backend)
+where the cold compile went: thread CPU and wall time of each phase on the main thread
+(parsing, HLO passes, memory-plan choice, buffer assignment, lowering, LLVM IR emission,
+cache writes, the program image) and on the compile pool (LLVM's optimization and code
+generation), backends/cpu/jit/compile_timing.py.
 """
 
 from __future__ import annotations
@@ -172,11 +176,16 @@ def bench_module(
         if verbose is None:
             cold_ms, _ = time_compile(backend, text, *counts)
         else:
+            from xlapy.backends.cpu.jit.compile_timing import recording
             from xlapy.tools.progress import compile_progress
 
-            with compile_progress(verbose) as progress:
+            cpu = time.process_time()
+            with compile_progress(verbose) as progress, recording() as phases:
                 cold_ms, _ = time_compile(backend, text, *counts)
+            cpu = time.process_time() - cpu
             verbose(progress.summary())
+            if phases.phases:  # (the CPU backend's phases; other backends record none)
+                verbose(phases.summary(cold_ms / 1e3, cpu))
         warm_ms, executable = time_compile(backend, text, *counts)
         times, per_device = time_runs(executable, args, runs, warmup)
         times *= 1e6

@@ -43,6 +43,7 @@ from xlapy.backends.base import (
 )
 from xlapy.backends.cpu.compiler import CompiledModule, compile_module, plan_module
 from xlapy.backends.cpu.jit import program_image
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.options import CPU_OPTIONS
 from xlapy.backends.cpu.runtime.custom_call_thunk import FfiCallThunk
 from xlapy.backends.cpu.runtime.host_memory import empty_bytes
@@ -634,7 +635,9 @@ class CpuBackend(Backend):
             return False
         options = {k: v for k, v in program.options.items() if k != "custom_calls"}
         calls = _custom_call_kinds(program.compiled.module, program.options.get("custom_calls"))
-        return program_image.write(key, (dict(executable), options, program.image_state(), calls))
+        with phase("program image (pickle and write)"):
+            state = program.image_state()
+            return program_image.write(key, (dict(executable), options, state, calls))
 
     def load_image(
         self, key: str, options: Mapping[str, Any]

@@ -30,6 +30,7 @@ import numpy as np
 from xlapy.backends.base import Fallback
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed
 from xlapy.backends.cpu.jit import executable_cache, module_cache
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import warn_rejected
 from xlapy.backends.cpu.jit.executable_cache import KernelBook
 from xlapy.backends.cpu.jit.kernel import Kernel, using_book
@@ -102,26 +103,33 @@ def compile_module(
         prepared, prepared_text = _prepared_module(text, options, module)
     else:
         prepared_text = None
-    assignment = assign_buffers(prepared)
+    with phase("buffer assignment"):
+        assignment = assign_buffers(prepared)
     entry_comp = prepared.entry_computation()
     with using_book(book):
         lowering = Lowering(assignment, options)
-        entry_seq = lowering.sequence(entry_comp)
-        lowering.plan_native_runs(entry_seq)
-        failed = lowering.wait_for_kernels()
-        if failed:  # lower again, those instructions as rule thunks
-            lowering = Lowering(assignment, options, failed)
+        with phase("lowering to thunks"):
             entry_seq = lowering.sequence(entry_comp)
             lowering.plan_native_runs(entry_seq)
-            lowering.wait_for_kernels()
-        lowering.compile_loops()
+        with phase("waiting for LLVM"):
+            failed = lowering.wait_for_kernels()
+        if failed:  # lower again, those instructions as rule thunks
+            lowering = Lowering(assignment, options, failed)
+            with phase("lowering to thunks"):
+                entry_seq = lowering.sequence(entry_comp)
+                lowering.plan_native_runs(entry_seq)
+            with phase("waiting for LLVM"):
+                lowering.wait_for_kernels()
+        with phase("native while loops"):
+            lowering.compile_loops()
     for why in book.rejected:
         warn_rejected(key + executable_cache.SUFFIX, why)
     if use_entries and (prepared_text is not None or book.rejected) and not failed:
         if prepared_text is None:
             prepared_text = prepared.to_text()
         book.known.clear()
-        executable_cache.write(key, prepared_text, book)
+        with phase("cache writes"):
+            executable_cache.write(key, prepared_text, book)
     return CompiledModule(
         prepared,
         assignment,
@@ -174,12 +182,17 @@ def _prepared_module(
             module = None
         if module is not None and _entry_signature(module) == _entry_signature(original):
             return module, cached
-    module = parse_module(text)
+    with phase("parsing"):
+        module = parse_module(text)
     if options.get("optimize", True):
-        default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
-    prepare_for_buffer_assignment(module, memory_scheduler(options))
-    prepared_text = module.to_text()
-    module_cache.write(key, prepared_text)
+        with phase("HLO passes"):
+            default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
+    with phase("schedule, copies, memory-plan choice"):
+        prepare_for_buffer_assignment(module, memory_scheduler(options))
+    with phase("printing the module"):
+        prepared_text = module.to_text()
+    with phase("cache writes"):
+        module_cache.write(key, prepared_text)
     return module, prepared_text
 
 

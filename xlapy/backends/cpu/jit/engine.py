@@ -50,6 +50,7 @@ import llvmlite.binding as llvm
 
 import xlapy
 from xlapy.backends.cpu.codegen.math import LIBM_FUNCTIONS
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import FORMAT, read_entry, write_entry
 from xlapy.backends.cpu.jit.disk_cache import cache_dir as cache_dir  # where the files are
 from xlapy.errors import XlapyError
@@ -329,11 +330,15 @@ def compile_object(
         if data is not None:
             return CompiledObject(key, data, True)
     tm = _thread_target_machine()
-    mod = _parse(ir_text, llvm.create_context(), (symbol, exported_symbol(key)))
-    _run_pipeline(mod, tm, locked=False, light=light)
-    data = _emit_object_unlocked(mod, tm)
+    with phase("LLVM parse and verify"):
+        mod = _parse(ir_text, llvm.create_context(), (symbol, exported_symbol(key)))
+    with phase("LLVM optimization"):
+        _run_pipeline(mod, tm, locked=False, light=light)
+    with phase("LLVM code generation"):
+        data = _emit_object_unlocked(mod, tm)
     if use_cache:
-        write_entry(key, ".o", data, directory)
+        with phase("cache writes"):
+            write_entry(key, ".o", data, directory)
     return CompiledObject(key, data, False)
 
 

@@ -11,8 +11,11 @@
 # BLAS calls outside the pool, so the two never compete for the same cores.
 #
 # Compiling: `compile_computation` first looks the computation up in the kernel cache, keyed
-# by its text, the in-place pairs and a fingerprint of xlapy's sources (so any change to the
-# code generator is a miss). A hit names the object; the kernel's signature (outputs,
+# by its canonical text (ir.printer.print_canonical: names replaced by positions, metadata
+# left out, the bodies of the computations it calls included), the in-place pairs and a
+# fingerprint of xlapy's sources (so any change to the code generator is a miss). Fusions
+# that differ only in names (a model's layers) share one kernel, emitted once (XLA's kernel
+# reuse). A hit names the object; the kernel's signature (outputs,
 # parameters, in-place pairs, outer extent) is recomputed from the computation and must
 # match the entry. The LLVM IR is emitted again only when a dump asks for it; the object is
 # read from the disk cache at once (authenticated, disk_cache.py). A miss emits the IR,
@@ -50,6 +53,7 @@ from xlapy.backends.cpu.codegen.emitter import (
     output_leaves,
 )
 from xlapy.backends.cpu.jit import engine as jit
+from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import read_entry_or_warn
 from xlapy.backends.cpu.jit.executable_cache import (
     ENABLE_ENV,
@@ -63,6 +67,7 @@ from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
+from xlapy.ir.printer import print_canonical
 from xlapy.ir.shapes import Shape
 
 
@@ -294,7 +299,8 @@ def flush_loads() -> dict[Future, _Loaded]:
     if not batch:
         return done
     try:
-        addresses = jit.shared_engine().load([(item.key, item.data) for item in batch])
+        with phase("object loading"):
+            addresses = jit.shared_engine().load([(item.key, item.data) for item in batch])
     except BaseException as e:
         for item in batch:
             _fail(item.future, item.key, e)
@@ -584,7 +590,7 @@ def compile_computation(
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
     emitter.in_place_reason); the kernel reads those parameters through the outputs.
     `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
-    `comp_text`: `comp.to_text()` when the caller has it.
+    `comp_text`: `print_canonical(comp)` when the caller has it.
     `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
     None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
@@ -594,13 +600,14 @@ def compile_computation(
         flush_denormals = denormals_flushed({})
 
     def emit() -> KernelSpec:
-        return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
+        with phase("LLVM IR emission (Python)"):
+            return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
 
     if not use_cache:
         return Kernel(emit(), symbol, use_cache=False)
     key = jit.content_key(
         "kernel",
-        comp_text or comp.to_text(),
+        comp_text or print_canonical(comp),
         repr(pairs),
         "flush-denormals" if flush_denormals else "ieee-denormals",
         source_fingerprint(),
@@ -701,6 +708,11 @@ def _remember(key: str, hit: tuple[str, Signature]) -> None:
 
 
 def _write_entry(key: str, object_key: str, signature: Signature) -> None:
+    with phase("cache writes"):
+        _write_kernel_entry(key, object_key, signature)
+
+
+def _write_kernel_entry(key: str, object_key: str, signature: Signature) -> None:
     _remember(key, (object_key, signature))
     entry = {
         "object": object_key,
@@ -767,7 +779,8 @@ def kernel_for(
     flush_denormals: bool = True,
     site: str | None = None,
 ) -> Kernel:
-    """The compiled kernel of `comp`, compiled once per process per computation text.
+    """The compiled kernel of `comp`, compiled once per process per canonical text
+    (print_canonical: computations that differ only in names share it).
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
     (the caller has checked emitter.in_place_reason and passes the same slice for both).
     `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
@@ -778,7 +791,7 @@ def kernel_for(
     kid = (name if site is None else site, tuple(in_place), flush_denormals)
     kernel = _from_book(book, kid, comp, name) if book is not None else None
     if kernel is None:
-        text = comp.to_text()
+        text = print_canonical(comp)
         key = (text, tuple(in_place), flush_denormals)
         with _kernel_lock:
             kernel = _kernel_cache.get(key)
