@@ -108,6 +108,7 @@ class Program:
     outputs: list[str]
     # (output name, parameter name): input_output_alias entries (may-alias)
     aliases: list[tuple[str, str]] = field(default_factory=list)
+    must_alias: set[str] = field(default_factory=set)  # parameters aliased as must-alias
     xla_ok: bool = True  # False: calls targets only xlapy has (the fuzzer's own)
     cap: int | None = None  # the largest dimension the generator drew (shape shrinking)
     families: dict[str, float] | None = None
@@ -169,11 +170,17 @@ class Program:
                 out.append((self.outputs.index(o), numbers[p]))
         return out
 
+    def must_numbers(self) -> set[int]:
+        """The parameter numbers aliased as must-alias (donation required)."""
+        return {k for k, p in enumerate(self.parameters()) if p.name in self.must_alias}
+
     def _alias_text(self) -> str:
         pairs = self.live_aliases()
         if not pairs:
             return ""
-        entries = ", ".join(f"{{{o}}}: ({p}, {{}}, may-alias)" for o, p in pairs)
+        must = self.must_numbers()
+        entries = ", ".join(f"{{{o}}}: ({p}, {{}}, {'must' if p in must else 'may'}-alias)"
+                            for o, p in pairs)  # fmt: skip
         return ", input_output_alias={ " + entries + " }"
 
     def _live(self) -> set[str]:
@@ -1590,29 +1597,41 @@ class _Gen:
         """gather with any dimension numbers: start_index_map a random subset of the
         operand's dimensions in any order, some of them collapsed, slices narrower than the
         operand, the index vector dimension anywhere in the indices, the offset dimensions
-        anywhere in the result, indices out of range (clamped)."""
+        anywhere in the result, indices out of range (clamped); sometimes batching dimensions
+        (operand_batching_dims / start_indices_batching_dims, as vmapped gathers have)."""
         v = self.any_array(dtypes=(*FLOATS, *INTS, "pred"))
         r = len(v.dims)
         if not r or 0 in v.dims:
             return
-        k = int(self.rng.integers(1, r + 1))
-        sim = [int(x) for x in self.rng.permutation(r)[:k]]
+        perm = [int(x) for x in self.rng.permutation(r)]
+        nob = int(self.rng.integers(1, r)) if r >= 2 and self.chance(0.3) else 0
+        obd = sorted(perm[:nob])  # operand batching dimensions
+        k = int(self.rng.integers(1, r - nob + 1))
+        sim = perm[nob : nob + k]
         collapsed = sorted(d for d in sim if self.chance(0.5))
         sizes = []
         for d in range(r):
-            if d in collapsed:
+            if d in collapsed or d in obd:
                 sizes.append(1)
             else:
                 sizes.append(int(self.rng.integers(0 if self.chance(0.1) else 1, v.dims[d] + 1)))
-        batch = self.dims(int(self.pick([0, 1, 1, 2])), big=4)
+        batch = list(self.dims(int(self.pick([0, 1, 1, 2])), big=4))
+        # each operand batching dimension pairs with an indices dimension of its size
+        where = []
+        for d in obd:
+            pos = int(self.rng.integers(0, len(batch) + 1))
+            batch.insert(pos, v.dims[d])
+            where = [w + (w >= pos) for w in where] + [pos]
+        batch = tuple(batch)
         ivd = int(self.rng.integers(0, len(batch) + 1))
         idims = (*batch[:ivd], k, *batch[ivd:])
+        sibd = [w + (w >= ivd) for w in where]
         hi = max(v.dims) + 1
         idx = self.param(self.pick(["s32", "s32", "u32", "s8"]), idims,
                          f"int:{0 if self.chance(0.3) else -2}:{hi}")  # fmt: skip
         if idx.dtype == "u32":
             idx.draw = f"int:0:{hi}"
-        offsets = [sizes[d] for d in range(r) if d not in collapsed]
+        offsets = [sizes[d] for d in range(r) if d not in collapsed and d not in obd]
         out_rank = len(batch) + len(offsets)
         odims_pos = sorted(int(x) for x in self.rng.choice(out_rank, len(offsets), replace=False))
         out, bi, oi = [], iter(batch), iter(offsets)
@@ -1627,6 +1646,9 @@ class _Gen:
         attrs = (f"offset_dims={lst(odims_pos)}, collapsed_slice_dims={lst(collapsed)}, "
                  f"start_index_map={lst(sim)}, index_vector_dim={ivd}, "
                  f"slice_sizes={lst(sizes)}")  # fmt: skip
+        if obd:
+            attrs += (f", operand_batching_dims={lst(obd)}, "
+                      f"start_indices_batching_dims={lst(sibd)}")  # fmt: skip
         if self.chance(0.3):
             attrs += ", indices_are_sorted=false"
         self.emit("gather", v.dtype, tuple(out), "gather", [v.name, idx.name], attrs,
@@ -1635,21 +1657,33 @@ class _Gen:
     def scatter_general(self) -> None:
         """scatter with any dimension numbers (the inverse of gather_general's), a window
         that may not fit (then that update is skipped), and add/max/min or a combiner that
-        keeps the update where the indices are unique (a permutation of rows)."""
+        keeps the update where the indices are unique (a permutation of rows); sometimes
+        batching dimensions (input_batching_dims / scatter_indices_batching_dims)."""
         v = self.any_array(dtypes=("f32", "f64", "s32", "f16", "u8", "bf16", "s8"))
         r = len(v.dims)
         if not r or 0 in v.dims:
             return
-        k = int(self.rng.integers(1, r + 1))
-        sdod = [int(x) for x in self.rng.permutation(r)[:k]]
+        perm = [int(x) for x in self.rng.permutation(r)]
+        nib = int(self.rng.integers(1, r)) if r >= 2 and self.chance(0.3) else 0
+        ibd = sorted(perm[:nib])
+        k = int(self.rng.integers(1, r - nib + 1))
+        sdod = perm[nib : nib + k]
         inserted = sorted(d for d in sdod if self.chance(0.5))
-        win = [1 if d in inserted else int(self.rng.integers(1, v.dims[d] + 1)) for d in range(r)]
-        batch = self.dims(int(self.pick([0, 1, 1, 2])), big=4)
+        win = [1 if d in inserted or d in ibd else int(self.rng.integers(1, v.dims[d] + 1))
+               for d in range(r)]  # fmt: skip
+        batch = list(self.dims(int(self.pick([0, 1, 1, 2])), big=4))
+        where = []
+        for d in ibd:
+            pos = int(self.rng.integers(0, len(batch) + 1))
+            batch.insert(pos, v.dims[d])
+            where = [w + (w >= pos) for w in where] + [pos]
+        batch = tuple(batch)
         ivd = int(self.rng.integers(0, len(batch) + 1))
         idims = (*batch[:ivd], k, *batch[ivd:])
+        sibd = [w + (w >= ivd) for w in where]
         hi = max(v.dims) + 1
         idx = self.param("s32", idims, f"int:{0 if self.chance(0.3) else -2}:{hi}")
-        window = [win[d] for d in range(r) if d not in inserted]
+        window = [win[d] for d in range(r) if d not in inserted and d not in ibd]
         urank = len(batch) + len(window)
         uwd = sorted(int(x) for x in self.rng.choice(urank, len(window), replace=False))
         udims, bi, wi = [], iter(batch), iter(window)
@@ -1669,6 +1703,9 @@ class _Gen:
         attrs = (f"update_window_dims={lst(uwd)}, inserted_window_dims={lst(inserted)}, "
                  f"scatter_dims_to_operand_dims={lst(sdod)}, index_vector_dim={ivd}, "
                  f"to_apply=%{comp}")  # fmt: skip
+        if ibd:
+            attrs += (f", input_batching_dims={lst(ibd)}, "
+                      f"scatter_indices_batching_dims={lst(sibd)}")  # fmt: skip
         n = max(1, _size(batch))
         if kind == "add":
             m = v.mag + n * upd.mag
@@ -1941,6 +1978,7 @@ def generate(seed: int, steps: int | None = None, families: dict[str, float] | N
     tuples = any(p.draw == "tuple" for p in program.parameters())
     if g.rng.random() < families.get("alias", 0.0) and not tuples:
         program.aliases = _draw_aliases(g, program)
+        program.must_alias = {p for _, p in program.aliases if g.rng.random() < 0.3}
     return program
 
 
@@ -2123,7 +2161,9 @@ def check(
     if donation:
         sides["donated"] = lambda: _run_donating(program, text, args, found)
     if xla and program.xla_ok:
-        sides["xla"] = lambda: xla_run(text, args)
+        # XLA refuses a must-alias parameter that is not donated (so does xlapy: checked by
+        # the donated side); its results are the same under may-alias
+        sides["xla"] = lambda: xla_run(text.replace("must-alias", "may-alias"), args)
     for side, run in sides.items():
         try:
             got = run()
@@ -2185,7 +2225,17 @@ def _run_donating(program: Program, text: str, args, found: list[Mismatch]) -> l
         found.append(Mismatch("donated", None, message))
 
     kept = buffers()
-    first = host(exe.execute_portable(kept, device))
+    if program.must_numbers() & set(donated):
+        try:
+            exe.execute_portable(kept, device)
+            problem("a must-alias parameter that was not donated was not refused")
+        except DonationError:
+            pass
+        kept = buffers()
+        first = host(exe.execute_portable(kept, device, donate=donated))
+        kept = buffers()
+    else:
+        first = host(exe.execute_portable(kept, device))
     for k, (b, a) in enumerate(zip(kept, args, strict=True)):
         if not np.array_equal(np.asarray(b.to_numpy()), np.asarray(a), equal_nan=True):
             problem(f"parameter {k} was changed by a run that did not donate it")
