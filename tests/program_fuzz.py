@@ -1995,13 +1995,14 @@ def default_families() -> dict[str, float]:
 
 
 def _draw_aliases(g: _Gen, program: Program) -> list[tuple[str, str]]:
-    """Outputs aliased with array parameters of the same shape (layout included), each
-    parameter and each output at most once."""
+    """Outputs aliased with array parameters of the same dims and element type (layouts may
+    differ: XLA accepts that), each parameter and each output at most once."""
     by = program.by_name()
     params = [p for p in program.parameters() if p.draw != "tuple"]
     out, taken = [], set()
     for o in program.outputs:
-        same = [p for p in params if p.shape == by[o].shape and p.name not in taken]
+        same = [p for p in params if p.dims == by[o].dims and p.dtype == by[o].dtype
+                and p.name not in taken]  # fmt: skip
         if same and g.rng.random() < 0.7:
             p = same[int(g.rng.integers(len(same)))]
             taken.add(p.name)

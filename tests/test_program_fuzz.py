@@ -314,6 +314,43 @@ ENTRY %main {
 }
 """
 
+# Outputs aliased with row-major parameters but declared in other layouts ({0,1}, a 3-D
+# permutation), run through the runtime: the program wrote each result in its own layout over
+# the argument's bytes (donated, or the copy-protection copy), and the CPU backend handed
+# those bytes back as the row-major argument, transposed (backends/cpu/backend.py, _outputs).
+ALIAS_LAYOUTS = (
+    "HloModule alias_layouts, "
+    "input_output_alias={ {0}: (0, {}, may-alias), {1}: (1, {}, may-alias) }"
+    + """
+ENTRY %main {
+  %p0 = f32[3,5] parameter(0)
+  %p1 = s32[2,3,4] parameter(1)
+  %o0 = f32[3,5]{0,1} negate(%p0)
+  %o1 = s32[2,3,4]{0,2,1} reverse(%p1), dimensions={1}
+  ROOT %t = (f32[3,5]{0,1}, s32[2,3,4]{0,2,1}) tuple(%o0, %o1)
+}
+"""
+)
+
+
+@pytest.mark.parametrize("donate", [[], [0, 1]])
+def test_aliased_output_in_another_layout(donate):
+    from program_fuzz import _client
+
+    from xlapy.backends.interpreter import evaluate
+    from xlapy.ir.parser import parse_module
+
+    client = _client()
+    exe = client.compile(ALIAS_LAYOUTS)
+    for seed in range(3):
+        args = module_arguments(ALIAS_LAYOUTS, seed)
+        want = _leaves(evaluate(parse_module(ALIAS_LAYOUTS), [a.copy() for a in args]))
+        buffers = [client.buffer_from_pyval(a.copy()) for a in args]
+        outs = exe.execute_portable(buffers, client.devices()[0], donate=donate)
+        for got, w in zip(outs, want, strict=True):
+            np.testing.assert_array_equal(got.to_numpy(), w)
+
+
 REPRODUCERS = {
     "dus_layout": DUS_LAYOUT,
     "tuple_layout": TUPLE_LAYOUT,
