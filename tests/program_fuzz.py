@@ -259,7 +259,7 @@ FAMILIES: dict[str, float] = {
     "reduce": 5, "variadic_reduce": 2, "reduce_window": 3, "dot": 6, "conv": 3,
     "gather": 2, "scatter": 2, "sort": 2, "while_loop": 2, "conditional": 2, "tuple_gte": 1,
     # second round
-    "rng_bits": 1.5, "threefry": 0.7, "fft": 1.5, "linalg": 2.5, "custom_call": 1,
+    "rng_bits": 1.5, "threefry": 0.3, "fft": 1.5, "linalg": 2.5, "custom_call": 1,
     "nested_control": 1.5, "gather_general": 2, "scatter_general": 2,
     "select_and_scatter": 1.5, "sort_general": 1.5, "low_float_chain": 2, "layouts": 1.5,
 }  # fmt: skip
@@ -2322,9 +2322,10 @@ def _largest_dim(p: Program) -> int:
 def shrink(program: Program, fails: Callable[[Program], bool], budget: int = 200) -> Program:
     """A smaller program that still `fails`: first smaller shapes (a generated program is
     drawn again from its seed with every dimension capped at 1, 2, 3, ...: the same choices
-    over smaller arrays, the smallest cap that still fails kept), then outputs dropped, then
-    instructions replaced by parameters of their shape or bypassed by an operand of the same
-    shape, to a fixed point (at most `budget` checks)."""
+    over smaller arrays, the smallest cap that still fails kept), then outputs dropped or
+    replaced by one of their operands, then instructions replaced by parameters of their
+    shape or bypassed by an operand of the same shape, to a fixed point (at most `budget`
+    checks)."""
     best = _drop_dead(program)
     tries = 0
 
@@ -2354,6 +2355,16 @@ def shrink(program: Program, fails: Callable[[Program], bool], budget: int = 200
     changed = True
     while changed and tries < budget:
         changed = False
+        # re-root: an output replaced by one of its array operands
+        for o in list(best.outputs):
+            by = best.by_name()
+            for a in by[o].args if o in by else []:
+                if tries >= budget or by[a].dims is None or by[a].opcode == "constant":
+                    continue
+                outs = list(dict.fromkeys(a if x == o else x for x in best.outputs))
+                if attempt(replace(best, outputs=outs)):
+                    changed = True
+                    break
         for ins in reversed(list(best.instrs)):
             if tries >= budget:
                 break
