@@ -2031,6 +2031,9 @@ KNOWN_DIFFERENCES = {
     "jaxlib's LAPACK kernels take batches in row-major order ({1,2,0}, {2,3,1,0}), and XLA "
     "hands them other layouts' bytes as they are, while xlapy's handlers see logical arrays. "
     "The generator uses JAX's layouts.",
+    "xla-unimplemented": "XLA:CPU refuses some valid programs (UNIMPLEMENTED: 'Unsupported "
+    "element type for DotThunk::Execute: BF16 x BF16 = F32' for a bf16[8,8] x bf16[1,8,8] "
+    "dot into f32, seed 600510); xlapy runs them, and the XLA side is skipped.",
     "rng-signed": "XLA:CPU treats an rng-bit-generator's s32/s64 result as u32/u64: it "
     "hands the bits back as unsigned arrays, and a convert of them to f64 gave 2436022400 "
     "where the s32 bits mean -1858944896 (seed 400236). xlapy keeps the declared signed "
@@ -2177,6 +2180,8 @@ def check(
         try:
             got = run()
         except Exception as exc:
+            if side == "xla" and "UNIMPLEMENTED" in str(exc):
+                continue  # KNOWN_DIFFERENCES["xla-unimplemented"]
             tb = traceback.format_exc(limit=-3)
             found.append(Mismatch(side, None, f"{type(exc).__name__}: {exc}\n{tb}"))
             continue
