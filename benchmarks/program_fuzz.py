@@ -7,6 +7,7 @@ arguments, mismatches) under `--out`. Prints a summary: programs run, failures g
 side and kind, time per program.
 
     PYTHONPATH=. python benchmarks/program_fuzz.py --programs 2000 --seed 1 --xla-every 3
+    PYTHONPATH=. python benchmarks/program_fuzz.py --families linalg,fft --programs 200
 """
 
 from __future__ import annotations
@@ -33,8 +34,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--xla-every", type=int, default=3, help="0: never run XLA")
     parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument(
+        "--families",
+        default=os.environ.get("XLAPY_FUZZ_FAMILIES", ""),
+        help='operation families: "-linalg,fft=3" (reweighted, off) or "gather_general,sort" '
+        "(only those); see FAMILIES in tests/program_fuzz.py",
+    )
     parser.add_argument("--out", type=Path, default=Path("/tmp/xlapy-program-fuzz"))
     args = parser.parse_args()
+    program_fuzz.families_from_text(args.families)  # an unknown name fails here
+    os.environ["XLAPY_FUZZ_FAMILIES"] = args.families
     args.out.mkdir(parents=True, exist_ok=True)
     faulthandler.enable()  # a crash in native code prints where it happened
     kinds: collections.Counter = collections.Counter()

@@ -519,6 +519,10 @@ class CpuProgram(CompiledProgram):
                 target = leaf_at(args[alias.param_number], alias.param_index)
                 if in_place.get(s.allocation) is not target:
                     np.copyto(target, _view(memory, out), casting="no")
+                elif not out.row_major:
+                    # the program wrote the result in its own layout over the (row-major)
+                    # argument's bytes: put them in logical order (a copy first: they overlap)
+                    np.copyto(target, np.array(_view(memory, out)), casting="no")
                 leaves.append(target)
                 handed.add(s.allocation)
                 continue
