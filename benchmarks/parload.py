@@ -1,0 +1,236 @@
+"""Parallel kernels under load: per-run wall times (min, median, p90) of xlapy's split
+kernels and a few whole programs, next to XLA:CPU in the same process, optionally with
+busy-loop processes competing for the cores (a shared machine's load, made on purpose).
+
+  PYTHONPATH=. .venv/bin/python benchmarks/parload.py --runs 200 --busy 3
+  PYTHONPATH=. .venv/bin/python benchmarks/parload.py --splits 1,2,4,8,16
+
+Kernels (one instruction each, the way the runtime splits them):
+  stem_conv      ResNet's 7x7 stride-2 stem over 3 input features (direct conv kernel)
+  tanh_4m        elementwise tanh of 4 Mi float32 (a fused kernel over its outer range)
+  softmax_rows   softmax over the rows of [2048, 1024] (reductions, then a division)
+  matmul_512     one 512 x 512 x 512 product (gemm tiles over the pool)
+  maxpool_3x3    a 3x3 stride-2 max pool (reduce-window, a library thunk)
+Programs: any name of benchmarks/cpu_vs_xla.py (-p), e.g. convnet_small_resnet_forward.
+
+--busy N starts N processes that spin (`while True: pass`, nice 0) for the measurement and
+stops them after it. Runs of xlapy and XLA alternate in blocks of 5 so both see the same
+load. --splits T,... prints, for each thread count, how each thunk of the programs is cut
+(XLAPY_NUM_THREADS=T in a child process; the machine's timing is not used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _kernels():
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def stem(x, w):
+        dims = ("NHWC", "HWIO", "NHWC")
+        return lax.conv_general_dilated(x, w, (2, 2), ((3, 3), (3, 3)), dimension_numbers=dims)
+
+    def maxpool(x):
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+
+    def n(rng, *shape, scale=1.0):
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    return {
+        "stem_conv": (stem, lambda r: (n(r, 4, 64, 64, 3), n(r, 7, 7, 3, 64, scale=0.1))),
+        "tanh_4m": (jnp.tanh, lambda r: (n(r, 2048, 2048),)),
+        "softmax_rows": (jax.nn.softmax, lambda r: (n(r, 2048, 1024),)),
+        "matmul_512": (jnp.matmul, lambda r: (n(r, 512, 512), n(r, 512, 512))),
+        "maxpool_3x3": (maxpool, lambda r: (n(r, 8, 64, 64, 32),)),
+    }
+
+
+def _programs(names: list[str]):
+    """name -> (function, arguments) for the kernels above and cpu_vs_xla programs."""
+    kernels = _kernels()
+    out = {}
+    rng = np.random.default_rng(0)
+    for name in names:
+        if name in kernels:
+            fn, make = kernels[name]
+            out[name] = (fn, make(rng))
+            continue
+        import cpu_vs_xla
+
+        prog = cpu_vs_xla.PROGRAMS[name]
+        out[name] = (prog.fn, prog.make_args(rng, cpu_vs_xla.BIG))
+    return out
+
+
+def _hlo(fn, args) -> str:
+    import jax
+
+    return jax.jit(fn, keep_unused=True).lower(*args).as_text(dialect="hlo")
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    return {
+        "min": 1e6 * s[0],
+        "median": 1e6 * statistics.median(s),
+        "p90": 1e6 * s[int(0.9 * (len(s) - 1))],
+    }
+
+
+def measure(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
+    """Per program: xlapy's and XLA's per-run wall microseconds (min, median, p90)."""
+    import jax
+
+    from xlapy.tools.bench import time_compile
+
+    results = {}
+    for name, (fn, args) in _programs(names).items():
+        leaves = jax.tree_util.tree_leaves(args)
+        compiled = jax.jit(fn, keep_unused=True).lower(*args).compile()
+        device_args = jax.device_put(args)
+        _, executable = time_compile("cpu", _hlo(fn, args))
+        buffers = [executable.client.buffer_from_pyval(np.asarray(a)) for a in leaves]
+
+        def run_xlapy(executable=executable, buffers=buffers):
+            for out in executable.execute([buffers])[0]:
+                out.block_until_ready()
+
+        def run_xla(compiled=compiled, device_args=device_args):
+            jax.block_until_ready(compiled(*device_args))
+
+        times: dict[str, list[float]] = {"xlapy": [], "xla": []}
+        for f in (run_xlapy, run_xla):
+            for _ in range(3):
+                f()
+        while len(times["xlapy"]) < runs:
+            for side, f in (("xlapy", run_xlapy), ("xla", run_xla)):
+                f()
+                for _ in range(block):
+                    t = time.perf_counter()
+                    f()
+                    times[side].append(time.perf_counter() - t)
+        results[name] = {side: _stats(s) for side, s in times.items()}
+    return results
+
+
+def _busy(count: int) -> list[subprocess.Popen]:
+    spin = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+
+
+def splits(names: list[str]) -> list[str]:
+    """How each thunk of the programs is cut with this process's pool, one line per thunk
+    that splits: every split choice is forced to split, and every hand-off to the native
+    pool or to run_blocks is recorded with the thunk that made it (found on the stack).
+    OpenBLAS's own threads (large single gemms) are not seen."""
+    import inspect
+
+    import jax
+
+    from xlapy.backends.cpu.runtime import native_pool, pool, thunk
+    from xlapy.tools.bench import time_compile
+
+    seen: dict[str, list[str]] = {}
+
+    def owner() -> str:
+        for frame in inspect.stack()[2:]:
+            me = frame.frame.f_locals.get("self")
+            if isinstance(me, thunk.Thunk) and hasattr(me, "instr"):
+                return f"{type(me).__name__} {me.instr.name} {me.instr.shape}"
+        return "?"
+
+    native_run = native_pool.NativePool.run
+
+    def record_native(self, function, pointers, extent, blocks):
+        seen.setdefault(owner(), []).append(f"native {min(blocks, extent)}/{extent}")
+        return native_run(self, function, pointers, extent, blocks)
+
+    python_run = pool.run_blocks
+
+    def record_python(body, blocks):
+        seen.setdefault(owner(), []).append(f"python {len(blocks)}")
+        return python_run(body, blocks)
+
+    native_pool.NativePool.run = record_native  # type: ignore[method-assign]
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        if name.startswith("xlapy.backends.cpu") and getattr(module, "run_blocks", 0) is python_run:
+            module.run_blocks = record_python  # type: ignore[attr-defined]
+    thunk.SplitChoice.next_split = lambda self: True  # type: ignore[method-assign]
+    lines = [f"task_seconds {1e6 * pool.task_seconds():.1f} us (measured here)"]
+    for name, (fn, args) in _programs(names).items():
+        _, executable = time_compile("cpu", _hlo(fn, args))
+        leaves = jax.tree_util.tree_leaves(args)
+        buffers = [executable.client.buffer_from_pyval(np.asarray(a)) for a in leaves]
+        seen.clear()
+        for _ in range(2):  # the first run of a thunk may differ (warm-up)
+            for out in executable.execute([buffers])[0]:
+                out.block_until_ready()
+        for who, ways in seen.items():
+            lines.append(f"{name}: {who}: {ways[-1]}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-p", action="append", help="kernel or cpu_vs_xla program (repeat)")
+    parser.add_argument("--runs", type=int, default=100, help="timed runs per side")
+    parser.add_argument("--busy", type=int, default=0, help="busy-loop processes to start")
+    parser.add_argument("--splits", help="thread counts (1,2,4,8,16): print the split table")
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    parser.add_argument("--child-splits", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    names = args.p or list(_kernels())
+    if args.child_splits:
+        print("\n".join(splits(names)))
+        return
+    if args.splits:
+        for t in args.splits.split(","):
+            env = {**os.environ, "XLAPY_NUM_THREADS": t}
+            cmd = [sys.executable, __file__, "--child-splits"] + [f"-p{n}" for n in names]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            print(f"== {t} threads")
+            print(out.stdout, end="")
+        return
+    busy = _busy(args.busy)
+    try:
+        load = os.getloadavg()[0]
+        results = measure(names, args.runs)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    if args.json:
+        print(json.dumps({"load": load, "busy": args.busy, "results": results}))
+        return
+    print(f"load {load:.1f}, {args.busy} busy processes, {args.runs} runs per side (us)")
+    head = f"{'program':30s} {'min':>8s} {'median':>8s} {'p90':>8s} | "
+    print(head + f"{'XLA min':>8s} {'median':>8s} {'p90':>8s}")
+    for name, r in results.items():
+        a, b = r["xlapy"], r["xla"]
+        print(
+            f"{name:30s} {a['min']:8.0f} {a['median']:8.0f} {a['p90']:8.0f} | "
+            f"{b['min']:8.0f} {b['median']:8.0f} {b['p90']:8.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
