@@ -15,8 +15,10 @@ Programs: any name of benchmarks/cpu_vs_xla.py (-p), e.g. convnet_small_resnet_f
 
 --busy N starts N processes that spin (`while True: pass`, nice 0) for the measurement and
 stops them after it. Runs of xlapy and XLA alternate in blocks of 5 so both see the same
-load. --splits T,... prints, for each thread count, how each thunk of the programs is cut
-(XLAPY_NUM_THREADS=T in a child process; the machine's timing is not used).
+load. --ab times this tree's split policy against the one before this branch (emulated on
+a second executable of the same program, in the same process). --splits T,... prints, for
+each thread count, how each thunk of the programs is cut (XLAPY_NUM_THREADS=T in a child
+process; the machine's timing is not used).
 """
 
 from __future__ import annotations
@@ -131,6 +133,125 @@ def measure(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
     return results
 
 
+def _old_run_blocks(body, blocks) -> None:
+    """run_blocks as it was before this branch (one pool task per block, the caller runs
+    the first and takes back the ones no worker started), for --ab."""
+    from xlapy.backends.cpu.runtime import pool
+
+    if not blocks:
+        return
+    futures = [pool.default_pool().submit(body, lo, hi) for lo, hi in blocks[1:]]
+    try:
+        body(*blocks[0])
+    except BaseException:
+        for f in futures:
+            if not f.cancel():
+                f.exception()
+        raise
+    for f, (lo, hi) in zip(futures, blocks[1:], strict=True):
+        if f.cancel():
+            body(lo, hi)
+        else:
+            f.result()
+
+
+def _old_policy(executable):
+    """Give `executable`'s thunks the split policy from before this branch: a kernel cut
+    into one block per thread, split choices by the best time, direct convolutions always
+    split; and answer a context that puts back the old run_blocks and library block counts
+    around a run."""
+    import contextlib
+
+    from xlapy.backends.cpu.runtime import conv_thunk, kernel_thunk, pool, thunk
+
+    class BestTimeChoice(thunk.SplitChoice):
+        __slots__ = ()
+
+        def record(self, split: bool, seconds: float) -> None:
+            if self.calls == 1:
+                return
+            self.times[split].append(seconds)
+            whole, parts = self.times
+            if whole and parts:
+                self.split = min(parts) < min(whole)
+
+    class AlwaysSplit(thunk.SplitChoice):
+        __slots__ = ()
+
+        def next_split(self) -> bool:
+            return True
+
+        def record(self, split: bool, seconds: float) -> None:
+            pass
+
+    program = next(iter(executable._programs.values()))
+    for t in thunk.walk_thunks(program.compiled.entry):
+        if getattr(t, "split_choice", None) is not None:
+            t.split_choice = BestTimeChoice()
+        if isinstance(t, kernel_thunk.KernelThunk) and t.chunks > 1:
+            t.chunks = min(t.kernel.outer_extent, pool.pool_size())
+        if isinstance(t, conv_thunk.DirectConvThunk) and t._choice is not None:
+            t._choice = AlwaysSplit()
+    modules = [m for m in list(sys.modules.values())
+               if getattr(m, "run_blocks", None) is pool.run_blocks]  # fmt: skip
+
+    @contextlib.contextmanager
+    def old():
+        new_run, per_thread = pool.run_blocks, pool.BLOCKS_PER_THREAD
+        for m in modules:
+            m.run_blocks = _old_run_blocks
+        pool.BLOCKS_PER_THREAD = 1
+        try:
+            yield
+        finally:
+            for m in modules:
+                m.run_blocks = new_run
+            pool.BLOCKS_PER_THREAD = per_thread
+
+    return old
+
+
+def measure_ab(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
+    """Per program: per-run wall microseconds of this tree's split policy ("new") and the
+    policy before this branch ("old", _old_policy), two executables of the same program
+    timed in alternating blocks in one process."""
+    import contextlib
+
+    import jax
+
+    from xlapy.tools.bench import time_compile
+
+    results = {}
+    for name, (fn, args) in _programs(names).items():
+        text = _hlo(fn, args)
+        leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
+        ways = {}
+        for way in ("old", "new"):
+            _, executable = time_compile("cpu", text)
+            buffers = [executable.client.buffer_from_pyval(a) for a in leaves]
+            context = _old_policy(executable) if way == "old" else contextlib.nullcontext
+
+            def run(executable=executable, buffers=buffers, context=context):
+                with context():
+                    for out in executable.execute([buffers])[0]:
+                        out.block_until_ready()
+
+            ways[way] = run
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for f in ways.values():
+            for _ in range(3):
+                f()
+        while len(times["new"]) < runs:
+            for way, f in ways.items():
+                f()
+                for _ in range(block):
+                    t = time.perf_counter()
+                    f()
+                    times[way].append(time.perf_counter() - t)
+        results[name] = {way: _stats(s) for way, s in times.items()}
+    return results
+
+
 def _busy(count: int) -> list[subprocess.Popen]:
     spin = "while True: pass"
     return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
@@ -196,6 +317,9 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=0, help="busy-loop processes to start")
     parser.add_argument("--splits", help="thread counts (1,2,4,8,16): print the split table")
     parser.add_argument("--json", action="store_true", help="one JSON object")
+    parser.add_argument(
+        "--ab", action="store_true", help="this tree's split policy against the one before it"
+    )
     parser.add_argument("--child-splits", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.p or list(_kernels())
@@ -213,7 +337,7 @@ def main() -> None:
     busy = _busy(args.busy)
     try:
         load = os.getloadavg()[0]
-        results = measure(names, args.runs)
+        results = (measure_ab if args.ab else measure)(names, args.runs)
     finally:
         for p in busy:
             p.kill()
@@ -222,10 +346,14 @@ def main() -> None:
         print(json.dumps({"load": load, "busy": args.busy, "results": results}))
         return
     print(f"load {load:.1f}, {args.busy} busy processes, {args.runs} runs per side (us)")
+    sides = ("new", "old") if args.ab else ("xlapy", "xla")
+    other = "old min" if args.ab else "XLA min"
+    if args.ab:
+        print("columns: this branch's split policy | the policy before it, same process")
     head = f"{'program':30s} {'min':>8s} {'median':>8s} {'p90':>8s} | "
-    print(head + f"{'XLA min':>8s} {'median':>8s} {'p90':>8s}")
+    print(head + f"{other:>8s} {'median':>8s} {'p90':>8s}")
     for name, r in results.items():
-        a, b = r["xlapy"], r["xla"]
+        a, b = r[sides[0]], r[sides[1]]
         print(
             f"{name:30s} {a['min']:8.0f} {a['median']:8.0f} {a['p90']:8.0f} | "
             f"{b['min']:8.0f} {b['median']:8.0f} {b['p90']:8.0f}"
