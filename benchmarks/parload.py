@@ -10,15 +10,18 @@ Kernels (one instruction each, the way the runtime splits them):
   tanh_4m        elementwise tanh of 4 Mi float32 (a fused kernel over its outer range)
   softmax_rows   softmax over the rows of [2048, 1024] (reductions, then a division)
   matmul_512     one 512 x 512 x 512 product (gemm tiles over the pool)
-  maxpool_3x3    a 3x3 stride-2 max pool (reduce-window, a library thunk)
+  maxpool_3x3    a 3x3 stride-2 max pool (reduce-window, a native window kernel)
 Programs: any name of benchmarks/cpu_vs_xla.py (-p), e.g. convnet_small_resnet_forward.
 
 --busy N starts N processes that spin (`while True: pass`, nice 0) for the measurement and
-stops them after it. Runs of xlapy and XLA alternate in blocks of 5 so both see the same
-load. --ab times this tree's split policy against the one before this branch (emulated on
-a second executable of the same program, in the same process). --splits T,... prints, for
-each thread count, how each thunk of the programs is cut (XLAPY_NUM_THREADS=T in a child
-process; the machine's timing is not used).
+stops them after it. Runs alternate in blocks of 5 so both sides see the same load:
+  (default)  xlapy against XLA:CPU
+  --ab       this tree's split policy against the one before this branch, emulated on a
+             second executable of the same program in the same process
+  --handoff  runs forced inline on the calling thread against runs handed to the device's
+             worker thread (runtime/execution.py's way for programs over 5 ms)
+--splits T,... prints, for each thread count, how each thunk of the programs is cut
+(XLAPY_NUM_THREADS=T in a child process; the machine's timing is not used).
 """
 
 from __future__ import annotations
@@ -252,6 +255,49 @@ def measure_ab(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
     return results
 
 
+def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
+    """Per program: per-run wall microseconds of executions handed to the device's worker
+    thread (what a program over runtime/execution.py's INLINE_MAX_SECONDS gets) and of
+    executions forced inline on the calling thread, two executables of the same program
+    timed in alternating blocks in one process."""
+    import jax
+
+    from xlapy.tools.bench import time_compile
+
+    results = {}
+    for name, (fn, args) in _programs(names).items():
+        text = _hlo(fn, args)
+        leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
+        ways = {}
+        for way in ("inline", "handed off"):
+            _, executable = time_compile("cpu", text)
+            buffers = [executable.client.buffer_from_pyval(a) for a in leaves]
+            signature = executable._signature
+
+            def run(executable=executable, buffers=buffers, signature=signature, way=way):
+                if way == "inline":  # taken for cheap: runs inline on an idle device
+                    signature.cheap_streak, signature.streak_needed = 1 << 30, 1
+                else:  # taken for slow: handed to the worker
+                    signature.cheap_streak, signature.streak_needed = 0, 1 << 30
+                for out in executable.execute([buffers])[0]:
+                    out.block_until_ready()
+
+            ways[way] = run
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for f in ways.values():
+            for _ in range(2):
+                f()
+        while len(times["inline"]) < runs:
+            for way, f in ways.items():
+                f()
+                for _ in range(block):
+                    t = time.perf_counter()
+                    f()
+                    times[way].append(time.perf_counter() - t)
+        results[name] = {way: _stats(s) for way, s in times.items()}
+    return results
+
+
 def _busy(count: int) -> list[subprocess.Popen]:
     spin = "while True: pass"
     return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
@@ -318,6 +364,9 @@ def main() -> None:
     parser.add_argument("--splits", help="thread counts (1,2,4,8,16): print the split table")
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument(
+        "--handoff", action="store_true", help="inline runs against runs on the device worker"
+    )
+    parser.add_argument(
         "--ab", action="store_true", help="this tree's split policy against the one before it"
     )
     parser.add_argument("--child-splits", action="store_true", help=argparse.SUPPRESS)
@@ -337,7 +386,8 @@ def main() -> None:
     busy = _busy(args.busy)
     try:
         load = os.getloadavg()[0]
-        results = (measure_ab if args.ab else measure)(names, args.runs)
+        how = measure_ab if args.ab else measure_handoff if args.handoff else measure
+        results = how(names, args.runs)
     finally:
         for p in busy:
             p.kill()
@@ -346,10 +396,13 @@ def main() -> None:
         print(json.dumps({"load": load, "busy": args.busy, "results": results}))
         return
     print(f"load {load:.1f}, {args.busy} busy processes, {args.runs} runs per side (us)")
-    sides = ("new", "old") if args.ab else ("xlapy", "xla")
-    other = "old min" if args.ab else "XLA min"
+    sides, other = ("xlapy", "xla"), "XLA min"
     if args.ab:
+        sides, other = ("new", "old"), "old min"
         print("columns: this branch's split policy | the policy before it, same process")
+    if args.handoff:
+        sides, other = ("inline", "handed off"), "handed"
+        print("columns: runs inline on the calling thread | handed to the device worker")
     head = f"{'program':30s} {'min':>8s} {'median':>8s} {'p90':>8s} | "
     print(head + f"{other:>8s} {'median':>8s} {'p90':>8s}")
     for name, r in results.items():
