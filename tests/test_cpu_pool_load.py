@@ -231,13 +231,15 @@ import xlapy
 from xlapy.backends.cpu.runtime import pool
 from xlapy.backends.cpu.runtime.native_pool import native_pool
 text = sys.argv[1]
-client = xlapy.Client("cpu")
-ex = client.compile(text)
 rng = np.random.default_rng(13)
 x = rng.standard_normal((512, 300)).astype(np.float32)
-buf = client.buffer_from_pyval(x)
 
 def check():
+    # a client of this process's own: a client's device worker threads do not survive a
+    # fork (the pools are what this checks)
+    client = xlapy.Client("cpu")
+    ex = client.compile(text)
+    buf = client.buffer_from_pyval(x)
     for _ in range(6):  # past SplitChoice's warm-up: split and whole runs
         ((out,),) = ex.execute([[buf]])
         np.testing.assert_allclose(np.asarray(out), np.tanh(x), atol=2e-6)
@@ -267,7 +269,8 @@ check()
 
 def test_fork_after_the_pools_started():
     """A forked child has none of the parent's threads: its splits run on the calling thread
-    (native pool) or a new Python pool, right and without hanging; the parent goes on."""
+    (native pool) or a new Python pool, right and without hanging; the parent goes on. (The
+    child makes its own client: a client's device worker thread is not carried over.)"""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     done = subprocess.run(
         [sys.executable, "-c", _FORK_CHILD, TANH],
