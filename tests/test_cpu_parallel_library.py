@@ -169,7 +169,9 @@ def test_split_parts_cost_model(monkeypatch):
     per_block = pool.MIN_BLOCK_TASKS * 1e-5
     assert pool.split_parts(100, 0.5 * per_block) == 1  # too little work to hand off
     assert pool.split_parts(100, 3.5 * per_block) == 3
-    assert pool.split_parts(100, 1.0) == 8  # at most one block per thread
+    most = pool.BLOCKS_PER_THREAD * 8
+    assert pool.split_parts(1000, 1.0) == most  # at most BLOCKS_PER_THREAD per thread
+    assert pool.split_parts(1000, 12.5 * per_block) == 12  # the cost model, past the threads
     assert pool.split_parts(5, 1.0) == 5  # at most one block per unit
     assert pool.split_parts(1, 1.0) == 1
     monkeypatch.setattr(pool, "pool_size", lambda: 1)

@@ -78,6 +78,7 @@ import ctypes
 import itertools
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,7 @@ from xlapy.backends.cpu.runtime.thunk import (
     NS_PER_FLOP,
     BufferSlice,
     ExecutionContext,
+    SplitChoice,
     Thunk,
     slice_lines,
 )
@@ -510,6 +512,7 @@ _BLOCKS_PER_THREAD = 4  # native pool blocks per thread: threads that finish ear
 def _direct(geo: _Geometry, kernel: DirectKernel, flops: float):
     """The run of a direct kernel (see the file comment)."""
     fn: list = []  # the entry as a ctypes function, made on the first run
+    choice = tiles_split(flops, kernel.extent)
 
     def body(x, k, out, acc, work, result, scratch: _Scratch) -> None:
         if not fn:
@@ -524,20 +527,39 @@ def _direct(geo: _Geometry, kernel: DirectKernel, flops: float):
         direct = canon.dtype == work and canon.flags.c_contiguous
         target = canon if direct else scratch.get("direct_out", canon.shape, work)
         ptrs = [target.ctypes.data, p.ctypes.data, w.ctypes.data]
-        run_tiles(fn[0], ptrs, kernel.extent, flops)
+        run_tiles(fn[0], ptrs, kernel.extent, choice)
         if not direct:
             _store(canon, target, acc, result)
 
     return body
 
 
-def run_tiles(fn, ptrs: list[int], extent: int, flops: float) -> None:
-    """A direct kernel `fn` over its tiles [0, extent): whole when small or with one thread,
-    else in even blocks over the native pool (the Python pool without one)."""
-    threads = pool_size()
-    if flops < _DIRECT_SPLIT_FLOPS or threads < 2 or extent < 2:
+def tiles_split(flops: float, extent: int) -> SplitChoice | None:
+    """The split choice of a direct kernel of `flops` over `extent` tiles, or None when it
+    always runs whole (small, one tile, or one thread)."""
+    if flops < _DIRECT_SPLIT_FLOPS or pool_size() < 2 or extent < 2:
+        return None
+    return SplitChoice()
+
+
+def run_tiles(fn, ptrs: list[int], extent: int, choice: SplitChoice | None) -> None:
+    """A direct kernel `fn` over its tiles [0, extent): whole without a split choice
+    (tiles_split), else whole or in blocks over the native pool (the Python pool without
+    one), whichever `choice` finds faster on this machine's load."""
+    if choice is None:
         fn(*ptrs, 0, extent)
         return
+    split = choice.next_split()
+    start = time.perf_counter()
+    if split:
+        _split_tiles(fn, ptrs, extent)
+    else:
+        fn(*ptrs, 0, extent)
+    choice.record(split, time.perf_counter() - start)
+
+
+def _split_tiles(fn, ptrs: list[int], extent: int) -> None:
+    threads = pool_size()
     blocks = min(extent, threads * _BLOCKS_PER_THREAD)
     native = native_pool()
     address = ctypes.cast(fn, ctypes.c_void_p).value
@@ -925,11 +947,12 @@ class DirectConvThunk(Thunk):
         self._pack: tuple | None = None  # (shape, strides, byte offset) of the kernel's view
         self._src: tuple | None = None  # (arena memory, the kernel's view in it)
         self._local = threading.local()  # per thread: (packed[..., :Og], its address, packed)
+        self._choice = tiles_split(self.flops, self.kernel.extent)  # whole or split: measured
 
     def __getstate__(self) -> dict:
         """The thunk without what a run makes (remade on the first run after unpickling)."""
         state = dict(self.__dict__)
-        for name in ("_fn", "_pack", "_src", "_local"):
+        for name in ("_fn", "_pack", "_src", "_local", "_choice"):
             state.pop(name)
         return state
 
@@ -966,7 +989,7 @@ class DirectConvThunk(Thunk):
         bases = ctx.bases
         ptrs = [bases[self.out.allocation] + self.out.offset,
                 bases[self.x.allocation] + self.x.offset, kept[1]]  # fmt: skip
-        run_tiles(fn, ptrs, self.kernel.extent, self.flops)
+        run_tiles(fn, ptrs, self.kernel.extent, self._choice)
 
     def describe(self) -> list[str]:
         head = f"kernel {self.instr.name} = convolution -> direct convolution on the arena"

@@ -12,7 +12,7 @@ from typing import Any
 
 from xlapy.backends.cpu.runtime.host_memory import empty_bytes
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
-from xlapy.backends.cpu.runtime.pool import even_blocks, pool_size, run_blocks
+from xlapy.backends.cpu.runtime.pool import BLOCKS_PER_THREAD, even_blocks, pool_size, run_blocks
 from xlapy.backends.cpu.runtime.thunk import (
     NS_PER_KERNEL_ELEMENT,
     BufferSlice,
@@ -37,6 +37,19 @@ DOT_PARALLEL_MIN_ELEMENTS = 1 << 20
 elements of its larger operand (4 MiB of f32, ~250 us on one core): a 512 x 512 one inside
 a native loop (~40 us a call) measured 5x slower split in two on the busy 2-core machine,
 where the hand-off waits for a core."""
+
+
+def split_blocks(elements: int, extent: int, least: int, threads: int) -> int:
+    """The blocks a kernel touching `elements` elements over an outer range of `extent` is
+    cut into when it splits (1: it never splits): from `least` elements it gets two threads'
+    worth and one more thread per `least` / 2 elements (XLA's parallel task assigner: a task
+    per 256 KiB of an I/O-bound loop's output), up to `threads`; each thread's share is cut
+    into pool.BLOCKS_PER_THREAD blocks that the threads claim as they come (native_pool.py),
+    so one that starts late or runs slow leaves its blocks to the others."""
+    if elements < least or extent < 2 or threads < 2:
+        return 1
+    tasks = min(threads, max(2, 2 * elements // least))
+    return min(extent, tasks * BLOCKS_PER_THREAD)
 
 
 def work_elements(instr: HloInstruction, outputs: Sequence[BufferSlice]) -> int:
@@ -119,7 +132,7 @@ class KernelThunk(Thunk):
         elements = work_elements(instr, self.outputs)
         extent = self._extent = kernel.outer_extent
         least = DOT_PARALLEL_MIN_ELEMENTS if instr.opcode is Opcode.DOT else PARALLEL_MIN_ELEMENTS
-        self.chunks = min(extent, pool_size()) if elements >= least and extent > 1 else 1
+        self.chunks = split_blocks(elements, extent, least, pool_size())
         self.split_choice = SplitChoice() if self.chunks > 1 else None
         self._call: KernelCall | None = None  # made on first run
 
@@ -228,7 +241,7 @@ class KernelThunk(Thunk):
         head = f"kernel {self.instr.name} = {self.instr.opcode.text} -> {self.kernel.name}"
         notes = []
         if self.chunks > 1:
-            notes.append(f"parallel x{self.chunks} when faster")
+            notes.append(f"parallel x{self.chunks} blocks when faster")
         if self.scratch:
             notes.append("in place via scratch")
         if notes:
