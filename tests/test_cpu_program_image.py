@@ -71,25 +71,11 @@ def attention(x, w, wo):
     return jnp.tanh(jnp.einsum("bhqk,bkhd->bqhd", probs, heads(v)).reshape(3, 16, 16) @ wo)
 
 
-def gemm_list_loop(x, w):
-    """A native loop whose body holds a dot that may split (its split gemm list on the
-    native pool) and batched dots (whole gemm lists)."""
-
-    def body(i, h):
-        h = jnp.tanh(w @ h * 0.0625)  # w is N(0, 1): keep tanh out of saturation
-        hb = h.reshape(4, 64, 96)
-        scores = jnp.einsum("bij,bkj->bik", hb, hb)
-        return h + 1e-3 * jnp.einsum("bik,bkj->bij", scores, hb).reshape(h.shape)
-
-    return lax.fori_loop(0, 3, body, x)
-
-
 PROGRAMS = {
     "softmax_loop": (softmax_loop, [(8, 16), (16, 12), (12,)]),
     "attention": (attention, [(3, 16, 16), (16, 48), (16, 16)]),
     "sort_and_conv": (sort_and_conv, [(1, 8, 8, 4), (3, 3, 4, 8)]),
     "nested_loops": (nested_loops, [(4, 16), (16, 16)]),
-    "gemm_list_loop": (gemm_list_loop, [(256, 96), (256, 256)]),
 }
 
 

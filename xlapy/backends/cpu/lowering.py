@@ -303,10 +303,9 @@ def native_loop_plan(
     """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
     and body must be kernels (those that may split over the cores run on the native pool,
     in the runtime's number of blocks), copies, dots that are one cblas gemm or one gemm
-    list run whole (DotThunk.native_gemm, native_gemm_list) or that may split (their split
-    gemm list on the native pool: _split_gemm_list), conditionals of such branches, and
-    while loops in `native` (those that will be native loops themselves, each mapped to
-    whether it needs one BLAS thread)."""
+    list run whole (DotThunk.native_gemm, native_gemm_list), conditionals of such
+    branches, and while loops in `native` (those that will be native loops themselves, each
+    mapped to whether it needs one BLAS thread)."""
     native = native or {}
     table: list[Callable[[], int]] = []
     one_thread = False
@@ -342,8 +341,6 @@ def native_loop_plan(
             elif isinstance(t, DotThunk) and (made := native_run_steps(t, table)) is not None:
                 out += made[0]
                 one_thread |= made[1]
-            elif isinstance(t, DotThunk) and (split := _split_gemm_list(t, table)) is not None:
-                out.append(split)
             elif isinstance(t, ConditionalThunk):
                 branches = []
                 for i, branch in enumerate(t.branches):
@@ -380,29 +377,14 @@ def native_loop_plan(
     return NativeLoopPlan(plan, table, one_thread)
 
 
-def _split_gemm_list(dot: DotThunk, table: list[Callable[[], int]]) -> LoopGemmList | None:
-    """A dot that may split (a split choice) as its split gemm list on the native pool, its
-    entry points appended to `table`; None without the pool or a split gemm list. Inside a
-    native loop it always splits: its runtime choice (by the run times of both ways) needs
-    Python around every call."""
-    listed = dot.native_gemm_list(split=True)
-    if listed is None or native_pool() is None:
-        return None
-    (a, b, c), count, blocks = listed
-    table.extend((functools.partial(_gemm_list_address, dot, 0, True),
-                  functools.partial(_gemm_list_address, dot, 1, True),
-                  _pool_run_address))  # fmt: skip
-    return LoopGemmList(len(table) - 3, a, b, c, count, blocks, len(table) - 1)
-
-
 MIN_NATIVE_RUN = 3
 """Thunks in a row that become one native function (fewer save too little to pay for
 compiling it)."""
 
 
 @loadable
-def _gemm_list_address(dot: DotThunk, which: int, split: bool = False) -> int:
-    return dot.gemm_list_addresses(split)[which]
+def _gemm_list_address(dot: DotThunk, which: int) -> int:
+    return dot.gemm_list_addresses()[which]
 
 
 def native_run_steps(
@@ -438,7 +420,7 @@ def native_run_steps(
     listed = thunk.native_gemm_list()
     if listed is None:
         return None
-    (a, b, c), count, _ = listed
+    (a, b, c), count = listed
     table.extend((functools.partial(_gemm_list_address, thunk, 0),
                   functools.partial(_gemm_list_address, thunk, 1)))  # fmt: skip
     return [LoopGemmList(len(table) - 2, a, b, c, count)], False

@@ -29,9 +29,7 @@
 # A plan without a pred is a straight run of steps (a stretch of a sequence outside any
 # loop, runtime/control_flow_thunk.py's NativeRun): the function runs them once and returns
 # 0. A batched dot run as a gemm list (runtime/dot_thunk.py's GemmList) is a call of the
-# gemm-list kernel on its table, whose address the table holds too; a dot the runtime may
-# split over the cores is its split gemm list handed to the native pool's parallel-for (the
-# kernel's arguments: the list, then the three matrices).
+# gemm-list kernel on its table, whose address the table holds too.
 
 from __future__ import annotations
 
@@ -119,16 +117,13 @@ class LoopSwitch:
 class LoopGemmList:
     """Call the gemm-list kernel at `table[entry]` (`void f(list, a, b, c, lo, hi)`, all
     64-bit) on the gemm list at `table[entry + 1]` and the matrices at `a`, `b`, `c`, for
-    its gemms 0..count-1; with `blocks` > 1, through the parallel-for at `table[pool]` in
-    that many blocks."""
+    its gemms 0..count-1."""
 
     entry: int
     a: Slot
     b: Slot
     c: Slot
     count: int
-    blocks: int = 1
-    pool: int = -1
 
 
 LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm | LoopSwitch | LoopGemmList
@@ -210,16 +205,10 @@ def emit_loop(plan: LoopPlan) -> str:
         at = entry.gep(table_arg, [ir.Constant(I64, index)])
         return entry.load(at)
 
-    def split_call(b: ir.IRBuilder, step: LoopCall | LoopGemmList) -> None:
-        if isinstance(step, LoopGemmList):
-            listed = kernel_words.setdefault(step.entry + 1, word(step.entry + 1))
-            words = [listed, *(b.ptrtoint(pointer(b, s), I64) for s in (step.a, step.b, step.c))]
-            extent = step.count
-        else:
-            words = [b.ptrtoint(pointer(b, slot), I64) for slot in step.slots]
-            if step.data >= 0:
-                words.append(kernel_words.setdefault(step.data, word(step.data)))
-            extent = step.extent
+    def split_call(b: ir.IRBuilder, step: LoopCall) -> None:
+        words = [b.ptrtoint(pointer(b, slot), I64) for slot in step.slots]
+        if step.data >= 0:
+            words.append(kernel_words.setdefault(step.data, word(step.data)))
         n = len(words)
         array = entry.alloca(ir.ArrayType(I64, n))  # in the entry block: one stack slot
         for i, value in enumerate(words):
@@ -230,7 +219,7 @@ def emit_loop(plan: LoopPlan) -> str:
             kernel_words.setdefault(step.entry, word(step.entry)),
             b.ptrtoint(array, I64),
             ir.Constant(I64, n),
-            ir.Constant(I64, extent),
+            ir.Constant(I64, step.extent),
             ir.Constant(I64, step.blocks),
         ]
         b.call(run, args)  # 1: the pool was taken and this thread ran it whole
@@ -250,8 +239,6 @@ def emit_loop(plan: LoopPlan) -> str:
                 b.call(memmove, args)
             elif isinstance(step, LoopGemm):
                 b.call(*_gemm_call(b, step, pointer, table))
-            elif isinstance(step, LoopGemmList) and step.blocks > 1:
-                split_call(b, step)
             elif isinstance(step, LoopGemmList):
                 callee = table(step.entry, ir.FunctionType(ir.VoidType(), [I64] * 6).as_pointer())
                 matrices = [b.ptrtoint(pointer(b, s), I64) for s in (step.a, step.b, step.c)]

@@ -918,39 +918,25 @@ class DotThunk(Thunk):
         )
         return found[0], found[1], args
 
-    def native_gemm_list(
-        self, split: bool = False
-    ) -> tuple[tuple[tuple[int, int], ...], int, int] | None:
-        """For native code running this dot as its gemm list (as `_run_list` does): the
-        (allocation, offset) of the first item's three matrices, the number of gemms and
-        the blocks to cut them into. Whole (`split` False): a batch of planned gemms with
-        no split choice, the whole list on the calling thread. Split: a dot with a split
-        choice (one gemm or a batch), its tiles in one block per pool thread, as the
-        runtime runs it when its choice is to split. None otherwise, or without a
-        gemm-list kernel. The kernel's and the list's addresses: `gemm_list_addresses`,
-        once the program runs."""
-        if split != (self.split_choice is not None):
+    def native_gemm_list(self) -> tuple[tuple[tuple[int, int], ...], int] | None:
+        """For native code running this dot's batch as its gemm list (the whole list on the
+        calling thread, as `_run_list` does unsplit): the (allocation, offset) of the first
+        item's three matrices and the number of gemms; None unless the dot is a batch of
+        planned gemms with no split choice and a gemm-list kernel exists. The kernel's and
+        the list's addresses: `gemm_list_addresses()`, once the program runs."""
+        if self._gemm is not None or self._batch is None or self.split_choice is not None:
             return None
-        if self._gemm is not None and not split:
+        if gemm_list_kernel(self.out.shape.dtype, self.flush) is None:
             return None
-        plan = self._gemm if self._gemm is not None else None
-        if plan is None and self._batch is not None:
-            plan = self._batch[0]
-        if plan is None or gemm_list_kernel(self.out.shape.dtype, self.flush) is None:
-            return None
-        gemms = self._gemm_list(split)
-        if gemms is None:
-            return None
+        plan = self._batch[0]
         slots = tuple((m.allocation, m.offset) for m in (plan.lhs, plan.rhs, plan.out))
-        blocks = min(self._parts, gemms.count) if split else 1
-        return slots, gemms.count, blocks
+        return slots, self.b
 
-    def gemm_list_addresses(self, split: bool = False) -> tuple[int, int]:
-        """(the gemm-list kernel's address, the address of this dot's whole or split gemm
-        list: see native_gemm_list)."""
-        gemms = self._gemm_list(split)
+    def gemm_list_addresses(self) -> tuple[int, int]:
+        """(the gemm-list kernel's address, the address of this dot's whole gemm list)."""
+        gemms = self._gemm_list(False)
         assert gemms is not None, "native_gemm_list answered for this dot"
-        assert split or gemms.count == self.b, "a whole gemm list holds one gemm per item"
+        assert gemms.count == self.b, "a whole gemm list holds one gemm per batch item"
         return gemms._address, gemms.table.ctypes.data
 
     def _run(self, ctx: ExecutionContext, split: bool) -> None:
