@@ -962,6 +962,83 @@ def _():
     return forward, args
 
 
+# Ninth session (branch loops2): decoding and recurrent loops whose bodies hold batched dots
+# (one gemm per batch item and head) and write a cache in place; not tuned on.
+
+
+@program("while_greedy_decode")
+def _():
+    """GPT-style greedy decoding with a KV cache in a lax.while_loop: per step, one
+    attention layer over the cache (batched dots over batch and heads), an MLP, tied
+    logits and an argmax; the new key/value and token written in place."""
+
+    def decode(emb, wqkv, wo, w1, w2, prompt):
+        batch, start = prompt.shape
+        width, heads, steps = emb.shape[1], 4, prompt.shape[1] * 3
+        dh, total = width // heads, start + steps
+        tokens = jnp.zeros((batch, total), jnp.int32).at[:, :start].set(prompt)
+        cache = jnp.zeros((2, batch, total, heads, dh), emb.dtype)
+
+        def body(state):
+            t, tokens, cache = state
+            x = emb[lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)[:, 0]]
+            q, k, v = jnp.moveaxis((x @ wqkv).reshape(batch, 3, heads, dh), 1, 0)
+            cache = lax.dynamic_update_slice(cache, jnp.stack([k, v])[:, :, None], (0, 0, t, 0, 0))
+            s = jnp.einsum("bhd,bthd->bht", q, cache[0]) / math.sqrt(dh)
+            s = jnp.where(jnp.arange(total) <= t, s, -1e30)
+            ctx = jnp.einsum("bht,bthd->bhd", jax.nn.softmax(s, axis=-1), cache[1])
+            x = x + ctx.reshape(batch, width) @ wo
+            x = x + jax.nn.gelu(x @ w1) @ w2
+            nxt = jnp.argmax(x @ emb.T, axis=-1).astype(jnp.int32)
+            written = lax.dynamic_update_slice(tokens, nxt[:, None], (0, t + 1))
+            return t + 1, jnp.where(t + 1 < start, tokens, written), cache
+
+        return lax.while_loop(lambda s: s[0] < total - 1, body, (0, tokens, cache))[1]
+
+    def args(rng, s):
+        width, vocab = s.model // 2, 8 * s.model
+        return (
+            normal(rng, (vocab, width), scale=2 / math.sqrt(width)),
+            normal(rng, (width, 3 * width), scale=1 / math.sqrt(width)),
+            normal(rng, (width, width), scale=1 / math.sqrt(width)),
+            normal(rng, (width, 4 * width), scale=1 / math.sqrt(width)),
+            normal(rng, (4 * width, width), scale=1 / math.sqrt(4 * width)),
+            rng.integers(0, vocab, (4 if s is BIG else 2, s.steps // 8 or 1)).astype(np.int32),
+        )
+
+    return decode, args
+
+
+@program("scan_rnn_attention")
+def _():
+    """A GRU-like scan whose step attends over an encoder memory (batched dots per batch
+    item: scores and context), as a sequence-to-sequence decoder's cell does."""
+
+    def decoder(wx, wh, wc, memory, xs):
+        def cell(h, x):
+            scores = jnp.einsum("bh,bmh->bm", h, memory) / math.sqrt(h.shape[-1])
+            ctx = jnp.einsum("bm,bmh->bh", jax.nn.softmax(scores, axis=-1), memory)
+            z = jax.nn.sigmoid(x @ wx[0] + h @ wh[0] + ctx @ wc[0])
+            n = jnp.tanh(x @ wx[1] + (z * h) @ wh[1] + ctx @ wc[1])
+            h = (1 - z) * h + z * n
+            return h, h
+
+        h0 = jnp.mean(memory, axis=1)
+        return lax.scan(cell, h0, xs)[1]
+
+    def args(rng, s):
+        hidden, features, batch = s.model // 2, s.model // 4, 8 if s is BIG else 2
+        return (
+            normal(rng, (2, features, hidden), scale=1 / math.sqrt(features)),
+            normal(rng, (2, hidden, hidden), scale=1 / math.sqrt(hidden)),
+            normal(rng, (2, hidden, hidden), scale=1 / math.sqrt(hidden)),
+            normal(rng, (batch, s.steps // 2, hidden)),
+            normal(rng, (s.steps, batch, features)),
+        )
+
+    return decoder, args
+
+
 @program("eigh")
 def _():
     return jnp.linalg.eigh, lambda rng, s: (spd(rng, s.mat // 4),)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hlo_snippets import counted_loop_hlo
 
 from xlapy.backends.cpu import CpuBackend
 from xlapy.backends.cpu.backend import CpuProgram
@@ -174,39 +175,14 @@ def test_a_split_gemv_gives_the_same_bits(t, transposed):
 
 def loop_hlo(t: str, trips: int, transposed: bool) -> str:
     n = 96
-    mat = f"{t}[{n},{n}]"
-    vec = f"{t}[{n}]"
+    mat, vec = f"{t}[{n},{n}]", f"{t}[{n}]"
     d = dims([0], [0]) if transposed else dims([1], [0])
-    state = f"(s32[], {mat}, {vec})"
-    return f"""HloModule gemv_loop
-cond {{
-  s = {state} parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  n = s32[] constant({trips})
-  ROOT c = pred[] compare(i, n), direction=LT
-}}
-body {{
-  s = {state} parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  a = {mat} get-tuple-element(s), index=1
-  v = {vec} get-tuple-element(s), index=2
-  one = s32[] constant(1)
-  i1 = s32[] add(i, one)
-  w = {vec} dot(a, v), {d}
+    body = f"""  w = {vec} dot(a, v), {d}
   q = {t}[] constant(0.25)
   qw = {vec} broadcast(q), dimensions={{}}
   w1 = {vec} multiply(w, qw)
-  v1 = {vec} add(w1, v)
-  ROOT r = {state} tuple(i1, a, v1)
-}}
-ENTRY e {{
-  a = {mat} parameter(0)
-  v = {vec} parameter(1)
-  zero = s32[] constant(0)
-  init = {state} tuple(zero, a, v)
-  w = {state} while(init), condition=cond, body=body
-  ROOT r = {vec} get-tuple-element(w), index=2
-}}"""
+  v1 = {vec} add(w1, v)"""
+    return counted_loop_hlo("gemv_loop", trips, [("a", mat), ("v", vec)], body, ["a", "v1"], ["v"])
 
 
 @pytest.mark.parametrize("t", ["f32", "f64"])
@@ -342,36 +318,12 @@ def test_a_split_small_gemm_gives_the_same_bits(transposed):
 def rnn_loop_hlo(trips: int, transposed: bool) -> str:
     """h <- tanh(h @ W + b) (or h @ W^T) over `trips` steps: an RNN cell on 3 rows."""
     w, h, d = "f32[40,40]", "f32[3,40]", dims([1], [1] if transposed else [0])
-    state = f"(s32[], {w}, {h})"
-    return f"""HloModule rnn_loop
-cond {{
-  s = {state} parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  n = s32[] constant({trips})
-  ROOT c = pred[] compare(i, n), direction=LT
-}}
-body {{
-  s = {state} parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  w = {w} get-tuple-element(s), index=1
-  h = {h} get-tuple-element(s), index=2
-  one = s32[] constant(1)
-  i1 = s32[] add(i, one)
-  z = {h} dot(h, w), {d}
+    body = f"""  z = {h} dot(h, w), {d}
   b = f32[] constant(0.125)
   bz = {h} broadcast(b), dimensions={{}}
   zb = {h} add(z, bz)
-  h1 = {h} tanh(zb)
-  ROOT r = {state} tuple(i1, w, h1)
-}}
-ENTRY e {{
-  w = {w} parameter(0)
-  h = {h} parameter(1)
-  zero = s32[] constant(0)
-  init = {state} tuple(zero, w, h)
-  l = {state} while(init), condition=cond, body=body
-  ROOT r = {h} get-tuple-element(l), index=2
-}}"""
+  h1 = {h} tanh(zb)"""
+    return counted_loop_hlo("rnn_loop", trips, [("w", w), ("h", h)], body, ["w", "h1"], ["h"])
 
 
 @pytest.mark.parametrize("transposed", [False, True])

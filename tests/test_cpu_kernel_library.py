@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hlo_snippets import counted_loop_hlo
 from test_cpu_gemv import dims, dot_hlo
 
 from xlapy.backends.cpu import CpuBackend
@@ -263,39 +264,11 @@ def test_library_kernels_in_a_native_run():
 
 def loop_hlo(trips: int) -> str:
     """h <- tanh(h @ W) and g <- g @ V^T over `trips` steps: both loop orders in a loop."""
-    state = "(s32[], f32[40,40], f32[5,40], f32[24,40], f32[5,24])"
-    return f"""HloModule rnn_loop
-cond {{
-  s = {state} parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  n = s32[] constant({trips})
-  ROOT c = pred[] compare(i, n), direction=LT
-}}
-body {{
-  s = {state} parameter(0)
-  i = s32[] get-tuple-element(s), index=0
-  w = f32[40,40] get-tuple-element(s), index=1
-  h = f32[5,40] get-tuple-element(s), index=2
-  v = f32[24,40] get-tuple-element(s), index=3
-  one = s32[] constant(1)
-  i1 = s32[] add(i, one)
-  z = f32[5,40] dot(h, w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+    body = """  z = f32[5,40] dot(h, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   h1 = f32[5,40] tanh(z)
-  g = f32[5,24] dot(h1, v), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}
-  ROOT r = {state} tuple(i1, w, h1, v, g)
-}}
-ENTRY e {{
-  w = f32[40,40] parameter(0)
-  h = f32[5,40] parameter(1)
-  v = f32[24,40] parameter(2)
-  g = f32[5,24] parameter(3)
-  zero = s32[] constant(0)
-  init = {state} tuple(zero, w, h, v, g)
-  l = {state} while(init), condition=cond, body=body
-  h2 = f32[5,40] get-tuple-element(l), index=2
-  g2 = f32[5,24] get-tuple-element(l), index=4
-  ROOT r = (f32[5,40], f32[5,24]) tuple(h2, g2)
-}}"""
+  g1 = f32[5,24] dot(h1, v), lhs_contracting_dims={1}, rhs_contracting_dims={1}"""
+    carried = [("w", "f32[40,40]"), ("h", "f32[5,40]"), ("v", "f32[24,40]"), ("g", "f32[5,24]")]
+    return counted_loop_hlo("rnn_loop", trips, carried, body, ["w", "h1", "v", "g1"], ["h", "g"])
 
 
 @pytest.mark.parametrize("trips", [0, 1, 19])

@@ -304,10 +304,10 @@ def native_loop_plan(
 ) -> NativeLoopPlan | str:
     """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
     and body must be kernels (those that may split over the cores run on the native pool,
-    in the runtime's number of blocks), copies, dots that are one cblas gemm run whole
-    (DotThunk.native_gemm), conditionals of such branches, and while loops in `native`
-    (those that will be native loops themselves, each mapped to whether it needs one BLAS
-    thread)."""
+    in the runtime's number of blocks), copies, dots that are one cblas gemm or one gemm
+    list run whole (DotThunk.native_gemm, native_gemm_list), conditionals of such
+    branches, and while loops in `native` (those that will be native loops themselves, each
+    mapped to whether it needs one BLAS thread)."""
     native = native or {}
     table: list[Callable[[], int]] = []
     one_thread = False
@@ -340,15 +340,9 @@ def native_loop_plan(
                 out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, pool_at, data))
             elif isinstance(t, CopyThunk):
                 out += copies(raw_copies([(t.src, t.dst)]))
-            elif isinstance(t, DotThunk) and (gemm := t.native_gemm(math.inf)) is not None:
-                one_thread |= t.flops > OPENBLAS_SERIAL_FLOPS
-                _, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
-                table.append(functools.partial(_gemm_address, t))
-                dtype = "float" if t.out.shape.dtype.itemsize == 4 else "double"
-                bits = 64 if wide else 32
-                entry = len(table) - 1
-                step = LoopGemm(entry, dtype, bits, order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
-                out.append(step)
+            elif isinstance(t, DotThunk) and (made := native_run_steps(t, table)) is not None:
+                out += made[0]
+                one_thread |= made[1]
             elif isinstance(t, ConditionalThunk):
                 branches = []
                 for i, branch in enumerate(t.branches):
@@ -370,7 +364,7 @@ def native_loop_plan(
             elif isinstance(t, WhileThunk):
                 return f"{t.instr.name}: an inner while loop that runs from Python"
             elif isinstance(t, DotThunk):
-                return f"{t.instr.name}: a dot that is not one cblas gemm run whole"
+                return f"{t.instr.name}: a dot that is not one cblas gemm or gemm list run whole"
             else:
                 return f"{t.instr.name} is a {t.kind} thunk (it runs from Python)"
         return out
