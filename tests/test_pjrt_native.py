@@ -157,7 +157,13 @@ def test_without_native_code_jax_gets_the_same_answers():
         assert abi.ffi.cast("void *", core.IMPLS["Buffer_Device"]) == slot
         x = jax.device_put(np.arange(6.0, dtype=np.float32), jax.devices("xlapy")[0])
         y = jax.jit(lambda a: a * 2, donate_argnums=0)(x)
-        print(np.asarray(y).tolist(), x.is_deleted(), y.devices())
+        print(np.asarray(y).tolist(), x.is_deleted(), y.devices(), flush=True)
+        # Known defect of this mode (docs/jax.md): jaxlib's threads may still call into the
+        # plugin while the interpreter shuts down; with every entry point a Python callback
+        # that aborts the process about 1 exit in 20. This test is about the answers, so the
+        # child leaves without the shutdown.
+        import os
+        os._exit(0)
         """
     )
     done = subprocess.run(
