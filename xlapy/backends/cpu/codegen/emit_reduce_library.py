@@ -17,10 +17,10 @@
 # Two loop orders, one kernel each per element type and reducer (the menu, `menu`):
 #
 #   rows     one output element per step of the outer range (P x Q of them); its R
-#            elements, when unit-stride, are folded as U vectors of V lanes per step into U
-#            vector accumulators, merged into one vector, its lanes halved into one (as
-#            emit_gemv's lane_sum), then the < U x V elements left one by one; strided, one
-#            scalar at a time.
+#            elements (contiguous: Q = 1 in this order, so R is the input's minor run) are
+#            folded as U vectors of V lanes per step into U vector accumulators, merged into
+#            one vector, its lanes halved into one (as emit_gemv's lane_sum), then the
+#            < U x V elements left one by one.
 #   columns  the input is contiguous along Q: a step of the outer range is a tile of
 #            `tile` adjacent outputs of one p (P x tiles steps); the R rows stream through
 #            per-output accumulators on the stack (whole vectors, then the < V outputs
@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL
+from xlapy.backends.cpu.codegen.elemental import simple_reducer
 from xlapy.backends.cpu.codegen.emit_gemv import splat
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 from xlapy.ir.instruction import HloInstruction
@@ -138,19 +139,9 @@ class ReduceGeometry:
 
     @property
     def columns(self) -> bool:
-        """Does it run in the columns order (several outputs contiguous along Q)?"""
-        return self.q > 1 and self.s_q == 1
-
-
-def _simple_reducer(instr: HloInstruction) -> Opcode | None:
-    root = instr.to_apply.root
-    if root.opcode not in OPS or len(root.operands) != 2:
-        return None
-    if [o.opcode for o in root.operands] != [Opcode.PARAMETER] * 2:
-        return None
-    if {o.parameter_number for o in root.operands} != {0, 1}:
-        return None
-    return root.opcode
+        """Does it run in the columns order (Q > 1: the input contiguous along Q, its minor
+        run), else the rows order (R the minor run, contiguous)?"""
+        return self.q > 1
 
 
 def reduce_library_kernel(
@@ -165,12 +156,14 @@ def reduce_library_kernel(
     t = x.shape.element_type
     if t not in TYPES or init.shape.element_type is not t or instr.shape.element_type is not t:
         return f"element type {t} (the library has {', '.join(TYPES.values())})"
-    op = _simple_reducer(instr)
-    if op is None:
+    op = simple_reducer(instr.to_apply)
+    if op not in OPS:
         return "a reducer other than add, maximum or minimum of its two parameters"
     geometry = reduce_geometry(instr)
     if isinstance(geometry, str):
         return geometry
+    if (geometry.s_q if geometry.columns else geometry.s_r) != 1:  # the minor run is
+        return "the minor run of the input is not contiguous"  # (never, for dense layouts)
     v = max(lanes // 2, 1) if t is PrimitiveType.F64 else lanes
     return ReduceKernel(TYPES[t], OPS[op], geometry.columns, v), geometry
 
@@ -197,14 +190,12 @@ def reduce_geometry(instr: HloInstruction) -> ReduceGeometry | str:
     for name, (_, dims) in zip(names, runs, strict=False):
         groups[name] = dims
     extent = {k: math.prod(src.dims[d] for d in dims) for k, dims in groups.items()}
-    strides = {k: merged_stride(src, dims) for k, dims in groups.items()}
-    outs = {k: merged_stride(out, [kept.index(d) for d in groups[k]]) for k in ("p", "q")}
-    if None in strides.values() or None in outs.values():
+    strides = [merged_stride(src, groups[k]) for k in ("p", "r", "q")]
+    strides += [merged_stride(out, [kept.index(d) for d in groups[k]]) for k in ("p", "q")]
+    known = [x for x in strides if x is not None]
+    if len(known) != len(strides):
         return "the result's layout does not keep the input's order of kept dims"
-    s, o = strides, outs
-    return ReduceGeometry(
-        extent["p"], extent["r"], extent["q"], s["p"], s["r"], s["q"], o["p"], o["q"]
-    )  # type: ignore[arg-type]
+    return ReduceGeometry(extent["p"], extent["r"], extent["q"], *known)
 
 
 def reduce_tile(g: ReduceGeometry, lanes: int, workers: int) -> int:
@@ -382,7 +373,7 @@ class _ReduceEmitter(StandaloneKernelEmitter):
 
     # -- rows order --------------------------------------------------------------------------
     def _rows(self, start, end) -> None:
-        b, c, p = self.b, self.c, self.p
+        b, p = self.b, self.p
         with self.loop(start, end, "out") as t:
             pi = b.sdiv(t, p["q"])
             qi = b.sub(t, b.mul(pi, p["q"]))
@@ -390,12 +381,7 @@ class _ReduceEmitter(StandaloneKernelEmitter):
             out_at = b.add(b.mul(pi, p["o_p"]), b.mul(qi, p["o_q"]))
             sfold = _Fold(self, self.scalar)
             total = self._slots(sfold, "total")
-            unit = b.icmp_signed("==", p["s_r"], c(1))
-            with b.if_else(unit) as (then_unit, then_strided):
-                with then_unit:
-                    self._set(total, self._row_vectors(base))
-                with then_strided:
-                    self._set(total, self._row_strided(base))
+            self._set(total, self._row_vectors(base))
             value = self._result(sfold, sfold.finish(self._get(total)))
             b.store(value, self._at(self.y, out_at))
 
@@ -451,26 +437,6 @@ class _ReduceEmitter(StandaloneKernelEmitter):
             state = fold.merge(state, high)
             width = half
         return [b.extract_element(v, ir.Constant(I32, 0)) for v in state]
-
-    def _row_strided(self, base) -> list:
-        """The state of folding x[base + i * s_r], i in [0, R), one scalar at a time."""
-        b = self.b
-        fold = _Fold(self, self.scalar)
-        levels = [self._slots(fold, f"s{n}") for n in range(3)]
-        for slots in levels:
-            self._set(slots, fold.identity())
-        target = levels[0] if self.k.op == "add" else levels[2]
-
-        def body(lo, hi):
-            with self.loop(lo, hi, "elem") as i:
-                x = self._load(b.add(base, b.mul(i, self.p["s_r"])), False)
-                self._set(target, fold.step(self._get(target), x))
-
-        def flush(n):
-            self._set(levels[n + 1], fold.merge(self._get(levels[n + 1]), self._get(levels[n])))
-
-        self._blocked(self.p["r"], body, lambda n: self._set(levels[n], fold.identity()), flush)
-        return self._get(levels[2])
 
     # -- columns order -----------------------------------------------------------------------
     def _columns(self, start, end) -> None:

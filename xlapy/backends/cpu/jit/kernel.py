@@ -538,7 +538,7 @@ def compile_computation(
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
     emitter.in_place_reason); the kernel reads those parameters through the outputs.
     `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
-    `comp_text`: `comp.to_text()` when the caller has it.
+    `comp_text`: `kernel_text(comp)` when the caller has it.
     `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
     None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
@@ -554,7 +554,7 @@ def compile_computation(
         return Kernel(emit(), symbol, use_cache=False)
     key = jit.content_key(
         "kernel",
-        comp_text or comp.to_text(),
+        comp_text or kernel_text(comp),
         repr(pairs),
         "flush-denormals" if flush_denormals else "ieee-denormals",
         source_fingerprint(),
@@ -696,6 +696,22 @@ def using_book(book: KernelBook) -> Iterator[KernelBook]:
         _book.reset(token)
 
 
+def kernel_text(comp: HloComputation) -> str:
+    """What a kernel of `comp` is compiled from, as text: `comp`'s own text, then that of
+    every computation it calls (a reduce's reducer, a sort's comparator, a fusion's body),
+    each once. A computation's text names what it calls without their bodies: keyed by it
+    alone, a minimum took the kernel of a maximum whose reducer had the same name."""
+    texts, seen, todo = [comp.to_text()], {id(comp)}, [comp]
+    while todo:
+        for instr in todo.pop().instructions:
+            for called in instr.called_computations():
+                if id(called) not in seen:
+                    seen.add(id(called))
+                    texts.append(called.to_text())
+                    todo.append(called)
+    return "\n".join(texts)
+
+
 def kernel_site(instr: HloInstruction) -> str:
     """Where `instr` sits in its module, "computation/instruction": what a whole-executable
     entry names its kernel by. Instruction names alone need not be unique across a module
@@ -732,7 +748,7 @@ def kernel_for(
     kid = (name if site is None else site, tuple(in_place), flush_denormals)
     kernel = _from_book(book, kid, comp, name) if book is not None else None
     if kernel is None:
-        text = comp.to_text()
+        text = kernel_text(comp)
         key = (text, tuple(in_place), flush_denormals)
         with _kernel_lock:
             kernel = _kernel_cache.get(key)
