@@ -145,7 +145,6 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
 from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
-from xlapy.backends.cpu.runtime.pool import pool_size
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
 from xlapy.backends.cpu.runtime.sort_thunk import (
     plan_approx_topk,
@@ -571,7 +570,7 @@ def _library_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
         return reason
     kernel, geometry = found
     x, init = instr.operands
-    data = reduce_params(geometry, kernel, pool_size())
+    data = reduce_params(geometry, kernel)
     extent = reduce_extent(data)
     signature = Signature((instr.shape,), (x.shape, init.shape), extent, param_blocks=1)
     try:

@@ -21,8 +21,10 @@
 #            folded as U vectors of V lanes per step into U vector accumulators, merged into
 #            one vector, its lanes halved into one (as emit_gemv's lane_sum), then the
 #            < U x V elements left one by one.
-#   columns  the input is contiguous along Q: a step of the outer range is a tile of
-#            `tile` adjacent outputs of one p (P x tiles steps); the R rows stream through
+#   columns  the input is contiguous along Q: a step of the outer range is a vector of V
+#            adjacent outputs of one p (P x ceil(Q / V) steps); a range of them is cut into
+#            tiles of at most MAX_TILE outputs of one p (a whole run: whole rows; a split
+#            run: its part of them, not narrower tiles); the R rows stream through
 #            per-output accumulators on the stack (whole vectors, then the < V outputs
 #            left as scalars), as the per-shape column kernel (codegen/elemental.py) does.
 #
@@ -60,10 +62,10 @@ from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import merged_stride
 from xlapy.ir.types import PrimitiveType
 
-PARAMS = ("p", "r", "q", "s_p", "s_r", "s_q", "o_p", "o_q", "tiles", "tile")
+PARAMS = ("p", "r", "q", "s_p", "s_r", "s_q", "o_p", "o_q", "units")
 """The parameter block's i64 words, in order: the extents P, R, Q, the input's element
-strides along them, the output's along P and Q, and (columns order) the tiles per p and
-the outputs per tile."""
+strides along them, the output's along P and Q, and the outer range's units per p (rows
+order: Q outputs; columns order: ceil(Q / V) vectors of outputs)."""
 
 OPS = {Opcode.ADD: "add", Opcode.MAXIMUM: "max", Opcode.MINIMUM: "min"}
 """The reducers the library has kernels for."""
@@ -198,27 +200,16 @@ def reduce_geometry(instr: HloInstruction) -> ReduceGeometry | str:
     return ReduceGeometry(extent["p"], extent["r"], extent["q"], *known)
 
 
-def reduce_tile(g: ReduceGeometry, lanes: int, workers: int) -> int:
-    """Outputs per tile of the columns order: all of Q up to MAX_TILE, in smaller tiles
-    (whole vectors, at least 4) when that gives each of `workers` threads a step."""
-    want = max(1, -(-workers // max(g.p, 1)))  # tiles per p
-    tile = -(-g.q // want)
-    tile = -(-tile // lanes) * lanes
-    return max(min(tile, MAX_TILE), min(4 * lanes, MAX_TILE))
-
-
-def reduce_params(g: ReduceGeometry, kernel: ReduceKernel, workers: int) -> tuple[int, ...]:
-    """The parameter block (PARAMS) of `g` for `kernel`, tiled for `workers` threads (the
-    tiling changes no result: each output is folded in the same order)."""
-    tile = reduce_tile(g, kernel.lanes, workers) if kernel.columns else 1
-    tiles = -(-g.q // tile) if kernel.columns else g.q
-    return (g.p, g.r, g.q, g.s_p, g.s_r, g.s_q, g.o_p, g.o_q, tiles, tile)
+def reduce_params(g: ReduceGeometry, kernel: ReduceKernel) -> tuple[int, ...]:
+    """The parameter block (PARAMS) of `g` for `kernel`."""
+    units = -(-g.q // kernel.lanes) if kernel.columns else g.q
+    return (g.p, g.r, g.q, g.s_p, g.s_r, g.s_q, g.o_p, g.o_q, units)
 
 
 def reduce_extent(params: tuple[int, ...]) -> int:
     """The kernel's outer range for parameter block `params`: outputs (rows order) or
-    tiles (columns order)."""
-    return params[0] * params[PARAMS.index("tiles")]
+    vectors of outputs (columns order), P x `units`."""
+    return params[0] * params[PARAMS.index("units")]
 
 
 class _Fold:
@@ -364,6 +355,9 @@ class _ReduceEmitter(StandaloneKernelEmitter):
     def _min(self, x, y):
         return self.b.select(self.b.icmp_signed("<", x, y), x, y)
 
+    def _max(self, x, y):
+        return self.b.select(self.b.icmp_signed(">", x, y), x, y)
+
     def _result(self, fold: _Fold, value):
         """The output value: `value` with the init, or the init itself when R = 0."""
         init = self.init
@@ -461,94 +455,104 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         def slot(arrays, i):
             return [b.gep(a, [ir.Constant(I32, 0), i], inbounds=True) for a in arrays]
 
-        with self.loop(start, end, "tile") as t:
-            pi = b.sdiv(t, p["tiles"])
-            q0 = b.mul(b.sub(t, b.mul(pi, p["tiles"])), p["tile"])
-            width = self._min(p["tile"], b.sub(p["q"], q0))
-            vectors = b.sdiv(width, c(k.lanes))
-            first = b.mul(vectors, c(k.lanes))  # the first output left to scalars
-            base = b.add(b.mul(pi, p["s_p"]), q0)
-            out0 = b.add(b.mul(pi, p["o_p"]), b.mul(q0, p["o_q"]))
+        units, step = p["units"], MAX_TILE // k.lanes
+        some = b.icmp_signed("<", start, end)
+        p_first = b.sdiv(start, units)
+        p_end = b.add(b.sdiv(b.sub(end, c(1)), units), c(1))
+        with self.loop(p_first, b.select(some, p_end, p_first), "p") as pi:
+            row0 = b.mul(pi, units)
+            lo = self._max(b.sub(start, row0), c(0))
+            hi = self._min(b.sub(end, row0), units)
+            with self.loop(lo, hi, "tile", step=step) as u0:
+                u1 = self._min(b.add(u0, c(step)), hi)
+                q0 = b.mul(u0, c(k.lanes))
+                width = b.sub(self._min(b.mul(u1, c(k.lanes)), p["q"]), q0)
+                vectors = b.sdiv(width, c(k.lanes))
+                first = b.mul(vectors, c(k.lanes))  # the first output left to scalars
+                base = b.add(b.mul(pi, p["s_p"]), q0)
+                out0 = b.add(b.mul(pi, p["o_p"]), b.mul(q0, p["o_q"]))
 
-            def array_path():
+                def array_path():
 
-                def each(arrays_v, arrays_s, action_v, action_s):
-                    with self.loop(c(0), vectors, "vec") as v:
-                        action_v(v, slot(arrays_v, v))
-                    with self.loop(first, width, "col") as j:
-                        action_s(j, slot(arrays_s, b.sub(j, first)))
+                    def each(arrays_v, arrays_s, action_v, action_s):
+                        with self.loop(c(0), vectors, "vec") as v:
+                            action_v(v, slot(arrays_v, v))
+                        with self.loop(first, width, "col") as j:
+                            action_s(j, slot(arrays_s, b.sub(j, first)))
 
-                def clear(n):
-                    each(
-                        vec_levels[n],
-                        sca_levels[n],
-                        lambda v, s: self._set(s, vfold.identity()),
-                        lambda j, s: self._set(s, sfold.identity()),
-                    )
+                    def clear(n):
+                        each(
+                            vec_levels[n],
+                            sca_levels[n],
+                            lambda v, s: self._set(s, vfold.identity()),
+                            lambda j, s: self._set(s, sfold.identity()),
+                        )
 
-                for n in used:
-                    clear(n)
-                target_n = 0 if k.op == "add" else 2
+                    for n in used:
+                        clear(n)
+                    target_n = 0 if k.op == "add" else 2
 
-                def body(lo, hi):
-                    with self.loop(lo, hi, "row") as r:
-                        row = b.add(base, b.mul(r, p["s_r"]))
+                    def body(lo, hi):
+                        with self.loop(lo, hi, "row") as r:
+                            row = b.add(base, b.mul(r, p["s_r"]))
 
-                        def vector_step(v, s):
-                            x = self._load(b.add(row, b.mul(v, c(k.lanes))), True)
-                            self._set(s, vfold.step(self._get(s), x))
+                            def vector_step(v, s):
+                                x = self._load(b.add(row, b.mul(v, c(k.lanes))), True)
+                                self._set(s, vfold.step(self._get(s), x))
 
-                        def scalar_step(j, s):
-                            x = self._load(b.add(row, j), False)
-                            self._set(s, sfold.step(self._get(s), x))
+                            def scalar_step(j, s):
+                                x = self._load(b.add(row, j), False)
+                                self._set(s, sfold.step(self._get(s), x))
 
-                        each(vec_levels[target_n], sca_levels[target_n], vector_step, scalar_step)
+                            each(
+                                vec_levels[target_n], sca_levels[target_n], vector_step, scalar_step
+                            )
 
-                def flush(n):
-                    def up(fold):
-                        def action(_, s):
-                            low, high = s[: len(s) // 2], s[len(s) // 2 :]
-                            self._set(high, fold.merge(self._get(high), self._get(low)))
+                    def flush(n):
+                        def up(fold):
+                            def action(_, s):
+                                low, high = s[: len(s) // 2], s[len(s) // 2 :]
+                                self._set(high, fold.merge(self._get(high), self._get(low)))
 
-                        return action
+                            return action
 
-                    each(
-                        vec_levels[n] + vec_levels[n + 1],
-                        sca_levels[n] + sca_levels[n + 1],
-                        up(vfold),
-                        up(sfold),
-                    )
+                        each(
+                            vec_levels[n] + vec_levels[n + 1],
+                            sca_levels[n] + sca_levels[n + 1],
+                            up(vfold),
+                            up(sfold),
+                        )
 
-                self._blocked(p["r"], body, clear, flush)
+                    self._blocked(p["r"], body, clear, flush)
 
-                def store_vector(v, s):
-                    value = self._result(vfold, vfold.finish(self._get(s)))
-                    at = b.add(out0, b.mul(b.mul(v, c(k.lanes)), p["o_q"]))
-                    for lane in range(k.lanes):
-                        element = b.extract_element(value, ir.Constant(I32, lane))
-                        b.store(element, self._at(self.y, b.add(at, b.mul(c(lane), p["o_q"]))))
+                    def store_vector(v, s):
+                        value = self._result(vfold, vfold.finish(self._get(s)))
+                        at = b.add(out0, b.mul(b.mul(v, c(k.lanes)), p["o_q"]))
+                        for lane in range(k.lanes):
+                            element = b.extract_element(value, ir.Constant(I32, lane))
+                            b.store(element, self._at(self.y, b.add(at, b.mul(c(lane), p["o_q"]))))
 
-                def store_scalar(j, s):
-                    value = self._result(sfold, sfold.finish(self._get(s)))
-                    b.store(value, self._at(self.y, b.add(out0, b.mul(j, p["o_q"]))))
+                    def store_scalar(j, s):
+                        value = self._result(sfold, sfold.finish(self._get(s)))
+                        b.store(value, self._at(self.y, b.add(out0, b.mul(j, p["o_q"]))))
 
-                each(vec_levels[2], sca_levels[2], store_vector, store_scalar)
+                    each(vec_levels[2], sca_levels[2], store_vector, store_scalar)
 
-            whole = b.icmp_signed("==", first, width)
-            case = b.select(whole, vectors, c(0))  # 0 (and above REGISTER_VECTORS): arrays
-            merge = self.fn.append_basic_block("tile.merge")
-            arrays = self.fn.append_basic_block("tile.arrays")
-            switch = b.switch(case, arrays)
-            for count in range(1, REGISTER_VECTORS[k.op] + 1):
-                block = self.fn.append_basic_block(f"tile.{count}")
-                switch.add_case(c(count), block)
-                b.position_at_end(block)
-                self._columns_in_registers(base, out0, count)
+                whole = b.icmp_signed("==", first, width)
+                case = b.select(whole, vectors, c(0))  # 0 (and above REGISTER_VECTORS): arrays
+                merge = self.fn.append_basic_block("tile.merge")
+                arrays = self.fn.append_basic_block("tile.arrays")
+                switch = b.switch(case, arrays)
+                for count in range(1, REGISTER_VECTORS[k.op] + 1):
+                    block = self.fn.append_basic_block(f"tile.{count}")
+                    switch.add_case(c(count), block)
+                    b.position_at_end(block)
+                    self._columns_in_registers(base, out0, count)
+                    b.branch(merge)
+                b.position_at_end(arrays)
+                array_path()
                 b.branch(merge)
-            b.position_at_end(arrays)
-            array_path()
-            b.branch(merge)
-            b.position_at_end(merge)
+                b.position_at_end(merge)
 
     def _columns_in_registers(self, base, out0, count: int) -> None:
         """A tile of `count` whole vectors of outputs, its accumulators in registers."""
