@@ -1,9 +1,10 @@
 # The kernel library: kernels generic in their shapes, compiled once per machine.
 #
 # A program's cold compile spends LLVM time on every kernel it emits. For kernels whose code
-# need not depend on the program (today: the small matrix-matrix products of
-# codegen/emit_small_gemm.py, one of a finite menu per dot, its shape passed at run time in a
-# parameter block) the object is the same for every program, so it is compiled once and kept
+# need not depend on the program (the small matrix-matrix products of
+# codegen/emit_small_gemm.py and the plain reductions of codegen/emit_reduce_library.py, each
+# one of a finite menu, its shape passed at run time in a parameter block) the object is the
+# same for every program, so it is compiled once and kept
 # in the library directory (disk_cache.library_dir: $XLAPY_LIBRARY_DIR or
 # ~/.cache/xlapy/library), apart from the per-program kernel cache: a fresh kernel cache
 # (benchmarks/cpu_vs_xla.py's cold compile) reads the library and builds nothing. This is
