@@ -27,6 +27,7 @@ from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
+from xlapy.runtime import Client
 
 RNG = np.random.default_rng(20261127)
 NP = {"f32": np.float32, "f64": np.float64}
@@ -376,3 +377,19 @@ def test_per_shape_kernels_of_reducers_with_the_same_name_are_not_shared(library
     text = reduce_hlo("f32", "minimum", (40, 33), (1,))
     got = CpuProgram(parse_module(text), {"reduce_library": False}).run([x])
     np.testing.assert_array_equal(np.asarray(got), x.min(axis=1))
+
+
+def test_a_warm_compile_runs_the_library_reduction(library):
+    """The second compile comes from the executable cache / program image (the thunk's
+    parameter block pickled with it): the same bits, the library object read back."""
+    text = reduce_hlo("f32", "add", (300, 77), (0,))
+    x = RNG.standard_normal((300, 77)).astype(np.float32)
+    results = []
+    for _ in range(2):
+        clear_kernel_cache()
+        client = Client("cpu")
+        executable = client.compile(text)
+        results.append(executable.execute([[client.buffer_from_pyval(x)]])[0][0].to_numpy())
+    np.testing.assert_array_equal(results[1], results[0])
+    assert list((library.parent / "kernels").glob("*.image"))
+    _close(results[0], x.sum(axis=0), "f32", "add", 300)
