@@ -20,6 +20,7 @@ from xlapy.backends.cpu.runtime.dot_thunk import plan_dot, work_dtype
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
+from xlapy.passes import conv_to_dot
 
 pytestmark = pytest.mark.usefixtures("x64_mode")
 
@@ -36,6 +37,13 @@ def use_blas_paths(monkeypatch) -> None:
     which takes every f32 two-dimensional ungrouped convolution first)."""
     monkeypatch.setattr(lowering, "direct_geometry", lambda instr: None)
     monkeypatch.setattr(lowering, "arena_geometry", lambda instr: None)
+
+
+@pytest.fixture(autouse=True)
+def convolutions_stay(monkeypatch):
+    """The pipeline's conv-to-dot pass (passes/conv_to_dot.py, tested on its own in
+    tests/test_conv_to_dot.py) is off here, so the 1x1 cases test the convolution paths."""
+    monkeypatch.setattr(conv_to_dot, "pointwise_reason", lambda conv: "off in these tests")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from xlapy.passes.pass_base import (
 
 PASS_MODULES = (
     "constant_folding",
+    "conv_to_dot",
     "copy_insertion",
     "cse",
     "dce",

@@ -35,6 +35,7 @@ CPU_PIPELINE: list[PlanEntry] = [
     "batchnorm-expander",
     "logistic-expander",
     "dot-upcast",  # bf16/f16 dots as f32 dots (BLAS) between converts that fusion places
+    "conv-to-dot",  # 1x1 convolutions that move nothing as dots (BLAS), as XLA's algsimp
     # "reduce-window-rewriter" (prefix scans as reduce-window -> blocked O(n) scans) is not in
     # the pipeline yet: the CPU backend runs its slice/concatenate chains slower than its
     # NumPy accumulate path on forward scans (see benchmarks/RESULTS.md, "scans").

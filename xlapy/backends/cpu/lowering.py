@@ -11,6 +11,9 @@
 #                               while of kernels and copies alone becomes one native loop
 #                               (codegen/emit_loop.py) once its kernels are loaded
 #   collectives                 the execution's peers (runtime/collective_thunk.py)
+#   reduce                      a plain reduce (f32/f64, add/max/min, rows, columns, middle
+#                               axis, all) as a kernel of the kernel library
+#                               (codegen/emit_reduce_library.py), else a per-shape kernel
 #   dot                         a matrix-vector product (f32/f64, one side without free
 #                               dims) as a native gemv kernel (codegen/emit_gemv.py), else
 #                               BLAS on the arena, else the mixed-type library path
@@ -70,6 +73,11 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopStep,
     LoopSwitch,
     emit_loop,
+)
+from xlapy.backends.cpu.codegen.emit_reduce_library import (
+    reduce_extent,
+    reduce_library_kernel,
+    reduce_params,
 )
 from xlapy.backends.cpu.codegen.emit_rng import emit_rng, rng_description, rng_reason, rng_signature
 from xlapy.backends.cpu.codegen.emit_scan import (
@@ -543,6 +551,33 @@ def _library_gemm(lw: Lowering, instr: HloInstruction, geometry: Gemv) -> Built:
     return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
 
 
+def _library_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """A plain reduce (one f32/f64 array by add, maximum or minimum, as [P, R, Q] -> [P, Q])
+    as a kernel of the kernel library, generic in its extents and strides
+    (codegen/emit_reduce_library.py): no LLVM for this program. Option
+    `reduce_library=False` compiles it per shape instead."""
+    if not lw.options.get("reduce_library", True):
+        return "reduce_library is off"
+    found = reduce_library_kernel(instr, vector_shape(host_target().features)[0])
+    if isinstance(found, str):
+        return found
+    reason = lw.failed.get(instr.name)
+    if reason is not None:
+        return reason
+    kernel, geometry = found
+    x, init = instr.operands
+    data = reduce_params(geometry, kernel)
+    extent = reduce_extent(data)
+    signature = Signature((instr.shape,), (x.shape, init.shape), extent, param_blocks=1)
+    try:
+        native = library_kernel(kernel, lw.flush_denormals, signature, symbol_name(instr.name))
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, native))
+    inputs = [lw.slice_at(x), lw.slice_at(init)]
+    return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
+
+
 def _dynamic_update_slice(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if not instr.shape.is_array:
         return "a tuple result"
@@ -814,6 +849,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
         KERNEL,
         library(plan_dot),
     ),
+    Opcode.REDUCE: (Strategy("library reduce", _library_reduce), KERNEL, RULE),
     Opcode.DYNAMIC_UPDATE_SLICE: (
         Strategy("dynamic-update-slice", _dynamic_update_slice),
         KERNEL,

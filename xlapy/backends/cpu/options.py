@@ -50,6 +50,12 @@ CPU_OPTIONS: dict[str, Option] = {
         "true; lowering.py, codegen/emit_small_gemm.py, jit/kernel_library.py)",
         boolean,
     ),
+    "reduce_library": Option(
+        "run plain f32/f64 reduces by add, maximum or minimum (row, column, middle-axis, "
+        "full) on kernels generic in their extents from the kernel library, not on a kernel "
+        "compiled per shape (default true; lowering.py, codegen/emit_reduce_library.py)",
+        boolean,
+    ),
     "denormals": Option(
         "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
         "(codegen/emitter.py)",

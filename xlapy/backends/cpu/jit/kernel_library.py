@@ -1,9 +1,10 @@
 # The kernel library: kernels generic in their shapes, compiled once per machine.
 #
 # A program's cold compile spends LLVM time on every kernel it emits. For kernels whose code
-# need not depend on the program (today: the small matrix-matrix products of
-# codegen/emit_small_gemm.py, one of a finite menu per dot, its shape passed at run time in a
-# parameter block) the object is the same for every program, so it is compiled once and kept
+# need not depend on the program (the small matrix-matrix products of
+# codegen/emit_small_gemm.py and the plain reductions of codegen/emit_reduce_library.py, each
+# one of a finite menu, its shape passed at run time in a parameter block) the object is the
+# same for every program, so it is compiled once and kept
 # in the library directory (disk_cache.library_dir: $XLAPY_LIBRARY_DIR or
 # ~/.cache/xlapy/library), apart from the per-program kernel cache: a fresh kernel cache
 # (benchmarks/cpu_vs_xla.py's cold compile) reads the library and builds nothing. This is
@@ -28,10 +29,13 @@ import functools
 import hashlib
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from xlapy.backends.cpu.codegen import emit_reduce_library, emit_small_gemm
 from xlapy.backends.cpu.codegen.common import SYMBOL, KernelSpec
-from xlapy.backends.cpu.codegen.emit_small_gemm import SmallGemmKernel, emit_small_gemm, menu
+from xlapy.backends.cpu.codegen.emit_reduce_library import ReduceKernel
+from xlapy.backends.cpu.codegen.emit_small_gemm import SmallGemmKernel
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit.disk_cache import LIBRARY_ENV, key_tag, library_dir
 from xlapy.backends.cpu.jit.kernel import (
@@ -55,20 +59,37 @@ def library_fingerprint() -> str:
     return h.hexdigest()
 
 
-def library_key(kernel: SmallGemmKernel, flush_denormals: bool) -> str:
+LibraryKernel = SmallGemmKernel | ReduceKernel
+"""A kernel of the library: a small gemm (codegen/emit_small_gemm.py) or a reduction
+(codegen/emit_reduce_library.py)."""
+
+
+def menu(lanes: int) -> tuple[LibraryKernel, ...]:
+    """Every kernel of the library for vector registers of `lanes` f32 elements."""
+    return (*emit_small_gemm.menu(lanes), *emit_reduce_library.menu(lanes))
+
+
+def _emitter(kernel: LibraryKernel, flush_denormals: bool) -> Callable[[], str]:
+    """A function writing `kernel`'s LLVM IR."""
+    if isinstance(kernel, ReduceKernel):
+        return functools.partial(emit_reduce_library.emit_reduce_kernel, kernel, flush_denormals)
+    return functools.partial(emit_small_gemm.emit_small_gemm, kernel, flush_denormals)
+
+
+def library_key(kernel: LibraryKernel, flush_denormals: bool) -> str:
     """The name of `kernel`'s object in the library."""
     description = kernel.description(flush_denormals)
     return jit.content_key("kernel-library", library_fingerprint(), description, key_tag())
 
 
 def library_kernel(
-    kernel: SmallGemmKernel, flush_denormals: bool, signature: Signature, name: str
+    kernel: LibraryKernel, flush_denormals: bool, signature: Signature, name: str
 ) -> Kernel:
     """A Kernel running library kernel `kernel` with `signature` (its shapes, outer range
     and one parameter block): loaded from the library, or compiled into it now on the JIT's
     pool (`wait()` before running it). Kernels of the same library kernel share one object."""
     key = library_key(kernel, flush_denormals)
-    emit = functools.partial(emit_small_gemm, kernel, flush_denormals)
+    emit = _emitter(kernel, flush_denormals)
 
     def spec() -> KernelSpec:  # for dumps
         sig = signature
@@ -89,7 +110,7 @@ def build(
         start = time.process_time()
         request, _ = library_request(
             library_key(kernel, flush_denormals),
-            functools.partial(emit_small_gemm, kernel, flush_denormals),
+            _emitter(kernel, flush_denormals),
             where,
         )
         function_address(request)
