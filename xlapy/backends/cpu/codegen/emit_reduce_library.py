@@ -352,6 +352,27 @@ class _ReduceEmitter(StandaloneKernelEmitter):
                 flush(0)
             flush(1)
 
+    def _fold_in_levels(self, fold: _Fold, name: str, count: int, steps, body) -> list:
+        """`count` accumulators folded over steps [0, steps) through _blocked's levels:
+        `body(lo, hi, target)` folds steps [lo, hi) into `target` (one slot list per
+        accumulator); returns the totals' slots (level 2)."""
+        levels = [[self._slots(fold, f"{name}{n}_{i}") for i in range(count)] for n in range(3)]
+        for level in levels:
+            for slots in level:
+                self._set(slots, fold.identity())
+        target = levels[0] if self.k.op == "add" else levels[2]
+
+        def clear(n):
+            for slots in levels[n]:
+                self._set(slots, fold.identity())
+
+        def flush(n):
+            for low, high in zip(levels[n], levels[n + 1], strict=True):
+                self._set(high, fold.merge(self._get(high), self._get(low)))
+
+        self._blocked(steps, lambda lo, hi: body(lo, hi, target), clear, flush)
+        return levels[2]
+
     def _min(self, x, y):
         return self.b.select(self.b.icmp_signed("<", x, y), x, y)
 
@@ -385,30 +406,17 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         fold = _Fold(self, self.vty)
         width = UNROLL * k.lanes
         steps = b.sdiv(self.p["r"], c(width))
-        levels = [[self._slots(fold, f"l{n}u{u}") for u in range(UNROLL)] for n in range(3)]
-        for level in levels:
-            for slots in level:
-                self._set(slots, fold.identity())
-        target = levels[0] if k.op == "add" else levels[2]
 
-        def body(lo, hi):
+        def body(lo, hi, target):
             with self.loop(lo, hi, "step") as s:
                 at = b.add(base, b.mul(s, c(width)))
                 for u in range(UNROLL):
                     x = self._load(b.add(at, c(u * k.lanes)), True)
                     self._set(target[u], fold.step(self._get(target[u]), x))
 
-        def clear(n):
-            for slots in levels[n]:
-                self._set(slots, fold.identity())
-
-        def flush(n):
-            for low, high in zip(levels[n], levels[n + 1], strict=True):
-                self._set(high, fold.merge(self._get(high), self._get(low)))
-
-        self._blocked(steps, body, clear, flush)
-        merged = self._get(levels[2][0])
-        for slots in levels[2][1:]:
+        totals = self._fold_in_levels(fold, "u", UNROLL, steps, body)
+        merged = self._get(totals[0])
+        for slots in totals[1:]:
             merged = fold.merge(merged, self._get(slots))
         state = self._lanes(fold, merged)
         sfold = _Fold(self, self.scalar)
@@ -558,29 +566,15 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         """A tile of `count` whole vectors of outputs, its accumulators in registers."""
         b, c, k, p = self.b, self.c, self.k, self.p
         fold = _Fold(self, self.vty)
-        levels = [[self._slots(fold, f"r{n}v{i}") for i in range(count)] for n in range(3)]
-        for level in levels:
-            for slots in level:
-                self._set(slots, fold.identity())
-        target = levels[0] if k.op == "add" else levels[2]
 
-        def body(lo, hi):
+        def body(lo, hi, target):
             with self.loop(lo, hi, "row") as r:
                 row = b.add(base, b.mul(r, p["s_r"]))
                 for i in range(count):
                     x = self._load(b.add(row, c(i * k.lanes)), True)
                     self._set(target[i], fold.step(self._get(target[i]), x))
 
-        def clear(n):
-            for slots in levels[n]:
-                self._set(slots, fold.identity())
-
-        def flush(n):
-            for low, high in zip(levels[n], levels[n + 1], strict=True):
-                self._set(high, fold.merge(self._get(high), self._get(low)))
-
-        self._blocked(p["r"], body, clear, flush)
-        for i, slots in enumerate(levels[2]):
+        for i, slots in enumerate(self._fold_in_levels(fold, "v", count, p["r"], body)):
             value = self._result(fold, fold.finish(self._get(slots)))
             at = b.add(out0, b.mul(c(i * k.lanes), p["o_q"]))
             for lane in range(k.lanes):
