@@ -240,19 +240,25 @@ def measure_ab(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
                         out.block_until_ready()
 
             ways[way] = run
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for f in ways.values():
-            for _ in range(3):
-                f()
-        while len(times["new"]) < runs:
-            for way, f in ways.items():
-                f()
-                for _ in range(block):
-                    t = time.perf_counter()
-                    f()
-                    times[way].append(time.perf_counter() - t)
-        results[name] = {way: _stats(s) for way, s in times.items()}
+        results[name] = _alternate(ways, runs, block, warm=3)
     return results
+
+
+def _alternate(ways: dict, runs: int, block: int, warm: int) -> dict[str, dict]:
+    """Each way's run `warm` times, then the ways in turn, `block` timed runs each (after
+    one untimed run) until every way has `runs`: per way, _stats of its per-run seconds."""
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for f in ways.values():
+        for _ in range(warm):
+            f()
+    while min(len(t) for t in times.values()) < runs:
+        for way, f in ways.items():
+            f()
+            for _ in range(block):
+                t = time.perf_counter()
+                f()
+                times[way].append(time.perf_counter() - t)
+    return {way: _stats(s) for way, s in times.items()}
 
 
 def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
@@ -283,18 +289,7 @@ def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, di
                     out.block_until_ready()
 
             ways[way] = run
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for f in ways.values():
-            for _ in range(2):
-                f()
-        while len(times["inline"]) < runs:
-            for way, f in ways.items():
-                f()
-                for _ in range(block):
-                    t = time.perf_counter()
-                    f()
-                    times[way].append(time.perf_counter() - t)
-        results[name] = {way: _stats(s) for way, s in times.items()}
+        results[name] = _alternate(ways, runs, block, warm=2)
     return results
 
 
