@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from many_threads import run_on_threads
 
 import xlapy
 from xlapy.backends.cpu import lowering
@@ -122,24 +123,14 @@ def test_threads_running_split_programs_at_once(monkeypatch):
         text = jax.jit(CASES[name]).lower(x).as_text()
         want = np.asarray(evaluate(xlapy.load(text), [x]))
         programs.append((name, client.compile(text), client.buffer_from_pyval(x), want))
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        try:
-            for r in range(6):
-                name, executable, buf, want = programs[(k + r) % len(programs)]
-                ((out,),) = executable.execute([[buf]])
-                _check(name, np.asarray(out), want)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for r in range(6):
+            name, executable, buf, want = programs[(k + r) % len(programs)]
+            ((out,),) = executable.execute([[buf]])
+            _check(name, np.asarray(out), want)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors[0]
+    run_on_threads(worker, 8)
 
 
 def test_split_over_from_a_pool_worker_does_not_hang():

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from many_threads import run_on_threads
 
 import xlapy
 from xlapy.backends.cpu.runtime import kernel_thunk, pool
@@ -123,29 +124,19 @@ def test_run_blocks_wait_has_a_time_limit_that_names_the_block(monkeypatch):
 def test_run_blocks_from_many_python_threads_and_nested():
     """8 Python threads call run_blocks at once, and each block splits again (nested, from
     pool workers as well as the callers)."""
-    errors: list[BaseException] = []
 
     def inner_split(lo, hi):
         seen = _covered(pool.even_blocks(hi - lo + 5, 3), hi - lo + 5)
         assert (seen == 1).all()
 
     def caller(k: int) -> None:
-        try:
-            for r in range(20):
-                extent = 5 + (k + r) % 11
-                seen = _covered(pool.even_blocks(extent, 1 + (k * r) % 9), extent)
-                assert (seen == 1).all()
-                pool.run_blocks(inner_split, pool.even_blocks(6, 3))
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for r in range(20):
+            extent = 5 + (k + r) % 11
+            seen = _covered(pool.even_blocks(extent, 1 + (k * r) % 9), extent)
+            assert (seen == 1).all()
+            pool.run_blocks(inner_split, pool.even_blocks(6, 3))
 
-    threads = [threading.Thread(target=caller, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors[0]
+    run_on_threads(caller, 8)
 
 
 def _tanh_kernel():
@@ -203,23 +194,12 @@ def test_native_pool_from_python_pool_workers_and_threads(tanh_kernel):
         outs[k][:] = 0
         native.run(address, [outs[k].ctypes.data, x.ctypes.data], full, 8)
 
-    errors: list[BaseException] = []
-
     def thread(k: int) -> None:
-        try:
-            for _ in range(5):
-                pool.run_blocks(lambda lo, hi: [one(i) for i in range(lo, hi)],
-                                pool.even_blocks(8, 4) if k == 0 else [(7 + k, 8 + k)])  # fmt: skip
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for _ in range(5):
+            pool.run_blocks(lambda lo, hi: [one(i) for i in range(lo, hi)],
+                            pool.even_blocks(8, 4) if k == 0 else [(7 + k, 8 + k)])  # fmt: skip
 
-    threads = [threading.Thread(target=thread, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors[0]
+    run_on_threads(thread, 8)
     for k in range(15):  # 0..7 from thread 0's blocks, 8..14 from the others
         np.testing.assert_allclose(outs[k], want, atol=2e-6)
 
