@@ -1620,17 +1620,7 @@ class _Gen:
                 sizes.append(1)
             else:
                 sizes.append(int(self.rng.integers(0 if self.chance(0.1) else 1, v.dims[d] + 1)))
-        batch = list(self.dims(int(self.pick([0, 1, 1, 2])), big=4))
-        # each operand batching dimension pairs with an indices dimension of its size
-        where = []
-        for d in obd:
-            pos = int(self.rng.integers(0, len(batch) + 1))
-            batch.insert(pos, v.dims[d])
-            where = [w + (w >= pos) for w in where] + [pos]
-        batch = tuple(batch)
-        ivd = int(self.rng.integers(0, len(batch) + 1))
-        idims = (*batch[:ivd], k, *batch[ivd:])
-        sibd = [w + (w >= ivd) for w in where]
+        batch, ivd, idims, sibd = self._indices_dims(v, obd, k)
         hi = max(v.dims) + 1
         idx = self.param(self.pick(["s32", "s32", "u32", "s8"]), idims,
                          f"int:{0 if self.chance(0.3) else -2}:{hi}")  # fmt: skip
@@ -1659,6 +1649,21 @@ class _Gen:
         self.emit("gather", v.dtype, tuple(out), "gather", [v.name, idx.name], attrs,
                   mag=v.mag, err=v.err)  # fmt: skip
 
+    def _indices_dims(self, v, batching: list[int], k: int):
+        """The indices array of a gather/scatter of `v` with index vectors of `k` entries:
+        its batch dimensions (drawn, with one of each operand batching dimension's size
+        inserted: each pairs with an indices dimension), the index vector dimension, the
+        indices' dimensions and their batching dimensions."""
+        batch = list(self.dims(int(self.pick([0, 1, 1, 2])), big=4))
+        where: list[int] = []
+        for d in batching:
+            pos = int(self.rng.integers(0, len(batch) + 1))
+            batch.insert(pos, v.dims[d])
+            where = [w + (w >= pos) for w in where] + [pos]
+        ivd = int(self.rng.integers(0, len(batch) + 1))
+        idims = (*batch[:ivd], k, *batch[ivd:])
+        return tuple(batch), ivd, idims, [w + (w >= ivd) for w in where]
+
     def scatter_general(self) -> None:
         """scatter with any dimension numbers (the inverse of gather_general's), a window
         that may not fit (then that update is skipped), and add/max/min or a combiner that
@@ -1676,16 +1681,7 @@ class _Gen:
         inserted = sorted(d for d in sdod if self.chance(0.5))
         win = [1 if d in inserted or d in ibd else int(self.rng.integers(1, v.dims[d] + 1))
                for d in range(r)]  # fmt: skip
-        batch = list(self.dims(int(self.pick([0, 1, 1, 2])), big=4))
-        where = []
-        for d in ibd:
-            pos = int(self.rng.integers(0, len(batch) + 1))
-            batch.insert(pos, v.dims[d])
-            where = [w + (w >= pos) for w in where] + [pos]
-        batch = tuple(batch)
-        ivd = int(self.rng.integers(0, len(batch) + 1))
-        idims = (*batch[:ivd], k, *batch[ivd:])
-        sibd = [w + (w >= ivd) for w in where]
+        batch, ivd, idims, sibd = self._indices_dims(v, ibd, k)
         hi = max(v.dims) + 1
         idx = self.param("s32", idims, f"int:{0 if self.chance(0.3) else -2}:{hi}")
         window = [win[d] for d in range(r) if d not in inserted and d not in ibd]
