@@ -106,7 +106,8 @@ def test_phases_nest_and_count_on_their_own_thread():
 
         worker = threading.Thread(target=pooled)
         worker.start()
-        worker.join()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "the pooled phase's thread hung"
     outer, inner = times.phases["main", "outer"], times.phases["main", "inner"]
     assert 0.02 <= outer.cpu < 0.03 + 0.02 and outer.count == 1  # the inner phase's 0.03 s not
     assert inner.cpu >= 0.03 and inner.count == 1
