@@ -294,3 +294,47 @@ def test_the_fft_library_option_is_checked():
     text = fft_text("FFT", np.zeros((4, 8), np.complex64), (8,), (4, 8), np.complex64)
     with pytest.raises(Exception, match="fft_library"):
         client.compile(text, CompileOptions.make(backend_options={"fft_library": "fftw"}))
+
+
+_PROFILE_PROBE = """
+import os, sys
+from xlapy.backends.cpu.runtime import fft_thunk
+assert fft_thunk.ducc_fft() is not None
+import ducc0
+info = ducc0.misc.cpu_info()
+print(info["active_profile"], "|", info["available_profiles"][-1], "|",
+      os.environ.get("DUCC0_MAX_PSABI_LEVEL", "unset"))
+"""
+
+
+@pytest.mark.parametrize("user_level", [None, "1"])
+def test_ducc_kernel_level_capped_at_avx2_unless_the_user_says(user_level):
+    """xlapy imports ducc0 with its kernels capped at x86-64-v3 (AVX2: its AVX-512 build ran
+    f32 transforms at half speed on an AVX-512 AMD EPYC), leaves the process's environment
+    as it was, and respects a user's own DUCC0_MAX_PSABI_LEVEL."""
+    import os
+    import subprocess
+    import sys
+
+    ducc0 = pytest.importorskip("ducc0")
+    if not hasattr(ducc0.misc, "cpu_info") or not ducc0.misc.cpu_info().get("multiarch"):
+        pytest.skip("this ducc0 has one kernel build (no multiarch profiles to choose)")
+    env = {k: v for k, v in os.environ.items() if k != "DUCC0_MAX_PSABI_LEVEL"}
+    if user_level is not None:
+        env["DUCC0_MAX_PSABI_LEVEL"] = user_level
+    done = subprocess.run(
+        [sys.executable, "-c", _PROFILE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    active, widest, left = (part.strip() for part in done.stdout.split("|"))
+    if user_level is None:
+        assert left == "unset"
+        expected = "x86-64-v3" if widest in ("x86-64-v3", "x86-64-v4") else widest
+    else:
+        assert left == user_level
+        expected = "x86-64"
+    assert active == expected
