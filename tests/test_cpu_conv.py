@@ -40,10 +40,15 @@ def use_blas_paths(monkeypatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def convolutions_stay(monkeypatch):
+def convolutions_stay(monkeypatch, tmp_path):
     """The pipeline's conv-to-dot pass (passes/conv_to_dot.py, tested on its own in
     tests/test_conv_to_dot.py) is off here, so the 1x1 cases test the convolution paths."""
     monkeypatch.setattr(conv_to_dot, "pointwise_reason", lambda conv: "off in these tests")
+    # The compile caches on disk (the optimized module, the whole executable) are keyed by
+    # xlapy's sources, not by what a test patches: an entry written with the pass on, or
+    # with other paths (another test, a benchmark), would give these tests its dot or its
+    # path. Each test compiles into a cache directory of its own.
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
 
 
 @pytest.fixture

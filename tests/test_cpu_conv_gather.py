@@ -11,6 +11,7 @@ from test_cpu_conv import (
     CONVS,
     GRADS,
     check,
+    convolutions_stay,  # noqa: F401 (autouse fixture: 1x1 cases stay convolutions)
     random,
     test_convolution_gradients_match_interpreter,
     use_blas_paths,

@@ -16,6 +16,7 @@ from test_cpu_conv import (
     GRADS,
     check,
     conv,
+    convolutions_stay,  # noqa: F401 (autouse fixture: 1x1 cases stay convolutions)
     no_gather_path,  # noqa: F401 (autouse fixture: the small cases keep their paths)
     random,
     test_convolution_gradients_match_interpreter,
