@@ -19,7 +19,9 @@ stops them after it. Runs alternate in blocks of 5 so both sides see the same lo
   --ab       this tree's split policy against the one before this branch, emulated on a
              second executable of the same program in the same process
   --handoff  runs forced inline on the calling thread against runs handed to the device's
-             worker thread (runtime/execution.py's way for programs over 5 ms)
+             worker thread (runtime/execution.py's way for programs over 5 ms), which the
+             caller's wait takes back when the worker has not started them
+             (runtime/device.py's take_back), and handed-off runs never taken back
   --merge    kernels whose outer range merges outer dims (this tree, codegen/emitter.py's
              MERGE_EXTENT) against kernels over their outermost dim only, two executables
              compiled in the same process (program images off, kernel caches forgotten)
@@ -266,9 +268,10 @@ def _alternate(ways: dict, runs: int, block: int, warm: int) -> dict[str, dict]:
 
 def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
     """Per program: per-run wall microseconds of executions handed to the device's worker
-    thread (what a program over runtime/execution.py's INLINE_MAX_SECONDS gets) and of
-    executions forced inline on the calling thread, two executables of the same program
-    timed in alternating blocks in one process."""
+    thread (what a program over runtime/execution.py's INLINE_MAX_SECONDS gets), of the
+    same never taken back by the waiting caller (Device.take_back off), and of executions
+    forced inline on the calling thread: three executables of the same program timed in
+    alternating blocks in one process."""
     import jax
 
     from xlapy.tools.bench import time_compile
@@ -278,10 +281,13 @@ def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, di
         text = _hlo(fn, args)
         leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
         ways = {}
-        for way in ("inline", "handed off"):
+        for way in ("inline", "handed off", "not taken back"):
             _, executable = time_compile("cpu", text)
             buffers = [executable.client.buffer_from_pyval(a) for a in leaves]
             signature = executable._signature
+            if way == "not taken back":  # this executable's own client and device
+                for device in executable.client.devices():
+                    device.take_back = lambda future: False
 
             def run(executable=executable, buffers=buffers, signature=signature, way=way):
                 if way == "inline":  # taken for cheap: runs inline on an idle device
@@ -448,6 +454,7 @@ def main() -> None:
     if args.handoff:
         sides, other = ("inline", "handed off"), "handed"
         print("columns: runs inline on the calling thread | handed to the device worker")
+        print("  (then: handed to the worker and never taken back by the waiting caller)")
     if args.merge:
         sides, other = ("merged", "outermost"), "outer min"
         print("columns: merged outer dims | outermost dim only, same process")
@@ -460,6 +467,9 @@ def main() -> None:
             f"{b['min']:8.0f} {b['median']:8.0f} {b['p90']:8.0f}"
             + (f"  ({r['changed']} kernels' extents differ)" if args.merge else "")
         )
+        if args.handoff:
+            c = r["not taken back"]
+            print(f"{'':30s} {'':26s} | {c['min']:8.0f} {c['median']:8.0f} {c['p90']:8.0f}")
 
 
 if __name__ == "__main__":
