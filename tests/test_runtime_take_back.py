@@ -89,10 +89,13 @@ def test_a_run_the_worker_started_stays_the_workers(recorded):
     while not client.devices()[0]._worker_running and time.monotonic() < deadline:
         time.sleep(0.001)
     [second] = executable.execute([[x]])[0]  # queued behind the running one
-    threading.Timer(0.05, gate.set).start()
-    np.testing.assert_array_equal(second.to_numpy(), np.ones(4))  # waits: not taken back
+    device = client.devices()[0]
+    assert not device.take_back(first.ready())  # running on the worker
+    assert not device.take_back(second.ready())  # queued behind a running one
+    gate.set()
+    np.testing.assert_array_equal(second.to_numpy(), np.ones(4))
     np.testing.assert_array_equal(first.to_numpy(), np.ones(4))
-    assert threading.current_thread() not in threads and len(threads) == 2
+    assert threads[0] is not threading.current_thread() and len(threads) == 2
 
 
 def test_many_threads_blocking_on_their_runs_run_each_once(recorded):
