@@ -19,7 +19,12 @@ stops them after it. Runs alternate in blocks of 5 so both sides see the same lo
   --ab       this tree's split policy against the one before this branch, emulated on a
              second executable of the same program in the same process
   --handoff  runs forced inline on the calling thread against runs handed to the device's
-             worker thread (runtime/execution.py's way for programs over 5 ms)
+             worker thread (runtime/execution.py's way for programs over 5 ms), which the
+             caller's wait takes back when the worker has not started them
+             (runtime/device.py's take_back), and handed-off runs never taken back
+  --merge    kernels whose outer range merges outer dims (this tree, codegen/emitter.py's
+             MERGE_EXTENT) against kernels over their outermost dim only, two executables
+             compiled in the same process (program images off, kernel caches forgotten)
 --splits T,... prints, for each thread count, how each thunk of the programs is cut
 (XLAPY_NUM_THREADS=T in a child process; the machine's timing is not used).
 """
@@ -263,9 +268,10 @@ def _alternate(ways: dict, runs: int, block: int, warm: int) -> dict[str, dict]:
 
 def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
     """Per program: per-run wall microseconds of executions handed to the device's worker
-    thread (what a program over runtime/execution.py's INLINE_MAX_SECONDS gets) and of
-    executions forced inline on the calling thread, two executables of the same program
-    timed in alternating blocks in one process."""
+    thread (what a program over runtime/execution.py's INLINE_MAX_SECONDS gets), of the
+    same never taken back by the waiting caller (Device.take_back off), and of executions
+    forced inline on the calling thread: three executables of the same program timed in
+    alternating blocks in one process."""
     import jax
 
     from xlapy.tools.bench import time_compile
@@ -275,10 +281,13 @@ def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, di
         text = _hlo(fn, args)
         leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
         ways = {}
-        for way in ("inline", "handed off"):
+        for way in ("inline", "handed off", "not taken back"):
             _, executable = time_compile("cpu", text)
             buffers = [executable.client.buffer_from_pyval(a) for a in leaves]
             signature = executable._signature
+            if way == "not taken back":  # this executable's own client and device
+                for device in executable.client.devices():
+                    device.take_back = lambda future: False
 
             def run(executable=executable, buffers=buffers, signature=signature, way=way):
                 if way == "inline":  # taken for cheap: runs inline on an idle device
@@ -290,6 +299,47 @@ def measure_handoff(names: list[str], runs: int, block: int = 5) -> dict[str, di
 
             ways[way] = run
         results[name] = _alternate(ways, runs, block, warm=2)
+    return results
+
+
+def measure_merge(names: list[str], runs: int, block: int = 5) -> dict[str, dict]:
+    """Per program: per-run wall microseconds of kernels whose outer range merges outer
+    dims ("merged") and of kernels split over their outermost dim only ("outermost",
+    emitter.MERGE_EXTENT = 0 while it compiles), timed in alternating blocks in one
+    process. Each executable's kernels are its own: program images are off and the
+    process's kernel caches are forgotten before each compile (a cached kernel whose outer
+    extent differs is a miss)."""
+    import jax
+
+    from xlapy.backends.cpu.codegen import emitter
+    from xlapy.backends.cpu.jit import kernel
+    from xlapy.backends.cpu.runtime.thunk import walk_thunks
+    from xlapy.tools.bench import time_compile
+
+    os.environ["XLAPY_EXECUTABLE_CACHE"] = "0"
+    results = {}
+    for name, (fn, args) in _programs(names).items():
+        text = _hlo(fn, args)
+        leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(args)]
+        ways, extents = {}, {}
+        for way, limit in (("merged", emitter.MERGE_EXTENT), ("outermost", 0)):
+            saved, emitter.MERGE_EXTENT = emitter.MERGE_EXTENT, limit
+            try:
+                kernel._entries.clear()
+                _, executable = time_compile("cpu", text)
+            finally:
+                emitter.MERGE_EXTENT = saved
+            buffers = [executable.client.buffer_from_pyval(a) for a in leaves]
+            entry = executable.backend_program().compiled.entry
+            extents[way] = [k.outer_extent for t in walk_thunks(entry) for k in t.kernels()]
+
+            def run(executable=executable, buffers=buffers):
+                for out in executable.execute([buffers])[0]:
+                    out.block_until_ready()
+
+            ways[way] = run
+        changed = sum(a != b for a, b in zip(extents["merged"], extents["outermost"]))
+        results[name] = {**_alternate(ways, runs, block, warm=3), "changed": changed}
     return results
 
 
@@ -364,6 +414,9 @@ def main() -> None:
     parser.add_argument(
         "--ab", action="store_true", help="this tree's split policy against the one before it"
     )
+    parser.add_argument(
+        "--merge", action="store_true", help="merged outer dims against the outermost dim only"
+    )
     parser.add_argument("--child-splits", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.p or list(_kernels())
@@ -384,6 +437,7 @@ def main() -> None:
     try:
         load = os.getloadavg()[0]
         how = measure_ab if args.ab else measure_handoff if args.handoff else measure
+        how = measure_merge if args.merge else how
         results = how(names, args.runs)
     finally:
         for p in busy:
@@ -400,6 +454,10 @@ def main() -> None:
     if args.handoff:
         sides, other = ("inline", "handed off"), "handed"
         print("columns: runs inline on the calling thread | handed to the device worker")
+        print("  (then: handed to the worker and never taken back by the waiting caller)")
+    if args.merge:
+        sides, other = ("merged", "outermost"), "outer min"
+        print("columns: merged outer dims | outermost dim only, same process")
     head = f"{'program':30s} {'min':>8s} {'median':>8s} {'p90':>8s} | "
     print(head + f"{other:>8s} {'median':>8s} {'p90':>8s}")
     for name, r in results.items():
@@ -407,7 +465,11 @@ def main() -> None:
         print(
             f"{name:30s} {a['min']:8.0f} {a['median']:8.0f} {a['p90']:8.0f} | "
             f"{b['min']:8.0f} {b['median']:8.0f} {b['p90']:8.0f}"
+            + (f"  ({r['changed']} kernels' extents differ)" if args.merge else "")
         )
+        if args.handoff:
+            c = r["not taken back"]
+            print(f"{'':30s} {'':26s} | {c['min']:8.0f} {c['median']:8.0f} {c['p90']:8.0f}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,16 @@ def _program(client, tag):
     return client.compile(TRACE.replace("TAG", tag))
 
 
+@pytest.fixture(autouse=True)
+def _no_take_back(monkeypatch):
+    """These tests tell a run inside `execute` (inline) from a queued one by the thread it
+    ran on; a caller's wait may take a queued run back onto its own thread
+    (Device.take_back, tested in test_runtime_take_back.py), so here it never does."""
+    from xlapy.runtime.device import Device
+
+    monkeypatch.setattr(Device, "take_back", lambda self, future: False)
+
+
 @pytest.fixture
 def cheap_by_cpu_time(monkeypatch):
     """Cheap runs are told by their CPU time alone: a loaded machine can stall a 100 us run

@@ -357,10 +357,12 @@ def commit(plans: Sequence[CallPlan], whole_execution: bool = False) -> list[lis
                 and (plan.collectives is None or whole_execution)
                 and (_is_cheap(plan.signature) or _fixed_cheap(plan.program))
             )
-            tasks.append((plan.device, task, inline_ok))
+            # a caller waiting for a lone device's outputs may take its queued run back
+            completes = plan.completion if plan.collectives is None else None
+            tasks.append((plan.device, task, inline_ok, completes))
         inline = None
-        for device, task, inline_ok in tasks:
-            if device.start(task, inline_ok):
+        for device, task, inline_ok, completes in tasks:
+            if device.start(task, inline_ok, completes):
                 inline = (device, task)
     finally:
         for lock in reversed(locks):

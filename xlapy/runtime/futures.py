@@ -148,6 +148,11 @@ class Future:
         call = current_call()
         if call is not None and timeout is None:
             timeout = CUSTOM_CALL_WAIT_SECONDS
+        # a caller that blocks for good runs the queued run itself when the worker has not
+        # started it (Device.take_back): one thread wake-up fewer
+        taken = timeout is None and producer is not None and producer.take_back(self)
+        if taken and self._state == _DONE:
+            return
         with self._lock:
             if self._state == _DONE:
                 return

@@ -5,7 +5,13 @@
 # output leaves first (in pre-order), then the parameters; [start, end) is a range of the
 # outermost (most major) output dimension, so a thunk executor can split the work into
 # chunks. The body is a loop nest over the output in its layout's major-to-minor order, the
-# innermost loop running over the physically contiguous dimension.
+# innermost loop running over the physically contiguous dimension. Where the outermost
+# dimension is short (a [4, 128, 512] batch), it and the next ones make one range
+# (`_merged_dims`, MERGE_EXTENT): [start, end) counts their index tuples in layout order,
+# each step dividing its count apart, so the kernel splits 512 ways, not 4 (XLA's
+# ShapePartitionAssigner partitions several outer dims for the same reason). Every output
+# element is computed by one step, the same way whatever the split: blocks write disjoint
+# elements and give the same bits as a whole run.
 #
 # In-place variants: a caller whose output i and input j are the same bytes asks for
 # `in_place=((i, j),)`. The kernel then reads parameter j through output i's pointer, so every
@@ -380,7 +386,12 @@ class KernelEmitter:
         concat = self._root_concatenate()
         part: list = [None]  # (operand, offset) of the root concatenate being stored
 
+        merged = self._merged_dims(shape0, order) if shape0.rank else 1
+
         def nest(level: int):
+            if level == 0 and merged > 1:
+                merged_loop()
+                return
             if level == len(order):
                 if part[0] is None:
                     self._store_outputs(tuple(index), out_ptrs)
@@ -400,6 +411,19 @@ class KernelEmitter:
             with self.loop(lo, hi, f"d{d}", unroll=unroll, vectorize=not across) as i:
                 index[d] = i
                 nest(level + 1)
+
+        def merged_loop():
+            """The outer range over the first `merged` dims in layout order, each step's
+            index taken apart by division (by constants: multiplies and shifts)."""
+            across = merged < len(order) and shape0.dims[order[-1]] >= SLP_MINOR
+            with self.loop(start, end, "merged", vectorize=not across) as flat:
+                rest = flat
+                for level in reversed(range(1, merged)):
+                    size = ir.Constant(I64, shape0.dims[order[level]])
+                    index[order[level]] = self.b.urem(rest, size)
+                    rest = self.b.udiv(rest, size)
+                index[order[0]] = rest
+                nest(merged)
 
         reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
         window = self._in_place_window() if shape0.rank else None
@@ -480,11 +504,31 @@ class KernelEmitter:
         order = list(reversed(shape0.layout_or_default.minor_to_major))
         if self._flat_elementwise(shape0):
             return shape0.num_elements
-        if elemental.kept_minor_reduces(self.out_leaves) is None:
-            window = self._in_place_window()
-            if window is not None:
-                return window.operands[1].shape.dims[order[0]]
-        return shape0.dims[order[0]]
+        if elemental.kept_minor_reduces(self.out_leaves) is not None:
+            return shape0.dims[order[0]]
+        window = self._in_place_window()
+        if window is not None:
+            return window.operands[1].shape.dims[order[0]]
+        return int(np.prod([shape0.dims[d] for d in order[: self._merged_dims(shape0, order)]]))
+
+    def _merged_dims(self, shape0: Shape, order: Sequence[int]) -> int:
+        """How many dims, from the major end of the nest's layout order, make up the outer
+        range [start, end): the outermost alone when it runs MERGE_EXTENT iterations or
+        more, else it and the next ones until their product does (XLA's partition
+        assigner cuts several outer dims the same way: a [4, 128, 512] kernel splits 512
+        ways, not 4). The innermost dim stays a loop of its own, except under a reduction
+        (each of its steps folds a whole reduction); a root concatenate's dim (one loop
+        per operand) is not merged."""
+        concat = self._root_concatenate()
+        stop = concat.dimensions[0] if concat is not None else -1
+        last = len(order) if self.hero is not None else len(order) - 1
+        merged, extent = 1, shape0.dims[order[0]]
+        if order[0] == stop:
+            return 1
+        while extent < MERGE_EXTENT and merged < last and order[merged] != stop:
+            extent *= shape0.dims[order[merged]]
+            merged += 1
+        return merged
 
     def _keep_minor_loop(self, extent: int) -> bool:
         """Whether the nest's innermost loop, of `extent` iterations, is kept a loop
@@ -774,6 +818,11 @@ class KernelEmitter:
             return Complex(self).constant(complex(value), t)
         return ir.Constant(ty, float(value))
 
+
+MERGE_EXTENT = 256
+"""A kernel's outer range, when a nest, runs at least this many steps where its dims allow
+(KernelEmitter._merged_dims): four blocks for each of 64 threads. Fixed, not the pool's
+size, so that a kernel's code does not depend on the machine."""
 
 SLP_MINOR = 8
 """A nest whose innermost (minor) dimension runs at least this many elements marks the
