@@ -120,3 +120,77 @@ def test_damaged_entry_is_a_miss_and_is_written_again(cache, tmp_path):
     assert cache == []
     assert again.thunk_listing() == cold.thunk_listing()
     assert jit.read_entry(path.name[: -len(module_cache.SUFFIX)], module_cache.SUFFIX)
+
+
+def _tree(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _hashed(root) -> str:
+    """The fingerprint computed from the files alone (what the memo stands for)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in module_cache._sources(str(root)):
+        h.update(name.encode())
+        h.update((root / name).read_bytes())
+    return h.hexdigest()
+
+
+def test_source_fingerprint_is_memoized_by_the_sources_stats(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(module_cache, "RACY_NS", -(10**12))  # files written just now count
+    root = tmp_path / "pkg"
+    _tree(root, {"a.py": "x = 1\n", "sub/b.py": "y = 2\n", "sub/notes.txt": "not a source"})
+    first = module_cache.source_fingerprint(str(root))
+    assert first == _hashed(root)
+    # the memo answers without reading a source while none changed
+    monkeypatch.setattr("builtins.open", None)
+    assert module_cache.source_fingerprint(str(root)) == first
+    monkeypatch.undo()
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(module_cache, "RACY_NS", -(10**12))
+    # an edit of the same size is another fingerprint (the stats differ: mtime, ctime)
+    (root / "sub/b.py").write_text("y = 3\n")
+    edited = module_cache.source_fingerprint(str(root))
+    assert edited == _hashed(root) != first
+    # a new source, a removed one
+    _tree(root, {"sub/c.py": ""})
+    assert module_cache.source_fingerprint(str(root)) == _hashed(root) != edited
+    (root / "sub/c.py").unlink()
+    assert module_cache.source_fingerprint(str(root)) == edited
+    # a damaged memo is not believed: the fingerprint is computed again and rewritten
+    memos = list((tmp_path / "cache").glob(f"*{module_cache.FINGERPRINT_SUFFIX}"))
+    for path in memos:
+        raw = bytearray(path.read_bytes())
+        raw[-3] ^= 0x01
+        path.write_bytes(bytes(raw))
+    assert module_cache.source_fingerprint(str(root)) == edited
+    keys = [p.name[: -len(module_cache.FINGERPRINT_SUFFIX)] for p in memos]
+    assert edited.encode() in [jit.read_entry(k, module_cache.FINGERPRINT_SUFFIX) for k in keys]
+
+
+def test_source_fingerprint_memo_must_be_a_digest(tmp_path, monkeypatch):
+    """An authentic memo that is no SHA-256 digest (a key's holder wrote it) is ignored."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(module_cache, "RACY_NS", -(10**12))
+    root = tmp_path / "pkg"
+    _tree(root, {"a.py": "x = 1\n"})
+    first = module_cache.source_fingerprint(str(root))
+    (memo,) = (tmp_path / "cache").glob(f"*{module_cache.FINGERPRINT_SUFFIX}")
+    key = memo.name[: -len(module_cache.FINGERPRINT_SUFFIX)]
+    jit.write_entry(key, module_cache.FINGERPRINT_SUFFIX, b"not a digest")
+    assert module_cache.source_fingerprint(str(root)) == first
+    assert jit.read_entry(key, module_cache.FINGERPRINT_SUFFIX) == first.encode()
+
+
+def test_no_memo_while_a_source_just_changed(tmp_path, monkeypatch):
+    """A source written within RACY_NS may change again with the same stats: no memo."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "pkg"
+    _tree(root, {"a.py": "x = 1\n"})
+    assert module_cache.source_fingerprint(str(root)) == _hashed(root)
+    assert not list((tmp_path / "cache").glob(f"*{module_cache.FINGERPRINT_SUFFIX}"))

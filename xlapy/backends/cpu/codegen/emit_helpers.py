@@ -281,29 +281,46 @@ def flushing_gemm_symbol(dtype: np.dtype) -> str:
     return f"xlapy_flushing_{np.dtype(dtype).char}gemm"
 
 
-def flushing_gemm_ir(dtype: np.dtype, gemm: int, wide: bool) -> str:
-    """A module with a function of the signature of the cblas gemm at address `gemm` for
-    float32 / float64 (`wide`: its sizes are 64-bit) that calls it with the MXCSR's FTZ/DAZ
-    bits set and restores the caller's MXCSR (x86 only). The address is embedded: never
-    cache the object on disk."""
-    dtype = np.dtype(dtype)
+def gemm_target_symbol(dtype: np.dtype, wide: bool, role: str) -> str:
+    """The external symbol a helper calls a cblas-like gemm through (`role` names which
+    gemm: "blas", or "flushing"); the JIT binds it to the address of this process's gemm
+    before it loads the helper, so the helper's object holds no address and is cached on
+    disk like a kernel's."""
+    return f"xlapy_{role}_{np.dtype(dtype).char}gemm{64 if wide else 32}"
+
+
+BLAS_SETTER_SYMBOL = "xlapy_openblas_set_num_threads_local"
+"""The external symbol gemm_list_ir calls OpenBLAS's `openblas_set_num_threads_local`
+through (bound like gemm_target_symbol's)."""
+
+
+def _gemm_signature(dtype: np.dtype, wide: bool) -> tuple[ir.FunctionType, ir.Type]:
     if dtype not in (np.float32, np.float64):
-        raise ValueError(f"flushing gemm: no cblas gemm for {dtype}")
+        raise ValueError(f"no cblas gemm for {dtype}")
     scalar = ir.FloatType() if dtype == np.float32 else ir.DoubleType()
     index = ir.IntType(64 if wide else 32)
     matrix = [_I8P, index]
     params = [_I32, _I32, _I32, index, index, index, scalar, *matrix, *matrix, scalar, *matrix]
-    sig = ir.FunctionType(ir.VoidType(), params)
+    return ir.FunctionType(ir.VoidType(), params), scalar
+
+
+def flushing_gemm_ir(dtype: np.dtype, wide: bool) -> str:
+    """A module with a function of the signature of the cblas gemm for float32 / float64
+    (`wide`: its sizes are 64-bit) that calls the gemm bound to gemm_target_symbol(dtype,
+    wide, "blas") with the MXCSR's FTZ/DAZ bits set and restores the caller's MXCSR (x86
+    only)."""
+    dtype = np.dtype(dtype)
+    sig, _ = _gemm_signature(dtype, wide)
     module = ir.Module(name="xlapy_flushing_gemm")
     fn = ir.Function(module, sig, flushing_gemm_symbol(dtype))
+    gemm = ir.Function(module, sig, gemm_target_symbol(dtype, wide, "blas"))
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     st, ld = _mxcsr_calls(module)
     saved, new = b.alloca(_I32), b.alloca(_I32)
     b.call(st, [b.bitcast(saved, _I8P)])
     b.store(b.or_(b.load(saved), ir.Constant(_I32, MXCSR_FLUSH)), new)
     b.call(ld, [b.bitcast(new, _I8P)])
-    target = b.inttoptr(ir.Constant(ir.IntType(64), gemm), sig.as_pointer())
-    b.call(target, list(fn.args))
+    b.call(gemm, list(fn.args))
     b.call(ld, [b.bitcast(saved, _I8P)])
     b.ret_void()
     return str(module)
@@ -320,27 +337,25 @@ def gemm_list_symbol(dtype: np.dtype) -> str:
     return f"xlapy_gemm_list_{np.dtype(dtype).char}"
 
 
-def gemm_list_ir(dtype: np.dtype, gemm: int, wide: bool, setter: int) -> str:
+def gemm_list_ir(dtype: np.dtype, wide: bool, role: str, setter: bool) -> str:
     """A module with `void f(i64 table, i64 a, i64 b, i64 c, i64 lo, i64 hi)` (the
     parallel-for's kernel convention): for each gemm e in [lo, hi) of the table at `table`
     (see the file comment; GEMM_LIST_HEAD words, then GEMM_LIST_ENTRY per gemm), calls the
-    cblas gemm at address `gemm` (float32 / float64; `wide`: 64-bit sizes) as
-    `C = A @ B` (alpha 1, beta 0) on `a + a_off`, `b + b_off`, `c + c_off`. With `setter`
-    nonzero (OpenBLAS's `int openblas_set_num_threads_local(int)`), OpenBLAS runs on one
-    thread during the calls and its previous count is restored after them. The addresses
-    are embedded: never cache the object on disk."""
+    cblas gemm bound to gemm_target_symbol(dtype, wide, role) (float32 / float64; `wide`:
+    64-bit sizes) as `C = A @ B` (alpha 1, beta 0) on `a + a_off`, `b + b_off`,
+    `c + c_off`. With `setter` (OpenBLAS's `int openblas_set_num_threads_local(int)`,
+    bound to BLAS_SETTER_SYMBOL), OpenBLAS runs on one thread during the calls and its
+    previous count is restored after them. The object holds no address."""
     dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"gemm list: no cblas gemm for {dtype}")
     i64 = ir.IntType(64)
-    scalar = ir.FloatType() if dtype == np.float32 else ir.DoubleType()
+    gemm_sig, scalar = _gemm_signature(dtype, wide)
     index = ir.IntType(64 if wide else 32)
-    matrix = [_I8P, index]
-    params = [_I32, _I32, _I32, index, index, index, scalar, *matrix, *matrix, scalar, *matrix]
-    gemm_sig = ir.FunctionType(ir.VoidType(), params)
     module = ir.Module(name="xlapy_gemm_list")
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [i64] * 6), gemm_list_symbol(dtype))
     fn.attributes.add("nounwind")
+    target = ir.Function(module, gemm_sig, gemm_target_symbol(dtype, wide, role))
+    set_sig = ir.FunctionType(_I32, [_I32])
+    set_fn = ir.Function(module, set_sig, BLAS_SETTER_SYMBOL) if setter else None
     table, a, b, c, lo, hi = fn.args
     entry = fn.append_basic_block("entry")
     loop = fn.append_basic_block("loop")
@@ -357,10 +372,7 @@ def gemm_list_ir(dtype: np.dtype, gemm: int, wide: bool, setter: int) -> str:
 
     order, ta, tb = (bld.trunc(word(ir.Constant(i64, w)), _I32) for w in range(3))
     k, lda, ldb, ldc = (size(word(ir.Constant(i64, w))) for w in range(3, GEMM_LIST_HEAD))
-    set_sig = ir.FunctionType(_I32, [_I32])
-    set_fn = bld.inttoptr(ir.Constant(i64, setter), set_sig.as_pointer()) if setter else None
     previous = bld.call(set_fn, [ir.Constant(_I32, 1)]) if set_fn is not None else None
-    target = bld.inttoptr(ir.Constant(i64, gemm), gemm_sig.as_pointer())
     bld.branch(loop)
 
     bld.position_at_end(loop)

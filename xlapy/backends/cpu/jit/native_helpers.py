@@ -2,9 +2,13 @@
 # points: the driver installs `JitNativeCode` into runtime/native_code.py, so the runtime
 # runs this code without importing the compiler, as it runs kernels it is handed.
 #
-# Nothing here is cached on disk: the flushing gemm embeds an address of this process, and
-# the parallel-for is compiled once per process. The code stays mapped for the life of the
-# process (the pool's worker threads run it until the process ends).
+# The MXCSR wrappers, the flushing gemm and the gemm list are objects of the disk cache like
+# kernels: they hold no address of this process; the gemm (and OpenBLAS's thread setter)
+# they call are external symbols bound to this process's addresses before they are loaded
+# (a fresh process with a dot loads them in well under a millisecond instead of ~10 ms of
+# LLVM each). The parallel-for is compiled once per process (each pool gets its own
+# globals). The code stays mapped for the life of the process (the pool's worker threads
+# run it until the process ends).
 
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from xlapy.backends.cpu.codegen.emit_helpers import (
+    BLAS_SETTER_SYMBOL,
     MXCSR_FLUSH_SYMBOL,
     MXCSR_SET_SYMBOL,
     flushing_gemm_ir,
     flushing_gemm_symbol,
     gemm_list_ir,
     gemm_list_symbol,
+    gemm_target_symbol,
     mxcsr_flush_ir,
     mxcsr_set_ir,
     parallel_for_ir,
@@ -36,12 +42,24 @@ from xlapy.backends.cpu.jit.engine import (
 
 _KEEP: list[object] = []  # engines and holds of the helpers' code, mapped for good
 _lock = threading.Lock()
+_bound: dict[str, int] = {}  # external symbol -> the address it was bound to
+
+
+def _bind(symbol: str, address: int) -> None:
+    """Bind the external `symbol` the helpers call to `address` (once per process: a
+    loaded helper's calls were resolved against the first address, so another one is an
+    error, not a silent rebinding)."""
+    with _lock:
+        bound = _bound.setdefault(symbol, address)
+    if bound != address:
+        raise RuntimeError(f"{symbol} is bound to {bound:#x}, asked again for {address:#x}")
+    llvm.add_symbol(symbol, address)
 
 
 def _load(ir_text: str, symbol: str) -> int:
-    """Compile and load `ir_text` (never from the disk cache); the address of `symbol`,
-    kept mapped for good."""
-    obj = compile_object(ir_text, use_cache=False, symbol=symbol)
+    """Compile (or read from the disk cache) and load `ir_text`; the address of `symbol`,
+    kept mapped for good. The external symbols it calls are bound already (_bind)."""
+    obj = compile_object(ir_text, symbol=symbol)
     hold: CodeHold = shared_engine().load([(obj.key, obj.data)])[obj.key]
     with _lock:
         _KEEP.append(hold)
@@ -81,10 +99,11 @@ class JitNativeCode:
         """The address of a wrapper of the cblas gemm at `gemm` that flushes subnormals."""
         return _flushing_gemm(np.dtype(dtype), gemm, wide)
 
-    def gemm_list(self, dtype: np.dtype, gemm: int, wide: bool, setter: int) -> int:
-        """The address of a gemm-list kernel calling the cblas gemm at `gemm` (see
-        codegen/emit_helpers.py), OpenBLAS limited to one thread by `setter` when nonzero."""
-        return _gemm_list(np.dtype(dtype), gemm, wide, setter)
+    def gemm_list(self, dtype: np.dtype, gemm: int, wide: bool, setter: int, flush: bool) -> int:
+        """The address of a gemm-list kernel calling the cblas gemm at `gemm` (the
+        flushing gemm when `flush`; see codegen/emit_helpers.py), OpenBLAS limited to one
+        thread by `setter` when nonzero."""
+        return _gemm_list(np.dtype(dtype), gemm, wide, setter, flush)
 
 
 @functools.cache
@@ -94,9 +113,14 @@ def _mxcsr_flush() -> tuple[int, int]:
 
 @functools.cache
 def _flushing_gemm(dtype: np.dtype, gemm: int, wide: bool) -> int:
-    return _load(flushing_gemm_ir(dtype, gemm, wide), flushing_gemm_symbol(dtype))
+    _bind(gemm_target_symbol(dtype, wide, "blas"), gemm)
+    return _load(flushing_gemm_ir(dtype, wide), flushing_gemm_symbol(dtype))
 
 
 @functools.cache
-def _gemm_list(dtype: np.dtype, gemm: int, wide: bool, setter: int) -> int:
-    return _load(gemm_list_ir(dtype, gemm, wide, setter), gemm_list_symbol(dtype))
+def _gemm_list(dtype: np.dtype, gemm: int, wide: bool, setter: int, flush: bool) -> int:
+    role = "flushing" if flush else "blas"
+    _bind(gemm_target_symbol(dtype, wide, role), gemm)
+    if setter:
+        _bind(BLAS_SETTER_SYMBOL, setter)
+    return _load(gemm_list_ir(dtype, wide, role, bool(setter)), gemm_list_symbol(dtype))

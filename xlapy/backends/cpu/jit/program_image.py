@@ -83,7 +83,6 @@ from xlapy.backends.cpu.jit.disk_cache import (
     warn_rejected,
 )
 from xlapy.backends.cpu.jit.kernel import (
-    bind_image_kernels,
     collecting_objects,
     objects_of_image,
 )
@@ -551,13 +550,12 @@ def _load_pickle(data: Any, objects: dict[str, bytes], report: _Report | None = 
     collecting = gc.isenabled()
     gc.disable()  # (thousands of objects: collections in the middle only cost time)
     try:
-        with objects_of_image(objects) as kernels:
+        with objects_of_image(objects):
             file = io.BytesIO(data)
             value = (_Unpickler(file) if report is None else _RunUnpickler(file, report)).load()
     finally:
         if collecting:
             gc.enable()
-    bind_image_kernels(kernels)
     return value
 
 

@@ -65,7 +65,7 @@
 # bits set (`jax.jit(jnp.dot)` of 1e-20 * 1e-20 terms is 0), and so do compiled kernels here
 # by default (codegen/emitter.py). A dot of a program compiled with denormals="flush" (the
 # default) does the same on x86: its gemm is called through a small native wrapper (one per
-# element type, JIT-compiled once per process, `flushing_gemm`) that sets FTZ/DAZ, calls
+# element type, `flushing_gemm`) that sets FTZ/DAZ, calls
 # OpenBLAS's gemm on the same thread and restores the caller's MXCSR, so subnormal inputs
 # read as zero and subnormal products, partial sums and results become zero, at no cost but
 # two MXCSR writes a call; np.matmul paths run between the same two writes
@@ -290,7 +290,7 @@ def gemm_list_kernel(dtype: np.dtype, flush: bool):
     found = flushing_gemm_address(dtype) if flush else cblas_gemm_address(dtype)
     if found is None:
         return None
-    address = native_code().gemm_list(dtype, found[0], found[1], _blas_setter_address())
+    address = native_code().gemm_list(dtype, *found, _blas_setter_address(), flush)
     return address, _GemmListCall(address)
 
 

@@ -27,10 +27,10 @@ class NativeCode(Protocol):
         """The cblas gemm at `gemm` wrapped with FTZ/DAZ set around it (x86)."""
         ...
 
-    def gemm_list(self, dtype: np.dtype, gemm: int, wide: bool, setter: int) -> int:
+    def gemm_list(self, dtype: np.dtype, gemm: int, wide: bool, setter: int, flush: bool) -> int:
         """`void f(table, a, b, c, lo, hi)`: gemms lo..hi-1 of a table, each calling the
-        gemm at `gemm`, with OpenBLAS on one thread through `setter` when nonzero
-        (codegen/emit_helpers.py's gemm list)."""
+        gemm at `gemm` (the flushing gemm when `flush`), with OpenBLAS on one thread
+        through `setter` when nonzero (codegen/emit_helpers.py's gemm list)."""
         ...
 
 
