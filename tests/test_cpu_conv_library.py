@@ -1,10 +1,11 @@
 """The kernel library's direct convolution (codegen/emit_conv_library.py: the geometry read
-at run time) against the interpreter over random geometries (strides, padding, negative
-padding, window and base dilation, odd sizes, batch 1, output features that fill whole
-vectors, part of one and several blocks, one input feature), and bit for bit against the
-kernel compiled per geometry (`conv_library=False`, emit_conv.py); NCHW and f16/bf16
-operands through the padded copy; grouped convolutions keep the other paths; one library
-object serves convolutions of every geometry."""
+at run time; option conv_library, off by default) against the interpreter over random
+geometries (strides, padding, negative padding, window and base dilation, odd sizes, batch
+1, output features that fill whole vectors, part of one and several blocks, one input
+feature), and bit for bit against the kernel compiled per geometry (`conv_library=False`,
+emit_conv.py); NCHW and f16/bf16 operands through the padded copy; window reversal;
+grouped convolutions keep the other paths; one library object serves convolutions of every
+geometry."""
 
 from __future__ import annotations
 
@@ -144,6 +145,12 @@ def test_random_geometries_match_the_interpreter_and_the_per_shape_kernel(case):
 def test_named_geometries(case):
     text, xs, ks = conv_hlo(**case)
     _check(text, xs, ks, zlib.crc32(text.encode()))
+
+
+def test_off_by_default():
+    text, _, _ = conv_hlo(2, (9, 11), 3, (3, 3), 8, pads=((1, 1), (1, 1)))
+    listing = CpuProgram(parse_module(text)).compiled.thunk_listing()
+    assert PER_SHAPE in listing and LIBRARY not in listing, listing
 
 
 def test_window_reversal():

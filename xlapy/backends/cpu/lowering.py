@@ -745,10 +745,6 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if lw.failed.get(instr.name) or not lw.options.get("direct_convolutions", True):
         return fallback.build(lw, instr, why)
     vector, registers = vector_shape(host_target().features)
-    if lw.options.get("conv_library", True):
-        built = _library_convolution(lw, instr, why, vector)
-        if built is not None:
-            return built
     out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
     arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
     if arena is not None and not DirectConv(**arena, vector=vector, registers=registers).fits:
@@ -759,6 +755,10 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     conv = DirectConv(**geometry, vector=vector, registers=registers)
     if not conv.fits:
         return fallback.build(lw, instr, why)
+    if lw.options.get("conv_library", False):  # where a direct kernel runs, and only there
+        built = _library_convolution(lw, instr, why, vector)
+        if built is not None:
+            return built
     flush = lw.flush_denormals
     try:
         function = request_function(
@@ -782,7 +782,9 @@ def _library_convolution(lw: Lowering, instr: HloInstruction, why: str, vector: 
     """A direct convolution on the kernel library's convolution, generic in its geometry
     (codegen/emit_conv_library.py: no LLVM for this program), run by the library
     convolution on the padded input it writes (runtime/conv_thunk.py `_direct`); None where
-    the direct path does not apply. Option `conv_library=False` compiles it per geometry."""
+    the direct path does not apply. Off by default (option `conv_library`): it ran 1.1-1.3x
+    slower than the kernels compiled per geometry on cpu_vs_xla's convolutions
+    (benchmarks/RESULTS.md, tenth session, branch convlib)."""
     geometry = direct_geometry(instr)
     if geometry is None:
         return None
