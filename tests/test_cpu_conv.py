@@ -250,7 +250,7 @@ def test_window_reversal_attribute():
         with pytest.MonkeyPatch.context() as m:
             if not direct:
                 use_blas_paths(m)
-            program = CpuProgram(parse_module(REVERSED))
+            program = CpuProgram(parse_module(REVERSED), {"conv_library": False})
             path = "direct convolution on the arena" if direct else "fast NumPy path"
             assert path in program.thunk_listing()
             np.testing.assert_allclose(program.run([x, k]), want, rtol=1e-5, atol=1e-5)

@@ -107,7 +107,7 @@ def _check(f, x, k, direct_runs):
     from xlapy.backends.interpreter import evaluate
 
     text = jax.jit(f).lower(x, k).as_text(dialect="hlo")
-    program = CpuProgram(parse_module(text))
+    program = CpuProgram(parse_module(text), {"conv_library": False})
     listing = program.compiled.thunk_listing()
     if x.dtype == np.float32:
         assert "direct convolution on the arena" in listing, listing
@@ -279,7 +279,7 @@ def test_staging_too_large_for_the_stack_falls_back(direct_runs):
     geometry = conv_thunk.arena_geometry(instr)
     assert geometry is not None
     assert not DirectConv(**geometry, vector=8, registers=16).fits
-    program = CpuProgram(parse_module(text))
+    program = CpuProgram(parse_module(text), {"conv_library": False})
     assert "direct convolution on the arena" not in program.compiled.thunk_listing()
     got, want = program.run([x, k]), evaluate(parse_module(text), [x, k])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4,
@@ -346,7 +346,7 @@ ENTRY main {
 """
     rng = np.random.default_rng(7)
     x, k = _random(rng, (2, 6, 7, 3), np.float32), _random(rng, (3, 3, 3, 9), np.float32)
-    program = CpuProgram(parse_module(text))
+    program = CpuProgram(parse_module(text), {"conv_library": False})
     assert "direct convolution on the arena" in program.compiled.thunk_listing()
     got = np.asarray(program.run([x, k]))
     want = np.asarray(evaluate(parse_module(text), [x, k]))
@@ -392,7 +392,7 @@ rng = np.random.default_rng(17)
 x = rng.standard_normal((2, 24, 20, 8)).astype(np.float32)
 k = rng.standard_normal((3, 3, 8, 24)).astype(np.float32)
 text = jax.jit(jax.grad(f, argnums=(0, 1))).lower(x, k).as_text(dialect="hlo")
-program = CpuProgram(parse_module(text))
+program = CpuProgram(parse_module(text), {"conv_library": False})
 digest = hashlib.sha256()
 for _ in range(3):  # the first run splits (SplitChoice's warm-up), later ones choose
     for leaf in program.run([x, k]):

@@ -249,6 +249,8 @@ OPTION_VALUES = {
     "native_small_gemm": (True, False),
     "small_gemm_library": (True, False),
     "reduce_library": (True, False),
+    "conv_library": (True, False),
+    "window_library": (True, False),
     "native_runs": (True, False),
     "denormals": ("flush", "ieee"),
     "max_while_iterations": (10, 11),

@@ -61,6 +61,7 @@ from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
 from xlapy.backends.cpu.codegen.common import SYMBOL
 from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv, vector_shape
+from xlapy.backends.cpu.codegen.emit_conv_library import conv_extent, conv_kernel, conv_params
 from xlapy.backends.cpu.codegen.emit_gemv import Gemv, emit_gemv, gemv_geometry, gemv_signature
 from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
@@ -98,6 +99,7 @@ from xlapy.backends.cpu.codegen.emit_window import (
     window_reason,
     window_signature,
 )
+from xlapy.backends.cpu.codegen.emit_window_library import window_extent, window_library_kernel
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
 from xlapy.backends.cpu.jit.engine import host_target
 from xlapy.backends.cpu.jit.kernel import (
@@ -113,7 +115,7 @@ from xlapy.backends.cpu.jit.kernel import (
     symbol_name,
     wrap_instruction,
 )
-from xlapy.backends.cpu.jit.kernel_library import library_kernel
+from xlapy.backends.cpu.jit.kernel_library import library_function, library_kernel
 from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk, plan_device_id
 from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
@@ -680,6 +682,33 @@ def _native_scan(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return _described_kernel(lw, instr, scan_reason, scan_description, scan_signature, emit_scan)
 
 
+def _library_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """A pooling reduce-window (one f32/f64 array by add, maximum or minimum) as a kernel of
+    the kernel library, generic in its geometry (codegen/emit_window_library.py): no LLVM
+    for this program. Off by default (option `window_library`): on NHWC max pooling and
+    the average pool's gradient it ran 1.9x and 3.5-6x slower than the per-shape kernel
+    (benchmarks/RESULTS.md, tenth session, branch convlib)."""
+    if not lw.options.get("window_library", False):
+        return "window_library is off (the default)"
+    found = window_library_kernel(instr, vector_shape(host_target().features)[0])
+    if isinstance(found, str):
+        return found
+    reason = lw.failed.get(instr.name)
+    if reason is not None:
+        return reason
+    kernel, data = found
+    x, init = instr.operands
+    extent = window_extent(data)
+    signature = Signature((instr.shape,), (x.shape, init.shape), extent, param_blocks=1)
+    try:
+        native = library_kernel(kernel, lw.flush_denormals, signature, symbol_name(instr.name))
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, native))
+    inputs = [lw.slice_at(x), lw.slice_at(init)]
+    return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
+
+
 def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return _described_kernel(
         lw, instr, window_reason, window_description, window_signature, emit_window
@@ -715,8 +744,8 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     fallback = library(plan_convolution, ConvolutionThunk)
     if lw.failed.get(instr.name) or not lw.options.get("direct_convolutions", True):
         return fallback.build(lw, instr, why)
-    out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
     vector, registers = vector_shape(host_target().features)
+    out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
     arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
     if arena is not None and not DirectConv(**arena, vector=vector, registers=registers).fits:
         arena = None  # its edge tiles' input outgrows the stack buffer: the padded copy
@@ -726,6 +755,10 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     conv = DirectConv(**geometry, vector=vector, registers=registers)
     if not conv.fits:
         return fallback.build(lw, instr, why)
+    if lw.options.get("conv_library", False):  # where a direct kernel runs, and only there
+        built = _library_convolution(lw, instr, why, vector)
+        if built is not None:
+            return built
     flush = lw.flush_denormals
     try:
         function = request_function(
@@ -741,6 +774,30 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     direct = DirectKernel(function, conv.kernel_width, conv.extent)
     if arena is not None:
         return DirectConvThunk(instr, direct, out, x, w)
+    planner = functools.partial(plan_convolution, direct=direct)
+    return library(planner, ConvolutionThunk).build(lw, instr, why)
+
+
+def _library_convolution(lw: Lowering, instr: HloInstruction, why: str, vector: int):
+    """A direct convolution on the kernel library's convolution, generic in its geometry
+    (codegen/emit_conv_library.py: no LLVM for this program), run by the library
+    convolution on the padded input it writes (runtime/conv_thunk.py `_direct`); None where
+    the direct path does not apply. Off by default (option `conv_library`): it ran 1.1-1.3x
+    slower than the kernels compiled per geometry on cpu_vs_xla's convolutions
+    (benchmarks/RESULTS.md, tenth session, branch convlib)."""
+    geometry = direct_geometry(instr)
+    if geometry is None:
+        return None
+    kernel = conv_kernel(geometry["features"], vector)
+    try:
+        function = library_function(kernel, lw.flush_denormals)
+    except Exception as e:  # a code generator bug: loud (see the file comment)
+        lw.kernel_failed(instr.name, e)
+        return None
+    lw.functions.append((instr.name, function))
+    params = conv_params(kernel, geometry)
+    direct = DirectKernel(function, kernel.width(geometry["features"]),
+                          conv_extent(geometry, kernel), params)  # fmt: skip
     planner = functools.partial(plan_convolution, direct=direct)
     return library(planner, ConvolutionThunk).build(lw, instr, why)
 
@@ -867,6 +924,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
     Opcode.TOPK: (KERNEL, library(plan_topk)),
     Opcode.REDUCE_WINDOW: (
         Strategy("native scan", _native_scan),
+        Strategy("library window", _library_window),
         Strategy("native window", _native_window),
         library(plan_reduce_window),
     ),

@@ -56,6 +56,20 @@ CPU_OPTIONS: dict[str, Option] = {
         "compiled per shape (default true; lowering.py, codegen/emit_reduce_library.py)",
         boolean,
     ),
+    "conv_library": Option(
+        "run the direct convolutions (f32, two spatial dims, one group) on the kernel "
+        "library's convolution, its geometry read at run time, compiled once per machine, "
+        "not on a kernel compiled per geometry (default false: 1.1-1.3x slower at run time; "
+        "lowering.py, codegen/emit_conv_library.py)",
+        boolean,
+    ),
+    "window_library": Option(
+        "run pooling reduce-windows (one f32/f64 array by add, maximum or minimum) on "
+        "kernels generic in their geometry from the kernel library, not on a kernel compiled "
+        "per shape (default false: slower at run time; lowering.py, "
+        "codegen/emit_window_library.py)",
+        boolean,
+    ),
     "denormals": Option(
         "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
         "(codegen/emitter.py)",

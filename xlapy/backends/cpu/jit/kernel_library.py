@@ -32,14 +32,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from xlapy.backends.cpu.codegen import emit_reduce_library, emit_small_gemm
+from xlapy.backends.cpu.codegen import (
+    emit_conv_library,
+    emit_reduce_library,
+    emit_small_gemm,
+    emit_window_library,
+)
 from xlapy.backends.cpu.codegen.common import SYMBOL, KernelSpec
+from xlapy.backends.cpu.codegen.emit_conv_library import ConvKernel
 from xlapy.backends.cpu.codegen.emit_reduce_library import ReduceKernel
 from xlapy.backends.cpu.codegen.emit_small_gemm import SmallGemmKernel
+from xlapy.backends.cpu.codegen.emit_window_library import WindowKernel
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit.disk_cache import LIBRARY_ENV, key_tag, library_dir
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
+    NativeFunction,
     Signature,
     clear_loaded_objects,
     function_address,
@@ -59,18 +67,28 @@ def library_fingerprint() -> str:
     return h.hexdigest()
 
 
-LibraryKernel = SmallGemmKernel | ReduceKernel
-"""A kernel of the library: a small gemm (codegen/emit_small_gemm.py) or a reduction
-(codegen/emit_reduce_library.py)."""
+LibraryKernel = SmallGemmKernel | ReduceKernel | ConvKernel | WindowKernel
+"""A kernel of the library: a small gemm (codegen/emit_small_gemm.py), a reduction
+(codegen/emit_reduce_library.py), a direct convolution (codegen/emit_conv_library.py) or a
+pooling reduce-window (codegen/emit_window_library.py)."""
 
 
 def menu(lanes: int) -> tuple[LibraryKernel, ...]:
     """Every kernel of the library for vector registers of `lanes` f32 elements."""
-    return (*emit_small_gemm.menu(lanes), *emit_reduce_library.menu(lanes))
+    return (
+        *emit_small_gemm.menu(lanes),
+        *emit_reduce_library.menu(lanes),
+        *emit_conv_library.menu(lanes),
+        *emit_window_library.menu(lanes),
+    )
 
 
 def _emitter(kernel: LibraryKernel, flush_denormals: bool) -> Callable[[], str]:
     """A function writing `kernel`'s LLVM IR."""
+    if isinstance(kernel, WindowKernel):
+        return functools.partial(emit_window_library.emit_window_kernel, kernel, flush_denormals)
+    if isinstance(kernel, ConvKernel):
+        return functools.partial(emit_conv_library.emit_conv_kernel, kernel, flush_denormals)
     if isinstance(kernel, ReduceKernel):
         return functools.partial(emit_reduce_library.emit_reduce_kernel, kernel, flush_denormals)
     return functools.partial(emit_small_gemm.emit_small_gemm, kernel, flush_denormals)
@@ -97,6 +115,15 @@ def library_kernel(
 
     request = library_request(key, emit, library_dir())
     return Kernel._deferred(signature, name, request, None, spec, key)
+
+
+def library_function(kernel: ConvKernel, flush_denormals: bool) -> NativeFunction:
+    """Library kernel `kernel` as a function outside the kernel ABI (the direct
+    convolution's thunk calls it with its own pointers): loaded from the library, or
+    compiled into it now on the JIT's pool (`address()` waits for it)."""
+    key = library_key(kernel, flush_denormals)
+    future, _ = library_request(key, _emitter(kernel, flush_denormals), library_dir())
+    return NativeFunction(key, future)
 
 
 def build(

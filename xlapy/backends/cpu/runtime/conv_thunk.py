@@ -398,11 +398,14 @@ def _small_float(geo: _Geometry, instr: HloInstruction):
 class DirectKernel:
     """A direct convolution kernel the driver compiled (codegen/emit_conv.py): `address()`
     answers its entry (waiting for the compile), `width` is the kernel buffer's padded
-    output features, `extent` its outer range (tiles of output positions)."""
+    output features, `extent` its outer range (tiles of output positions); `params`: the
+    parameter block of the kernel library's convolution (codegen/emit_conv_library.py),
+    which takes it as a fourth pointer, or None for a kernel compiled for its geometry."""
 
     address: Callable[[], int]
     width: int
     extent: int
+    params: tuple[int, ...] | None = None
 
 
 _DIRECT_MIN_FEATURES = 4  # fewer output features waste most of each vector register
@@ -505,6 +508,9 @@ def arena_geometry(instr: HloInstruction) -> dict[str, Any] | None:
 
 
 _PROTO = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3), ctypes.c_int64, ctypes.c_int64)
+_LIBRARY_PROTO = ctypes.CFUNCTYPE(
+    None, *([ctypes.c_void_p] * 4), ctypes.c_int64, ctypes.c_int64
+)  # the library's kernel: a parameter block after the three arrays
 _DIRECT_SPLIT_FLOPS = 1 << 20  # smaller convolutions run whole on the calling thread
 _BLOCKS_PER_THREAD = 4  # native pool blocks per thread: threads that finish early take more
 
@@ -513,10 +519,12 @@ def _direct(geo: _Geometry, kernel: DirectKernel, flops: float):
     """The run of a direct kernel (see the file comment)."""
     fn: list = []  # the entry as a ctypes function, made on the first run
     choice = tiles_split(flops, kernel.extent)
+    block = None if kernel.params is None else np.array(kernel.params, np.int64)
+    proto = _PROTO if block is None else _LIBRARY_PROTO
 
     def body(x, k, out, acc, work, result, scratch: _Scratch) -> None:
         if not fn:
-            fn.append(_PROTO(kernel.address()))
+            fn.append(proto(kernel.address()))
         p = geo.padded_input(geo.grouped_input(x), work, scratch)[0]  # [Nb, P0, P1, Cg]
         if not p.flags.c_contiguous:
             p = _ordered(scratch, "direct_input", p.shape, work, (), False, p)
@@ -527,6 +535,8 @@ def _direct(geo: _Geometry, kernel: DirectKernel, flops: float):
         direct = canon.dtype == work and canon.flags.c_contiguous
         target = canon if direct else scratch.get("direct_out", canon.shape, work)
         ptrs = [target.ctypes.data, p.ctypes.data, w.ctypes.data]
+        if block is not None:  # the library kernel's parameter block (kept by this closure)
+            ptrs.append(block.ctypes.data)
         run_tiles(fn[0], ptrs, kernel.extent, choice)
         if not direct:
             _store(canon, target, acc, result)

@@ -1,0 +1,214 @@
+"""The kernel library's direct convolution (codegen/emit_conv_library.py: the geometry read
+at run time; option conv_library, off by default) against the interpreter over random
+geometries (strides, padding, negative padding, window and base dilation, odd sizes, batch
+1, output features that fill whole vectors, part of one and several blocks, one input
+feature), and bit for bit against the kernel compiled per geometry (`conv_library=False`,
+emit_conv.py); NCHW and f16/bf16 operands through the padded copy; window reversal;
+grouped convolutions keep the other paths; one library object serves convolutions of every
+geometry."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.codegen.emit_conv_library import conv_kernel, conv_params, menu
+from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
+from xlapy.backends.cpu.runtime import conv_thunk
+from xlapy.backends.cpu.runtime.conv_thunk import direct_geometry
+from xlapy.backends.interpreter import evaluate
+from xlapy.ir.parser import parse_module
+
+LIBRARY = "library c = convolution"
+PER_SHAPE = "direct convolution on the arena"
+
+
+@pytest.fixture(autouse=True)
+def library(tmp_path, monkeypatch):
+    """A fresh kernel cache and library directory; no gather path (these are small)."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XLAPY_LIBRARY_DIR", str(tmp_path / "library"))
+    monkeypatch.setattr(conv_thunk, "_GATHER_MAX", 0)
+    clear_kernel_cache()
+    yield tmp_path / "library"
+    clear_kernel_cache()
+
+
+def conv_hlo(n, hw, c, k, o, stride=(1, 1), pads=((0, 0), (0, 0)), rhs=(1, 1), lhs=(1, 1),
+             t="f32", labels="b01f_01io->b01f") -> tuple[str, tuple, tuple]:  # fmt: skip
+    """A convolution's HLO text and its input and kernel shapes (NHWC / HWIO labels, or
+    NCHW / OIHW with labels="bf01_oi01->bf01")."""
+    outs = []
+    for d in range(2):
+        dilated = (hw[d] - 1) * lhs[d] + 1 + pads[d][0] + pads[d][1]
+        window = (k[d] - 1) * rhs[d] + 1
+        outs.append((dilated - window) // stride[d] + 1)
+    nchw = labels.startswith("bf01")
+    xs = (n, c, *hw) if nchw else (n, *hw, c)
+    ks = (o, c, *k) if nchw else (*k, c, o)
+    ys = (n, o, *outs) if nchw else (n, *outs, o)
+    window = (f"size={k[0]}x{k[1]} stride={stride[0]}x{stride[1]} "
+              f"pad={pads[0][0]}_{pads[0][1]}x{pads[1][0]}_{pads[1][1]} "
+              f"lhs_dilate={lhs[0]}x{lhs[1]} rhs_dilate={rhs[0]}x{rhs[1]}")  # fmt: skip
+    dims = ",".join
+    text = f"""HloModule conv
+ENTRY e {{
+  x = {t}[{dims(map(str, xs))}] parameter(0)
+  k = {t}[{dims(map(str, ks))}] parameter(1)
+  ROOT c = {t}[{dims(map(str, ys))}] convolution(x, k), window={{{window}}}, dim_labels={labels}
+}}"""
+    return text, xs, ks
+
+
+def _random_case(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    k = tuple(int(v) for v in rng.integers(1, 6, 2))
+    rhs = tuple(int(v) for v in rng.choice([1, 1, 2, 3], 2))
+    lhs = tuple(int(v) for v in rng.choice([1, 1, 1, 2], 2))
+    pads = tuple((int(a), int(b)) for a, b in rng.integers(-1, 4, (2, 2)))
+    hw = tuple(int(kk - 1) * r + int(rng.integers(1, 14)) for kk, r in zip(k, rhs, strict=True))
+    return {
+        "n": int(rng.choice([1, 1, 2, 3])),
+        "hw": hw,
+        "c": int(rng.choice([1, 2, 3, 5, 8, 13])),
+        "k": k,
+        "o": int(rng.choice([4, 5, 8, 16, 19, 32, 33, 48, 70])),
+        "stride": tuple(int(v) for v in rng.integers(1, 4, 2)),
+        "pads": pads,
+        "rhs": rhs,
+        "lhs": lhs,
+    }
+
+
+def _run(text: str, args, library: bool) -> tuple[np.ndarray, str]:
+    program = CpuProgram(parse_module(text), {"conv_library": library})
+    return np.asarray(program.run(args)), program.compiled.thunk_listing()
+
+
+def _check(text: str, xs, ks, seed: int, dtype=np.float32) -> None:
+    rng = np.random.default_rng(seed)
+    args = [rng.standard_normal(xs).astype(dtype), rng.standard_normal(ks).astype(dtype)]
+    got, listing = _run(text, args, True)
+    assert LIBRARY in listing and PER_SHAPE not in listing, listing
+    want = np.asarray(evaluate(parse_module(text), args)).astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else 3e-2
+    mag = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * mag)
+    if dtype == np.float32:
+        per_shape, listing = _run(text, args, False)
+        assert PER_SHAPE in listing, listing
+        assert np.array_equal(got, per_shape), "not the per-shape kernel's bits"
+
+
+CASES = [_random_case(seed) for seed in range(24)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"random{i}" for i in range(len(CASES))])
+def test_random_geometries_match_the_interpreter_and_the_per_shape_kernel(case):
+    text, xs, ks = conv_hlo(**case)
+    if direct_geometry(parse_module(text).entry.root) is None:
+        pytest.skip("outside the direct path (an empty output)")
+    _check(text, xs, ks, zlib.crc32(text.encode()))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"n": 1, "hw": (9, 11), "c": 3, "k": (3, 3), "o": 8, "pads": ((1, 1), (1, 1))},
+        {"n": 2, "hw": (7, 30), "c": 6, "k": (3, 3), "o": 70},  # blocks, then a part vector
+        {
+            "n": 2,
+            "hw": (17, 19),
+            "c": 4,
+            "k": (5, 5),
+            "o": 32,
+            "stride": (2, 2),
+            "pads": ((2, 2), (2, 2)),
+        },
+        {"n": 1, "hw": (3, 4), "c": 3, "k": (3, 3), "o": 8, "pads": ((4, 4), (5, 3))},
+        {"n": 3, "hw": (9, 1), "c": 4, "k": (3, 1), "o": 16, "pads": ((1, 1), (0, 0))},
+        {"n": 5, "hw": (16, 16), "c": 1, "k": (3, 3), "o": 16, "pads": ((1, 1), (1, 1))},
+    ],
+    ids=[
+        "batch1_same",
+        "two_blocks_tail",
+        "wide_strided",
+        "padding_only",
+        "one_column",
+        "one_input_feature",
+    ],
+)
+def test_named_geometries(case):
+    text, xs, ks = conv_hlo(**case)
+    _check(text, xs, ks, zlib.crc32(text.encode()))
+
+
+def test_off_by_default():
+    text, _, _ = conv_hlo(2, (9, 11), 3, (3, 3), 8, pads=((1, 1), (1, 1)))
+    listing = CpuProgram(parse_module(text)).compiled.thunk_listing()
+    assert PER_SHAPE in listing and LIBRARY not in listing, listing
+
+
+def test_window_reversal():
+    text, xs, ks = conv_hlo(2, (5, 6), 3, (3, 2), 4, pads=((1, 1), (0, 1)))
+    text = text.replace(" rhs_dilate=1x1}", " rhs_dilate=1x1 rhs_reversal=1x0}")
+    assert "rhs_reversal" in text
+    _check(text, xs, ks, 5)
+
+
+def test_nchw_through_the_padded_copy():
+    text, xs, ks = conv_hlo(2, (10, 9), 3, (3, 3), 7, pads=((1, 1), (1, 1)),
+                            labels="bf01_oi01->bf01")  # fmt: skip
+    _check(text, xs, ks, 7)
+
+
+@pytest.mark.parametrize("t,dtype", [("f16", np.float16), ("bf16", None)])
+def test_half_operands(t, dtype):
+    import ml_dtypes
+
+    text, xs, ks = conv_hlo(2, (8, 9), 3, (3, 3), 10, pads=((1, 1), (1, 1)), t=t)
+    _check(text, xs, ks, 11, dtype or ml_dtypes.bfloat16)
+
+
+def test_grouped_convolutions_keep_the_other_paths():
+    text = """HloModule grouped
+ENTRY e {
+  x = f32[2,8,8,6] parameter(0)
+  k = f32[3,3,3,8] parameter(1)
+  ROOT c = f32[2,8,8,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f, feature_group_count=2
+}"""  # noqa: E501
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((2, 8, 8, 6), np.float32),
+            rng.standard_normal((3, 3, 3, 8), np.float32)]  # fmt: skip
+    got, _ = _run(text, args, True)
+    want = np.asarray(evaluate(parse_module(text), args))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_library_object_for_every_geometry(library):
+    """Convolutions of one output-feature count (one block size) in different geometries."""
+    for case in [
+        {"n": 1, "hw": (9, 11), "c": 3, "k": (3, 3), "o": 16, "pads": ((1, 1), (1, 1))},
+        {"n": 2, "hw": (12, 7), "c": 5, "k": (5, 2), "o": 16, "stride": (2, 1)},
+        {"n": 3, "hw": (8, 8), "c": 2, "k": (2, 3), "o": 16, "rhs": (2, 2), "lhs": (2, 1)},
+    ]:
+        text, xs, ks = conv_hlo(**case)
+        _run(text, [np.ones(xs, np.float32), np.ones(ks, np.float32)], True)
+    objects = [p for p in library.rglob("*") if p.is_file()]
+    assert len(objects) == 1, objects
+
+
+def test_parameter_block_of_a_geometry():
+    text, _, _ = conv_hlo(2, (9, 11), 3, (3, 3), 19, stride=(2, 1), pads=((1, 1), (1, 1)))
+    geometry = direct_geometry(parse_module(text).entry.root)
+    assert geometry is not None
+    kernel = conv_kernel(19, 8)  # 3 vectors of 8: NV = 2 (R = 6) beats 1 (R = 8) and 4
+    assert kernel in menu(8) and kernel.tile == 6 and kernel.block == 2
+    params = conv_params(kernel, geometry)
+    # o0 o1 k0 k1 c s0 s1 d0 d1 features width x0 x1 x2 y0 y1 y2 tiles
+    assert params == (5, 11, 3, 3, 3, 2, 1, 1, 1, 19, 24, 11 * 13 * 3, 13 * 3, 3,
+                      5 * 11 * 19, 11 * 19, 19, 2)  # fmt: skip
