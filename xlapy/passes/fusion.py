@@ -153,8 +153,8 @@ class LoopFusion(HloPass):
     def _pick_producer(self, editor: FusionEditor, consumer: HloInstruction):
         if not self._consumer_ok(editor, consumer):
             return None
-        for i, producer in enumerate(consumer.operands):
-            if self.should_fuse(editor, producer, consumer, i):
+        for i, producer in enumerate(consumer.operands):  # the consumer is checked once
+            if self._should_fuse_into(editor, producer, consumer, i):
                 return producer
         return None
 
@@ -174,8 +174,14 @@ class LoopFusion(HloPass):
         """May operand `i` (`producer`) of `consumer` be computed inside it, duplication
         aside: both take part in fusion, the in-place operand stays out, small constants
         only, no expensive producer re-read per element, within the limits."""
-        if not self._consumer_ok(editor, consumer):
-            return False
+        return self._consumer_ok(editor, consumer) and self._can_fuse_into(
+            editor, producer, consumer, i
+        )
+
+    def _can_fuse_into(
+        self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
+    ) -> bool:
+        """can_fuse for a consumer that passed _consumer_ok."""
         if not self._producer_ok(editor, producer) or producer.control_predecessors:
             return False
         if producer.control_successors:
@@ -194,7 +200,15 @@ class LoopFusion(HloPass):
         self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
     ) -> bool:
         """May operand `i` (`producer`) of `consumer` be computed inside it?"""
-        if not self.can_fuse(editor, producer, consumer, i):
+        return self._consumer_ok(editor, consumer) and self._should_fuse_into(
+            editor, producer, consumer, i
+        )
+
+    def _should_fuse_into(
+        self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
+    ) -> bool:
+        """should_fuse for a consumer that passed _consumer_ok."""
+        if not self._can_fuse_into(editor, producer, consumer, i):
             return False
         if producer.opcode is Opcode.CONSTANT:
             return True

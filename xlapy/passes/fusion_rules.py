@@ -356,16 +356,19 @@ def reuses_operand(consumer: HloInstruction, operand_index: int) -> bool:
     if comp is None:
         return _op_reuses(consumer, operand_index)
     start = comp.parameter(operand_index)
-    reached = {id(start)}  # what reads the parameter, directly or not (tuples aside)
-    for instr in comp.post_order():
-        if instr.opcode is O.TUPLE:
-            continue
-        hits = [j for j, op in enumerate(instr.operands) if id(op) in reached]
-        if not hits:
-            continue
-        if any(_op_reuses(instr, j) for j in hits):
-            return True
-        reached.add(id(instr))
+    # What reads the parameter, directly or not (tuples aside), through the use-lists: the
+    # part of the body downstream of the parameter, not a post-order of all of it.
+    reached = {id(start): start}
+    work = [start]
+    while work:
+        for user in work.pop().users:
+            if user.opcode is not O.TUPLE and id(user) not in reached:
+                reached[id(user)] = user
+                work.append(user)
+    for instr in reached.values():
+        for j, op in enumerate(instr.operands):
+            if id(op) in reached and _op_reuses(instr, j):
+                return True
     return False
 
 

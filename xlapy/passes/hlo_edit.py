@@ -27,6 +27,18 @@ def module_of(comp: HloComputation) -> HloModule | None:
     return comp.parent
 
 
+def call_counts(module: HloModule) -> dict[HloComputation, int]:
+    """How many call sites each computation has (computations nobody calls are absent).
+    Skips the instructions that call nothing without asking them (the while-loop passes
+    ask once per loop they look at: a scan of the whole module each time)."""
+    count: dict[HloComputation, int] = {}
+    get = count.get
+    for comp in module.computations:
+        for called in comp.called_computations():
+            count[called] = get(called, 0) + 1
+    return count
+
+
 def has_side_effect_deep(instr: HloInstruction, _memo: dict[int, bool] | None = None) -> bool:
     """True if `instr` has a side effect or calls a computation containing one (XLA's rule:
     a while loop whose body prints has a side effect)."""

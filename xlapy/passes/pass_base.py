@@ -99,14 +99,22 @@ class PassPipeline:
         return changed
 
     def _run_fixed_point(self, module: HloModule, group: FixedPoint) -> bool:
+        """Run the passes round and round until each has run once on the module as it now
+        is without changing it. A pass that ran without a change since the last change
+        would find nothing again: the round that only confirms the fixed point stops at the
+        pass that changed the module last (the same module as running every pass again)."""
         changed_any = False
+        passes = list(group.passes)
+        quiet = 0  # passes run in a row that changed nothing
         for _ in range(group.max_iterations):
-            changed = False
-            for p in group.passes:
-                changed |= self._run_one(module, p)
-            changed_any |= changed
-            if not changed:
-                return changed_any
+            for p in passes:
+                if self._run_one(module, p):
+                    changed_any = True
+                    quiet = 0
+                else:
+                    quiet += 1
+                if quiet >= len(passes):
+                    return changed_any
         return changed_any
 
     def _run_one(self, module: HloModule, p: HloPass) -> bool:

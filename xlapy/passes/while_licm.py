@@ -46,7 +46,7 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Category, Opcode
 from xlapy.ir.shapes import Shape
-from xlapy.passes.hlo_edit import Editor, has_side_effect_deep
+from xlapy.passes.hlo_edit import Editor, call_counts, has_side_effect_deep
 from xlapy.passes.pass_base import HloPass, register_pass
 
 INFLATION = 2
@@ -96,15 +96,6 @@ def _bytes(shape: Shape) -> int:
     if shape.is_tuple:
         return sum(_bytes(s) for s in shape.tuple_shapes)
     return shape.byte_size if shape.is_array else 0
-
-
-def _callers(module: HloModule) -> dict[HloComputation, int]:
-    count: dict[HloComputation, int] = {}
-    for comp in module.computations:
-        for instr in comp.instructions:
-            for called in instr.called_computations():
-                count[called] = count.get(called, 0) + 1
-    return count
 
 
 def _computation_post_order(module: HloModule) -> list[HloComputation]:
@@ -349,7 +340,7 @@ class WhileLoopInvariantCodeMotion(HloPass):
         body, cond = loop.while_body, loop.while_condition
         if body is cond or body.root is None or body.root.opcode is not Opcode.TUPLE:
             return False
-        callers = _callers(module)
+        callers = call_counts(module)
         if callers.get(body) != 1 or callers.get(cond) != 1:
             return False
         for comp in (body, cond):

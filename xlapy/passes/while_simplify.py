@@ -27,7 +27,7 @@ from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.ir.opcodes import Category, Opcode
 from xlapy.ir.shapes import Shape
-from xlapy.passes.hlo_edit import Editor, has_side_effect_deep
+from xlapy.passes.hlo_edit import Editor, call_counts, has_side_effect_deep
 from xlapy.passes.pass_base import HloPass, register_pass
 
 _MAX_DEPTH = 16  # how deep two next-value expressions are compared
@@ -41,15 +41,6 @@ def _gte_reads(param: HloInstruction) -> list[HloInstruction] | None:
             return None
         reads.append(user)
     return reads
-
-
-def _callers(module: HloModule) -> dict[HloComputation, int]:
-    count: dict[HloComputation, int] = {}
-    for comp in module.computations:
-        for instr in comp.instructions:
-            for called in instr.called_computations():
-                count[called] = count.get(called, 0) + 1
-    return count
 
 
 def _used(read: HloInstruction) -> bool:
@@ -150,7 +141,7 @@ class WhileLoopSimplifier(HloPass):
 
     def _simplify(self, module: HloModule, loop: HloInstruction, names: NameUniquer) -> bool:
         """One merge or one removal on `loop`; True if it changed anything."""
-        info = _Loop(loop, _callers(module))
+        info = _Loop(loop, call_counts(module))
         if not info.ok:
             return False
         n = len(loop.shape.tuple_shapes)
@@ -289,7 +280,7 @@ class WhileLoopConstantSinking(HloPass):
     def run(self, module: HloModule) -> bool:
         changed = False
         names = NameUniquer(module)
-        callers = _callers(module)
+        callers = call_counts(module)
         for comp in list(module.computations):
             for instr in list(comp.instructions):
                 if instr.opcode is Opcode.WHILE and instr.parent is comp:
