@@ -7,6 +7,7 @@ the order is the same (the columns order); JAX's layer-norm and column variance.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -40,15 +41,27 @@ def fused_hlo(
     init: str = "0",
     reducer: str = "add",
 ) -> str:
-    """A module whose root is a kInput fusion summing `body` over `dims`: "sq" x * x, "mul"
-    x * y, "sqdiff" (x - broadcast(c))^2, "csqdiff" (broadcast(c) - x)^2, "exp" exp(x)."""
+    """A module whose root is a kInput fusion summing `body` over `dims`: "fx" x (through a
+    reshape that moves nothing), "neg" -x, "cvt_bf16" / "cvt_f16" convert(x) of a bf16 / f16
+    x, "sq" x * x, "mul" x * y, "sqdiff" (x - broadcast(c))^2, "csqdiff" (broadcast(c) -
+    x)^2, "exp" exp(x)."""
     kept = [d for d in range(len(shape)) if d not in dims]
-    s = f"{t}[{','.join(map(str, shape))}]{_layout(layout)}"
+    dims_text = f"[{','.join(map(str, shape))}]{_layout(layout)}"
+    s = f"{t}{dims_text}"
     out = f"{t}[{','.join(str(shape[d]) for d in kept)}]{_layout(out_layout)}"
     bdims = "{" + ",".join(map(str, kept)) + "}"
-    params = {"sq": [s], "mul": [s, s], "sqdiff": [s, out], "csqdiff": [s, out], "exp": [s]}[body]
+    narrow = {"cvt_bf16": f"bf16{dims_text}", "cvt_f16": f"f16{dims_text}"}
+    params = {"sqdiff": [s, out], "csqdiff": [s, out], "mul": [s, s]}.get(
+        body, [narrow.get(body, s)]
+    )
     lines = [f"  p{i} = {shape} parameter({i})" for i, shape in enumerate(params)]
-    if body == "sq":
+    if body == "fx":
+        lines.append(f"  v = {s} reshape(p0)")
+    elif body == "neg":
+        lines.append(f"  v = {s} negate(p0)")
+    elif body in narrow:
+        lines.append(f"  v = {s} convert(p0)")
+    elif body == "sq":
         lines.append(f"  v = {s} multiply(p0, p0)")
     elif body == "mul":
         lines.append(f"  v = {s} multiply(p0, p1)")
@@ -85,8 +98,9 @@ def _fusion(text: str):
 
 def _args(text: str, t: str) -> list[np.ndarray]:
     module = parse_module(text)
+    types = {"f32": np.float32, "f64": np.float64, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
     return [
-        RNG.standard_normal(p.shape.dims).astype(NP[t])
+        RNG.standard_normal(p.shape.dims).astype(types[p.shape.element_type.name.lower()])
         for p in module.entry_computation().parameters
     ]
 
@@ -130,24 +144,35 @@ def _reduced(shape, dims) -> int:
     return int(np.prod([shape[d] for d in dims]))
 
 
+BODIES = ["fx", "neg", "cvt_bf16", "cvt_f16", "sq", "mul", "sqdiff"]
+
+
+def _prologue(body: str) -> str:
+    return "mul" if body == "sq" else body
+
+
 def test_the_cases_reach_every_fused_kernel_of_the_menu():
     reached = set()
     for t in ("f32", "f64"):
-        for body in ("sq", "mul", "sqdiff"):
+        for body in BODIES:
+            if t == "f64" and body.startswith("cvt"):
+                continue
             for shape, dims, layout, out_layout in CASES:
                 found = fused_reduce_library_kernel(
                     _fusion(fused_hlo(t, shape, dims, body, layout, out_layout)), LANES
                 )
                 assert isinstance(found, FusedReduce), (body, shape, dims, found)
-                assert found.kernel.prologue == ("sqdiff" if body == "sqdiff" else "mul")
+                assert found.kernel.prologue == _prologue(body)
                 reached.add(found.kernel)
     assert reached == {k for k in menu(LANES) if k.prologue != "x"}
 
 
 @pytest.mark.parametrize("t", ["f32", "f64"])
-@pytest.mark.parametrize("body", ["sq", "mul", "sqdiff"])
+@pytest.mark.parametrize("body", BODIES)
 @pytest.mark.parametrize("case", CASES)
 def test_fused_library_reductions_match_the_interpreter(case, body, t):
+    if t == "f64" and body.startswith("cvt"):
+        pytest.skip("widening to f32 only")
     shape, dims, layout, out_layout = case
     text = fused_hlo(t, shape, dims, body, layout, out_layout, init="0.5")
     args = _args(text, t)
@@ -157,7 +182,7 @@ def test_fused_library_reductions_match_the_interpreter(case, body, t):
     _close(got, _run(text, args, library=False), t, _reduced(shape, dims))
 
 
-@pytest.mark.parametrize("body", ["sq", "mul", "sqdiff"])
+@pytest.mark.parametrize("body", BODIES)
 @pytest.mark.parametrize("case", [((300, 64), (0,)), ((6, 129, 200), (1,)), ((3, 70, 13), (1,))])
 def test_the_columns_order_gives_the_per_shape_kernels_bits(case, body):
     """The columns order folds in the per-shape column kernel's order (blocks of 32 rows,
@@ -178,7 +203,7 @@ def test_random_geometries_against_the_interpreter():
         dims = tuple(sorted(RNG.choice(rank, size=int(RNG.integers(1, rank + 1)), replace=False)))
         layout = tuple(int(d) for d in RNG.permutation(rank))
         t = str(RNG.choice(["f32", "f64"]))
-        body = str(RNG.choice(["sq", "mul", "sqdiff"]))
+        body = str(RNG.choice(BODIES if t == "f32" else BODIES[:2] + BODIES[4:]))
         text = fused_hlo(t, shape, dims, body, layout)
         found = fused_reduce_library_kernel(_fusion(text), LANES)
         taken += isinstance(found, FusedReduce)
@@ -218,7 +243,7 @@ def test_an_empty_sum_is_the_init_bits_and_all(case):
 
 
 REFUSED = [
-    ("exp", {}, "not a product"),
+    ("exp", {}, "not one the library computes"),
     ("csqdiff", {}, "not read as the library reads them"),
     ("sq", {"reducer": "maximum"}, "other than a sum"),
     ("sq", {"reducer": "multiply"}, "reducer other than"),

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL
+from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL, mem_type
 from xlapy.backends.cpu.codegen.elemental import simple_reducer
 from xlapy.backends.cpu.codegen.emit_gemv import splat
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
@@ -70,7 +70,7 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import merged_stride
 from xlapy.ir.types import PrimitiveType
-from xlapy.passes.reshape_to_bitcast import reshape_is_bitcast
+from xlapy.passes.reshape_to_bitcast import reshape_is_bitcast, transpose_is_bitcast
 
 PARAMS = ("p", "r", "q", "s_p", "s_r", "s_q", "o_p", "o_q", "units", "init")
 """The parameter block's i64 words, in order: the extents P, R, Q, the input's element
@@ -84,12 +84,21 @@ OPS = {Opcode.ADD: "add", Opcode.MAXIMUM: "max", Opcode.MINIMUM: "min"}
 TYPES = {PrimitiveType.F32: "f32", PrimitiveType.F64: "f64"}
 """The element types it has kernels for (input, init and result all of it)."""
 
-PROLOGUES = ("x", "mul", "sqdiff")
+PROLOGUES = ("x", "fx", "neg", "cvt_bf16", "cvt_f16", "mul", "sqdiff")
 """What a kernel folds, per element of the [P, R, Q] index space: "x" the input itself (a
-plain reduce), "mul" a * b (two inputs read at the same offsets: a fused x * x or x * y),
-"sqdiff" (a - c) * (a - c) with c one value per output (read at the output's offset: a fused
-variance's (x - mean)^2). Kernels with a prologue sum only (add) and take the init from
-the parameter block (a fusion's init is a constant inside it, no buffer)."""
+plain reduce); in a fusion: "fx" the input itself (read through a reshape or transpose that
+moves no element), "neg" -a, "cvt_bf16" / "cvt_f16" a bf16 or f16 input widened to f32
+(exact: JAX's f32 sums of bf16 arrays), "mul" a * b (two inputs read at the same offsets: a
+fused x * x or x * y), "sqdiff" (a - c) * (a - c) with c one value per output (read at the
+output's offset: a fused variance's (x - mean)^2). Kernels with a prologue (all but "x")
+sum only (add) and take the init from the parameter block (a fusion's init is a constant
+inside it, no buffer)."""
+
+TWO_INPUTS = ("mul", "sqdiff")
+"""The prologues that read a second input."""
+
+WIDENED = {"cvt_bf16": PrimitiveType.BF16, "cvt_f16": PrimitiveType.F16}
+"""The prologues that read a narrower input, and its type."""
 
 UNROLL = 4
 """Vectors folded per step of the rows order (U: independent accumulators)."""
@@ -144,6 +153,7 @@ def menu(lanes: int) -> tuple[ReduceKernel, ...]:
         ReduceKernel(dtype, op, columns, max(lanes // 2, 1) if dtype == "f64" else lanes, fold)
         for dtype in TYPES.values()
         for op, fold in (*plain, *fused)
+        if dtype == "f32" or fold not in WIDENED
         for columns in (False, True)
     )
 
@@ -196,22 +206,23 @@ def reduce_library_kernel(
 @dataclass(frozen=True, slots=True)
 class FusedReduce:
     """A fusion run by a library kernel with a prologue: the kernel, the geometry of its
-    reduce, the fusion operands the kernel reads (its x, then its second input) and the
-    init's bits (its parameter block's last word)."""
+    reduce, the fusion operands the kernel reads (its x, then its second input if it has
+    one) and the init's bits (its parameter block's last word)."""
 
     kernel: ReduceKernel
     geometry: ReduceGeometry
-    operands: tuple[int, int]
+    operands: tuple[int, ...]
     init_bits: int
 
 
 def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedReduce | str:
     """The library kernel with a prologue (PROLOGUES) that runs `fusion`, or why none does.
     Exact: the fused computation must be, from its root, a sum by add (f32 or f64, the init
-    a constant) of x * y or (x - broadcast(c))^2, each of x, y a fusion parameter read in the
-    reduce input's shape and layout (itself or a reshape that moves no element), c a
-    parameter in the result's shape and layout (likewise) broadcast along the reduced dims;
-    anything else keeps the per-shape kernel."""
+    a constant) of x, -x, convert(x) (bf16 or f16 to f32), x * y or (x - broadcast(c))^2,
+    each of x, y a fusion parameter read in the reduce input's shape and layout (itself or a
+    reshape or transpose that moves no element), c a parameter in the result's shape and
+    layout (likewise) broadcast along the reduced dims; anything else keeps the per-shape
+    kernel."""
     comp = fusion.calls
     root = comp.root if comp is not None else None
     if root is None or root.opcode is not Opcode.REDUCE or len(root.operands) != 2:
@@ -227,11 +238,13 @@ def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedRedu
         return "the init is not a constant"
     if fusion.shape != root.shape:
         return "the fusion's result is not its reduce's"
-    if body.opcode is not Opcode.MULTIPLY:
-        return "the fused element is not a product"
-    a, c = body.operands
-    x = _stream(a, body.shape)
-    if a is c and a.opcode is Opcode.SUBTRACT:
+    operands: tuple[int, ...]
+    one = _one_input(body)
+    if one is not None:
+        operands, prologue = (one[0],), one[1]
+    elif body.opcode is not Opcode.MULTIPLY:
+        return "the fused element is not one the library computes (x, -x, convert, x * y)"
+    elif (a := body.operands[0]) is body.operands[1] and a.opcode is Opcode.SUBTRACT:
         x, per = _stream(a.operands[0], body.shape), _broadcast_per_output(a.operands[1], root)
         if x is None or per is None:
             return "a fused (x - c)^2 whose x or c is not read as the library reads them"
@@ -239,7 +252,7 @@ def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedRedu
             return "a fused (x - c)^2 whose result is not contiguous along its minor run"
         operands, prologue = (x, per), "sqdiff"
     else:
-        y = _stream(c, body.shape)
+        x, y = _stream(body.operands[0], body.shape), _stream(body.operands[1], body.shape)
         if x is None or y is None:
             return "a fused product of operands not read in the reduce input's layout"
         operands, prologue = (x, y), "mul"
@@ -262,7 +275,9 @@ def _parameter_in(node: HloInstruction, shape) -> int | None:
     no element; else None."""
     if node.shape != shape:
         return None
-    if node.opcode is Opcode.RESHAPE and reshape_is_bitcast(node):
+    if (node.opcode is Opcode.RESHAPE and reshape_is_bitcast(node)) or (
+        node.opcode is Opcode.TRANSPOSE and transpose_is_bitcast(node)
+    ):
         node = node.operands[0]
     if node.opcode is not Opcode.PARAMETER:
         return None
@@ -272,6 +287,28 @@ def _parameter_in(node: HloInstruction, shape) -> int | None:
 def _stream(node: HloInstruction, shape) -> int | None:
     """The fusion parameter read as the reduce's input is (see _parameter_in)."""
     return _parameter_in(node, shape)
+
+
+def _one_input(body: HloInstruction) -> tuple[int, str] | None:
+    """(fusion parameter, prologue) of a fused element of one input: the input read through
+    a reshape or transpose that moves no element, its negation, or its widening from bf16 /
+    f16 to f32; else None."""
+    x = _stream(body, body.shape)
+    if x is not None:
+        return x, "fx"
+    if len(body.operands) != 1:
+        return None
+    operand = body.operands[0]
+    if body.opcode is Opcode.NEGATE:
+        x = _stream(operand, body.shape)
+        return None if x is None else (x, "neg")
+    if body.opcode is not Opcode.CONVERT or body.shape.element_type is not PrimitiveType.F32:
+        return None
+    for prologue, t in WIDENED.items():
+        if operand.shape.element_type is t:
+            x = _stream(operand, body.shape.with_element_type(t))
+            return None if x is None else (x, prologue)
+    return None
 
 
 def _broadcast_per_output(node: HloInstruction, reduce: HloInstruction) -> int | None:
@@ -411,6 +448,9 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         self.scalar = F64 if k.dtype == "f64" else F32
         self.vty = ir.VectorType(self.scalar, k.lanes)
         self.align = 8 if k.dtype == "f64" else 4
+        narrow = WIDENED.get(k.prologue)
+        self.xty = self.scalar if narrow is None else mem_type(narrow)
+        self.x_align = self.align if narrow is None else 2
 
     @staticmethod
     def c(v: int) -> ir.Constant:
@@ -420,9 +460,12 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         return self.b.gep(base, [index], inbounds=True)
 
     def _load(self, index, vector: bool, base=None):
+        """The element (vector of V elements) at offset `index` of x (or `base`), in x's
+        memory type."""
         ptr = self._at(self.x if base is None else base, index)
         if vector:
-            return self.b.load(self.b.bitcast(ptr, self.vty.as_pointer()), align=self.align)
+            ty = self.vty if base is not None else ir.VectorType(self.xty, self.k.lanes)
+            return self.b.load(self.b.bitcast(ptr, ty.as_pointer()), align=self.x_align)
         return self.b.load(ptr)
 
     def _value(self, index, vector: bool, c=None):
@@ -430,6 +473,14 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         value, for "sqdiff"): the operations and their order are the fused computation's,
         so each element is the per-shape kernel's bits."""
         b, x = self.b, self._load(index, vector)
+        if self.k.prologue == "neg":
+            return b.fneg(x)
+        if self.k.prologue == "cvt_f16":
+            return b.fpext(x, self.vty if vector else self.scalar)
+        if self.k.prologue == "cvt_bf16":  # as the per-shape kernel's from_mem
+            wide = ir.VectorType(I32, self.k.lanes) if vector else I32
+            shift = ir.Constant(wide, [16] * self.k.lanes if vector else 16)
+            return b.bitcast(b.shl(b.zext(x, wide), shift), self.vty if vector else self.scalar)
         if self.k.prologue == "mul":
             return b.fmul(x, self._load(index, vector, self.second))
         if self.k.prologue == "sqdiff":
@@ -455,11 +506,15 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         return [self.b.load(s) for s in slots]
 
     def emit_ir(self) -> str:
-        second = "init" if self.k.prologue == "x" else "y"
-        fn, body = self.begin_function(["out", "x", second, "params"], set())
+        second = ["init"] if self.k.prologue == "x" else ["y"] * (self.k.prologue in TWO_INPUTS)
+        names = ["out", "x", *second, "params"]
+        fn, body = self.begin_function(names, set())
         b = self.b
-        self.y, self.x, self.second = (b.bitcast(v, self.scalar.as_pointer()) for v in fn.args[:3])
-        words = b.bitcast(fn.args[3], I64.as_pointer())
+        self.y = b.bitcast(fn.args[0], self.scalar.as_pointer())
+        self.x = b.bitcast(fn.args[1], self.xty.as_pointer())
+        self.second = b.bitcast(fn.args[2], self.scalar.as_pointer()) if second else None
+        words = b.bitcast(fn.args[len(names) - 1], I64.as_pointer())
+        start, end = fn.args[len(names)], fn.args[len(names) + 1]
         self.p = {n: b.load(b.gep(words, [self.c(i)]), name=n) for i, n in enumerate(PARAMS)}
         if self.k.prologue == "x":
             self.init = b.load(self.second)
@@ -468,9 +523,9 @@ class _ReduceEmitter(StandaloneKernelEmitter):
             self.init = b.bitcast(bits, self.scalar)
         self.empty = b.icmp_signed("==", self.p["r"], self.c(0))
         if self.k.columns:
-            self._columns(fn.args[4], fn.args[5])
+            self._columns(start, end)
         else:
-            self._rows(fn.args[4], fn.args[5])
+            self._rows(start, end)
         self.end_function(body)
         return str(self.module)
 
