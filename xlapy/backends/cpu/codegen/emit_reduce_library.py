@@ -84,15 +84,15 @@ OPS = {Opcode.ADD: "add", Opcode.MAXIMUM: "max", Opcode.MINIMUM: "min"}
 TYPES = {PrimitiveType.F32: "f32", PrimitiveType.F64: "f64"}
 """The element types it has kernels for (input, init and result all of it)."""
 
-PROLOGUES = ("x", "fx", "neg", "cvt_bf16", "cvt_f16", "mul", "sqdiff")
+PROLOGUES = ("x", "fx", "neg", "cvt_bf16", "cvt_f16", "sq", "mul", "sqdiff")
 """What a kernel folds, per element of the [P, R, Q] index space: "x" the input itself (a
 plain reduce); in a fusion: "fx" the input itself (read through a reshape or transpose that
 moves no element), "neg" -a, "cvt_bf16" / "cvt_f16" a bf16 or f16 input widened to f32
-(exact: JAX's f32 sums of bf16 arrays), "mul" a * b (two inputs read at the same offsets: a
-fused x * x or x * y), "sqdiff" (a - c) * (a - c) with c one value per output (read at the
-output's offset: a fused variance's (x - mean)^2). Kernels with a prologue (all but "x")
-sum only (add) and take the init from the parameter block (a fusion's init is a constant
-inside it, no buffer)."""
+(exact: JAX's f32 sums of bf16 arrays), "sq" a * a (one load: a sum of squares), "mul" a * b
+(two inputs read at the same offsets), "sqdiff" (a - c) * (a - c) with c one value per
+output (read at the output's offset: a fused variance's (x - mean)^2). Kernels with a
+prologue (all but "x") sum only (add) and take the init from the parameter block (a
+fusion's init is a constant inside it, no buffer)."""
 
 TWO_INPUTS = ("mul", "sqdiff")
 """The prologues that read a second input."""
@@ -255,7 +255,7 @@ def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedRedu
         x, y = _stream(body.operands[0], body.shape), _stream(body.operands[1], body.shape)
         if x is None or y is None:
             return "a fused product of operands not read in the reduce input's layout"
-        operands, prologue = (x, y), "mul"
+        operands, prologue = ((x,), "sq") if x == y else ((x, y), "mul")
     width = 64 if kernel.dtype == "f64" else 32
     value = init.literal.array
     assert value is not None
@@ -481,6 +481,8 @@ class _ReduceEmitter(StandaloneKernelEmitter):
             wide = ir.VectorType(I32, self.k.lanes) if vector else I32
             shift = ir.Constant(wide, [16] * self.k.lanes if vector else 16)
             return b.bitcast(b.shl(b.zext(x, wide), shift), self.vty if vector else self.scalar)
+        if self.k.prologue == "sq":
+            return b.fmul(x, x)
         if self.k.prologue == "mul":
             return b.fmul(x, self._load(index, vector, self.second))
         if self.k.prologue == "sqdiff":
