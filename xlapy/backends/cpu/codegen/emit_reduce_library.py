@@ -91,8 +91,9 @@ moves no element), "neg" -a, "cvt_bf16" / "cvt_f16" a bf16 or f16 input widened 
 (exact: JAX's f32 sums of bf16 arrays), "sq" a * a (one load: a sum of squares), "mul" a * b
 (two inputs read at the same offsets), "sqdiff" (a - c) * (a - c) with c one value per
 output (read at the output's offset: a fused variance's (x - mean)^2). Kernels with a
-prologue (all but "x") sum only (add) and take the init from the parameter block (a
-fusion's init is a constant inside it, no buffer)."""
+prologue (all but "x") sum f32 only (add; JAX's default type: f64 fusions keep their
+per-shape kernels rather than double the library) and take the init from the parameter
+block (a fusion's init is a constant inside it, no buffer)."""
 
 TWO_INPUTS = ("mul", "sqdiff")
 """The prologues that read a second input."""
@@ -153,7 +154,7 @@ def menu(lanes: int) -> tuple[ReduceKernel, ...]:
         ReduceKernel(dtype, op, columns, max(lanes // 2, 1) if dtype == "f64" else lanes, fold)
         for dtype in TYPES.values()
         for op, fold in (*plain, *fused)
-        if dtype == "f32" or fold not in WIDENED
+        if dtype == "f32" or fold == "x"
         for columns in (False, True)
     )
 
@@ -217,8 +218,8 @@ class FusedReduce:
 
 def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedReduce | str:
     """The library kernel with a prologue (PROLOGUES) that runs `fusion`, or why none does.
-    Exact: the fused computation must be, from its root, a sum by add (f32 or f64, the init
-    a constant) of x, -x, convert(x) (bf16 or f16 to f32), x * y or (x - broadcast(c))^2,
+    Exact: the fused computation must be, from its root, a sum by add (f32, the init a
+    constant) of x, -x, convert(x) (bf16 or f16 to f32), x * y or (x - broadcast(c))^2,
     each of x, y a fusion parameter read in the reduce input's shape and layout (itself or a
     reshape or transpose that moves no element), c a parameter in the result's shape and
     layout (likewise) broadcast along the reduced dims; anything else keeps the per-shape
@@ -233,6 +234,8 @@ def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedRedu
     kernel, geometry = found
     if kernel.op != "add":
         return "a fused reduce other than a sum"
+    if kernel.dtype != "f32":
+        return "a fused reduce in f64 (the library's fused sums are f32's)"
     body, init = root.operands
     if init.opcode is not Opcode.CONSTANT or init.literal is None:
         return "the init is not a constant"
