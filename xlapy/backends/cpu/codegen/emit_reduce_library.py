@@ -52,7 +52,8 @@
 #          i64 start, i64 end)
 #
 # with `params` the i64 block PARAMS names (`reduce_params`), and flushes subnormals like the
-# other kernels.
+# other kernels. A kernel with a prologue has no init pointer (the init is in `params`) and
+# a second input pointer (y, or c) after x only for "mul" and "sqdiff".
 
 from __future__ import annotations
 
