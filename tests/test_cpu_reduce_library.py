@@ -145,7 +145,7 @@ def test_the_cases_reach_every_kernel_of_the_menu():
                 found = reduce_library_kernel(instr, LANES)
                 assert not isinstance(found, str), (shape, dims, found)
                 reached.add(found[0])
-    assert reached == set(menu(LANES))
+    assert reached == {k for k in menu(LANES) if k.prologue == "x"}  # plain reduces
 
 
 def test_geometry_of_the_usual_reductions():

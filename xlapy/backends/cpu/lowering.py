@@ -14,6 +14,9 @@
 #   reduce                      a plain reduce (f32/f64, add/max/min, rows, columns, middle
 #                               axis, all) as a kernel of the kernel library
 #                               (codegen/emit_reduce_library.py), else a per-shape kernel
+#   fusion                      a sum of x * y or (x - c)^2 (a fused sum of squares or
+#                               variance) as a library kernel with that prologue, else
+#                               a per-shape kernel
 #   dot                         a matrix-vector product (f32/f64, one side without free
 #                               dims) as a native gemv kernel (codegen/emit_gemv.py), else
 #                               BLAS on the arena, else the mixed-type library path
@@ -76,6 +79,8 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     emit_loop,
 )
 from xlapy.backends.cpu.codegen.emit_reduce_library import (
+    ReduceKernel,
+    fused_reduce_library_kernel,
     reduce_extent,
     reduce_library_kernel,
     reduce_params,
@@ -563,21 +568,43 @@ def _library_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     found = reduce_library_kernel(instr, vector_shape(host_target().features)[0])
     if isinstance(found, str):
         return found
+    kernel, geometry = found
+    return _library_reduce_thunk(lw, instr, kernel, reduce_params(geometry, kernel), [0, 1])
+
+
+def _library_fused_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
+    """A fusion that sums x * y or (x - c)^2 (a fused sum of squares or variance) as a
+    kernel of the kernel library with that prologue (codegen/emit_reduce_library.py's
+    fused_reduce_library_kernel says exactly which fusions); `reduce_library=False` or any
+    other fusion: its per-shape kernel."""
+    if not lw.options.get("reduce_library", True):
+        return "reduce_library is off"
+    found = fused_reduce_library_kernel(instr, vector_shape(host_target().features)[0])
+    if isinstance(found, str):
+        return found
+    data = reduce_params(found.geometry, found.kernel, found.init_bits)
+    return _library_reduce_thunk(lw, instr, found.kernel, data, list(found.operands))
+
+
+def _library_reduce_thunk(
+    lw: Lowering, instr: HloInstruction, kernel: ReduceKernel, data, operands: list[int]
+) -> Built:
+    """The KernelThunk running library reduction `kernel` on `instr`'s `operands` (their
+    numbers) with parameter block `data`."""
     reason = lw.failed.get(instr.name)
     if reason is not None:
         return reason
-    kernel, geometry = found
-    x, init = instr.operands
-    data = reduce_params(geometry, kernel)
+    inputs = [instr.operands[i] for i in operands]
     extent = reduce_extent(data)
-    signature = Signature((instr.shape,), (x.shape, init.shape), extent, param_blocks=1)
+    shapes = tuple(x.shape for x in inputs)
+    signature = Signature((instr.shape,), shapes, extent, param_blocks=1)
     try:
         native = library_kernel(kernel, lw.flush_denormals, signature, symbol_name(instr.name))
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
     lw.kernels.append((instr.name, native))
-    inputs = [lw.slice_at(x), lw.slice_at(init)]
-    return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
+    slices = [lw.slice_at(x) for x in inputs]
+    return KernelThunk(instr, native, [lw.slice_at(instr)], slices, data)
 
 
 def _dynamic_update_slice(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -907,6 +934,7 @@ LOWERING: dict[Opcode, tuple[Strategy, ...]] = {
         library(plan_dot),
     ),
     Opcode.REDUCE: (Strategy("library reduce", _library_reduce), KERNEL, RULE),
+    Opcode.FUSION: (Strategy("library fused reduce", _library_fused_reduce), KERNEL, RULE),
     Opcode.DYNAMIC_UPDATE_SLICE: (
         Strategy("dynamic-update-slice", _dynamic_update_slice),
         KERNEL,

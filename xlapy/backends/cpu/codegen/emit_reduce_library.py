@@ -6,6 +6,15 @@
 # few kernels (compiled once per machine: jit/kernel_library.py) serve every plain reduce
 # of every program and a program made of one needs no LLVM at all.
 #
+# Fused sums. A fusion summing x * y (x * x: a sum of squares, a gradient norm) or
+# (x - c)^2 with c one value per output (a variance: layer norm's, a column variance) runs
+# a kernel of the same menu with that prologue computed per element (PROLOGUES); the matcher
+# (fused_reduce_library_kernel) takes exactly those fusions and leaves every other to its
+# per-shape kernel. Each element is computed by the fused computation's operations in its
+# order (no contraction into FMA), so the columns order gives the per-shape kernel's bits;
+# the rows order sums in its own blocks (below), like the plain sums, and differs from the
+# per-shape kernel's 256-element blocks in the last bits only.
+#
 # Geometry. Any reduce whose input, read in its layout from the major end with extent-1
 # dims left out, is one run of kept dims, one run of reduced dims and one run of kept dims
 # (each run possibly empty) is a [P, R, Q] -> [P, Q] reduction: the runs merge into one
@@ -43,7 +52,8 @@
 #          i64 start, i64 end)
 #
 # with `params` the i64 block PARAMS names (`reduce_params`), and flushes subnormals like the
-# other kernels.
+# other kernels. A kernel with a prologue has no init pointer (the init is in `params`) and
+# a second input pointer (y, or c) after x only for "mul" and "sqdiff".
 
 from __future__ import annotations
 
@@ -53,7 +63,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL
+from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL, mem_type
 from xlapy.backends.cpu.codegen.elemental import simple_reducer
 from xlapy.backends.cpu.codegen.emit_gemv import splat
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
@@ -61,17 +71,36 @@ from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import merged_stride
 from xlapy.ir.types import PrimitiveType
+from xlapy.passes.reshape_to_bitcast import reshape_is_bitcast, transpose_is_bitcast
 
-PARAMS = ("p", "r", "q", "s_p", "s_r", "s_q", "o_p", "o_q", "units")
+PARAMS = ("p", "r", "q", "s_p", "s_r", "s_q", "o_p", "o_q", "units", "init")
 """The parameter block's i64 words, in order: the extents P, R, Q, the input's element
-strides along them, the output's along P and Q, and the outer range's units per p (rows
-order: Q outputs; columns order: ceil(Q / V) vectors of outputs)."""
+strides along them, the output's along P and Q, the outer range's units per p (rows
+order: Q outputs; columns order: ceil(Q / V) vectors of outputs), and the init value's bits
+(read by the kernels with a prologue only; plain kernels read it from its buffer)."""
 
 OPS = {Opcode.ADD: "add", Opcode.MAXIMUM: "max", Opcode.MINIMUM: "min"}
 """The reducers the library has kernels for."""
 
 TYPES = {PrimitiveType.F32: "f32", PrimitiveType.F64: "f64"}
 """The element types it has kernels for (input, init and result all of it)."""
+
+PROLOGUES = ("x", "fx", "neg", "cvt_bf16", "cvt_f16", "sq", "mul", "sqdiff")
+"""What a kernel folds, per element of the [P, R, Q] index space: "x" the input itself (a
+plain reduce); in a fusion: "fx" the input itself (read through a reshape or transpose that
+moves no element), "neg" -a, "cvt_bf16" / "cvt_f16" a bf16 or f16 input widened to f32
+(exact: JAX's f32 sums of bf16 arrays), "sq" a * a (one load: a sum of squares), "mul" a * b
+(two inputs read at the same offsets), "sqdiff" (a - c) * (a - c) with c one value per
+output (read at the output's offset: a fused variance's (x - mean)^2). Kernels with a
+prologue (all but "x") sum f32 only (add; JAX's default type: f64 fusions keep their
+per-shape kernels rather than double the library) and take the init from the parameter
+block (a fusion's init is a constant inside it, no buffer)."""
+
+TWO_INPUTS = ("mul", "sqdiff")
+"""The prologues that read a second input."""
+
+WIDENED = {"cvt_bf16": PrimitiveType.BF16, "cvt_f16": PrimitiveType.F16}
+"""The prologues that read a narrower input, and its type."""
 
 UNROLL = 4
 """Vectors folded per step of the rows order (U: independent accumulators)."""
@@ -101,11 +130,13 @@ class ReduceKernel:
     op: str  # "add", "max" or "min"
     columns: bool  # the loop order: columns (contiguous along Q) or rows
     lanes: int  # V: elements of this type in one vector register
+    prologue: str = "x"  # what is folded (PROLOGUES)
 
     @property
     def name(self) -> str:
         """A short readable name (dumps, the library listing)."""
-        return f"reduce_{self.dtype}_{self.op}_{'cols' if self.columns else 'rows'}"
+        fold = "" if self.prologue == "x" else f"_{self.prologue}"
+        return f"reduce_{self.dtype}_{self.op}{fold}_{'cols' if self.columns else 'rows'}"
 
     def description(self, flush_denormals: bool) -> str:
         """A text that determines the kernel's IR (with the sources: a cache key)."""
@@ -118,10 +149,13 @@ class ReduceKernel:
 
 def menu(lanes: int) -> tuple[ReduceKernel, ...]:
     """Every reduction kernel of the library for vector registers of `lanes` f32 elements."""
+    plain = [(op, "x") for op in OPS.values()]
+    fused = [("add", prologue) for prologue in PROLOGUES[1:]]
     return tuple(
-        ReduceKernel(dtype, op, columns, max(lanes // 2, 1) if dtype == "f64" else lanes)
+        ReduceKernel(dtype, op, columns, max(lanes // 2, 1) if dtype == "f64" else lanes, fold)
         for dtype in TYPES.values()
-        for op in OPS.values()
+        for op, fold in (*plain, *fused)
+        if dtype == "f32" or fold == "x"
         for columns in (False, True)
     )
 
@@ -149,7 +183,8 @@ class ReduceGeometry:
 def reduce_library_kernel(
     instr: HloInstruction, lanes: int
 ) -> tuple[ReduceKernel, ReduceGeometry] | str:
-    """The library kernel and geometry that run reduce `instr`, or why none does."""
+    """The library kernel and geometry that run reduce `instr`, or why none does (a reduce
+    in a fusion: the kind and geometry, its operands checked by fused_reduce_library_kernel)."""
     if instr.opcode is not Opcode.REDUCE or len(instr.operands) != 2:
         return "not a reduce of one array"
     x, init = instr.operands
@@ -168,6 +203,128 @@ def reduce_library_kernel(
         return "the minor run of the input is not contiguous"  # (never, for dense layouts)
     v = max(lanes // 2, 1) if t is PrimitiveType.F64 else lanes
     return ReduceKernel(TYPES[t], OPS[op], geometry.columns, v), geometry
+
+
+@dataclass(frozen=True, slots=True)
+class FusedReduce:
+    """A fusion run by a library kernel with a prologue: the kernel, the geometry of its
+    reduce, the fusion operands the kernel reads (its x, then its second input if it has
+    one) and the init's bits (its parameter block's last word)."""
+
+    kernel: ReduceKernel
+    geometry: ReduceGeometry
+    operands: tuple[int, ...]
+    init_bits: int
+
+
+def fused_reduce_library_kernel(fusion: HloInstruction, lanes: int) -> FusedReduce | str:
+    """The library kernel with a prologue (PROLOGUES) that runs `fusion`, or why none does.
+    Exact: the fused computation must be, from its root, a sum by add (f32, the init a
+    constant) of x, -x, convert(x) (bf16 or f16 to f32), x * y or (x - broadcast(c))^2,
+    each of x, y a fusion parameter read in the reduce input's shape and layout (itself or a
+    reshape or transpose that moves no element), c a parameter in the result's shape and
+    layout (likewise) broadcast along the reduced dims; anything else keeps the per-shape
+    kernel."""
+    comp = fusion.calls
+    root = comp.root if comp is not None else None
+    if root is None or root.opcode is not Opcode.REDUCE or len(root.operands) != 2:
+        return "not a fusion of one reduce of one array"
+    found = reduce_library_kernel(root, lanes)
+    if isinstance(found, str):
+        return found
+    kernel, geometry = found
+    if kernel.op != "add":
+        return "a fused reduce other than a sum"
+    if kernel.dtype != "f32":
+        return "a fused reduce in f64 (the library's fused sums are f32's)"
+    body, init = root.operands
+    if init.opcode is not Opcode.CONSTANT or init.literal is None:
+        return "the init is not a constant"
+    if fusion.shape != root.shape:
+        return "the fusion's result is not its reduce's"
+    operands: tuple[int, ...]
+    one = _one_input(body)
+    if one is not None:
+        operands, prologue = (one[0],), one[1]
+    elif body.opcode is not Opcode.MULTIPLY:
+        return "the fused element is not one the library computes (x, -x, convert, x * y)"
+    elif (a := body.operands[0]) is body.operands[1] and a.opcode is Opcode.SUBTRACT:
+        x, per = _stream(a.operands[0], body.shape), _broadcast_per_output(a.operands[1], root)
+        if x is None or per is None:
+            return "a fused (x - c)^2 whose x or c is not read as the library reads them"
+        if geometry.columns and geometry.o_q != 1:
+            return "a fused (x - c)^2 whose result is not contiguous along its minor run"
+        operands, prologue = (x, per), "sqdiff"
+    else:
+        x, y = _stream(body.operands[0], body.shape), _stream(body.operands[1], body.shape)
+        if x is None or y is None:
+            return "a fused product of operands not read in the reduce input's layout"
+        operands, prologue = ((x,), "sq") if x == y else ((x, y), "mul")
+    width = 64 if kernel.dtype == "f64" else 32
+    value = init.literal.array
+    assert value is not None
+    raw = int(value.reshape(()).view(f"u{width // 8}"))
+    bits = raw - (1 << 64) if raw >= 1 << 63 else raw
+    return FusedReduce(
+        ReduceKernel(kernel.dtype, "add", kernel.columns, kernel.lanes, prologue),
+        geometry,
+        operands,
+        bits,
+    )
+
+
+def _parameter_in(node: HloInstruction, shape) -> int | None:
+    """The fusion parameter number that `node` reads with every element at its offset in
+    `shape` (dims, layout and type): the parameter itself, or a reshape of it that moves
+    no element; else None."""
+    if node.shape != shape:
+        return None
+    if (node.opcode is Opcode.RESHAPE and reshape_is_bitcast(node)) or (
+        node.opcode is Opcode.TRANSPOSE and transpose_is_bitcast(node)
+    ):
+        node = node.operands[0]
+    if node.opcode is not Opcode.PARAMETER:
+        return None
+    return node.parameter_number
+
+
+def _stream(node: HloInstruction, shape) -> int | None:
+    """The fusion parameter read as the reduce's input is (see _parameter_in)."""
+    return _parameter_in(node, shape)
+
+
+def _one_input(body: HloInstruction) -> tuple[int, str] | None:
+    """(fusion parameter, prologue) of a fused element of one input: the input read through
+    a reshape or transpose that moves no element, its negation, or its widening from bf16 /
+    f16 to f32; else None."""
+    x = _stream(body, body.shape)
+    if x is not None:
+        return x, "fx"
+    if len(body.operands) != 1:
+        return None
+    operand = body.operands[0]
+    if body.opcode is Opcode.NEGATE:
+        x = _stream(operand, body.shape)
+        return None if x is None else (x, "neg")
+    if body.opcode is not Opcode.CONVERT or body.shape.element_type is not PrimitiveType.F32:
+        return None
+    for prologue, t in WIDENED.items():
+        if operand.shape.element_type is t:
+            x = _stream(operand, body.shape.with_element_type(t))
+            return None if x is None else (x, prologue)
+    return None
+
+
+def _broadcast_per_output(node: HloInstruction, reduce: HloInstruction) -> int | None:
+    """The fusion parameter c of `node` = broadcast(c) along `reduce`'s reduced dims, c in
+    the reduce result's shape and layout (so read at the output's offset); else None."""
+    if node.opcode is not Opcode.BROADCAST:
+        return None
+    src = reduce.operands[0].shape
+    kept = tuple(d for d in range(src.rank) if d not in set(reduce.dimensions))
+    if tuple(node.dimensions) != kept:
+        return None
+    return _parameter_in(node.operands[0], reduce.shape)
 
 
 def reduce_geometry(instr: HloInstruction) -> ReduceGeometry | str:
@@ -200,10 +357,11 @@ def reduce_geometry(instr: HloInstruction) -> ReduceGeometry | str:
     return ReduceGeometry(extent["p"], extent["r"], extent["q"], *known)
 
 
-def reduce_params(g: ReduceGeometry, kernel: ReduceKernel) -> tuple[int, ...]:
-    """The parameter block (PARAMS) of `g` for `kernel`."""
+def reduce_params(g: ReduceGeometry, kernel: ReduceKernel, init_bits: int = 0) -> tuple[int, ...]:
+    """The parameter block (PARAMS) of `g` for `kernel` (`init_bits`: the init's bits, for
+    a kernel with a prologue)."""
     units = -(-g.q // kernel.lanes) if kernel.columns else g.q
-    return (g.p, g.r, g.q, g.s_p, g.s_r, g.s_q, g.o_p, g.o_q, units)
+    return (g.p, g.r, g.q, g.s_p, g.s_r, g.s_q, g.o_p, g.o_q, units, init_bits)
 
 
 def reduce_extent(params: tuple[int, ...]) -> int:
@@ -294,6 +452,9 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         self.scalar = F64 if k.dtype == "f64" else F32
         self.vty = ir.VectorType(self.scalar, k.lanes)
         self.align = 8 if k.dtype == "f64" else 4
+        narrow = WIDENED.get(k.prologue)
+        self.xty = self.scalar if narrow is None else mem_type(narrow)
+        self.x_align = self.align if narrow is None else 2
 
     @staticmethod
     def c(v: int) -> ir.Constant:
@@ -302,11 +463,43 @@ class _ReduceEmitter(StandaloneKernelEmitter):
     def _at(self, base, index):
         return self.b.gep(base, [index], inbounds=True)
 
-    def _load(self, index, vector: bool):
-        ptr = self._at(self.x, index)
+    def _load(self, index, vector: bool, base=None):
+        """The element (vector of V elements) at offset `index` of x (or `base`), in x's
+        memory type."""
+        ptr = self._at(self.x if base is None else base, index)
         if vector:
-            return self.b.load(self.b.bitcast(ptr, self.vty.as_pointer()), align=self.align)
+            ty = self.vty if base is not None else ir.VectorType(self.xty, self.k.lanes)
+            return self.b.load(self.b.bitcast(ptr, ty.as_pointer()), align=self.x_align)
         return self.b.load(ptr)
+
+    def _value(self, index, vector: bool, c=None):
+        """The prologue's value at input offset `index` (`c`: the output's per-output
+        value, for "sqdiff"): the operations and their order are the fused computation's,
+        so each element is the per-shape kernel's bits."""
+        b, x = self.b, self._load(index, vector)
+        if self.k.prologue == "neg":
+            return b.fneg(x)
+        if self.k.prologue == "cvt_f16":
+            return b.fpext(x, self.vty if vector else self.scalar)
+        if self.k.prologue == "cvt_bf16":  # as the per-shape kernel's from_mem
+            wide = ir.VectorType(I32, self.k.lanes) if vector else I32
+            shift = ir.Constant(wide, [16] * self.k.lanes if vector else 16)
+            return b.bitcast(b.shl(b.zext(x, wide), shift), self.vty if vector else self.scalar)
+        if self.k.prologue == "sq":
+            return b.fmul(x, x)
+        if self.k.prologue == "mul":
+            return b.fmul(x, self._load(index, vector, self.second))
+        if self.k.prologue == "sqdiff":
+            d = b.fsub(x, c)
+            return b.fmul(d, d)
+        return x
+
+    def _per_output(self, out_at, vector: bool):
+        """The per-output value c at output offset `out_at` ("sqdiff"; else None); a
+        vector reads V adjacent outputs (the matcher asks o_q = 1 of the columns order)."""
+        if self.k.prologue != "sqdiff":
+            return None
+        return self._load(out_at, vector, self.second)
 
     def _slots(self, fold: _Fold, name: str) -> list:
         return [self.alloca(t, f"{name}{i}") for i, t in enumerate(fold.types())]
@@ -319,17 +512,26 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         return [self.b.load(s) for s in slots]
 
     def emit_ir(self) -> str:
-        fn, body = self.begin_function(["out", "x", "init", "params"], set())
+        second = ["init"] if self.k.prologue == "x" else ["y"] * (self.k.prologue in TWO_INPUTS)
+        names = ["out", "x", *second, "params"]
+        fn, body = self.begin_function(names, set())
         b = self.b
-        self.y, self.x, init_ptr = (b.bitcast(v, self.scalar.as_pointer()) for v in fn.args[:3])
-        words = b.bitcast(fn.args[3], I64.as_pointer())
+        self.y = b.bitcast(fn.args[0], self.scalar.as_pointer())
+        self.x = b.bitcast(fn.args[1], self.xty.as_pointer())
+        self.second = b.bitcast(fn.args[2], self.scalar.as_pointer()) if second else None
+        words = b.bitcast(fn.args[len(names) - 1], I64.as_pointer())
+        start, end = fn.args[len(names)], fn.args[len(names) + 1]
         self.p = {n: b.load(b.gep(words, [self.c(i)]), name=n) for i, n in enumerate(PARAMS)}
-        self.init = b.load(init_ptr)
+        if self.k.prologue == "x":
+            self.init = b.load(self.second)
+        else:  # the init's bits in the parameter block
+            bits = self.p["init"] if self.k.dtype == "f64" else b.trunc(self.p["init"], I32)
+            self.init = b.bitcast(bits, self.scalar)
         self.empty = b.icmp_signed("==", self.p["r"], self.c(0))
         if self.k.columns:
-            self._columns(fn.args[4], fn.args[5])
+            self._columns(start, end)
         else:
-            self._rows(fn.args[4], fn.args[5])
+            self._rows(start, end)
         self.end_function(body)
         return str(self.module)
 
@@ -396,22 +598,24 @@ class _ReduceEmitter(StandaloneKernelEmitter):
             out_at = b.add(b.mul(pi, p["o_p"]), b.mul(qi, p["o_q"]))
             sfold = _Fold(self, self.scalar)
             total = self._slots(sfold, "total")
-            self._set(total, self._row_vectors(base))
+            self._set(total, self._row_vectors(base, self._per_output(out_at, False)))
             value = self._result(sfold, sfold.finish(self._get(total)))
             b.store(value, self._at(self.y, out_at))
 
-    def _row_vectors(self, base) -> list:
-        """The state of folding x[base + i], i in [0, R): U vectors a step, then the rest."""
+    def _row_vectors(self, base, per_output) -> list:
+        """The state of folding x[base + i], i in [0, R): U vectors a step, then the rest
+        (`per_output`: the output's c, "sqdiff")."""
         b, c, k = self.b, self.c, self.k
         fold = _Fold(self, self.vty)
         width = UNROLL * k.lanes
         steps = b.sdiv(self.p["r"], c(width))
+        splat_c = None if per_output is None else splat(b, self.vty, k.lanes, per_output)
 
         def body(lo, hi, target):
             with self.loop(lo, hi, "step") as s:
                 at = b.add(base, b.mul(s, c(width)))
                 for u in range(UNROLL):
-                    x = self._load(b.add(at, c(u * k.lanes)), True)
+                    x = self._value(b.add(at, c(u * k.lanes)), True, splat_c)
                     self._set(target[u], fold.step(self._get(target[u]), x))
 
         totals = self._fold_in_levels(fold, "u", UNROLL, steps, body)
@@ -423,7 +627,7 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         rest = self._slots(sfold, "rest")
         self._set(rest, state)
         with self.loop(b.mul(steps, c(width)), self.p["r"], "tail") as i:
-            x = self._load(b.add(base, i), False)
+            x = self._value(b.add(base, i), False, per_output)
             self._set(rest, sfold.step(self._get(rest), x))
         return self._get(rest)
 
@@ -505,11 +709,14 @@ class _ReduceEmitter(StandaloneKernelEmitter):
                             row = b.add(base, b.mul(r, p["s_r"]))
 
                             def vector_step(v, s):
-                                x = self._load(b.add(row, b.mul(v, c(k.lanes))), True)
+                                at = b.mul(v, c(k.lanes))
+                                per = self._per_output(b.add(out0, at), True)
+                                x = self._value(b.add(row, at), True, per)
                                 self._set(s, vfold.step(self._get(s), x))
 
                             def scalar_step(j, s):
-                                x = self._load(b.add(row, j), False)
+                                per = self._per_output(b.add(out0, b.mul(j, p["o_q"])), False)
+                                x = self._value(b.add(row, j), False, per)
                                 self._set(s, sfold.step(self._get(s), x))
 
                             each(
@@ -566,12 +773,13 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         """A tile of `count` whole vectors of outputs, its accumulators in registers."""
         b, c, k, p = self.b, self.c, self.k, self.p
         fold = _Fold(self, self.vty)
+        per = [self._per_output(b.add(out0, c(i * k.lanes)), True) for i in range(count)]
 
         def body(lo, hi, target):
             with self.loop(lo, hi, "row") as r:
                 row = b.add(base, b.mul(r, p["s_r"]))
                 for i in range(count):
-                    x = self._load(b.add(row, c(i * k.lanes)), True)
+                    x = self._value(b.add(row, c(i * k.lanes)), True, per[i])
                     self._set(target[i], fold.step(self._get(target[i]), x))
 
         for i, slots in enumerate(self._fold_in_levels(fold, "v", count, p["r"], body)):
