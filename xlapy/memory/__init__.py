@@ -11,6 +11,7 @@ from xlapy.memory.buffer_assignment import (
     ValueInfo,
     assign_buffers,
     plan_as_given,
+    prepare_and_assign,
     prepare_for_buffer_assignment,
 )
 from xlapy.memory.heap_simulator import (
@@ -100,6 +101,7 @@ __all__ = [
     "plan_as_given",
     "plot_timeline",
     "post_order_schedule",
+    "prepare_and_assign",
     "prepare_for_buffer_assignment",
     "schedule_computation",
     "schedule_module",
