@@ -11,8 +11,8 @@ from xlapy.memory.buffer_assignment import (
     ValueInfo,
     assign_buffers,
     plan_as_given,
-    prepare_and_assign,
     prepare_for_buffer_assignment,
+    prepare_with_plan,
 )
 from xlapy.memory.heap_simulator import (
     ALGORITHMS,
@@ -101,8 +101,8 @@ __all__ = [
     "plan_as_given",
     "plot_timeline",
     "post_order_schedule",
-    "prepare_and_assign",
     "prepare_for_buffer_assignment",
+    "prepare_with_plan",
     "schedule_computation",
     "schedule_module",
     "simulate_heap",

@@ -409,24 +409,26 @@ def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") ->
     return scheduler
 
 
-def prepare_and_assign(
+def prepare_with_plan(
     module: HloModule, scheduler: str = "plan"
-) -> tuple[HloModule, BufferAssignment]:
-    """`prepare_for_buffer_assignment` then `assign_buffers`, without doing twice what the
-    plan choice did once: when "plan" tried candidates, the winner's trial module (a parse of
-    `module`, prepared under the winning order) and its assignment are returned as they are,
-    the same plan the in-place preparation and a new assignment would give. `module` is
-    consumed: use the module returned (`module` itself, unless a trial won)."""
+) -> tuple[HloModule, BufferAssignment | None]:
+    """`prepare_for_buffer_assignment` without doing twice what the plan choice did once:
+    the prepared module, and its buffer assignment when the choice made it already. When
+    "plan" tried candidates, the winner's trial module (a parse of `module`, prepared under
+    the winning order) and its assignment are returned as they are: the same plan that
+    preparing `module` in place and assigning anew gives. Otherwise `module` is prepared in
+    place and returned with None (assign_buffers it). `module` is consumed: use the module
+    returned."""
     if scheduler != "plan":
         prepare_for_buffer_assignment(module, scheduler)
-        return module, assign_buffers(module)
+        return module, None
     WhileLayoutAgreement().run(module)
     AliasLayoutAgreement().run(module)
     FlattenCallGraph().run(module)
     _, winner = _insert_copies_for_smallest_plan(module, keep_trial=True)
     if winner is not None:
         return winner.module, winner
-    return module, assign_buffers(module)
+    return module, None
 
 
 def _order_of(scheduler: str):

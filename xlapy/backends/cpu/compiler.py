@@ -45,7 +45,7 @@ from xlapy.ir.parser import parse_module
 from xlapy.memory.buffer_assignment import (
     BufferAssignment,
     assign_buffers,
-    prepare_and_assign,
+    prepare_with_plan,
 )
 from xlapy.passes.pipelines import default_cpu_pipeline
 
@@ -195,7 +195,7 @@ def _prepared_module(
         with phase("HLO passes"):
             default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
     with phase("schedule, copies, memory-plan choice"):
-        module, assignment = prepare_and_assign(module, memory_scheduler(options))
+        module, assignment = prepare_with_plan(module, memory_scheduler(options))
     with phase("printing the module"):
         prepared_text = module.to_text()
     with phase("cache writes"):
