@@ -66,7 +66,7 @@ def _passes_must_not_run(monkeypatch):
         raise AssertionError("the pass pipeline ran on a cached module")
 
     monkeypatch.setattr(compiler, "default_cpu_pipeline", fail)
-    monkeypatch.setattr(compiler, "prepare_for_buffer_assignment", fail)
+    monkeypatch.setattr(compiler, "prepare_with_plan", fail)
 
 
 def test_second_compile_skips_the_passes(cache, monkeypatch):

@@ -21,7 +21,9 @@ from xlapy.memory.buffer_assignment import (
     PLAN_CANDIDATES,
     assign_buffers,
     prepare_for_buffer_assignment,
+    prepare_with_plan,
 )
+from xlapy.memory.report import format_report
 from xlapy.passes.dce import DeadCodeElimination
 from xlapy.passes.pipelines import default_cpu_pipeline
 from xlapy.passes.rules import SimplifierOptions
@@ -85,6 +87,25 @@ def test_the_chosen_plan_is_copy_insertion_under_that_order_alone(path):
     alone = parse_module(optimized)
     prepare_for_buffer_assignment(alone, name)
     assert chosen.to_text() == alone.to_text()
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_the_winning_trial_is_kept_as_the_in_place_plan_would_be(path):
+    """prepare_with_plan returns the winning trial's module and assignment instead of
+    preparing the module again and assigning anew: the same module text, the same plan and
+    the same report as preparing in place and assigning (a module on which every candidate
+    agrees is prepared in place and comes back without an assignment)."""
+    optimized = _optimized(path.read_text()).to_text()
+    in_place = parse_module(optimized)
+    prepare_for_buffer_assignment(in_place)
+    want = assign_buffers(in_place)
+    module, got = prepare_with_plan(parse_module(optimized))
+    if got is None:
+        got = assign_buffers(module)
+    assert got.module is module
+    assert module.to_text() == in_place.to_text()
+    assert (got.temp_bytes, got.peak_bytes) == (want.temp_bytes, want.peak_bytes)
+    assert format_report(got) == format_report(want)
 
 
 def test_a_program_whose_orders_all_agree_is_not_tried(monkeypatch):

@@ -12,6 +12,7 @@ from xlapy.memory.buffer_assignment import (
     assign_buffers,
     plan_as_given,
     prepare_for_buffer_assignment,
+    prepare_with_plan,
 )
 from xlapy.memory.heap_simulator import (
     ALGORITHMS,
@@ -101,6 +102,7 @@ __all__ = [
     "plot_timeline",
     "post_order_schedule",
     "prepare_for_buffer_assignment",
+    "prepare_with_plan",
     "schedule_computation",
     "schedule_module",
     "simulate_heap",

@@ -404,9 +404,31 @@ def prepare_for_buffer_assignment(module: HloModule, scheduler: str = "plan") ->
     AliasLayoutAgreement().run(module)
     FlattenCallGraph().run(module)
     if scheduler == "plan":
-        return _insert_copies_for_smallest_plan(module)
+        return _insert_copies_for_smallest_plan(module)[0]
     CopyInsertion(_order_of(scheduler)).run(module)
     return scheduler
+
+
+def prepare_with_plan(
+    module: HloModule, scheduler: str = "plan"
+) -> tuple[HloModule, BufferAssignment | None]:
+    """`prepare_for_buffer_assignment` without doing twice what the plan choice did once:
+    the prepared module, and its buffer assignment when the choice made it already. When
+    "plan" tried candidates, the winner's trial module (a parse of `module`, prepared under
+    the winning order) and its assignment are returned as they are: the same plan that
+    preparing `module` in place and assigning anew gives. Otherwise `module` is prepared in
+    place and returned with None (assign_buffers it). `module` is consumed: use the module
+    returned."""
+    if scheduler != "plan":
+        prepare_for_buffer_assignment(module, scheduler)
+        return module, None
+    WhileLayoutAgreement().run(module)
+    AliasLayoutAgreement().run(module)
+    FlattenCallGraph().run(module)
+    _, winner = _insert_copies_for_smallest_plan(module, keep_trial=True)
+    if winner is not None:
+        return winner.module, winner
+    return module, None
 
 
 def _order_of(scheduler: str):
@@ -419,9 +441,13 @@ def _order_of(scheduler: str):
     return order
 
 
-def _insert_copies_for_smallest_plan(module: HloModule) -> str:
+def _insert_copies_for_smallest_plan(
+    module: HloModule, keep_trial: bool = False
+) -> tuple[str, BufferAssignment | None]:
     """Copy insertion into `module` (flattened) under the candidate order whose plan has the
-    fewest temp bytes (then the lowest peak, then the earliest candidate); the order kept.
+    fewest temp bytes (then the lowest peak, then the earliest candidate); the order kept,
+    and with `keep_trial` the winning trial's assignment when candidates were tried (its
+    module is then the prepared one; `module` keeps every copy, none removed).
     Which copies copy insertion adds does not depend on the order, so they are added once,
     and every candidate's sequences are computed once on the module that holds them. A
     candidate whose sequences are an earlier candidate's makes the same plan: only the
@@ -438,6 +464,7 @@ def _insert_copies_for_smallest_plan(module: HloModule) -> str:
         orders = tuple(tuple(i.name for i in s[name].sequence) for s in schedules.values())
         distinct.setdefault(orders, (rank, name))
     chosen = PLAN_CANDIDATES[0]
+    won: BufferAssignment | None = None
     if len(distinct) > 1:
         best: tuple[int, int, int] | None = None
         for rank, name in distinct.values():
@@ -452,7 +479,9 @@ def _insert_copies_for_smallest_plan(module: HloModule) -> str:
                 continue  # the module's own call reports it, if every order fails
             score = (assignment.temp_bytes, assignment.peak_bytes, rank)
             if best is None or score < best:
-                best, chosen = score, name
+                best, chosen, won = score, name, assignment
+    if keep_trial and won is not None:
+        return chosen, won
     fallback = _order_of(chosen)
 
     def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
@@ -461,7 +490,7 @@ def _insert_copies_for_smallest_plan(module: HloModule) -> str:
 
     insertion.schedule_fn = order
     insertion.remove_copies(module, names)
-    return chosen
+    return chosen, None
 
 
 def _named_order(schedules: dict[HloComputation, dict[str, ComputationSchedule]], name: str):

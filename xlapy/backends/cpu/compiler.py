@@ -45,7 +45,7 @@ from xlapy.ir.parser import parse_module
 from xlapy.memory.buffer_assignment import (
     BufferAssignment,
     assign_buffers,
-    prepare_for_buffer_assignment,
+    prepare_with_plan,
 )
 from xlapy.passes.pipelines import default_cpu_pipeline
 
@@ -99,12 +99,16 @@ def compile_module(
     entry = executable_cache.read(key) if use_entries else None
     prepared = _cached_module(entry, module) if entry is not None else None
     book = entry.book if entry is not None and prepared is not None else KernelBook()
+    planned = None
     if prepared is None:
-        prepared, prepared_text = _prepared_module(text, options, module)
+        prepared, prepared_text, planned = _prepared_module(text, options, module)
     else:
         prepared_text = None
-    with phase("buffer assignment"):
-        assignment = assign_buffers(prepared)
+    if planned is not None:
+        assignment = planned
+    else:
+        with phase("buffer assignment"):
+            assignment = assign_buffers(prepared)
     entry_comp = prepared.entry_computation()
     with using_book(book):
         lowering = Lowering(assignment, options)
@@ -163,16 +167,19 @@ def plan_module(
     """The optimized copy of `module` and the buffer assignment that `compile_module` lowers
     and the program executes (the memory reports read this, without generating code)."""
     options = dict(options or {})
-    prepared, _ = _prepared_module(module.to_text() if text is None else text, options, module)
-    return prepared, assign_buffers(prepared)
+    prepared, _, planned = _prepared_module(
+        module.to_text() if text is None else text, options, module
+    )
+    return prepared, planned if planned is not None else assign_buffers(prepared)
 
 
 def _prepared_module(
     text: str, options: Mapping[str, Any], original: HloModule
-) -> tuple[HloModule, str]:
+) -> tuple[HloModule, str, BufferAssignment | None]:
     """The module of `text` (`original` printed) optimized and prepared for buffer
     assignment, from the compiled-module cache when an earlier compile made it
-    (module_cache.py) and it has `original`'s parameter and result shapes; and its text."""
+    (module_cache.py) and it has `original`'s parameter and result shapes; its text; and
+    its buffer assignment when preparing it made one (the memory-plan choice's winner)."""
     key = module_cache.cache_key(text, options)
     cached = module_cache.read(key)
     if cached is not None:
@@ -181,19 +188,19 @@ def _prepared_module(
         except XlapyError:
             module = None
         if module is not None and _entry_signature(module) == _entry_signature(original):
-            return module, cached
+            return module, cached, None
     with phase("parsing"):
         module = parse_module(text)
     if options.get("optimize", True):
         with phase("HLO passes"):
             default_cpu_pipeline(verify=bool(options.get("verify", False))).run(module)
     with phase("schedule, copies, memory-plan choice"):
-        prepare_for_buffer_assignment(module, memory_scheduler(options))
+        module, assignment = prepare_with_plan(module, memory_scheduler(options))
     with phase("printing the module"):
         prepared_text = module.to_text()
     with phase("cache writes"):
         module_cache.write(key, prepared_text)
-    return module, prepared_text
+    return module, prepared_text, assignment
 
 
 def _entry_signature(module: HloModule) -> tuple[str, ...] | None:
