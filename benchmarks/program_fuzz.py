@@ -35,6 +35,12 @@ def main() -> None:
     parser.add_argument("--xla-every", type=int, default=3, help="0: never run XLA")
     parser.add_argument("--no-shrink", action="store_true")
     parser.add_argument(
+        "--xla-in-process",
+        action="store_true",
+        help="run XLA:CPU in this process (by default a child process runs it, so a crash "
+        "inside XLA is reported as an xla-crash and the campaign goes on)",
+    )
+    parser.add_argument(
         "--families",
         default=os.environ.get("XLAPY_FUZZ_FAMILIES", ""),
         help='operation families: "-linalg,fft=3" (reweighted, off) or "gather_general,sort" '
@@ -46,6 +52,8 @@ def main() -> None:
     os.environ["XLAPY_FUZZ_FAMILIES"] = args.families
     args.out.mkdir(parents=True, exist_ok=True)
     faulthandler.enable()  # a crash in native code prints where it happened
+    if args.xla_every and not args.xla_in_process:
+        program_fuzz.use_xla_child()
     kinds: collections.Counter = collections.Counter()
 
     def log(seed, found, program) -> None:

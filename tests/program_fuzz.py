@@ -2139,6 +2139,109 @@ def xla_run(text: str, args):
     return [np.asarray(o) for o in outs]
 
 
+class XlaCrashed(RuntimeError):
+    """XLA:CPU's child process died (a signal in XLA's compile or execute) or did not answer
+    in time: XLA's failure, not a finding about xlapy."""
+
+
+def _xla_child_main(conn, runner) -> None:
+    """The child's loop: (text, args) in, ("ok", runner(text, args)) or ("error", message)
+    out."""
+    import faulthandler
+
+    faulthandler.enable()  # a signal prints where it happened, on the child's stderr
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        text, args = job
+        try:
+            conn.send(("ok", runner(text, args)))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class XlaChild:
+    """XLA:CPU run in a child process (spawned, JAX_PLATFORMS=cpu), so a crash inside XLA
+    (the SIGFPE at seed 600605) or a hang ends only the child: `run` raises XlaCrashed
+    naming the signal or the timeout, and the next call starts a fresh child."""
+
+    def __init__(self, timeout: float = 300.0, runner: Callable = xla_run):
+        self.timeout = timeout
+        self.runner = runner  # a module-level function (the child imports it by name)
+        self.process = None
+        self.conn = None
+
+    def _start(self) -> None:
+        import multiprocessing
+        import os
+
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        saved = os.environ.get("JAX_PLATFORMS")
+        os.environ["JAX_PLATFORMS"] = "cpu"  # the child needs only XLA:CPU
+        try:
+            self.process = ctx.Process(
+                target=_xla_child_main, args=(child, self.runner), daemon=True
+            )
+            self.process.start()
+        finally:
+            if saved is None:
+                del os.environ["JAX_PLATFORMS"]
+            else:
+                os.environ["JAX_PLATFORMS"] = saved
+        child.close()
+        self.conn = parent
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.join(timeout=30)  # the killed child's exit
+        self.process = self.conn = None
+
+    def run(self, text: str, args) -> list[np.ndarray]:
+        if self.process is None or not self.process.is_alive():
+            self._start()
+        assert self.conn is not None and self.process is not None
+        try:
+            self.conn.send((text, args))
+            if not self.conn.poll(self.timeout):
+                self.close()
+                raise XlaCrashed(f"XLA:CPU's child did not answer in {self.timeout:.0f} s")
+            kind, value = self.conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self.process.join(timeout=30)  # the dead child's exit status
+            code = self.process.exitcode
+            self.close()
+            raise XlaCrashed(f"XLA:CPU's child process died (exit code {code}: "
+                             f"{'signal ' + str(-code) if code and code < 0 else 'no signal'})"
+                             ) from None  # fmt: skip
+        if kind == "error":
+            raise RuntimeError(value)
+        return value
+
+
+def die_of_sigfpe(text: str, args) -> list[np.ndarray]:
+    """A runner for XlaChild that dies as XLA:CPU did at seed 600605 (for the tests)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGFPE)
+    raise AssertionError("unreachable")
+
+
+# How `check` runs XLA: in this process (xla_run), or an XlaChild's run (`use_xla_child`).
+_XLA_RUNNER: list[Callable] = [lambda text, args: xla_run(text, args)]
+
+
+def use_xla_child(timeout: float = 300.0) -> XlaChild:
+    """Run XLA in a child process from now on (long campaigns); the child is returned."""
+    child = XlaChild(timeout)
+    _XLA_RUNNER[0] = child.run
+    return child
+
+
 def check(
     program: Program, *, xla: bool = False, configs=None, args=None, donation=None
 ) -> list[Mismatch]:
@@ -2171,10 +2274,13 @@ def check(
     if xla and program.xla_ok:
         # XLA refuses a must-alias parameter that is not donated (so does xlapy: checked by
         # the donated side); its results are the same under may-alias
-        sides["xla"] = lambda: xla_run(_for_xla(program, text), args)
+        sides["xla"] = lambda: _XLA_RUNNER[0](_for_xla(program, text), args)
     for side, run in sides.items():
         try:
             got = run()
+        except XlaCrashed as exc:  # XLA's crash, reported but no finding about xlapy
+            found.append(Mismatch("xla-crash", None, f"XlaCrashed: {exc}"))
+            continue
         except Exception as exc:
             if side == "xla" and "UNIMPLEMENTED" in str(exc):
                 continue  # KNOWN_DIFFERENCES["xla-unimplemented"]
@@ -2414,8 +2520,8 @@ def run_seeds(
         report.programs += 1
         if not found:
             continue
-        if shrink_failures:
-            first = found[0]
+        if shrink_failures and any(m.side != "xla-crash" for m in found):
+            first = next(m for m in found if m.side != "xla-crash")
             sides = {first.side: CONFIGS.get(first.side, {})}
             want_xla = first.side == "xla"
 

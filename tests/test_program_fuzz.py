@@ -18,14 +18,18 @@ from program_fuzz import (
     FAMILIES,
     NATIVE_OFF,
     Program,
+    XlaChild,
+    XlaCrashed,
     _largest_dim,
     _leaves,
     check,
+    die_of_sigfpe,
     differences,
     families_from_text,
     generate,
     module_arguments,
     shrink,
+    xla_run,
 )
 
 pytestmark = pytest.mark.usefixtures("kernel_cache")
@@ -349,6 +353,35 @@ def test_aliased_output_in_another_layout(donate):
         outs = exe.execute_portable(buffers, client.devices()[0], donate=donate)
         for got, w in zip(outs, want, strict=True):
             np.testing.assert_array_equal(got.to_numpy(), w)
+
+
+def test_xla_child_reports_a_crash_and_goes_on():
+    """XLA run in a child process: a signal there (XLA:CPU died of SIGFPE at seed 600605) is
+    an XlaCrashed naming it, `check` reports it as an xla-crash, not a finding about xlapy,
+    and the next call starts a fresh child that answers as XLA in this process does."""
+    import program_fuzz
+
+    program = generate(FIRST)
+    crashing = XlaChild(timeout=120, runner=die_of_sigfpe)
+    with pytest.raises(XlaCrashed, match="signal 8"):
+        crashing.run(program.text(), program.arguments())
+    saved = program_fuzz._XLA_RUNNER[0]
+    program_fuzz._XLA_RUNNER[0] = crashing.run
+    try:
+        found = check(program, xla=True, configs={})
+    finally:
+        program_fuzz._XLA_RUNNER[0] = saved
+        crashing.close()
+    assert [m.side for m in found] == ["xla-crash"], found
+    child = XlaChild(timeout=120)
+    try:
+        text = program_fuzz._for_xla(program, program.text())
+        got = child.run(text, program.arguments())
+        want = xla_run(text, program.arguments())
+    finally:
+        child.close()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 REPRODUCERS = {
