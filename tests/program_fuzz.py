@@ -2035,6 +2035,11 @@ KNOWN_DIFFERENCES = {
     "where the s32 bits mean -1858944896 (seed 400236). xlapy keeps the declared signed "
     "type. The oracle compares such results as bits, and the generator uses them nowhere "
     "else.",
+    "stablehlo-translation": "The StableHLO sides feed xlapy what XLA's own HLO -> "
+    "StableHLO translation writes: an HLO copy becomes mhlo.copy (the importer takes it as a "
+    "copy, but jaxlib's compile path refuses it before the plugin sees it: such programs skip "
+    "the plugin side), and rng-get-and-update-state an MHLO op with no StableHLO form (such "
+    "programs skip both sides). JAX itself emits neither.",
     "rng-state": "rng-get-and-update-state reads a per-module counter whose start XLA leaves "
     "unspecified (XLA:CPU starts at 0x7012395 = 117515157, xlapy at 0); its values are "
     "compared between xlapy's sides only.",
@@ -2137,6 +2142,60 @@ def xla_run(text: str, args):
     with jax.enable_x64(True):  # f64/u32 arguments as they are
         outs = exe.execute([jax.device_put(np.asarray(a), device) for a in _leaves(args)])
     return [np.asarray(o) for o in outs]
+
+
+def to_stablehlo(text: str) -> bytes:
+    """The module as StableHLO bytecode, through XLA's own HLO -> StableHLO translation (for
+    the sides that feed xlapy StableHLO: the importer, the PJRT plugin)."""
+    from jax._src.lib import _jax, hlo
+
+    proto = hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    return _jax.mlir.hlo_to_stablehlo(proto)
+
+
+def stablehlo_run(text: str, args):
+    """xlapy's outputs for the module translated to StableHLO and imported back
+    (xlapy.load), compiled by the CPU backend with default options. The translation makes
+    tuple parameters one parameter per leaf."""
+    import xlapy
+    from xlapy.backends.cpu.backend import CpuProgram
+
+    return CpuProgram(xlapy.load(to_stablehlo(text)), {}).run(_copy(_leaves(args)))
+
+
+def plugin_run(program: Program, text: str, args, found: list) -> list[np.ndarray]:
+    """The module's outputs through xlapy's PJRT plugin as JAX drives it: StableHLO bytes
+    compiled by JAX's `xlapy` backend, arguments put on the xlapy device, executed by the
+    PJRT C API. A parameter the program aliases is donated there (JAX's executables donate
+    what the module aliases): its buffer must be deleted afterwards, the others kept, and
+    the arguments on the host untouched. `xlapy.pjrt.initialize()` must have run before
+    JAX started its backends."""
+    import jax
+    import jax.extend as je
+    from jax._src.lib import xla_client as xc
+
+    try:
+        backend = je.backend.get_backend("xlapy")
+    except RuntimeError as exc:
+        raise RuntimeError("no xlapy platform in JAX: call xlapy.pjrt.initialize() before "
+                           f"JAX starts its backends ({exc})") from None  # fmt: skip
+    device = backend.local_devices()[0]
+    options = je.backend.get_compile_options(1, 1)
+    exe = backend.compile_and_load(to_stablehlo(text), xc.DeviceList((device,)), options)
+    host = _copy(_leaves(args))
+    with jax.enable_x64(True):  # f64/u32 arguments as they are
+        buffers = [jax.device_put(np.asarray(a), device) for a in host]
+        outs = [np.asarray(o) for o in exe.execute(buffers)]
+    aliased = {p for _, p in program.live_aliases()}
+    for k, b in enumerate(buffers):
+        if b.is_deleted() != (k in aliased):
+            state = "deleted" if b.is_deleted() else "alive"
+            found.append(Mismatch("plugin", None, f"argument buffer {k} is {state} after the "
+                                  f"run (aliased parameters: {sorted(aliased)})"))  # fmt: skip
+    for k, (h, a) in enumerate(zip(host, _leaves(args), strict=True)):
+        if not np.array_equal(h, np.asarray(a), equal_nan=True):
+            found.append(Mismatch("plugin", None, f"host argument {k} changed by the run"))
+    return outs
 
 
 class XlaCrashed(RuntimeError):
@@ -2243,11 +2302,20 @@ def use_xla_child(timeout: float = 300.0) -> XlaChild:
 
 
 def check(
-    program: Program, *, xla: bool = False, configs=None, args=None, donation=None
+    program: Program,
+    *,
+    xla: bool = False,
+    configs=None,
+    args=None,
+    donation=None,
+    stablehlo: bool = False,
+    plugin: bool = False,
 ) -> list[Mismatch]:
     """Run `program` through the interpreter and the other sides; the mismatches. A program
     with input/output aliases also runs through the runtime with and without donation
-    (`donation`, by default when it has aliases and `configs` is not given)."""
+    (`donation`, by default when it has aliases and `configs` is not given). `stablehlo`:
+    also through XLA's HLO -> StableHLO translation and xlapy's importer; `plugin`: that
+    StableHLO through xlapy's PJRT plugin as JAX drives it (donation included)."""
     from xlapy.backends.interpreter import evaluate
     from xlapy.ir.parser import parse_module
     from xlapy.ir.verifier import verify
@@ -2271,6 +2339,13 @@ def check(
     found: list[Mismatch] = []
     if donation:
         sides["donated"] = lambda: _run_donating(program, text, args, found)
+    # rng-get-and-update-state has no StableHLO op (the translation writes an MHLO one
+    # that JAX never emits): such programs stay off the StableHLO sides
+    via_stablehlo = program.xla_ok and "rng-get-and-update-state" not in text
+    if stablehlo and via_stablehlo:
+        sides["stablehlo"] = lambda: _leaves(stablehlo_run(_for_xla(program, text), args))
+    if plugin and via_stablehlo:
+        sides["plugin"] = lambda: plugin_run(program, _for_xla(program, text), args, found)
     if xla and program.xla_ok:
         # XLA refuses a must-alias parameter that is not donated (so does xlapy: checked by
         # the donated side); its results are the same under may-alias
@@ -2284,6 +2359,8 @@ def check(
         except Exception as exc:
             if side == "xla" and "UNIMPLEMENTED" in str(exc):
                 continue  # KNOWN_DIFFERENCES["xla-unimplemented"]
+            if side == "plugin" and "failed to legalize operation 'mhlo." in str(exc):
+                continue  # KNOWN_DIFFERENCES["stablehlo-translation"]: jaxlib refused it
             tb = traceback.format_exc(limit=-3)
             found.append(Mismatch(side, None, f"{type(exc).__name__}: {exc}\n{tb}"))
             continue
@@ -2293,7 +2370,8 @@ def check(
         for ins, g, e in zip(outs, got, expected, strict=True):
             if side == "xla" and ins.xla_skip:
                 continue  # KNOWN_DIFFERENCES[ins.xla_skip]
-            if side == "xla" and ins.opcode == "get-tuple-element" and _signed_bits(g, e):
+            via = side in ("xla", "stablehlo", "plugin")
+            if via and ins.opcode == "get-tuple-element" and _signed_bits(g, e):
                 g = np.asarray(g).view(np.asarray(e).dtype)  # KNOWN_DIFFERENCES["rng-signed"]
             msg = compare_leaf(g, np.asarray(e), ins)
             if msg:
@@ -2507,16 +2585,29 @@ class Report:
 
 
 def run_seeds(
-    seeds, *, xla_every: int = 0, shrink_failures: bool = True, log=None, progress=None
+    seeds,
+    *,
+    xla_every: int = 0,
+    stablehlo_every: int = 0,
+    plugin_every: int = 0,
+    shrink_failures: bool = True,
+    log=None,
+    progress=None,
 ) -> Report:
-    """Check the programs of `seeds` (XLA on every `xla_every`-th); failures shrunk and
-    passed to `log(seed, mismatches, program)`; `progress(k, seed)` before each."""
+    """Check the programs of `seeds` (XLA on every `xla_every`-th, the StableHLO importer
+    and the PJRT plugin on every `stablehlo_every`-th and `plugin_every`-th); failures
+    shrunk and passed to `log(seed, mismatches, program)`; `progress(k, seed)` before each."""
     report = Report()
+
+    def every(n: int, k: int) -> bool:
+        return bool(n) and k % n == 0
+
     for k, seed in enumerate(seeds):
         if progress:
             progress(k, seed)
         program = generate(seed)
-        found = check(program, xla=bool(xla_every) and k % xla_every == 0)
+        found = check(program, xla=every(xla_every, k), stablehlo=every(stablehlo_every, k),
+                      plugin=every(plugin_every, k))  # fmt: skip
         report.programs += 1
         if not found:
             continue
@@ -2524,15 +2615,18 @@ def run_seeds(
             first = next(m for m in found if m.side != "xla-crash")
             sides = {first.side: CONFIGS.get(first.side, {})}
             want_xla = first.side == "xla"
+            via = {"stablehlo": first.side == "stablehlo", "plugin": first.side == "plugin"}
+            alone = want_xla or any(via.values())
 
-            def fails(p: Program, first=first, sides=sides, want_xla=want_xla) -> bool:
-                got = check(p, xla=want_xla, configs={} if want_xla else sides)
+            def fails(p: Program, first=first, sides=sides, want_xla=want_xla, via=via,
+                      alone=alone) -> bool:  # fmt: skip
+                got = check(p, xla=want_xla, configs={} if alone else sides, **via)
                 return any(m.side == first.side and (m.output is None) == (first.output is None)
                            and m.message.split(":")[0] == first.message.split(":")[0]
                            for m in got)  # fmt: skip
 
             program = shrink(program, fails)
-            found = check(program, xla=want_xla) or found
+            found = check(program, xla=want_xla, **via) or found
         report.failures.append((seed, found, program))
         if log:
             log(seed, found, program)

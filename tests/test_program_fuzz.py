@@ -144,6 +144,18 @@ def test_donation_side_runs_on_aliased_programs():
         assert not found, _report(seed, program, found)
 
 
+def test_stablehlo_and_plugin_sides():
+    """The programs as StableHLO (XLA's translation), imported by xlapy and run through the
+    PJRT plugin as JAX drives it, agree with the interpreter; an aliased program's donated
+    argument buffers are deleted there and the others kept (the translation's aliases were
+    dropped before: nothing was donated)."""
+    seeds = [s for s in range(FIRST, FIRST + 60) if generate(s).live_aliases()][:2]
+    for seed in [FIRST, FIRST + 1, *seeds]:
+        program = generate(seed)
+        found = check(program, configs={}, donation=False, stablehlo=True, plugin=True)
+        assert not found, _report(seed, program, found)
+
+
 def test_shrink_keeps_the_failure_and_cuts_the_rest():
     """Shrinking against a stand-in failure (the program holds a dot) leaves a small
     program that still holds one."""
