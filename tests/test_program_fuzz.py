@@ -144,6 +144,39 @@ def test_donation_side_runs_on_aliased_programs():
         assert not found, _report(seed, program, found)
 
 
+def test_aliases_into_tuple_parameters():
+    """Aliases into tuple parameters' leaves are drawn and agree through the runtime, donated
+    (the whole tuple parameter invalidated) and not (inputs untouched), and with XLA (the
+    aliases left out of what XLA compiles, see KNOWN_DIFFERENCES)."""
+    families = families_from_text("alias=1,tuple_gte=8,nested_control=3")
+    programs = [generate(s, families=families) for s in range(FIRST, FIRST + 40)]
+    leafy = [p for p in programs if any(leaf for _, _, leaf in p.live_alias_leaves())][:2]
+    assert leafy
+    for k, program in enumerate(leafy):
+        assert re.search(r"\(\d+, \{\d+\}, (may|must)-alias\)", program.text())
+        found = check(program, xla=k == 0)
+        assert not found, _report(program.seed, program, found)
+
+
+def test_complex_lapack_calls():
+    """The linalg family draws the complex LAPACK calls as jaxlib names them, and they agree
+    with XLA (eigenvectors and singular vectors compared by their entries' magnitudes)."""
+    families = families_from_text("linalg")
+    names: set[str] = set()
+    checked = 0
+    for seed in range(FIRST, FIRST + 120):
+        program = generate(seed, families=families)
+        found = set(re.findall(r'"lapack_([cz][a-z]+)_ffi"', program.text()))
+        if found - names and checked < 3:
+            checked += 1
+            mismatches = check(program, xla=True)
+            assert not mismatches, _report(seed, program, mismatches)
+        names |= found
+    routines = {n[1:] for n in names}
+    assert {"potrf", "trsm", "getrf", "geqrf", "ungqr", "heevd", "gesdd"} <= routines, names
+    assert {n[0] for n in names} == {"c", "z"}, names
+
+
 def test_stablehlo_and_plugin_sides():
     """The programs as StableHLO (XLA's translation), imported by xlapy and run through the
     PJRT plugin as JAX drives it, agree with the interpreter; an aliased program's donated
