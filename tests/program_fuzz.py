@@ -2105,6 +2105,11 @@ KNOWN_DIFFERENCES = {
     "where the s32 bits mean -1858944896 (seed 400236). xlapy keeps the declared signed "
     "type. The oracle compares such results as bits, and the generator uses them nowhere "
     "else.",
+    "abs-of-square": "XLA:CPU drops abs over x * x for integers too, where the square "
+    "wrapped negative: abs(multiply(p, p)) of s32 60000 gave -694967296 there (seed 1012880 "
+    "of the tenth session, through a one-trip while loop); xlapy gives the wrapped square's "
+    "absolute value, 694967296, as HLO's abs means. The oracle keeps the interpreter's value; "
+    "such a program is reported as an XLA mismatch and decided here (rare: 1 in ~3,000).",
     "stablehlo-translation": "The StableHLO sides feed xlapy what XLA's own HLO -> "
     "StableHLO translation writes: an HLO copy becomes mhlo.copy (the importer takes it as a "
     "copy, but jaxlib's compile path refuses it before the plugin sees it: such programs skip "

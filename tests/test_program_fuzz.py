@@ -429,6 +429,30 @@ def test_xla_child_reports_a_crash_and_goes_on():
         np.testing.assert_array_equal(g, w)
 
 
+# XLA:CPU simplifies abs(x * x) to x * x for integers too (KNOWN_DIFFERENCES["abs-of-square"]):
+# xlapy must not, where the square wrapped negative
+ABS_OF_SQUARE = """
+HloModule abs_of_square
+ENTRY %main {
+  %p = s32[1,2] parameter(0)
+  %m = s32[1,2] multiply(%p, %p)
+  ROOT %a = s32[1,2] abs(%m)
+}
+"""
+
+
+def test_abs_of_a_wrapped_square():
+    x = np.array([[60000, -46341]], np.int32)
+    want = np.abs(x * x)
+    assert (want > 0).all()
+    for options in ALL_CONFIGS:
+        assert differences(ABS_OF_SQUARE, [x], [options]) == []
+    from xlapy.backends.interpreter import evaluate
+    from xlapy.ir.parser import parse_module
+
+    np.testing.assert_array_equal(evaluate(parse_module(ABS_OF_SQUARE), [x]), want)
+
+
 REPRODUCERS = {
     "dus_layout": DUS_LAYOUT,
     "tuple_layout": TUPLE_LAYOUT,
