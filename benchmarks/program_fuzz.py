@@ -8,6 +8,12 @@ side and kind, time per program.
 
     PYTHONPATH=. python benchmarks/program_fuzz.py --programs 2000 --seed 1 --xla-every 3
     PYTHONPATH=. python benchmarks/program_fuzz.py --families linalg,fft --programs 200
+    PYTHONPATH=. python benchmarks/program_fuzz.py --seed 7 --stablehlo-every 2 --plugin-every 2
+
+XLA runs in a child process (a crash there is an `xla-crash` line, and the run goes on).
+`--stablehlo-every` and `--plugin-every` also feed xlapy the program as StableHLO (XLA's own
+HLO -> StableHLO translation): imported and compiled, and through the PJRT plugin as JAX
+drives it (aliased parameters donated there, their buffers checked).
 """
 
 from __future__ import annotations
@@ -33,7 +39,25 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--xla-every", type=int, default=3, help="0: never run XLA")
+    parser.add_argument(
+        "--stablehlo-every",
+        type=int,
+        default=0,
+        help="also through XLA's HLO -> StableHLO translation and xlapy's importer",
+    )
+    parser.add_argument(
+        "--plugin-every",
+        type=int,
+        default=0,
+        help="also that StableHLO through xlapy's PJRT plugin as JAX drives it (donation too)",
+    )
     parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument(
+        "--xla-in-process",
+        action="store_true",
+        help="run XLA:CPU in this process (by default a child process runs it, so a crash "
+        "inside XLA is reported as an xla-crash and the campaign goes on)",
+    )
     parser.add_argument(
         "--families",
         default=os.environ.get("XLAPY_FUZZ_FAMILIES", ""),
@@ -46,6 +70,8 @@ def main() -> None:
     os.environ["XLAPY_FUZZ_FAMILIES"] = args.families
     args.out.mkdir(parents=True, exist_ok=True)
     faulthandler.enable()  # a crash in native code prints where it happened
+    if args.xla_every and not args.xla_in_process:
+        program_fuzz.use_xla_child()
     kinds: collections.Counter = collections.Counter()
 
     def log(seed, found, program) -> None:
@@ -72,9 +98,15 @@ def main() -> None:
 
     failed: list[int] = []
     seeds = range(args.seed, args.seed + args.programs)
+    if args.plugin_every:
+        import xlapy.pjrt
+
+        xlapy.pjrt.initialize()  # before JAX starts its backends
     report = program_fuzz.run_seeds(
         seeds,
         xla_every=args.xla_every,
+        stablehlo_every=args.stablehlo_every,
+        plugin_every=args.plugin_every,
         shrink_failures=not args.no_shrink,
         log=lambda seed, found, program: (failed.append(seed), log(seed, found, program)),
         progress=progress,

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("kernel_cache")
 RNG = np.random.default_rng(20261127)
 ALGORITHMS = ["rng_three_fry", "rng_philox", "rng_default"]
 TYPES = ["u8", "s16", "u32", "f32", "u64", "s64", "bf16"]
-SHAPES = [(), (1,), (5,), (8,), (3, 7), (4, 6), (2, 3, 5), (3, 4, 6), (1031,), (33, 65)]
+SHAPES = [(), (1,), (5,), (8,), (3, 7), (4, 6), (2, 3, 5), (3, 4, 6), (1031,), (33, 65), (3, 1),
+          (5, 3), (7, 5, 3)]  # fmt: skip
 
 
 def _module(algorithm, words, t, shape):

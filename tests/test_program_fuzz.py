@@ -18,14 +18,18 @@ from program_fuzz import (
     FAMILIES,
     NATIVE_OFF,
     Program,
+    XlaChild,
+    XlaCrashed,
     _largest_dim,
     _leaves,
     check,
+    die_of_sigfpe,
     differences,
     families_from_text,
     generate,
     module_arguments,
     shrink,
+    xla_run,
 )
 
 pytestmark = pytest.mark.usefixtures("kernel_cache")
@@ -137,6 +141,51 @@ def test_donation_side_runs_on_aliased_programs():
         program = generate(seed)
         assert "input_output_alias" in program.text()
         found = check(program, configs={}, donation=True)
+        assert not found, _report(seed, program, found)
+
+
+def test_aliases_into_tuple_parameters():
+    """Aliases into tuple parameters' leaves are drawn and agree through the runtime, donated
+    (the whole tuple parameter invalidated) and not (inputs untouched), and with XLA (the
+    aliases left out of what XLA compiles, see KNOWN_DIFFERENCES)."""
+    families = families_from_text("alias=1,tuple_gte=8,nested_control=3")
+    programs = [generate(s, families=families) for s in range(FIRST, FIRST + 40)]
+    leafy = [p for p in programs if any(leaf for _, _, leaf in p.live_alias_leaves())][:2]
+    assert leafy
+    for k, program in enumerate(leafy):
+        assert re.search(r"\(\d+, \{\d+\}, (may|must)-alias\)", program.text())
+        found = check(program, xla=k == 0)
+        assert not found, _report(program.seed, program, found)
+
+
+def test_complex_lapack_calls():
+    """The linalg family draws the complex LAPACK calls as jaxlib names them, and they agree
+    with XLA (eigenvectors and singular vectors compared by their entries' magnitudes)."""
+    families = families_from_text("linalg")
+    names: set[str] = set()
+    checked = 0
+    for seed in range(FIRST, FIRST + 120):
+        program = generate(seed, families=families)
+        found = set(re.findall(r'"lapack_([cz][a-z]+)_ffi"', program.text()))
+        if found - names and checked < 3:
+            checked += 1
+            mismatches = check(program, xla=True)
+            assert not mismatches, _report(seed, program, mismatches)
+        names |= found
+    routines = {n[1:] for n in names}
+    assert {"potrf", "trsm", "getrf", "geqrf", "ungqr", "heevd", "gesdd"} <= routines, names
+    assert {n[0] for n in names} == {"c", "z"}, names
+
+
+def test_stablehlo_and_plugin_sides():
+    """The programs as StableHLO (XLA's translation), imported by xlapy and run through the
+    PJRT plugin as JAX drives it, agree with the interpreter; an aliased program's donated
+    argument buffers are deleted there and the others kept (the translation's aliases were
+    dropped before: nothing was donated)."""
+    seeds = [s for s in range(FIRST, FIRST + 60) if generate(s).live_aliases()][:2]
+    for seed in [FIRST, FIRST + 1, *seeds]:
+        program = generate(seed)
+        found = check(program, configs={}, donation=False, stablehlo=True, plugin=True)
         assert not found, _report(seed, program, found)
 
 
@@ -349,6 +398,59 @@ def test_aliased_output_in_another_layout(donate):
         outs = exe.execute_portable(buffers, client.devices()[0], donate=donate)
         for got, w in zip(outs, want, strict=True):
             np.testing.assert_array_equal(got.to_numpy(), w)
+
+
+def test_xla_child_reports_a_crash_and_goes_on():
+    """XLA run in a child process: a signal there (XLA:CPU died of SIGFPE at seed 600605) is
+    an XlaCrashed naming it, `check` reports it as an xla-crash, not a finding about xlapy,
+    and the next call starts a fresh child that answers as XLA in this process does."""
+    import program_fuzz
+
+    program = generate(FIRST)
+    crashing = XlaChild(timeout=120, runner=die_of_sigfpe)
+    with pytest.raises(XlaCrashed, match="signal 8"):
+        crashing.run(program.text(), program.arguments())
+    saved = program_fuzz._XLA_RUNNER[0]
+    program_fuzz._XLA_RUNNER[0] = crashing.run
+    try:
+        found = check(program, xla=True, configs={})
+    finally:
+        program_fuzz._XLA_RUNNER[0] = saved
+        crashing.close()
+    assert [m.side for m in found] == ["xla-crash"], found
+    child = XlaChild(timeout=120)
+    try:
+        text = program_fuzz._for_xla(program, program.text())
+        got = child.run(text, program.arguments())
+        want = xla_run(text, program.arguments())
+    finally:
+        child.close()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+# XLA:CPU simplifies abs(x * x) to x * x for integers too (KNOWN_DIFFERENCES["abs-of-square"]):
+# xlapy must not, where the square wrapped negative
+ABS_OF_SQUARE = """
+HloModule abs_of_square
+ENTRY %main {
+  %p = s32[1,2] parameter(0)
+  %m = s32[1,2] multiply(%p, %p)
+  ROOT %a = s32[1,2] abs(%m)
+}
+"""
+
+
+def test_abs_of_a_wrapped_square():
+    x = np.array([[60000, -46341]], np.int32)
+    want = np.abs(x * x)
+    assert (want > 0).all()
+    for options in ALL_CONFIGS:
+        assert differences(ABS_OF_SQUARE, [x], [options]) == []
+    from xlapy.backends.interpreter import evaluate
+    from xlapy.ir.parser import parse_module
+
+    np.testing.assert_array_equal(evaluate(parse_module(ABS_OF_SQUARE), [x]), want)
 
 
 REPRODUCERS = {

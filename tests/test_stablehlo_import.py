@@ -255,6 +255,41 @@ def test_aliasing_donors_metadata_and_partitions():
     assert [d.param_number for d in module.config.buffer_donors] == [0]
 
 
+# What XLA's own HLO -> StableHLO translation writes for an aliased module with a copy: the
+# aliases as a module attribute (a tuple parameter's leaf among them), the copy as mhlo.copy
+TRANSLATED = """
+module @m attributes {mhlo.input_output_alias = [{alias = {kind = "may_alias",
+    parameter_index = array<i64>, parameter_number = 0 : i64}, output_index = array<i64: 0>},
+    {alias = {kind = "must_alias", parameter_index = array<i64: 1>, parameter_number = 1 : i64},
+    output_index = array<i64: 1>}], mhlo.is_dynamic = false} {
+  func.func @main(%arg0: tensor<4xf32>, %arg1: tuple<tensor<2xf32>, tensor<3xf32>>)
+      -> (tensor<4xf32>, tensor<3xf32>) {
+    %0 = mhlo.copy %arg0 {result_layout = dense<0> : tensor<1xindex>} : tensor<4xf32>
+    %1 = stablehlo.get_tuple_element %arg1[1]
+        : (tuple<tensor<2xf32>, tensor<3xf32>>) -> tensor<3xf32>
+    %2 = stablehlo.negate %1 : tensor<3xf32>
+    return %0, %2 : tensor<4xf32>, tensor<3xf32>
+  }
+}
+"""
+
+
+def test_translated_aliases_and_copy():
+    """The aliases XLA's translation keeps in `mhlo.input_output_alias` (the plugin then
+    donates them, as XLA:CPU does: the fuzzer found them dropped) and mhlo.copy."""
+    module = import_text(TRANSLATED)
+    got = [(a.output_index, a.param_number, a.param_index, a.kind)
+           for a in module.config.input_output_alias]  # fmt: skip
+    assert got == [((0,), 0, (), "may-alias"), ((1,), 1, (1,), "must-alias")]
+    x, t = np.arange(4, dtype=np.float32), (np.ones(2, np.float32), np.arange(3, dtype=np.float32))
+    out = evaluate(module, [x.copy(), t])
+    np.testing.assert_array_equal(out[0], x)
+    np.testing.assert_array_equal(out[1], -t[1])
+    bad = TRANSLATED.replace('kind = "may_alias"', 'kind = "no_alias"')
+    with pytest.raises(HloParseError, match=r"mhlo\.input_output_alias"):
+        import_text(bad)
+
+
 CUSTOM = (DATA / "custom_call.mlir").read_text()
 
 

@@ -917,6 +917,16 @@ class Converter:
                 aliases.append(f"{index}: ({i}, {{}}, may-alias)")
             if ival(arg_attrs.get("jax.buffer_donor")) is True:
                 donors.append(f"({i}, {{}})")
+        # XLA's own HLO -> StableHLO translation keeps the aliases as a module attribute
+        for entry in ival(attrs.get("mhlo.input_output_alias")) or []:
+            alias = entry.get("alias", {})
+            kind = str(ival(alias.get("kind", "may_alias"))).replace("_", "-")
+            number = ival(alias.get("parameter_number"))
+            if kind not in ("may-alias", "must-alias") or not isinstance(number, int):
+                raise self.error(f"bad mhlo.input_output_alias entry {entry}", 0)
+            leaf = int_list(ints(alias.get("parameter_index")))
+            out = int_list(ints(entry.get("output_index")))
+            aliases.append(f"{out}: ({number}, {leaf}, {kind})")
         if aliases:
             items.append(f"input_output_alias={{ {', '.join(aliases)} }}")
         if donors:
@@ -1280,6 +1290,14 @@ def _gte(conv: Converter, op: Op, scope: Scope, operands):
 def _tuple(conv: Converter, op: Op, scope: Scope, operands):
     shape = Shape.tuple(s for _, s in operands)
     return [conv.add(scope, "tuple", shape, [n for n, _ in operands])]
+
+
+@rule("mhlo.copy")
+def _copy(conv: Converter, op: Op, scope: Scope, operands):
+    """mhlo.copy, what XLA's own HLO -> StableHLO translation writes for an HLO copy (its
+    result_layout means nothing here: the imported module's layouts are the defaults)."""
+    name, shape = operands[0]
+    return [conv.add(scope, "copy", shape, [name])]
 
 
 @rule("stablehlo.optimization_barrier")

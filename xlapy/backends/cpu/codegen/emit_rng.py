@@ -83,7 +83,8 @@ class _RngEmitter:
         self.count = self.bits.num_elements
         dims = self.bits.dims or (1,)
         if self.three_fry and not self.wide:
-            split = next((d for d, n in enumerate(dims) if n % 2 == 0), len(dims) - 1)
+            # XLA's pairing dimension: the first even one, else the first largest
+            split = next((d for d, n in enumerate(dims) if n % 2 == 0), dims.index(max(dims)))
             self.pre = math.prod(dims[:split])
             self.split_size = dims[split]
             self.half = -(-dims[split] // 2)

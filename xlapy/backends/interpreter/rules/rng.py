@@ -6,7 +6,8 @@ counter advances by the number of blocks used:
 
 - three-fry (Threefry-2x32, 20 rounds): key = state[0], counter = state[1]; a block yields
   two words. 32-bit results pair the two words along the first even-sized dimension (else
-  the last, padded); 64-bit results take one block per element, (low, high) words.
+  the first largest one, padded: u32[3,1] pairs along dimension 0 and advances the counter
+  by 2, as XLA does); 64-bit results take one block per element, (low, high) words.
 - philox (Philox-4x32, 10 rounds; also what rng_default means on CPU): key = state[0]; the
   128-bit counter is (state[1], state[2]) as (low, high) halves, and with a two-word state
   the high half is state[0] itself, as in XLA. Blocks yield four words each, laid out
@@ -81,11 +82,12 @@ def _threefry_u32(state: np.ndarray, dims: tuple[int, ...]) -> tuple[np.ndarray,
     """u32 bits shaped `dims` (and the new state) from a u64[2] three-fry state.
 
     One block yields a pair of words, placed next to each other along a split dimension:
-    the first even-sized dimension, else the last one (padded to even, the pad dropped).
+    the first even-sized dimension, else the first largest one (padded to even, the pad
+    dropped).
     Blocks are numbered row-major over the shape with that dimension halved.
     """
     dims = dims or (1,)
-    split = next((d for d, size in enumerate(dims) if size % 2 == 0), len(dims) - 1)
+    split = next((d for d, size in enumerate(dims) if size % 2 == 0), dims.index(max(dims)))
     half = (*dims[:split], -(-dims[split] // 2), *dims[split + 1 :])
     blocks = math.prod(half)
     key = _split(state[0])
