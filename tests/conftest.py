@@ -54,6 +54,18 @@ def image_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def library(tmp_path, monkeypatch):
+    """A fresh kernel cache, key and library directory (jit/kernel_library.py), the
+    process's kernels forgotten before and after; its value is the library directory."""
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XLAPY_LIBRARY_DIR", str(tmp_path / "library"))
+    clear_kernel_cache()
+    yield tmp_path / "library"
+    clear_kernel_cache()
+
+
+@pytest.fixture
 def write(tmp_path):
     """write(name, text) -> the path of a new file with `text` in the test's tmp dir."""
 

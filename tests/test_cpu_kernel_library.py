@@ -38,17 +38,6 @@ NP = {"f32": np.float32, "f64": np.float64}
 LANES = 8  # the tests' geometry (AVX2); the compiled kernels use the host's
 
 
-@pytest.fixture
-def library(tmp_path, monkeypatch):
-    """A fresh kernel cache, key and library directory; the process's kernels forgotten."""
-    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XLAPY_LIBRARY_DIR", str(tmp_path / "library"))
-    clear_kernel_cache()
-    yield tmp_path / "library"
-    clear_kernel_cache()
-
-
 def case(order: str, contiguous: bool, cols: int, k: int, n: int):
     """(lhs, rhs, out, dims, layouts) of x[cols, k] times a matrix of n rows whose loop
     order is `order` ("rows": W^T, k contiguous; "columns": W, rows contiguous), with x

@@ -35,17 +35,6 @@ LANES = 8  # the tests' geometry (AVX2); the compiled kernels use the host's
 INITS = {"add": "0", "maximum": "-inf", "minimum": "inf", "multiply": "1"}
 
 
-@pytest.fixture
-def library(tmp_path, monkeypatch):
-    """A fresh kernel cache, key and library directory; the process's kernels forgotten."""
-    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XLAPY_LIBRARY_DIR", str(tmp_path / "library"))
-    clear_kernel_cache()
-    yield tmp_path / "library"
-    clear_kernel_cache()
-
-
 def layout_text(layout: tuple[int, ...] | None) -> str:
     return "" if layout is None else "{" + ",".join(map(str, layout)) + "}"
 

@@ -15,7 +15,6 @@ import pytest
 
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.cpu.codegen.emit_window_library import window_extent, window_library_kernel
-from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.opcodes import Opcode
@@ -27,14 +26,9 @@ ON = {"optimize": False, "window_library": True}  # off by default: slower at ru
 
 
 @pytest.fixture(autouse=True)
-def library(tmp_path, monkeypatch):
-    """A fresh kernel cache and library directory."""
-    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XLAPY_LIBRARY_DIR", str(tmp_path / "library"))
-    clear_kernel_cache()
-    yield tmp_path / "library"
-    clear_kernel_cache()
+def _fresh_library(library):
+    """Every test here on a fresh kernel cache and library directory (conftest's `library`)."""
+    return library
 
 
 def _out_size(n, size, stride, pad, wdil, bdil) -> int:

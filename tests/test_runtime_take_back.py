@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 from many_threads import run_on_threads
+from test_runtime_races import BUMP, N
 
 from xlapy.runtime import Client
 
@@ -17,15 +18,6 @@ ENTRY e {
   x = f32[4] parameter(0)
   ROOT c = f32[4] custom-call(x), custom_call_target="record"
 }"""
-
-N = 4096
-BUMP = f"""HloModule bump, input_output_alias={{ {{}}: 0 }}
-ENTRY e {{
-  p = f32[{N}] parameter(0)
-  c = f32[] constant(1)
-  b = f32[{N}] broadcast(c), dimensions={{}}
-  ROOT r = f32[{N}] add(p, b)
-}}"""
 
 
 def _handed_off(executable) -> None:
