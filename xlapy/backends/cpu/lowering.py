@@ -79,7 +79,6 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     emit_loop,
 )
 from xlapy.backends.cpu.codegen.emit_reduce_library import (
-    ReduceKernel,
     fused_reduce_library_kernel,
     reduce_extent,
     reduce_library_kernel,
@@ -120,7 +119,11 @@ from xlapy.backends.cpu.jit.kernel import (
     symbol_name,
     wrap_instruction,
 )
-from xlapy.backends.cpu.jit.kernel_library import library_function, library_kernel
+from xlapy.backends.cpu.jit.kernel_library import (
+    LibraryKernel,
+    library_function,
+    library_kernel,
+)
 from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk, plan_device_id
 from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
@@ -541,21 +544,11 @@ def _library_gemm(lw: Lowering, instr: HloInstruction, geometry: Gemv) -> Built:
     kernel = small_gemm_kernel(geometry)
     if isinstance(kernel, str):
         return kernel
-    reason = lw.failed.get(instr.name)
-    if reason is not None:
-        return reason
     matrix = instr.operands[geometry.matrix]
     vector = instr.operands[1 - geometry.matrix]
     extent = small_gemm_extent(geometry, kernel)
-    signature = Signature((instr.shape,), (matrix.shape, vector.shape), extent, param_blocks=1)
-    try:
-        native = library_kernel(kernel, lw.flush_denormals, signature, symbol_name(instr.name))
-    except Exception as e:  # a code generator bug: loud (see the file comment)
-        return lw.kernel_failed(instr.name, e)
-    lw.kernels.append((instr.name, native))
-    inputs = [lw.slice_at(matrix), lw.slice_at(vector)]
     data = small_gemm_params(geometry, kernel)
-    return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
+    return _library_thunk(lw, instr, kernel, [matrix, vector], extent, data)
 
 
 def _library_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -569,7 +562,8 @@ def _library_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if isinstance(found, str):
         return found
     kernel, geometry = found
-    return _library_reduce_thunk(lw, instr, kernel, reduce_params(geometry, kernel), [0, 1])
+    data = reduce_params(geometry, kernel)
+    return _library_thunk(lw, instr, kernel, list(instr.operands[:2]), reduce_extent(data), data)
 
 
 def _library_fused_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Built:
@@ -583,19 +577,19 @@ def _library_fused_reduce(lw: Lowering, instr: HloInstruction, why: str) -> Buil
     if isinstance(found, str):
         return found
     data = reduce_params(found.geometry, found.kernel, found.init_bits)
-    return _library_reduce_thunk(lw, instr, found.kernel, data, list(found.operands))
+    inputs = [instr.operands[i] for i in found.operands]
+    return _library_thunk(lw, instr, found.kernel, inputs, reduce_extent(data), data)
 
 
-def _library_reduce_thunk(
-    lw: Lowering, instr: HloInstruction, kernel: ReduceKernel, data, operands: list[int]
+def _library_thunk(
+    lw: Lowering, instr: HloInstruction, kernel: LibraryKernel, inputs: list, extent: int, data
 ) -> Built:
-    """The KernelThunk running library reduction `kernel` on `instr`'s `operands` (their
-    numbers) with parameter block `data`."""
+    """The KernelThunk running kernel-library kernel `kernel` on `inputs` (instructions)
+    over `extent` outer steps with parameter block `data`; a failed kernel is the reason
+    (see the file comment)."""
     reason = lw.failed.get(instr.name)
     if reason is not None:
         return reason
-    inputs = [instr.operands[i] for i in operands]
-    extent = reduce_extent(data)
     shapes = tuple(x.shape for x in inputs)
     signature = Signature((instr.shape,), shapes, extent, param_blocks=1)
     try:
@@ -720,20 +714,8 @@ def _library_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     found = window_library_kernel(instr, vector_shape(host_target().features)[0])
     if isinstance(found, str):
         return found
-    reason = lw.failed.get(instr.name)
-    if reason is not None:
-        return reason
     kernel, data = found
-    x, init = instr.operands
-    extent = window_extent(data)
-    signature = Signature((instr.shape,), (x.shape, init.shape), extent, param_blocks=1)
-    try:
-        native = library_kernel(kernel, lw.flush_denormals, signature, symbol_name(instr.name))
-    except Exception as e:  # a code generator bug: loud (see the file comment)
-        return lw.kernel_failed(instr.name, e)
-    lw.kernels.append((instr.name, native))
-    inputs = [lw.slice_at(x), lw.slice_at(init)]
-    return KernelThunk(instr, native, [lw.slice_at(instr)], inputs, data)
+    return _library_thunk(lw, instr, kernel, list(instr.operands), window_extent(data), data)
 
 
 def _native_window(lw: Lowering, instr: HloInstruction, why: str) -> Built:

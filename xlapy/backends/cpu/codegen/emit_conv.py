@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, I1, I8, I32, I64, SYMBOL
+from xlapy.backends.cpu.codegen.emit_gemv import splat as splat_scalar
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 
 # The reduction over input features is unrolled by 2 (LLVM's own choice unrolls it fully up to
@@ -485,11 +486,7 @@ class _ConvEmitter(StandaloneKernelEmitter):
             c_at = b.mul(ci, step)
             for p, offset in enumerate(at):
                 s = b.load(b.gep(base, [b.add(offset, c_at)], True))
-                splat = b.shuffle_vector(
-                    b.insert_element(ir.Constant(self.vty, ir.Undefined), s, ir.Constant(I32, 0)),
-                    ir.Constant(self.vty, ir.Undefined),
-                    ir.Constant(ir.VectorType(I32, cv.vector), [0] * cv.vector),
-                )
+                splat = splat_scalar(b, self.vty, cv.vector, s)
                 for q in range(nv):
                     acc = accs[p][q]
                     b.store(b.call(self.fma, [splat, ws[q], b.load(acc)]), acc)

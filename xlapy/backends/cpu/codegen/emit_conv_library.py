@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import F32, I1, I32, I64, SYMBOL
+from xlapy.backends.cpu.codegen.emit_gemv import splat as splat_scalar
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
 
 PARAMS = (
@@ -211,11 +212,7 @@ class _Emitter(StandaloneKernelEmitter):
                 ws.append(b.load(b.bitcast(ptr, self.vty.as_pointer()), align=4))
             for pos, offset in enumerate(at):
                 s = b.load(b.gep(self.x, [b.add(offset, ci)], True))
-                splat = b.shuffle_vector(
-                    b.insert_element(ir.Constant(self.vty, ir.Undefined), s, ir.Constant(I32, 0)),
-                    ir.Constant(self.vty, ir.Undefined),
-                    ir.Constant(ir.VectorType(I32, k.lanes), [0] * k.lanes),
-                )
+                splat = splat_scalar(b, self.vty, k.lanes, s)
                 for q in range(nv):
                     acc = accs[pos][q]
                     b.store(b.call(self.fma, [splat, ws[q], b.load(acc)]), acc)
