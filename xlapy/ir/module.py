@@ -8,7 +8,7 @@ as text and printed back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal as TypingLiteral
 
 from xlapy.errors import VerifierError
@@ -140,6 +140,50 @@ class HloModule:
         """Every instruction of every computation."""
         for comp in self.computations:
             yield from comp.instructions
+
+    def copy(self) -> HloModule:
+        """An independent copy with the same names, order and attributes: what parsing
+        `to_text()` gives, without printing and parsing. Computations, instructions, use-lists
+        (in text order, as a parse makes them) and the config are new; shapes, literals and
+        attribute values are immutable and shared, except references to computations, which
+        point at the copies."""
+        from xlapy.ir.instruction import HloInstruction
+
+        clone = HloModule(self.name, replace(self.config))
+        clone.stack_frames = self.stack_frames
+        comps = {c: HloComputation(c.name) for c in self.computations}
+
+        def remap(value):
+            if isinstance(value, HloComputation):
+                return comps[value]
+            if isinstance(value, tuple) and value and isinstance(value[0], HloComputation):
+                return tuple(comps[c] for c in value)
+            return value
+
+        for comp in self.computations:
+            copy = comps[comp]
+            copy.execution_thread = comp.execution_thread
+            made = {
+                i: HloInstruction(
+                    i.name,
+                    i.opcode,
+                    i.shape,
+                    (),
+                    {k: remap(v) for k, v in i.attrs.items()},
+                    literal=i.literal,
+                    parameter_number=i.parameter_number,
+                )
+                for i in comp.instructions
+            }
+            for instr in comp.instructions:
+                new = made[instr]
+                new.operands = [made[o] for o in instr.operands]
+                new.control_predecessors = [made[p] for p in instr.control_predecessors]
+                copy.add_instruction(new)
+            root = comp.root
+            copy.root = made[root] if root is not None else None
+            clone.add_computation(copy, entry=comp is self.entry)
+        return clone
 
     def to_text(self, **options) -> str:
         """The module as HLO text (see xlapy.ir.printer.print_module for options)."""

@@ -451,10 +451,10 @@ def _insert_copies_for_smallest_plan(
     Which copies copy insertion adds does not depend on the order, so they are added once,
     and every candidate's sequences are computed once on the module that holds them. A
     candidate whose sequences are an earlier candidate's makes the same plan: only the
-    distinct ones are tried, each on a parse of the module (copies added, then removed under
+    distinct ones are tried, each on a copy of the module (copies added, then removed under
     that order, buffers assigned), and a module on which all candidates agree (most small
     programs) is not tried at all."""
-    text = module.to_text()
+    pristine = module.copy()  # each trial copies this (as a parse of its text would be)
     insertion = CopyInsertion()
     names = NameUniquer(module)
     insertion.add_copies(module, names)
@@ -468,7 +468,7 @@ def _insert_copies_for_smallest_plan(
     if len(distinct) > 1:
         best: tuple[int, int, int] | None = None
         for rank, name in distinct.values():
-            trial = parse_module(text)  # (the copies' names are the same on every parse)
+            trial = pristine.copy()  # (the copies' names are the same in every trial)
             trial_insertion = CopyInsertion(_named_order(schedules, name))
             trial_names = NameUniquer(trial)
             trial_insertion.add_copies(trial, trial_names)
