@@ -255,10 +255,15 @@ def draw(rng: np.random.Generator, how: str, dtype: str, dims: tuple[int, ...]) 
     return part().astype(NP[dtype])
 
 
+def _braces(xs) -> str:
+    """An HLO integer list attribute or layout: {1,0,2}."""
+    return "{" + ",".join(map(str, xs)) + "}"
+
+
 def shape_text(dtype: str, dims: tuple[int, ...], layout: tuple[int, ...] | None = None) -> str:
     text = f"{dtype}[{','.join(map(str, dims))}]"
     if layout is not None:
-        text += "{" + ",".join(map(str, layout)) + "}"
+        text += _braces(layout)
     return text
 
 
@@ -943,11 +948,8 @@ class _Gen:
         if dt == "s8":
             out_dt = "s32"
 
-        def attr(xs):
-            return "{" + ",".join(map(str, xs)) + "}"
-
-        attrs = (f"lhs_batch_dims={attr(lb)}, lhs_contracting_dims={attr(lk)}, "
-                 f"rhs_batch_dims={attr(rb)}, rhs_contracting_dims={attr(rk)}")  # fmt: skip
+        attrs = (f"lhs_batch_dims={_braces(lb)}, lhs_contracting_dims={_braces(lk)}, "
+                 f"rhs_batch_dims={_braces(rb)}, rhs_contracting_dims={_braces(rk)}")  # fmt: skip
         k = max(1, _size(contract))
         dims = (*batch, *m, *n)
         if out_dt in INTS:
@@ -1379,9 +1381,9 @@ class _Gen:
         nb = len(batch)
         # JAX's column-major matrices: batch dimensions major, in order ({1,2,0}, {2,3,1,0});
         # jaxlib's kernels read batches in that physical order (KNOWN_DIFFERENCES)
-        col = "{" + ",".join(map(str, [nb, nb + 1, *reversed(range(nb))])) + "}"
-        vec = "{" + ",".join(map(str, reversed(range(nb + 1)))) + "}"
-        bat = "{" + ",".join(map(str, reversed(range(nb)))) + "}" if nb else ""  # XLA: no s32[]{}
+        col = _braces([nb, nb + 1, *reversed(range(nb))])
+        vec = _braces(reversed(range(nb + 1)))
+        bat = _braces(reversed(range(nb))) if nb else ""  # XLA: no s32[]{}
 
         def sh(dtype: str, dims: tuple[int, ...], layout: str) -> str:
             return f"{dtype}[{','.join(map(str, dims))}]{layout}"
@@ -1700,15 +1702,12 @@ class _Gen:
         if _size(out) > MAX_ELEMENTS:
             return
 
-        def lst(xs):
-            return "{" + ",".join(map(str, xs)) + "}"
-
-        attrs = (f"offset_dims={lst(odims_pos)}, collapsed_slice_dims={lst(collapsed)}, "
-                 f"start_index_map={lst(sim)}, index_vector_dim={ivd}, "
-                 f"slice_sizes={lst(sizes)}")  # fmt: skip
+        attrs = (f"offset_dims={_braces(odims_pos)}, collapsed_slice_dims={_braces(collapsed)}, "
+                 f"start_index_map={_braces(sim)}, index_vector_dim={ivd}, "
+                 f"slice_sizes={_braces(sizes)}")  # fmt: skip
         if obd:
-            attrs += (f", operand_batching_dims={lst(obd)}, "
-                      f"start_indices_batching_dims={lst(sibd)}")  # fmt: skip
+            attrs += (f", operand_batching_dims={_braces(obd)}, "
+                      f"start_indices_batching_dims={_braces(sibd)}")  # fmt: skip
         if self.chance(0.3):
             attrs += ", indices_are_sorted=false"
         self.emit("gather", v.dtype, tuple(out), "gather", [v.name, idx.name], attrs,
@@ -1763,15 +1762,12 @@ class _Gen:
         kind = self.pick(["add", "maximum", "minimum", "add"])
         comp = self.reducer(kind, v.dtype)
 
-        def lst(xs):
-            return "{" + ",".join(map(str, xs)) + "}"
-
-        attrs = (f"update_window_dims={lst(uwd)}, inserted_window_dims={lst(inserted)}, "
-                 f"scatter_dims_to_operand_dims={lst(sdod)}, index_vector_dim={ivd}, "
+        attrs = (f"update_window_dims={_braces(uwd)}, inserted_window_dims={_braces(inserted)}, "
+                 f"scatter_dims_to_operand_dims={_braces(sdod)}, index_vector_dim={ivd}, "
                  f"to_apply=%{comp}")  # fmt: skip
         if ibd:
-            attrs += (f", input_batching_dims={lst(ibd)}, "
-                      f"scatter_indices_batching_dims={lst(sibd)}")  # fmt: skip
+            attrs += (f", input_batching_dims={_braces(ibd)}, "
+                      f"scatter_indices_batching_dims={_braces(sibd)}")  # fmt: skip
         n = max(1, _size(batch))
         if kind == "add":
             m = v.mag + n * upd.mag
