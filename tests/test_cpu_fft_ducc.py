@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from test_cpu_program_image import forbid_compiling, images, run
+from test_cpu_program_image import cold_then_warm, run
+from test_fft import TEXT, random
 
 from xlapy.backends import execute
 from xlapy.backends.cpu import CpuBackend
-from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.cpu.runtime import fft_thunk
 from xlapy.backends.cpu.runtime.fft_thunk import FftThunk, plan_passes
 from xlapy.backends.cpu.runtime.thunk import BufferSlice, ExecutionContext, walk_thunks
@@ -28,12 +28,6 @@ from xlapy.runtime import Client, CompileOptions
 
 pytestmark = pytest.mark.usefixtures("x64_mode", "kernel_cache")
 
-TEXT = {
-    np.dtype(np.float32): "f32",
-    np.dtype(np.float64): "f64",
-    np.dtype(np.complex64): "c64",
-    np.dtype(np.complex128): "c128",
-}
 # of the largest magnitude of the reference, by the result's element type
 TOL = {"f32": 4e-6, "c64": 4e-6, "f64": 1e-13, "c128": 1e-13}
 LIBRARIES = ["ducc0", "scipy", "no-ducc0"]
@@ -62,13 +56,6 @@ CASES = [
 BIG = [
     c for c in CASES if max(np.prod(c[1]), np.prod(c[2])) >= THREADED_MIN_ELEMENTS and len(c[1]) > 1
 ]
-
-
-def random(rng, shape, dtype):
-    x = rng.standard_normal(shape)
-    if np.dtype(dtype).kind == "c":
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
 
 
 def operand(kind, dims, double, seed):
@@ -277,13 +264,7 @@ def test_a_program_image_runs_ducc0_where_it_is_loaded(image_cache, monkeypatch)
     fn, shapes, dtype = JAX_PROGRAMS["rfft2_convolution"]
     args = [np.random.default_rng(9).standard_normal(s).astype(dtype) for s in shapes]
     text = jax.jit(fn).lower(*args).as_text(dialect="hlo")
-    cold = run(Client("cpu").compile(text), args)
-    assert len(images(image_cache)) == 1
-    clear_kernel_cache()
-    with monkeypatch.context() as m:
-        forbid_compiling(m)
-        exe = Client("cpu").compile(text)
-        warm = run(exe, args)
+    cold, exe, warm = cold_then_warm(image_cache, monkeypatch, text, args)
     thunks = fft_thunks(exe.backend_program())
     assert thunks and all(t.fft_module() is fft_thunk.ducc_fft() for t in thunks)
     np.testing.assert_array_equal(warm[0], cold[0])

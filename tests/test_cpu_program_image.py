@@ -105,6 +105,20 @@ def images(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{program_image.SUFFIX}"))
 
 
+def cold_then_warm(image_cache: Path, monkeypatch, text: str, args: list[np.ndarray]):
+    """Compile `text` (one image written) and run it on `args`; forget the process's kernels
+    and compile it again, which must come from the image (nothing parsed or compiled), and
+    run that: (cold outputs, warm executable, warm outputs)."""
+    cold = run(Client("cpu").compile(text), args)
+    assert len(images(image_cache)) == 1
+    clear_kernel_cache()
+    with monkeypatch.context() as m:
+        forbid_compiling(m)
+        exe = Client("cpu").compile(text)
+        warm = run(exe, args)
+    return cold, exe, warm
+
+
 def forbid_compiling(monkeypatch) -> None:
     """Fail the test if a compile parses the text or compiles the module."""
 
@@ -527,13 +541,7 @@ def linalg(a):
 def test_lapack_programs_are_imaged_and_compute_the_same_bits(image_cache, monkeypatch):
     text = jax.jit(linalg).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32)).as_text(dialect="hlo")
     args = [np.random.default_rng(7).standard_normal((8, 8)).astype(np.float32)]
-    cold = run(Client("cpu").compile(text), args)
-    assert len(images(image_cache)) == 1
-    clear_kernel_cache()
-    with monkeypatch.context() as m:
-        forbid_compiling(m)
-        exe = Client("cpu").compile(text)
-        warm = run(exe, args)
+    cold, exe, warm = cold_then_warm(image_cache, monkeypatch, text, args)
     assert "typed FFI handler" in exe.backend_program().compiled.thunk_listing()
     for w, c in zip(warm, cold, strict=True):
         np.testing.assert_array_equal(w, c)
