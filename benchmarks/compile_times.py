@@ -112,6 +112,20 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else math.nan
 
 
+def print_row(name: str, row: dict) -> dict:
+    """Print one program's row of the table (a "-" for XLA where only xlapy ran it); `row`."""
+    if "status" in row:
+        print(f"{name:28s} {row['status']}", flush=True)
+        return row
+    xla = f"{row['xla_ms']:8.1f}" if "xla_ms" in row else f"{'-':>8s}"
+    print(
+        f"{name:28s} {xla} {row['cold_ms']:8.1f} {row['warm_min_ms']:8.1f} "
+        f"{row['warm_med_ms']:8.1f} {row['cold_cpu_ms']:8.1f} {row['warm_cpu_ms']:8.1f}",
+        flush=True,
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-p", action="append", default=[], help="names containing this")
@@ -130,27 +144,9 @@ def main() -> None:
         f"{'cold cpu':>8s} {'warm cpu':>8s}"
     )
     for name in names:
-        row = measure(name, opts.warm_runs, opts.xla_runs)
-        rows.append(row)
-        if "status" in row:
-            print(f"{name:28s} {row['status']}", flush=True)
-            continue
-        print(
-            f"{name:28s} {row['xla_ms']:8.1f} {row['cold_ms']:8.1f} {row['warm_min_ms']:8.1f} "
-            f"{row['warm_med_ms']:8.1f} {row['cold_cpu_ms']:8.1f} {row['warm_cpu_ms']:8.1f}",
-            flush=True,
-        )
+        rows.append(print_row(name, measure(name, opts.warm_runs, opts.xla_runs)))
     for name, path in hlo_programs(opts.hlo):
-        row = measure_text(name, path.read_text(), opts.warm_runs)
-        rows.append(row)
-        if "status" in row:
-            print(f"{name:28s} {row['status']}", flush=True)
-            continue
-        print(
-            f"{name:28s} {'-':>8s} {row['cold_ms']:8.1f} {row['warm_min_ms']:8.1f} "
-            f"{row['warm_med_ms']:8.1f} {row['cold_cpu_ms']:8.1f} {row['warm_cpu_ms']:8.1f}",
-            flush=True,
-        )
+        rows.append(print_row(name, measure_text(name, path.read_text(), opts.warm_runs)))
     print_worst(rows, opts.worst)
     good = [r for r in rows if "status" not in r and "xla_ms" in r]
     cold = geomean(float(r["cold_ms"]) / float(r["xla_ms"]) for r in good)
