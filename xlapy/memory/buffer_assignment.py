@@ -451,10 +451,9 @@ def _insert_copies_for_smallest_plan(
     Which copies copy insertion adds does not depend on the order, so they are added once,
     and every candidate's sequences are computed once on the module that holds them. A
     candidate whose sequences are an earlier candidate's makes the same plan: only the
-    distinct ones are tried, each on a copy of the module (copies added, then removed under
+    distinct ones are tried, each on a copy of the module with its copies (removed under
     that order, buffers assigned), and a module on which all candidates agree (most small
-    programs) is not tried at all."""
-    pristine = module.copy()  # each trial copies this (as a parse of its text would be)
+    programs) is not tried, nor copied, at all."""
     insertion = CopyInsertion()
     names = NameUniquer(module)
     insertion.add_copies(module, names)
@@ -468,11 +467,9 @@ def _insert_copies_for_smallest_plan(
     if len(distinct) > 1:
         best: tuple[int, int, int] | None = None
         for rank, name in distinct.values():
-            trial = pristine.copy()  # (the copies' names are the same in every trial)
+            trial = module.copy()  # every copy added, none removed yet
             trial_insertion = CopyInsertion(_named_order(schedules, name))
-            trial_names = NameUniquer(trial)
-            trial_insertion.add_copies(trial, trial_names)
-            trial_insertion.remove_copies(trial, trial_names)
+            trial_insertion.remove_copies(trial, NameUniquer(trial))
             try:
                 assignment = assign_buffers(trial)
             except MemoryPlanningError:
