@@ -343,6 +343,52 @@ def test_shared_engine_names_a_missing_symbol(tmp_path, monkeypatch):
         jit.SharedEngine().load([(other, data)])
 
 
+DRIVER_IR = """
+define i32 @"xla_loop"(i64* %table, i64 %n) nounwind {
+entry:
+  %slot = getelementptr i64, i64* %table, i64 0
+  %raw = load i64, i64* %slot
+  %f = inttoptr i64 %raw to i64 (i64)*
+  br label %header
+header:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %acc = phi i64 [0, %entry], [%sum, %body]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %body, label %exit
+body:
+  %r = call i64 %f(i64 %i)
+  %sum = add i64 %acc, %r
+  %next = add i64 %i, 1
+  br label %header
+exit:
+  %out = trunc i64 %acc to i32
+  ret i32 %out
+}
+"""
+
+
+def test_driver_code_is_compiled_cheaply_and_cached_apart(tmp_path, monkeypatch):
+    """Code that only calls other code (a native loop's driver) compiles with the short
+    pipeline at code generation level 0 (`driver=True`): it runs the same, and its object
+    is cached under a key of its own, never taken for the optimized one or made without a
+    key that says so."""
+    import ctypes
+
+    monkeypatch.setenv("XLAPY_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="needs the key"):
+        jit.compile_object(DRIVER_IR, symbol="xla_loop", driver=True)
+    callee = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(lambda i: 3 * i + 1)
+    table = (ctypes.c_int64 * 1)(ctypes.cast(callee, ctypes.c_void_p).value)
+    proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64)
+    keys = set()
+    for driver in (False, True):
+        function = kernel_mod.request_function("a test driver", lambda: DRIVER_IR, "xla_loop",
+                                               driver=driver)  # fmt: skip
+        keys.add(function.key)
+        assert proto(function.address())(ctypes.addressof(table), 10) == 3 * 45 + 10
+    assert len(keys) == 2
+
+
 @pytest.fixture
 def _opt_level_from_env():
     jit.opt_level.cache_clear()

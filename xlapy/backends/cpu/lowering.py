@@ -1010,7 +1010,7 @@ class Lowering:
         for run in native_run_plans(seq):
             plan = run.plan.plan
             emit = functools.partial(emit_loop, plan)
-            made.append((run, request_function(repr(plan), emit, LOOP_SYMBOL)))
+            made.append((run, request_function(repr(plan), emit, LOOP_SYMBOL, driver=True)))
         if made:
             self.native_runs.append((seq, made))
 
@@ -1032,7 +1032,8 @@ class Lowering:
             self.plan_native_runs(thunk.body)
             return
         plan = planned.plan
-        function = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
+        emit = functools.partial(emit_loop, plan)
+        function = request_function(repr(plan), emit, LOOP_SYMBOL, driver=True)
         self.native_loops[thunk] = (function, planned)
 
     def compile_loops(self) -> None:

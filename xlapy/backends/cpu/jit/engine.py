@@ -5,9 +5,13 @@
 # (PassBuilder with loop and SLP vectorization on); $XLAPY_CPU_LLVM_OPT picks level 1 or 2
 # instead (`opt_level`); a hand-written kernel whose loops are already vectorized and tiled
 # may ask for a short pipeline instead (`compile_object(light=True)`, the direct
-# convolution: a third of O3's time, the same inner loop). The cost is in the code, not per
-# object: linking a program's 77 kernels into one module saved no LLVM time
-# (benchmarks/RESULTS.md, compile time, third session), so each kernel stays its own object.
+# convolution: a third of O3's time, the same inner loop); code that only calls other code
+# (a native loop or run, codegen/emit_loop.py) asks for the short pipeline and code
+# generation at level 0 (`compile_object(driver=True)`: a tenth of the time). The cost is in
+# the code, not per object: linking a program's 77 kernels into one module saved no LLVM
+# time (benchmarks/RESULTS.md, compile time, third session; 81 of a BERT step's elementwise
+# kernels in one module cost 12% less than apart, branch llvm2), so each kernel stays its
+# own object.
 # The optimized module is emitted as an object file; objects are loaded in batches into one
 # MCJIT execution engine shared by the whole process (`SharedEngine`: one finalization per
 # batch, no engine per object).
@@ -160,14 +164,14 @@ def target_machine():
     return new_target_machine()
 
 
-def new_target_machine():
-    """A fresh O3 target machine for the host CPU (an execution engine takes ownership of
-    the one it is given, so each engine needs its own); non-PIC, large code model (see
-    the top of this file)."""
+def new_target_machine(level: int = 3):
+    """A fresh target machine for the host CPU, code generation at `level` (3 unless said:
+    see DRIVER_CODEGEN_LEVEL); an execution engine takes ownership of the one it is given,
+    so each engine needs its own; non-PIC, large code model (see the top of this file)."""
     host = host_target()
     target = llvm.Target.from_triple(host.triple)
     return target.create_target_machine(
-        cpu=host.cpu, features=host.features, opt=3, reloc="static", codemodel="large"
+        cpu=host.cpu, features=host.features, opt=level, reloc="static", codemodel="large"
     )
 
 
@@ -221,10 +225,21 @@ def exported_symbol(key: str) -> str:
     return f"xlapy_{key[:40]}"
 
 
-def _thread_target_machine():
-    tm = getattr(_local, "tm", None)
+DRIVER_CODEGEN_LEVEL = 0
+"""Code generation level of driver code (`compile_object(driver=True)`): FastISel and the
+fast register allocator. A native run of 552 kernel calls in one basic block (5,232 lines of
+IR) took 305 ms of code generation at level 3 (instruction selection 35%, the post-RA
+scheduler 20%, greedy register allocation 15%) and 13 ms at level 0, for an object 40%
+larger: a few more moves around each call (benchmarks/RESULTS.md, branch llvm2)."""
+
+
+def _thread_target_machine(level: int = 3):
+    machines = getattr(_local, "machines", None)
+    if machines is None:
+        machines = _local.machines = {}
+    tm = machines.get(level)
     if tm is None:
-        tm = _local.tm = new_target_machine()
+        tm = machines[level] = new_target_machine(level)
     return tm
 
 
@@ -314,26 +329,29 @@ def compile_object(
     key: str | None = None,
     light: bool = False,
     directory: Path | None = None,
+    driver: bool = False,
 ) -> CompiledObject:
     """The native object for `ir_text` (whose kernel function is named `symbol`; the object
     exports it as `exported_symbol(key)`), from the disk cache (or `directory`: the kernel
     library's) when it is there. Safe to call from several threads at once. `light`:
     optimize with a short pipeline instead of O3 (_light_pipeline), for hand-written code
     whose loops are already vectorized and tiled for registers, where O3 makes the same
-    inner loops at two to three times the cost; the caller's key must say so (`key` is
-    required then)."""
-    if light and key is None:
-        raise ValueError("a light compile needs the key its caller made for it")
+    inner loops at two to three times the cost; `driver`: code that only calls other code
+    and moves bytes (a native loop, codegen/emit_loop.py), optimized by the short pipeline
+    and generated at DRIVER_CODEGEN_LEVEL. The caller's key must say which (`key` is
+    required for either)."""
+    if (light or driver) and key is None:
+        raise ValueError("a light or driver compile needs the key its caller made for it")
     key = key or cache_key(ir_text)
     if use_cache:
         data = read_entry(key, ".o", directory)
         if data is not None:
             return CompiledObject(key, data, True)
-    tm = _thread_target_machine()
+    tm = _thread_target_machine(DRIVER_CODEGEN_LEVEL if driver else 3)
     with phase("LLVM parse and verify"):
         mod = _parse(ir_text, llvm.create_context(), (symbol, exported_symbol(key)))
     with phase("LLVM optimization"):
-        _run_pipeline(mod, tm, locked=False, light=light)
+        _run_pipeline(mod, tm, locked=False, light=light or driver)
     with phase("LLVM code generation"):
         data = _emit_object_unlocked(mod, tm)
     if use_cache:

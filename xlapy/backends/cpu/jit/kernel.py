@@ -341,10 +341,11 @@ def _request(
     on_loaded: Callable[[], None] | None = None,
     light: bool = False,
     directory: Path | None = None,
+    driver: bool = False,
 ) -> tuple[Future, bool]:
     """(the Future of the loaded object `key`, shared by every request in this process;
     whether an earlier request made it). `on_loaded` runs once the object is loaded, before
-    the Future resolves (so whoever waits for it sees its effect); `light`: see
+    the Future resolves (so whoever waits for it sees its effect); `light`, `driver`: see
     jit.compile_object."""
     with _loaded_lock:
         known = _objects.get(key)
@@ -354,7 +355,7 @@ def _request(
             callback = on_loaded
             future.add_done_callback(lambda f: None if f.exception() else callback())
         return future, True
-    args = (future, ir_text, key, symbol, on_loaded, light, directory)
+    args = (future, ir_text, key, symbol, on_loaded, light, directory, driver)
     if defer:
         _compile_pool().submit(_compile_and_queue, *args)
     else:
@@ -370,9 +371,10 @@ def _compile_and_queue(
     on_loaded: Callable[[], None] | None,
     light: bool = False,
     directory: Path | None = None,
+    driver: bool = False,
 ) -> None:
     try:
-        obj = jit.compile_object(ir_text, True, symbol, key, light, directory)
+        obj = jit.compile_object(ir_text, True, symbol, key, light, directory, driver)
     except BaseException as e:
         _fail(future, key, e)
         return
@@ -901,18 +903,24 @@ def _function_from_image(key: str) -> NativeFunction:
 
 
 def request_function(
-    description: str, emit: Callable[[], str], symbol: str, light: bool = False
+    description: str,
+    emit: Callable[[], str],
+    symbol: str,
+    light: bool = False,
+    driver: bool = False,
 ) -> NativeFunction:
     """Start loading function `symbol` of the IR `emit()` makes, for code that is not a
     kernel of the kernel ABI (a native while loop, codegen.emit_loop); `address()` waits
     for it. The object is cached under `description` (which must determine the IR) and the
     code generator's sources, so a warm compile reads it without emitting the IR; a cold
     one compiles it on the JIT's pool, beside the kernels. One load per process for the
-    same description. `light`: optimized by the short pipeline (jit.compile_object)."""
-    key = jit.content_key(source_fingerprint(), symbol, description, *(["light"] * light))
+    same description. `light`: optimized by the short pipeline; `driver`: code that only
+    calls other code, optimized and generated cheaply (both: jit.compile_object)."""
+    tags = ["light"] * light + ["driver"] * driver
+    key = jit.content_key(source_fingerprint(), symbol, description, *tags)
     found = _request_cached(key)
     if found is None:
-        future = _request(emit(), key, symbol, defer=True, light=light)[0]
+        future = _request(emit(), key, symbol, defer=True, light=light, driver=driver)[0]
     else:
         future = found[0]
     return NativeFunction(key, future)
