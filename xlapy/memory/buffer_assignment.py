@@ -34,6 +34,8 @@ temp, and the no-fragmentation lower bound of the temps under the chosen schedul
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind, value_bytes
@@ -457,6 +459,28 @@ def _insert_copies_for_smallest_plan(
     judgement edits nothing); each is then removed from a copy of the module (the last
     trial, once an earlier one has assigned, takes `module` itself) and its buffers
     assigned."""
+    with _collections_paused():
+        return _smallest_plan(module, keep_trial)
+
+
+@contextmanager
+def _collections_paused():
+    """Python's cycle collector paused (and resumed as it was). The plan choice builds
+    and drops whole modules and analyses, tens of thousands of objects in reference
+    cycles: collections triggered in the middle walk every live object again and again (a
+    third of the phase's CPU on a training step); resumed, the collector does that work
+    once."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssignment | None]:
+    """`_insert_copies_for_smallest_plan` without pausing the collector."""
     insertion = CopyInsertion()
     names = NameUniquer(module)
     insertion.add_copies(module, names)
