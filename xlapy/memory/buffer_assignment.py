@@ -333,6 +333,8 @@ def assign_buffers(
         raise MemoryPlanningError(f"buffer assignment of {module.name}: {e}") from e
     writable = _writable_parameters(module, entry, dataflow)
     for buffer in aliases.buffers:
+        if len(buffer.values) == 1:
+            continue  # a value alone shares its bytes with nothing
         if all(v.shape.is_token for v in buffer.values):
             continue  # tokens hold no data: nothing of theirs can be overwritten (as XLA)
         problem = liveness.conflicts(buffer.values, writable)
@@ -345,7 +347,7 @@ def assign_buffers(
     if options.in_place:
         accepted = _accept_in_place(dataflow, aliases, liveness, writable)
         if accepted:
-            aliases = AliasAnalysis.run(module, dataflow, accepted)
+            aliases = aliases.merged(accepted)
     allocations, heap_results = _allocate(module, entry, dataflow, aliases, liveness, options)
     slices: dict[HloValue, Slice] = {}
     for alloc in allocations:
