@@ -49,7 +49,7 @@ class HloBuffer:
 def value_bytes(value: HloValue) -> int:
     """Bytes of a value: an array's dense size, a tuple's table of 8-byte pointers, 0 for a
     token."""
-    return value.shape.byte_size
+    return value.byte_size
 
 
 class UnionFind:
