@@ -418,11 +418,11 @@ def prepare_with_plan(
 ) -> tuple[HloModule, BufferAssignment | None]:
     """`prepare_for_buffer_assignment` without doing twice what the plan choice did once:
     the prepared module, and its buffer assignment when the choice made it already. When
-    "plan" tried candidates, the winner's trial module (a parse of `module`, prepared under
-    the winning order) and its assignment are returned as they are: the same plan that
-    preparing `module` in place and assigning anew gives. Otherwise `module` is prepared in
-    place and returned with None (assign_buffers it). `module` is consumed: use the module
-    returned."""
+    "plan" tried candidates, the winner's trial module (a copy of `module`, or `module`
+    itself, prepared under the winning order) and its assignment are returned as they are:
+    the same plan that preparing `module` in place and assigning anew gives. Otherwise
+    `module` is prepared in place and returned with None (assign_buffers it). `module` is
+    consumed: use the module returned."""
     if scheduler != "plan":
         prepare_for_buffer_assignment(module, scheduler)
         return module, None
