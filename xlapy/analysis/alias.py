@@ -49,7 +49,7 @@ class HloBuffer:
 def value_bytes(value: HloValue) -> int:
     """Bytes of a value: an array's dense size, a tuple's table of 8-byte pointers, 0 for a
     token."""
-    return value.shape.byte_size
+    return value.byte_size
 
 
 class UnionFind:
@@ -87,6 +87,28 @@ class Aliases:
 
     def buffer_at(self, instr, index=()) -> HloBuffer:
         return self._of[self.dataflow.value_at(instr, index)]
+
+    def merged(self, pairs) -> Aliases:
+        """These buffers with the buffers of each (value, value) pair of `pairs` merged:
+        what `AliasAnalysis.run` with `pairs` as its extra pairs gives, from the buffers
+        already made instead of every value and must-alias pair again."""
+        if not pairs:
+            return self
+        sets = UnionFind()
+        for a, b in pairs:
+            sets.union(self._of[a], self._of[b])
+        groups: dict[HloBuffer, list[HloBuffer]] = {}
+        for buffer in self.buffers:
+            groups.setdefault(sets.find(buffer), []).append(buffer)
+        return _buffers_of(
+            self.dataflow,
+            [
+                list(group[0].values)
+                if len(group) == 1
+                else sorted(v for b in group for v in b.values)
+                for group in groups.values()
+            ],
+        )
 
 
 def must_alias_pairs(module: HloModule, dataflow: Dataflow) -> list[tuple[HloValue, HloValue]]:
@@ -161,11 +183,17 @@ class AliasAnalysis:
         groups: dict[HloValue, list[HloValue]] = {}
         for value in dataflow.values:
             groups.setdefault(sets.find(value), []).append(value)
-        buffers: list[HloBuffer] = []
-        of: dict[HloValue, HloBuffer] = {}
-        for members in sorted(groups.values(), key=lambda m: m[0].id):
-            buffer = HloBuffer(len(buffers), tuple(members))
-            buffers.append(buffer)
-            for value in members:
-                of[value] = buffer
-        return Aliases(dataflow, buffers, of)
+        return _buffers_of(dataflow, list(groups.values()))
+
+
+def _buffers_of(dataflow: Dataflow, groups: list[list[HloValue]]) -> Aliases:
+    """Aliases with one buffer per group of values (each sorted by id), numbered in the
+    order of their first values."""
+    buffers: list[HloBuffer] = []
+    of: dict[HloValue, HloBuffer] = {}
+    for members in sorted(groups, key=lambda m: m[0].id):
+        buffer = HloBuffer(len(buffers), tuple(members))
+        buffers.append(buffer)
+        for value in members:
+            of[value] = buffer
+    return Aliases(dataflow, buffers, of)

@@ -52,6 +52,16 @@ class HloValue:
     instruction: HloInstruction
     index: ShapeIndex
     shape: Shape
+    _bytes: int | None = field(default=None, init=False, repr=False)
+
+    @property
+    def byte_size(self) -> int:
+        """`shape.byte_size`, computed once (buffer assignment asks for it again and again)."""
+        size = self._bytes
+        if size is None:
+            size = self.shape.byte_size
+            object.__setattr__(self, "_bytes", size)
+        return size
 
     @property
     def is_phi(self) -> bool:

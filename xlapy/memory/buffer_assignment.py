@@ -34,6 +34,8 @@ temp, and the no-fragmentation lower bound of the temps under the chosen schedul
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind, value_bytes
@@ -68,7 +70,7 @@ from xlapy.memory.scheduler import (
     schedule_computation,
     text_order,
 )
-from xlapy.passes.copy_insertion import CopyInsertion
+from xlapy.passes.copy_insertion import CopyInsertion, drop_copies
 from xlapy.passes.flatten_call_graph import FlattenCallGraph
 from xlapy.passes.layout_normalize import AliasLayoutAgreement, WhileLayoutAgreement
 
@@ -331,6 +333,8 @@ def assign_buffers(
         raise MemoryPlanningError(f"buffer assignment of {module.name}: {e}") from e
     writable = _writable_parameters(module, entry, dataflow)
     for buffer in aliases.buffers:
+        if len(buffer.values) == 1:
+            continue  # a value alone shares its bytes with nothing
         if all(v.shape.is_token for v in buffer.values):
             continue  # tokens hold no data: nothing of theirs can be overwritten (as XLA)
         problem = liveness.conflicts(buffer.values, writable)
@@ -343,7 +347,7 @@ def assign_buffers(
     if options.in_place:
         accepted = _accept_in_place(dataflow, aliases, liveness, writable)
         if accepted:
-            aliases = AliasAnalysis.run(module, dataflow, accepted)
+            aliases = aliases.merged(accepted)
     allocations, heap_results = _allocate(module, entry, dataflow, aliases, liveness, options)
     slices: dict[HloValue, Slice] = {}
     for alloc in allocations:
@@ -414,11 +418,11 @@ def prepare_with_plan(
 ) -> tuple[HloModule, BufferAssignment | None]:
     """`prepare_for_buffer_assignment` without doing twice what the plan choice did once:
     the prepared module, and its buffer assignment when the choice made it already. When
-    "plan" tried candidates, the winner's trial module (a parse of `module`, prepared under
-    the winning order) and its assignment are returned as they are: the same plan that
-    preparing `module` in place and assigning anew gives. Otherwise `module` is prepared in
-    place and returned with None (assign_buffers it). `module` is consumed: use the module
-    returned."""
+    "plan" tried candidates, the winner's trial module (a copy of `module`, or `module`
+    itself, prepared under the winning order) and its assignment are returned as they are:
+    the same plan that preparing `module` in place and assigning anew gives. Otherwise
+    `module` is prepared in place and returned with None (assign_buffers it). `module` is
+    consumed: use the module returned."""
     if scheduler != "plan":
         prepare_for_buffer_assignment(module, scheduler)
         return module, None
@@ -447,13 +451,38 @@ def _insert_copies_for_smallest_plan(
     """Copy insertion into `module` (flattened) under the candidate order whose plan has the
     fewest temp bytes (then the lowest peak, then the earliest candidate); the order kept,
     and with `keep_trial` the winning trial's assignment when candidates were tried (its
-    module is then the prepared one; `module` keeps every copy, none removed).
+    module is then the prepared one; `module` is used up).
     Which copies copy insertion adds does not depend on the order, so they are added once,
     and every candidate's sequences are computed once on the module that holds them. A
     candidate whose sequences are an earlier candidate's makes the same plan: only the
-    distinct ones are tried, each on a copy of the module with its copies (removed under
-    that order, buffers assigned), and a module on which all candidates agree (most small
-    programs) is not tried, nor copied, at all."""
+    distinct ones are tried, and a module on which all candidates agree (most small
+    programs) is not tried, nor copied, at all. Which copies each distinct order removes is
+    judged on `module` itself, with one dataflow and alias analysis for all of them (the
+    judgement edits nothing); each is then removed from a copy of the module (the last
+    trial, once an earlier one has assigned, takes `module` itself) and its buffers
+    assigned."""
+    with _collections_paused():
+        return _smallest_plan(module, keep_trial)
+
+
+@contextmanager
+def _collections_paused():
+    """Python's cycle collector paused (and resumed as it was). The plan choice builds
+    and drops whole modules and analyses, tens of thousands of objects in reference
+    cycles: collections triggered in the middle walk every live object again and again (a
+    third of the phase's CPU on a training step); resumed, the collector does that work
+    once."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssignment | None]:
+    """`_insert_copies_for_smallest_plan` without pausing the collector."""
     insertion = CopyInsertion()
     names = NameUniquer(module)
     insertion.add_copies(module, names)
@@ -465,11 +494,20 @@ def _insert_copies_for_smallest_plan(
     chosen = PLAN_CANDIDATES[0]
     won: BufferAssignment | None = None
     if len(distinct) > 1:
+        dataflow = DataflowAnalysis.run(module)
+        aliases = AliasAnalysis.run(module, dataflow)
         best: tuple[int, int, int] | None = None
-        for rank, name in distinct.values():
-            trial = module.copy()  # every copy added, none removed yet
-            trial_insertion = CopyInsertion(_named_order(schedules, name))
-            trial_insertion.remove_copies(trial, NameUniquer(trial))
+        tried = list(distinct.values())
+        for number, (rank, name) in enumerate(tried):
+            judge = CopyInsertion(_candidate_order(schedules, name))
+            sequences, dropped = judge.removable_copies(module, dataflow, aliases)
+            last = number == len(tried) - 1
+            if keep_trial and last and won is not None:
+                trial = module  # nothing is judged on it any more
+            else:
+                trial = module.copy()  # every copy added, none removed yet
+                sequences, dropped = _same_named(trial, sequences, dropped)
+            drop_copies(trial, sequences, dropped, NameUniquer(trial))
             try:
                 assignment = assign_buffers(trial)
             except MemoryPlanningError:
@@ -479,30 +517,39 @@ def _insert_copies_for_smallest_plan(
                 best, chosen, won = score, name, assignment
     if keep_trial and won is not None:
         return chosen, won
-    fallback = _order_of(chosen)
-
-    def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
-        found = schedules.get(comp)
-        return found[chosen].sequence if found is not None else fallback(comp)
-
-    insertion.schedule_fn = order
+    insertion.schedule_fn = _candidate_order(schedules, chosen)
     insertion.remove_copies(module, names)
     return chosen, None
 
 
-def _named_order(schedules: dict[HloComputation, dict[str, ComputationSchedule]], name: str):
-    """The order of candidate `name` in `schedules` (computed on another module) for the
-    same-named instructions of a parse of that module."""
-    by_name = {c.name: tuple(i.name for i in s[name].sequence) for c, s in schedules.items()}
+def _candidate_order(schedules: dict[HloComputation, dict[str, ComputationSchedule]], name: str):
+    """The order of candidate `name` in `schedules` (`name`'s own scheduler for a
+    computation they do not hold)."""
+    fallback = _order_of(name)
 
     def order(comp: HloComputation) -> tuple[HloInstruction, ...]:
-        sequence = by_name.get(comp.name)
-        if sequence is None:
-            return schedule_computation(comp, name).sequence
-        instrs = {i.name: i for i in comp.instructions}
-        return tuple(instrs[n] for n in sequence)
+        found = schedules.get(comp)
+        return found[name].sequence if found is not None else fallback(comp)
 
     return order
+
+
+def _same_named(
+    clone: HloModule,
+    sequences: dict[HloComputation, list[HloInstruction]],
+    dropped: list[HloInstruction],
+) -> tuple[dict[HloComputation, list[HloInstruction]], list[HloInstruction]]:
+    """`sequences` and `dropped` (of a module that `clone` copies) in `clone`'s own
+    computations and instructions, found by name."""
+    comps = {c.name: c for c in clone.computations}
+    instrs: dict[str, HloInstruction] = {}
+    cloned: dict[HloComputation, list[HloInstruction]] = {}
+    for comp, sequence in sequences.items():
+        twin = comps[comp.name]
+        by_name = {i.name: i for i in twin.instructions}
+        cloned[twin] = [by_name[i.name] for i in sequence]
+        instrs.update(by_name)
+    return cloned, [instrs[c.name] for c in dropped]
 
 
 def plan_as_given(module: HloModule, scheduler: str = "plan") -> BufferAssignment:

@@ -204,8 +204,10 @@ def _live_intervals(
     last = len(sequence) - 1
     end = {b: step[b] for b, nbytes in buffers.size.items() if nbytes}
     for instr, read in buffers.reads.items():
+        at = step[instr]
         for b in read:
-            end[b] = max(end[b], step[instr])
+            if end[b] < at:
+                end[b] = at
     intervals = {}
     for b in end:
         if b in buffers.pinned:

@@ -29,13 +29,23 @@ Removing a copy costs the size of its use list, not of its computation (the IR's
 use-lists), and the schedules drop the removed copies in one pass at the end. The analyses
 are read, never written: the pass keeps its own record of what it decided (live ranges
 grown by the merges, and which values are now one: a removed copy's value is its source's)
-and asks the liveness result whether a merge would interfere given that record.
+and asks the liveness result whether a merge would interfere given that record. So which
+copies go is decided without editing the module (`removable_copies`) and the edit follows
+(`drop_copies`): the memory-plan choice judges several schedules on one module and one
+dataflow and alias analysis.
 """
 
 from __future__ import annotations
 
-from xlapy.analysis.alias import AliasAnalysis, HloBuffer, UnionFind
-from xlapy.analysis.dataflow import DataflowAnalysis, HloValue, sequential_computations
+from collections import Counter
+
+from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind
+from xlapy.analysis.dataflow import (
+    Dataflow,
+    DataflowAnalysis,
+    HloValue,
+    sequential_computations,
+)
 from xlapy.analysis.liveness import LivenessAnalysis
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
@@ -125,12 +135,8 @@ class CopyInsertion(HloPass):
         """The second half of `run`, on a module `add_copies` gave its copies: fix the
         schedule (`schedule_fn`), remove the copies it makes unnecessary and tidy up; the
         number removed."""
-        removed = self._remove_copies(module)
-        if removed:  # the deep copies' tuples that now only rebuild their source go
-            _collapse_rebuilt_tuples(module, names)
-            TupleSimplifier().run(module)
-            DeadCodeElimination().run(module)
-        return removed
+        sequences, dropped = self.removable_copies(module)
+        return drop_copies(module, sequences, dropped, names)
 
     # -- adding ----------------------------------------------------------------------------
     def _add_copies(self, module, computations, names) -> int:
@@ -161,14 +167,25 @@ class CopyInsertion(HloPass):
         return sum(1 for i in module.instructions() if i.opcode is Opcode.COPY) - before
 
     # -- removing --------------------------------------------------------------------------
-    def _remove_copies(self, module: HloModule) -> int:
-        dataflow = DataflowAnalysis.run(module)
+    def removable_copies(
+        self,
+        module: HloModule,
+        dataflow: Dataflow | None = None,
+        aliases: Aliases | None = None,
+    ) -> tuple[dict[HloComputation, list[HloInstruction]], list[HloInstruction]]:
+        """The schedule (`schedule_fn` of each sequential computation) and the copies it
+        makes unnecessary, in the order they go, judged on `module` as it is: nothing is
+        edited (`drop_copies` does that). `dataflow` and `aliases`, when given, are the
+        module's analyses (the memory-plan choice judges several schedules on one module)."""
+        if dataflow is None:
+            dataflow = DataflowAnalysis.run(module)
+        if aliases is None:
+            aliases = AliasAnalysis.run(module, dataflow)
         sequences = {c: list(self.schedule_fn(c)) for c in dataflow.computations}
         liveness = LivenessAnalysis.run(module, dataflow, sequences)
-        aliases = AliasAnalysis.run(module, dataflow)
         entry = module.entry
         if entry is None:
-            return 0
+            return sequences, []
         params = entry.parameters_by_number()
         writable = frozenset(
             dataflow.value_at(params[a.param_number], a.param_index)
@@ -185,9 +202,10 @@ class CopyInsertion(HloPass):
                 value = same[value]
             return value
 
-        outputs = [v for _, v in dataflow.leaf_values(entry.root_instruction())]
-        removed = 0
-        dropped: set[int] = set()
+        # how many of the entry's output positions hold each value (a removed copy's
+        # outputs are its source's)
+        outputs = Counter(v for _, v in dataflow.leaf_values(entry.root_instruction()))
+        dropped: list[HloInstruction] = []
         candidates = [
             i
             for c in reversed(dataflow.computations)  # callees first, as XLA does
@@ -195,39 +213,37 @@ class CopyInsertion(HloPass):
             if i.opcode is Opcode.COPY and i.shape.is_array and _keeps_layout(i)
         ]
         for copy in candidates:
-            source = copy.operands[0]
             copied = value_at(copy)
-            kept = value_at(source)
+            kept = value_at(copy.operands[0])
             a = groups.find(aliases.buffer_of(copied))
             b = groups.find(aliases.buffer_of(kept))
             merged = [v for v in dict.fromkeys(members[a] + members[b]) if v is not copied]
             old_range = ranges[kept]
             ranges[kept] = (old_range[0], max(old_range[1], ranges[copied][1]))
-            outs = [kept if v is copied else v for v in outputs]
+            moved = outputs.pop(copied, 0)
+            if moved:
+                outputs[kept] += moved
             same[copied] = kept  # judge in-place reuse as if the copy were gone
-            if not self._may_merge(merged, outs, liveness, writable, ranges, same):
+            if not self._may_merge(merged, outputs, liveness, writable, ranges, same):
                 ranges[kept] = old_range
                 del same[copied]
+                if moved:
+                    outputs[copied] = moved
+                    outputs[kept] -= moved
+                    if not outputs[kept]:
+                        del outputs[kept]
                 continue
-            outputs = outs
             groups.union(a, b)
             members[groups.find(a)] = merged
-            dropped.add(id(copy))
-            copy.parent.replace_all_uses(copy, source)
-            copy.parent.remove_instruction(copy)
-            removed += 1
-        for comp, sequence in sequences.items():
-            comp.reorder([i for i in sequence if id(i) not in dropped])
-        module.config.is_scheduled = True
-        return removed
+            dropped.append(copy)
+        return sequences, dropped
 
     @staticmethod
-    def _may_merge(merged, outputs, liveness, writable, ranges, same) -> bool:
+    def _may_merge(merged, outputs: Counter, liveness, writable, ranges, same) -> bool:
         if liveness.conflicts(merged, writable, ranges=ranges, same=same) is not None:
             return False
-        in_buffer = set(merged)
-        held = [v for v in outputs if v in in_buffer]
-        if len(held) > 1:
+        held = sum(outputs.get(v, 0) for v in merged)  # output positions in the buffer
+        if held > 1:
             return False
         if held:
             for v in merged:
@@ -237,3 +253,28 @@ class CopyInsertion(HloPass):
                 if v.defined_by_parameter and v.instruction.parent is entry and v not in writable:
                     return False
         return True
+
+
+def drop_copies(
+    module: HloModule,
+    sequences: dict[HloComputation, list[HloInstruction]],
+    dropped: list[HloInstruction],
+    names: NameUniquer,
+) -> int:
+    """Remove the copies `dropped` (CopyInsertion.removable_copies, in its order: each
+    copy's users read its source instead), make `sequences` less those copies the module's
+    order, and tidy up; the number removed."""
+    for copy in dropped:
+        comp = copy.parent
+        assert comp is not None, "a copy to drop is in its computation"
+        comp.replace_all_uses(copy, copy.operands[0])
+        comp.remove_instruction(copy)
+    gone = {id(c) for c in dropped}
+    for comp, sequence in sequences.items():
+        comp.reorder([i for i in sequence if id(i) not in gone])
+    module.config.is_scheduled = True
+    if dropped:  # the deep copies' tuples that now only rebuild their source go
+        _collapse_rebuilt_tuples(module, names)
+        TupleSimplifier().run(module)
+        DeadCodeElimination().run(module)
+    return len(dropped)
