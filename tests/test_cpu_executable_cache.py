@@ -30,6 +30,7 @@ from xlapy.backends.cpu.jit.disk_cache import CacheEntryWarning
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
+from xlapy.passes import pipelines
 from xlapy.runtime import Client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +105,7 @@ class Spy:
         def fail(*args, **kwargs):
             raise AssertionError("a warm compile ran the passes or read a kernel entry")
 
-        self.monkeypatch.setattr(compiler, "default_cpu_pipeline", fail)
+        self.monkeypatch.setattr(pipelines, "default_cpu_pipeline", fail)  # (imported on use)
         self.monkeypatch.setattr(kernel, "_read_entry", fail)
         self.monkeypatch.setattr(kernel, "compile_computation", fail)
 

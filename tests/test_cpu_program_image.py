@@ -13,6 +13,8 @@ import io
 import json
 import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -512,10 +514,10 @@ def test_unpickler_resolves_what_images_hold(module, name):
 
 
 def test_loadable_functions_hand_out_no_attribute_by_name():
-    from xlapy.backends.cpu import lowering
+    from xlapy.backends.cpu.runtime import native_addresses
 
     with pytest.raises(ValueError, match="no '__class__'"):
-        lowering._native_of(type("T", (), {"native": object()})(), "__class__")
+        native_addresses.native_of(type("T", (), {"native": object()})(), "__class__")
 
 
 def _unlisted() -> int:
@@ -685,3 +687,47 @@ def test_a_deep_program_is_imaged_and_computes_the_same_bits(image_cache, monkey
     want = np.asarray(evaluate(parse_module(text), args))
     np.testing.assert_allclose(warm_out[0], want, rtol=1e-4, atol=1e-6)
     assert warm.module.to_text() == cold.module.to_text()
+
+
+FRESH = """
+import sys, numpy as np
+from xlapy.runtime import Client
+client = Client("cpu")
+exe = client.compile(open(sys.argv[1]).read())
+compiler = ("xlapy.passes", "xlapy.backends.cpu.lowering", "xlapy.memory", "xlapy.stablehlo")
+imported = sorted(m for m in (*compiler, "scipy") if m in sys.modules)
+rng = np.random.default_rng(7)
+args = [rng.standard_normal(s.dims).astype(np.float32) for s in exe.parameter_shapes]
+outs = exe.execute([[client.buffer_from_pyval(a) for a in args]])[0]
+print(imported)
+print(" ".join(o.to_numpy().tobytes().hex() for o in outs))
+print(exe.backend_program().thunk_listing() + repr(exe.memory_stats()))
+"""
+
+
+@pytest.mark.parametrize("name", ["softmax_loop", "attention", "nested_loops", "sort_and_conv"])
+def test_a_warm_compile_in_a_fresh_process_imports_no_compiler(image_cache, texts, tmp_path, name):
+    """A new process that finds the image imports neither the passes, the lowering, the
+    buffer assignment, the StableHLO loader nor scipy (the import cost more than the
+    compile), computes what the cold process did, and its reports load what they need."""
+    source = tmp_path / "program.hlo"
+    source.write_text(texts[name])
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "PYTHONWARNINGS": "error::UserWarning"}
+    done = [
+        subprocess.run(
+            [sys.executable, "-c", FRESH, str(source)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        for _ in range(2)
+    ]
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
+    cold, warm = (d.stdout.split("\n", 2) for d in done)
+    assert len(images(image_cache)) == 1
+    assert "xlapy.passes" in cold[0]
+    assert warm[0] == "[]"
+    assert warm[1:] == cold[1:]

@@ -82,7 +82,7 @@ import numpy as np
 
 from xlapy.backends import ffi
 from xlapy.backends.xla_ffi import CHandler
-from xlapy.errors import CustomCallError
+from xlapy.errors import CustomCallError, XlapyError
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
 
@@ -559,6 +559,19 @@ def find(name: str, platform: str = "Host", registry: RegistryLike = None) -> Cu
             unknown_target_message(name, platform, known_names(platform, registry))
         )
     return target
+
+
+def typed_ffi_target(name: str | None, registry: RegistryLike) -> CustomCallTarget | None:
+    """The typed-FFI handler registered as `name` for "Host" (in `registry`, then the global
+    one) that the CPU backend runs as an FfiCallThunk, or None: whether it is one is the only
+    way a custom call's lowering depends on the registry (a program image checks it again
+    when it is loaded)."""
+    try:
+        target = find(name or "", "Host", registry)
+    except XlapyError:
+        return None
+    typed = target.api_version is ApiVersion.TYPED_FFI and isinstance(target.fn, ffi.FfiHandler)
+    return target if typed else None  # a handler in C goes through CustomCallThunk
 
 
 def check_custom_calls(module, platform: str = "Host", registry: RegistryLike = None) -> None:

@@ -22,8 +22,6 @@ from xlapy.backends.options import BackendOptionError
 from xlapy.ir.module import HloModule
 from xlapy.ir.parser import parse_module
 from xlapy.ir.verifier import verify
-from xlapy.passes.donors import BufferDonorToAlias
-from xlapy.passes.spmd import needs_partitioning, partition
 from xlapy.runtime.debug import check_debug_options
 from xlapy.runtime.errors import RuntimeApiError
 from xlapy.runtime.executable import Executable
@@ -92,6 +90,11 @@ class Compiler:
         """Compile a module the runtime owns (it is modified); `text`, when the caller has
         it, is `module.to_text()` (used as the executable's text unless donors change the
         module)."""
+        # (the passes are imported here: a warm compile from a program image never gets here,
+        # and importing them would cost it more than the compile does)
+        from xlapy.passes.donors import BufferDonorToAlias
+        from xlapy.passes.spmd import needs_partitioning, partition
+
         check_debug_options(options)
         check_backend_options(self.platform, options)
         self.verify_text(module, text)

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,7 +60,9 @@ from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import Shape
-from xlapy.memory.buffer_assignment import BufferAssignment
+
+if TYPE_CHECKING:
+    from xlapy.memory.buffer_assignment import BufferAssignment
 
 _STATE_OPTIONS = ("replica_id", "partition_id", "custom_calls", "rng_seed")
 ARENA_POOL_SIZE = 4
@@ -671,7 +673,7 @@ def _custom_call_kinds(module: HloModule, registry) -> dict[str, bool]:
     """Each custom-call target of `module` -> whether it was a typed-FFI handler (an
     FfiCallThunk) when the module was compiled with `registry`: what of the registry a
     compiled program depends on (see _bind_custom_calls)."""
-    from xlapy.backends.cpu.lowering import typed_ffi_target
+    from xlapy.backends.custom_calls import typed_ffi_target
 
     names = {
         i.custom_call_target or "" for i in module.instructions() if i.opcode is Opcode.CUSTOM_CALL
@@ -686,8 +688,12 @@ def _bind_custom_calls(compiled: CompiledModule, calls: dict[str, bool], registr
     unknown now, rejects its call (check_custom_calls), or is a typed handler where it was
     not or the other way round (which would lower it another way). A Python or C target is
     looked up by every run, as a compiled program's is."""
-    from xlapy.backends.cpu.lowering import typed_ffi_target
-    from xlapy.backends.custom_calls import XLA_INTERNAL_TARGET_NAMES, check_custom_calls, resolve
+    from xlapy.backends.custom_calls import (
+        XLA_INTERNAL_TARGET_NAMES,
+        check_custom_calls,
+        resolve,
+        typed_ffi_target,
+    )
     from xlapy.errors import CustomCallError
 
     for name, typed in calls.items():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,7 +34,6 @@ from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import warn_rejected
 from xlapy.backends.cpu.jit.executable_cache import KernelBook
 from xlapy.backends.cpu.jit.kernel import Kernel, using_book
-from xlapy.backends.cpu.lowering import Lowering
 from xlapy.backends.cpu.runtime.loadable import deferred_attribute
 from xlapy.backends.cpu.runtime.thunk import ThunkSequence
 from xlapy.backends.options import memory_scheduler
@@ -42,12 +41,13 @@ from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
-from xlapy.memory.buffer_assignment import (
-    BufferAssignment,
-    assign_buffers,
-    prepare_with_plan,
-)
-from xlapy.passes.pipelines import default_cpu_pipeline
+
+if TYPE_CHECKING:
+    from xlapy.memory.buffer_assignment import BufferAssignment
+
+# Lowering, buffer assignment and the passes are imported by the functions that run them: a
+# warm compile (a program image, jit/program_image.py) unpickles a CompiledModule and runs
+# none of them, and importing them would cost it more than the compile (~150 ms of CPU).
 
 
 @dataclass
@@ -92,6 +92,9 @@ def compile_module(
     """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
     the caller has it, is `module.to_text()`. A program compiled before with the same
     options comes from its whole-executable cache entry (jit/executable_cache.py)."""
+    from xlapy.backends.cpu.lowering import Lowering
+    from xlapy.memory.buffer_assignment import assign_buffers
+
     options = dict(options or {})
     text = module.to_text() if text is None else text
     key = executable_cache.cache_key(text, options, denormals_flushed(options))
@@ -166,6 +169,8 @@ def plan_module(
 ) -> tuple[HloModule, BufferAssignment]:
     """The optimized copy of `module` and the buffer assignment that `compile_module` lowers
     and the program executes (the memory reports read this, without generating code)."""
+    from xlapy.memory.buffer_assignment import assign_buffers
+
     options = dict(options or {})
     prepared, _, planned = _prepared_module(
         module.to_text() if text is None else text, options, module
@@ -180,6 +185,9 @@ def _prepared_module(
     assignment, from the compiled-module cache when an earlier compile made it
     (module_cache.py) and it has `original`'s parameter and result shapes; its text; and
     its buffer assignment when preparing it made one (the memory-plan choice's winner)."""
+    from xlapy.memory.buffer_assignment import prepare_with_plan
+    from xlapy.passes.pipelines import default_cpu_pipeline
+
     key = module_cache.cache_key(text, options)
     cached = module_cache.read(key)
     if cached is not None:

@@ -124,6 +124,7 @@ from xlapy.backends.cpu.jit.kernel_library import (
     library_function,
     library_kernel,
 )
+from xlapy.backends.cpu.runtime import native_addresses as addr
 from xlapy.backends.cpu.runtime.collective_thunk import CollectiveThunk, plan_device_id
 from xlapy.backends.cpu.runtime.control_flow_thunk import (
     CallThunk,
@@ -155,7 +156,6 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
     plan_scatter,
 )
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
-from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
 from xlapy.backends.cpu.runtime.sort_thunk import (
@@ -261,48 +261,12 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return thunk
 
 
-@loadable
-def _kernel_address(kernel: Kernel) -> int:
-    return kernel.address
-
-
-@loadable
-def _data_address(thunk: KernelThunk) -> int:
-    return thunk.data_address()
-
-
 def _data_entry(thunk: KernelThunk, table: list[Callable[[], int]]) -> int:
     """The table index of `thunk`'s parameter block's address (appended), or -1 without one."""
     if thunk.data is None:
         return -1
-    table.append(functools.partial(_data_address, thunk))
+    table.append(functools.partial(addr.data_address, thunk))
     return len(table) - 1
-
-
-@loadable
-def _pool_run_address() -> int:
-    pool = native_pool()
-    assert pool is not None, "a loop plans pool calls only where the native pool runs"
-    return pool.run_address
-
-
-@loadable
-def _gemm_address(dot: DotThunk) -> int:
-    gemm = dot.native_gemm(math.inf)
-    assert gemm is not None, "a loop plans gemm calls only for dots that have one"
-    return gemm[0]
-
-
-@loadable
-def _native_of(thunk: WhileThunk, what: str) -> int:
-    """An address of `thunk`'s native loop (`what`: "address" or "table_address")."""
-    native = thunk.native
-    assert native is not None, "inner loops are made native before outer ones"
-    if what == "address":  # (not getattr: a program image calls this, loadable.py)
-        return native.address
-    if what == "table_address":
-        return native.table_address
-    raise ValueError(f"a native loop has no {what!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,13 +311,13 @@ def native_loop_plan(
                 arity = len(slots) + (t.data is not None)
                 if t.split_choice is not None and (pool is None or arity > MAX_ARGS):
                     return f"{t.instr.name}: its kernel may split and the native pool cannot run it"
-                table.append(functools.partial(_kernel_address, t.kernel))
+                table.append(functools.partial(addr.kernel_address, t.kernel))
                 entry = len(table) - 1
                 data = _data_entry(t, table)
                 if pool is None:
                     out.append(LoopCall(entry, slots, t.kernel.outer_extent, data=data))
                     continue
-                table.append(_pool_run_address)
+                table.append(addr.pool_run_address)
                 pool_at = len(table) - 1
                 out.append(LoopCall(entry, slots, t.kernel.outer_extent, t.chunks, pool_at, data))
             elif isinstance(t, CopyThunk):
@@ -376,8 +340,8 @@ def native_loop_plan(
             elif isinstance(t, WhileThunk) and t in native:
                 out += copies(t.raw_copies[0])
                 one_thread |= native[t]
-                table.extend((functools.partial(_native_of, t, "address"),
-                              functools.partial(_native_of, t, "table_address")))  # fmt: skip
+                table.extend((functools.partial(addr.native_of, t, "address"),
+                              functools.partial(addr.native_of, t, "table_address")))  # fmt: skip
                 out.append(LoopNested(len(table) - 2))
             elif isinstance(t, WhileThunk):
                 return f"{t.instr.name}: an inner while loop that runs from Python"
@@ -402,11 +366,6 @@ MIN_NATIVE_RUN = 3
 compiling it)."""
 
 
-@loadable
-def _gemm_list_address(dot: DotThunk, which: int) -> int:
-    return dot.gemm_list_addresses()[which]
-
-
 def native_run_steps(
     thunk: Thunk, table: list[Callable[[], int]]
 ) -> tuple[list[LoopStep], bool] | None:
@@ -419,7 +378,7 @@ def native_run_steps(
         kernel = thunk.kernel
         if thunk.scratch or thunk.split_choice is not None or not isinstance(kernel, Kernel):
             return None
-        table.append(functools.partial(_kernel_address, kernel))
+        table.append(functools.partial(addr.kernel_address, kernel))
         entry = len(table) - 1
         slots = tuple((s.allocation, s.offset) for s in (*thunk.outputs, *thunk.inputs))
         data = _data_entry(thunk, table)
@@ -432,7 +391,7 @@ def native_run_steps(
     gemm = thunk.native_gemm(math.inf)
     if gemm is not None:
         _, wide, (order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc) = gemm
-        table.append(functools.partial(_gemm_address, thunk))
+        table.append(functools.partial(addr.gemm_address, thunk))
         dtype = "float" if thunk.out.shape.dtype.itemsize == 4 else "double"
         bits, entry = 64 if wide else 32, len(table) - 1
         step = LoopGemm(entry, dtype, bits, order, ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
@@ -441,8 +400,8 @@ def native_run_steps(
     if listed is None:
         return None
     (a, b, c), count = listed
-    table.extend((functools.partial(_gemm_list_address, thunk, 0),
-                  functools.partial(_gemm_list_address, thunk, 1)))  # fmt: skip
+    table.extend((functools.partial(addr.gemm_list_address, thunk, 0),
+                  functools.partial(addr.gemm_list_address, thunk, 1)))  # fmt: skip
     return [LoopGemmList(len(table) - 2, a, b, c, count)], False
 
 
@@ -653,23 +612,9 @@ def _custom_call(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 
 def _typed_ffi_target(lw: Lowering, name: str | None):
     """The registered typed-FFI target `name` (found as a run would find it), or None."""
+    from xlapy.backends.custom_calls import typed_ffi_target
+
     return typed_ffi_target(name, lw.options.get("custom_calls"))
-
-
-def typed_ffi_target(name: str | None, registry):
-    """The typed-FFI handler registered as `name` (in `registry`, then the global one) that
-    runs as an FfiCallThunk, or None: whether it is one is the only way a custom call's
-    lowering depends on the registry (a program image checks it again when it is loaded)."""
-    from xlapy.backends.custom_calls import ApiVersion, find
-
-    try:
-        target = find(name or "", "Host", registry)
-    except XlapyError:
-        return None
-    from xlapy.backends.ffi import FfiHandler
-
-    typed = target.api_version is ApiVersion.TYPED_FFI and isinstance(target.fn, FfiHandler)
-    return target if typed else None  # a handler in C goes through CustomCallThunk
 
 
 def _fft(lw: Lowering, instr: HloInstruction, why: str) -> Built:

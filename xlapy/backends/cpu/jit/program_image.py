@@ -61,6 +61,7 @@ import dataclasses
 import functools
 import gc
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -93,7 +94,6 @@ from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
-from xlapy.memory.buffer_assignment import BufferAssignment
 
 __all__ = ["SUFFIX", "enabled", "image_key", "read", "refusal", "warn_rejected", "write"]
 
@@ -192,13 +192,41 @@ def image_key(program: str | bytes, options_json: str) -> str:
     )
 
 
+_LEAF = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _imported(module: str) -> Any:
+    """`module` from sys.modules, imported first when it is a module of one of the
+    packages whose classes an image may name (thunks, the HLO graph, its analyses and
+    buffer assignment: the backend imports no more than running needs, so a program's
+    thunks and its report's classes may live in modules not imported yet); None for any
+    other module not imported. (The names are written out: only these packages' own
+    modules can be imported, and tests/test_architecture.py reads them.)"""
+    loaded = sys.modules.get(module)
+    package, _, leaf = module.rpartition(".")
+    if loaded is not None or _LEAF.fullmatch(leaf) is None:
+        return loaded
+    try:
+        if package == "xlapy.backends.cpu.runtime":
+            return importlib.import_module(f"xlapy.backends.cpu.runtime.{leaf}")
+        if package == "xlapy.memory":
+            return importlib.import_module(f"xlapy.memory.{leaf}")
+        if package == "xlapy.analysis":
+            return importlib.import_module(f"xlapy.analysis.{leaf}")
+        if package == "xlapy.ir":
+            return importlib.import_module(f"xlapy.ir.{leaf}")
+    except ImportError:
+        return None
+    return None
+
+
 class _Unpickler(pickle.Unpickler):
-    """Resolves only the names `allowed` lets an image hold, in modules already imported
-    (an import runs a module's code; the CPU backend, which loads images, has imported
-    every module its programs are made of)."""
+    """Resolves only the names `allowed` lets an image hold, in xlapy's modules that may
+    hold them (imported by name from xlapy's own package: `_imported`) or in modules
+    already imported."""
 
     def find_class(self, module: str, name: str) -> Any:
-        loaded = sys.modules.get(module)
+        loaded = _imported(module)
         obj = getattr(loaded, name, None) if loaded is not None and "." not in name else None
         if obj is None or not allowed(module, name, obj):
             raise pickle.UnpicklingError(f"the image names {module}.{name}, which it may not")
@@ -339,8 +367,12 @@ def _load_graph(data: bytes) -> Any:
     return value
 
 
-_REPORT_TYPES = (HloInstruction, HloComputation, HloModule, BufferAssignment)
-"""What the report pickle holds (the HLO graph): the run pickle names them by number."""
+def _report_types() -> tuple[type, ...]:
+    """What the report pickle holds (the HLO graph): the run pickle names them by number.
+    (Buffer assignment is imported by the pickler only: loading an image never needs it.)"""
+    from xlapy.memory.buffer_assignment import BufferAssignment
+
+    return (HloInstruction, HloComputation, HloModule, BufferAssignment)
 
 
 _NEWOBJ: Any = getattr(copyreg, "__newobj__")  # noqa: B009  (pickle's NEWOBJ: no call)
@@ -363,6 +395,7 @@ class _RunPickler(_Pickler):
         """What every deferred attribute's (box, number) holds: one list, pickled once,
         whose item (the report pickle) the unpickler puts in once."""
         self._inline: set[int] = set()
+        self._report_types = _report_types()
 
     def _anchor(self, obj: Any) -> int:
         number = self._numbers.get(id(obj))
@@ -374,7 +407,7 @@ class _RunPickler(_Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if obj is _REPORT:
             return ("report", -1)
-        if isinstance(obj, _REPORT_TYPES) and id(obj) not in self._inline:
+        if isinstance(obj, self._report_types) and id(obj) not in self._inline:
             return ("report", self._anchor(obj))
         return None
 

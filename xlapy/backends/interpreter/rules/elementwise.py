@@ -25,7 +25,6 @@ import functools
 
 import ml_dtypes
 import numpy as np
-import scipy.special
 
 from xlapy.backends.interpreter.registry import evaluates
 from xlapy.errors import EvaluationError
@@ -414,7 +413,15 @@ def _rsqrt(v):
 def _logistic(v):
     if np.iscomplexobj(v):  # expit has no complex loop; XLA computes 1 / (1 + exp(-x))
         return 1 / (1 + np.exp(-v))
-    return scipy.special.expit(v)
+    from scipy.special import expit  # (scipy loads on first use: a warm compile never evaluates)
+
+    return expit(v)
+
+
+def _erf(v):
+    from scipy.special import erf
+
+    return erf(v)
 
 
 def _atan2(y, x):
@@ -435,7 +442,7 @@ _EXACT_UNARY = {
 _TRANSCENDENTAL_UNARY = {
     Opcode.CBRT: np.cbrt,
     Opcode.COS: np.cos,
-    Opcode.ERF: scipy.special.erf,
+    Opcode.ERF: _erf,
     Opcode.EXP: np.exp,
     Opcode.EXPM1: np.expm1,
     Opcode.LOG: np.log,

@@ -19,7 +19,6 @@ batch normalization (the formulas of XLA's operation semantics).
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 from xlapy.backends.interpreter.registry import evaluates
 from xlapy.errors import EvaluationError
@@ -95,6 +94,8 @@ def _triangular_solve(instr, operands, ctx):
     flat_a = tri.reshape(-1, m, m)
     flat_b = rhs.reshape(-1, *rhs.shape[-2:])
     out = np.empty(flat_b.shape, np.result_type(flat_a, flat_b))
+    import scipy.linalg  # (loaded on first use: importing the rules stays light)
+
     for i, (ai, bi) in enumerate(zip(flat_a, flat_b, strict=True)):
         if left:
             out[i] = scipy.linalg.solve_triangular(ai, bi, lower=op_lower, check_finite=False)
