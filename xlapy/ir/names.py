@@ -18,6 +18,7 @@ class NameUniquer:
     def __init__(self, module: HloModule | None = None):
         self.taken: set[str] = set()
         self._next: dict[str, int] = {}
+        self._stems: dict[str, str] = {}  # base -> stem (a regex substitution per name)
         if module is not None:
             self.taken.update(i.name for i in module.instructions())
             self.taken.update(c.name for c in module.computations)
@@ -25,7 +26,9 @@ class NameUniquer:
     def fresh(self, base: str, plain_first: bool = False) -> str:
         """`base` itself when `plain_first` and free, else the first free `stem.N`, where
         `stem` is `base` without a trailing `.N`."""
-        stem = _SUFFIX.sub("", base) or "instr"
+        stem = self._stems.get(base)
+        if stem is None:
+            stem = self._stems[base] = _SUFFIX.sub("", base) or "instr"
         if plain_first and stem not in self.taken:
             self.taken.add(stem)
             return stem
