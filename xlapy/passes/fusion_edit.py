@@ -91,6 +91,8 @@ class FusionEditor(Editor):
         self._unfusible: dict[int, tuple[HloComputation, dict[int, HloInstruction]]] = {}
         # id(body) -> body, for the bodies made or edited here (all tidy)
         self._tidy_bodies: dict[int, HloComputation] = {}
+        # body -> how many edits this editor made to it (see `edits`)
+        self._edits: dict[HloComputation, int] = {}
 
     # -- queries ---------------------------------------------------------------------------
     def unfusible(self, body: HloComputation) -> Iterable[HloInstruction]:
@@ -101,8 +103,18 @@ class FusionEditor(Editor):
             self._unfusible[id(body)] = entry
         return entry[1].values()
 
+    def edits(self, body: HloComputation) -> int:
+        """A count that changes whenever this editor changes `body` (its instructions, root,
+        parameter numbers, or the shape and kind of the fusion calling it): a fact computed
+        from a fusion holds while the count stays the same."""
+        return self._edits.get(body, 0)
+
     # -- fused bodies ----------------------------------------------------------------------
+    def _touch(self, body: HloComputation) -> None:
+        self._edits[body] = self._edits.get(body, 0) + 1
+
     def _body_add(self, body: HloComputation, instr: HloInstruction) -> HloInstruction:
+        self._touch(body)
         body.add_instruction(instr)
         entry = self._unfusible.get(id(body))
         is_param = instr.opcode is Opcode.PARAMETER
@@ -111,6 +123,7 @@ class FusionEditor(Editor):
         return instr
 
     def _body_remove(self, body: HloComputation, instr: HloInstruction) -> None:
+        self._touch(body)
         body.remove_instruction(instr)
         entry = self._unfusible.get(id(body))
         if entry is not None:
@@ -131,6 +144,7 @@ class FusionEditor(Editor):
                 self._body_remove(body, instr)
         body.reorder(body.post_order())
         self._tidy_bodies[id(body)] = body
+        self._touch(body)
 
     def _tidy_splice(
         self,
@@ -248,6 +262,7 @@ class FusionEditor(Editor):
         """Remove parameters `numbers` (now unused) and renumber the rest 0..n-1; `params` is
         the body's parameter list in number order."""
         comp = fusion_body(fusion)
+        self._touch(comp)
         drop = set(numbers)
         kept = []
         for param in params:
@@ -267,6 +282,7 @@ class FusionEditor(Editor):
         """Make `outputs` the fused computation's results (a tuple when several); users of a
         fusion that had a single output read element 0 afterwards."""
         comp = fusion_body(fusion)
+        self._touch(comp)
         old_root = comp.root_instruction()
         was_tuple = fusion.shape.is_tuple
         if len(outputs) == 1:
@@ -338,6 +354,7 @@ class FusionEditor(Editor):
         self._inside.setdefault(id(fusion), {})[id(producer)] = (producer, value)
         producer_tidy = body is None or id(body) in self._tidy_bodies
         self._tidy_splice(comp, added, value, readers, producer_tidy)
+        self._touch(comp)
         return value
 
     def fuse(self, producer: HloInstruction, consumer: HloInstruction) -> HloInstruction:
