@@ -112,6 +112,7 @@ class LoopFusion(HloPass):
         self.min_duplicated_work = min_duplicated_work
         self.fusions_made = 0
         self.producers_fused = 0
+        self._facts: dict[tuple, tuple] = {}  # see _fact
 
     def run(self, module: HloModule) -> bool:
         names = NameUniquer(module)
@@ -127,7 +128,7 @@ class LoopFusion(HloPass):
 
     def _run_on(self, module: HloModule, comp: HloComputation, names: NameUniquer) -> bool:
         editor = FusionEditor(module, comp, names)
-        self._facts: dict[tuple, tuple] = {}  # see _fact
+        self._facts = {}  # answers hold within one computation's editor
         work = sum(arithmetic_work(i) for i in comp.instructions)
         budget = int(self.max_duplicated_fraction * work)
         self._copy_budget = max(budget, self.min_duplicated_work)
@@ -162,11 +163,12 @@ class LoopFusion(HloPass):
     def _fact(self, editor: FusionEditor, rule, instr: HloInstruction, *args):
         """rule(instr, *args); for a fusion, computed once per state of its body (the editor
         counts its edits): fusing asks the same questions about the same consumer and
-        producers again and again, and each answer walks a fused body."""
+        producers again and again, and each answer walks a fused body. Within one
+        computation's run the args of a rule are the same but for reuses_operand's index."""
         body = fused_computation(instr)
         if body is None:
             return rule(instr, *args)
-        key = (rule, instr, *args)
+        key = (rule, instr, args[0] if rule is reuses_operand else None)
         edits = editor.edits(body)
         known = self._facts.get(key)
         if known is not None and known[0] is body and known[1] == edits:
@@ -324,8 +326,9 @@ class LoopFusion(HloPass):
         return ok
 
     def _within_limits(self, producer: HloInstruction, consumer: HloInstruction) -> bool:
-        operands = {id(op) for op in consumer.operands if op is not producer}
-        operands.update(id(op) for op in producer.operands)
+        operands = set(consumer.operands)
+        operands.discard(producer)
+        operands.update(producer.operands)
         if len(operands) > self.max_parameters:
             return False
         return _size(producer) + _size(consumer) <= self.max_instructions
