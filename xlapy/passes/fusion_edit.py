@@ -93,6 +93,8 @@ class FusionEditor(Editor):
         self._tidy_bodies: dict[int, HloComputation] = {}
         # body -> how many edits this editor made to it (see `edits`)
         self._edits: dict[HloComputation, int] = {}
+        # body -> its parameters in number order, while known (see `_parameters`)
+        self._params: dict[HloComputation, list[HloInstruction]] = {}
 
     # -- queries ---------------------------------------------------------------------------
     def unfusible(self, body: HloComputation) -> Iterable[HloInstruction]:
@@ -124,6 +126,8 @@ class FusionEditor(Editor):
 
     def _body_remove(self, body: HloComputation, instr: HloInstruction) -> None:
         self._touch(body)
+        if instr.opcode is Opcode.PARAMETER:
+            self._params.pop(body, None)
         body.remove_instruction(instr)
         entry = self._unfusible.get(id(body))
         if entry is not None:
@@ -196,7 +200,17 @@ class FusionEditor(Editor):
         return gte
 
     # -- fused computations ----------------------------------------------------------------
+    def _parameters(self, comp: HloComputation) -> list[HloInstruction]:
+        """comp.parameters (a fresh list), without sorting the body's parameters out of its
+        instructions at every producer fused in: _drop_params leaves the list it makes
+        here, and adding or removing a parameter any other way drops it."""
+        params = self._params.get(comp)
+        if params is None:
+            params = self._params[comp] = comp.parameters
+        return list(params)
+
     def _new_param(self, comp: HloComputation, number: int, shape: Shape) -> HloInstruction:
+        self._params.pop(comp, None)
         param = HloInstruction(
             self.names.fresh(f"param_{number}"), Opcode.PARAMETER, shape, parameter_number=number
         )
@@ -236,7 +250,7 @@ class FusionEditor(Editor):
         are appended to it."""
         comp = fusion_body(fusion)
         if params is None:
-            params = comp.parameters
+            params = self._parameters(comp)
         by_operand: dict[int, HloInstruction] = {}
         for param in params:
             by_operand.setdefault(id(_operand_of(fusion, param)), param)
@@ -277,6 +291,7 @@ class FusionEditor(Editor):
                 param.parameter_number = i
                 param.name = self.names.fresh(f"param_{i}")
         fusion.set_operands(operands)
+        self._params[comp] = kept
 
     def _set_outputs(self, fusion: HloInstruction, outputs: list[HloInstruction]) -> None:
         """Make `outputs` the fused computation's results (a tuple when several); users of a
@@ -334,7 +349,7 @@ class FusionEditor(Editor):
         value in the fused computation."""
         comp = fusion_body(fusion)
         numbers = [i for i, op in enumerate(fusion.operands) if op is producer]
-        params = comp.parameters
+        params = self._parameters(comp)
         replaced = [_parameter(comp, params, n) for n in numbers]
         param_for = self._param_finder(fusion, params)
         first_new = len(comp.instructions)
