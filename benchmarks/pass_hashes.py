@@ -12,6 +12,8 @@ a pipeline made cheaper must give byte-identical text.
   python benchmarks/pass_hashes.py /tmp/suite /tmp/outside-*/ -v  # hashes and times
   python benchmarks/pass_hashes.py --tree /tmp/base /tmp/suite     # the same, another tree
   python benchmarks/pass_hashes.py FILE --profile 30               # cProfile, thread CPU
+  python benchmarks/pass_hashes.py --tree /tmp/base DIRS --save base.txt   # then, on a branch:
+  python benchmarks/pass_hashes.py DIRS --against base.txt          # lists programs that differ
 
 --rounds N runs each program N times (fresh parse each time) and keeps each pass's minimum
 over rounds (the fairer figure on a loaded machine); the hash must be the same every round.
@@ -107,6 +109,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("-v", "--verbose", action="store_true", help="per-pass CPU, runs, no-ops")
     ap.add_argument("--profile", type=int, metavar="N", help="cProfile: top N by own time")
+    ap.add_argument("--save", metavar="FILE", help="write 'name hash' per program")
+    ap.add_argument(
+        "--against", metavar="FILE", help="compare with a --save listing; exit 1 on a difference"
+    )
     args = ap.parse_args()
     here = Path(__file__).resolve().parent
     sys.path.insert(0, str(here))
@@ -118,6 +124,7 @@ def main() -> None:
 
     print(f"# xlapy from {Path(xlapy.__file__).parent}")
     total = 0.0
+    found: dict[str, str] = {}
     for name, text in _programs(args.paths):
         best: dict[str, list[float]] = {}
         hashes, cpus = set(), []
@@ -138,13 +145,29 @@ def main() -> None:
             raise SystemExit(f"{name}: the pipeline gave different text in different rounds")
         total += min(cpus)
         lines = text.count("\n")
-        print(f"{name:44s} {hashes.pop()}  {min(cpus) * 1e3:9.1f} ms cpu  {lines} lines")
+        found[name] = hashes.pop()
+        print(f"{name:44s} {found[name]}  {min(cpus) * 1e3:9.1f} ms cpu  {lines} lines")
         if args.verbose:
             for k, (sec, runs, noop) in sorted(best.items(), key=lambda kv: -kv[1][0]):
                 print(f"    {k:36s} {sec * 1e3:8.1f} ms  runs {runs:3d}  no-change {noop:3d}")
         if args.profile:
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
     print(f"# total pipeline cpu {total * 1e3:.1f} ms")
+    if args.save:
+        Path(args.save).write_text("".join(f"{k} {v}\n" for k, v in found.items()))
+    if args.against:
+        _compare(found, Path(args.against))
+
+
+def _compare(found: dict[str, str], listing: Path) -> None:
+    """Report the programs whose hash differs from (or is missing in) a --save listing."""
+    saved = dict(line.split() for line in listing.read_text().splitlines() if line.strip())
+    differ = [k for k, v in found.items() if saved.get(k) != v]
+    print(f"# against {listing}: {len(found) - len(differ)} of {len(found)} identical")
+    for k in differ:
+        print(f"#   differs: {k} ({saved.get(k, 'missing')} -> {found[k]})")
+    if differ:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ stages not written yet) keeps every JAX program's results (interpreter before vs
 from __future__ import annotations
 
 import functools
+import gc
 import warnings
 from pathlib import Path
 
@@ -83,6 +84,47 @@ def test_fixed_point_group_repeats_until_quiet():
     assert pipeline.run(module)
     assert pipeline.log[-2:] == [("algsimp", False), ("dce", False)]
     assert [i.opcode for i in module.entry.instructions] == [Opcode.PARAMETER, Opcode.NEGATE]
+
+
+class SeesCollector(HloPass):
+    """Records whether the cyclic garbage collector was enabled while it ran."""
+
+    name = "sees-collector"
+
+    def __init__(self):
+        self.seen: list[bool] = []
+
+    def run(self, module):
+        self.seen.append(gc.isenabled())
+        return False
+
+
+def test_pipeline_pauses_the_collector_and_resumes_it_after_success_or_error():
+    probe = SeesCollector()
+    assert gc.isenabled()
+    PassPipeline("p", [probe]).run(parse_module(TEXT))
+    assert probe.seen == [False] and gc.isenabled()
+    with pytest.raises(VerifierError):
+        PassPipeline("p", [probe, BreakShapes()]).run(parse_module(TEXT))
+    assert probe.seen == [False, False] and gc.isenabled()
+    outer = PassPipeline("inner", [probe])
+
+    class RunsAPipeline(HloPass):  # nested pipelines resume it once, at the outermost end
+        name = "runs-a-pipeline"
+
+        def run(self, module):
+            outer.run(module)
+            probe.seen.append(gc.isenabled())
+            return False
+
+    PassPipeline("p", [RunsAPipeline()]).run(parse_module(TEXT))
+    assert probe.seen == [False, False, False, False] and gc.isenabled()
+    gc.disable()  # a caller that keeps the collector off keeps it off
+    try:
+        PassPipeline("p", [probe]).run(parse_module(TEXT))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_every_listed_pass_is_registered():

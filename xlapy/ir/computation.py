@@ -22,11 +22,12 @@ if TYPE_CHECKING:
 class HloComputation:
     """A function in HLO: parameters, instructions and a root whose value is the result."""
 
-    __slots__ = ("execution_thread", "instructions", "is_entry", "name", "parent", "root")
+    __slots__ = ("_list", "_removed", "execution_thread", "is_entry", "name", "parent", "root")
 
     def __init__(self, name: str, instructions=(), root: HloInstruction | None = None):
         self.name = name
-        self.instructions: list[HloInstruction] = []
+        self._list: list[HloInstruction] = []
+        self._removed: set[HloInstruction] = set()  # still in _list, see `instructions`
         self.root: HloInstruction | None = None
         self.parent: HloModule | None = None
         self.is_entry = False
@@ -38,16 +39,37 @@ class HloComputation:
         elif self.instructions:
             self.root = self.instructions[-1]
 
+    @property
+    def instructions(self) -> list[HloInstruction]:
+        """The instructions in text order. Removing one from the middle of a long list costs
+        the list's length, and a pass removes hundreds between two reads of the list: so
+        `remove_instruction` only notes the removal, and the list drops the removed
+        instructions in one pass when it is next read."""
+        if self._removed:
+            removed = self._removed
+            self._list = [i for i in self._list if i not in removed]
+            removed.clear()
+        return self._list
+
+    @instructions.setter
+    def instructions(self, order: list[HloInstruction]) -> None:
+        self._list = order
+        self._removed.clear()
+
     # -- building (each edit keeps the use-lists current; see xlapy.ir.instruction) ----------
     def add_instruction(
         self, instr: HloInstruction, *, before: HloInstruction | None = None
     ) -> HloInstruction:
         """Append `instr` (or put it just before `before`) and list it in its operands'
         use-lists."""
+        if instr in self._removed:  # removed and added back: list it once, at its new place
+            self.instructions  # noqa: B018  (drops the removed ones)
         if before is None:
-            self.instructions.append(instr)
+            self._list.append(instr)
+        elif before in self._removed:
+            raise ValueError(f"{before.name} is not in computation {self.name}")
         else:
-            self.instructions.insert(self.instructions.index(before), instr)
+            self._list.insert(self._list.index(before), instr)
         attached = instr.parent is not None
         instr.parent = self
         if not attached and (instr.operands or instr.control_predecessors):
@@ -57,7 +79,10 @@ class HloComputation:
     def remove_instruction(self, instr: HloInstruction) -> None:
         """Drop `instr` and take it off its operands' use-lists. Its own users, if any, keep
         reading it (remove users first, or replace its uses)."""
-        self.instructions.remove(instr)
+        if instr.parent is self and instr not in self._removed:
+            self._removed.add(instr)
+        else:
+            self.instructions.remove(instr)  # ValueError when it is not listed here
         instr._detach()
         instr.parent = None
 
@@ -163,21 +188,16 @@ class HloComputation:
         """Whether each instruction is listed once, after its operands and control
         predecessors, all of this computation (then the depth-first walk keeps the text
         order)."""
-        seen: set[int] = set()
+        seen: set[HloInstruction] = set()
         add = seen.add
+        all_seen = seen.issuperset  # walks a list in C, stopping at the first miss
         for instr in self.instructions:
-            for dep in instr.operands:
-                if id(dep) not in seen:
-                    return False
-            if instr.control_predecessors:
-                for dep in instr.control_predecessors:
-                    if id(dep) not in seen:
-                        return False
-            key = id(instr)
-            if key in seen:
+            if not all_seen(instr.operands):
                 return False
-            add(key)
-        return True
+            if instr.control_predecessors and not all_seen(instr.control_predecessors):
+                return False
+            add(instr)
+        return len(seen) == len(self.instructions)  # else one is listed twice
 
     def use_list_problems(self) -> list[str]:
         """Where the use-lists differ from a recomputation from the operands and control

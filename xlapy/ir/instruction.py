@@ -611,11 +611,14 @@ class HloInstruction:
         """Make `operands` this instruction's operands."""
         operands = list(operands)
         if self.parent is not None:
-            for dep in dict.fromkeys(self.operands):
-                if dep not in operands:
+            # membership in dicts (identity hashes), not lists: a fusion gains its operands
+            # one at a time, and list scans made that quadratic in its operand count
+            old, new = dict.fromkeys(self.operands), dict.fromkeys(operands)
+            for dep in old:
+                if dep not in new:
                     dep.users.remove(self)
-            for dep in dict.fromkeys(operands):
-                if dep not in self.operands:
+            for dep in new:
+                if dep not in old:
                     dep.users.append(self)
         self.operands = operands
 

@@ -223,8 +223,25 @@ class Shape:
         return self.layout if self.layout is not None else Layout.default(self.rank)
 
     def compatible(self, other: Shape) -> bool:
-        """Equal ignoring layouts (XLA's ShapeUtil::Compatible)."""
-        return self.without_layout() == other.without_layout()
+        """Equal ignoring layouts (XLA's ShapeUtil::Compatible): without_layout() of both
+        equal, compared field by field without building them (the simplifier asks per
+        rewrite it tries)."""
+        if self is other:
+            return True
+        if self.is_tuple or other.is_tuple:
+            mine, theirs = self.tuple_shapes, other.tuple_shapes
+            return (
+                self.is_tuple
+                and other.is_tuple
+                and len(mine) == len(theirs)
+                and all(a.compatible(b) for a, b in zip(mine, theirs))
+            )
+        return (
+            self.element_type is other.element_type
+            and self.dims == other.dims
+            and self.dynamic == other.dynamic
+            and self.tuple_shapes == other.tuple_shapes
+        )
 
     def same_dims(self, other: Shape) -> bool:
         return self.dims == other.dims and self.dynamic == other.dynamic

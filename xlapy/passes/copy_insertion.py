@@ -82,6 +82,13 @@ def _deep_copy(comp: HloComputation, instr: HloInstruction, names: NameUniquer) 
     return comp.add_instruction(HloInstruction(names.fresh("tuple"), Opcode.TUPLE, shape, elements))
 
 
+def _array_leaves(shape) -> int:
+    """How many copies `_deep_copy` makes of a value of `shape`."""
+    if shape.is_array:
+        return 1
+    return sum(_array_leaves(s) for s in shape.tuple_shapes) if shape.is_tuple else 0
+
+
 def _keeps_layout(copy: HloInstruction) -> bool:
     """Whether `copy` only moves bytes (a layout-changing copy is a transpose: never removed)."""
     a, b = copy.shape, copy.operands[0].shape
@@ -140,19 +147,25 @@ class CopyInsertion(HloPass):
 
     # -- adding ----------------------------------------------------------------------------
     def _add_copies(self, module, computations, names) -> int:
-        before = sum(1 for i in module.instructions() if i.opcode is Opcode.COPY)
+        added = 0  # copies made (a deep copy makes one per array leaf)
+
+        def deep_copy(comp: HloComputation, instr: HloInstruction) -> HloInstruction:
+            nonlocal added
+            added += _array_leaves(instr.shape)
+            return _deep_copy(comp, instr, names)
+
         for comp in computations:
             for instr in list(comp.instructions):
                 if instr.opcode is Opcode.WHILE:
                     init = instr.operands[0]
-                    instr.replace_operand_at(0, _deep_copy(comp, init, names))
+                    instr.replace_operand_at(0, deep_copy(comp, init))
                     body = instr.while_body
                     # Two levels: a body that permutes its state needs a temporary.
-                    inner = _deep_copy(body, body.root, names)
-                    body.root = _deep_copy(body, inner, names)
+                    inner = deep_copy(body, body.root)
+                    body.root = deep_copy(body, inner)
                 elif instr.opcode is Opcode.CONDITIONAL:
                     for branch in instr.branches:
-                        branch.root = _deep_copy(branch, branch.root, names)
+                        branch.root = deep_copy(branch, branch.root)
         entry = module.entry
         params = entry.parameters_by_number()
         for alias in module.config.input_output_alias:
@@ -163,8 +176,9 @@ class CopyInsertion(HloPass):
                 HloInstruction(names.fresh("copy"), Opcode.COPY, param.shape, [param])
             )
             entry.replace_all_uses(param, copy)
-        entry.root = _deep_copy(entry, entry.root, names)
-        return sum(1 for i in module.instructions() if i.opcode is Opcode.COPY) - before
+            added += 1
+        entry.root = deep_copy(entry, entry.root)
+        return added
 
     # -- removing --------------------------------------------------------------------------
     def removable_copies(

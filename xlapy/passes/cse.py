@@ -26,11 +26,10 @@ def cse_key(instr: HloInstruction, memo: dict) -> tuple | None:
         return None
     if instr.control_predecessors or has_side_effect_deep(instr, memo):
         return None
+    # sorted by name (the names differ, so the values are never compared); most
+    # instructions carry metadata alone
     attrs = tuple(
-        sorted(
-            ((k, _hashable(v)) for k, v in instr.attrs.items() if k not in _IGNORED_ATTRIBUTES),
-            key=lambda kv: kv[0],
-        )
+        sorted([(k, _hashable(v)) for k, v in instr.attrs.items() if k not in _IGNORED_ATTRIBUTES])
     )
     return (
         instr.opcode,

@@ -36,22 +36,27 @@ class DeadCodeElimination(HloPass):
         namer = NameUniquer(None)
         changed = False
         side_effects: dict[int, bool] = {}
-        for comp in reachable_computations(module):
+        reachable = reachable_computations(module)
+        for comp in reachable:
             if _may_have_dead(comp, side_effects):
                 changed |= Editor(comp, namer).remove_dead()
-        changed |= remove_unreachable_computations(module)
-        return changed
+        if changed:  # a removed call site may have left a computation unreachable
+            return remove_unreachable_computations(module) or changed
+        if len(reachable) == len(module.computations):
+            return False
+        module.computations = reachable
+        return True
 
 
 def _may_have_dead(comp: HloComputation, side_effects: dict[int, bool]) -> bool:
     """Whether some instruction of `comp` is dead by Editor.is_dead's rule (then
-    Editor.remove_dead has work; otherwise it would remove nothing)."""
-    read: set[int] = set()
+    Editor.remove_dead has work; otherwise it would remove nothing). Reads the use-lists,
+    as is_dead does."""
+    root = comp.root
     for instr in comp.instructions:
-        read.update(map(id, instr.operands))
-        read.update(map(id, instr.control_predecessors))
-    for instr in comp.instructions:
-        if id(instr) in read or instr is comp.root or instr.opcode is Opcode.PARAMETER:
+        if instr.users or instr.control_successors or instr is root:
+            continue
+        if instr.opcode is Opcode.PARAMETER:
             continue
         if not has_side_effect_deep(instr, side_effects):
             return True

@@ -112,6 +112,7 @@ class LoopFusion(HloPass):
         self.min_duplicated_work = min_duplicated_work
         self.fusions_made = 0
         self.producers_fused = 0
+        self._facts: dict[tuple, tuple] = {}  # see _fact
 
     def run(self, module: HloModule) -> bool:
         names = NameUniquer(module)
@@ -127,6 +128,7 @@ class LoopFusion(HloPass):
 
     def _run_on(self, module: HloModule, comp: HloComputation, names: NameUniquer) -> bool:
         editor = FusionEditor(module, comp, names)
+        self._facts = {}  # answers hold within one computation's editor
         work = sum(arithmetic_work(i) for i in comp.instructions)
         budget = int(self.max_duplicated_fraction * work)
         self._copy_budget = max(budget, self.min_duplicated_work)
@@ -140,7 +142,7 @@ class LoopFusion(HloPass):
                 while (found := self._pick_producer(editor, consumer)) is not None:
                     consumer = editor.fuse(found, consumer)
                     if found.parent is comp:  # it stays for its other users: a copy
-                        self._copy_budget -= arithmetic_work(found)
+                        self._copy_budget -= self._fact(editor, arithmetic_work, found)
                     self.producers_fused += 1
                     changed = True
             if not changed:
@@ -158,15 +160,38 @@ class LoopFusion(HloPass):
                 return producer
         return None
 
+    def _fact(self, editor: FusionEditor, rule, instr: HloInstruction, *args):
+        """rule(instr, *args); for a fusion, computed once per state of its body (the editor
+        counts its edits): fusing asks the same questions about the same consumer and
+        producers again and again, and each answer walks a fused body. Within one
+        computation's run the args of a rule are the same but for reuses_operand's index."""
+        body = fused_computation(instr)
+        if body is None:
+            return rule(instr, *args)
+        key = (rule, instr, args[0] if rule is reuses_operand else None)
+        edits = editor.edits(body)
+        known = self._facts.get(key)
+        if known is not None and known[0] is body and known[1] == edits:
+            return known[2]
+        value = rule(instr, *args)
+        self._facts[key] = (body, edits, value)
+        return value
+
     def _consumer_ok(self, editor: FusionEditor, instr: HloInstruction) -> bool:
         comp = fused_computation(instr)
-        ok = can_be_consumer(instr, self.in_place_roots, editor.unfusible)
-        return ok and (comp is None or id(comp) not in self._shared)
+        if comp is None:
+            return can_be_consumer(instr, self.in_place_roots, editor.unfusible)
+        if id(comp) in self._shared:
+            return False
+        return self._fact(editor, can_be_consumer, instr, self.in_place_roots, editor.unfusible)
 
     def _producer_ok(self, editor: FusionEditor, instr: HloInstruction) -> bool:
         comp = fused_computation(instr)
-        ok = can_be_producer(instr, editor.unfusible)
-        return ok and (comp is None or id(comp) not in self._shared)
+        if comp is None:
+            return can_be_producer(instr, editor.unfusible)
+        if id(comp) in self._shared:
+            return False
+        return self._fact(editor, can_be_producer, instr, editor.unfusible)
 
     def can_fuse(
         self, editor: FusionEditor, producer: HloInstruction, consumer: HloInstruction, i: int
@@ -186,13 +211,15 @@ class LoopFusion(HloPass):
             return False
         if producer.control_successors:
             return False
-        k = in_place_operand(consumer)
+        k = self._fact(editor, in_place_operand, consumer)
         if k is not None and (i == k or consumer.operands[k] in producer.operands):
             return False
         if producer.opcode is Opcode.CONSTANT:
             small = producer.shape.byte_size <= self.small_constant_bytes
             return small and consumer.opcode is Opcode.FUSION
-        if is_expensive(producer) and reuses_operand(consumer, i):
+        if self._fact(editor, is_expensive, producer) and self._fact(
+            editor, reuses_operand, consumer, i
+        ):
             return False
         return self._within_limits(producer, consumer)
 
@@ -222,13 +249,13 @@ class LoopFusion(HloPass):
         (see the module comment), within the computation's copy budget, and, when it reads
         more bytes than it writes, every user can take it in and the temporaries it reads are
         no larger than it."""
-        if is_expensive(producer) and not is_always_duplicable(producer):
+        if self._fact(editor, is_expensive, producer) and not is_always_duplicable(producer):
             return False
-        if concatenates_computed_values(producer):
+        if self._fact(editor, concatenates_computed_values, producer):
             return False
         if producer in self._no_dup:
             return False
-        if arithmetic_work(producer) > self._copy_budget:
+        if self._fact(editor, arithmetic_work, producer) > self._copy_budget:
             return False
         if operand_bytes(producer) <= producer.shape.byte_size:
             return True
@@ -299,8 +326,9 @@ class LoopFusion(HloPass):
         return ok
 
     def _within_limits(self, producer: HloInstruction, consumer: HloInstruction) -> bool:
-        operands = {id(op) for op in consumer.operands if op is not producer}
-        operands.update(id(op) for op in producer.operands)
+        operands = set(consumer.operands)
+        operands.discard(producer)
+        operands.update(producer.operands)
         if len(operands) > self.max_parameters:
             return False
         return _size(producer) + _size(consumer) <= self.max_instructions

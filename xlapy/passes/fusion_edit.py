@@ -91,6 +91,10 @@ class FusionEditor(Editor):
         self._unfusible: dict[int, tuple[HloComputation, dict[int, HloInstruction]]] = {}
         # id(body) -> body, for the bodies made or edited here (all tidy)
         self._tidy_bodies: dict[int, HloComputation] = {}
+        # body -> how many edits this editor made to it (see `edits`)
+        self._edits: dict[HloComputation, int] = {}
+        # body -> its parameters in number order, while known (see `_parameters`)
+        self._params: dict[HloComputation, list[HloInstruction]] = {}
 
     # -- queries ---------------------------------------------------------------------------
     def unfusible(self, body: HloComputation) -> Iterable[HloInstruction]:
@@ -101,8 +105,18 @@ class FusionEditor(Editor):
             self._unfusible[id(body)] = entry
         return entry[1].values()
 
+    def edits(self, body: HloComputation) -> int:
+        """A count that changes whenever this editor changes `body` (its instructions, root,
+        parameter numbers, or the shape and kind of the fusion calling it): a fact computed
+        from a fusion holds while the count stays the same."""
+        return self._edits.get(body, 0)
+
     # -- fused bodies ----------------------------------------------------------------------
+    def _touch(self, body: HloComputation) -> None:
+        self._edits[body] = self._edits.get(body, 0) + 1
+
     def _body_add(self, body: HloComputation, instr: HloInstruction) -> HloInstruction:
+        self._touch(body)
         body.add_instruction(instr)
         entry = self._unfusible.get(id(body))
         is_param = instr.opcode is Opcode.PARAMETER
@@ -111,6 +125,9 @@ class FusionEditor(Editor):
         return instr
 
     def _body_remove(self, body: HloComputation, instr: HloInstruction) -> None:
+        self._touch(body)
+        if instr.opcode is Opcode.PARAMETER:
+            self._params.pop(body, None)
         body.remove_instruction(instr)
         entry = self._unfusible.get(id(body))
         if entry is not None:
@@ -131,6 +148,7 @@ class FusionEditor(Editor):
                 self._body_remove(body, instr)
         body.reorder(body.post_order())
         self._tidy_bodies[id(body)] = body
+        self._touch(body)
 
     def _tidy_splice(
         self,
@@ -182,7 +200,17 @@ class FusionEditor(Editor):
         return gte
 
     # -- fused computations ----------------------------------------------------------------
+    def _parameters(self, comp: HloComputation) -> list[HloInstruction]:
+        """comp.parameters (a fresh list), without sorting the body's parameters out of its
+        instructions at every producer fused in: _drop_params leaves the list it makes
+        here, and adding or removing a parameter any other way drops it."""
+        params = self._params.get(comp)
+        if params is None:
+            params = self._params[comp] = comp.parameters
+        return list(params)
+
     def _new_param(self, comp: HloComputation, number: int, shape: Shape) -> HloInstruction:
+        self._params.pop(comp, None)
         param = HloInstruction(
             self.names.fresh(f"param_{number}"), Opcode.PARAMETER, shape, parameter_number=number
         )
@@ -222,7 +250,7 @@ class FusionEditor(Editor):
         are appended to it."""
         comp = fusion_body(fusion)
         if params is None:
-            params = comp.parameters
+            params = self._parameters(comp)
         by_operand: dict[int, HloInstruction] = {}
         for param in params:
             by_operand.setdefault(id(_operand_of(fusion, param)), param)
@@ -248,6 +276,7 @@ class FusionEditor(Editor):
         """Remove parameters `numbers` (now unused) and renumber the rest 0..n-1; `params` is
         the body's parameter list in number order."""
         comp = fusion_body(fusion)
+        self._touch(comp)
         drop = set(numbers)
         kept = []
         for param in params:
@@ -262,11 +291,13 @@ class FusionEditor(Editor):
                 param.parameter_number = i
                 param.name = self.names.fresh(f"param_{i}")
         fusion.set_operands(operands)
+        self._params[comp] = kept
 
     def _set_outputs(self, fusion: HloInstruction, outputs: list[HloInstruction]) -> None:
         """Make `outputs` the fused computation's results (a tuple when several); users of a
         fusion that had a single output read element 0 afterwards."""
         comp = fusion_body(fusion)
+        self._touch(comp)
         old_root = comp.root_instruction()
         was_tuple = fusion.shape.is_tuple
         if len(outputs) == 1:
@@ -318,7 +349,7 @@ class FusionEditor(Editor):
         value in the fused computation."""
         comp = fusion_body(fusion)
         numbers = [i for i, op in enumerate(fusion.operands) if op is producer]
-        params = comp.parameters
+        params = self._parameters(comp)
         replaced = [_parameter(comp, params, n) for n in numbers]
         param_for = self._param_finder(fusion, params)
         first_new = len(comp.instructions)
@@ -338,6 +369,7 @@ class FusionEditor(Editor):
         self._inside.setdefault(id(fusion), {})[id(producer)] = (producer, value)
         producer_tidy = body is None or id(body) in self._tidy_bodies
         self._tidy_splice(comp, added, value, readers, producer_tidy)
+        self._touch(comp)
         return value
 
     def fuse(self, producer: HloInstruction, consumer: HloInstruction) -> HloInstruction:

@@ -151,35 +151,42 @@ def match(pat: Pat, instr: HloInstruction, bindings: dict, options, memo) -> boo
         value = splat_value(instr, memo)
         if value is None or not pat.value(value, instr.shape.element_type, options):
             return False
-    if pat.name is not None:
-        bound = bindings.get(pat.name)
+    name = pat.name
+    if name is not None:
+        bound = bindings.get(name)
         if bound is not None and bound is not instr:
             return False
-    if pat.operands is None:
-        if pat.name is not None:
-            bindings[pat.name] = instr
+    pats = pat.operands
+    if pats is None:
+        if name is not None:
+            bindings[name] = instr
         return True
+    operands = instr.operands
+    if len(pats) != len(operands):
+        return False
     saved = dict(bindings)
-    if pat.name is not None:
-        bindings[pat.name] = instr
-    for order in _operand_orders(pat.operands, instr):
-        if all(match(p, o, bindings, options, memo) for p, o in zip(pat.operands, order)):
-            return True
+    if name is not None:
+        bindings[name] = instr
+    if _match_all(pats, operands, bindings, options, memo):
+        return True
+    if instr.opcode.is_commutative and len(operands) == 2:  # and with the operands swapped
         bindings.clear()
         bindings.update(saved)
-        if pat.name is not None:
-            bindings[pat.name] = instr
+        if name is not None:
+            bindings[name] = instr
+        if _match_all(pats, operands[::-1], bindings, options, memo):
+            return True
     bindings.clear()
     bindings.update(saved)
     return False
 
 
-def _operand_orders(operands: tuple[Pat, ...], instr: HloInstruction):
-    if len(operands) != len(instr.operands):
-        return
-    yield instr.operands
-    if instr.opcode.is_commutative and len(instr.operands) == 2:
-        yield instr.operands[::-1]
+def _match_all(pats: tuple[Pat, ...], operands, bindings: dict, options, memo) -> bool:
+    # a loop, not all(genexpr): the simplifier's hot path, where a generator costs more
+    for p, o in zip(pats, operands):  # noqa: SIM110
+        if not match(p, o, bindings, options, memo):
+            return False
+    return True
 
 
 # -- value predicates -----------------------------------------------------------------------

@@ -327,20 +327,25 @@ class WhileLoopInvariantCodeMotion(HloPass):
     def run(self, module: HloModule) -> bool:
         changed = False
         names = NameUniquer(module)
+        self._callers: dict[HloComputation, int] | None = None  # call_counts, until a change
         for comp in _computation_post_order(module):
             for instr in list(comp.instructions):
-                if instr.opcode is Opcode.WHILE and instr.parent is comp:
-                    changed |= self._hoist(module, instr, names)
+                if instr.parent is not comp or instr.opcode is not Opcode.WHILE:
+                    continue
+                if self._hoist(module, instr, names):
+                    changed = True
+                    self._callers = None
         return changed
 
-    @staticmethod
-    def _eligible(module: HloModule, loop: HloInstruction) -> bool:
+    def _eligible(self, module: HloModule, loop: HloInstruction) -> bool:
         if not loop.shape.is_tuple or loop.control_predecessors or loop.parent is None:
             return False
         body, cond = loop.while_body, loop.while_condition
         if body is cond or body.root is None or body.root.opcode is not Opcode.TUPLE:
             return False
-        callers = call_counts(module)
+        if self._callers is None:
+            self._callers = call_counts(module)
+        callers = self._callers
         if callers.get(body) != 1 or callers.get(cond) != 1:
             return False
         for comp in (body, cond):

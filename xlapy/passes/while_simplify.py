@@ -131,17 +131,21 @@ class WhileLoopSimplifier(HloPass):
     def run(self, module: HloModule) -> bool:
         changed = False
         names = NameUniquer(module)
+        self._callers: dict[HloComputation, int] | None = None  # call_counts, until a change
         for comp in list(module.computations):
             for instr in list(comp.instructions):
                 if instr.opcode is not Opcode.WHILE or instr.parent is not comp:
                     continue
                 while self._simplify(module, instr, names):
                     changed = True
+                    self._callers = None
         return changed
 
     def _simplify(self, module: HloModule, loop: HloInstruction, names: NameUniquer) -> bool:
         """One merge or one removal on `loop`; True if it changed anything."""
-        info = _Loop(loop, call_counts(module))
+        if self._callers is None:
+            self._callers = call_counts(module)
+        info = _Loop(loop, self._callers)
         if not info.ok:
             return False
         n = len(loop.shape.tuple_shapes)
