@@ -115,6 +115,7 @@ from xlapy.backends.cpu.jit.kernel import (
     forget_kernel,
     kernel_for,
     kernel_site,
+    pending_kernel,
     request_function,
     symbol_name,
     wrap_instruction,
@@ -180,6 +181,7 @@ from xlapy.errors import EvaluationError, XlapyError
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
+from xlapy.ir.printer import print_canonical
 from xlapy.ir.shapes import ShapeIndex
 from xlapy.memory.buffer_assignment import BufferAssignment
 
@@ -630,17 +632,19 @@ def _fft(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 def _native_scatter(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     if len(instr.operands) != 3 or not instr.shape.is_array:
         return "not a one-operand scatter"
-    reason = scatter_reason(instr)
+    reason = lw.failed.get(instr.name) or scatter_reason(instr)
     if reason is not None:
         return reason
     out = lw.slice_at(instr)
     inputs = [lw.slice_at(o) for o in instr.operands]
     operand, indices, updates = inputs
     in_place = out.same_bytes(operand) and not (out.overlaps(indices) or out.overlaps(updates))
-    try:
-        kernel = Kernel(emit_scatter(instr, in_place, lw.flush_denormals), symbol_name(instr.name))
+    try:  # compiled on the JIT's pool, not here (it was ~10% of bert's lowering)
+        spec = emit_scatter(instr, in_place, lw.flush_denormals)
+        kernel = pending_kernel(spec, symbol_name(instr.name))
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
+    lw.kernels.append((instr.name, kernel))
     return KernelThunk(instr, kernel, [out], inputs)
 
 
@@ -779,6 +783,14 @@ def kernel_reason(instr: HloInstruction, known: bool = False) -> str | None:
     """None when `instr` can be a kernel thunk, else why not. `known`: a compile of the same
     program by the same sources made it a kernel (an authenticated whole-executable cache
     entry says so), so the code generator's precheck is not run again."""
+    reason = _kernel_form_reason(instr)
+    if reason is not None or known:
+        return reason
+    return supported(kernel_computation(instr))
+
+
+def _kernel_form_reason(instr: HloInstruction) -> str | None:
+    """kernel_reason without the code generator's precheck: the opcode and operand kinds."""
     op = instr.opcode
     if op not in KERNEL_OPCODES and not op.is_elementwise:
         return f"no kernel for '{op.text}'"
@@ -789,7 +801,7 @@ def kernel_reason(instr: HloInstruction, known: bool = False) -> str | None:
     for _, shape in instr.shape.leaves():
         if not shape.is_array:
             return "a token result"
-    return None if known else supported(kernel_computation(instr))
+    return None
 
 
 def kernel_computation(instr: HloInstruction) -> HloComputation:
@@ -801,11 +813,20 @@ def kernel_computation(instr: HloInstruction) -> HloComputation:
 
 
 def _kernel(lw: Lowering, instr: HloInstruction, why: str) -> Built:
-    reason = lw.failed.get(instr.name) or kernel_reason(instr, book_knows(kernel_site(instr)))
+    reason = lw.failed.get(instr.name) or _kernel_form_reason(instr)
     if reason is not None:
         return reason
+    comp = kernel_computation(instr)
+    # the canonical text keys the kernel (kernel_for) and the precheck's answer: a model's
+    # layers are one text (bert train: 540 kernel instructions, 133 texts). A kernel an
+    # authenticated whole-executable entry names needs neither (see kernel_reason).
+    text = None if book_knows(kernel_site(instr)) else print_canonical(comp)
+    if text is not None:
+        reason = lw.supported(comp, text)
+        if reason is not None:
+            return reason
     try:
-        return lw.kernel_thunk(instr)
+        return lw.kernel_thunk(instr, comp, text)
     except Exception as e:  # a code generator bug: loud (see the file comment)
         return lw.kernel_failed(instr.name, e)
 
@@ -943,6 +964,11 @@ class Lowering:
         self.python_loops: list[Fallback] = []  # while loops left to the Python driver
         # sequences with stretches of native thunks: (sequence, [(stretch, its function)])
         self.native_runs: list[tuple[ThunkSequence, list[tuple[NativeRunPlan, Any]]]] = []
+        # each value's slice and each instruction's tree, made once: an instruction's are
+        # asked for by every thunk that reads it (BufferSlice works out its view once)
+        self._slices: dict[tuple[int, ShapeIndex], BufferSlice] = {}
+        self._trees: dict[tuple[int, ShapeIndex], ValueTree] = {}
+        self._supported: set[str] = set()  # canonical texts the emitter accepts
 
     def plan_native_runs(self, seq: ThunkSequence) -> None:
         """Start compiling `seq`'s stretches of native thunks (native_run_plans) as native
@@ -1035,17 +1061,27 @@ class Lowering:
 
     # -- slices ----------------------------------------------------------------------------
     def slice_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> BufferSlice:
-        value = self.dataflow.value_at(instr, index)
-        s = self.assignment.slices[value]
-        return BufferSlice(s.allocation, s.offset, s.size, instr.shape.subshape(index))
+        key = (id(instr), index)  # (the module keeps its instructions alive meanwhile)
+        found = self._slices.get(key)
+        if found is None:
+            value = self.dataflow.value_at(instr, index)
+            s = self.assignment.slices[value]
+            shape = instr.shape.subshape(index)
+            found = self._slices[key] = BufferSlice(s.allocation, s.offset, s.size, shape)
+        return found
 
     def tree_at(self, instr: HloInstruction, index: ShapeIndex = ()) -> ValueTree:
+        key = (id(instr), index)
+        if key in self._trees:
+            return self._trees[key]
         shape = instr.shape.subshape(index)
+        tree: ValueTree = None
         if shape.is_tuple:
-            return tuple(self.tree_at(instr, (*index, i)) for i in range(len(shape.tuple_shapes)))
-        if not shape.is_array:
-            return None
-        return self.slice_at(instr, index)
+            tree = tuple(self.tree_at(instr, (*index, i)) for i in range(len(shape.tuple_shapes)))
+        elif shape.is_array:
+            tree = self.slice_at(instr, index)
+        self._trees[key] = tree
+        return tree
 
     def operand_trees(self, instr: HloInstruction) -> list[ValueTree]:
         return [self.tree_at(o) for o in instr.operands]
@@ -1097,13 +1133,30 @@ class Lowering:
             self.fallbacks.append(Fallback(instr.name, instr.opcode.text, thunk.why))
         return thunk
 
-    def kernel_thunk(self, instr: HloInstruction) -> KernelThunk:
-        comp = kernel_computation(instr)
+    def supported(self, comp: HloComputation, text: str) -> str | None:
+        """emitter.supported(comp), asked once per canonical text `text` (print_canonical:
+        the precheck reads what the text holds, never the names) that the emitter accepts."""
+        if text in self._supported:
+            return None
+        reason = supported(comp)
+        if reason is None:
+            self._supported.add(text)
+        return reason
+
+    def kernel_thunk(
+        self, instr: HloInstruction, comp: HloComputation, text: str | None = None
+    ) -> KernelThunk:
+        """The kernel thunk of `instr`, running `comp` (kernel_computation(instr)) whose
+        canonical text is `text` (None: worked out when needed)."""
         outputs = [self.slice_at(instr, index) for index, _ in instr.shape.leaves()]
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
         site = kernel_site(instr)
-        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals, site)
+        # with `text`, _kernel ran the precheck (self.supported) and in_place_pairs the
+        # pairs' checks: the emitter need not run them again
+        kernel = kernel_for(
+            comp, instr.name, pairs or (), True, self.flush_denormals, site, text, text is not None
+        )
         self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)
 

@@ -187,19 +187,23 @@ def emit_kernel(
     name: str = "xla_kernel",
     in_place: Sequence[tuple[int, int]] = (),
     flush_denormals: bool | None = None,
+    checked: bool = False,
 ) -> KernelSpec:
     """Lower `comp` to an LLVM module holding one kernel function (see the file comment).
     `in_place` lists (output leaf, parameter) pairs the caller will pass the same bytes for.
+    `checked`: the caller found `supported(comp)` None and `in_place_reason` None for every
+    pair, so they are not asked again.
 
     Raises UnsupportedForCodegen when an instruction or element type has no lowering, or an
     in-place pair is not safe (see `in_place_reason`).
     """
-    _precheck(comp)
     pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
-    for out, param in pairs:
-        why = in_place_reason(comp, out, param)
-        if why is not None:
-            raise UnsupportedForCodegen(why)
+    if not checked:
+        _precheck(comp)
+        for out, param in pairs:
+            why = in_place_reason(comp, out, param)
+            if why is not None:
+                raise UnsupportedForCodegen(why)
     if flush_denormals is None:
         flush_denormals = denormals_flushed({})
     return KernelEmitter(comp, name, pairs, flush_denormals).emit()

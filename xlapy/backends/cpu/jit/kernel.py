@@ -558,6 +558,7 @@ def compile_computation(
     defer: bool = False,
     comp_text: str | None = None,
     flush_denormals: bool | None = None,
+    checked: bool = False,
 ) -> Kernel:
     """Emit, optimize (or fetch from the caches) and load the kernel of `comp`.
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
@@ -566,6 +567,7 @@ def compile_computation(
     `comp_text`: `print_canonical(comp)` when the caller has it.
     `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
     None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
+    `checked`: the caller ran the emitter's checks (emit_kernel's `checked`).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
     pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
     symbol = symbol_name(name)
@@ -574,7 +576,7 @@ def compile_computation(
 
     def emit() -> KernelSpec:
         with phase("LLVM IR emission (Python)"):
-            return emit_kernel(comp, SYMBOL, pairs, flush_denormals)
+            return emit_kernel(comp, SYMBOL, pairs, flush_denormals, checked)
 
     if not use_cache:
         return Kernel(emit(), symbol, use_cache=False)
@@ -751,20 +753,24 @@ def kernel_for(
     defer: bool = False,
     flush_denormals: bool = True,
     site: str | None = None,
+    text: str | None = None,
+    checked: bool = False,
 ) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per canonical text
-    (print_canonical: computations that differ only in names share it).
+    (print_canonical: computations that differ only in names share it; `text`, when the
+    caller has it).
     `in_place` asks for the variant whose (output leaf, parameter) pairs share their bytes
     (the caller has checked emitter.in_place_reason and passes the same slice for both).
     `defer`: the LLVM work may still be running; `kernel.wait()` before running it (and
     `forget_kernel` when that fails). `flush_denormals`: see `denormals_flushed`.
     Inside `using_book(book)`, the kernel of the instruction at `site` (kernel_site; default
-    `name`) may come from `book` (without printing `comp`), and is recorded there."""
+    `name`) may come from `book` (without printing `comp`), and is recorded there.
+    `checked`: the caller ran the emitter's checks on `comp` and `in_place` (emit_kernel)."""
     book = _book.get()
     kid = (name if site is None else site, tuple(in_place), flush_denormals)
     kernel = _from_book(book, kid, comp, name) if book is not None else None
     if kernel is None:
-        text = print_canonical(comp)
+        text = print_canonical(comp) if text is None else text
         key = (text, tuple(in_place), flush_denormals)
         with _kernel_lock:
             kernel = _kernel_cache.get(key)
@@ -776,6 +782,7 @@ def kernel_for(
                 defer=True,
                 comp_text=text,
                 flush_denormals=flush_denormals,
+                checked=checked,
             )
             with _kernel_lock:
                 kernel = _kernel_cache.setdefault(key, kernel)
@@ -924,6 +931,16 @@ def request_function(
     else:
         future = found[0]
     return NativeFunction(key, future)
+
+
+def pending_kernel(spec: KernelSpec, name: str) -> Kernel:
+    """The kernel of emitted `spec`, its LLVM work (or the read of its object from the disk
+    cache) on the JIT's pool like the program's other kernels: `wait()` before running it.
+    One object per IR text in the process (for kernels not keyed by a computation: a
+    scatter)."""
+    key = jit.cache_key(spec.llvm_ir)
+    request = _request(spec.llvm_ir, key, spec.name, defer=True)
+    return Kernel._deferred(Signature.of(spec), name, request, spec, None, key)
 
 
 def described_kernel(
