@@ -34,8 +34,6 @@ temp, and the no-fragmentation lower bound of the temps under the chosen schedul
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from xlapy.analysis.alias import AliasAnalysis, Aliases, HloBuffer, UnionFind, value_bytes
@@ -48,6 +46,7 @@ from xlapy.analysis.dataflow import (
     sequential_computations,
 )
 from xlapy.analysis.liveness import Liveness, LivenessAnalysis, may_update_in_place
+from xlapy.gc_pause import collector_paused
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -461,24 +460,8 @@ def _insert_copies_for_smallest_plan(
     judgement edits nothing); each is then removed from a copy of the module (the last
     trial, once an earlier one has assigned, takes `module` itself) and its buffers
     assigned."""
-    with _collections_paused():
+    with collector_paused():
         return _smallest_plan(module, keep_trial)
-
-
-@contextmanager
-def _collections_paused():
-    """Python's cycle collector paused (and resumed as it was). The plan choice builds
-    and drops whole modules and analyses, tens of thousands of objects in reference
-    cycles: collections triggered in the middle walk every live object again and again (a
-    third of the phase's CPU on a training step); resumed, the collector does that work
-    once."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssignment | None]:

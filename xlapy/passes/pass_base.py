@@ -9,16 +9,14 @@ for the command line (`xlapy opt --passes=a,b`).
 
 from __future__ import annotations
 
-import gc
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from xlapy.errors import VerifierError, XlapyError
+from xlapy.gc_pause import collector_paused
 from xlapy.ir.module import HloModule
 from xlapy.ir.verifier import verify
 
@@ -63,35 +61,6 @@ class FixedPoint:
     passes: Sequence[HloPass]
     max_iterations: int = 25
     name: str = "fixed-point"
-
-
-_PAUSE_LOCK = threading.Lock()
-_pauses = 0  # pipelines running with the collector paused, in any thread
-_resume = False  # whether the collector was enabled when the first of them started
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the duration (and resume it after, if it
-    was enabled when the first of any overlapping pauses began). A pipeline builds and drops
-    tens of thousands of instructions; the growth keeps triggering full collections, each a
-    walk of every object the process holds (13% of the pipeline's CPU on the largest outside
-    programs, measured in benchmarks/RESULTS.md). The cycles the passes drop (removed
-    instructions and fused computations: about 1 MB on bert train) wait for the next
-    automatic collection after the pipeline."""
-    global _pauses, _resume
-    with _PAUSE_LOCK:
-        if _pauses == 0:
-            _resume = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _PAUSE_LOCK:
-            _pauses -= 1
-            if _pauses == 0 and _resume:
-                gc.enable()
 
 
 PASS_OBSERVER: ContextVar[Callable[[str, str, float, bool], None] | None] = ContextVar(

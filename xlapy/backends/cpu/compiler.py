@@ -38,6 +38,7 @@ from xlapy.backends.cpu.runtime.loadable import deferred_attribute
 from xlapy.backends.cpu.runtime.thunk import ThunkSequence
 from xlapy.backends.options import memory_scheduler
 from xlapy.errors import EvaluationError, XlapyError
+from xlapy.gc_pause import collector_paused
 from xlapy.ir.module import HloModule
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
@@ -91,7 +92,16 @@ def compile_module(
 ) -> CompiledModule:
     """Optimize a copy of `module`, assign its buffers and lower it to thunks. `text`, when
     the caller has it, is `module.to_text()`. A program compiled before with the same
-    options comes from its whole-executable cache entry (jit/executable_cache.py)."""
+    options comes from its whole-executable cache entry (jit/executable_cache.py). Python's
+    cyclic garbage collector is paused meanwhile (xlapy/gc_pause.py)."""
+    with collector_paused():
+        return _compile_module(module, options, text)
+
+
+def _compile_module(
+    module: HloModule, options: Mapping[str, Any] | None, text: str | None
+) -> CompiledModule:
+    """`compile_module` with the collector already paused."""
     from xlapy.backends.cpu.lowering import Lowering
     from xlapy.memory.buffer_assignment import assign_buffers
 

@@ -59,7 +59,6 @@ import contextlib
 import copyreg
 import dataclasses
 import functools
-import gc
 import hashlib
 import importlib
 import io
@@ -91,6 +90,7 @@ from xlapy.backends.cpu.jit.module_cache import package_fingerprint
 from xlapy.backends.cpu.runtime.loadable import PENDING, detached, is_loadable, loadable
 from xlapy.backends.cpu.runtime.pool import pool_size
 from xlapy.errors import XlapyError
+from xlapy.gc_pause import collector_paused
 from xlapy.ir.computation import HloComputation
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.module import HloModule
@@ -355,15 +355,10 @@ def _load_graph(data: bytes) -> Any:
     """The value `_GraphPickler.dump_graph` pickled into `data`."""
     file = io.BytesIO(data)
     unpickler = _Unpickler(file)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         value = unpickler.load()
         while file.tell() < len(data):
             unpickler.load()
-    finally:
-        if collecting:
-            gc.enable()
     return value
 
 
@@ -580,15 +575,9 @@ def write(key: str, value: Any) -> bool:
 
 def _load_pickle(data: Any, objects: dict[str, bytes], report: _Report | None = None) -> Any:
     """Unpickle `data` (the run pickle when `report` is given), its kernels' code loaded."""
-    collecting = gc.isenabled()
-    gc.disable()  # (thousands of objects: collections in the middle only cost time)
-    try:
-        with objects_of_image(objects):
-            file = io.BytesIO(data)
-            value = (_Unpickler(file) if report is None else _RunUnpickler(file, report)).load()
-    finally:
-        if collecting:
-            gc.enable()
+    with collector_paused(), objects_of_image(objects):  # (thousands of objects)
+        file = io.BytesIO(data)
+        value = (_Unpickler(file) if report is None else _RunUnpickler(file, report)).load()
     return value
 
 
