@@ -238,7 +238,7 @@ def test_parameter_block_of_a_geometry():
     assert conv_params(kernel, arena)[11:21] == (9, 11, 1, 1, 1, 1, 9 * 11 * 3, 11 * 3, 3, 1)
 
 
-def test_menu_holds_every_tile_and_block_the_per_shape_kernel_chooses():
+def test_menu_holds_the_tile_and_block_of_every_row():
     for lanes in (4, 8, 16):
         registers = 32 if lanes >= 16 else 16
         for o1 in range(1, 40):
@@ -250,5 +250,7 @@ def test_menu_holds_every_tile_and_block_the_per_shape_kernel_chooses():
                             "x_strides": (0, 0, 1, 1), "out_strides": (0, 0, 1, 1)}  # fmt: skip
                 conv = DirectConv(**geometry, vector=lanes, registers=registers)
                 kernel = conv_kernel(geometry, lanes)
-                assert (kernel.tile, kernel.block) == (conv.tile, conv.block)
+                assert kernel.block == conv.block
+                # a short last tile (emit_conv's `heavy` kernels): a tile dividing the row
+                assert kernel.tile == conv.tile or (conv.short and o1 % kernel.tile == 0)
                 assert kernel in menu(lanes), (kernel, o1, features)

@@ -67,6 +67,7 @@ _MAX_TILE = 8  # emit_conv.DirectConv's largest R
 _COPY_FEATURES = 16  # features of a staged column copied by memcpy / memset, at least
 STAGE_LIMIT = 16384  # floats of the stack buffer an edge tile's input is staged in (64 KB)
 _MAX_BLOCK = 4  # and NV
+_MIN_ACCUMULATORS = 8  # emit_conv's: fewer accumulators leave the FMA units idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +112,18 @@ def menu(lanes: int) -> tuple[ConvKernel, ...]:
 def conv_kernel(geometry: dict, lanes: int) -> ConvKernel:
     """The kernel of the menu for a direct geometry (runtime/conv_thunk.py
     `arena_geometry` or `direct_geometry`): the block and tile that emit_conv.DirectConv
-    chooses for it."""
+    chooses for it, except where DirectConv would run a short last tile (a `heavy`
+    kernel): then the widest tile that divides the row, if one keeps 8 accumulators."""
     from xlapy.backends.cpu.codegen.emit_conv import DirectConv
 
     conv = DirectConv(**geometry, vector=lanes, registers=_registers(lanes))
-    return ConvKernel(conv.tile, conv.block, lanes)
+    if not conv.short:
+        return ConvKernel(conv.tile, conv.block, lanes)
+    # A `heavy` per-shape kernel runs a row's part-filled last tile as a copy of its own;
+    # this one would run it whole: a tile that divides the row wastes nothing.
+    nv, row = conv.block, geometry["outs"][1]
+    fits = [r for r in range(conv.tile, 0, -1) if r * nv >= _MIN_ACCUMULATORS and row % r == 0]
+    return ConvKernel(fits[0] if fits else conv.tile, nv, lanes)
 
 
 def conv_params(kernel: ConvKernel, geometry: dict) -> tuple[int, ...]:
@@ -404,7 +412,7 @@ class _Emitter(StandaloneKernelEmitter):
         features together), position `pos` reading step ci at ptrs[pos] + ci * steps[pos],
         the kernel's vectors at k_at + ci * Wo."""
         c = self.c
-        with self.loop(c(0), count, "ci", unroll=2) as ci:
+        with self.loop(c(0), count, "ci", unroll=1) as ci:  # a remainder costs a short one more
             self._step(ptrs, steps, k_at, nv, accs, ci)
 
     def _step(self, ptrs, steps, k_at, nv: int, accs, ci) -> None:
