@@ -794,9 +794,12 @@ def _library_convolution(
     (codegen/emit_conv_library.py: no LLVM for this program): on the arena where its input
     and result allow (`arena`: arena_geometry; DirectConvThunk, padding in the kernel's
     loops), else run by the library convolution on the padded input it writes
-    (runtime/conv_thunk.py `_direct`); None where the direct path does not apply. On by
-    default (option `conv_library`): the same tiles and the same bits as the kernel
-    compiled per geometry (docs/cpu_backend.md has the measured rule)."""
+    (runtime/conv_thunk.py `_direct`); None where the direct path does not apply or the
+    input or result has its features apart (NCHW on the arena: 1.8x slower than the kernel
+    compiled per geometry). On by default (option `conv_library`): the same bits as the
+    kernel compiled per geometry (docs/cpu_backend.md has the measured rule)."""
+    if arena is not None and (arena["x_strides"][3] != 1 or arena["out_strides"][3] != 1):
+        return None  # features apart (NCHW): every edge tile staged column by column
     geometry = arena or direct_geometry(instr)
     if geometry is None:
         return None
