@@ -756,7 +756,7 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     vector, registers = vector_shape(host_target().features)
     out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
     arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
-    if lw.options.get("conv_library", True):  # where a direct kernel runs, and only there
+    if lw.options.get("conv_library", False):  # where a direct kernel runs, and only there
         built = _library_convolution(lw, instr, why, vector, arena, (out, x, w))
         if built is not None:
             return built
@@ -796,8 +796,8 @@ def _library_convolution(
     loops), else run by the library convolution on the padded input it writes
     (runtime/conv_thunk.py `_direct`); None where the direct path does not apply or the
     input or result has its features apart (NCHW on the arena: 1.8x slower than the kernel
-    compiled per geometry). On by default (option `conv_library`): the same bits as the
-    kernel compiled per geometry (docs/cpu_backend.md has the measured rule)."""
+    compiled per geometry). Off by default (option `conv_library`): the same bits as the
+    kernel compiled per geometry, 0-12% slower at run time (docs/cpu_backend.md)."""
     if arena is not None and (arena["x_strides"][3] != 1 or arena["out_strides"][3] != 1):
         return None  # features apart (NCHW): every edge tile staged column by column
     geometry = arena or direct_geometry(instr)

@@ -16,11 +16,15 @@
 #
 # with the kernel packed as [K0, K1, C, Wo] (output features padded with zeros to Wo, a
 # multiple of V). Padding and base dilation are handled in the loops, no padded copy: a
-# window row in padding or off the dilation grid is skipped (as emit_conv.py skips it), and
-# a tile whose columns all lie inside x without base dilation, features adjacent (the
-# `interior` of an NHWC row) reads x at one base per position; any other tile reads, for each
-# position and window column, either x or a zero through a zero stride (emit_conv.py's
-# staged copy holds the same zeros), so every output element sums the same products in
+# window row in padding or off the dilation grid is skipped (as emit_conv.py skips it); a
+# tile whose columns all lie inside x without base dilation, features adjacent (the
+# `interior` of an NHWC row) reads x at one base per position, its window columns and
+# features as one reduction where they lie adjacent (no window dilation, X2 = C). Any
+# other tile first stages the window rows it reads in a stack buffer, features adjacent,
+# 0 where a column lies outside x or off the dilation grid (an NHWC row by masked vector
+# loads, other layouts column by column), as emit_conv.py stages its edge tiles; a tile
+# too large to stage (over STAGE_LIMIT floats) reads, per position and window column,
+# either x or a zero through a zero stride. Every output element sums the same products in
 # the same order as the per-shape kernel: the same bits. The padded-copy path
 # (runtime/conv_thunk.py `_direct`, for inputs that are not f32) passes the padded buffer
 # as x with no padding left.
@@ -34,7 +38,8 @@
 # A row's last tile, when R does not divide the row, runs whole (its positions past the
 # row read inside x or zeros) and stores only the positions inside the row. The menu has a
 # kernel for each (R, NV) that emit_conv.DirectConv may choose (NV 1-4, R 1-8: the
-# lowering asks DirectConv for its block and tile, so the library runs the same tiles);
+# lowering asks DirectConv for its block and tile, so the library runs the same tiles but
+# where DirectConv would run a short last tile: a dividing tile instead, `conv_kernel`);
 # each is compiled on first use. Each output element is summed in one order by one tile,
 # so any split of the range gives the same bits. The kernel is
 #
