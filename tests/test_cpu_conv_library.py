@@ -1,9 +1,10 @@
 """The kernel library's direct convolution (codegen/emit_conv_library.py: the geometry read
-at run time; option conv_library, off by default) against the interpreter over random
-geometries (strides, padding, negative padding, window and base dilation, odd sizes, batch
-1, output features that fill whole vectors, part of one and several blocks, one input
-feature), and bit for bit against the kernel compiled per geometry (`conv_library=False`,
-emit_conv.py); NCHW and f16/bf16 operands through the padded copy; window reversal;
+at run time, padding in its loops; option conv_library, off by default) against the
+interpreter over random geometries (strides, padding, negative padding, window and base
+dilation, odd sizes, batch 1, output features that fill whole vectors, part of one and
+several blocks, one input feature, edge tiles too large to stage), and bit for bit against
+the kernel compiled per geometry (`conv_library=False`, emit_conv.py); f16/bf16 operands
+through the padded copy (NCHW on the arena keeps the per-shape kernel); window reversal;
 grouped convolutions keep the other paths; one library object serves convolutions of every
 geometry."""
 
@@ -15,14 +16,17 @@ import numpy as np
 import pytest
 
 from xlapy.backends.cpu.backend import CpuProgram
+from xlapy.backends.cpu.codegen.emit_conv import DirectConv, vector_shape
 from xlapy.backends.cpu.codegen.emit_conv_library import conv_kernel, conv_params, menu
+from xlapy.backends.cpu.jit.engine import host_target
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.cpu.runtime import conv_thunk
-from xlapy.backends.cpu.runtime.conv_thunk import direct_geometry
+from xlapy.backends.cpu.runtime.conv_thunk import arena_geometry, direct_geometry
 from xlapy.backends.interpreter import evaluate
 from xlapy.ir.parser import parse_module
 
-LIBRARY = "library c = convolution"
+LIBRARY = "library c = convolution"  # through the padded copy
+ARENA = "library convolution on the arena"
 PER_SHAPE = "direct convolution on the arena"
 
 
@@ -93,14 +97,14 @@ def _check(text: str, xs, ks, seed: int, dtype=np.float32) -> None:
     rng = np.random.default_rng(seed)
     args = [rng.standard_normal(xs).astype(dtype), rng.standard_normal(ks).astype(dtype)]
     got, listing = _run(text, args, True)
-    assert LIBRARY in listing and PER_SHAPE not in listing, listing
+    assert (LIBRARY in listing or ARENA in listing) and PER_SHAPE not in listing, listing
     want = np.asarray(evaluate(parse_module(text), args)).astype(np.float64)
     tol = 1e-5 if dtype == np.float32 else 3e-2
     mag = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * mag)
     if dtype == np.float32:
         per_shape, listing = _run(text, args, False)
-        assert PER_SHAPE in listing, listing
+        assert ARENA not in listing, listing  # on the arena, or its padded copy
         assert np.array_equal(got, per_shape), "not the per-shape kernel's bits"
 
 
@@ -132,6 +136,7 @@ def test_random_geometries_match_the_interpreter_and_the_per_shape_kernel(case):
         {"n": 1, "hw": (3, 4), "c": 3, "k": (3, 3), "o": 8, "pads": ((4, 4), (5, 3))},
         {"n": 3, "hw": (9, 1), "c": 4, "k": (3, 1), "o": 16, "pads": ((1, 1), (0, 0))},
         {"n": 5, "hw": (16, 16), "c": 1, "k": (3, 3), "o": 16, "pads": ((1, 1), (1, 1))},
+        {"n": 1, "hw": (5, 12), "c": 700, "k": (3, 3), "o": 16, "pads": ((1, 1), (1, 1))},
     ],
     ids=[
         "batch1_same",
@@ -140,6 +145,7 @@ def test_random_geometries_match_the_interpreter_and_the_per_shape_kernel(case):
         "padding_only",
         "one_column",
         "one_input_feature",
+        "edge_tiles_too_large_to_stage",
     ],
 )
 def test_named_geometries(case):
@@ -150,7 +156,7 @@ def test_named_geometries(case):
 def test_off_by_default():
     text, _, _ = conv_hlo(2, (9, 11), 3, (3, 3), 8, pads=((1, 1), (1, 1)))
     listing = CpuProgram(parse_module(text)).compiled.thunk_listing()
-    assert PER_SHAPE in listing and LIBRARY not in listing, listing
+    assert PER_SHAPE in listing and ARENA not in listing, listing
 
 
 def test_window_reversal():
@@ -160,10 +166,12 @@ def test_window_reversal():
     _check(text, xs, ks, 5)
 
 
-def test_nchw_through_the_padded_copy():
-    text, xs, ks = conv_hlo(2, (10, 9), 3, (3, 3), 7, pads=((1, 1), (1, 1)),
-                            labels="bf01_oi01->bf01")  # fmt: skip
-    _check(text, xs, ks, 7)
+def test_nchw_on_the_arena_keeps_the_per_shape_kernel():
+    text, _, _ = conv_hlo(2, (10, 9), 3, (3, 3), 7, pads=((1, 1), (1, 1)),
+                          labels="bf01_oi01->bf01")  # fmt: skip
+    program = CpuProgram(parse_module(text), {"conv_library": True})
+    listing = program.compiled.thunk_listing()
+    assert PER_SHAPE in listing and ARENA not in listing, listing
 
 
 @pytest.mark.parametrize("t,dtype", [("f16", np.float16), ("bf16", None)])
@@ -190,25 +198,52 @@ ENTRY e {
 
 
 def test_one_library_object_for_every_geometry(library):
-    """Convolutions of one output-feature count (one block size) in different geometries."""
+    """Convolutions whose rows take the same tile and block, in different geometries."""
+    lanes = vector_shape(host_target().features)[0]
+    kernels = set()
     for case in [
-        {"n": 1, "hw": (9, 11), "c": 3, "k": (3, 3), "o": 16, "pads": ((1, 1), (1, 1))},
-        {"n": 2, "hw": (12, 7), "c": 5, "k": (5, 2), "o": 16, "stride": (2, 1)},
-        {"n": 3, "hw": (8, 8), "c": 2, "k": (2, 3), "o": 16, "rhs": (2, 2), "lhs": (2, 1)},
+        {"n": 1, "hw": (9, 12), "c": 3, "k": (3, 3), "o": 16, "pads": ((1, 1), (1, 1))},
+        {"n": 2, "hw": (12, 13), "c": 5, "k": (5, 2), "o": 16, "stride": (2, 1)},
+        {"n": 3, "hw": (8, 16), "c": 2, "k": (2, 3), "o": 16, "rhs": (2, 2), "lhs": (2, 1)},
     ]:
         text, xs, ks = conv_hlo(**case)
+        geometry = arena_geometry(parse_module(text).entry.root)
+        assert geometry is not None
+        kernels.add(conv_kernel(geometry, lanes))
         _run(text, [np.ones(xs, np.float32), np.ones(ks, np.float32)], True)
     objects = [p for p in library.rglob("*") if p.is_file()]
-    assert len(objects) == 1, objects
+    assert len(kernels) == 1 and len(objects) == 1, (kernels, objects)
 
 
 def test_parameter_block_of_a_geometry():
     text, _, _ = conv_hlo(2, (9, 11), 3, (3, 3), 19, stride=(2, 1), pads=((1, 1), (1, 1)))
-    geometry = direct_geometry(parse_module(text).entry.root)
-    assert geometry is not None
-    kernel = conv_kernel(19, 8)  # 3 vectors of 8: NV = 2 (R = 6) beats 1 (R = 8) and 4
-    assert kernel in menu(8) and kernel.tile == 6 and kernel.block == 2
-    params = conv_params(kernel, geometry)
-    # o0 o1 k0 k1 c s0 s1 d0 d1 features width x0 x1 x2 y0 y1 y2 tiles
-    assert params == (5, 11, 3, 3, 3, 2, 1, 1, 1, 19, 24, 11 * 13 * 3, 13 * 3, 3,
-                      5 * 11 * 19, 11 * 19, 19, 2)  # fmt: skip
+    root = parse_module(text).entry.root
+    padded, arena = direct_geometry(root), arena_geometry(root)
+    assert padded is not None and arena is not None
+    kernel = conv_kernel(padded, 8)  # 3 vectors of 8: NV = 3 (R = 3) beats 1 (R = 8) and 2
+    assert kernel in menu(8) and kernel.tile == 3 and kernel.block == 3
+    assert conv_kernel(arena, 8) == kernel
+    # o0 o1 k0 k1 c s0 s1 d0 d1 features width h w p0 p1 e0 e1 x0..x3 y0..y3 tiles
+    assert conv_params(kernel, padded) == (
+        5, 11, 3, 3, 3, 2, 1, 1, 1, 19, 24, 11, 13, 0, 0, 1, 1, 11 * 13 * 3, 13 * 3, 3, 1,
+        5 * 11 * 19, 11 * 19, 19, 1, 4,
+    )  # fmt: skip
+    assert conv_params(kernel, arena)[11:21] == (9, 11, 1, 1, 1, 1, 9 * 11 * 3, 11 * 3, 3, 1)
+
+
+def test_menu_holds_the_tile_and_block_of_every_row():
+    for lanes in (4, 8, 16):
+        registers = 32 if lanes >= 16 else 16
+        for o1 in range(1, 40):
+            for features in (4, 8, 16, 24, 40, 64, 96, 128):
+                geometry = {"nb": 1, "sizes": (3, o1 + 2), "pads": (0, 0),
+                            "base_dilations": (1, 1), "checked": (False, False),
+                            "channels": 300, "outs": (1, o1), "ksizes": (3, 3),
+                            "strides": (1, 1), "dilations": (1, 1), "features": features,
+                            "x_strides": (0, 0, 1, 1), "out_strides": (0, 0, 1, 1)}  # fmt: skip
+                conv = DirectConv(**geometry, vector=lanes, registers=registers)
+                kernel = conv_kernel(geometry, lanes)
+                assert kernel.block == conv.block
+                # a short last tile (emit_conv's `heavy` kernels): a tile dividing the row
+                assert kernel.tile == conv.tile or (conv.short and o1 % kernel.tile == 0)
+                assert kernel in menu(lanes), (kernel, o1, features)

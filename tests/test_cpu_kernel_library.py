@@ -217,7 +217,8 @@ def test_an_untrusted_library_directory_is_not_used(library):
 
 def test_the_library_builds_ahead_and_then_reads(library):
     built = kernel_library.build()
-    assert len(built) == len(kernel_library.menu(LANES)) > len(menu(LANES))  # and reductions
+    host = kernel_library._lanes()  # the conv menu's size depends on the host's registers
+    assert len(built) == len(kernel_library.menu(host)) > len(menu(host))  # and reductions
     assert all(ms is not None for _, ms in built)
     assert len(list(library.glob("*.o"))) == len(built)
     clear_kernel_cache()

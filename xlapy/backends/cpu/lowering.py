@@ -705,6 +705,10 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     vector, registers = vector_shape(host_target().features)
     out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
     arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
+    if lw.options.get("conv_library", False):  # where a direct kernel runs, and only there
+        built = _library_convolution(lw, instr, why, vector, arena, (out, x, w))
+        if built is not None:
+            return built
     if arena is not None and not DirectConv(**arena, vector=vector, registers=registers).fits:
         arena = None  # its edge tiles' input outgrows the stack buffer: the padded copy
     geometry = arena or direct_geometry(instr)
@@ -713,10 +717,6 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     conv = DirectConv(**geometry, vector=vector, registers=registers)
     if not conv.fits:
         return fallback.build(lw, instr, why)
-    if lw.options.get("conv_library", False):  # where a direct kernel runs, and only there
-        built = _library_convolution(lw, instr, why, vector)
-        if built is not None:
-            return built
     flush = lw.flush_denormals
     try:
         function = request_function(
@@ -736,17 +736,23 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     return library(planner, ConvolutionThunk).build(lw, instr, why)
 
 
-def _library_convolution(lw: Lowering, instr: HloInstruction, why: str, vector: int):
+def _library_convolution(
+    lw: Lowering, instr: HloInstruction, why: str, vector: int, arena, slices
+) -> Built | None:
     """A direct convolution on the kernel library's convolution, generic in its geometry
-    (codegen/emit_conv_library.py: no LLVM for this program), run by the library
-    convolution on the padded input it writes (runtime/conv_thunk.py `_direct`); None where
-    the direct path does not apply. Off by default (option `conv_library`): it ran 1.1-1.3x
-    slower than the kernels compiled per geometry on cpu_vs_xla's convolutions
-    (benchmarks/RESULTS.md, tenth session, branch convlib)."""
-    geometry = direct_geometry(instr)
+    (codegen/emit_conv_library.py: no LLVM for this program): on the arena where its input
+    and result allow (`arena`: arena_geometry; DirectConvThunk, padding in the kernel's
+    loops), else run by the library convolution on the padded input it writes
+    (runtime/conv_thunk.py `_direct`); None where the direct path does not apply or the
+    input or result has its features apart (NCHW on the arena: 1.8x slower than the kernel
+    compiled per geometry). Off by default (option `conv_library`): the same bits as the
+    kernel compiled per geometry, 0-12% slower at run time (docs/cpu_backend.md)."""
+    if arena is not None and (arena["x_strides"][3] != 1 or arena["out_strides"][3] != 1):
+        return None  # features apart (NCHW): every edge tile staged column by column
+    geometry = arena or direct_geometry(instr)
     if geometry is None:
         return None
-    kernel = conv_kernel(geometry["features"], vector)
+    kernel = conv_kernel(geometry, vector)
     try:
         function = library_function(kernel, lw.flush_denormals)
     except Exception as e:  # a code generator bug: loud (see the file comment)
@@ -756,6 +762,8 @@ def _library_convolution(lw: Lowering, instr: HloInstruction, why: str, vector: 
     params = conv_params(kernel, geometry)
     direct = DirectKernel(function, kernel.width(geometry["features"]),
                           conv_extent(geometry, kernel), params)  # fmt: skip
+    if arena is not None:
+        return DirectConvThunk(instr, direct, *slices)
     planner = functools.partial(plan_convolution, direct=direct)
     return library(planner, ConvolutionThunk).build(lw, instr, why)
 

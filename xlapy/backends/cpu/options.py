@@ -59,8 +59,8 @@ CPU_OPTIONS: dict[str, Option] = {
     "conv_library": Option(
         "run the direct convolutions (f32, two spatial dims, one group) on the kernel "
         "library's convolution, its geometry read at run time, compiled once per machine, "
-        "not on a kernel compiled per geometry (default false: 1.1-1.3x slower at run time; "
-        "lowering.py, codegen/emit_conv_library.py)",
+        "not on a kernel compiled per geometry (default false: the same bits, 0-12% slower "
+        "at run time; lowering.py, codegen/emit_conv_library.py, docs/cpu_backend.md)",
         boolean,
     ),
     "window_library": Option(

@@ -929,7 +929,8 @@ class ConvolutionThunk(RuleThunk):
 
 
 class DirectConvThunk(Thunk):
-    """A convolution as a direct kernel on the arena (arena_geometry): a run packs the
+    """A convolution as a direct kernel on the arena (arena_geometry; compiled for its
+    geometry, or the kernel library's with its parameter block): a run packs the
     kernel operand into a kept buffer (one NumPy copy through a view worked out on the first
     run) and runs the kernel's tiles on the input and result where they lie, whole or over
     the native pool (run_tiles): no padded input, no staged result, no fallback path."""
@@ -954,6 +955,8 @@ class DirectConvThunk(Thunk):
 
     def _reset(self) -> None:
         self._fn: Any = None  # the entry as a ctypes function, made on the first run
+        params = self.kernel.params  # the library kernel's parameter block, made once
+        self._block = None if params is None else np.array(params, np.int64)
         self._pack: tuple | None = None  # (shape, strides, byte offset) of the kernel's view
         self._src: tuple | None = None  # (arena memory, the kernel's view in it)
         self._local = threading.local()  # per thread: (packed[..., :Og], its address, packed)
@@ -962,7 +965,7 @@ class DirectConvThunk(Thunk):
     def __getstate__(self) -> dict:
         """The thunk without what a run makes (remade on the first run after unpickling)."""
         state = dict(self.__dict__)
-        for name in ("_fn", "_pack", "_src", "_local", "_choice"):
+        for name in ("_fn", "_block", "_pack", "_src", "_local", "_choice"):
             state.pop(name)
         return state
 
@@ -987,9 +990,10 @@ class DirectConvThunk(Thunk):
         return view
 
     def run(self, ctx: ExecutionContext) -> None:
-        fn = self._fn
+        fn, block = self._fn, self._block
         if fn is None:
-            fn = self._fn = _PROTO(self.kernel.address())
+            proto = _PROTO if block is None else _LIBRARY_PROTO
+            fn = self._fn = proto(self.kernel.address())
         src = self._source(ctx)
         kept = getattr(self._local, "packed", None)
         if kept is None:
@@ -999,10 +1003,13 @@ class DirectConvThunk(Thunk):
         bases = ctx.bases
         ptrs = [bases[self.out.allocation] + self.out.offset,
                 bases[self.x.allocation] + self.x.offset, kept[1]]  # fmt: skip
+        if block is not None:
+            ptrs.append(block.ctypes.data)
         run_tiles(fn, ptrs, self.kernel.extent, self._choice)
 
     def describe(self) -> list[str]:
-        head = f"kernel {self.instr.name} = convolution -> direct convolution on the arena"
+        kind = "direct" if self.kernel.params is None else "library"
+        head = f"kernel {self.instr.name} = convolution -> {kind} convolution on the arena"
         return [head, *slice_lines("out", [self.out]), *slice_lines("in", [self.x, self.w])]
 
     def cost(self) -> float:
