@@ -76,6 +76,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopPlan,
     LoopStep,
     LoopSwitch,
+    emit_linked_loop,
     emit_loop,
 )
 from xlapy.backends.cpu.codegen.emit_reduce_library import (
@@ -105,7 +106,7 @@ from xlapy.backends.cpu.codegen.emit_window import (
 )
 from xlapy.backends.cpu.codegen.emit_window_library import window_extent, window_library_kernel
 from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
-from xlapy.backends.cpu.jit.engine import host_target
+from xlapy.backends.cpu.jit.engine import LinkedIR, host_target
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     NativeFunction,
@@ -315,20 +316,54 @@ class NativeLoopPlan:
     plan: LoopPlan
     table: list[Callable[[], int]]
     one_blas_thread: bool
+    inlined: tuple[Kernel, ...] = ()
+
+    def emit(self) -> str | LinkedIR:
+        """The loop's IR: its module alone, or linked with the kernels compiled into it."""
+        if not self.inlined:
+            return emit_loop(self.plan)
+        kernels = [(k.spec.llvm_ir, k.spec.name) for k in self.inlined]
+        return LinkedIR(*emit_linked_loop(self.plan, kernels))
+
+
+INLINE_MAX_BYTES = 2048
+"""A kernel of a native loop that writes at most this many bytes (and does not split, has
+no parameter block) is compiled into the loop function (codegen/emit_loop.py): its call
+costs more than its work. Larger kernels stay calls: their call is a small part of their
+time, and compiling them twice (on their own for the profiler, into the loop) would cost
+cold-compile time for nothing."""
+
+INLINE_MAX_KERNELS = 24
+"""At most this many kernels are compiled into one loop (the loop's LLVM compile grows with
+them, and it runs beside the kernels' own)."""
+
+
+def _inlinable(t: KernelThunk) -> bool:
+    kernel = t.kernel
+    return (
+        isinstance(kernel, Kernel)
+        and t.split_choice is None
+        and t.data is None
+        and kernel.has_ir
+        and sum(s.size for s in t.outputs) <= INLINE_MAX_BYTES
+    )
 
 
 def native_loop_plan(
-    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None
+    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None, inline: bool = True
 ) -> NativeLoopPlan | str:
     """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
     and body must be kernels (those that may split over the cores run on the native pool,
     in the runtime's number of blocks), copies, dots that are one cblas gemm or one gemm
     list run whole (DotThunk.native_gemm, native_gemm_list), conditionals of such
     branches, and while loops in `native` (those that will be native loops themselves, each
-    mapped to whether it needs one BLAS thread)."""
+    mapped to whether it needs one BLAS thread). Small kernels (_inlinable, up to
+    INLINE_MAX_KERNELS, unless option `inline_loop_kernels` is False) are compiled into
+    the loop."""
     native = native or {}
     table: list[Callable[[], int]] = []
     one_thread = False
+    inlined: dict[Kernel, int] = {}
 
     def copies(raw) -> list[LoopStep]:
         return [LoopCopy((da, do), (sa, so), size) for da, do, sa, so, size in raw]
@@ -343,6 +378,10 @@ def native_loop_plan(
                 if t.scratch or not isinstance(t.kernel, Kernel):
                     return f"{t.instr.name}: its kernel needs scratch buffers"
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
+                if inline and _inlinable(t) and len(inlined) < INLINE_MAX_KERNELS:
+                    index = inlined.setdefault(t.kernel, len(inlined))
+                    out.append(LoopCall(-1, slots, t.kernel.outer_extent, inline=index))
+                    continue
                 pool = native_pool() if t.split_choice is not None else None
                 arity = len(slots) + (t.data is not None)
                 if t.split_choice is not None and (pool is None or arity > MAX_ARGS):
@@ -393,8 +432,9 @@ def native_loop_plan(
     _, cond_copies, body_copies, back_copies = thunk.raw_copies
     before = (*copies(cond_copies), *cond)
     after = (*copies(body_copies), *body, *copies(back_copies))
-    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after)
-    return NativeLoopPlan(plan, table, one_thread)
+    keys = tuple(k.object_key for k in inlined)
+    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after, keys)
+    return NativeLoopPlan(plan, table, one_thread, tuple(inlined))
 
 
 MIN_NATIVE_RUN = 3
@@ -1024,15 +1064,14 @@ class Lowering:
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, "native_loops=False"))
             return
         inner = {t: p.one_blas_thread for t, (_, p) in self.native_loops.items()}
-        planned = native_loop_plan(thunk, inner)
+        planned = native_loop_plan(thunk, inner, self.options.get("inline_loop_kernels", True))
         if isinstance(planned, str):
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, planned))
             # the loop stays in Python, its stretches of native thunks need not
             self.plan_native_runs(thunk.condition)
             self.plan_native_runs(thunk.body)
             return
-        plan = planned.plan
-        function = request_function(repr(plan), functools.partial(emit_loop, plan), LOOP_SYMBOL)
+        function = request_function(repr(planned.plan), planned.emit, LOOP_SYMBOL)
         self.native_loops[thunk] = (function, planned)
 
     def compile_loops(self) -> None:

@@ -30,14 +30,25 @@
 # loop, runtime/control_flow_thunk.py's NativeRun): the function runs them once and returns
 # 0. A batched dot run as a gemm list (runtime/dot_thunk.py's GemmList) is a call of the
 # gemm-list kernel on its table, whose address the table holds too.
+#
+# A small kernel of a loop (one that does not split, with no parameter block) may be
+# compiled into the loop's own object instead of called through the table (`LoopCall.inline`,
+# emit_linked_loop): its IR is linked into the loop's module under a name of its own with
+# internal linkage, called directly, and LLVM inlines it, so an iteration of a small body
+# is straight-line code with no call, no argument marshalling and no table read. Such
+# kernels set and restore the MXCSR (subnormals flushed) on every call; compiled into the
+# loop, their MXCSR intrinsics become no-ops and the loop function sets the flush mode once
+# around its whole run instead (the kernels it still calls set their own).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import I1, I8, I32, I64
+from xlapy.backends.cpu.codegen.emitter import MXCSR_FLUSH
 
 LOOP_SYMBOL = "xla_loop"
 
@@ -50,7 +61,8 @@ class LoopCall:
     """Call the kernel at `table[entry]` on the addresses of `slots` over [0, extent); with
     `blocks` > 1, through the parallel-for at `table[pool]` in that many blocks. With `data`
     >= 0, `table[data]` (the address of the kernel's parameter block: a library kernel's)
-    is one more pointer argument after the slots'."""
+    is one more pointer argument after the slots'. With `inline` >= 0 the kernel is the
+    plan's `inlined[inline]`, compiled into the loop and called directly (`entry` unused)."""
 
     entry: int
     slots: tuple[Slot, ...]
@@ -58,6 +70,7 @@ class LoopCall:
     blocks: int = 1
     pool: int = -1
     data: int = -1
+    inline: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +146,14 @@ LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm | LoopSwitch | LoopGemmLi
 class LoopPlan:
     """One iteration: `before` (condition copies and kernels), then a test of the pred byte
     at `pred`; while it is nonzero, `after` (body copies, kernels, copies back). Without a
-    pred, `before` runs once (a straight run; `after` is empty)."""
+    pred, `before` runs once (a straight run; `after` is empty). `inlined`: the object keys
+    of the kernels compiled into the loop (which determine their IR), in the order
+    LoopCall.inline counts them."""
 
     before: tuple[LoopStep, ...]
     pred: Slot | None
     after: tuple[LoopStep, ...]
+    inlined: tuple[str, ...] = ()
 
 
 def _kernel_type(arity: int) -> ir.FunctionType:
@@ -175,10 +191,66 @@ def _gemm_call(b: ir.IRBuilder, step: LoopGemm, pointer, table) -> tuple[ir.Valu
     return table(step.entry, gemm_type.as_pointer()), args
 
 
-def emit_loop(plan: LoopPlan) -> str:
-    """The LLVM IR of `plan` as the function LOOP_SYMBOL."""
-    module = ir.Module(name="xla_loop")
+INLINE_PREFIX = "xlapy_inline_"
+"""Kernel i compiled into a loop is the function INLINE_PREFIX + str(i) there."""
+
+_MXCSR = ("llvm.x86.sse.stmxcsr", "llvm.x86.sse.ldmxcsr")
+_MXCSR_NOOPS = tuple(INLINE_PREFIX + name.rsplit(".", 1)[1] for name in _MXCSR)
+
+
+def emit_linked_loop(
+    plan: LoopPlan, kernels: Sequence[tuple[str, str]]
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(the loop's module, the modules to link into it, the functions to make internal) of
+    `plan`, whose `inlined` kernels are `kernels` (IR text, the symbol of its kernel
+    function): each kernel renamed to INLINE_PREFIX + its index, its MXCSR intrinsics to
+    no-ops; the loop sets the flush mode around its run when they flushed."""
+    linked = []
+    flush = False
+    for i, (text, symbol) in enumerate(kernels):
+        text = text.replace(f'@"{symbol}"', f'@"{INLINE_PREFIX}{i}"')
+        for intrinsic, noop in zip(_MXCSR, _MXCSR_NOOPS, strict=True):
+            flush |= f'@"{intrinsic}"' in text
+            text = text.replace(f'@"{intrinsic}"', f'@"{noop}"')
+        linked.append(text)
+    names = tuple(f"{INLINE_PREFIX}{i}" for i in range(len(kernels)))
+    return emit_loop(plan, flush), tuple(linked), (*names, *(_MXCSR_NOOPS if flush else ()))
+
+
+def _define_mxcsr_noops(module: ir.Module) -> None:
+    """The no-ops that stand for the MXCSR intrinsics in the kernels compiled into a loop
+    (made internal once linked)."""
+    for name in _MXCSR_NOOPS:
+        noop = ir.Function(module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
+        ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
+
+
+def _flushing_wrapper(module: ir.Module, inner: ir.Function) -> None:
+    """LOOP_SYMBOL calling `inner` with the MXCSR's FTZ/DAZ bits set, the caller's MXCSR
+    restored after."""
     fn = ir.Function(module, LOOP_TYPE, LOOP_SYMBOL)
+    fn.attributes.add("nounwind")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    st, ld = (ir.Function(module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
+              for name in _MXCSR)  # fmt: skip
+    saved, flushing = b.alloca(I32), b.alloca(I32)
+    b.call(st, [b.bitcast(saved, I8.as_pointer())])
+    b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+    b.call(ld, [b.bitcast(flushing, I8.as_pointer())])
+    rc = b.call(inner, list(fn.args))
+    b.call(ld, [b.bitcast(saved, I8.as_pointer())])
+    b.ret(rc)
+
+
+def emit_loop(plan: LoopPlan, flush: bool = False) -> str:
+    """The LLVM IR of `plan` as the function LOOP_SYMBOL; with `flush`, run with the MXCSR
+    flushing subnormals (and defining the no-ops of the kernels compiled into it)."""
+    module = ir.Module(name="xla_loop")
+    fn = ir.Function(module, LOOP_TYPE, "xla_loop_flushed" if flush else LOOP_SYMBOL)
+    if flush:
+        fn.linkage = "internal"
+        _define_mxcsr_noops(module)
+        _flushing_wrapper(module, fn)
     fn.attributes.add("nounwind")
     bases_arg, table_arg, limit, budget = fn.args
     entry = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -226,6 +298,12 @@ def emit_loop(plan: LoopPlan) -> str:
 
     kernel_words: dict[int, ir.Value] = {}
 
+    def inlined(index: int, arity: int) -> ir.Function:
+        name = f"{INLINE_PREFIX}{index}"
+        if name in module.globals:
+            return module.globals[name]
+        return ir.Function(module, _kernel_type(arity), name)
+
     def pointer(b: ir.IRBuilder, slot: Slot) -> ir.Value:
         allocation, offset = slot
         return b.gep(base(allocation), [ir.Constant(I64, offset)])
@@ -253,7 +331,10 @@ def emit_loop(plan: LoopPlan) -> str:
                 args = [pointer(b, s) for s in step.slots]
                 if step.data >= 0:
                     args.append(table(step.data, I8.as_pointer()))
-                callee = table(step.entry, _kernel_type(len(args)).as_pointer())
+                if step.inline >= 0:
+                    callee = inlined(step.inline, len(args))
+                else:
+                    callee = table(step.entry, _kernel_type(len(args)).as_pointer())
                 b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, step.extent)])
             else:
                 callee = table(step.entry, LOOP_TYPE.as_pointer())

@@ -334,7 +334,7 @@ def _queue_bytes(key: str, data: bytes) -> tuple[Future, bool]:
 
 
 def _request(
-    ir_text: str,
+    ir_text: str | jit.LinkedIR,
     key: str,
     symbol: str,
     defer: bool,
@@ -364,7 +364,7 @@ def _request(
 
 def _compile_and_queue(
     future: Future,
-    ir_text: str,
+    ir_text: str | jit.LinkedIR,
     key: str,
     symbol: str,
     on_loaded: Callable[[], None] | None,
@@ -460,6 +460,11 @@ class Kernel:
                 )
             self._spec = self._emit()
         return self._spec
+
+    @property
+    def has_ir(self) -> bool:
+        """Whether `spec` can answer (a kernel from a program image keeps no IR)."""
+        return self._spec is not None or self._emit is not None
 
     @property
     def llvm_ir(self) -> str:
@@ -901,7 +906,7 @@ def _function_from_image(key: str) -> NativeFunction:
 
 
 def request_function(
-    description: str, emit: Callable[[], str], symbol: str, light: bool = False
+    description: str, emit: Callable[[], str | jit.LinkedIR], symbol: str, light: bool = False
 ) -> NativeFunction:
     """Start loading function `symbol` of the IR `emit()` makes, for code that is not a
     kernel of the kernel ABI (a native while loop, codegen.emit_loop); `address()` waits
