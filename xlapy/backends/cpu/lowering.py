@@ -56,7 +56,7 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +155,7 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
     plan_gather,
     plan_scatter,
 )
-from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk, work_elements
 from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
@@ -326,12 +326,13 @@ class NativeLoopPlan:
         return LinkedIR(*emit_linked_loop(self.plan, kernels))
 
 
-INLINE_MAX_BYTES = 2048
-"""A kernel of a native loop that writes at most this many bytes (and does not split, has
-no parameter block) is compiled into the loop function (codegen/emit_loop.py): its call
-costs more than its work. Larger kernels stay calls: their call is a small part of their
-time, and compiling them twice (on their own for the profiler, into the loop) would cost
-cold-compile time for nothing."""
+INLINE_MAX_ELEMENTS = 512
+"""A kernel of a native loop that computes at most this many elements (an in-place
+dynamic-update-slice: the window it writes; KernelThunk.elements), does not split and has
+no parameter block (a library kernel's) is compiled into the loop function
+(codegen/emit_loop.py): its call costs about as much as its work. Larger kernels stay
+calls: their call is a small part of their time, and compiling them twice (on their own
+for the profiler, into the loop) would cost cold-compile time for nothing."""
 
 INLINE_MAX_KERNELS = 24
 """At most this many kernels are compiled into one loop (the loop's LLVM compile grows with
@@ -340,17 +341,29 @@ them, and it runs beside the kernels' own)."""
 
 def _inlinable(t: KernelThunk) -> bool:
     kernel = t.kernel
-    return (
-        isinstance(kernel, Kernel)
-        and t.split_choice is None
-        and t.data is None
-        and kernel.has_ir
-        and sum(s.size for s in t.outputs) <= INLINE_MAX_BYTES
-    )
+    if not isinstance(kernel, Kernel) or t.split_choice is not None or t.data is not None:
+        return False
+    root = t.instr.calls.root_instruction() if t.instr.opcode is Opcode.FUSION else t.instr
+    if root.opcode is Opcode.DYNAMIC_UPDATE_SLICE:
+        elements = t.elements()  # the window it writes in place
+    else:
+        elements = work_elements(t.instr, t.outputs)
+    return kernel.has_ir and elements <= INLINE_MAX_ELEMENTS
+
+
+def _flushes(steps: Sequence[LoopStep]) -> bool:
+    """Whether a call among `steps` (in a conditional's branches too) is `flushed`: the
+    function around them must set the flush mode."""
+    for step in steps:
+        if isinstance(step, LoopCall) and step.flushed:
+            return True
+        if isinstance(step, LoopSwitch) and any(_flushes(b) for b in step.branches):
+            return True
+    return False
 
 
 def native_loop_plan(
-    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None, inline: bool = True
+    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None, inline: bool = False
 ) -> NativeLoopPlan | str:
     """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
     and body must be kernels (those that may split over the cores run on the native pool,
@@ -358,8 +371,8 @@ def native_loop_plan(
     list run whole (DotThunk.native_gemm, native_gemm_list), conditionals of such
     branches, and while loops in `native` (those that will be native loops themselves, each
     mapped to whether it needs one BLAS thread). Small kernels (_inlinable, up to
-    INLINE_MAX_KERNELS, unless option `inline_loop_kernels` is False) are compiled into
-    the loop."""
+    INLINE_MAX_KERNELS, with `inline`: option `inline_loop_kernels`) are compiled into the
+    loop."""
     native = native or {}
     table: list[Callable[[], int]] = []
     one_thread = False
@@ -380,7 +393,9 @@ def native_loop_plan(
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
                 if inline and _inlinable(t) and len(inlined) < INLINE_MAX_KERNELS:
                     index = inlined.setdefault(t.kernel, len(inlined))
-                    out.append(LoopCall(-1, slots, t.kernel.outer_extent, inline=index))
+                    flushed = t.kernel.flushed_end
+                    out.append(LoopCall(-1, slots, t.kernel.outer_extent, inline=index,
+                                        flushed=flushed))  # fmt: skip
                     continue
                 pool = native_pool() if t.split_choice is not None else None
                 arity = len(slots) + (t.data is not None)
@@ -390,7 +405,9 @@ def native_loop_plan(
                 entry = len(table) - 1
                 data = _data_entry(t, table)
                 if pool is None:
-                    out.append(LoopCall(entry, slots, t.kernel.outer_extent, data=data))
+                    flushed = t.kernel.flushed_end
+                    out.append(LoopCall(entry, slots, t.kernel.outer_extent, data=data,
+                                        flushed=flushed))  # fmt: skip
                     continue
                 table.append(_pool_run_address)
                 pool_at = len(table) - 1
@@ -433,7 +450,8 @@ def native_loop_plan(
     before = (*copies(cond_copies), *cond)
     after = (*copies(body_copies), *body, *copies(back_copies))
     keys = tuple(k.object_key for k in inlined)
-    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after, keys)
+    flush = _flushes((*before, *after))
+    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after, keys, flush)
     return NativeLoopPlan(plan, table, one_thread, tuple(inlined))
 
 
@@ -463,7 +481,8 @@ def native_run_steps(
         entry = len(table) - 1
         slots = tuple((s.allocation, s.offset) for s in (*thunk.outputs, *thunk.inputs))
         data = _data_entry(thunk, table)
-        return [LoopCall(entry, slots, kernel.outer_extent, data=data)], False
+        call = LoopCall(entry, slots, kernel.outer_extent, data=data, flushed=kernel.flushed_end)
+        return [call], False
     if isinstance(thunk, CopyThunk):
         moves = raw_copies([(thunk.src, thunk.dst)])
         return [LoopCopy((da, do), (sa, so), n) for da, do, sa, so, n in moves], False
@@ -505,7 +524,8 @@ def native_run_plans(seq: ThunkSequence) -> list[NativeRunPlan]:
 
     def close(end: int) -> None:
         if end - start >= MIN_NATIVE_RUN:
-            plan = NativeLoopPlan(LoopPlan(tuple(steps), None, ()), table, one_thread)
+            plan = LoopPlan(tuple(steps), None, (), flush=_flushes(steps))
+            plan = NativeLoopPlan(plan, table, one_thread)
             found.append(NativeRunPlan(start, end, plan))
 
     for i, thunk in enumerate([*seq.thunks, None]):
@@ -1064,7 +1084,7 @@ class Lowering:
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, "native_loops=False"))
             return
         inner = {t: p.one_blas_thread for t, (_, p) in self.native_loops.items()}
-        planned = native_loop_plan(thunk, inner, self.options.get("inline_loop_kernels", True))
+        planned = native_loop_plan(thunk, inner, self.options.get("inline_loop_kernels", False))
         if isinstance(planned, str):
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, planned))
             # the loop stays in Python, its stretches of native thunks need not

@@ -24,8 +24,9 @@ CPU_OPTIONS: dict[str, Option] = {
         boolean,
     ),
     "inline_loop_kernels": Option(
-        "compile a native loop's small kernels into the loop's own function, with no call "
-        "per kernel and iteration (default true; lowering.py, codegen/emit_loop.py)",
+        "compile a native loop's small kernels into the loop's own function too, with no "
+        "call per kernel and iteration (default false: each such kernel compiles twice; "
+        "lowering.py, codegen/emit_loop.py)",
         boolean,
     ),
     "native_runs": Option(

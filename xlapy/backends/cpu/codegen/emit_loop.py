@@ -31,14 +31,17 @@
 # 0. A batched dot run as a gemm list (runtime/dot_thunk.py's GemmList) is a call of the
 # gemm-list kernel on its table, whose address the table holds too.
 #
-# A small kernel of a loop (one that does not split, with no parameter block) may be
+# Kernels flush subnormals by setting the MXCSR around each call, which costs more than a
+# small kernel's work (codegen/emitter.py, understands_flushed_end). A loop whose plan says
+# `flush` sets the flush mode once around its whole run instead, and passes the kernels
+# that understand it (`LoopCall.flushed`) the complement of their extent as `end`, so they
+# leave the MXCSR alone; it restores the caller's MXCSR before it returns.
+#
+# A small kernel of a loop (one that does not split, with no parameter block) may also be
 # compiled into the loop's own object instead of called through the table (`LoopCall.inline`,
-# emit_linked_loop): its IR is linked into the loop's module under a name of its own with
-# internal linkage, called directly, and LLVM inlines it, so an iteration of a small body
-# is straight-line code with no call, no argument marshalling and no table read. Such
-# kernels set and restore the MXCSR (subnormals flushed) on every call; compiled into the
-# loop, their MXCSR intrinsics become no-ops and the loop function sets the flush mode once
-# around its whole run instead (the kernels it still calls set their own).
+# emit_linked_loop; off by default: it compiles the kernel a second time): its IR is linked
+# into the loop's module under a name of its own with internal linkage, called directly,
+# and LLVM inlines it, so an iteration of a small body is straight-line code with no call.
 
 from __future__ import annotations
 
@@ -62,7 +65,9 @@ class LoopCall:
     `blocks` > 1, through the parallel-for at `table[pool]` in that many blocks. With `data`
     >= 0, `table[data]` (the address of the kernel's parameter block: a library kernel's)
     is one more pointer argument after the slots'. With `inline` >= 0 the kernel is the
-    plan's `inlined[inline]`, compiled into the loop and called directly (`entry` unused)."""
+    plan's `inlined[inline]`, compiled into the loop and called directly (`entry` unused).
+    `flushed`: the kernel understands emitter.understands_flushed_end and is called with
+    `~extent` in a loop that flushes (LoopPlan.flush)."""
 
     entry: int
     slots: tuple[Slot, ...]
@@ -71,6 +76,7 @@ class LoopCall:
     pool: int = -1
     data: int = -1
     inline: int = -1
+    flushed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +154,14 @@ class LoopPlan:
     at `pred`; while it is nonzero, `after` (body copies, kernels, copies back). Without a
     pred, `before` runs once (a straight run; `after` is empty). `inlined`: the object keys
     of the kernels compiled into the loop (which determine their IR), in the order
-    LoopCall.inline counts them."""
+    LoopCall.inline counts them. `flush`: the function runs with the MXCSR flushing
+    subnormals (x86), the caller's MXCSR restored when it returns."""
 
     before: tuple[LoopStep, ...]
     pred: Slot | None
     after: tuple[LoopStep, ...]
     inlined: tuple[str, ...] = ()
+    flush: bool = False
 
 
 def _kernel_type(arity: int) -> ir.FunctionType:
@@ -195,7 +203,6 @@ INLINE_PREFIX = "xlapy_inline_"
 """Kernel i compiled into a loop is the function INLINE_PREFIX + str(i) there."""
 
 _MXCSR = ("llvm.x86.sse.stmxcsr", "llvm.x86.sse.ldmxcsr")
-_MXCSR_NOOPS = tuple(INLINE_PREFIX + name.rsplit(".", 1)[1] for name in _MXCSR)
 
 
 def emit_linked_loop(
@@ -203,26 +210,13 @@ def emit_linked_loop(
 ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """(the loop's module, the modules to link into it, the functions to make internal) of
     `plan`, whose `inlined` kernels are `kernels` (IR text, the symbol of its kernel
-    function): each kernel renamed to INLINE_PREFIX + its index, its MXCSR intrinsics to
-    no-ops; the loop sets the flush mode around its run when they flushed."""
-    linked = []
-    flush = False
-    for i, (text, symbol) in enumerate(kernels):
-        text = text.replace(f'@"{symbol}"', f'@"{INLINE_PREFIX}{i}"')
-        for intrinsic, noop in zip(_MXCSR, _MXCSR_NOOPS, strict=True):
-            flush |= f'@"{intrinsic}"' in text
-            text = text.replace(f'@"{intrinsic}"', f'@"{noop}"')
-        linked.append(text)
+    function), each renamed to INLINE_PREFIX + its index."""
+    linked = tuple(
+        text.replace(f'@"{symbol}"', f'@"{INLINE_PREFIX}{i}"')
+        for i, (text, symbol) in enumerate(kernels)
+    )
     names = tuple(f"{INLINE_PREFIX}{i}" for i in range(len(kernels)))
-    return emit_loop(plan, flush), tuple(linked), (*names, *(_MXCSR_NOOPS if flush else ()))
-
-
-def _define_mxcsr_noops(module: ir.Module) -> None:
-    """The no-ops that stand for the MXCSR intrinsics in the kernels compiled into a loop
-    (made internal once linked)."""
-    for name in _MXCSR_NOOPS:
-        noop = ir.Function(module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
-        ir.IRBuilder(noop.append_basic_block("entry")).ret_void()
+    return emit_loop(plan), linked, names
 
 
 def _flushing_wrapper(module: ir.Module, inner: ir.Function) -> None:
@@ -242,14 +236,12 @@ def _flushing_wrapper(module: ir.Module, inner: ir.Function) -> None:
     b.ret(rc)
 
 
-def emit_loop(plan: LoopPlan, flush: bool = False) -> str:
-    """The LLVM IR of `plan` as the function LOOP_SYMBOL; with `flush`, run with the MXCSR
-    flushing subnormals (and defining the no-ops of the kernels compiled into it)."""
+def emit_loop(plan: LoopPlan) -> str:
+    """The LLVM IR of `plan` as the function LOOP_SYMBOL."""
     module = ir.Module(name="xla_loop")
-    fn = ir.Function(module, LOOP_TYPE, "xla_loop_flushed" if flush else LOOP_SYMBOL)
-    if flush:
+    fn = ir.Function(module, LOOP_TYPE, "xla_loop_flushed" if plan.flush else LOOP_SYMBOL)
+    if plan.flush:
         fn.linkage = "internal"
-        _define_mxcsr_noops(module)
         _flushing_wrapper(module, fn)
     fn.attributes.add("nounwind")
     bases_arg, table_arg, limit, budget = fn.args
@@ -335,7 +327,8 @@ def emit_loop(plan: LoopPlan, flush: bool = False) -> str:
                     callee = inlined(step.inline, len(args))
                 else:
                     callee = table(step.entry, _kernel_type(len(args)).as_pointer())
-                b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, step.extent)])
+                end = ~step.extent if step.flushed else step.extent
+                b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, end)])
             else:
                 callee = table(step.entry, LOOP_TYPE.as_pointer())
                 inner = table(step.entry + 1, I64.as_pointer())

@@ -54,6 +54,12 @@
 # restores the caller's MXCSR on exit (constants LLVM folds at compile time are folded in
 # IEEE arithmetic, as XLA folds them). With flush_denormals=False (backend option
 # `denormals="ieee"`) kernels keep IEEE subnormals. Other architectures keep them too.
+# Reading and writing the MXCSR costs ~25 ns a call on the machines measured, more than a
+# small kernel's work: a caller that has set the flush mode itself (a native while loop,
+# codegen/emit_loop.py) passes the bitwise complement of `end` (a negative number, which no
+# other caller passes), and the kernel leaves the MXCSR alone (understands_flushed_end). The kernel
+# function is then a wrapper that does the MXCSR work and calls the body (an internal
+# function, SYMBOL + ".body", which LLVM inlines into it).
 
 from __future__ import annotations
 
@@ -179,6 +185,15 @@ def denormals_flushed(options: Mapping[str, Any]) -> bool:
 
 MXCSR_FLUSH = 0x8040
 """The MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) bits."""
+
+
+def understands_flushed_end(flush_denormals: bool) -> bool:
+    """Whether a kernel made by KernelEmitter.begin_function with `flush_denormals` takes an
+    `end` below zero as `~end` with the MXCSR already flushing (see the top of the file):
+    one that flushes on x86."""
+    return flush_denormals and _X86
+
+
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -294,7 +309,6 @@ class KernelEmitter:
         self.name = name
         self.in_place = in_place
         self.flush_denormals = flush_denormals
-        self._saved_mxcsr: ir.Value | None = None
         self.module = ir.Module(name=name)
         self.math = MathEmitter(self.module)
         self.scopes: list[dict] = [{}]
@@ -318,47 +332,58 @@ class KernelEmitter:
         function and its body block. Allocas go to the entry block, which `end_function`
         closes."""
         fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * len(names) + [I64, I64])
-        fn = ir.Function(self.module, fnty, self.name)
+        wrapped = self.flush_denormals and _X86
+        fn = ir.Function(self.module, fnty, f"{self.name}.body" if wrapped else self.name)
         for i, (arg, name) in enumerate(zip(fn.args, names, strict=False)):
             arg.name = name
             if i not in aliased:
                 arg.add_attribute("noalias")
         fn.attributes.add("nounwind")
+        if wrapped:
+            fn.linkage = "internal"
+            self._flushing_wrapper(fn, aliased)
         self.fn = fn
         self.alloca_builder = ir.IRBuilder(fn.append_basic_block("entry"))
         body = fn.append_basic_block("body")
         self.b = ir.IRBuilder(body)
         self.math.b = self.b
-        if self.flush_denormals:
-            self._flush_denormals_on_entry()
         return fn, body
 
     def end_function(self, body) -> None:
-        if self._saved_mxcsr is not None:  # the caller's floating-point mode again
-            self.b.call(self._mxcsr_intrinsic("ldmxcsr"), [self._saved_mxcsr])
         self.b.ret_void()
         self.alloca_builder.branch(body)
+
+    def _flushing_wrapper(self, inner: ir.Function, aliased: set[int]) -> None:
+        """The kernel function: sets the MXCSR's FTZ and DAZ bits, calls `inner` (the body),
+        restores the caller's MXCSR; with a negative `end` (understands_flushed_end) it only calls
+        `inner` on `~end`."""
+        fn = ir.Function(self.module, inner.function_type, self.name)
+        for i, arg in enumerate(fn.args[:-2]):
+            if i not in aliased:
+                arg.add_attribute("noalias")
+        fn.attributes.add("nounwind")
+        *pointers, start, end = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        saved = b.alloca(I32, name="mxcsr.saved")
+        flushing = b.alloca(I32, name="mxcsr.flush")
+        saved_ptr = b.bitcast(saved, I8.as_pointer())
+        flushing_ptr = b.bitcast(flushing, I8.as_pointer())
+        preset = b.icmp_signed("<", end, ir.Constant(I64, 0))
+        with b.if_then(b.not_(preset)):
+            b.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
+            b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+            b.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
+        real_end = b.select(preset, b.not_(end), end)
+        b.call(inner, [*pointers, start, real_end])
+        with b.if_then(b.not_(preset)):  # the caller's floating-point mode again
+            b.call(self._mxcsr_intrinsic("ldmxcsr"), [saved_ptr])
+        b.ret_void()
 
     def _mxcsr_intrinsic(self, which: str) -> ir.Function:
         name = f"llvm.x86.sse.{which}"
         if name in self.module.globals:
             return self.module.globals[name]
         return ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
-
-    def _flush_denormals_on_entry(self) -> None:
-        """On x86, set the MXCSR's FTZ and DAZ bits for the kernel's run (the caller's MXCSR
-        is saved here and restored in end_function)."""
-        if not _X86:
-            return
-        b = self.alloca_builder
-        saved = b.alloca(I32, name="mxcsr.saved")
-        flushing = b.alloca(I32, name="mxcsr.flush")
-        saved_ptr = b.bitcast(saved, I8.as_pointer())
-        flushing_ptr = b.bitcast(flushing, I8.as_pointer())
-        b.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
-        b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
-        b.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
-        self._saved_mxcsr = saved_ptr
 
     def emit(self) -> KernelSpec:
         n_ptrs = len(self.out_leaves) + len(self.params)
@@ -934,7 +959,6 @@ class StandaloneKernelEmitter(KernelEmitter):
     def __init__(self, symbol: str, flush_denormals: bool):
         self.name = symbol
         self.flush_denormals = flush_denormals
-        self._saved_mxcsr = None
         self.module = ir.Module(name=symbol)
         self.math = MathEmitter(self.module)
         self.scopes = [{}]

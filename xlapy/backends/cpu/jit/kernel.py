@@ -51,6 +51,7 @@ from xlapy.backends.cpu.codegen.emitter import (
     emit_kernel,
     outer_extent_of,
     output_leaves,
+    understands_flushed_end,
 )
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit.compile_timing import phase
@@ -396,6 +397,10 @@ class Kernel:
     cache_keys: tuple[str, str] | None = None
     """(kernel entry key, object key) of a kernel from the disk cache, recorded in a
     whole-executable entry (executable_cache.py)."""
+    flushed_end = False
+    """Whether the kernel understands emitter.understands_flushed_end (a computation's kernel that
+    flushes subnormals on x86): a native loop that has set the flush mode calls it with
+    `~end` and it leaves the MXCSR alone."""
 
     def __init__(self, spec: KernelSpec, name: str | None = None, use_cache: bool = True):
         self._spec: KernelSpec | None = spec
@@ -595,6 +600,7 @@ def compile_computation(
         if request is not None:
             kernel = Kernel._deferred(signature, symbol, request, None, emit, object_key)
             kernel.cache_keys = key, object_key
+            kernel.flushed_end = understands_flushed_end(flush_denormals)
             return kernel if defer else kernel.wait()
         # the entry outlived its object (or the object is damaged): compile again
     spec = emit()
@@ -608,6 +614,7 @@ def compile_computation(
 
     request = _request(spec.llvm_ir, object_key, SYMBOL, defer, store_entry)
     kernel = Kernel._deferred(signature, symbol, request, spec, emit, object_key)
+    kernel.flushed_end = understands_flushed_end(flush_denormals)
     if store_entry is not None:
         kernel.cache_keys = key, object_key
     return kernel if defer else kernel.wait()
@@ -834,6 +841,7 @@ def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation, name: str)
 
     kernel = Kernel._deferred(signature, symbol_name(name), request, None, emit, record.object_key)
     kernel.cache_keys = record.kernel_key, record.object_key
+    kernel.flushed_end = understands_flushed_end(flush)
     with _kernel_lock:
         return _kernel_cache.setdefault(memo, kernel)
 
