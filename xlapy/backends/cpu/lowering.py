@@ -105,7 +105,12 @@ from xlapy.backends.cpu.codegen.emit_window import (
     window_signature,
 )
 from xlapy.backends.cpu.codegen.emit_window_library import window_extent, window_library_kernel
-from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
+from xlapy.backends.cpu.codegen.emitter import (
+    FLUSH_IN_LOOP,
+    denormals_flushed,
+    in_place_reason,
+    supported,
+)
 from xlapy.backends.cpu.jit.engine import LinkedIR, host_target
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
@@ -247,10 +252,14 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     cond, body = instr.while_condition, instr.while_body
     init = instr.operands[0]
     limit = lw.options.get("max_while_iterations")
+    lw.loop_depth += 1
+    try:
+        sequences = lw.sequence(cond), lw.sequence(body)
+    finally:
+        lw.loop_depth -= 1
     thunk = WhileThunk(
         instr,
-        lw.sequence(cond),
-        lw.sequence(body),
+        *sequences,
         lw.slice_at(cond.root_instruction()),
         lw.leaf_copies(init, instr),
         lw.leaf_copies(instr, cond.parameter(0)),
@@ -524,8 +533,8 @@ def native_run_plans(seq: ThunkSequence) -> list[NativeRunPlan]:
 
     def close(end: int) -> None:
         if end - start >= MIN_NATIVE_RUN:
-            plan = LoopPlan(tuple(steps), None, (), flush=_flushes(steps))
-            plan = NativeLoopPlan(plan, table, one_thread)
+            straight = LoopPlan(tuple(steps), None, (), flush=_flushes(steps))
+            plan = NativeLoopPlan(straight, table, one_thread)
             found.append(NativeRunPlan(start, end, plan))
 
     for i, thunk in enumerate([*seq.thunks, None]):
@@ -1056,6 +1065,7 @@ class Lowering:
         # thunk -> (its function, its plan)
         self.native_loops: dict[WhileThunk, tuple[NativeFunction, NativeLoopPlan]] = {}
         self.python_loops: list[Fallback] = []  # while loops left to the Python driver
+        self.loop_depth = 0  # while loops around the computation being lowered
         # sequences with stretches of native thunks: (sequence, [(stretch, its function)])
         self.native_runs: list[tuple[ThunkSequence, list[tuple[NativeRunPlan, Any]]]] = []
 
@@ -1216,7 +1226,10 @@ class Lowering:
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
         site = kernel_site(instr)
-        kernel = kernel_for(comp, instr.name, pairs or (), True, self.flush_denormals, site)
+        flush = int(self.flush_denormals)
+        if flush and self.loop_depth:  # may be called with the flush mode set (emit_loop.py)
+            flush = FLUSH_IN_LOOP
+        kernel = kernel_for(comp, instr.name, pairs or (), True, flush, site)
         self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)
 

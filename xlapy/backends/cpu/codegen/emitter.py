@@ -57,9 +57,11 @@
 # Reading and writing the MXCSR costs ~25 ns a call on the machines measured, more than a
 # small kernel's work: a caller that has set the flush mode itself (a native while loop,
 # codegen/emit_loop.py) passes the bitwise complement of `end` (a negative number, which no
-# other caller passes), and the kernel leaves the MXCSR alone (understands_flushed_end). The kernel
-# function is then a wrapper that does the MXCSR work and calls the body (an internal
-# function, SYMBOL + ".body", which LLVM inlines into it).
+# other caller passes), and the kernel leaves the MXCSR alone (understands_flushed_end):
+# the body is emitted with `end` and its uses then read the decoded value (one function: a
+# wrapper function around the body cost cold compiles 12% more LLVM time, inlined 30%).
+# Only kernels of while loops are made so (FLUSH_IN_LOOP, the lowering's choice): the test
+# still costs ~10% more LLVM time on small kernels.
 
 from __future__ import annotations
 
@@ -187,11 +189,16 @@ MXCSR_FLUSH = 0x8040
 """The MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) bits."""
 
 
-def understands_flushed_end(flush_denormals: bool) -> bool:
-    """Whether a kernel made by KernelEmitter.begin_function with `flush_denormals` takes an
-    `end` below zero as `~end` with the MXCSR already flushing (see the top of the file):
-    one that flushes on x86."""
-    return flush_denormals and _X86
+FLUSH_IN_LOOP = 2
+"""The `flush_denormals` of a kernel of a while loop's body or condition: it flushes, and
+on x86 takes an `end` below zero as `~end` with the MXCSR already flushing (see the top of
+the file). Only such kernels carry the test: it costs ~10% more LLVM time on small kernels."""
+
+
+def understands_flushed_end(flush_denormals: int) -> bool:
+    """Whether a kernel made by KernelEmitter with `flush_denormals` takes an `end` below
+    zero as `~end` with the MXCSR already flushing: one of a loop (FLUSH_IN_LOOP) on x86."""
+    return flush_denormals == FLUSH_IN_LOOP and _X86
 
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -201,7 +208,7 @@ def emit_kernel(
     comp: HloComputation,
     name: str = "xla_kernel",
     in_place: Sequence[tuple[int, int]] = (),
-    flush_denormals: bool | None = None,
+    flush_denormals: int | None = None,
 ) -> KernelSpec:
     """Lower `comp` to an LLVM module holding one kernel function (see the file comment).
     `in_place` lists (output leaf, parameter) pairs the caller will pass the same bytes for.
@@ -303,7 +310,7 @@ class KernelEmitter:
     whose loop nest counts on it (independent chains interleaved by unrolling) says so."""
 
     def __init__(
-        self, comp: HloComputation, name: str, in_place: tuple = (), flush_denormals: bool = True
+        self, comp: HloComputation, name: str, in_place: tuple = (), flush_denormals: int = True
     ):
         self.comp = comp
         self.name = name
@@ -332,52 +339,73 @@ class KernelEmitter:
         function and its body block. Allocas go to the entry block, which `end_function`
         closes."""
         fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer()] * len(names) + [I64, I64])
-        wrapped = self.flush_denormals and _X86
-        fn = ir.Function(self.module, fnty, f"{self.name}.body" if wrapped else self.name)
+        fn = ir.Function(self.module, fnty, self.name)
         for i, (arg, name) in enumerate(zip(fn.args, names, strict=False)):
             arg.name = name
             if i not in aliased:
                 arg.add_attribute("noalias")
         fn.attributes.add("nounwind")
-        if wrapped:
-            fn.linkage = "internal"
-            self._flushing_wrapper(fn, aliased)
         self.fn = fn
         self.alloca_builder = ir.IRBuilder(fn.append_basic_block("entry"))
         body = fn.append_basic_block("body")
         self.b = ir.IRBuilder(body)
         self.math.b = self.b
+        self._saved_mxcsr: ir.Value | None = None
+        if self.flush_denormals and not understands_flushed_end(self.flush_denormals):
+            self._flush_denormals_on_entry()
         return fn, body
 
     def end_function(self, body) -> None:
+        if understands_flushed_end(self.flush_denormals):
+            self._flush_denormals(body)
+            return
+        if self._saved_mxcsr is not None:  # the caller's floating-point mode again
+            self.b.call(self._mxcsr_intrinsic("ldmxcsr"), [self._saved_mxcsr])
         self.b.ret_void()
         self.alloca_builder.branch(body)
 
-    def _flushing_wrapper(self, inner: ir.Function, aliased: set[int]) -> None:
-        """The kernel function: sets the MXCSR's FTZ and DAZ bits, calls `inner` (the body),
-        restores the caller's MXCSR; with a negative `end` (understands_flushed_end) it only calls
-        `inner` on `~end`."""
-        fn = ir.Function(self.module, inner.function_type, self.name)
-        for i, arg in enumerate(fn.args[:-2]):
-            if i not in aliased:
-                arg.add_attribute("noalias")
-        fn.attributes.add("nounwind")
-        *pointers, start, end = fn.args
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
+    def _flush_denormals_on_entry(self) -> None:
+        """On x86, set the MXCSR's FTZ and DAZ bits for the kernel's run (the caller's MXCSR
+        is saved here and restored in end_function)."""
+        if not _X86:
+            return
+        b = self.alloca_builder
         saved = b.alloca(I32, name="mxcsr.saved")
         flushing = b.alloca(I32, name="mxcsr.flush")
         saved_ptr = b.bitcast(saved, I8.as_pointer())
         flushing_ptr = b.bitcast(flushing, I8.as_pointer())
-        preset = b.icmp_signed("<", end, ir.Constant(I64, 0))
-        with b.if_then(b.not_(preset)):
-            b.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
-            b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
-            b.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
-        real_end = b.select(preset, b.not_(end), end)
-        b.call(inner, [*pointers, start, real_end])
-        with b.if_then(b.not_(preset)):  # the caller's floating-point mode again
-            b.call(self._mxcsr_intrinsic("ldmxcsr"), [saved_ptr])
-        b.ret_void()
+        b.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
+        b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+        b.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
+        self._saved_mxcsr = saved_ptr
+
+    def _flush_denormals(self, body) -> None:
+        """Close the kernel with the MXCSR work of a flushing kernel on x86: set the FTZ and
+        DAZ bits on entry and restore the caller's MXCSR on exit, unless `end` is negative
+        (understands_flushed_end): then the MXCSR is left alone and the body, emitted with
+        `end`, runs on `~end` instead."""
+        b, end = self.alloca_builder, self.fn.args[-1]
+        saved = b.alloca(I32, name="mxcsr.saved")
+        flushing = b.alloca(I32, name="mxcsr.flush")
+        saved_ptr = b.bitcast(saved, I8.as_pointer())
+        flushing_ptr = b.bitcast(flushing, I8.as_pointer())
+        preset = b.icmp_signed("<", end, ir.Constant(I64, 0), name="mxcsr.preset")
+        flipped = b.not_(end)
+        real_end = b.select(preset, flipped, end, name="end.real")
+        for block in self.fn.blocks:
+            for instruction in block.instructions:
+                if instruction not in (preset, flipped, real_end):
+                    instruction.replace_usage(end, real_end)
+        flush = self.fn.append_basic_block("mxcsr.flush")
+        b.cbranch(preset, body, flush)
+        fb = ir.IRBuilder(flush)
+        fb.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
+        fb.store(fb.or_(fb.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+        fb.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
+        fb.branch(body)
+        with self.b.if_then(self.b.not_(preset)):  # the caller's floating-point mode again
+            self.b.call(self._mxcsr_intrinsic("ldmxcsr"), [saved_ptr])
+        self.b.ret_void()
 
     def _mxcsr_intrinsic(self, which: str) -> ir.Function:
         name = f"llvm.x86.sse.{which}"

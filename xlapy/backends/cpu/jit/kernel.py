@@ -565,14 +565,15 @@ def compile_computation(
     in_place: Sequence[tuple[int, int]] = (),
     defer: bool = False,
     comp_text: str | None = None,
-    flush_denormals: bool | None = None,
+    flush_denormals: int | None = None,
 ) -> Kernel:
     """Emit, optimize (or fetch from the caches) and load the kernel of `comp`.
     `in_place`: (output leaf, parameter) pairs that will be given the same bytes (see
     emitter.in_place_reason); the kernel reads those parameters through the outputs.
     `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
     `comp_text`: `print_canonical(comp)` when the caller has it.
-    `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
+    `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour; emitter.FLUSH_IN_LOOP
+    for a kernel of a while loop: also callable with the flush mode set) or kept (IEEE);
     None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
     pairs = tuple(sorted({(int(o), int(i)) for o, i in in_place}))
@@ -590,7 +591,7 @@ def compile_computation(
         "kernel",
         comp_text or print_canonical(comp),
         repr(pairs),
-        "flush-denormals" if flush_denormals else "ieee-denormals",
+        ("ieee-denormals", "flush-denormals", "flush-denormals-in-loop")[int(flush_denormals)],
         source_fingerprint(),
     )
     hit = _read_entry(key, comp, pairs)
@@ -759,7 +760,7 @@ def kernel_for(
     name: str,
     in_place: tuple[tuple[int, int], ...] = (),
     defer: bool = False,
-    flush_denormals: bool = True,
+    flush_denormals: int = True,
     site: str | None = None,
 ) -> Kernel:
     """The compiled kernel of `comp`, compiled once per process per canonical text
