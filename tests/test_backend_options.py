@@ -29,6 +29,7 @@ VALID = {
         "optimize": False,
         "verify": True,
         "native_loops": False,
+        "inline_loop_kernels": False,
         "native_runs": False,
         "direct_convolutions": False,
         "native_gemv": False,
@@ -57,6 +58,7 @@ VALID = {
 BAD_VALUES = {
     "optimize": "yes",
     "native_loops": 1,
+    "inline_loop_kernels": "no",
     "native_runs": "off",
     "direct_convolutions": "no",
     "native_gemv": 0,

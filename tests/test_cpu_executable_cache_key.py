@@ -244,6 +244,7 @@ OPTION_VALUES = {
     "optimize": (True, False),
     "verify": (False, True),
     "native_loops": (True, False),
+    "inline_loop_kernels": (True, False),
     "direct_convolutions": (True, False),
     "native_gemv": (True, False),
     "native_small_gemm": (True, False),

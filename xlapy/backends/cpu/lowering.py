@@ -56,7 +56,7 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ from xlapy.backends.cpu.codegen.emit_loop import (
     LoopPlan,
     LoopStep,
     LoopSwitch,
+    emit_linked_loop,
     emit_loop,
 )
 from xlapy.backends.cpu.codegen.emit_reduce_library import (
@@ -104,8 +105,13 @@ from xlapy.backends.cpu.codegen.emit_window import (
     window_signature,
 )
 from xlapy.backends.cpu.codegen.emit_window_library import window_extent, window_library_kernel
-from xlapy.backends.cpu.codegen.emitter import denormals_flushed, in_place_reason, supported
-from xlapy.backends.cpu.jit.engine import host_target
+from xlapy.backends.cpu.codegen.emitter import (
+    FLUSH_IN_LOOP,
+    denormals_flushed,
+    in_place_reason,
+    supported,
+)
+from xlapy.backends.cpu.jit.engine import LinkedIR, host_target
 from xlapy.backends.cpu.jit.kernel import (
     Kernel,
     NativeFunction,
@@ -156,7 +162,7 @@ from xlapy.backends.cpu.runtime.indexing_thunk import (
     plan_gather,
     plan_scatter,
 )
-from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk, work_elements
 from xlapy.backends.cpu.runtime.native_pool import MAX_ARGS, native_pool
 from xlapy.backends.cpu.runtime.rule_thunk import Planner, RuleThunk, all_arrays, plan_safely
 from xlapy.backends.cpu.runtime.sort_thunk import (
@@ -248,10 +254,14 @@ def _while(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     cond, body = instr.while_condition, instr.while_body
     init = instr.operands[0]
     limit = lw.options.get("max_while_iterations")
+    lw.loop_depth += 1
+    try:
+        sequences = lw.sequence(cond), lw.sequence(body)
+    finally:
+        lw.loop_depth -= 1
     thunk = WhileThunk(
         instr,
-        lw.sequence(cond),
-        lw.sequence(body),
+        *sequences,
         lw.slice_at(cond.root_instruction()),
         lw.leaf_copies(init, instr),
         lw.leaf_copies(instr, cond.parameter(0)),
@@ -281,20 +291,67 @@ class NativeLoopPlan:
     plan: LoopPlan
     table: list[Callable[[], int]]
     one_blas_thread: bool
+    inlined: tuple[Kernel, ...] = ()
+
+    def emit(self) -> str | LinkedIR:
+        """The loop's IR: its module alone, or linked with the kernels compiled into it."""
+        if not self.inlined:
+            return emit_loop(self.plan)
+        kernels = [(k.spec.llvm_ir, k.spec.name) for k in self.inlined]
+        return LinkedIR(*emit_linked_loop(self.plan, kernels))
+
+
+INLINE_MAX_ELEMENTS = 512
+"""A kernel of a native loop that computes at most this many elements (an in-place
+dynamic-update-slice: the window it writes; KernelThunk.elements), does not split and has
+no parameter block (a library kernel's) is compiled into the loop function
+(codegen/emit_loop.py): its call costs about as much as its work. Larger kernels stay
+calls: their call is a small part of their time, and compiling them twice (on their own
+for the profiler, into the loop) would cost cold-compile time for nothing."""
+
+INLINE_MAX_KERNELS = 24
+"""At most this many kernels are compiled into one loop (the loop's LLVM compile grows with
+them, and it runs beside the kernels' own)."""
+
+
+def _inlinable(t: KernelThunk) -> bool:
+    kernel = t.kernel
+    if not isinstance(kernel, Kernel) or t.split_choice is not None or t.data is not None:
+        return False
+    root = t.instr.calls.root_instruction() if t.instr.opcode is Opcode.FUSION else t.instr
+    if root.opcode is Opcode.DYNAMIC_UPDATE_SLICE:
+        elements = t.elements()  # the window it writes in place
+    else:
+        elements = work_elements(t.instr, t.outputs)
+    return kernel.has_ir and elements <= INLINE_MAX_ELEMENTS
+
+
+def _flushes(steps: Sequence[LoopStep]) -> bool:
+    """Whether a call among `steps` (in a conditional's branches too) is `flushed`: the
+    function around them must set the flush mode."""
+    for step in steps:
+        if isinstance(step, LoopCall) and step.flushed:
+            return True
+        if isinstance(step, LoopSwitch) and any(_flushes(b) for b in step.branches):
+            return True
+    return False
 
 
 def native_loop_plan(
-    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None
+    thunk: WhileThunk, native: Mapping[WhileThunk, bool] | None = None, inline: bool = False
 ) -> NativeLoopPlan | str:
     """The native loop of `thunk` (codegen/emit_loop.py), or why it has none: its condition
     and body must be kernels (those that may split over the cores run on the native pool,
     in the runtime's number of blocks), copies, dots that are one cblas gemm or one gemm
     list run whole (DotThunk.native_gemm, native_gemm_list), conditionals of such
     branches, and while loops in `native` (those that will be native loops themselves, each
-    mapped to whether it needs one BLAS thread)."""
+    mapped to whether it needs one BLAS thread). Small kernels (_inlinable, up to
+    INLINE_MAX_KERNELS, with `inline`: option `inline_loop_kernels`) are compiled into the
+    loop."""
     native = native or {}
     table: list[Callable[[], int]] = []
     one_thread = False
+    inlined: dict[Kernel, int] = {}
 
     def copies(raw) -> list[LoopStep]:
         return [LoopCopy((da, do), (sa, so), size) for da, do, sa, so, size in raw]
@@ -309,6 +366,12 @@ def native_loop_plan(
                 if t.scratch or not isinstance(t.kernel, Kernel):
                     return f"{t.instr.name}: its kernel needs scratch buffers"
                 slots = tuple((s.allocation, s.offset) for s in (*t.outputs, *t.inputs))
+                if inline and _inlinable(t) and len(inlined) < INLINE_MAX_KERNELS:
+                    index = inlined.setdefault(t.kernel, len(inlined))
+                    flushed = t.kernel.flushed_end
+                    out.append(LoopCall(-1, slots, t.kernel.outer_extent, inline=index,
+                                        flushed=flushed))  # fmt: skip
+                    continue
                 pool = native_pool() if t.split_choice is not None else None
                 arity = len(slots) + (t.data is not None)
                 if t.split_choice is not None and (pool is None or arity > MAX_ARGS):
@@ -317,7 +380,9 @@ def native_loop_plan(
                 entry = len(table) - 1
                 data = _data_entry(t, table)
                 if pool is None:
-                    out.append(LoopCall(entry, slots, t.kernel.outer_extent, data=data))
+                    flushed = t.kernel.flushed_end
+                    out.append(LoopCall(entry, slots, t.kernel.outer_extent, data=data,
+                                        flushed=flushed))  # fmt: skip
                     continue
                 table.append(addr.pool_run_address)
                 pool_at = len(table) - 1
@@ -359,8 +424,10 @@ def native_loop_plan(
     _, cond_copies, body_copies, back_copies = thunk.raw_copies
     before = (*copies(cond_copies), *cond)
     after = (*copies(body_copies), *body, *copies(back_copies))
-    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after)
-    return NativeLoopPlan(plan, table, one_thread)
+    keys = tuple(k.object_key for k in inlined)
+    flush = _flushes((*before, *after))
+    plan = LoopPlan(before, (thunk.pred.allocation, thunk.pred.offset), after, keys, flush)
+    return NativeLoopPlan(plan, table, one_thread, tuple(inlined))
 
 
 MIN_NATIVE_RUN = 3
@@ -384,7 +451,8 @@ def native_run_steps(
         entry = len(table) - 1
         slots = tuple((s.allocation, s.offset) for s in (*thunk.outputs, *thunk.inputs))
         data = _data_entry(thunk, table)
-        return [LoopCall(entry, slots, kernel.outer_extent, data=data)], False
+        call = LoopCall(entry, slots, kernel.outer_extent, data=data, flushed=kernel.flushed_end)
+        return [call], False
     if isinstance(thunk, CopyThunk):
         moves = raw_copies([(thunk.src, thunk.dst)])
         return [LoopCopy((da, do), (sa, so), n) for da, do, sa, so, n in moves], False
@@ -426,7 +494,8 @@ def native_run_plans(seq: ThunkSequence) -> list[NativeRunPlan]:
 
     def close(end: int) -> None:
         if end - start >= MIN_NATIVE_RUN:
-            plan = NativeLoopPlan(LoopPlan(tuple(steps), None, ()), table, one_thread)
+            straight = LoopPlan(tuple(steps), None, (), flush=_flushes(steps))
+            plan = NativeLoopPlan(straight, table, one_thread)
             found.append(NativeRunPlan(start, end, plan))
 
     for i, thunk in enumerate([*seq.thunks, None]):
@@ -970,6 +1039,7 @@ class Lowering:
         # thunk -> (its function, its plan)
         self.native_loops: dict[WhileThunk, tuple[NativeFunction, NativeLoopPlan]] = {}
         self.python_loops: list[Fallback] = []  # while loops left to the Python driver
+        self.loop_depth = 0  # while loops around the computation being lowered
         # sequences with stretches of native thunks: (sequence, [(stretch, its function)])
         self.native_runs: list[tuple[ThunkSequence, list[tuple[NativeRunPlan, Any]]]] = []
         # each value's slice and each instruction's tree, made once: an instruction's are
@@ -1003,16 +1073,14 @@ class Lowering:
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, "native_loops=False"))
             return
         inner = {t: p.one_blas_thread for t, (_, p) in self.native_loops.items()}
-        planned = native_loop_plan(thunk, inner)
+        planned = native_loop_plan(thunk, inner, self.options.get("inline_loop_kernels", False))
         if isinstance(planned, str):
             self.python_loops.append(Fallback(instr.name, instr.opcode.text, planned))
             # the loop stays in Python, its stretches of native thunks need not
             self.plan_native_runs(thunk.condition)
             self.plan_native_runs(thunk.body)
             return
-        plan = planned.plan
-        emit = functools.partial(emit_loop, plan)
-        function = request_function(repr(plan), emit, LOOP_SYMBOL, driver=True)
+        function = request_function(repr(planned.plan), planned.emit, LOOP_SYMBOL, driver=True)
         self.native_loops[thunk] = (function, planned)
 
     def compile_loops(self) -> None:
@@ -1160,10 +1228,13 @@ class Lowering:
         inputs = [self.slice_at(o) for o in instr.operands]
         pairs = in_place_pairs(comp, outputs, inputs)
         site = kernel_site(instr)
+        flush = int(self.flush_denormals)
+        if flush and self.loop_depth:  # may be called with the flush mode set (emit_loop.py)
+            flush = FLUSH_IN_LOOP
         # with `text`, _kernel ran the precheck (self.supported) and in_place_pairs the
         # pairs' checks: the emitter need not run them again
         kernel = kernel_for(
-            comp, instr.name, pairs or (), True, self.flush_denormals, site, text, text is not None
+            comp, instr.name, pairs or (), True, flush, site, text, text is not None
         )
         self.kernels.append((instr.name, kernel))
         return KernelThunk(instr, kernel, outputs, inputs)

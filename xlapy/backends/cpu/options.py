@@ -23,6 +23,12 @@ CPU_OPTIONS: dict[str, Option] = {
         "(default true; lowering.py)",
         boolean,
     ),
+    "inline_loop_kernels": Option(
+        "compile a native loop's small kernels into the loop's own function too, with no "
+        "call per kernel and iteration (default false: each such kernel compiles twice; "
+        "lowering.py, codegen/emit_loop.py)",
+        boolean,
+    ),
     "native_runs": Option(
         "run stretches of kernels, copies and gemms of the entry as one native function "
         "each (default true; lowering.py)",

@@ -30,14 +30,28 @@
 # loop, runtime/control_flow_thunk.py's NativeRun): the function runs them once and returns
 # 0. A batched dot run as a gemm list (runtime/dot_thunk.py's GemmList) is a call of the
 # gemm-list kernel on its table, whose address the table holds too.
+#
+# Kernels flush subnormals by setting the MXCSR around each call, which costs more than a
+# small kernel's work (codegen/emitter.py, understands_flushed_end). A loop whose plan says
+# `flush` sets the flush mode once around its whole run instead, and passes the kernels
+# that understand it (`LoopCall.flushed`) the complement of their extent as `end`, so they
+# leave the MXCSR alone; it restores the caller's MXCSR before it returns.
+#
+# A small kernel of a loop (one that does not split, with no parameter block) may also be
+# compiled into the loop's own object instead of called through the table (`LoopCall.inline`,
+# emit_linked_loop; off by default: it compiles the kernel a second time): its IR is linked
+# into the loop's module under a name of its own with internal linkage, called directly,
+# and LLVM inlines it, so an iteration of a small body is straight-line code with no call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import I1, I8, I32, I64
+from xlapy.backends.cpu.codegen.emitter import MXCSR_FLUSH
 
 LOOP_SYMBOL = "xla_loop"
 
@@ -50,7 +64,10 @@ class LoopCall:
     """Call the kernel at `table[entry]` on the addresses of `slots` over [0, extent); with
     `blocks` > 1, through the parallel-for at `table[pool]` in that many blocks. With `data`
     >= 0, `table[data]` (the address of the kernel's parameter block: a library kernel's)
-    is one more pointer argument after the slots'."""
+    is one more pointer argument after the slots'. With `inline` >= 0 the kernel is the
+    plan's `inlined[inline]`, compiled into the loop and called directly (`entry` unused).
+    `flushed`: the kernel understands emitter.understands_flushed_end and is called with
+    `~extent` in a loop that flushes (LoopPlan.flush)."""
 
     entry: int
     slots: tuple[Slot, ...]
@@ -58,6 +75,8 @@ class LoopCall:
     blocks: int = 1
     pool: int = -1
     data: int = -1
+    inline: int = -1
+    flushed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +152,16 @@ LoopStep = LoopCall | LoopCopy | LoopNested | LoopGemm | LoopSwitch | LoopGemmLi
 class LoopPlan:
     """One iteration: `before` (condition copies and kernels), then a test of the pred byte
     at `pred`; while it is nonzero, `after` (body copies, kernels, copies back). Without a
-    pred, `before` runs once (a straight run; `after` is empty)."""
+    pred, `before` runs once (a straight run; `after` is empty). `inlined`: the object keys
+    of the kernels compiled into the loop (which determine their IR), in the order
+    LoopCall.inline counts them. `flush`: the function runs with the MXCSR flushing
+    subnormals (x86), the caller's MXCSR restored when it returns."""
 
     before: tuple[LoopStep, ...]
     pred: Slot | None
     after: tuple[LoopStep, ...]
+    inlined: tuple[str, ...] = ()
+    flush: bool = False
 
 
 def _kernel_type(arity: int) -> ir.FunctionType:
@@ -175,10 +199,50 @@ def _gemm_call(b: ir.IRBuilder, step: LoopGemm, pointer, table) -> tuple[ir.Valu
     return table(step.entry, gemm_type.as_pointer()), args
 
 
+INLINE_PREFIX = "xlapy_inline_"
+"""Kernel i compiled into a loop is the function INLINE_PREFIX + str(i) there."""
+
+_MXCSR = ("llvm.x86.sse.stmxcsr", "llvm.x86.sse.ldmxcsr")
+
+
+def emit_linked_loop(
+    plan: LoopPlan, kernels: Sequence[tuple[str, str]]
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(the loop's module, the modules to link into it, the functions to make internal) of
+    `plan`, whose `inlined` kernels are `kernels` (IR text, the symbol of its kernel
+    function), each renamed to INLINE_PREFIX + its index."""
+    linked = tuple(
+        text.replace(f'@"{symbol}"', f'@"{INLINE_PREFIX}{i}"')
+        for i, (text, symbol) in enumerate(kernels)
+    )
+    names = tuple(f"{INLINE_PREFIX}{i}" for i in range(len(kernels)))
+    return emit_loop(plan), linked, names
+
+
+def _flushing_wrapper(module: ir.Module, inner: ir.Function) -> None:
+    """LOOP_SYMBOL calling `inner` with the MXCSR's FTZ/DAZ bits set, the caller's MXCSR
+    restored after."""
+    fn = ir.Function(module, LOOP_TYPE, LOOP_SYMBOL)
+    fn.attributes.add("nounwind")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    st, ld = (ir.Function(module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
+              for name in _MXCSR)  # fmt: skip
+    saved, flushing = b.alloca(I32), b.alloca(I32)
+    b.call(st, [b.bitcast(saved, I8.as_pointer())])
+    b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+    b.call(ld, [b.bitcast(flushing, I8.as_pointer())])
+    rc = b.call(inner, list(fn.args))
+    b.call(ld, [b.bitcast(saved, I8.as_pointer())])
+    b.ret(rc)
+
+
 def emit_loop(plan: LoopPlan) -> str:
     """The LLVM IR of `plan` as the function LOOP_SYMBOL."""
     module = ir.Module(name="xla_loop")
-    fn = ir.Function(module, LOOP_TYPE, LOOP_SYMBOL)
+    fn = ir.Function(module, LOOP_TYPE, "xla_loop_flushed" if plan.flush else LOOP_SYMBOL)
+    if plan.flush:
+        fn.linkage = "internal"
+        _flushing_wrapper(module, fn)
     fn.attributes.add("nounwind")
     bases_arg, table_arg, limit, budget = fn.args
     entry = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -226,6 +290,12 @@ def emit_loop(plan: LoopPlan) -> str:
 
     kernel_words: dict[int, ir.Value] = {}
 
+    def inlined(index: int, arity: int) -> ir.Function:
+        name = f"{INLINE_PREFIX}{index}"
+        if name in module.globals:
+            return module.globals[name]
+        return ir.Function(module, _kernel_type(arity), name)
+
     def pointer(b: ir.IRBuilder, slot: Slot) -> ir.Value:
         allocation, offset = slot
         return b.gep(base(allocation), [ir.Constant(I64, offset)])
@@ -253,8 +323,12 @@ def emit_loop(plan: LoopPlan) -> str:
                 args = [pointer(b, s) for s in step.slots]
                 if step.data >= 0:
                     args.append(table(step.data, I8.as_pointer()))
-                callee = table(step.entry, _kernel_type(len(args)).as_pointer())
-                b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, step.extent)])
+                if step.inline >= 0:
+                    callee = inlined(step.inline, len(args))
+                else:
+                    callee = table(step.entry, _kernel_type(len(args)).as_pointer())
+                end = ~step.extent if step.flushed else step.extent
+                b.call(callee, [*args, ir.Constant(I64, 0), ir.Constant(I64, end)])
             else:
                 callee = table(step.entry, LOOP_TYPE.as_pointer())
                 inner = table(step.entry + 1, I64.as_pointer())

@@ -54,6 +54,14 @@
 # restores the caller's MXCSR on exit (constants LLVM folds at compile time are folded in
 # IEEE arithmetic, as XLA folds them). With flush_denormals=False (backend option
 # `denormals="ieee"`) kernels keep IEEE subnormals. Other architectures keep them too.
+# Reading and writing the MXCSR costs ~25 ns a call on the machines measured, more than a
+# small kernel's work: a caller that has set the flush mode itself (a native while loop,
+# codegen/emit_loop.py) passes the bitwise complement of `end` (a negative number, which no
+# other caller passes), and the kernel leaves the MXCSR alone (understands_flushed_end):
+# the body is emitted with `end` and its uses then read the decoded value (one function: a
+# wrapper function around the body cost cold compiles 12% more LLVM time, inlined 30%).
+# Only kernels of while loops are made so (FLUSH_IN_LOOP, the lowering's choice): the test
+# still costs ~10% more LLVM time on small kernels.
 
 from __future__ import annotations
 
@@ -179,6 +187,20 @@ def denormals_flushed(options: Mapping[str, Any]) -> bool:
 
 MXCSR_FLUSH = 0x8040
 """The MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6) bits."""
+
+
+FLUSH_IN_LOOP = 2
+"""The `flush_denormals` of a kernel of a while loop's body or condition: it flushes, and
+on x86 takes an `end` below zero as `~end` with the MXCSR already flushing (see the top of
+the file). Only such kernels carry the test: it costs ~10% more LLVM time on small kernels."""
+
+
+def understands_flushed_end(flush_denormals: int) -> bool:
+    """Whether a kernel made by KernelEmitter with `flush_denormals` takes an `end` below
+    zero as `~end` with the MXCSR already flushing: one of a loop (FLUSH_IN_LOOP) on x86."""
+    return flush_denormals == FLUSH_IN_LOOP and _X86
+
+
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
@@ -186,7 +208,7 @@ def emit_kernel(
     comp: HloComputation,
     name: str = "xla_kernel",
     in_place: Sequence[tuple[int, int]] = (),
-    flush_denormals: bool | None = None,
+    flush_denormals: int | None = None,
     checked: bool = False,
 ) -> KernelSpec:
     """Lower `comp` to an LLVM module holding one kernel function (see the file comment).
@@ -292,13 +314,12 @@ class KernelEmitter:
     whose loop nest counts on it (independent chains interleaved by unrolling) says so."""
 
     def __init__(
-        self, comp: HloComputation, name: str, in_place: tuple = (), flush_denormals: bool = True
+        self, comp: HloComputation, name: str, in_place: tuple = (), flush_denormals: int = True
     ):
         self.comp = comp
         self.name = name
         self.in_place = in_place
         self.flush_denormals = flush_denormals
-        self._saved_mxcsr: ir.Value | None = None
         self.module = ir.Module(name=name)
         self.math = MathEmitter(self.module)
         self.scopes: list[dict] = [{}]
@@ -333,21 +354,19 @@ class KernelEmitter:
         body = fn.append_basic_block("body")
         self.b = ir.IRBuilder(body)
         self.math.b = self.b
-        if self.flush_denormals:
+        self._saved_mxcsr: ir.Value | None = None
+        if self.flush_denormals and not understands_flushed_end(self.flush_denormals):
             self._flush_denormals_on_entry()
         return fn, body
 
     def end_function(self, body) -> None:
+        if understands_flushed_end(self.flush_denormals):
+            self._flush_denormals(body)
+            return
         if self._saved_mxcsr is not None:  # the caller's floating-point mode again
             self.b.call(self._mxcsr_intrinsic("ldmxcsr"), [self._saved_mxcsr])
         self.b.ret_void()
         self.alloca_builder.branch(body)
-
-    def _mxcsr_intrinsic(self, which: str) -> ir.Function:
-        name = f"llvm.x86.sse.{which}"
-        if name in self.module.globals:
-            return self.module.globals[name]
-        return ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
 
     def _flush_denormals_on_entry(self) -> None:
         """On x86, set the MXCSR's FTZ and DAZ bits for the kernel's run (the caller's MXCSR
@@ -363,6 +382,40 @@ class KernelEmitter:
         b.store(b.or_(b.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
         b.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
         self._saved_mxcsr = saved_ptr
+
+    def _flush_denormals(self, body) -> None:
+        """Close the kernel with the MXCSR work of a flushing kernel on x86: set the FTZ and
+        DAZ bits on entry and restore the caller's MXCSR on exit, unless `end` is negative
+        (understands_flushed_end): then the MXCSR is left alone and the body, emitted with
+        `end`, runs on `~end` instead."""
+        b, end = self.alloca_builder, self.fn.args[-1]
+        saved = b.alloca(I32, name="mxcsr.saved")
+        flushing = b.alloca(I32, name="mxcsr.flush")
+        saved_ptr = b.bitcast(saved, I8.as_pointer())
+        flushing_ptr = b.bitcast(flushing, I8.as_pointer())
+        preset = b.icmp_signed("<", end, ir.Constant(I64, 0), name="mxcsr.preset")
+        flipped = b.not_(end)
+        real_end = b.select(preset, flipped, end, name="end.real")
+        for block in self.fn.blocks:
+            for instruction in block.instructions:
+                if instruction not in (preset, flipped, real_end):
+                    instruction.replace_usage(end, real_end)
+        flush = self.fn.append_basic_block("mxcsr.flush")
+        b.cbranch(preset, body, flush)
+        fb = ir.IRBuilder(flush)
+        fb.call(self._mxcsr_intrinsic("stmxcsr"), [saved_ptr])
+        fb.store(fb.or_(fb.load(saved), ir.Constant(I32, MXCSR_FLUSH)), flushing)
+        fb.call(self._mxcsr_intrinsic("ldmxcsr"), [flushing_ptr])
+        fb.branch(body)
+        with self.b.if_then(self.b.not_(preset)):  # the caller's floating-point mode again
+            self.b.call(self._mxcsr_intrinsic("ldmxcsr"), [saved_ptr])
+        self.b.ret_void()
+
+    def _mxcsr_intrinsic(self, which: str) -> ir.Function:
+        name = f"llvm.x86.sse.{which}"
+        if name in self.module.globals:
+            return self.module.globals[name]
+        return ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer()]), name)
 
     def emit(self) -> KernelSpec:
         n_ptrs = len(self.out_leaves) + len(self.params)
@@ -938,7 +991,6 @@ class StandaloneKernelEmitter(KernelEmitter):
     def __init__(self, symbol: str, flush_denormals: bool):
         self.name = symbol
         self.flush_denormals = flush_denormals
-        self._saved_mxcsr = None
         self.module = ir.Module(name=symbol)
         self.math = MathEmitter(self.module)
         self.scopes = [{}]

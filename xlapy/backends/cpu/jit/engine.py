@@ -314,6 +314,33 @@ def assembly(mod: llvm.ModuleRef) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkedIR:
+    """IR for one object made of several modules: `main` with each of `linked` linked into
+    it, and then the functions named in `internal` given internal linkage (so that they are
+    not exported, and LLVM drops them once it has inlined every call): a native loop with
+    its small kernels compiled into it (codegen/emit_loop.py)."""
+
+    main: str
+    linked: tuple[str, ...]
+    internal: tuple[str, ...]
+
+
+def _parse_linked(ir: LinkedIR, context, rename: tuple[str, str]) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(ir.main, context)
+    for text in ir.linked:
+        other = llvm.parse_assembly(text, context)
+        other.triple, other.data_layout = host_target().triple, data_layout()
+        mod.link_in(other)
+    for name in ir.internal:
+        mod.get_function(name).linkage = "internal"
+    mod.triple = host_target().triple
+    mod.data_layout = data_layout()
+    mod.get_function(rename[0]).name = rename[1]
+    mod.verify()
+    return mod
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledObject:
     """An object file and where it came from."""
 
@@ -323,7 +350,7 @@ class CompiledObject:
 
 
 def compile_object(
-    ir_text: str,
+    ir_text: str | LinkedIR,
     use_cache: bool = True,
     symbol: str = "xla_kernel",
     key: str | None = None,
@@ -338,18 +365,25 @@ def compile_object(
     whose loops are already vectorized and tiled for registers, where O3 makes the same
     inner loops at two to three times the cost; `driver`: code that only calls other code
     and moves bytes (a native loop, codegen/emit_loop.py), optimized by the short pipeline
-    and generated at DRIVER_CODEGEN_LEVEL. The caller's key must say which (`key` is
-    required for either)."""
-    if (light or driver) and key is None:
-        raise ValueError("a light or driver compile needs the key its caller made for it")
-    key = key or cache_key(ir_text)
+    and generated at DRIVER_CODEGEN_LEVEL (not for LinkedIR: kernels linked into a loop's
+    object are real code, compiled as usual). The caller's key must say which (`key` is
+    required for any of them, as for LinkedIR)."""
+    linked = isinstance(ir_text, LinkedIR)
+    if (light or driver or linked) and key is None:
+        raise ValueError("a light, driver or linked compile needs the key its caller made for it")
+    driver = driver and not linked
+    key = key or cache_key(str(ir_text))
     if use_cache:
         data = read_entry(key, ".o", directory)
         if data is not None:
             return CompiledObject(key, data, True)
     tm = _thread_target_machine(DRIVER_CODEGEN_LEVEL if driver else 3)
     with phase("LLVM parse and verify"):
-        mod = _parse(ir_text, llvm.create_context(), (symbol, exported_symbol(key)))
+        rename = (symbol, exported_symbol(key))
+        if isinstance(ir_text, LinkedIR):
+            mod = _parse_linked(ir_text, llvm.create_context(), rename)
+        else:
+            mod = _parse(ir_text, llvm.create_context(), rename)
     with phase("LLVM optimization"):
         _run_pipeline(mod, tm, locked=False, light=light or driver)
     with phase("LLVM code generation"):

@@ -43,7 +43,7 @@ UNKEYED_OPTIONS = frozenset({"custom_calls"})
 read by the lowering alone, which every compile runs, never by what the entry holds."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
-KernelId = tuple[str, tuple[tuple[int, int], ...], bool]
+KernelId = tuple[str, tuple[tuple[int, int], ...], int]
 """A kernel's place in a program: (site, in-place pairs, flush denormals), the site being
 "computation/instruction" (kernel.kernel_site)."""
 
@@ -143,7 +143,7 @@ def _decode(key: str, payload: bytes) -> Entry:
     for name, pairs, flush, kernel_key, object_key, outputs, params, extent in doc["kernels"]:
         if not (_HEX64.fullmatch(kernel_key) and object_key in book.objects):
             raise ValueError(f"kernel {name!r} names an object the entry does not hold")
-        kid = (str(name), tuple((int(o), int(i)) for o, i in pairs), bool(flush))
+        kid = (str(name), tuple((int(o), int(i)) for o, i in pairs), int(flush))
         book.known[kid] = KernelRecord(
             kernel_key, object_key, tuple(map(str, outputs)), tuple(map(str, params)), int(extent)
         )

@@ -51,6 +51,7 @@ from xlapy.backends.cpu.codegen.emitter import (
     emit_kernel,
     outer_extent_of,
     output_leaves,
+    understands_flushed_end,
 )
 from xlapy.backends.cpu.jit import engine as jit
 from xlapy.backends.cpu.jit.compile_timing import phase
@@ -334,7 +335,7 @@ def _queue_bytes(key: str, data: bytes) -> tuple[Future, bool]:
 
 
 def _request(
-    ir_text: str,
+    ir_text: str | jit.LinkedIR,
     key: str,
     symbol: str,
     defer: bool,
@@ -365,7 +366,7 @@ def _request(
 
 def _compile_and_queue(
     future: Future,
-    ir_text: str,
+    ir_text: str | jit.LinkedIR,
     key: str,
     symbol: str,
     on_loaded: Callable[[], None] | None,
@@ -398,6 +399,10 @@ class Kernel:
     cache_keys: tuple[str, str] | None = None
     """(kernel entry key, object key) of a kernel from the disk cache, recorded in a
     whole-executable entry (executable_cache.py)."""
+    flushed_end = False
+    """Whether the kernel understands emitter.understands_flushed_end (a computation's kernel that
+    flushes subnormals on x86): a native loop that has set the flush mode calls it with
+    `~end` and it leaves the MXCSR alone."""
 
     def __init__(self, spec: KernelSpec, name: str | None = None, use_cache: bool = True):
         self._spec: KernelSpec | None = spec
@@ -462,6 +467,11 @@ class Kernel:
                 )
             self._spec = self._emit()
         return self._spec
+
+    @property
+    def has_ir(self) -> bool:
+        """Whether `spec` can answer (a kernel from a program image keeps no IR)."""
+        return self._spec is not None or self._emit is not None
 
     @property
     def llvm_ir(self) -> str:
@@ -557,7 +567,7 @@ def compile_computation(
     in_place: Sequence[tuple[int, int]] = (),
     defer: bool = False,
     comp_text: str | None = None,
-    flush_denormals: bool | None = None,
+    flush_denormals: int | None = None,
     checked: bool = False,
 ) -> Kernel:
     """Emit, optimize (or fetch from the caches) and load the kernel of `comp`.
@@ -565,7 +575,8 @@ def compile_computation(
     emitter.in_place_reason); the kernel reads those parameters through the outputs.
     `defer`: compile on the compile pool; the kernel is usable after `kernel.wait()`.
     `comp_text`: `print_canonical(comp)` when the caller has it.
-    `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour) or kept (IEEE);
+    `flush_denormals`: subnormals flushed to zero (XLA:CPU's behaviour; emitter.FLUSH_IN_LOOP
+    for a kernel of a while loop: also callable with the flush mode set) or kept (IEEE);
     None: as $XLAPY_CPU_DENORMALS says (emitter.denormals_flushed).
     `checked`: the caller ran the emitter's checks (emit_kernel's `checked`).
     Raises UnsupportedForCodegen (at once) when the emitter cannot lower `comp`."""
@@ -584,7 +595,7 @@ def compile_computation(
         "kernel",
         comp_text or print_canonical(comp),
         repr(pairs),
-        "flush-denormals" if flush_denormals else "ieee-denormals",
+        ("ieee-denormals", "flush-denormals", "flush-denormals-in-loop")[int(flush_denormals)],
         source_fingerprint(),
     )
     hit = _read_entry(key, comp, pairs)
@@ -594,6 +605,7 @@ def compile_computation(
         if request is not None:
             kernel = Kernel._deferred(signature, symbol, request, None, emit, object_key)
             kernel.cache_keys = key, object_key
+            kernel.flushed_end = understands_flushed_end(flush_denormals)
             return kernel if defer else kernel.wait()
         # the entry outlived its object (or the object is damaged): compile again
     spec = emit()
@@ -607,6 +619,7 @@ def compile_computation(
 
     request = _request(spec.llvm_ir, object_key, SYMBOL, defer, store_entry)
     kernel = Kernel._deferred(signature, symbol, request, spec, emit, object_key)
+    kernel.flushed_end = understands_flushed_end(flush_denormals)
     if store_entry is not None:
         kernel.cache_keys = key, object_key
     return kernel if defer else kernel.wait()
@@ -751,7 +764,7 @@ def kernel_for(
     name: str,
     in_place: tuple[tuple[int, int], ...] = (),
     defer: bool = False,
-    flush_denormals: bool = True,
+    flush_denormals: int = True,
     site: str | None = None,
     text: str | None = None,
     checked: bool = False,
@@ -838,6 +851,7 @@ def _from_book(book: KernelBook, kid: KernelId, comp: HloComputation, name: str)
 
     kernel = Kernel._deferred(signature, symbol_name(name), request, None, emit, record.object_key)
     kernel.cache_keys = record.kernel_key, record.object_key
+    kernel.flushed_end = understands_flushed_end(flush)
     with _kernel_lock:
         return _kernel_cache.setdefault(memo, kernel)
 
@@ -911,7 +925,7 @@ def _function_from_image(key: str) -> NativeFunction:
 
 def request_function(
     description: str,
-    emit: Callable[[], str],
+    emit: Callable[[], str | jit.LinkedIR],
     symbol: str,
     light: bool = False,
     driver: bool = False,

@@ -251,13 +251,16 @@ class KernelThunk(Thunk):
     def kernels(self) -> list[NativeKernel]:
         return [self.kernel]
 
-    def cost(self) -> float:
-        elements = work_elements(self.instr, self.outputs)
+    def elements(self) -> int:
+        """The elements a run computes (an in-place kernel: the window it writes)."""
         if self.kernel.in_place:  # writes the window its other inputs give
             shared = {i for _, i in self.kernel.in_place}
             others = [s for i, s in enumerate(self.inputs) if i not in shared]
-            elements = max((s.shape.num_elements for s in others), default=1)
-        return 1_000 + elements * NS_PER_KERNEL_ELEMENT
+            return max((s.shape.num_elements for s in others), default=1)
+        return work_elements(self.instr, self.outputs)
+
+    def cost(self) -> float:
+        return 1_000 + self.elements() * NS_PER_KERNEL_ELEMENT
 
     def runs_alone(self) -> bool:
         return self.chunks == 1
