@@ -2106,6 +2106,13 @@ KNOWN_DIFFERENCES = {
     "of the tenth session, through a one-trip while loop); xlapy gives the wrapped square's "
     "absolute value, 694967296, as HLO's abs means. The oracle keeps the interpreter's value; "
     "such a program is reported as an XLA mismatch and decided here (rare: 1 in ~3,000).",
+    "conv-negative-padding": "XLA:CPU reads past the input of a 1-D convolution padded "
+    "-1 low and +1 high with 3 input features: all-ones f32[2,3,4] (bf0) x f32[1,3,3] (oi0), "
+    "window={size=3 pad=-1_1}, gave [9, 8] per row where the zero padding makes it [9, 6] "
+    "(random operands gave values up to 5e24; seed 2611200 of the eleventh session, "
+    "f32[3,3,4] x f32[1,3,3]); 1 or 2 features, or pads -1_0, 0_1 and -1_2, were right. "
+    "xlapy and the interpreter give the padded sum. Reported as an XLA mismatch and decided "
+    "here (1 in ~3,000).",
     "stablehlo-translation": "The StableHLO sides feed xlapy what XLA's own HLO -> "
     "StableHLO translation writes: an HLO copy becomes mhlo.copy (the importer takes it as a "
     "copy, but jaxlib's compile path refuses it before the plugin sees it: such programs skip "

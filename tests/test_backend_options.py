@@ -46,6 +46,7 @@ VALID = {
         "collective_timeout": 2.5,
         "memory_scheduler": "dfs",
         "fft_library": "scipy",
+        "max_isa": "AVX2",
     },
     "interpreter": {
         "max_while_iterations": 5,
@@ -74,6 +75,7 @@ BAD_VALUES = {
     "collective_timeout": "soon",
     "memory_scheduler": "fastest",
     "fft_library": "fftw",
+    "max_isa": "AVX3",
 }
 
 

@@ -262,6 +262,7 @@ OPTION_VALUES = {
     "collective_timeout": (5.0, 6.0),
     "memory_scheduler": ("plan", "dfs"),
     "fft_library": ("ducc0", "scipy"),
+    "max_isa": ("host", "SSE4_2"),
 }
 
 
@@ -292,6 +293,27 @@ def test_environment_that_changes_code_is_in_the_key(monkeypatch):
     monkeypatch.delenv(jit.OPT_LEVEL_ENV)
     assert key() == base
     jit.opt_level.cache_clear()
+
+
+def test_the_maximum_isa_from_the_environment_is_in_the_key(monkeypatch):
+    if not jit.native_target().triple.startswith("x86_64"):
+        pytest.skip("the ISA levels are x86's")
+    text = unary("  ROOT r = f32[5,5] sine(x)")
+
+    def key(level: str | None) -> str:
+        if level is None:
+            monkeypatch.delenv(jit.MAX_ISA_ENV, raising=False)
+        else:
+            monkeypatch.setenv(jit.MAX_ISA_ENV, level)
+        jit._env_isa.cache_clear()
+        return executable_cache.cache_key(text, {}, emitter.denormals_flushed({}))
+
+    try:
+        assert key(None) != key("SSE4_2") != key("AVX2")
+        assert key("avx2") == key("AVX2")
+    finally:
+        monkeypatch.undo()  # the process's own level again (a run under one)
+        jit._env_isa.cache_clear()
 
 
 LOWERING_ENV = {"XLAPY_CPU_CONCURRENCY": ("off", "always")}

@@ -288,11 +288,12 @@ print(info["active_profile"], "|", info["available_profiles"][-1], "|",
 """
 
 
-@pytest.mark.parametrize("user_level", [None, "1"])
-def test_ducc_kernel_level_capped_at_avx2_unless_the_user_says(user_level):
+@pytest.mark.parametrize(("user_level", "max_isa"), [(None, None), ("1", None), (None, "SSE4_2")])
+def test_ducc_kernel_level_capped_at_avx2_unless_the_user_says(user_level, max_isa):
     """xlapy imports ducc0 with its kernels capped at x86-64-v3 (AVX2: its AVX-512 build ran
     f32 transforms at half speed on an AVX-512 AMD EPYC), leaves the process's environment
-    as it was, and respects a user's own DUCC0_MAX_PSABI_LEVEL."""
+    as it was, and respects a user's own DUCC0_MAX_PSABI_LEVEL; $XLAPY_CPU_MAX_ISA below
+    AVX2 caps it at its baseline build."""
     import os
     import subprocess
     import sys
@@ -300,9 +301,12 @@ def test_ducc_kernel_level_capped_at_avx2_unless_the_user_says(user_level):
     ducc0 = pytest.importorskip("ducc0")
     if not hasattr(ducc0.misc, "cpu_info") or not ducc0.misc.cpu_info().get("multiarch"):
         pytest.skip("this ducc0 has one kernel build (no multiarch profiles to choose)")
-    env = {k: v for k, v in os.environ.items() if k != "DUCC0_MAX_PSABI_LEVEL"}
+    drop = ("DUCC0_MAX_PSABI_LEVEL", "XLAPY_CPU_MAX_ISA")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     if user_level is not None:
         env["DUCC0_MAX_PSABI_LEVEL"] = user_level
+    if max_isa is not None:
+        env["XLAPY_CPU_MAX_ISA"] = max_isa
     done = subprocess.run(
         [sys.executable, "-c", _PROFILE_PROBE],
         env=env,
@@ -312,7 +316,10 @@ def test_ducc_kernel_level_capped_at_avx2_unless_the_user_says(user_level):
     )
     assert done.returncode == 0, done.stderr
     active, widest, left = (part.strip() for part in done.stdout.split("|"))
-    if user_level is None:
+    if max_isa is not None:
+        assert left == "unset"
+        expected = "x86-64"
+    elif user_level is None:
         assert left == "unset"
         expected = "x86-64-v3" if widest in ("x86-64-v3", "x86-64-v4") else widest
     else:

@@ -32,6 +32,7 @@ from xlapy.backends.cpu.codegen.emitter import denormals_flushed
 from xlapy.backends.cpu.jit import executable_cache, module_cache
 from xlapy.backends.cpu.jit.compile_timing import phase
 from xlapy.backends.cpu.jit.disk_cache import warn_rejected
+from xlapy.backends.cpu.jit.engine import compiling_for, parse_isa
 from xlapy.backends.cpu.jit.executable_cache import KernelBook
 from xlapy.backends.cpu.jit.kernel import Kernel, using_book
 from xlapy.backends.cpu.runtime.loadable import deferred_attribute
@@ -94,19 +95,24 @@ def compile_module(
     the caller has it, is `module.to_text()`. A program compiled before with the same
     options comes from its whole-executable cache entry (jit/executable_cache.py). Python's
     cyclic garbage collector is paused meanwhile (xlapy/gc_pause.py)."""
-    with collector_paused():
-        return _compile_module(module, options, text)
+    options = dict(options or {})
+    with collector_paused(), compiling_for(_max_isa(options)):
+        return _compile_module(module, options, module.to_text() if text is None else text)
 
 
-def _compile_module(
-    module: HloModule, options: Mapping[str, Any] | None, text: str | None
-) -> CompiledModule:
-    """`compile_module` with the collector already paused."""
+def _max_isa(options: Mapping[str, Any]) -> str | bool | None:
+    """The ISA level option `max_isa` asks for (None: the host's every feature), or False
+    when it is not given ($XLAPY_CPU_MAX_ISA decides)."""
+    if "max_isa" not in options:
+        return False
+    return parse_isa(options["max_isa"], "the option max_isa")
+
+
+def _compile_module(module: HloModule, options: dict[str, Any], text: str) -> CompiledModule:
+    """`compile_module` with the collector paused and the ISA level set."""
     from xlapy.backends.cpu.lowering import Lowering
     from xlapy.memory.buffer_assignment import assign_buffers
 
-    options = dict(options or {})
-    text = module.to_text() if text is None else text
     key = executable_cache.cache_key(text, options, denormals_flushed(options))
     use_entries = executable_cache.enabled()
     entry = executable_cache.read(key) if use_entries else None

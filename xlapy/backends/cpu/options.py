@@ -6,9 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from xlapy.backends.cpu.codegen.emitter import DENORMALS
+from xlapy.backends.cpu.jit.engine import ISA_LEVELS, parse_isa
 from xlapy.backends.cpu.runtime.fft_thunk import LIBRARIES as FFT_LIBRARIES
 from xlapy.backends.cpu.runtime.thunk_graph import MODES
 from xlapy.backends.options import MEMORY_SCHEDULER, Option, boolean, integer, one_of
+from xlapy.errors import XlapyError
+
+
+def _isa(value: Any) -> str | None:
+    try:
+        parse_isa(value)
+    except XlapyError:
+        return "one of " + ", ".join(ISA_LEVELS) + " or 'host'"
+    return None
 
 
 def _concurrency(value: Any) -> str | None:
@@ -80,6 +90,12 @@ CPU_OPTIONS: dict[str, Option] = {
         "'flush' subnormals to zero as XLA:CPU does (default), or keep them: 'ieee' "
         "(codegen/emitter.py)",
         one_of(*DENORMALS),
+    ),
+    "max_isa": Option(
+        "the widest x86 ISA level kernels may use: SSE4_2, AVX, AVX2, AVX512, AVX512_VNNI, "
+        "AVX512_BF16, AMX, or 'host' (XLA:CPU's xla_cpu_max_isa; default $XLAPY_CPU_MAX_ISA, "
+        "else every feature of the host; jit/engine.py)",
+        _isa,
     ),
     "max_while_iterations": Option(
         "a while loop that runs more iterations fails (ExecutionError; lowering.py)", integer(0)

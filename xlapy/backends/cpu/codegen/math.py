@@ -255,6 +255,9 @@ class MathEmitter:
         a = self.clamp(self.fabs(x), 0.0, 9.02)
         t = b.fmul(a, a)
         ratio = b.fdiv(b.fmul(a, self.horner(t, list(self._TANH_P))), self.horner(t, self._TANH_Q))
+        # exactly 1 from saturation on: without FMA (max_isa below AVX2, an x86 without it)
+        # the rational's unfused Horner steps gave 1 - 2^-24 there
+        ratio = self.select(b.fcmp_ordered(">=", a, _c(F32, 9.02)), _c(F32, 1.0), ratio)
         return self.copysign(self.clamp(ratio, 0.0, 1.0), x)
 
     def logistic(self, x):

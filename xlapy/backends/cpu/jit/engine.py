@@ -40,12 +40,15 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import functools
 import hashlib
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,12 +94,76 @@ def _initialize() -> None:
 # LLVM narrows f64 -> f16 with a call to __truncdfhf2 (x86 has no instruction for it); it
 # makes one out of an f64 math result truncated to f32 and stored as f16 (an f16 cbrt over a
 # transposed operand), and the JIT left the call unresolved: the kernel jumped to address 0.
-# Each is compiled here, once, the first time a loaded object names it.
+# Without F16C (an x86 before AVX, or a maximum ISA of SSE4_2: `max_isa`) every f16 <-> f32
+# conversion is such a call, __extendhfsf2 and __truncsfhf2: both are written here with
+# integer operations (and SSE2 float ones), so they need no F16C themselves.
+# Each is compiled here, once, the first time a loaded object names it (after the builtins
+# its own text calls).
 RUNTIME_BUILTINS = {
+    # f16 bits -> f32 bits: rebias a normal's exponent, widen an infinity or NaN, and scale
+    # a subnormal's mantissa by 2^-24 (exact, and a normal f32, so DAZ/FTZ leave it alone)
+    "__extendhfsf2": """
+define float @__extendhfsf2(half %h) {
+  %b = bitcast half %h to i16
+  %w = zext i16 %b to i32
+  %sign = and i32 %w, 32768
+  %s = shl i32 %sign, 16
+  %e = lshr i32 %w, 10
+  %exp = and i32 %e, 31
+  %man = and i32 %w, 1023
+  %m13 = shl i32 %man, 13
+  %e2 = add i32 %exp, 112
+  %e3 = shl i32 %e2, 23
+  %normal = or i32 %e3, %m13
+  %special = or i32 %m13, 2139095040
+  %is_special = icmp eq i32 %exp, 31
+  %ns = select i1 %is_special, i32 %special, i32 %normal
+  %mf = uitofp i32 %man to float
+  %sub = fmul float %mf, 0x3E70000000000000
+  %subbits = bitcast float %sub to i32
+  %is_sub = icmp eq i32 %exp, 0
+  %mag = select i1 %is_sub, i32 %subbits, i32 %ns
+  %r = or i32 %mag, %s
+  %f = bitcast i32 %r to float
+  ret float %f
+}
+""",
+    # f32 -> f16 rounded to nearest even: |x| >= 65536 (or a carry past 65504) is an
+    # infinity, a NaN the quiet NaN; a subnormal result comes out of adding 0.5 (whose
+    # ulp is f16's smallest subnormal, so the f32 add rounds it); a normal one from
+    # rebiasing the exponent and adding half an ulp less one, plus the kept last bit
+    "__truncsfhf2": """
+define half @__truncsfhf2(float %f) {
+  %u = bitcast float %f to i32
+  %sign = and i32 %u, -2147483648
+  %a = and i32 %u, 2147483647
+  %isnan = icmp ugt i32 %a, 2139095040
+  %special = select i1 %isnan, i32 32256, i32 31744
+  %big = icmp uge i32 %a, 1199570944
+  %af = bitcast i32 %a to float
+  %sum = fadd float %af, 5.000000e-01
+  %sb = bitcast float %sum to i32
+  %subr = sub i32 %sb, 1056964608
+  %small = icmp ult i32 %a, 947912704
+  %odd = lshr i32 %a, 13
+  %oddb = and i32 %odd, 1
+  %t1 = add i32 %a, -939520001
+  %t2 = add i32 %t1, %oddb
+  %nr = lshr i32 %t2, 13
+  %m1 = select i1 %small, i32 %subr, i32 %nr
+  %m2 = select i1 %big, i32 %special, i32 %m1
+  %s16 = lshr i32 %sign, 16
+  %r = or i32 %m2, %s16
+  %h16 = trunc i32 %r to i16
+  %h = bitcast i16 %h16 to half
+  ret half %h
+}
+""",
     # round to odd in f32 (truncate toward zero, set the last bit when inexact), then the
-    # one rounding to f16 (native with F16C) gives the correctly rounded result
+    # one rounding to f16 gives the correctly rounded result
     "__truncdfhf2": """
 declare double @llvm.fabs.f64(double)
+declare half @__truncsfhf2(float)
 define half @__truncdfhf2(double %x) {
   %y = fptrunc double %x to float
   %bits = bitcast float %y to i32
@@ -114,7 +181,7 @@ define half @__truncdfhf2(double %x) {
   %r = bitcast i32 %rbits to float
   %nan = fcmp uno double %x, %x
   %pick = select i1 %nan, float %y, float %r
-  %h = fptrunc float %pick to half
+  %h = call half @__truncsfhf2(float %pick)
   ret half %h
 }
 """,
@@ -123,16 +190,18 @@ _builtin_engines: dict[str, object] = {}
 
 
 def _provide_builtins(data: bytes) -> None:
-    """Compile and register the RUNTIME_BUILTINS that object `data` names (under _lock)."""
+    """Compile and register the RUNTIME_BUILTINS that object `data` names (under _lock), for
+    the host CPU (they run on it, whatever level the kernels calling them were made for)."""
     for name, text in RUNTIME_BUILTINS.items():
         if name in _builtin_engines or name.encode() not in data:
             continue
+        _provide_builtins(text.replace(f"@{name}(", "").encode())  # those it calls, first
         module = llvm.parse_assembly(text)
-        module.triple = llvm.get_process_triple()
+        host = native_target()
+        module.triple = host.triple
         module.verify()
-        target = llvm.Target.from_triple(module.triple)
-        machine = target.create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2
+        machine = llvm.Target.from_triple(host.triple).create_target_machine(
+            cpu=host.cpu, features=host.features, opt=2
         )
         engine = llvm.create_mcjit_compiler(module, machine)
         engine.finalize_object()
@@ -142,16 +211,77 @@ def _provide_builtins(data: bytes) -> None:
 
 @dataclass(frozen=True, slots=True)
 class HostTarget:
-    """The host CPU as LLVM sees it."""
+    """A target LLVM generates code for: the host CPU, or the host CPU with the features
+    above a maximum ISA level turned off (`max_isa`)."""
 
     triple: str
     cpu: str
     features: str
 
 
+MAX_ISA_ENV = "XLAPY_CPU_MAX_ISA"
+"""Environment variable: the widest x86 ISA level kernels may use (ISA_LEVELS; default: all
+the host has). The CPU backend's option `max_isa` sets it for one compile."""
+
+ISA_LEVELS = ("SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX")
+"""The levels of XLA:CPU's `xla_cpu_max_isa`, oldest first; each allows the features of the
+levels before it. AMX, the last, also allows every newer vector feature LLVM knows."""
+
+_INTRODUCED_AT: tuple[tuple[str, str], ...] = (
+    # (LLVM feature, or a prefix ending in '*'; the level that brings it): first match wins
+    ("avx512vnni", "AVX512_VNNI"),
+    ("avx512bf16", "AVX512_BF16"),
+    ("avx512fp16", "AMX"),
+    ("avx512*", "AVX512"),
+    ("evex512", "AVX512"),
+    ("avx10*", "AMX"),
+    ("amx*", "AMX"),
+    ("avxvnni*", "AMX"),
+    ("avxifma", "AMX"),
+    ("avxneconvert", "AMX"),
+    ("sha512", "AMX"),
+    ("sm3", "AMX"),
+    ("sm4", "AMX"),
+    ("avx2", "AVX2"),
+    ("fma", "AVX2"),
+    ("vaes", "AVX2"),
+    ("vpclmulqdq", "AVX2"),
+    ("avx", "AVX"),
+    ("f16c", "AVX"),
+    ("fma4", "AVX"),
+    ("xop", "AVX"),
+)
+"""Which level brings each vector feature above SSE4.2 (FMA3 comes with AVX2, as in XLA;
+the VEX forms of later AVX-512 features, AVX10 and AMX with the last level). A feature not
+listed (scalar ones: popcnt, bmi, ...) is kept at every level."""
+
+
+def parse_isa(value: object, where: str = MAX_ISA_ENV) -> str | None:
+    """The ISA level `value` names (case-insensitive; "AVX512F" is AVX512), or None for no
+    cap ("", None or "host"); anything else is a XlapyError naming `where`."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise XlapyError(f"{where} must be one of {', '.join(ISA_LEVELS)}, got {value!r}")
+    name = value.strip().upper().replace(".", "_")
+    if name in ("", "HOST"):
+        return None
+    name = {"AVX512F": "AVX512", "SSE42": "SSE4_2"}.get(name, name)
+    if name not in ISA_LEVELS:
+        raise XlapyError(f"{where} must be one of {', '.join(ISA_LEVELS)}, got {value!r}")
+    return name
+
+
+def _level_of(feature: str) -> int:
+    for pattern, level in _INTRODUCED_AT:
+        if feature == pattern or (pattern.endswith("*") and feature.startswith(pattern[:-1])):
+            return ISA_LEVELS.index(level)
+    return -1
+
+
 @functools.cache
-def host_target() -> HostTarget:
-    """Triple, CPU name and feature string of the machine running xlapy."""
+def native_target() -> HostTarget:
+    """Triple, CPU name and feature string of the machine running xlapy, all features on."""
     _initialize()
     return HostTarget(
         llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
@@ -159,26 +289,94 @@ def host_target() -> HostTarget:
 
 
 @functools.cache
-def target_machine():
-    """The O3 target machine for the host CPU that optimization and code emission share."""
-    return new_target_machine()
+def capped_target(level: str | None) -> HostTarget:
+    """The host target with the features above ISA level `level` off (None: native_target).
+    The features turned off are listed after all the others: LLVM applies the string in
+    order, and turning one off also turns off every feature that implies it. A level on a
+    host that is not x86 is a XlapyError (the levels are x86's)."""
+    host = native_target()
+    if level is None:
+        return host
+    if not host.triple.startswith(("x86_64", "i386", "i686")):
+        raise XlapyError(
+            f"the maximum ISA {level} (${MAX_ISA_ENV} or the option max_isa) names an x86 "
+            f"level; this host is {host.triple}: leave it unset"
+        )
+    cap = ISA_LEVELS.index(level)
+    kept, off = [], []
+    for flag in host.features.split(","):
+        name = flag[1:]
+        if _level_of(name) > cap:
+            off.append(f"-{name}")
+        elif flag:
+            kept.append(flag)
+    return HostTarget(host.triple, host.cpu, ",".join(kept + off))
 
 
-def new_target_machine(level: int = 3):
-    """A fresh target machine for the host CPU, code generation at `level` (3 unless said:
-    see DRIVER_CODEGEN_LEVEL); an execution engine takes ownership of the one it is given,
-    so each engine needs its own; non-PIC, large code model (see the top of this file)."""
-    host = host_target()
-    target = llvm.Target.from_triple(host.triple)
-    return target.create_target_machine(
+_max_isa: contextvars.ContextVar[str | bool | None] = contextvars.ContextVar(
+    "xlapy_max_isa", default=False
+)
+"""A compile's maximum ISA level (`compiling_for`); False outside one: $XLAPY_CPU_MAX_ISA."""
+
+
+@functools.cache
+def _env_isa() -> str | None:
+    return parse_isa(os.environ.get(MAX_ISA_ENV))
+
+
+def max_isa() -> str | None:
+    """The maximum ISA level code is generated for now: the compile's (`compiling_for`),
+    else $XLAPY_CPU_MAX_ISA (read once); None: the host's every feature."""
+    level = _max_isa.get()
+    return _env_isa() if level is False else level  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def compiling_for(level: str | bool | None) -> Iterator[None]:
+    """Within the block (and the compile-pool work it submits: kernel.py passes its
+    context on), code is generated for ISA level `level` (None: the host's every feature;
+    False: $XLAPY_CPU_MAX_ISA)."""
+    token = _max_isa.set(level)
+    try:
+        yield
+    finally:
+        _max_isa.reset(token)
+
+
+def host_target() -> HostTarget:
+    """The target every kernel is generated for: the host CPU with the features above
+    `max_isa()` turned off. Its CPU name and features are part of every cache key
+    (content_key), so code made for one level is never used at another."""
+    return capped_target(max_isa())
+
+
+def target_machine(target: HostTarget | None = None):
+    """The O3 target machine for `target` (default: host_target()) that optimization and
+    code emission share."""
+    return _shared_target_machine(target or host_target())
+
+
+@functools.cache
+def _shared_target_machine(target: HostTarget):
+    return new_target_machine(target)
+
+
+def new_target_machine(target: HostTarget | None = None, level: int = 3):
+    """A fresh target machine for `target` (default: host_target()), code generation at
+    `level` (3 unless said: see DRIVER_CODEGEN_LEVEL); an execution engine takes ownership
+    of the one it is given, so each engine needs its own; non-PIC, large code model (see
+    the top of this file)."""
+    host = target or host_target()
+    machine = llvm.Target.from_triple(host.triple)
+    return machine.create_target_machine(
         cpu=host.cpu, features=host.features, opt=level, reloc="static", codemodel="large"
     )
 
 
 @functools.cache
 def data_layout() -> str:
-    """The host target's data layout string."""
-    return str(target_machine().target_data)
+    """The host target's data layout string (the same at every ISA level)."""
+    return str(target_machine(native_target()).target_data)
 
 
 OPT_LEVEL_ENV = "XLAPY_CPU_LLVM_OPT"
@@ -237,16 +435,18 @@ def _thread_target_machine(level: int = 3):
     machines = getattr(_local, "machines", None)
     if machines is None:
         machines = _local.machines = {}
-    tm = machines.get(level)
+    target = host_target()
+    tm = machines.get((target, level))
     if tm is None:
-        tm = machines[level] = new_target_machine(level)
+        tm = machines[(target, level)] = new_target_machine(target, level)
     return tm
 
 
-def optimize(ir_text: str) -> llvm.ModuleRef:
-    """Parse `ir_text` and run LLVM's O3 pipeline on it for the host CPU."""
+def optimize(ir_text: str, target: HostTarget | None = None) -> llvm.ModuleRef:
+    """Parse `ir_text` and run LLVM's O3 pipeline on it for `target` (default:
+    host_target())."""
     mod = _parse(ir_text, llvm.get_global_context())
-    _run_pipeline(mod, target_machine(), locked=True)
+    _run_pipeline(mod, target_machine(target), locked=True)
     return mod
 
 
@@ -309,8 +509,9 @@ def _emit_object_unlocked(mod: llvm.ModuleRef, tm) -> bytes:
         llvm.ffi.lib.LLVMPY_DisposeMemoryBuffer(buf)
 
 
-def assembly(mod: llvm.ModuleRef) -> str:
-    return target_machine().emit_assembly(mod)
+def assembly(mod: llvm.ModuleRef, target: HostTarget | None = None) -> str:
+    """The assembly of `mod` (optimized) for `target` (default: host_target())."""
+    return target_machine(target).emit_assembly(mod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,8 +597,8 @@ def compile_object(
 
 def _new_engine() -> llvm.ExecutionEngine:
     empty = llvm.parse_assembly("")
-    empty.triple = host_target().triple
-    return llvm.create_mcjit_compiler(empty, new_target_machine())
+    empty.triple = native_target().triple
+    return llvm.create_mcjit_compiler(empty, new_target_machine(native_target()))
 
 
 class CodeHold:

@@ -357,8 +357,9 @@ def _request(
             future.add_done_callback(lambda f: None if f.exception() else callback())
         return future, True
     args = (future, ir_text, key, symbol, on_loaded, light, directory, driver)
-    if defer:
-        _compile_pool().submit(_compile_and_queue, *args)
+    if defer:  # in this context: the compile's ISA level (engine.compiling_for)
+        context = contextvars.copy_context()
+        _compile_pool().submit(lambda: context.run(_compile_and_queue, *args))
     else:
         _compile_and_queue(*args)
     return future, False
@@ -396,6 +397,8 @@ class Kernel:
     """A compiled kernel. Dumps: `llvm_ir` (as emitted), `optimized_ir`, `asm`."""
 
     _pending: Future | None
+    target: jit.HostTarget
+    """What the code is generated for (the dumps optimize and assemble for it)."""
     cache_keys: tuple[str, str] | None = None
     """(kernel entry key, object key) of a kernel from the disk cache, recorded in a
     whole-executable entry (executable_cache.py)."""
@@ -409,6 +412,7 @@ class Kernel:
         self._emit: Callable[[], KernelSpec] | None = None
         self.signature = Signature.of(spec)
         self.name = name or spec.name
+        self.target = jit.host_target()
         self.object_key = key = jit.cache_key(spec.llvm_ir)
         if use_cache:
             self._pending, self._reused = _request(spec.llvm_ir, key, spec.name, defer=False)
@@ -431,7 +435,7 @@ class Kernel:
         kernel = cls.__new__(cls)
         kernel._spec, kernel._emit, kernel.signature = spec, emit, signature
         kernel.name, (kernel._pending, kernel._reused) = name, request
-        kernel.object_key = object_key
+        kernel.object_key, kernel.target = object_key, jit.host_target()
         return kernel
 
     def __reduce__(self):
@@ -485,7 +489,7 @@ class Kernel:
 
     @functools.cached_property
     def _optimized(self):
-        return jit.optimize(self.llvm_ir)
+        return jit.optimize(self.llvm_ir, self.target)
 
     @property
     def optimized_ir(self) -> str:
@@ -493,7 +497,7 @@ class Kernel:
 
     @property
     def asm(self) -> str:
-        return jit.assembly(self._optimized)
+        return jit.assembly(self._optimized, self.target)
 
     @property
     def in_place(self) -> tuple[tuple[int, int], ...]:
@@ -784,7 +788,7 @@ def kernel_for(
     kernel = _from_book(book, kid, comp, name) if book is not None else None
     if kernel is None:
         text = print_canonical(comp) if text is None else text
-        key = (text, tuple(in_place), flush_denormals)
+        key = (text, tuple(in_place), flush_denormals, jit.host_target())
         with _kernel_lock:
             kernel = _kernel_cache.get(key)
         if kernel is None:

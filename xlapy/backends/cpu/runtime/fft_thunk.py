@@ -73,9 +73,17 @@ contiguous axis at half the speed of its level-3 build (r2c of 1024 x 1024 f32: 
 DUCC0_MAX_PSABI_LEVEL is respected, and so is a ducc0 the process imported before."""
 
 
+def ducc_psabi_level() -> str:
+    """DUCC_PSABI_LEVEL, or 2 (SSE4.2: PyPI's ducc0 then runs its level-1 build) where
+    $XLAPY_CPU_MAX_ISA (jit/engine.py) caps the process below AVX2: ducc0 picks its build
+    once per process, when imported, so the compile option max_isa does not reach it."""
+    level = os.environ.get("XLAPY_CPU_MAX_ISA", "").strip().upper().replace(".", "_")
+    return "2" if level in ("SSE4_2", "SSE42", "AVX") else DUCC_PSABI_LEVEL
+
+
 @functools.cache
 def _ducc0() -> ModuleType | None:
-    """ducc0 imported with its kernel level capped at DUCC_PSABI_LEVEL (ducc0 reads
+    """ducc0 imported with its kernel level capped at ducc_psabi_level() (ducc0 reads
     DUCC0_MAX_PSABI_LEVEL once, when it is first imported: the variable is set for that
     import only, and the process's environment is left as it was); None where ducc0 cannot
     be imported."""
@@ -85,7 +93,7 @@ def _ducc0() -> ModuleType | None:
         except ImportError:
             return None
         return ducc0
-    os.environ["DUCC0_MAX_PSABI_LEVEL"] = DUCC_PSABI_LEVEL
+    os.environ["DUCC0_MAX_PSABI_LEVEL"] = ducc_psabi_level()
     try:
         import ducc0
     except ImportError:
