@@ -52,6 +52,20 @@ if TYPE_CHECKING:
 # none of them, and importing them would cost it more than the compile (~150 ms of CPU).
 
 
+def load_compiler() -> None:
+    """Import what a cold compile runs and a warm one does not (the passes, buffer
+    assignment, the lowering and the code generators it pulls in): a process's first cold
+    compile imports them itself (~120 ms of wall time, ~250 ms of CPU on the 2-core test
+    machine, once per process). For a caller that wants that cost out of its first compile:
+    a server warming up, or a benchmark timing cold compiles against XLA's, whose compiler
+    is loaded with jaxlib before any timer starts (xlapy.tools.bench.time_compile)."""
+    import xlapy.backends.cpu.lowering
+    import xlapy.memory.buffer_assignment
+    import xlapy.passes.donors
+    import xlapy.passes.pipelines
+    import xlapy.passes.spmd  # noqa: F401
+
+
 @dataclass
 class CompiledModule:
     """What the CPU compiler produces: the optimized module, its buffer assignment, the
