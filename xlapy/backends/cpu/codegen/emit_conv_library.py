@@ -297,12 +297,8 @@ class _Emitter(StandaloneKernelEmitter):
         k_row = b.mul(p["c"], p["width"])  # kernel floats per window position
         top = b.mul(b.sub(p["h"], c(1)), p["e0"])  # the last padded row that reads x
         with self.loop(c(0), p["k0"], "ka") as ka:
-            t0 = b.sub(b.add(b.mul(i, p["s0"]), b.mul(ka, p["d0"])), p["p0"])
-            inside = b.and_(b.icmp_signed(">=", t0, c(0)), b.icmp_signed("<=", t0, top))
-            h = self._over(b.select(inside, t0, c(0)), p["e0"])
-            on_grid = b.icmp_signed("==", b.mul(h, p["e0"]), t0)
-            with b.if_then(b.and_(inside, on_grid)):
-                row = b.add(b.mul(n, p["x0"]), b.mul(h, p["x1"]))
+            reads, row = self._x_row(n, i, ka, top)
+            with b.if_then(reads):
                 if edge == "select":
                     with self.loop(c(0), p["k1"], "kb") as kb:
                         k_at = b.add(b.mul(b.add(b.mul(ka, p["k1"]), kb), k_row), lane0)
@@ -311,6 +307,17 @@ class _Emitter(StandaloneKernelEmitter):
                 else:
                     self._window_row(ka, row, col0, edge == "staged", lane0, nv, accs)
         self._store(n, i, j0, lane0, nv, accs)
+
+    def _x_row(self, n, i, ka, top):
+        """Window row `ka` of output row `i` (image `n`): whether it reads x (inside x, `top`
+        the last padded row that does, and on the base dilation's grid), and where the x
+        row it reads starts."""
+        b, c, p = self.b, self.c, self.p
+        t0 = b.sub(b.add(b.mul(i, p["s0"]), b.mul(ka, p["d0"])), p["p0"])
+        inside = b.and_(b.icmp_signed(">=", t0, c(0)), b.icmp_signed("<=", t0, top))
+        h = self._over(b.select(inside, t0, c(0)), p["e0"])
+        on_grid = b.icmp_signed("==", b.mul(h, p["e0"]), t0)
+        return b.and_(inside, on_grid), b.add(b.mul(n, p["x0"]), b.mul(h, p["x1"]))
 
     def _stage(self, n, i, col0, span) -> None:
         """Copy the input a tile reads to the stack buffer: window row ka (inside x) at
@@ -322,17 +329,12 @@ class _Emitter(StandaloneKernelEmitter):
                               b.icmp_signed("==", p["x3"], c(1))),
                        b.icmp_signed("==", p["x2"], p["c"]))  # fmt: skip
         with self.loop(c(0), p["k0"], "ska", unroll=1) as ka:
-            t0 = b.sub(b.add(b.mul(i, p["s0"]), b.mul(ka, p["d0"])), p["p0"])
-            inside = b.and_(b.icmp_signed(">=", t0, c(0)), b.icmp_signed("<=", t0, top))
-            h = self._over(b.select(inside, t0, c(0)), p["e0"])
-            on_grid = b.icmp_signed("==", b.mul(h, p["e0"]), t0)
-            with b.if_then(b.and_(inside, on_grid)):
-                row = b.add(b.mul(n, p["x0"]), b.mul(h, p["x1"]))
-                with b.if_else(dense, likely=True) as (whole, columns):
-                    with whole:
-                        self._stage_row(ka, row, col0, span)
-                    with columns:
-                        self._stage_columns(ka, row, col0, span)
+            reads, row = self._x_row(n, i, ka, top)
+            with b.if_then(reads), b.if_else(dense, likely=True) as (whole, columns):
+                with whole:
+                    self._stage_row(ka, row, col0, span)
+                with columns:
+                    self._stage_columns(ka, row, col0, span)
 
     def _stage_row(self, ka, row, col0, span) -> None:
         """A staged window row whose columns are adjacent in x (features adjacent, C
