@@ -450,13 +450,16 @@ def optimize(ir_text: str, target: HostTarget | None = None) -> llvm.ModuleRef:
     return mod
 
 
-def _parse(ir_text: str, context, rename: tuple[str, str] | None = None) -> llvm.ModuleRef:
+def _parse(
+    ir_text: str, context, rename: tuple[str, str] | None = None, verify: bool = True
+) -> llvm.ModuleRef:
     mod = llvm.parse_assembly(ir_text, context)
     mod.triple = host_target().triple
     mod.data_layout = data_layout()
     if rename is not None:
         mod.get_function(rename[0]).name = rename[1]
-    mod.verify()
+    if verify:
+        mod.verify()
     return mod
 
 
@@ -527,16 +530,11 @@ class LinkedIR:
 
 
 def _parse_linked(ir: LinkedIR, context, rename: tuple[str, str]) -> llvm.ModuleRef:
-    mod = llvm.parse_assembly(ir.main, context)
+    mod = _parse(ir.main, context, rename, verify=False)  # (the kernels never call it)
     for text in ir.linked:
-        other = llvm.parse_assembly(text, context)
-        other.triple, other.data_layout = host_target().triple, data_layout()
-        mod.link_in(other)
+        mod.link_in(_parse(text, context, verify=False))
     for name in ir.internal:
         mod.get_function(name).linkage = "internal"
-    mod.triple = host_target().triple
-    mod.data_layout = data_layout()
-    mod.get_function(rename[0]).name = rename[1]
     mod.verify()
     return mod
 
