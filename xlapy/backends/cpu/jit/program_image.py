@@ -69,6 +69,8 @@ import platform
 import re
 import sys
 import threading
+from collections import deque
+from itertools import repeat
 from types import BuiltinFunctionType, FunctionType
 from typing import Any
 
@@ -87,7 +89,13 @@ from xlapy.backends.cpu.jit.kernel import (
     objects_of_image,
 )
 from xlapy.backends.cpu.jit.module_cache import package_fingerprint
-from xlapy.backends.cpu.runtime.loadable import PENDING, detached, is_loadable, loadable
+from xlapy.backends.cpu.runtime.loadable import (
+    PENDING,
+    PENDING_BOX,
+    detached,
+    is_loadable,
+    loadable,
+)
 from xlapy.backends.cpu.runtime.pool import pool_size
 from xlapy.errors import XlapyError
 from xlapy.gc_pause import collector_paused
@@ -237,11 +245,39 @@ class _Pickler(pickle.Pickler):
     """Pickles frozen slotted dataclasses (shapes, slices, values: most of an image's
     objects) as their class and field values, which `_restore` sets directly: the
     default (dataclasses' __setstate__, which looks the fields up per object) took most of
-    a load."""
+    a load. Equal immutable values are pickled once (`canonical`)."""
 
     def __init__(self, file: Any):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._equal: dict[Any, Any] = {}
+        self._tuples: dict[tuple, tuple] = {}
+        self._fields: dict[int, tuple] = {}  # id of a first value -> its canonical fields
+
+    def canonical(self, value: Any) -> Any:
+        """`value`, or the first equal one this pickler met, which then stands for it: a
+        frozen value (by equality), or a tuple of atoms (by type and value) and of such
+        values or other objects (by identity). They are immutable, so nothing but their
+        identity tells them apart, and each one pickled is one more object every load makes
+        (the compiler makes a slice per operand and result of every thunk and an
+        (allocation, offset) pair per kernel argument, most of them equal to another's)."""
+        kind: Any = type(value)
+        if kind is tuple:
+            items = tuple(map(self.canonical, value))
+            key = tuple((t, v) if (t := type(v)) in _ATOMS else id(v) for v in items)
+            return self._tuples.setdefault(key, items)
+        names = _frozen_slots(kind)
+        if names is None or not kind.__dataclass_params__.eq:
+            return value
+        fields = self._fields.get(id(value))
+        if fields is None:
+            fields = tuple(self.canonical(getattr(value, n)) for n in names)
+        try:
+            first = self._equal.setdefault((kind, fields), value)
+        except TypeError:  # unhashable fields
+            return value
+        if first is value:
+            self._fields[id(value)] = fields
+        return first
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, type | FunctionType | BuiltinFunctionType):
@@ -251,15 +287,17 @@ class _Pickler(pickle.Pickler):
         names = _frozen_slots(cls)  # type: ignore[arg-type]
         if names is None:
             return NotImplemented
-        values = tuple(getattr(obj, n) for n in names)
-        if cls.__dataclass_params__.eq:
-            try:  # an equal value pickled before stands for this one (it is immutable)
-                first = self._equal.setdefault((cls, values), obj)
-            except TypeError:  # unhashable fields
-                first = obj
-            if first is not obj:
-                return (_same, (first,))
+        first = self.canonical(obj)
+        if first is not obj:  # an equal value pickled before stands for this one
+            return (_same, (first,))
+        values = self._fields.get(id(obj))
+        if values is None:  # (not compared: eq=False, or unhashable fields)
+            values = tuple(getattr(obj, n) for n in names)
         return (_restore, (cls, values))
+
+
+_ATOMS = frozenset({int, str, bytes, bool, type(None)})
+"""Types whose equal values are interchangeable (not float: 0.0 == -0.0)."""
 
 
 def _check_name(obj: Any) -> None:
@@ -292,10 +330,15 @@ def _same(obj: Any) -> Any:
 
 @loadable
 def _restore(cls: type, values: tuple) -> Any:
+    names = _frozen_slots(cls)
+    if names is None or type(values) is not tuple or len(values) != len(names):
+        raise pickle.UnpicklingError(f"{cls!r} is not restored from {len(values)} values")
     obj: Any = object.__new__(cls)
-    for name, value in zip(_frozen_slots(cls) or (), values, strict=True):
-        object.__setattr__(obj, name, value)
+    _consume(map(object.__setattr__, repeat(obj), names, values))  # (a loop in C)
     return obj
+
+
+_consume: Any = deque(maxlen=0).extend
 
 
 class _GraphPickler(_Pickler):
@@ -385,7 +428,6 @@ class _RunPickler(_Pickler):
         self.anchors: list[Any] = []
         self._numbers: dict[int, int] = {}
         self._detached: list[Any] = []  # (the copies, alive while their ids are kept)
-        self._firsts: dict[Any, Any] = {}
         self._box = [_REPORT]
         """What every deferred attribute's (box, number) holds: one list, pickled once,
         whose item (the report pickle) the unpickler puts in once."""
@@ -423,32 +465,21 @@ class _RunPickler(_Pickler):
                         self._inline.update(map(id, made))
                 for name, value in state.items():
                     state[name] = self._shared(value)
-                pending = {
-                    n: (self._box, self._anchor(state.pop(n))) for n in deferred if n in state
-                }
-                if pending:
-                    state[PENDING] = pending
+                numbers = {n: self._anchor(state.pop(n)) for n in deferred if n in state}
+                if len(deferred) == 1 and numbers:  # (loadable.PENDING_BOX)
+                    state[PENDING], state[PENDING_BOX] = next(iter(numbers.values())), self._box
+                elif numbers:
+                    state[PENDING] = {n: (self._box, number) for n, number in numbers.items()}
                 return (_NEWOBJ, (cls,), state)
         return super().reducer_override(obj)
 
     def _shared(self, value: Any) -> Any:
-        """`value` (a thunk's attribute) with each frozen value in it, or in the tuple or
-        list it is, replaced by the first equal one pickled: the pickle then refers back
-        to that one instead of making another (the compiler makes a slice per operand and
-        result of every thunk, most of them equal to another's)."""
-        kind = type(value)
-        if kind is tuple or kind is list:
-            if value and all(_frozen_slots(type(v)) is not None for v in value):  # type: ignore[arg-type]
-                shared = [self._first(v) for v in value]
-                return tuple(shared) if kind is tuple else shared
-            return value
-        return self._first(value) if _frozen_slots(kind) is not None else value  # type: ignore[arg-type]
-
-    def _first(self, value: Any) -> Any:
-        try:
-            return self._firsts.setdefault(value, value)
-        except TypeError:  # unhashable fields
-            return value
+        """`value` (a thunk's attribute) with each frozen value and tuple in it, or in the
+        list it is, replaced by the first equal one pickled (`canonical`): the pickle then
+        refers back to that one instead of making another."""
+        if type(value) is list and value and all(_frozen_slots(type(v)) for v in value):  # type: ignore[arg-type]
+            return [self.canonical(v) for v in value]
+        return self.canonical(value)
 
 
 class _Report:

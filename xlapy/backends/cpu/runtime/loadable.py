@@ -42,22 +42,34 @@ def is_loadable(obj: object) -> bool:
 # back with such attributes lists them in `IMAGE_DEFERRED` and answers `__getattr__` with
 # `deferred_attribute`: until it is first read, the attribute is absent, and where to find
 # it waits under PENDING in the instance's __dict__: (a list holding the image's report
-# part, which has `anchor(number)`, its number there).
+# part, which has `anchor(number)`, its number there) by name; or, for a class that defers
+# one attribute (a thunk's `instr`: a thousand thunks in a large program), its number alone
+# under PENDING and the list under PENDING_BOX, which makes no dict and no tuple per object.
 
 PENDING = "_image_pending"
+PENDING_BOX = "_image_box"
 
 
 def deferred_attribute(obj: object, name: str) -> object:
     """The deferred attribute `name` of `obj` (resolved and stored on first use); the
     usual AttributeError for any other missing attribute."""
-    pending = obj.__dict__.get(PENDING)
-    if pending is None or name not in pending:
-        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
-    box, number = pending[name]
-    value = box[0].anchor(number)
-    obj.__dict__[name] = value
-    pending.pop(name, None)
-    return value
+    state = obj.__dict__
+    pending = state.get(PENDING)
+    if type(pending) is int:  # the one attribute its class defers
+        box = state.get(PENDING_BOX)
+        if box is not None and getattr(type(obj), "IMAGE_DEFERRED", ())[:1] == (name,):
+            value = state[name] = box[0].anchor(pending)
+            state.pop(PENDING, None)
+            state.pop(PENDING_BOX, None)
+            return value
+    elif pending is not None and name in pending:
+        box, number = pending[name]
+        value = state[name] = box[0].anchor(number)
+        pending.pop(name, None)
+        return value
+    if name in state:  # (another thread resolved it meanwhile)
+        return state[name]
+    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
 def detached(instr: HloInstruction, made: list | None = None) -> HloInstruction:
