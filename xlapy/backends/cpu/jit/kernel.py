@@ -456,7 +456,7 @@ class Kernel:
     def bind(self, future: Future | None, loaded: _Loaded) -> None:
         """Run the code `future` loaded (`loaded`, its result) from now on."""
         self._loaded, self.from_cache = loaded, loaded.from_cache or self._reused
-        self._fn = _prototype(self.signature)(loaded.address)
+        self._fn = None  # (made on first use: a kernel that native code calls needs none)
         self._future, self._pending = future, None  # `loaded` keeps the code
 
     @property
@@ -519,7 +519,10 @@ class Kernel:
     def function(self) -> Callable[..., object]:
         """The loaded entry point as a ctypes function: (output and parameter addresses...,
         start, end), what run_raw calls (waiting for the code first)."""
-        return self.wait()._fn
+        fn = self.wait()._fn
+        if fn is None:
+            fn = self._fn = _prototype(self.signature)(self._loaded.address)
+        return fn
 
     @property
     def address(self) -> int:
@@ -529,7 +532,10 @@ class Kernel:
     def run_raw(self, pointers: Sequence[int], start: int = 0, end: int | None = None) -> None:
         """Run rows [start, end) of the outer dimension on raw buffer addresses (outputs
         first, then parameters)."""
-        self._fn(*pointers, start, self.outer_extent if end is None else end)
+        fn = self._fn
+        if fn is None:
+            fn = self.function
+        fn(*pointers, start, self.outer_extent if end is None else end)
 
     def prepare(self, args: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(output buffers, input buffers) in physical layout for logical `args`."""
