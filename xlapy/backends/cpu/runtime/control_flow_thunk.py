@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 from xlapy.backends.base import PROFILE
 from xlapy.backends.cpu.runtime.dot_thunk import blas_thread_setter
 from xlapy.backends.cpu.runtime.kernel_thunk import KernelThunk
+from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.thunk import (
     UNKNOWN_TRIP_COUNT,
     BufferSlice,
@@ -124,7 +125,10 @@ class NativeLoop:
     `code` answers the function's address (`code.address()`, jit.kernel.NativeFunction: it
     also keeps the code mapped) and each of `entries` one address of the table, so a loop
     pickles without addresses (a program image, jit/executable_cache.py) and binds them
-    in the process that runs it, on first use (`bind`)."""
+    in the process that runs it, on first use (`bind`). The entries are kept as one flat
+    tuple, (function, argument count, *arguments) per entry: one object for an image to
+    make where partial applications were three each (a large training step's loops have
+    hundreds of entries)."""
 
     ROUND = 1 << 20
 
@@ -134,18 +138,30 @@ class NativeLoop:
         entries: Sequence[Callable[[], int]],
         one_blas_thread: bool = False,
     ):
-        self.code, self.entries, self.one_blas_thread = code, tuple(entries), one_blas_thread
+        table: list[Any] = []
+        for e in entries:
+            if type(e) is functools.partial and not (e.keywords or vars(e)):
+                table += (e.func, len(e.args), *e.args)
+            else:
+                table += (e, 0)
+        self.code, self.one_blas_thread = code, one_blas_thread
+        self._table = tuple(table)
         self._bound: tuple[Any, Any, int, int, Any] | None = None
 
     def __reduce__(self):
-        return (NativeLoop, (self.code, self.entries, self.one_blas_thread))
+        return (_native_loop, (self.code, self._table, self.one_blas_thread))
+
+    @property
+    def entries(self) -> tuple[Callable[[], int], ...]:
+        """What each address of the table is looked up by."""
+        return tuple(functools.partial(f, *args) for f, args in _calls(self._table))
 
     def bind(self) -> tuple[Any, Any, int, int, Any]:
         """(the function, the table, the function's address, the table's address, the BLAS
         thread setter or None), resolving the addresses on the first call."""
         if self._bound is None:
             address = self.code.address()
-            values = [entry() for entry in self.entries]
+            values = [f(*args) for f, args in _calls(self._table)]
             table = (ctypes.c_int64 * max(1, len(values)))(*values)
             setter = blas_thread_setter() if self.one_blas_thread else None
             function = _LOOP_FUNCTION(address)
@@ -186,6 +202,31 @@ class NativeLoop:
         finally:
             if setter is not None:
                 setter(previous)
+
+
+def _calls(table: tuple) -> Iterator[tuple[Any, tuple]]:
+    """(function, arguments) of each entry of a flat table (NativeLoop)."""
+    at, end = 0, len(table)
+    while at < end:
+        count = table[at + 1]
+        yield table[at], table[at + 2 : at + 2 + count]
+        at += 2 + count
+
+
+@loadable
+def _native_loop(code: Any, table: tuple, one_blas_thread: bool) -> NativeLoop:
+    """A NativeLoop of a program image, its flat table checked (every function callable,
+    every count within the table) before anything runs it."""
+    at, end = 0, len(table)
+    while at < end:
+        count = table[at + 1] if at + 1 < end else None
+        if not (type(count) is int and 0 <= count <= end - at - 2 and callable(table[at])):
+            raise ValueError(f"a native loop's table is malformed at item {at}")
+        at += 2 + count
+    loop = NativeLoop.__new__(NativeLoop)
+    loop.code, loop.one_blas_thread = code, bool(one_blas_thread)
+    loop._table, loop._bound = table, None
+    return loop
 
 
 class NativeRun(Thunk):

@@ -143,7 +143,7 @@ class KernelThunk(Thunk):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._block = self._make_block()
+        self._block = None if self.data is None else self._make_block()
 
     def _make_block(self) -> ctypes.Array | None:
         """The parameter block's memory: made once per thunk, so its address is fixed for
