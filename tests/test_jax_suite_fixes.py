@@ -579,3 +579,24 @@ def test_shard_alike_gives_both_values_one_sharding_as_on_cpu(sharded_reports, n
     assert "error" not in r and r["equal"], r
     want, got = r["specs"]
     assert got == want, r
+
+
+def test_bcsr_times_dense_runs_jaxlibs_sparse_kernel():
+    """sparse_bcoo_bcsr_test test_bcsr_matmul_with_out_of_bounds_data: BCSR @ dense lowers
+    to jaxlib's `cpu_csr_sparse_dense_ffi`, registered for "cpu" only ("no custom-call
+    target" on xlapy, which gets the CPU's lowerings)."""
+    import operator
+
+    from jax.experimental import sparse
+
+    rng = np.random.default_rng(12)
+    dense = rng.standard_normal((5, 7)).astype(np.float32)
+    dense[rng.random((5, 7)) < 0.5] = 0
+    for rhs_shape in ((7,), (7, 3)):
+        rhs = rng.standard_normal(rhs_shape).astype(np.float32)
+        results = []
+        for device in (CPU, XLAPY):
+            m = sparse.BCSR.fromdense(jax.device_put(dense, device))
+            results.append(np.asarray(jax.jit(operator.matmul)(m, jax.device_put(rhs, device))))
+        np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+        np.testing.assert_allclose(results[1], dense @ rhs, rtol=1e-5, atol=1e-5)
