@@ -520,6 +520,32 @@ def alike(name, fn):
 
 for name, fn in [("basic", alike_basic), ("arange", alike_arange), ("double", alike_double)]:
     guarded(f"shard_alike {name}", lambda: alike(name, fn))
+
+
+def alike_shard_map():
+    # y is wanted in the region's in-sharding (P("x", "y")), which z then follows
+    specs, values = [], []
+    for platform in ("cpu", "xlapy"):
+        devices = np.array(jax.devices(platform)[:4]).reshape(2, 2)
+        mesh = jax.sharding.Mesh(devices, ("x", "y"))
+        region = jax.shard_map(
+            lambda v: lax.psum(v, "x"), mesh=mesh, in_specs=P("x", "y"), out_specs=P(None, "y")
+        )
+
+        def f(x):
+            y = x @ x.T
+            s = region(y)
+            return shard_alike(y, s.T @ s)
+
+        x = jax.device_put(np.arange(16).reshape(8, 2), NamedSharding(mesh, P("x", "y")))
+        out = jax.jit(f)(x)
+        specs.append([str(o.sharding.spec) for o in out])
+        values.append([np.asarray(o) for o in out])
+    same = all(np.array_equal(a, b) for a, b in zip(*values, strict=True))
+    report("shard_alike shard_map", equal=same, specs=specs)
+
+
+guarded("shard_alike shard_map", alike_shard_map)
 """
 
 
@@ -571,7 +597,7 @@ def test_partitioned_program_with_an_all_to_all_keeps_its_output_shardings(shard
     assert r["shardings"] == ["NamedSharding", "NamedSharding"], r
 
 
-@pytest.mark.parametrize("name", ["basic", "arange", "double"])
+@pytest.mark.parametrize("name", ["basic", "arange", "double", "shard_map"])
 def test_shard_alike_gives_both_values_one_sharding_as_on_cpu(sharded_reports, name):
     """shard_alike_test (12 of 14): `sdy.sharding_group` was an unsupported op. Its values
     now get one tiling, the same shardings XLA:CPU gives them, and the same values."""

@@ -827,12 +827,20 @@ class _Partitioner:
                 if src.opcode is not Opcode.CUSTOM_CALL:
                     break
                 target = src
-        for instr in self.entry.instructions:  # a shard_map region's operands: in-shardings
-            if instr.custom_call_target != "xla.sdy.GlobalToLocalShape":
+        for edge in self.entry.instructions:  # a shard_map region's operands: in-shardings
+            kind = edge.custom_call_target
+            shapes = [o.shape for o in edge.operands]
+            if kind == "xla.sdy.GlobalToLocalShape":
+                found = self._manual_shardings(edge, "xla.sdy.in_shardings", shapes) or []
+            elif kind == "SPMDFullToShardShape" and edge.operands:
+                # GSPMD's form: the operand is a Sharding custom call saying how
+                cc = edge.operands[0]
+                if cc.custom_call_target != "Sharding" or len(cc.users) != 1:
+                    continue
+                edge, found = cc, [cc.sharding]
+            else:
                 continue
-            shapes = [o.shape for o in instr.operands]
-            found = self._manual_shardings(instr, "xla.sdy.in_shardings", shapes) or []
-            for o, s in zip(instr.operands, found, strict=False):
+            for o, s in zip(edge.operands, found, strict=False):
                 if o.opcode is Opcode.PARAMETER or not isinstance(s, HloSharding):
                     continue
                 if s.is_manual or s.is_unreduced or s.subgroups or not o.shape.is_array:
