@@ -8,6 +8,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from xlapy.backends.cpu.runtime.host_memory import MAPPED_BYTES, empty_bytes
 
@@ -163,6 +164,29 @@ def test_released_mappings_are_reused_and_bounded():
     view[:] = 1
     assert c.size == MAPPED_BYTES and int(view.max()) == 1
     assert host_memory._free_bytes <= host_memory.RECYCLED_BYTES
+
+
+def test_mappings_past_the_reuse_budget_are_released_without_an_error(monkeypatch):
+    """sparse_bcoo_bcsr_test (2 tests, 48 unraisable exceptions): a mapping released once
+    the reuse budget was full was closed inside the dying array's finalizer, while the array
+    still held its buffer export: BufferError in a finalizer, which pytest turns into a
+    failure. It is now let go, and unmapped once nothing views it."""
+    import gc
+    import sys
+
+    from xlapy.backends.cpu.runtime import host_memory
+
+    monkeypatch.setattr(host_memory, "RECYCLED_BYTES", 0)  # every release past the budget
+    raised = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)
+    arrays = [empty_bytes(MAPPED_BYTES) for _ in range(3)]
+    for a in arrays:
+        a[:] = 7
+    view = arrays[1][5:9]
+    del arrays, a
+    gc.collect()
+    assert raised == [], [str(r.exc_value) for r in raised]
+    assert int(view.sum()) == 28  # a view keeps its mapping
 
 
 # -- seventh session: JAX's assumptions that the platform is the CPU ----------------------
@@ -373,3 +397,258 @@ def test_dynamic_slice_of_a_scalar_imports():
         want, got = run_both(fn, arg)
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+# -- twelfth session: sharded programs (linalg_sharding_test, shard_alike_test) -------------
+
+SHARDED = r"""
+import json
+import numpy as np
+import pytest
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.shard_alike import shard_alike
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import xlapy.pjrt  # noqa: F401
+
+rng = np.random.default_rng(12)
+
+
+def report(case, **kw):
+    print(json.dumps({"case": case, **kw}), flush=True)
+
+
+def guarded(case, run):
+    try:
+        run()
+    except Exception as e:  # the case fails alone, with its error
+        report(case, error=f"{type(e).__name__}: {e}"[:2000])
+
+
+def matrices(shape, dtype):
+    x = rng.standard_normal(shape).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        x = x + 1j * rng.standard_normal(shape).astype(dtype)
+    if shape[-1] == shape[-2]:
+        x = x @ np.swapaxes(np.conj(x), -1, -2)
+    return x
+
+
+def on(platform, fn, args, spec, mesh_shape=(2,), names=("i",)):
+    devices = np.array(jax.devices(platform)[: int(np.prod(mesh_shape))])
+    mesh = jax.sharding.Mesh(devices.reshape(mesh_shape), names)
+    args = jax.device_put(args, NamedSharding(mesh, spec))
+    f = jax.jit(fn)
+    out = f(*args)
+    return out, f.lower(*args).compile().as_text(), mesh
+
+
+BATCHED = {
+    "lu": (lax.linalg.lu, [(10, 6)]),
+    "qr": (lax.linalg.qr, [(6, 6)]),
+    "eigh": (lax.linalg.eigh, [(6, 6)]),
+    "svd": (lax.linalg.svd, [(10, 6)]),
+    "cholesky": (lax.linalg.cholesky, [(6, 6)]),
+    "triangular_solve": (lax.linalg.triangular_solve, [(6, 6), (4, 6)]),
+    "tridiagonal_solve": (lax.linalg.tridiagonal_solve, [(6,), (6,), (6,), (6, 4)]),
+    "lu_vjp": (lambda x: jax.vjp(lax.linalg.lu, x)[1](lax.linalg.lu(x))[0], [(10, 6)]),
+}
+def batched(name, fn, shapes, dtype):
+    case = f"batched {name} {dtype.__name__}"
+    args = tuple(matrices((8, *s), dtype) for s in shapes)
+    (want, _, _), (got, text, _) = (on(p, fn, args, P("i")) for p in ("cpu", "xlapy"))
+    close = all(
+        np.allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True)
+    )
+    report(case, close=close, collectives="all-" in text)
+
+
+for name, (fn, shapes) in BATCHED.items():
+    for dtype in (np.float32, np.complex64):
+        guarded(f"batched {name} {dtype.__name__}", lambda: batched(name, fn, shapes, dtype))
+
+
+def rows():
+    # eigh of a matrix cut by rows: XLA's parser must read xlapy's partitioned program (an
+    # all-to-all there had use_global_device_ids), else JAX lost the output shardings
+    x = matrices((6, 6), np.float32)
+    (want, _, _), (got, text, _) = (on(p, lax.linalg.eigh, (x,), P("i")) for p in ("cpu", "xlapy"))
+    report(
+        "eigh rows",
+        text=text is not None,
+        shardings=[type(o.sharding).__name__ for o in jax.tree.leaves(got)],
+        close=all(np.allclose(np.abs(np.asarray(g)), np.abs(np.asarray(w)), atol=1e-4)
+                  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True)),
+    )
+
+
+guarded("eigh rows", rows)
+
+
+def alike_basic(x):
+    z = x * x * 2
+    _, z = shard_alike(x, z)
+    return z * 2
+
+
+def alike_arange(x):
+    return shard_alike(x, jnp.arange(16).reshape(8, 2))[1]
+
+
+def alike_double(x):
+    _, y = shard_alike(x, x * 2)
+    return shard_alike(y @ y.T, jnp.arange(64).reshape(8, 8))
+
+
+def alike(name, fn):
+    x = np.arange(16).reshape(8, 2)
+    results = [on(p, fn, (x,), P("x", "y"), (2, 2), ("x", "y")) for p in ("cpu", "xlapy")]
+    (want, _, _), (got, _, _) = results
+    specs = [
+        [o.sharding.spec if hasattr(o.sharding, "spec") else None for o in jax.tree.leaves(r)]
+        for r in (want, got)
+    ]
+    same = all(
+        np.array_equal(np.asarray(g), np.asarray(w))
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True)
+    )
+    report(f"shard_alike {name}", equal=same, specs=[str(s) for s in specs])
+
+
+for name, fn in [("basic", alike_basic), ("arange", alike_arange), ("double", alike_double)]:
+    guarded(f"shard_alike {name}", lambda: alike(name, fn))
+
+
+def alike_shard_map():
+    # y is wanted in the region's in-sharding (P("x", "y")), which z then follows
+    specs, values = [], []
+    for platform in ("cpu", "xlapy"):
+        devices = np.array(jax.devices(platform)[:4]).reshape(2, 2)
+        mesh = jax.sharding.Mesh(devices, ("x", "y"))
+        region = jax.shard_map(
+            lambda v: lax.psum(v, "x"), mesh=mesh, in_specs=P("x", "y"), out_specs=P(None, "y")
+        )
+
+        def f(x):
+            y = x @ x.T
+            s = region(y)
+            return shard_alike(y, s.T @ s)
+
+        x = jax.device_put(np.arange(16).reshape(8, 2), NamedSharding(mesh, P("x", "y")))
+        out = jax.jit(f)(x)
+        specs.append([str(o.sharding.spec) for o in out])
+        values.append([np.asarray(o) for o in out])
+    same = all(np.array_equal(a, b) for a, b in zip(*values, strict=True))
+    report("shard_alike shard_map", equal=same, specs=specs)
+
+
+guarded("shard_alike shard_map", alike_shard_map)
+"""
+
+
+@pytest.fixture(scope="module")
+def sharded_reports():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).parents[1]),
+        "JAX_PLATFORMS": "cpu,xlapy",
+        "XLAPY_DEVICE_COUNT": "4",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SHARDED], capture_output=True, text=True, timeout=900, env=env
+    )
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    found = {r["case"]: r for r in lines}
+    assert found, f"the script reported nothing (rc {done.returncode}):\n{done.stderr[-3000:]}"
+    return found
+
+
+@pytest.mark.parametrize("name", ["lu", "qr", "eigh", "svd", "cholesky", "triangular_solve",
+                                  "tridiagonal_solve", "lu_vjp"])  # fmt: skip
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test_linalg_on_batch_sharded_inputs_runs_per_piece(sharded_reports, name, dtype):
+    """linalg_sharding_test test_batch_axis_sharding* (25 of 40): JAX's LAPACK calls carry
+    Shardy's sharding rule (batch dimensions shared by operand and results); xlapy ignored
+    it and all-gathered the operands. The rule is now read (custom calls, cholesky and
+    triangular-solve by their batch dimensions, scatters by their batching dimensions, a
+    loop's free state in the tiling its body makes: LU's permutation): no collective, and
+    the results are XLA:CPU's."""
+    r = sharded_reports[f"batched {name} {dtype}"]
+    assert "error" not in r and r["close"], r
+    assert not r["collectives"], r
+
+
+def test_partitioned_program_with_an_all_to_all_keeps_its_output_shardings(sharded_reports):
+    """linalg_sharding_test test_non_batch_axis_sharding8 ('UnspecifiedValue' object has no
+    attribute 'is_fully_replicated'): xlapy's all-to-all printed use_global_device_ids,
+    which XLA's parser refuses, so JAX had no compiled text and no output shardings."""
+    r = sharded_reports["eigh rows"]
+    assert "error" not in r and r["text"] and r["close"], r
+    assert r["shardings"] == ["NamedSharding", "NamedSharding"], r
+
+
+@pytest.mark.parametrize("name", ["basic", "arange", "double", "shard_map"])
+def test_shard_alike_gives_both_values_one_sharding_as_on_cpu(sharded_reports, name):
+    """shard_alike_test (12 of 14): `sdy.sharding_group` was an unsupported op. Its values
+    now get one tiling, the same shardings XLA:CPU gives them, and the same values."""
+    r = sharded_reports[f"shard_alike {name}"]
+    assert "error" not in r and r["equal"], r
+    want, got = r["specs"]
+    assert got == want, r
+
+
+def test_bcsr_times_dense_runs_jaxlibs_sparse_kernel():
+    """sparse_bcoo_bcsr_test test_bcsr_matmul_with_out_of_bounds_data: BCSR @ dense lowers
+    to jaxlib's `cpu_csr_sparse_dense_ffi`, registered for "cpu" only ("no custom-call
+    target" on xlapy, which gets the CPU's lowerings)."""
+    import operator
+
+    from jax.experimental import sparse
+
+    rng = np.random.default_rng(12)
+    dense = rng.standard_normal((5, 7)).astype(np.float32)
+    dense[rng.random((5, 7)) < 0.5] = 0
+    for rhs_shape in ((7,), (7, 3)):
+        rhs = rng.standard_normal(rhs_shape).astype(np.float32)
+        results = []
+        for device in (CPU, XLAPY):
+            m = sparse.BCSR.fromdense(jax.device_put(dense, device))
+            results.append(np.asarray(jax.jit(operator.matmul)(m, jax.device_put(rhs, device))))
+        np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+        np.testing.assert_allclose(results[1], dense @ rhs, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_solve_through_emit_python_callback_matches_cpu():
+    """sparse_test test_sparse_qr_linear_solver_grads: `sparse.linalg.spsolve`'s CPU rule
+    calls JAX's `mlir.emit_python_callback` itself, which refused the platform ("not
+    supported on xlapy backend"); on xlapy it now emits xlapy's callback custom call."""
+    from jax.experimental import sparse
+    from jax.experimental.sparse import csr
+
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((8, 8)).astype(np.float32) + 8 * np.eye(8, dtype=np.float32)
+    a[rng.random((8, 8)) < 0.5] = 0
+    a += 8 * np.eye(8, dtype=np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    data, indices, indptr = csr._csr_fromdense(a, nse=int((a != 0).sum()))
+
+    def solve(data, b):
+        return sparse.linalg.spsolve(data, indices, indptr, b)
+
+    want, got = run_both(solve, data, b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a @ got, b, rtol=1e-4, atol=1e-4)
+    grads = [jax.jit(jax.grad(lambda d, x: solve(d, x).sum(), argnums=(0, 1)))(
+        *jax.device_put((data, b), dev)) for dev in (CPU, XLAPY)]  # fmt: skip
+    for w, g in zip(*grads, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)

@@ -636,6 +636,7 @@ BUILTIN_IDENTITY_TARGETS = (
     "MoveToHost",
     "MoveToDevice",
     "xla.sdy.FuncResultSharding",
+    "xla.sdy.ShardingGroup",
     "xla.sdy.GlobalToLocalShape",
     "xla.sdy.LocalToGlobalShape",
 )

@@ -60,7 +60,50 @@ def install() -> None:
     mlir.register_lowering(checkify.check_p, _check_lowering, platform="xlapy", cacheable=False)
     for prim in (debugging.debug_callback_p, debugging.debug_print_p):
         prim.def_impl(functools.partial(_debug_impl, prim.impl, prim))
+    from jax.interpreters import mlir as public_mlir
+
+    emit = functools.partial(_emit_python_callback, cb.emit_python_callback)
+    cb.emit_python_callback = public_mlir.emit_python_callback = emit
     install.done = True  # type: ignore[attr-defined]
+
+
+def _emit_python_callback(
+    original: Callable,
+    ctx,
+    callback: Callable,
+    token: Any,
+    operands: Sequence[Any],
+    operand_avals: Sequence[Any],
+    result_avals: Sequence[Any],
+    *,
+    has_side_effect: bool,
+    returns_token: bool = True,
+    partitioned: bool = False,
+    sharding: Any = None,
+):
+    """JAX's `mlir.emit_python_callback` (lowering rules call it directly: the sparse
+    solver's CPU rule, `spsolve`), which refuses any platform but cpu / cuda / rocm / tpu:
+    for xlapy the same custom call as the callback primitives' (`callback` gets and returns
+    NumPy arrays, one per result aval). Returns (results, token out, None)."""
+    if tuple(ctx.module_context.platforms) != ("xlapy",):
+        return original(
+            ctx, callback, token, operands, operand_avals, result_avals,
+            has_side_effect=has_side_effect, returns_token=returns_token,
+            partitioned=partitioned, sharding=sharding,
+        )  # fmt: skip
+    if partitioned and result_avals:
+        raise ValueError("Partitioned callback not supported with return values.")
+    results, token_out = emit_callback(
+        ctx.replace(avals_out=list(result_avals)),
+        lambda *args: tuple(callback(*args)),
+        token,
+        operands,
+        has_side_effect=has_side_effect,
+        sharding=sharding,
+        name=getattr(callback, "__name__", "python callback"),
+        partitioned=partitioned,
+    )
+    return results, token_out, None
 
 
 # -- staging: where the callable's arguments live ---------------------------------------------

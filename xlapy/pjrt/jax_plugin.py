@@ -160,6 +160,25 @@ def register_jaxlib_lapack() -> list[str]:
         handler = CHandler(name, pointer, column_major=True)
         register(name, handler, "Host", ApiVersion.TYPED_FFI)
         added.append(name)
+    return added + register_jaxlib_sparse()
+
+
+def register_jaxlib_sparse() -> list[str]:
+    """jaxlib's CPU sparse kernels (`cpu_csr_sparse_dense_ffi`: BCSR times dense), which
+    jax.experimental.sparse registers for platform "cpu" alone, though the xlapy platform
+    receives the same CPU lowerings. Returns the names registered."""
+    from jaxlib import cpu_sparse
+
+    from xlapy.backends.custom_calls import GLOBAL_REGISTRY, ApiVersion, register
+    from xlapy.backends.xla_ffi import CHandler
+
+    added = []
+    for name, fn, api_version in cpu_sparse.registrations().get("cpu", []):
+        if api_version != 1 or (name, "Host") in GLOBAL_REGISTRY:
+            continue
+        pointer = capsule_pointer(fn, f"jaxlib's sparse target {name!r}")
+        register(name, CHandler(name, pointer), "Host", ApiVersion.TYPED_FFI)
+        added.append(name)
     return added
 
 

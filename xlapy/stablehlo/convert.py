@@ -313,6 +313,7 @@ _SDY_SHARDING = re.compile(r"\s*@([A-Za-z0-9_$.\-]+)\s*,\s*\[(.*)\]", re.DOTALL)
 _SDY_AXIS = re.compile(r'"([^"]+)"(:\([0-9]+\)[0-9]+)?')
 _SDY_MESH_AXIS = re.compile(r'"([^"]+)"\s*=\s*([0-9]+)')
 _SDY_UNREDUCED = re.compile(r"\bunreduced\s*=\s*\{([^{}]*)\}")
+SHARDING_GROUP_TARGET = "xla.sdy.ShardingGroup"
 
 
 def hlo_sharding(value: Any, meshes: dict[str, str]) -> str | None:
@@ -1833,8 +1834,15 @@ def _custom_call(conv: Converter, op: Op, scope: Scope, operands):
     if declared is not None:
         text += f", operand_layout_constraints={{{', '.join(map(str, declared))}}}"
     frontend = attr(op, "mhlo.frontend_attributes")
-    if isinstance(frontend, AttrDict) and frontend:
+    items = []
+    if isinstance(frontend, AttrDict):
         items = [f"{k}={_quote(str(ival(v)))}" for k, v in frontend.items()]
+    rule = op.attrs.get("sdy.sharding_rule")
+    if isinstance(rule, DialectAttr) and rule.name == "sdy.op_sharding_rule":
+        # JAX's LAPACK calls say which dimensions are batch dimensions (the partitioner
+        # cuts those, xlapy.passes.spmd.labels); XLA's HLO spelling of the same rule
+        items.append(f"xla.sdy.sharding_rule={_quote(f'#sdy.op_sharding_rule<{rule.body}>')}")
+    if items:
         text += f", frontend_attributes={{{','.join(items)}}}"
     shapes = conv.result_shapes(op)
     shape = shapes[0] if len(shapes) == 1 else Shape.tuple(shapes)
@@ -1896,6 +1904,24 @@ def _sharding_constraint(conv: Converter, op: Op, scope: Scope, operands):
         listed = ",".join(map(str, open_dims))
         text += f', backend_config="unspecified_dims=[{listed}]"'
     return [conv.add(scope, "custom-call", shape, [x], text)]
+
+
+@rule("sdy.sharding_group")
+def _sharding_group(conv: Converter, op: Op, scope: Scope, operands):
+    """`sdy.sharding_group %v group_id=N` (jax.experimental.shard_alike): the values of a
+    group get one sharding. It has no result: %v is rebound to a pass-through custom call
+    that names the group (the partitioner gives every member the same tiling; on one
+    device it is the identity), so the uses after it read the grouped value."""
+    group = ival(op.attrs.get("group_id"))
+    if not isinstance(group, int):
+        raise conv.error("sdy.sharding_group needs an integer group_id", op.pos)
+    (x, shape) = operands[0]
+    text = (
+        f', custom_call_target="{SHARDING_GROUP_TARGET}", '
+        f'frontend_attributes={{xla.sdy.sharding_group_id="{group}"}}'
+    )
+    scope.values[op.operands[0][0]] = conv.add(scope, "custom-call", shape, [x], text)
+    return []
 
 
 @rule("sdy.manual_computation")

@@ -17,6 +17,7 @@ side by side; an opcode without a rule is partitioned by replicating its operand
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -427,7 +428,10 @@ does not hold, and an all-reduce (add) completes the result (XLA's way)."""
 
 def _scatter(instr: HloInstruction) -> OpLabels:
     """The operand's passthrough dimensions (whole-window ones) partition locally, with the
-    updates' matching window dimensions; indices and scatter dimensions stay whole."""
+    updates' matching window dimensions; so do the batching dimensions (the operand's
+    input_batching_dims, the indices' scatter_indices_batching_dims and the updates'
+    scatter dimensions that follow them: batch b's indices write batch b's rows alone);
+    the other index and scatter dimensions stay whole."""
     a = instr.scatter_dimension_numbers
     n = (len(instr.operands) - 1) // 2
     operand, updates = instr.operand(0).shape, instr.operand(n + 1).shape
@@ -441,9 +445,14 @@ def _scatter(instr: HloInstruction) -> OpLabels:
     for u, d in zip(window_dims, window, strict=True):
         if d not in targets and updates.dims[u] == operand.dims[d]:
             ops[d] = upd[u] = d
-    idx: Dims = (None,) * instr.operand(n).shape.rank
+    rank = instr.operand(n).shape.rank
+    idx: list[int | None] = [None] * rank
+    idx_dims = [d for d in range(rank) if d != a.index_vector_dim]
+    upd_scatter = [u for u in range(updates.rank) if u not in window_dims]
+    for ob, ib in zip(a.input_batching_dims, a.scatter_indices_batching_dims, strict=True):
+        ops[ob] = idx[ib] = upd[upd_scatter[idx_dims.index(ib)]] = ob
     ops_t, upd_t = tuple(ops), tuple(upd)
-    return _finish(instr, (ops_t,) * n + (idx,) + (upd_t,) * n, (ops_t,) * n)
+    return _finish(instr, (ops_t,) * n + (tuple(idx),) + (upd_t,) * n, (ops_t,) * n)
 
 
 def _dynamic_slice(instr: HloInstruction) -> OpLabels:
@@ -475,7 +484,59 @@ def _topk(instr: HloInstruction) -> OpLabels:
     return _finish(instr, (labels,), (labels, labels))
 
 
-RULES: dict[Opcode, Callable[[HloInstruction], OpLabels]] = {
+def _batched_matrices(instr: HloInstruction) -> OpLabels:
+    """Cholesky and triangular-solve: the leading (batch) dimensions of every operand and
+    the result line up; the two matrix dimensions are needed whole."""
+    rank = instr.shape.rank
+    labels = tuple(i if i < rank - 2 else None for i in range(rank))
+    return _finish(instr, (labels,) * len(instr.operands), (labels,))
+
+
+_SDY_RULE = re.compile(r"#sdy\.op_sharding_rule<\s*\((.*?)\)\s*->\s*\((.*?)\)\s*\{([^}]*)\}(.*)>$")
+_SDY_GROUP = re.compile(r"\[([^\]]*)\]")
+_SDY_SPECIAL = re.compile(r"\w+\s*=\s*\{([^}]*)\}")
+
+
+def _custom_call(instr: HloInstruction) -> OpLabels | None:
+    """A custom call with Shardy's sharding rule (`xla.sdy.sharding_rule`, which JAX puts
+    on its LAPACK calls): a factor that an operand and a result both carry is a label (a
+    batch dimension: the call runs on the local pieces); every other factor (one side's
+    alone, one listed as reduction / need_replication / permutation / blocked, or a
+    dimension made of several factors) is needed whole. No rule: None (replicated)."""
+    if instr.has_side_effect:
+        return None
+    text = instr.frontend_attributes.get("xla.sdy.sharding_rule")
+    if not isinstance(text, str):
+        return None
+    m = _SDY_RULE.match(text.strip())
+    if m is None:
+        return None
+    sides = [[g.split(",") for g in _SDY_GROUP.findall(part)] for part in m.groups()[:2]]
+    sizes = {}
+    for item in m.group(3).split(","):
+        name, _, size = item.partition("=")
+        if size.strip().isdigit():
+            sizes[name.strip()] = int(size)
+    special = {f.strip() for group in _SDY_SPECIAL.findall(m.group(4)) for f in group.split(",")}
+    results = instr.shape.tuple_shapes if instr.shape.is_tuple else (instr.shape,)
+    if [len(s) for s in sides] != [len(instr.operands), len(results)]:
+        return None
+    tokens = [[[t.strip() for t in dims if t.strip()] for dims in side] for side in sides]
+    shapes = [o.shape for o in instr.operands], list(results)
+    for side, side_shapes in zip(tokens, shapes, strict=True):
+        if [len(d) for d in side] != [s.rank for s in side_shapes]:
+            return None
+    both = {t for d in tokens[0] for t in d} & {t for d in tokens[1] for t in d}
+    names = sorted(f for f in both if f in sizes and f not in special)
+    label = {f: i for i, f in enumerate(names)}
+    ops, outs = ([tuple(label.get(t) for t in d) for d in side] for side in tokens)
+    return _finish(instr, tuple(ops), tuple(outs))
+
+
+RULES: dict[Opcode, Callable[[HloInstruction], OpLabels | None]] = {
+    Opcode.CUSTOM_CALL: _custom_call,
+    Opcode.CHOLESKY: _batched_matrices,
+    Opcode.TRIANGULAR_SOLVE: _batched_matrices,
     Opcode.BROADCAST: _broadcast,
     Opcode.TRANSPOSE: _transpose,
     Opcode.RESHAPE: _reshape,

@@ -65,6 +65,7 @@ zeros.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from dataclasses import dataclass, field
@@ -170,7 +171,14 @@ _FREE_OPS = {
 """Ops whose results, from operands computed without any parameter, are free to make in
 any tiling (see `_Partitioner._pull_to_free_values`)."""
 
-_PASS_THROUGH_TARGETS = ("xla.sdy.FuncResultSharding", "xla.sdy.ShardingConstraint")
+_PASS_THROUGH_TARGETS = (
+    "xla.sdy.FuncResultSharding",
+    "xla.sdy.ShardingConstraint",
+    "xla.sdy.ShardingGroup",
+)
+_GROUP_TARGET = "xla.sdy.ShardingGroup"
+"""A value of a sharding group (jax.experimental.shard_alike, `xla.sdy.sharding_group_id`
+frontend attribute): every member of a group gets the same tiling."""
 _PER_PIECE_TARGETS = ("xlapy_partitioned_host_callback",)
 """Custom calls that run on each device's own pieces of their operands and return no
 arrays (JAX's `jax.debug.callback(..., partitioned=True)`)."""
@@ -314,6 +322,8 @@ class _Partitioner:
         self._sums: dict[tuple[int, Any], Local] = {}
         self.wanted_partial: dict[int, Groups] = {}
         self.wanted = self._wanted_tilings()
+        self.group_tiling: dict[str, Tiling] = {}
+        self._natural: Any = None  # the last `sub`'s result tiling before its reshard
 
     # -- driver ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -365,6 +375,7 @@ class _Partitioner:
         value = child.values[id(root)]
         if value.manual:
             raise PartitionError(f"{root.name}: a manual value leaves {comp.name}")
+        self._natural = value.tiling if value.partial is None else None
         if want_root is not None:
             value = child.to_state(value, want_root, want_partial, root.shape)
         elif value.partial is not None:
@@ -531,7 +542,9 @@ class _Partitioner:
                 "channel_id": self.next_channel(),
                 "replica_groups": A.ReplicaGroups(groups=tuple(tuple(x) for x in groups)),
                 "dimensions": (j,),
-                "use_global_device_ids": True,
+                # no use_global_device_ids: XLA's all-to-all has no such attribute (its
+                # parser refuses it, and JAX then cannot read the compiled program); with a
+                # channel_id its groups are partition ids, the same ids in one replica
             },
         )
         # now axis j of `split` indexes the source device: move it next to i and merge
@@ -814,6 +827,30 @@ class _Partitioner:
                 if src.opcode is not Opcode.CUSTOM_CALL:
                     break
                 target = src
+        for edge in self.entry.instructions:  # a shard_map region's operands: in-shardings
+            kind = edge.custom_call_target
+            shapes = [o.shape for o in edge.operands]
+            if kind == "xla.sdy.GlobalToLocalShape":
+                found = self._manual_shardings(edge, "xla.sdy.in_shardings", shapes) or []
+            elif kind == "SPMDFullToShardShape" and edge.operands:
+                # GSPMD's form: the operand is a Sharding custom call saying how
+                cc = edge.operands[0]
+                if cc.custom_call_target != "Sharding" or len(cc.users) != 1:
+                    continue
+                edge, found = cc, [cc.sharding]
+            else:
+                continue
+            for o, s in zip(edge.operands, found, strict=False):
+                if o.opcode is Opcode.PARAMETER or not isinstance(s, HloSharding):
+                    continue
+                if s.is_manual or s.is_unreduced or s.subgroups or not o.shape.is_array:
+                    continue
+                try:
+                    t = self.tiling_of(s, o.shape)
+                except PartitionError:
+                    continue
+                if isinstance(t, Tiling) and t.divides(o.shape.dims):
+                    wanted.setdefault(id(o), t)
         self._pull_to_free_values(wanted)
         return wanted
 
@@ -947,7 +984,7 @@ class _Partitioner:
             new = self.clone(instr, [], instr.shape)
             return self.constrain(instr, Local(new, self.replicated_of(instr.shape)))
         labels = op_labels(instr)
-        multi = (Opcode.SORT, Opcode.TOPK, Opcode.REDUCE, Opcode.REDUCE_WINDOW)
+        multi = (Opcode.SORT, Opcode.TOPK, Opcode.REDUCE, Opcode.REDUCE_WINDOW, Opcode.CUSTOM_CALL)
         if labels is not None and (instr.shape.is_array or op in multi):
             return self.constrain(instr, self.labelled(instr, operands, labels))
         return self.constrain(instr, self.fallback(instr, operands, self._why(instr)))
@@ -989,12 +1026,56 @@ class _Partitioner:
         after the loop)."""
         (state,) = operands
         tiling, partial = state.tiling, state.partial
+        if self._free_state_tilings(instr, state, state.tiling) is not None:
+            # a probe: the body partitioned with no tiling wanted of its result, to see
+            # how it makes the loop state's free elements (its computation is dropped)
+            saved = copy.deepcopy(self.report)
+            self.sub(instr.while_body, [tiling], None, [partial], None)
+            self.report.native, self.report.fallbacks = saved.native, saved.fallbacks
+            self.report.collectives, self.report.uneven = saved.collectives, saved.uneven
+            better = self._free_state_tilings(instr, state, self._natural)
+            if better is not None:
+                state = Local(self.as_tiling(state, better, instr.operand(0).shape), better)
+                tiling = better
         body, _ = self.sub(instr.while_body, [tiling], tiling, [partial], partial)
         cond, _ = self.sub(instr.while_condition, [tiling], None, [partial])
         attrs = dict(instr.attrs, body=body, condition=cond)
         new = self.clone(instr, [state.instr], state.instr.shape, attrs)
         self.report.native["while"] = self.report.native.get("while", 0) + 1
         return Local(new, tiling, partial=partial)
+
+    def _free_state_tilings(self, instr: HloInstruction, state: Local, natural) -> tuple | None:
+        """The loop state's tilings with each replicated element whose initial value is
+        free to make in any tiling (an iota, a constant: computed from no parameter) and
+        that the body returns cut (its natural tiling, before the reshard back) taken as
+        the body makes it: LU's permutation, an iota updated from the batch-cut pivots,
+        then stays cut by batch instead of being all-gathered every iteration. None when
+        no element changes. (`natural` the state's own tiling: whether any element is a
+        candidate at all.)"""
+        init = instr.operand(0)
+        if (
+            state.partial is not None
+            or not isinstance(state.tiling, tuple)
+            or not isinstance(natural, tuple)
+            or init.opcode is not Opcode.TUPLE
+        ):
+            return None
+        tilings = list(state.tiling)
+        changed = False
+        for k, (held, made) in enumerate(zip(state.tiling, natural, strict=True)):
+            shape = init.shape.tuple_shapes[k]
+            if (
+                isinstance(held, Tiling)
+                and held.is_replicated
+                and isinstance(made, Tiling)
+                and (made is held or not made.is_replicated)
+                and shape.is_array
+                and made.divides(shape.dims)
+                and _computed_from_no_parameter(init.operand(k))
+            ):
+                tilings[k] = made
+                changed = True  # (made is held: a candidate, when asked with the state's own)
+        return tuple(tilings) if changed else None
 
     def conditional(self, instr: HloInstruction, operands: list[Local]) -> Local:
         """Each branch is partitioned with its operand's tiling; every branch's result is
@@ -1130,6 +1211,8 @@ class _Partitioner:
             if v.manual or (isinstance(s, HloSharding) and s.is_manual):
                 return v
             return v  # `constrain` reshards to the annotation
+        if target == _GROUP_TARGET and len(operands) == 1:
+            return self.group_member(instr, operands[0])
         if target in _PASS_THROUGH_TARGETS and len(operands) == 1:
             return operands[0]
         if target in ("SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"):
@@ -1147,6 +1230,33 @@ class _Partitioner:
         if isinstance(s, HloSharding) and s.kind == "maximal" and self.n > 1:
             return self.on_one_device(instr, operands, s.device)
         return None
+
+    def group_member(self, instr: HloInstruction, value: Local) -> Local:
+        """A member of a sharding group in the group's tiling. The group's tiling is fixed
+        when its first member is reached: the tiling that cuts into the most pieces among
+        the members already computed (the first of them on a tie), so a free value (an
+        iota) grouped with a sharded one follows the sharded one."""
+        group = _group_id(instr)
+        if value.manual or not isinstance(value.tiling, Tiling) or group is None:
+            return value
+        if value.partial is not None:
+            value = self.reduced(value, instr.shape)
+        tiling = self.group_tiling.get(group)
+        if tiling is None:
+            held = [
+                v.tiling
+                for member in self.entry.instructions
+                if _group_id(member) == group
+                and member.operands[0].shape.dims == instr.shape.dims
+                and (v := self.values.get(id(member.operands[0]))) is not None
+                and isinstance(v.tiling, Tiling)
+                and not v.manual
+            ]
+            tiling = max(held, key=lambda t: math.prod(t.tiles), default=value.tiling)
+            self.group_tiling[group] = tiling
+        if tiling == value.tiling:
+            return value
+        return Local(self.as_tiling(value, tiling, instr.shape), tiling)
 
     def on_one_device(self, instr: HloInstruction, operands: list[Local], device: int) -> Local:
         """A custom call annotated `{maximal device=d}` (a host callback, which JAX pins to
@@ -1734,6 +1844,28 @@ class _Partitioner:
 # -- helpers ---------------------------------------------------------------------------------
 
 
+def _computed_from_no_parameter(instr: HloInstruction) -> bool:
+    """Whether `instr` is made by _FREE_OPS alone from no parameter (free in any tiling)."""
+    seen: set[int] = set()
+    stack = [instr]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.opcode not in _FREE_OPS or has_side_effect_deep(x):
+            return False
+        stack.extend(x.operands)
+    return True
+
+
+def _group_id(instr: HloInstruction) -> str | None:
+    if instr.opcode is not Opcode.CUSTOM_CALL or instr.custom_call_target != _GROUP_TARGET:
+        return None
+    group = instr.frontend_attributes.get("xla.sdy.sharding_group_id")
+    return group if isinstance(group, str) else None
+
+
 def _unspecified_dims(instr: HloInstruction) -> tuple[int, ...]:
     """The dimensions a Sharding custom call leaves open (GSPMD's
     `backend_config="unspecified_dims=[...]"`, Shardy's `{?}`): the constraint fixes the
@@ -1892,6 +2024,11 @@ def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
             if sizes[d] == g and g != loc:
                 sizes[d] = loc
         attrs["slice_sizes"] = tuple(sizes)
+    elif op is Opcode.CUSTOM_CALL and instr.attrs.get("operand_layout_constraints"):
+        attrs["operand_layout_constraints"] = tuple(
+            _resized(c, o.shape.dims)
+            for c, o in zip(instr.operand_layout_constraints, new_ops, strict=True)
+        )
     return attrs
 
 

@@ -40,16 +40,18 @@ _lock = threading.Lock()
 
 
 def _release(mapping: mmap.mmap) -> None:
-    """Called when the last array viewing `mapping` is gone: keep it for reuse while the
-    budget allows, else unmap it."""
+    """Called when the last array viewing `mapping` is going: keep it for reuse while the
+    budget allows, else let it go. Not `mapping.close()`: the finalizer runs while the
+    dying array still holds its buffer export, and closing then raised BufferError
+    ("cannot close exported pointers exist", an unraisable exception in a finalizer: 45 of
+    them failed JAX's sparse_bcoo_bcsr_test under pytest); the mapping unmaps itself when
+    that export and this last reference are gone."""
     global _free_bytes
     size = len(mapping)
     with _lock:
         if _free_bytes + size <= RECYCLED_BYTES:
             _free.setdefault(size, []).append(mapping)
             _free_bytes += size
-            return
-    mapping.close()
 
 
 def empty_bytes(size: int) -> np.ndarray:
