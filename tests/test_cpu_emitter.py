@@ -1138,3 +1138,33 @@ ENTRY e {
     got = run_parallel(kernel, [x], chunks=3)
     exact = x.astype(np.float64).sum(axis=0)
     assert np.max(np.abs(got - exact) / exact) < 5e-7
+
+
+ONE_ROW = """HloModule m
+ENTRY e {
+  x = u32[2] parameter(0)
+  s = u32[1] slice(x), slice={[1:2]}
+  c = u32[1] constant({880020029})
+  ROOT r = u32[1] add(c, s)
+}"""
+
+MANY_ROWS = """HloModule m
+ENTRY e {
+  x = f32[64] parameter(0)
+  ROOT r = f32[64] negate(x)
+}"""
+
+
+def test_a_kernel_of_one_row_bounds_its_range():
+    """A kernel whose outer extent is 1 clamps [start, end) to [0, 1]: LLVM knows its loop
+    runs once at most (no vector loop for it), and a caller passing more rows writes only
+    the one. A kernel of more rows keeps its range as given."""
+    one = compile_computation(parse_module(ONE_ROW).entry)
+    assert one.outer_extent == 1 and "end.in" in one.llvm_ir
+    assert "<16 x i32>" not in one.optimized_ir and "<8 x i32>" not in one.optimized_ir
+    x = np.array([5, 7], np.uint32)
+    out = np.full(4, 3, np.uint32)  # the row, then three a wrong caller would reach
+    one.run_raw([out.ctypes.data, x.ctypes.data], 0, 4)
+    np.testing.assert_array_equal(out, [880020036, 3, 3, 3])
+    many = compile_computation(parse_module(MANY_ROWS).entry)
+    assert many.outer_extent > 1 and "end.in" not in many.llvm_ir
