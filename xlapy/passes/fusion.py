@@ -326,11 +326,12 @@ class LoopFusion(HloPass):
         return ok
 
     def _within_limits(self, producer: HloInstruction, consumer: HloInstruction) -> bool:
-        operands = set(consumer.operands)
-        operands.discard(producer)
-        operands.update(producer.operands)
-        if len(operands) > self.max_parameters:
-            return False
+        if len(consumer.operands) + len(producer.operands) > self.max_parameters:
+            operands = set(consumer.operands)  # (the sum bounds the count: most stop there)
+            operands.discard(producer)
+            operands.update(producer.operands)
+            if len(operands) > self.max_parameters:
+                return False
         return _size(producer) + _size(consumer) <= self.max_instructions
 
 
