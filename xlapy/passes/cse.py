@@ -53,6 +53,9 @@ class CommonSubexpressionElimination(HloPass):
     """Merges instructions that compute the same value."""
 
     name = "cse"
+    # One walk finds every merge: in post order an instruction's operands are final (merged
+    # already) when its key is taken, and no key reads another computation.
+    settled = True
 
     def run(self, module: HloModule) -> bool:
         namer = NameUniquer(None)
