@@ -218,8 +218,8 @@ class FusionEditor(Editor):
 
     def _clone(self, instr: HloInstruction, operands, reuse_name: bool) -> HloInstruction:
         name = instr.name if reuse_name else self.names.fresh(instr.name)
-        return HloInstruction(
-            name, instr.opcode, instr.shape, operands, dict(instr.attrs), literal=instr.literal
+        return HloInstruction(  # (which copies the attrs)
+            name, instr.opcode, instr.shape, operands, instr.attrs, literal=instr.literal
         )
 
     def _clone_body(
