@@ -28,13 +28,17 @@ def cse_key(instr: HloInstruction, memo: dict) -> tuple | None:
         return None
     # sorted by name (the names differ, so the values are never compared); most
     # instructions carry metadata alone
-    attrs = tuple(
-        sorted([(k, _hashable(v)) for k, v in instr.attrs.items() if k not in _IGNORED_ATTRIBUTES])
-    )
+    items = instr.attrs
+    if not items or (len(items) == 1 and "metadata" in items):
+        attrs: tuple = ()
+    else:
+        attrs = tuple(
+            sorted([(k, _hashable(v)) for k, v in items.items() if k not in _IGNORED_ATTRIBUTES])
+        )
     return (
         instr.opcode,
         instr.shape,
-        tuple(id(o) for o in instr.operands),
+        tuple(map(id, instr.operands)),
         attrs,
         instr.literal,
     )
