@@ -28,12 +28,13 @@ def cse_key(instr: HloInstruction, memo: dict) -> tuple | None:
         return None
     # sorted by name (the names differ, so the values are never compared); most
     # instructions carry metadata alone
-    items = instr.attrs
-    if not items or (len(items) == 1 and "metadata" in items):
+    if instr.attrs.keys() <= _IGNORED_ATTRIBUTES:
         attrs: tuple = ()
     else:
         attrs = tuple(
-            sorted([(k, _hashable(v)) for k, v in items.items() if k not in _IGNORED_ATTRIBUTES])
+            sorted(
+                [(k, _hashable(v)) for k, v in instr.attrs.items() if k not in _IGNORED_ATTRIBUTES]
+            )
         )
     return (
         instr.opcode,

@@ -93,8 +93,7 @@ def fused_computation(instr: HloInstruction) -> HloComputation | None:
     """The computation a fusion instruction calls (None for anything else)."""
     if instr.opcode is not O.FUSION:
         return None
-    comp = instr.attrs.get("calls")  # fusion's most asked question: the checked read only
-    return comp if comp.__class__ is HloComputation else instr.calls_or_none  # when odd
+    return instr.calls_or_none
 
 
 def fusion_body(fusion: HloInstruction) -> HloComputation:
@@ -200,10 +199,8 @@ def is_fusible_fusion(
     comp = fused_computation(instr)
     if comp is None or instr.control_predecessors:
         return False
-    kind = instr.attrs.get("kind")  # the checked read (instr.fusion_kind) only when odd
-    if kind is None or (
-        str(kind) not in FUSIBLE_KINDS and str(instr.fusion_kind) not in FUSIBLE_KINDS
-    ):
+    kind = instr.fusion_kind
+    if kind is None or str(kind) not in FUSIBLE_KINDS:
         return False
     return fusion_body_is_fusible(comp, in_place_roots, unfusible)
 
