@@ -86,6 +86,38 @@ def test_fixed_point_group_repeats_until_quiet():
     assert [i.opcode for i in module.entry.instructions] == [Opcode.PARAMETER, Opcode.NEGATE]
 
 
+class ChangesOnce(HloPass):
+    """Reports a change on its first run only; `settled` as given."""
+
+    name = "changes-once"
+
+    def __init__(self, settled: bool):
+        self.settled = settled
+        self.runs = 0
+
+    def run(self, module):
+        self.runs += 1
+        return self.runs == 1
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_fixed_point_skips_the_confirming_run_of_a_settled_pass(settled):
+    once = ChangesOnce(settled)
+    pipeline = PassPipeline("p", [FixedPoint([once, DoNothing()])])
+    assert pipeline.run(parse_module(TEXT))
+    confirm = [] if settled else [("changes-once", False)]
+    assert pipeline.log == [("changes-once", True), ("do-nothing", False), *confirm]
+
+
+@pytest.mark.parametrize("name", ["algsimp", "cse"])
+def test_a_settled_pass_changes_nothing_when_run_again(name):
+    module = parse_module(TEXT)
+    p = make_pass(name)
+    p.run(module)
+    text = module.to_text()
+    assert p.settled and not p.run(module) and module.to_text() == text
+
+
 class SeesCollector(HloPass):
     """Records whether the cyclic garbage collector was enabled while it ran."""
 

@@ -22,12 +22,22 @@ if TYPE_CHECKING:
 class HloComputation:
     """A function in HLO: parameters, instructions and a root whose value is the result."""
 
-    __slots__ = ("_list", "_removed", "execution_thread", "is_entry", "name", "parent", "root")
+    __slots__ = (
+        "_hint",
+        "_list",
+        "_removed",
+        "execution_thread",
+        "is_entry",
+        "name",
+        "parent",
+        "root",
+    )
 
     def __init__(self, name: str, instructions=(), root: HloInstruction | None = None):
         self.name = name
         self._list: list[HloInstruction] = []
         self._removed: set[HloInstruction] = set()  # still in _list, see `instructions`
+        self._hint = 0  # where the last insertion before an instruction found it
         self.root: HloInstruction | None = None
         self.parent: HloModule | None = None
         self.is_entry = False
@@ -69,12 +79,24 @@ class HloComputation:
         elif before in self._removed:
             raise ValueError(f"{before.name} is not in computation {self.name}")
         else:
-            self._list.insert(self._list.index(before), instr)
+            self._list.insert(self._position(before), instr)
         attached = instr.parent is not None
         instr.parent = self
         if not attached and (instr.operands or instr.control_predecessors):
             instr._attach()
         return instr
+
+    def _position(self, instr: HloInstruction) -> int:
+        """The index of `instr` in the list. Passes insert while they walk the graph, near
+        where they inserted last: look around there first, then everywhere."""
+        lst = self._list
+        hint = getattr(self, "_hint", 0)  # (a computation unpickled from before the hint)
+        try:
+            at = lst.index(instr, max(0, hint - 64), hint + 64)
+        except ValueError:
+            at = lst.index(instr)
+        self._hint = at
+        return at
 
     def remove_instruction(self, instr: HloInstruction) -> None:
         """Drop `instr` and take it off its operands' use-lists. Its own users, if any, keep

@@ -298,7 +298,10 @@ class HloInstruction:
 
     @property
     def calls_or_none(self) -> HloComputation | None:
-        return self._computation("calls", None)
+        value = self.attrs.get("calls")  # fusion asks this most: the usual case first
+        if value is None or value.__class__ is _computation_class():
+            return value
+        return self._computation("calls", None)  # the error naming the malformed value
 
     @property
     def custom_call_computations(self) -> tuple[HloComputation, ...]:

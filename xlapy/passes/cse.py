@@ -28,13 +28,18 @@ def cse_key(instr: HloInstruction, memo: dict) -> tuple | None:
         return None
     # sorted by name (the names differ, so the values are never compared); most
     # instructions carry metadata alone
-    attrs = tuple(
-        sorted([(k, _hashable(v)) for k, v in instr.attrs.items() if k not in _IGNORED_ATTRIBUTES])
-    )
+    if instr.attrs.keys() <= _IGNORED_ATTRIBUTES:
+        attrs: tuple = ()
+    else:
+        attrs = tuple(
+            sorted(
+                [(k, _hashable(v)) for k, v in instr.attrs.items() if k not in _IGNORED_ATTRIBUTES]
+            )
+        )
     return (
         instr.opcode,
         instr.shape,
-        tuple(id(o) for o in instr.operands),
+        tuple(map(id, instr.operands)),
         attrs,
         instr.literal,
     )
@@ -53,6 +58,9 @@ class CommonSubexpressionElimination(HloPass):
     """Merges instructions that compute the same value."""
 
     name = "cse"
+    # One walk finds every merge: in post order an instruction's operands are final (merged
+    # already) when its key is taken, and no key reads another computation.
+    settled = True
 
     def run(self, module: HloModule) -> bool:
         namer = NameUniquer(None)

@@ -273,7 +273,7 @@ class LoopFusion(HloPass):
         """XLA's globally unfusible producers: those that read more than they write
         (`is_light_to_duplicate` false) and cannot be fused into all their users on all
         paths, so duplicating them into some users would leave them computed anyway."""
-        reach = Reachability(comp)
+        reach = _LazyReachability(comp)  # most sweeps ask it nothing
         cache: dict[tuple[int, int], bool] = {}
         marked: set[HloInstruction] = set()
         for producer in reversed(comp.post_order()):
@@ -294,7 +294,7 @@ class LoopFusion(HloPass):
     def fuses_on_all_paths(
         self,
         editor: FusionEditor,
-        reach: Reachability,
+        reach: Reachability | _LazyReachability,
         producer: HloInstruction,
         consumer: HloInstruction,
         marked: set[HloInstruction],
@@ -326,15 +326,29 @@ class LoopFusion(HloPass):
         return ok
 
     def _within_limits(self, producer: HloInstruction, consumer: HloInstruction) -> bool:
-        operands = set(consumer.operands)
-        operands.discard(producer)
-        operands.update(producer.operands)
-        if len(operands) > self.max_parameters:
-            return False
+        if len(consumer.operands) + len(producer.operands) > self.max_parameters:
+            operands = set(consumer.operands)  # (the sum bounds the count: most stop there)
+            operands.discard(producer)
+            operands.update(producer.operands)
+            if len(operands) > self.max_parameters:
+                return False
         return _size(producer) + _size(consumer) <= self.max_instructions
 
 
 _MAX_PATH = 64  # instructions on a path from a producer to a user, for fuses_on_all_paths
+
+
+class _LazyReachability:
+    """Reachability(comp), built at the first question."""
+
+    def __init__(self, comp: HloComputation):
+        self._comp = comp
+        self._reach: Reachability | None = None
+
+    def reaches(self, a: HloInstruction, b: HloInstruction) -> bool:
+        if self._reach is None:
+            self._reach = Reachability(self._comp)
+        return self._reach.reaches(a, b)
 
 
 def _held_operand_bytes(editor: FusionEditor, producer: HloInstruction) -> int:

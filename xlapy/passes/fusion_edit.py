@@ -218,8 +218,8 @@ class FusionEditor(Editor):
 
     def _clone(self, instr: HloInstruction, operands, reuse_name: bool) -> HloInstruction:
         name = instr.name if reuse_name else self.names.fresh(instr.name)
-        return HloInstruction(
-            name, instr.opcode, instr.shape, operands, dict(instr.attrs), literal=instr.literal
+        return HloInstruction(  # (which copies the attrs)
+            name, instr.opcode, instr.shape, operands, instr.attrs, literal=instr.literal
         )
 
     def _clone_body(
@@ -252,8 +252,9 @@ class FusionEditor(Editor):
         if params is None:
             params = self._parameters(comp)
         by_operand: dict[int, HloInstruction] = {}
+        operands = fusion.operands  # (_operand_of inlined: once per parameter per fuse)
         for param in params:
-            by_operand.setdefault(id(_operand_of(fusion, param)), param)
+            by_operand.setdefault(id(operands[param.parameter_number]), param)  # type: ignore[index]
         inside = self._inside.get(id(fusion), {})
 
         def param_for(operand: HloInstruction) -> HloInstruction:
@@ -284,9 +285,10 @@ class FusionEditor(Editor):
                 self._body_remove(comp, param)
             else:
                 kept.append(param)
+        old = fusion.operands
         operands = []
         for i, param in enumerate(kept):
-            operands.append(_operand_of(fusion, param))
+            operands.append(old[param.parameter_number])  # type: ignore[index]
             if param.parameter_number != i:
                 param.parameter_number = i
                 param.name = self.names.fresh(f"param_{i}")

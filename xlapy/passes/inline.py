@@ -36,7 +36,9 @@ def inline_call(
     """Inline one `call` instruction (or another caller of `callee`, such as a fusion);
     returns what replaced it."""
     callee = call.to_apply if callee is None else callee
+    comp = editor.comp
     clones: dict[int, HloInstruction] = {}
+    made: list[HloInstruction] = []
     for instr in callee.post_order():
         if instr.opcode is Opcode.PARAMETER:
             number = instr.parameter_number
@@ -55,8 +57,13 @@ def inline_call(
                 *(p for p in call.control_predecessors if _at_entry(instr)),
             ],
         )
-        editor.insert(clone, call)
+        comp.add_instruction(clone)  # appended here, moved before the call below
+        made.append(clone)
         clones[id(instr)] = clone
+    if made:  # one reorder, not a search of the caller's list per clone
+        order = comp.instructions
+        at = order.index(call)
+        comp.reorder(order[:at] + made + order[at : len(order) - len(made)])
     result = clones[id(callee.root)]
     editor.replace(call, result)
     editor.remove(call)

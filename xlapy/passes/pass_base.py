@@ -25,6 +25,10 @@ class HloPass:
     """Base of every pass. Subclasses set `name` and implement `run`."""
 
     name: str = "unnamed-pass"
+    # True when the last run left the module where running the pass again at once would
+    # change nothing (a pass that runs to its own fixed point); FixedPoint then skips the
+    # run that would only confirm it. A pass sets it per run; False promises nothing.
+    settled: bool = False
 
     def run(self, module: HloModule) -> bool:
         """Transform `module` in place; return True if anything changed."""
@@ -109,18 +113,21 @@ class PassPipeline:
         """Run the passes round and round until each has run once on the module as it now
         is without changing it. A pass that ran without a change since the last change
         would find nothing again: the round that only confirms the fixed point stops at the
-        pass that changed the module last (the same module as running every pass again)."""
+        pass that changed the module last (the same module as running every pass again),
+        or just before it when that pass's run left it `settled`."""
         changed_any = False
         passes = list(group.passes)
         quiet = 0  # passes run in a row that changed nothing
+        needed = len(passes)  # quiet runs that prove the fixed point
         for _ in range(group.max_iterations):
             for p in passes:
                 if self._run_one(module, p):
                     changed_any = True
                     quiet = 0
+                    needed = len(passes) - 1 if p.settled else len(passes)
                 else:
                     quiet += 1
-                if quiet >= len(passes):
+                if quiet >= needed:
                     return changed_any
         return changed_any
 

@@ -10,6 +10,7 @@ merges in two sweeps.
 
 from __future__ import annotations
 
+from xlapy.ir.computation import HloComputation
 from xlapy.ir.module import HloModule
 from xlapy.ir.names import NameUniquer
 from xlapy.passes.hlo_edit import Editor, reachable_computations, same_shape
@@ -38,12 +39,23 @@ class AlgebraicSimplifier(HloPass):
         self.fired = {}
         namer = NameUniquer(module)
         changed = False
+        # Settled (a second run would find nothing) when every computation's last sweep
+        # found nothing and none changed after a computation calling it had its sweeps:
+        # rules read other computations only through calls (a reduce's reducer).
+        self.settled = True
+        visited: list[HloComputation] = []
         for comp in reachable_computations(module):
             editor = Editor(comp, namer)
+            comp_changed = False
             for _ in range(self.max_sweeps):
                 if not self._sweep(editor):
                     break
-                changed = True
+                changed = comp_changed = True
+            else:
+                self.settled = False  # still changing at the sweep limit
+            if comp_changed and comp is not module.entry and _calls_any(visited, comp):
+                self.settled = False
+            visited.append(comp)
         return changed
 
     def _sweep(self, editor: Editor) -> bool:
@@ -67,3 +79,8 @@ class AlgebraicSimplifier(HloPass):
                 changed = True
                 break
         return changed
+
+
+def _calls_any(callers: list[HloComputation], comp: HloComputation) -> bool:
+    """Whether an instruction of one of `callers` calls `comp`."""
+    return any(c is comp for caller in callers for c in caller.called_computations())
