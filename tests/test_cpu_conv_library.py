@@ -1,6 +1,6 @@
 """The kernel library's direct convolution (codegen/emit_conv_library.py: the geometry read
 at run time, padding in its loops; option conv_library, on by default where it is no slower:
-small convolutions and short last tiles) against the
+short last tiles) against the
 interpreter over random geometries (strides, padding, negative padding, window and base
 dilation, odd sizes, batch 1, output features that fill whole vectors, part of one and
 several blocks, one input feature, edge tiles too large to stage), and bit for bit against
@@ -19,10 +19,8 @@ import pytest
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.cpu.codegen.emit_conv import DirectConv, vector_shape
 from xlapy.backends.cpu.codegen.emit_conv_library import (
-    SMALL_WORK,
     conv_kernel,
     conv_params,
-    conv_work,
     library_by_default,
     menu,
 )
@@ -163,11 +161,11 @@ def test_named_geometries(case):
 
 SAME = ((1, 1), (1, 1))
 DEFAULT_CASES = {
-    # small: at most SMALL_WORK vector multiply-adds a call
-    "small": ({"n": 2, "hw": (9, 11), "c": 3, "k": (3, 3), "o": 8, "pads": SAME}, True),
-    "small_many_features": ({"n": 6, "hw": (4, 4), "c": 8, "k": (3, 3), "o": 40}, True),
-    # neither small nor a short last tile: the per-geometry kernel
-    "neither": ({"n": 4, "hw": (16, 16), "c": 16, "k": (3, 3), "o": 16, "pads": SAME}, False),
+    # small convolutions keep the per-geometry kernel (in a program the library's call
+    # costs more there, RESULTS.md)
+    "small": ({"n": 2, "hw": (9, 11), "c": 3, "k": (3, 3), "o": 8, "pads": SAME}, False),
+    "small_many_features": ({"n": 6, "hw": (4, 4), "c": 8, "k": (3, 3), "o": 40}, False),
+    "mid": ({"n": 4, "hw": (16, 16), "c": 16, "k": (3, 3), "o": 16, "pads": SAME}, False),
     # a heavy kernel whose tile (6) does not divide its row (10): the library
     "short_tile": ({"n": 1, "hw": (10, 10), "c": 64, "k": (3, 3), "o": 64, "pads": SAME}, True),
 }
@@ -175,8 +173,8 @@ DEFAULT_CASES = {
 
 @pytest.mark.parametrize("name", DEFAULT_CASES)
 def test_default_rule(name):
-    """Without the option the library runs where library_by_default says (small
-    convolutions, short last tiles), with the per-shape kernel's bits."""
+    """Without the option the library runs where library_by_default says (short last
+    tiles), with the per-shape kernel's bits."""
     case, library = DEFAULT_CASES[name]
     text, xs, ks = conv_hlo(**case)
     lanes = vector_shape(host_target().features)[0]
@@ -185,7 +183,6 @@ def test_default_rule(name):
     expected = library_by_default(geometry, lanes)
     if lanes == 16:  # the cases are chosen for AVX-512's tiles
         assert expected == library
-        assert (conv_work(geometry, lanes) <= SMALL_WORK) == name.startswith("small")
     rng = np.random.default_rng(zlib.crc32(text.encode()))
     args = [rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ks).astype(np.float32)]
     program = CpuProgram(parse_module(text))

@@ -822,7 +822,7 @@ def _library_convolution(
     input or result has its features apart (NCHW on the arena: 1.8x slower than the kernel
     compiled per geometry). The same bits as the kernel compiled per geometry; `choice`:
     option `conv_library` (True: wherever it applies; None, the default: where
-    library_by_default says, the convolutions it runs no slower; docs/cpu_backend.md)."""
+    library_by_default says, short last tiles: where it runs no slower; docs/cpu_backend.md)."""
     if arena is not None and (arena["x_strides"][3] != 1 or arena["out_strides"][3] != 1):
         return None  # features apart (NCHW): every edge tile staged column by column
     geometry = arena or direct_geometry(instr)

@@ -76,8 +76,8 @@ CPU_OPTIONS: dict[str, Option] = {
         "run the direct convolutions (f32, two spatial dims, one group) on the kernel "
         "library's convolution, its geometry read at run time, compiled once per machine, "
         "not on a kernel compiled per geometry (the same bits; default: where it runs no "
-        "slower, small convolutions and those whose per-geometry kernel would run a short "
-        "last tile; true: wherever it applies; false: never; lowering.py, "
+        "slower, the convolutions whose per-geometry kernel would run a short last tile; "
+        "true: wherever it applies; false: never; lowering.py, "
         "codegen/emit_conv_library.py, docs/cpu_backend.md)",
         boolean,
     ),

@@ -131,31 +131,13 @@ def conv_kernel(geometry: dict, lanes: int) -> ConvKernel:
     return ConvKernel(fits[0] if fits else conv.tile, nv, lanes)
 
 
-SMALL_WORK = 16384
-"""Vector multiply-adds per call (`conv_work`) up to which the library's kernel is the
-default: measured 0.75-1.02x the per-geometry kernel's time there (benchmarks/RESULTS.md,
-twelfth session), each such geometry saving an LLVM compile of 25-30 ms."""
-
-
-def conv_work(geometry: dict, lanes: int) -> int:
-    """Vector multiply-adds of one call: Nb x O0 x O1 x K0 x K1 x C x (Wo / V)."""
-    g = geometry
-    positions = g["nb"] * g["outs"][0] * g["outs"][1]
-    window = g["ksizes"][0] * g["ksizes"][1] * g["channels"]
-    return positions * window * -(-g["features"] // lanes)
-
-
 def library_by_default(geometry: dict, lanes: int) -> bool:
     """Whether a direct geometry runs on the library's kernel when option `conv_library` is
     not given: where it is measured no slower than the kernel compiled per geometry (within
-    2%, docs/cpu_backend.md): small convolutions (at most SMALL_WORK vector multiply-adds a
-    call: the per-geometry kernel's set-up weighs as much as the run-time geometry's address
-    arithmetic there) and those where the per-geometry kernel would run a short last tile
-    (`conv_kernel` takes a dividing tile there)."""
+    2%, docs/cpu_backend.md), those where the per-geometry kernel would run a short last
+    tile (`conv_kernel` takes a dividing tile there)."""
     from xlapy.backends.cpu.codegen.emit_conv import DirectConv
 
-    if conv_work(geometry, lanes) <= SMALL_WORK:
-        return True
     return bool(DirectConv(**geometry, vector=lanes, registers=_registers(lanes)).short)
 
 
