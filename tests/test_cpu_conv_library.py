@@ -1,5 +1,6 @@
 """The kernel library's direct convolution (codegen/emit_conv_library.py: the geometry read
-at run time, padding in its loops; option conv_library, off by default) against the
+at run time, padding in its loops; option conv_library, on by default where it is no slower:
+short last tiles) against the
 interpreter over random geometries (strides, padding, negative padding, window and base
 dilation, odd sizes, batch 1, output features that fill whole vectors, part of one and
 several blocks, one input feature, edge tiles too large to stage), and bit for bit against
@@ -17,7 +18,12 @@ import pytest
 
 from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.cpu.codegen.emit_conv import DirectConv, vector_shape
-from xlapy.backends.cpu.codegen.emit_conv_library import conv_kernel, conv_params, menu
+from xlapy.backends.cpu.codegen.emit_conv_library import (
+    conv_kernel,
+    conv_params,
+    library_by_default,
+    menu,
+)
 from xlapy.backends.cpu.jit.engine import host_target
 from xlapy.backends.cpu.jit.kernel import clear_kernel_cache
 from xlapy.backends.cpu.runtime import conv_thunk
@@ -153,10 +159,37 @@ def test_named_geometries(case):
     _check(text, xs, ks, zlib.crc32(text.encode()))
 
 
-def test_off_by_default():
-    text, _, _ = conv_hlo(2, (9, 11), 3, (3, 3), 8, pads=((1, 1), (1, 1)))
-    listing = CpuProgram(parse_module(text)).compiled.thunk_listing()
-    assert PER_SHAPE in listing and ARENA not in listing, listing
+SAME = ((1, 1), (1, 1))
+DEFAULT_CASES = {
+    # small convolutions keep the per-geometry kernel (in a program the library's call
+    # costs more there, RESULTS.md)
+    "small": ({"n": 2, "hw": (9, 11), "c": 3, "k": (3, 3), "o": 8, "pads": SAME}, False),
+    "small_many_features": ({"n": 6, "hw": (4, 4), "c": 8, "k": (3, 3), "o": 40}, False),
+    "mid": ({"n": 4, "hw": (16, 16), "c": 16, "k": (3, 3), "o": 16, "pads": SAME}, False),
+    # a heavy kernel whose tile (6) does not divide its row (10): the library
+    "short_tile": ({"n": 1, "hw": (10, 10), "c": 64, "k": (3, 3), "o": 64, "pads": SAME}, True),
+}
+
+
+@pytest.mark.parametrize("name", DEFAULT_CASES)
+def test_default_rule(name):
+    """Without the option the library runs where library_by_default says (short last
+    tiles), with the per-shape kernel's bits."""
+    case, library = DEFAULT_CASES[name]
+    text, xs, ks = conv_hlo(**case)
+    lanes = vector_shape(host_target().features)[0]
+    geometry = arena_geometry(parse_module(text).entry.root)
+    assert geometry is not None
+    expected = library_by_default(geometry, lanes)
+    if lanes == 16:  # the cases are chosen for AVX-512's tiles
+        assert expected == library
+    rng = np.random.default_rng(zlib.crc32(text.encode()))
+    args = [rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ks).astype(np.float32)]
+    program = CpuProgram(parse_module(text))
+    listing = program.compiled.thunk_listing()
+    assert (ARENA in listing) == expected and (PER_SHAPE in listing) != expected, listing
+    per_shape, _ = _run(text, args, False)
+    assert np.array_equal(np.asarray(program.run(args)), per_shape)
 
 
 def test_window_reversal():

@@ -64,7 +64,12 @@ from xlapy.backends.base import Fallback
 from xlapy.backends.collectives import PERFORMED as COLLECTIVE_OPCODES
 from xlapy.backends.cpu.codegen.common import SYMBOL
 from xlapy.backends.cpu.codegen.emit_conv import DirectConv, emit_direct_conv, vector_shape
-from xlapy.backends.cpu.codegen.emit_conv_library import conv_extent, conv_kernel, conv_params
+from xlapy.backends.cpu.codegen.emit_conv_library import (
+    conv_extent,
+    conv_kernel,
+    conv_params,
+    library_by_default,
+)
 from xlapy.backends.cpu.codegen.emit_gemv import Gemv, emit_gemv, gemv_geometry, gemv_signature
 from xlapy.backends.cpu.codegen.emit_loop import (
     LOOP_SYMBOL,
@@ -774,8 +779,9 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
     vector, registers = vector_shape(host_target().features)
     out, x, w = lw.slice_at(instr), *(lw.slice_at(o) for o in instr.operands)
     arena = None if out.overlaps(x) or out.overlaps(w) else arena_geometry(instr)
-    if lw.options.get("conv_library", False):  # where a direct kernel runs, and only there
-        built = _library_convolution(lw, instr, why, vector, arena, (out, x, w))
+    choice = lw.options.get("conv_library")  # None: library_by_default's rule
+    if choice is not False:  # where a direct kernel runs, and only there
+        built = _library_convolution(lw, instr, why, vector, arena, (out, x, w), choice)
         if built is not None:
             return built
     if arena is not None and not DirectConv(**arena, vector=vector, registers=registers).fits:
@@ -806,7 +812,7 @@ def _convolution(lw: Lowering, instr: HloInstruction, why: str) -> Built:
 
 
 def _library_convolution(
-    lw: Lowering, instr: HloInstruction, why: str, vector: int, arena, slices
+    lw: Lowering, instr: HloInstruction, why: str, vector: int, arena, slices, choice
 ) -> Built | None:
     """A direct convolution on the kernel library's convolution, generic in its geometry
     (codegen/emit_conv_library.py: no LLVM for this program): on the arena where its input
@@ -814,12 +820,13 @@ def _library_convolution(
     loops), else run by the library convolution on the padded input it writes
     (runtime/conv_thunk.py `_direct`); None where the direct path does not apply or the
     input or result has its features apart (NCHW on the arena: 1.8x slower than the kernel
-    compiled per geometry). Off by default (option `conv_library`): the same bits as the
-    kernel compiled per geometry, 0-12% slower at run time (docs/cpu_backend.md)."""
+    compiled per geometry). The same bits as the kernel compiled per geometry; `choice`:
+    option `conv_library` (True: wherever it applies; None, the default: where
+    library_by_default says, short last tiles: where it runs no slower; docs/cpu_backend.md)."""
     if arena is not None and (arena["x_strides"][3] != 1 or arena["out_strides"][3] != 1):
         return None  # features apart (NCHW): every edge tile staged column by column
     geometry = arena or direct_geometry(instr)
-    if geometry is None:
+    if geometry is None or (choice is None and not library_by_default(geometry, vector)):
         return None
     kernel = conv_kernel(geometry, vector)
     try:

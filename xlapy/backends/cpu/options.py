@@ -75,8 +75,10 @@ CPU_OPTIONS: dict[str, Option] = {
     "conv_library": Option(
         "run the direct convolutions (f32, two spatial dims, one group) on the kernel "
         "library's convolution, its geometry read at run time, compiled once per machine, "
-        "not on a kernel compiled per geometry (default false: the same bits, 0-12% slower "
-        "at run time; lowering.py, codegen/emit_conv_library.py, docs/cpu_backend.md)",
+        "not on a kernel compiled per geometry (the same bits; default: where it runs no "
+        "slower, the convolutions whose per-geometry kernel would run a short last tile; "
+        "true: wherever it applies; false: never; lowering.py, "
+        "codegen/emit_conv_library.py, docs/cpu_backend.md)",
         boolean,
     ),
     "window_library": Option(

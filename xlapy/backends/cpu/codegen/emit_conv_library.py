@@ -131,6 +131,16 @@ def conv_kernel(geometry: dict, lanes: int) -> ConvKernel:
     return ConvKernel(fits[0] if fits else conv.tile, nv, lanes)
 
 
+def library_by_default(geometry: dict, lanes: int) -> bool:
+    """Whether a direct geometry runs on the library's kernel when option `conv_library` is
+    not given: where it is measured no slower than the kernel compiled per geometry (within
+    2%, docs/cpu_backend.md), those where the per-geometry kernel would run a short last
+    tile (`conv_kernel` takes a dividing tile there)."""
+    from xlapy.backends.cpu.codegen.emit_conv import DirectConv
+
+    return bool(DirectConv(**geometry, vector=lanes, registers=_registers(lanes)).short)
+
+
 def conv_params(kernel: ConvKernel, geometry: dict) -> tuple[int, ...]:
     """The parameter block (PARAMS) of a direct geometry for `kernel`."""
     g = geometry

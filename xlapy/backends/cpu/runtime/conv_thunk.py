@@ -956,7 +956,9 @@ class DirectConvThunk(Thunk):
     def _reset(self) -> None:
         self._fn: Any = None  # the entry as a ctypes function, made on the first run
         params = self.kernel.params  # the library kernel's parameter block, made once
-        self._block = None if params is None else np.array(params, np.int64)
+        block = None if params is None else np.array(params, np.int64)
+        # with its address: `.ctypes.data` costs a microsecond or so a call
+        self._block = None if block is None else (block, block.ctypes.data)
         self._pack: tuple | None = None  # (shape, strides, byte offset) of the kernel's view
         self._src: tuple | None = None  # (arena memory, the kernel's view in it)
         self._local = threading.local()  # per thread: (packed[..., :Og], its address, packed)
@@ -1004,7 +1006,7 @@ class DirectConvThunk(Thunk):
         ptrs = [bases[self.out.allocation] + self.out.offset,
                 bases[self.x.allocation] + self.x.offset, kept[1]]  # fmt: skip
         if block is not None:
-            ptrs.append(block.ctypes.data)
+            ptrs.append(block[1])
         run_tiles(fn, ptrs, self.kernel.extent, self._choice)
 
     def describe(self) -> list[str]:
