@@ -59,6 +59,7 @@ from xlapy.memory.heap_simulator import (
     HeapBuffer,
     HeapResult,
     MemoryPlanningError,
+    lower_bound,
     simulate_heap,
 )
 from xlapy.memory.scheduler import (
@@ -311,6 +312,20 @@ def assign_buffers(
     """Assign every value of `module` a slice (see the module comment). The module must have
     one call site per control-flow computation and no interfering must-share buffers (run
     flatten-call-graph and copy-insertion first); MemoryPlanningError otherwise."""
+    assignment = _assign(module, schedule, options, None)
+    assert assignment is not None  # (no temp bytes to beat)
+    return assignment
+
+
+def _assign(
+    module: HloModule,
+    schedule: Schedule | None,
+    options: AssignmentOptions | None,
+    beat: int | None,
+) -> BufferAssignment | None:
+    """`assign_buffers`, or None when `beat` is given and the temps cannot fit in `beat`
+    bytes or fewer (their no-fragmentation lower bound is above it): the plan choice then
+    skips the heap simulation of an order that cannot win."""
     options = options or AssignmentOptions()
     entry = module.entry
     if entry is None or entry.root is None:
@@ -347,7 +362,10 @@ def assign_buffers(
         accepted = _accept_in_place(dataflow, aliases, liveness, writable)
         if accepted:
             aliases = aliases.merged(accepted)
-    allocations, heap_results = _allocate(module, entry, dataflow, aliases, liveness, options)
+    allocated = _allocate(module, entry, dataflow, aliases, liveness, options, beat)
+    if allocated is None:
+        return None
+    allocations, heap_results = allocated
     slices: dict[HloValue, Slice] = {}
     for alloc in allocations:
         for buffer, offset in alloc.buffers:
@@ -459,7 +477,10 @@ def _insert_copies_for_smallest_plan(
     judged on `module` itself, with one dataflow and alias analysis for all of them (the
     judgement edits nothing); each is then removed from a copy of the module (the last
     trial, once an earlier one has assigned, takes `module` itself) and its buffers
-    assigned."""
+    assigned. The copies share `module`'s embedded computations (fusion bodies, reducers:
+    most of a large module), which removing copies does not edit. A trial whose temps'
+    no-fragmentation lower bound is above the best plan's temp bytes so far cannot win:
+    its heap simulation is skipped."""
     with collector_paused():
         return _smallest_plan(module, keep_trial)
 
@@ -479,6 +500,7 @@ def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssi
     if len(distinct) > 1:
         dataflow = DataflowAnalysis.run(module)
         aliases = AliasAnalysis.run(module, dataflow)
+        embedded = set(module.computations).difference(dataflow.computations)
         best: tuple[int, int, int] | None = None
         tried = list(distinct.values())
         for number, (rank, name) in enumerate(tried):
@@ -488,17 +510,21 @@ def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssi
             if keep_trial and last and won is not None:
                 trial = module  # nothing is judged on it any more
             else:
-                trial = module.copy()  # every copy added, none removed yet
+                trial = module.copy(share=embedded)  # every copy added, none removed yet
                 sequences, dropped = _same_named(trial, sequences, dropped)
             drop_copies(trial, sequences, dropped, NameUniquer(trial))
             try:
-                assignment = assign_buffers(trial)
+                assignment = _assign(trial, None, None, best[0] if best is not None else None)
             except MemoryPlanningError:
                 continue  # the module's own call reports it, if every order fails
+            if assignment is None:
+                continue  # more temp bytes than the best so far, whatever the packing
             score = (assignment.temp_bytes, assignment.peak_bytes, rank)
             if best is None or score < best:
                 best, chosen, won = score, name, assignment
     if keep_trial and won is not None:
+        for comp in won.module.computations:
+            comp.parent = won.module  # (the trials shared the embedded computations)
         return chosen, won
     insertion.schedule_fn = _candidate_order(schedules, chosen)
     insertion.remove_copies(module, names)
@@ -582,7 +608,8 @@ def _allocate(
     aliases: Aliases,
     liveness: Liveness,
     options: AssignmentOptions,
-) -> tuple[list[Allocation], dict[int, HeapResult]]:
+    beat: int | None = None,
+) -> tuple[list[Allocation], dict[int, HeapResult]] | None:
     assert entry.root is not None  # assign_buffers checked
     live_out = {v for _, v in dataflow.values_of(entry.root)}
     allocations: list[Allocation] = []
@@ -622,7 +649,7 @@ def _allocate(
             temps.setdefault(space, []).append(buffer)
     if options.reuse_outputs:
         _reuse_output_allocations(allocations, temps, dataflow, liveness)
-    heap_results: dict[int, HeapResult] = {}
+    heaps: list[tuple[int, list[HloBuffer], list[HeapBuffer]]] = []
     for space, buffers in sorted(temps.items()):
         if not buffers:
             continue
@@ -631,6 +658,11 @@ def _allocate(
             HeapBuffer(b.id, b.size, *_buffer_range(b, liveness), options.alignment, groups.get(b))
             for b in buffers
         ]
+        heaps.append((space, buffers, heap))
+    if beat is not None and sum(lower_bound(heap) for _, _, heap in heaps) > beat:
+        return None
+    heap_results: dict[int, HeapResult] = {}
+    for space, buffers, heap in heaps:
         result = simulate_heap(heap, options.heap_algorithm)
         heap_results[space] = result
         arena = new("temp", None, size=result.heap_size, memory_space=space)
