@@ -647,16 +647,16 @@ def _allocate(
         else:
             space = max((_memory_space(v) for v in buffer.values), default=0)
             temps.setdefault(space, []).append(buffer)
+    ranges = _Ranges(liveness)
     if options.reuse_outputs:
-        _reuse_output_allocations(allocations, temps, dataflow, liveness)
+        _reuse_output_allocations(allocations, temps, dataflow, liveness, ranges)
     heaps: list[tuple[int, list[HloBuffer], list[HeapBuffer]]] = []
     for space, buffers in sorted(temps.items()):
         if not buffers:
             continue
-        groups = _operand_reuse_groups(buffers, aliases, dataflow, liveness)
+        groups = _operand_reuse_groups(buffers, aliases, dataflow, liveness, ranges)
         heap = [
-            HeapBuffer(b.id, b.size, *_buffer_range(b, liveness), options.alignment, groups.get(b))
-            for b in buffers
+            HeapBuffer(b.id, b.size, *ranges[b], options.alignment, groups.get(b)) for b in buffers
         ]
         heaps.append((space, buffers, heap))
     if beat is not None and sum(lower_bound(heap) for _, _, heap in heaps) > beat:
@@ -689,11 +689,24 @@ def _buffer_range(buffer: HloBuffer, liveness: Liveness) -> tuple[int, int]:
     return min(s for s, _ in ranges), max(e for _, e in ranges)
 
 
+class _Ranges(dict[HloBuffer, tuple[int, int]]):
+    """`_buffer_range` of each buffer asked for, computed once."""
+
+    def __init__(self, liveness: Liveness):
+        super().__init__()
+        self.liveness = liveness
+
+    def __missing__(self, buffer: HloBuffer) -> tuple[int, int]:
+        found = self[buffer] = _buffer_range(buffer, self.liveness)
+        return found
+
+
 def _reuse_output_allocations(
     allocations: list[Allocation],
     temps: dict[int, list[HloBuffer]],
     dataflow: Dataflow,
     liveness: Liveness,
+    ranges: _Ranges,
 ) -> None:
     """Place temporary buffers in output allocations they fit in and do not interfere with,
     as XLA's buffer assigner lets a buffer reuse any allocation that is neither a parameter
@@ -708,17 +721,17 @@ def _reuse_output_allocations(
     if not outputs:
         return
     outputs.sort(key=lambda a: (a.size, a.index))
-    held = {a.index: [(b, *_buffer_range(b, liveness)) for b, _ in a.buffers] for a in outputs}
+    held = {a.index: [(b, *ranges[b]) for b, _ in a.buffers] for a in outputs}
     spaces = {
         a.index: max((_memory_space(v) for b, _ in a.buffers for v in b.values), default=0)
         for a in outputs
     }
     for space, buffers in temps.items():
-        order = sorted(buffers, key=lambda b: (-b.size, _buffer_range(b, liveness)[0], b.id))
+        order = sorted(buffers, key=lambda b: (-b.size, ranges[b][0], b.id))
         for buffer in order:
             if buffer.size == 0 or all(v.shape.is_tuple for v in buffer.values):
                 continue
-            start, end = _buffer_range(buffer, liveness)
+            start, end = ranges[buffer]
             for alloc in outputs:
                 if alloc.size < buffer.size or spaces[alloc.index] != space:
                     continue
@@ -734,14 +747,17 @@ def _reuse_output_allocations(
 
 
 def _operand_reuse_groups(
-    buffers: list[HloBuffer], aliases: Aliases, dataflow: Dataflow, liveness: Liveness
+    buffers: list[HloBuffer],
+    aliases: Aliases,
+    dataflow: Dataflow,
+    liveness: Liveness,
+    ranges: _Ranges,
 ) -> dict[HloBuffer, int]:
     """Colocation groups for the heap simulator: a temp whose value is computed elementwise
     over a temp dying at that instruction shares its offset (XLA's heap simulator reuses a
     dying operand's buffer the same way). Each buffer takes at most one predecessor and
     gives way to at most one successor, so a group is a chain of back-to-back buffers."""
     members = set(buffers)
-    ranges = {b: _buffer_range(b, liveness) for b in buffers}
     taken_before: set[HloBuffer] = set()
     groups = UnionFind()
     linked = False
