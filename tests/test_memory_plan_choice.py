@@ -19,6 +19,7 @@ from xlapy.ir.opcodes import Opcode
 from xlapy.ir.parser import parse_module
 from xlapy.memory.buffer_assignment import (
     PLAN_CANDIDATES,
+    _assign,
     assign_buffers,
     prepare_for_buffer_assignment,
     prepare_with_plan,
@@ -103,9 +104,23 @@ def test_the_winning_trial_is_kept_as_the_in_place_plan_would_be(path):
     if got is None:
         got = assign_buffers(module)
     assert got.module is module
+    assert all(c.parent is module for c in module.computations)  # (trials shared some)
     assert module.to_text() == in_place.to_text()
     assert (got.temp_bytes, got.peak_bytes) == (want.temp_bytes, want.peak_bytes)
     assert format_report(got) == format_report(want)
+
+
+@pytest.mark.parametrize("path", PROGRAMS[:1], ids=[p.stem for p in PROGRAMS[:1]])
+def test_a_trial_that_cannot_beat_the_best_temp_skips_its_heap(path):
+    """A trial's temps are at least their no-fragmentation lower bound: given a smaller
+    temp to beat, the assignment gives up (None) before placing them."""
+    module = _optimized(path.read_text())
+    prepare_for_buffer_assignment(module)
+    plan = assign_buffers(module)
+    assert plan.lower_bound_bytes > 0
+    assert _assign(module, None, None, plan.lower_bound_bytes - 1) is None
+    kept = _assign(module, None, None, plan.lower_bound_bytes)
+    assert kept is not None and kept.temp_bytes == plan.temp_bytes
 
 
 def test_a_program_whose_orders_all_agree_is_not_tried(monkeypatch):

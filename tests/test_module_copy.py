@@ -92,3 +92,16 @@ def test_editing_a_copy_leaves_the_original_alone():
     w.opcode = Opcode.MULTIPLY
     assert module.to_text() == before
     assert copy.to_text() != before
+
+
+def test_a_copy_shares_the_computations_it_is_told_to_share():
+    module = parse_module(WHILE)
+    cond = module.get_computation("cond")
+    copy = module.copy(share={cond})
+    assert copy.to_text() == module.to_text()
+    assert copy.get_computation("cond") is cond
+    assert cond.parent is module  # shared, not adopted
+    body, entry = copy.get_computation("body"), copy.entry
+    assert body is not module.get_computation("body") and entry is not module.entry
+    loop = next(i for i in entry.instructions if i.opcode is Opcode.WHILE)
+    assert loop.while_condition is cond and loop.while_body is body

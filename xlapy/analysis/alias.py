@@ -175,14 +175,22 @@ class AliasAnalysis:
     def run(module: HloModule, dataflow: Dataflow, extra_pairs=()) -> Aliases:
         """Buffers of `module`; `extra_pairs` adds more (value, value) merges (buffer
         assignment passes the in-place pairs it accepted)."""
-        sets = UnionFind()
-        for value in dataflow.values:
-            sets.find(value)
+        values = dataflow.values
+        parent = list(range(len(values)))  # union-find over value ids (a value's id is its
+        # place in `values`), with path halving
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = i = parent[parent[i]]
+            return i
+
         for a, b in [*must_alias_pairs(module, dataflow), *extra_pairs]:
-            sets.union(a, b)
-        groups: dict[HloValue, list[HloValue]] = {}
-        for value in dataflow.values:
-            groups.setdefault(sets.find(value), []).append(value)
+            ra, rb = find(a.id), find(b.id)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+        groups: dict[int, list[HloValue]] = {}
+        for value in values:
+            groups.setdefault(find(value.id), []).append(value)
         return _buffers_of(dataflow, list(groups.values()))
 
 

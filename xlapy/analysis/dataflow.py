@@ -220,6 +220,10 @@ class DataflowAnalysis:
                 if instr.opcode.forwards_operand or instr.opcode is Opcode.TUPLE:
                     continue
                 for number, operand in enumerate(instr.operands):  # each Use made once
+                    if not operand.shape.tuple_shapes:  # (one position: most operands)
+                        value = builder.at[(id(operand), ())]
+                        uses[value].append(Use(instr, number, ()))
+                        continue
                     for index, _ in operand.shape.subshapes():
                         value = builder.at[(id(operand), index)]
                         uses[value].append(Use(instr, number, index))

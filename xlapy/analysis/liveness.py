@@ -90,22 +90,26 @@ class Liveness:
         writes = [v for v in values if v.is_write]
         if not writes:
             return None
+        entry = self.module.entry
         for v in values:
-            other = next((w for w in writes if w is not v), None)
+            opcode = v.instruction.opcode
+            if opcode is not Opcode.CONSTANT and opcode is not Opcode.PARAMETER:
+                continue  # (neither check below applies)
+            other = writes[0] if writes[0] is not v else writes[1] if len(writes) > 1 else None
             if other is None:
                 continue
-            if v.instruction.opcode is Opcode.CONSTANT:
+            if opcode is Opcode.CONSTANT:
                 return f"{other.name} would overwrite the constant {v.name}"
-            entry_parameter = v.defined_by_parameter and v.instruction.parent is self.module.entry
+            entry_parameter = v.instruction.parent is entry
             if entry_parameter and v not in writable:
                 return f"{other.name} would overwrite the entry parameter {v.name}"
         for w in writes:
             at = ranges[w][0]
             for u in values:
-                if u is w:
-                    continue
                 start, end = ranges[u]
-                if start > at or end < at:
+                if start > at:
+                    break  # (`values` is sorted by start: no later one is live at `at`)
+                if u is w or end < at:
                     continue
                 if end == at and start < at and may_update_in_place(w, u, self.dataflow, same):
                     continue

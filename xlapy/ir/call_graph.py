@@ -59,12 +59,11 @@ class CallGraph:
         self._nodes: dict[int, CallGraphNode] = {
             id(c): CallGraphNode(c) for c in module.computations
         }
+        calls_nothing = CALL_ATTRIBUTES.isdisjoint  # (most instructions call nothing)
         for comp in module.computations:
             node = self._nodes[id(comp)]
             seen: set[int] = set()
-            for instr in comp.instructions:
-                if CALL_ATTRIBUTES.isdisjoint(instr.attrs):  # most instructions call nothing
-                    continue
+            for instr in [i for i in comp.instructions if not calls_nothing(i.attrs)]:
                 node.callsites.append(instr)
                 for callee in instr.called_computations():
                     callee_node = self._nodes.get(id(callee))

@@ -8,6 +8,7 @@ as text and printed back.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Literal as TypingLiteral
 
@@ -141,17 +142,19 @@ class HloModule:
         for comp in self.computations:
             yield from comp.instructions
 
-    def copy(self) -> HloModule:
+    def copy(self, share: Collection[HloComputation] = ()) -> HloModule:
         """An independent copy with the same names, order and attributes: what parsing
         `to_text()` gives, without printing and parsing. Computations, instructions, use-lists
         (in text order, as a parse makes them) and the config are new; shapes, literals and
         attribute values are immutable and shared, except references to computations, which
-        point at the copies."""
+        point at the copies. The computations in `share` are not copied: the copy holds
+        them as they are (for a copy that will not edit them; their `parent` stays this
+        module)."""
         from xlapy.ir.instruction import HloInstruction
 
         clone = HloModule(self.name, replace(self.config))
         clone.stack_frames = self.stack_frames
-        comps = {c: HloComputation(c.name) for c in self.computations}
+        comps = {c: c if c in share else HloComputation(c.name) for c in self.computations}
 
         def remap(value):
             if isinstance(value, HloComputation):
@@ -162,6 +165,11 @@ class HloModule:
 
         for comp in self.computations:
             copy = comps[comp]
+            if copy is comp:
+                clone.computations.append(comp)
+                if comp is self.entry:
+                    clone.entry = comp
+                continue
             copy.execution_thread = comp.execution_thread
             made = {
                 i: HloInstruction(

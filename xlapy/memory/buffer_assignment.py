@@ -59,6 +59,7 @@ from xlapy.memory.heap_simulator import (
     HeapBuffer,
     HeapResult,
     MemoryPlanningError,
+    lower_bound,
     simulate_heap,
 )
 from xlapy.memory.scheduler import (
@@ -311,6 +312,20 @@ def assign_buffers(
     """Assign every value of `module` a slice (see the module comment). The module must have
     one call site per control-flow computation and no interfering must-share buffers (run
     flatten-call-graph and copy-insertion first); MemoryPlanningError otherwise."""
+    assignment = _assign(module, schedule, options, None)
+    assert assignment is not None  # (no temp bytes to beat)
+    return assignment
+
+
+def _assign(
+    module: HloModule,
+    schedule: Schedule | None,
+    options: AssignmentOptions | None,
+    beat: int | None,
+) -> BufferAssignment | None:
+    """`assign_buffers`, or None when `beat` is given and the temps cannot fit in `beat`
+    bytes or fewer (their no-fragmentation lower bound is above it): the plan choice then
+    skips the heap simulation of an order that cannot win."""
     options = options or AssignmentOptions()
     entry = module.entry
     if entry is None or entry.root is None:
@@ -347,7 +362,10 @@ def assign_buffers(
         accepted = _accept_in_place(dataflow, aliases, liveness, writable)
         if accepted:
             aliases = aliases.merged(accepted)
-    allocations, heap_results = _allocate(module, entry, dataflow, aliases, liveness, options)
+    allocated = _allocate(module, entry, dataflow, aliases, liveness, options, beat)
+    if allocated is None:
+        return None
+    allocations, heap_results = allocated
     slices: dict[HloValue, Slice] = {}
     for alloc in allocations:
         for buffer, offset in alloc.buffers:
@@ -459,7 +477,10 @@ def _insert_copies_for_smallest_plan(
     judged on `module` itself, with one dataflow and alias analysis for all of them (the
     judgement edits nothing); each is then removed from a copy of the module (the last
     trial, once an earlier one has assigned, takes `module` itself) and its buffers
-    assigned."""
+    assigned. The copies share `module`'s embedded computations (fusion bodies, reducers:
+    most of a large module), which removing copies does not edit. A trial whose temps'
+    no-fragmentation lower bound is above the best plan's temp bytes so far cannot win:
+    its heap simulation is skipped."""
     with collector_paused():
         return _smallest_plan(module, keep_trial)
 
@@ -479,6 +500,7 @@ def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssi
     if len(distinct) > 1:
         dataflow = DataflowAnalysis.run(module)
         aliases = AliasAnalysis.run(module, dataflow)
+        embedded = set(module.computations).difference(dataflow.computations)
         best: tuple[int, int, int] | None = None
         tried = list(distinct.values())
         for number, (rank, name) in enumerate(tried):
@@ -488,17 +510,21 @@ def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssi
             if keep_trial and last and won is not None:
                 trial = module  # nothing is judged on it any more
             else:
-                trial = module.copy()  # every copy added, none removed yet
+                trial = module.copy(share=embedded)  # every copy added, none removed yet
                 sequences, dropped = _same_named(trial, sequences, dropped)
             drop_copies(trial, sequences, dropped, NameUniquer(trial))
             try:
-                assignment = assign_buffers(trial)
+                assignment = _assign(trial, None, None, best[0] if best is not None else None)
             except MemoryPlanningError:
                 continue  # the module's own call reports it, if every order fails
+            if assignment is None:
+                continue  # more temp bytes than the best so far, whatever the packing
             score = (assignment.temp_bytes, assignment.peak_bytes, rank)
             if best is None or score < best:
                 best, chosen, won = score, name, assignment
     if keep_trial and won is not None:
+        for comp in won.module.computations:
+            comp.parent = won.module  # (the trials shared the embedded computations)
         return chosen, won
     insertion.schedule_fn = _candidate_order(schedules, chosen)
     insertion.remove_copies(module, names)
@@ -582,7 +608,8 @@ def _allocate(
     aliases: Aliases,
     liveness: Liveness,
     options: AssignmentOptions,
-) -> tuple[list[Allocation], dict[int, HeapResult]]:
+    beat: int | None = None,
+) -> tuple[list[Allocation], dict[int, HeapResult]] | None:
     assert entry.root is not None  # assign_buffers checked
     live_out = {v for _, v in dataflow.values_of(entry.root)}
     allocations: list[Allocation] = []
@@ -620,17 +647,22 @@ def _allocate(
         else:
             space = max((_memory_space(v) for v in buffer.values), default=0)
             temps.setdefault(space, []).append(buffer)
+    ranges = _Ranges(liveness)
     if options.reuse_outputs:
-        _reuse_output_allocations(allocations, temps, dataflow, liveness)
-    heap_results: dict[int, HeapResult] = {}
+        _reuse_output_allocations(allocations, temps, dataflow, liveness, ranges)
+    heaps: list[tuple[int, list[HloBuffer], list[HeapBuffer]]] = []
     for space, buffers in sorted(temps.items()):
         if not buffers:
             continue
-        groups = _operand_reuse_groups(buffers, aliases, dataflow, liveness)
+        groups = _operand_reuse_groups(buffers, aliases, dataflow, liveness, ranges)
         heap = [
-            HeapBuffer(b.id, b.size, *_buffer_range(b, liveness), options.alignment, groups.get(b))
-            for b in buffers
+            HeapBuffer(b.id, b.size, *ranges[b], options.alignment, groups.get(b)) for b in buffers
         ]
+        heaps.append((space, buffers, heap))
+    if beat is not None and sum(lower_bound(heap) for _, _, heap in heaps) > beat:
+        return None
+    heap_results: dict[int, HeapResult] = {}
+    for space, buffers, heap in heaps:
         result = simulate_heap(heap, options.heap_algorithm)
         heap_results[space] = result
         arena = new("temp", None, size=result.heap_size, memory_space=space)
@@ -657,11 +689,24 @@ def _buffer_range(buffer: HloBuffer, liveness: Liveness) -> tuple[int, int]:
     return min(s for s, _ in ranges), max(e for _, e in ranges)
 
 
+class _Ranges(dict[HloBuffer, tuple[int, int]]):
+    """`_buffer_range` of each buffer asked for, computed once."""
+
+    def __init__(self, liveness: Liveness):
+        super().__init__()
+        self.liveness = liveness
+
+    def __missing__(self, buffer: HloBuffer) -> tuple[int, int]:
+        found = self[buffer] = _buffer_range(buffer, self.liveness)
+        return found
+
+
 def _reuse_output_allocations(
     allocations: list[Allocation],
     temps: dict[int, list[HloBuffer]],
     dataflow: Dataflow,
     liveness: Liveness,
+    ranges: _Ranges,
 ) -> None:
     """Place temporary buffers in output allocations they fit in and do not interfere with,
     as XLA's buffer assigner lets a buffer reuse any allocation that is neither a parameter
@@ -676,17 +721,17 @@ def _reuse_output_allocations(
     if not outputs:
         return
     outputs.sort(key=lambda a: (a.size, a.index))
-    held = {a.index: [(b, *_buffer_range(b, liveness)) for b, _ in a.buffers] for a in outputs}
+    held = {a.index: [(b, *ranges[b]) for b, _ in a.buffers] for a in outputs}
     spaces = {
         a.index: max((_memory_space(v) for b, _ in a.buffers for v in b.values), default=0)
         for a in outputs
     }
     for space, buffers in temps.items():
-        order = sorted(buffers, key=lambda b: (-b.size, _buffer_range(b, liveness)[0], b.id))
+        order = sorted(buffers, key=lambda b: (-b.size, ranges[b][0], b.id))
         for buffer in order:
             if buffer.size == 0 or all(v.shape.is_tuple for v in buffer.values):
                 continue
-            start, end = _buffer_range(buffer, liveness)
+            start, end = ranges[buffer]
             for alloc in outputs:
                 if alloc.size < buffer.size or spaces[alloc.index] != space:
                     continue
@@ -702,14 +747,17 @@ def _reuse_output_allocations(
 
 
 def _operand_reuse_groups(
-    buffers: list[HloBuffer], aliases: Aliases, dataflow: Dataflow, liveness: Liveness
+    buffers: list[HloBuffer],
+    aliases: Aliases,
+    dataflow: Dataflow,
+    liveness: Liveness,
+    ranges: _Ranges,
 ) -> dict[HloBuffer, int]:
     """Colocation groups for the heap simulator: a temp whose value is computed elementwise
     over a temp dying at that instruction shares its offset (XLA's heap simulator reuses a
     dying operand's buffer the same way). Each buffer takes at most one predecessor and
     gives way to at most one successor, so a group is a chain of back-to-back buffers."""
     members = set(buffers)
-    ranges = {b: _buffer_range(b, liveness) for b in buffers}
     taken_before: set[HloBuffer] = set()
     groups = UnionFind()
     linked = False

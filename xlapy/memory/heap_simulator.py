@@ -37,6 +37,7 @@ import bisect
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -156,7 +157,7 @@ def simulate_peak(intervals: Iterable[tuple[int, int, int]]) -> tuple[int, int]:
     """(peak bytes, first step at the peak) for (start, end, size) live ranges, inclusive.
 
     Returns (0, 0) for no intervals."""
-    rows = np.asarray(list(intervals), dtype=np.int64).reshape(-1, 3)
+    rows = np.fromiter(chain.from_iterable(intervals), dtype=np.int64).reshape(-1, 3)
     if rows.shape[0] == 0:
         return 0, 0
     times = np.concatenate([rows[:, 0], rows[:, 1] + 1])

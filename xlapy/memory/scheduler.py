@@ -142,9 +142,8 @@ class _Buffers:
     pinned: frozenset[HloInstruction]  # live to the end: behind the root, or parameters
 
 
-def _buffers(
-    comp: HloComputation, size_fn: SizeFn, deps: dict[HloInstruction, list[HloInstruction]]
-) -> _Buffers:
+def _buffers(comp: HloComputation, size_fn: SizeFn, topo: list[HloInstruction]) -> _Buffers:
+    """The buffers of `comp`; `topo` is its instructions, each after what it depends on."""
     size = {instr: int(size_fn(instr)) for instr in comp.instructions}
     for instr, nbytes in size.items():
         if nbytes < 0:
@@ -156,7 +155,7 @@ def _buffers(
     def sources(value: HloInstruction) -> tuple[HloInstruction, ...]:
         return behind[value]
 
-    for instr in _dfs_post_order(comp, deps, comp.instructions):
+    for instr in topo:
         own: tuple[HloInstruction, ...] = (instr,) if size[instr] else ()
         if _reuses_operand_buffers(instr.opcode):
             own += tuple(b for op in instr.operands for b in sources(op))
@@ -179,12 +178,14 @@ class _Graph:
     once and shared by every scheduler and peak computation `schedule_computation` runs."""
 
     deps: dict[HloInstruction, list[HloInstruction]]
+    topo: list[HloInstruction]  # every instruction after its dependences (a DFS post order)
     buffers: _Buffers
 
 
 def _graph(comp: HloComputation, size_fn: SizeFn) -> _Graph:
     deps = _dependencies(comp)
-    return _Graph(deps, _buffers(comp, size_fn, deps))
+    topo = _dfs_post_order(comp, deps, comp.instructions)
+    return _Graph(deps, topo, _buffers(comp, size_fn, topo))
 
 
 def live_intervals(
@@ -286,15 +287,14 @@ def dfs_schedule(
     comp: HloComputation, size_fn: SizeFn = default_size, graph: _Graph | None = None
 ) -> list[HloInstruction]:
     """Depth-first post order visiting the heaviest operand subtree first."""
-    deps = graph.deps if graph is not None else _dependencies(comp)
-    if graph is not None:
-        size_fn = graph.buffers.size.__getitem__
+    graph = graph or _graph(comp, size_fn)
+    deps, size = graph.deps, graph.buffers.size
     extra_users: dict[HloInstruction, int] = {}
     total_size: dict[HloInstruction, int] = {}
-    for instr in _dfs_post_order(comp, deps, comp.instructions):
+    for instr in graph.topo:
         operands = dict.fromkeys(instr.operands)
         extra = max(len(instr.users) - 1, 0) + sum(extra_users[d] for d in operands)
-        total = int(size_fn(instr)) + sum(total_size[d] for d in operands)
+        total = size[instr] + sum(total_size[d] for d in operands)
         extra_users[instr] = min(extra, _SATURATE)
         total_size[instr] = min(total, _SATURATE)
     position = {instr: i for i, instr in enumerate(comp.instructions)}
@@ -325,14 +325,16 @@ def list_schedule(
         for b in read:
             readers[b].add(instr)
     ready: set[HloInstruction] = set()
+    size, pinned = buffers.size, buffers.pinned
 
     def priority(instr: HloInstruction) -> int:
-        freed = sum(
-            buffers.size[b]
-            for b in buffers.reads[instr]
-            if b not in buffers.pinned and readers[b] == {instr}
-        )
-        return freed - buffers.size[instr]
+        freed = 0
+        for b in buffers.reads[instr]:
+            if b not in pinned:
+                last = readers[b]
+                if len(last) == 1 and instr in last:
+                    freed += size[b]
+        return freed - size[instr]
 
     queue: list[tuple[int, int, HloInstruction]] = []
     best_known: dict[HloInstruction, int] = {}
