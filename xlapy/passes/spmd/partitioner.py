@@ -2024,7 +2024,7 @@ def _local_attrs(instr: HloInstruction, new_ops, shape: Shape) -> dict:
             if sizes[d] == g and g != loc:
                 sizes[d] = loc
         attrs["slice_sizes"] = tuple(sizes)
-    elif op is Opcode.CUSTOM_CALL and instr.attrs.get("operand_layout_constraints"):
+    elif op is Opcode.CUSTOM_CALL and instr.operand_layout_constraints:
         attrs["operand_layout_constraints"] = tuple(
             _resized(c, o.shape.dims)
             for c, o in zip(instr.operand_layout_constraints, new_ops, strict=True)
