@@ -305,8 +305,8 @@ def fam_bitcast(d: _Draw) -> Case:
     a = d.pick(ALL[1:])
     same = [t for t in ALL[1:] if BITS[t] == BITS[a]]
     b = d.pick(same) if d.chance(0.4) else d.pick(ALL[1:])
-    if a in COMPLEX or b in COMPLEX:
-        b = a if a in COMPLEX else d.pick(same)
+    if a in COMPLEX or b in COMPLEX:  # complex only to itself (real <-> complex is invalid)
+        b = a if a in COMPLEX else d.pick([t for t in same if t not in COMPLEX])
     dims = list(d.dims(hi=4))
     ba, bb = BITS[a], BITS[b]
     if ba > bb:
