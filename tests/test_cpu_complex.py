@@ -195,3 +195,19 @@ ENTRY e {{
 }}"""
     x = _complex(TYPES[t][0], dims)
     _check(text, [x], t)
+
+
+@pytest.mark.parametrize("t", list(TYPES))
+def test_sqrt_of_a_huge_negative_real_part_does_not_overflow(t):
+    # corner fuzz seed 701644: sqrt(-3.4e38 + 2.45i) gave (0, inf): (|z| + |re|) / 2
+    # overflowed before the halving; XLA and the interpreter give (6.6e-20, 1.8e19)
+    dtype, _, real = TYPES[t]
+    big = float(np.finfo(real).max)
+    x = np.full(SHAPE, 1 + 1j, dtype)
+    x.reshape(-1)[:4] = [complex(-big, 2.45), complex(big, -3.0), complex(-big, -big / 4), -big]
+    args = [x, x, np.ones(SHAPE, real)]
+    text = _module(t, OPS["sqrt"][0])
+    got = np.asarray(CpuProgram(parse_module(text), {"denormals": "ieee"}).run(args))
+    want = np.asarray(evaluate(parse_module(text), args))
+    assert np.isfinite(got.reshape(-1)[:4]).all(), got.reshape(-1)[:4]
+    np.testing.assert_allclose(got, want, rtol=TOL[t][0])

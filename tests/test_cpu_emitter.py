@@ -20,6 +20,7 @@ from xlapy.backends.cpu import (
     run_parallel,
     supported,
 )
+from xlapy.backends.cpu.backend import CpuProgram
 from xlapy.backends.interpreter import evaluate
 from xlapy.backends.interpreter.evaluator import Interpreter
 from xlapy.ir.opcodes import Opcode
@@ -356,6 +357,37 @@ ENTRY e {
     args = [random_array("f32", (8, 9)), np.array(starts[0], np.int32)]
     args += [np.array(starts[1], np.int32), random_array("f32", (3, 4))]
     check(text, args, exact=True)
+
+
+@pytest.mark.parametrize("t", ["u64", "u32", "u8", "s64", "s8"])
+@pytest.mark.parametrize("op", ["dynamic-slice", "dynamic-update-slice"])
+def test_dynamic_slice_and_update_clamp_unsigned_starts_to_the_top(op, t):
+    # corner fuzz seed 600530: a u64 start of 2**64 - 1 was read as -1 and clamped to 0; it
+    # clamps to the top, as XLA and the interpreter do
+    root = ("u64[3] dynamic-slice(x, i), dynamic_slice_sizes={3}" if op == "dynamic-slice"
+            else "u64[5] dynamic-update-slice(x, u, i)")  # fmt: skip
+    text = f"""HloModule m
+ENTRY e {{
+  x = u64[5] parameter(0)
+  i = {t}[] parameter(1)
+  u = u64[3] parameter(2)
+  ROOT r = {root}
+}}"""
+    dt = np.dtype({"u64": np.uint64, "u32": np.uint32, "u8": np.uint8, "s64": np.int64,
+                   "s8": np.int8}[t])  # fmt: skip
+    info = np.iinfo(dt)
+    x = np.array([2**64 - 2, 64, 31, 7, 5], np.uint64)
+    u = np.array([11, 12, 13], np.uint64)
+    for i in (info.max, info.max - 1, info.min, 1):
+        args = [x, np.array(i, dt), u]
+        want = Interpreter().run(parse_module(text), list(args))
+        got = CpuProgram(parse_module(text)).run(list(args))
+        np.testing.assert_array_equal(got, want)
+        top = i > 2
+        if op == "dynamic-slice":
+            np.testing.assert_array_equal(want, x[2:] if top else x[min(max(i, 0), 2) :][:3])
+        elif top:
+            np.testing.assert_array_equal(want, [*x[:2], *u])
 
 
 # -- fused chains (hypothesis) -------------------------------------------------------------------

@@ -172,6 +172,22 @@ def test_max_min_propagate_nan():
         assert np.isnan(ours[:2]).all()
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16, F8E5M2], ids=str)
+def test_max_min_order_signed_zeros_and_clamp_too(dtype):
+    # corner fuzz seed 601727: np.maximum / np.minimum return either zero on a tie, so
+    # minimum(-0, +0) gave +0; XLA:CPU (and the CPU backend) take -0 < +0
+    x = np.array([-0.0, 0.0, -0.0, 0.0], dtype)
+    y = np.array([0.0, -0.0, -0.0, 0.0], dtype)
+    for fn, want in ((lax.max, [0, 0, 1, 0]), (lax.min, [1, 1, 1, 0])):
+        ours, theirs = interpret_lowered(fn, x, y)
+        assert list(np.signbit(ours.astype(np.float32))) == [bool(w) for w in want]
+        assert list(np.signbit(theirs.astype(np.float32))) == [bool(w) for w in want]
+    ours, theirs = interpret_lowered(
+        lambda v: lax.clamp(np.array(0, dtype), v, np.array(1, dtype)), x
+    )
+    assert not np.signbit(ours.astype(np.float32)).any()
+
+
 @pytest.mark.parametrize("dtype", [F8E4M3FN, F8E5M2], ids=str)
 @pytest.mark.parametrize("fn", [lax.add, lax.mul, lax.sub, lax.div], ids=lambda f: f.__name__)
 def test_f8_arithmetic_rounds_once_per_op(fn, dtype):
@@ -528,6 +544,38 @@ def test_bitcast_convert(frm, to):
     check_close(ours, theirs, 0)
     expected = np.ascontiguousarray(x).view(to).reshape(theirs.shape)
     np.testing.assert_array_equal(ours.view(np.uint8), expected.view(np.uint8))
+
+
+NAME = {F16: "f16", BF16: "bf16", F32: "f32", F64: "f64"}
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16, F32, F64], ids=str)
+def test_round_away_from_zero_keeps_the_sign_of_zero(dtype):
+    # corner fuzz seed 20261131: round-nearest-afz of -0.0 (and of -0.3) gave +0.0 (trunc's
+    # -0.0 plus a 0 of the other sign); XLA:CPU and the CPU backend give -0.0
+    text = f"""HloModule m
+ENTRY e {{
+  p = {NAME[dtype]}[5] parameter(0)
+  ROOT r = {NAME[dtype]}[5] round-nearest-afz(p)
+}}"""
+    x = np.array([-0.0, -0.3, -0.5, 0.3, -2.5], dtype)
+    out = run_hlo(text, x).astype(np.float64)
+    np.testing.assert_array_equal(out, [-0.0, -0.0, -1.0, 0.0, -3.0])
+    assert list(np.signbit(out)) == [True, True, True, False, True]
+
+
+def test_bitcast_convert_of_128_bit_complex_to_itself():
+    # corner fuzz seed 318: c128 -> c128 raised "data type 'u16' not understood" (the
+    # same-width path read the bits as a 16-byte unsigned integer, which NumPy lacks)
+    text = """HloModule m
+ENTRY e {
+  p = c128[1,3] parameter(0)
+  ROOT r = c128[1,3] bitcast-convert(p)
+}"""
+    x = np.array([[1 + 2j, np.nan - np.inf * 1j, -0.0 + 5e-324j]], np.complex128)
+    out = run_hlo(text, x)
+    assert out.dtype == np.complex128
+    np.testing.assert_array_equal(out.view(np.uint64), x.view(np.uint64))
 
 
 # -- reduce-precision ----------------------------------------------------------------------------

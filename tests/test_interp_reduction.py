@@ -288,3 +288,32 @@ ENTRY e {
     for j in range(4):  # init first, then the elements in order: ((i - x0) - x1) - ...
         expected = expected - x[:, j]
     np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+@pytest.mark.parametrize("t", ["f32", "bf16"])
+def test_max_min_reductions_order_signed_zeros(op, t):
+    # corner fuzz seed 601727: np.maximum.reduce keeps whichever zero comes last; XLA's
+    # reduce and reduce-window give +0 for a max over {-0, +0} and -0 for a min
+    init = "-inf" if op == "maximum" else "inf"
+    text = f"""HloModule m
+r {{
+  a = {t}[] parameter(0)
+  b = {t}[] parameter(1)
+  ROOT c = {t}[] {op}(a, b)
+}}
+ENTRY e {{
+  x = {t}[4,2] parameter(0)
+  z = {t}[] constant({init})
+  o = {t}[4] reduce(x, z), dimensions={{1}}, to_apply=r
+  w = {t}[4,1] reduce-window(x, z), window={{size=1x2}}, to_apply=r
+  ow = {t}[4] reshape(w)
+  ROOT t = ({t}[4], {t}[4]) tuple(o, ow)
+}}"""
+    import ml_dtypes
+
+    dtype = np.float32 if t == "f32" else ml_dtypes.bfloat16
+    x = np.array([[-0.0, 0.0], [0.0, -0.0], [-0.0, -0.0], [0.0, 0.0]], dtype)
+    want = [False, False, True, False] if op == "maximum" else [True, True, True, False]
+    for out in evaluate(parse_module(text), [x]):
+        assert list(np.signbit(np.asarray(out, np.float32))) == want

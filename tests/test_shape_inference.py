@@ -587,6 +587,9 @@ BAD = [
     ("convert", ["f32[2]"], {}, None, "needs a result shape"),
     ("convert", ["f32[2]"], {}, "s32[3]", "must keep the dims"),
     ("bitcast-convert", ["f32[3]"], {}, "f64[3]", "last dimension of size 64/32=2"),
+    # corner fuzz seed 701229: f64 -> c64 ran here; XLA and StableHLO refuse it
+    ("bitcast-convert", ["f64[]"], {}, "c64[]", "between real and complex"),
+    ("bitcast-convert", ["c128[2]"], {}, "s64[2,2]", "between real and complex"),
     ("clamp", ["f32[2]", "f32[3]", "f32[]"], {}, None, "must be a scalar or match"),
     ("select", ["s32[]", "f32[2]", "f32[2]"], {}, None, "element type pred"),
     ("select", ["pred[3]", "f32[2]", "f32[2]"], {}, None, "must be pred[] or match"),

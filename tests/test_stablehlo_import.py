@@ -561,6 +561,31 @@ BAD = {
         "2 values, its type needs 4",
     ),
     "garbage": ("hello world", 1, 1, "expected 'func.func'"),
+    # corner fuzz StableHLO mutant 319 (seed 11): a result count of 2**64 built a list of
+    # that many names (no answer in 10 s)
+    "huge_result_count": (
+        OK.replace("%0 = stablehlo.add", "%0:18446744073709551616 = stablehlo.add"),
+        3,
+        8,
+        "result count 18446744073709551616 is more than the op can have",
+    ),
+    # corner fuzz StableHLO mutant: a padding attribute with 5 values for a 2x2 tensor raised
+    # the converter's internal TypeProblem, not a positioned error
+    "bad_window_padding": (
+        "func.func @main(%arg0: tensor<4x6xf32>) -> tensor<4x3xf32> {\n"
+        "  %0 = stablehlo.constant dense<0xFF800000> : tensor<f32>\n"
+        '  %1 = "stablehlo.reduce_window"(%arg0, %0) <{padding = dense<[[0, 1], [1], [0, 0]]> '
+        ": tensor<2x2xi64>, window_dimensions = array<i64: 2, 2>, "
+        "window_strides = array<i64: 1, 2>}> ({\n"
+        "  ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n"
+        "    %2 = stablehlo.maximum %a, %b : tensor<f32>\n"
+        "    stablehlo.return %2 : tensor<f32>\n"
+        "  }) : (tensor<4x6xf32>, tensor<f32>) -> tensor<4x3xf32>\n"
+        "  return %1 : tensor<4x3xf32>\n}\n",
+        3,
+        8,
+        "dense constant has 5 values, its type needs 4",
+    ),
     # an axis cannot both split the array and sum partial values (unreduced shardings
     # themselves are read: tests/test_spmd_unreduced.py)
     "unreduced_sharding": (UNREDUCED, 4, 10, r"both splits and sums over an axis"),

@@ -309,6 +309,10 @@ def _bitcast_convert(operands, attrs, declared):
     target = _needs(declared, "the target element type")
     if not target.is_array:
         _fail(f"result must be an array, got {_t(target)}")
+    if x.element_type.is_complex != target.element_type.is_complex:
+        # as XLA's shape inference (and StableHLO's verifier) refuse it
+        _fail(f"cannot bitcast between real and complex types ({x.element_type} to "
+              f"{target.element_type})")  # fmt: skip
     src_bits, dst_bits = x.element_type.bits, target.element_type.bits
     if x.element_type.is_pred or target.element_type.is_pred:
         src_bits = dst_bits = 8 if src_bits == dst_bits else src_bits

@@ -772,7 +772,10 @@ class Converter:
             raise self.error(f"unsupported op '{op.name}'", op.pos)
         operands = [scope.lookup(n, p, op.name) for n, p in op.operands]
         self.check_operand_types(op, operands)
-        outs = fn(self, op, scope, operands)
+        try:
+            outs = fn(self, op, scope, operands)
+        except TypeProblem as e:  # an attribute's values (dense_array...) that do not fit
+            raise self.error(str(e), op.pos) from None
         if len(outs) != len(op.results):
             raise self.error(
                 f"'{op.name}' gives {len(outs)} result{'s' if len(outs) != 1 else ''}, "

@@ -583,7 +583,10 @@ class Reader(TextCursor):
             while True:
                 name, _ = self.value("a result name")
                 if self.accept(":"):
+                    at = self.pos
                     count = self.integer("a result count")
+                    if count > len(self.text):  # each result's type is written out later
+                        raise self.error(f"result count {count} is more than the op can have", at)
                     results += [f"{name}#{i}" for i in range(count)]
                 else:
                     results.append(name)

@@ -11,7 +11,8 @@
 #   abs                     hypot: max * sqrt(1 + (min/max)^2), inf where either part is inf
 #   exp                     e^re (cos im, sin im)
 #   log                     (log |z|, atan2(im, re))
-#   sqrt                    principal root: t = sqrt((|z| + |re|) / 2), then (t, im / 2t)
+#   sqrt                    principal root: t = sqrt((|z| + |re|) / 2) (parts scaled by 1/4
+#                           first where one is above 1), then (t, im / 2t)
 #                           for re >= 0, else (|im| / 2t, copysign(t, im))
 #   real, imag, complex     extract / build the struct
 #   compare EQ / NE         both parts
@@ -136,8 +137,11 @@ class Complex:
 
     def abs(self, x):
         """hypot(re, im) without overflow: inf if either part is inf, NaN if one is NaN."""
+        return self.hypot(*self.parts(x))
+
+    def hypot(self, re, im):
         b, m = self.b, self.em.math
-        a, c = (m.fabs(v) for v in self.parts(x))
+        a, c = m.fabs(re), m.fabs(im)
         big = m.call("maximum", a, c)
         small = m.call("minimum", a, c)
         zero, one, inf = (ir.Constant(a.type, v) for v in (0.0, 1.0, float("inf")))
@@ -161,7 +165,16 @@ class Complex:
         b, m = self.b, self.em.math
         a, c = self.parts(x)
         zero, half, two = (ir.Constant(a.type, v) for v in (0.0, 0.5, 2.0))
-        t = m.sqrt(b.fmul(b.fadd(self.abs(x), m.fabs(a)), half))
+        # sqrt((|z| + |re|) / 2) as sqrt(2) sqrt(|z / 4| + |re / 4|) where a part is above 1:
+        # the sum overflowed for re = -3.4e38 (corner fuzz seed 701644: sqrt gave (0, inf),
+        # not (6.6e-20, 1.8e19)); scaling first would lose subnormal bits, so only there
+        quarter = ir.Constant(a.type, 0.25)
+        aq, cq = b.fmul(a, quarter), b.fmul(c, quarter)
+        one, root2 = ir.Constant(a.type, 1.0), ir.Constant(a.type, 2.0**0.5)
+        large = b.fcmp_ordered(">", m.call("maximum", m.fabs(a), m.fabs(c)), one)
+        scaled = b.fmul(m.sqrt(b.fadd(self.hypot(aq, cq), m.fabs(aq))), root2)
+        whole = m.sqrt(b.fmul(b.fadd(self.abs(x), m.fabs(a)), half))
+        t = b.select(large, scaled, whole)
         twice = b.fmul(t, two)
         positive = b.fcmp_unordered(">=", a, zero)
         re = b.select(positive, t, b.fdiv(m.fabs(c), twice))

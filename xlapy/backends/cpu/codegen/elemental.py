@@ -706,10 +706,7 @@ def dynamic_starts(em, instr, operand_dims, sizes, first: int):
     starts = []
     for k, (dim, size) in enumerate(zip(operand_dims, sizes, strict=True)):
         op = instr.operands[first + k]
-        v = em.gen(op, ())
-        t = op.shape.element_type
-        v = convert_value(em, v, t, P.S64) if t is not P.S64 else v
-        starts.append(_clamp_index(em, v, 0, dim - size))
+        starts.append(_clamped_start(em, em.gen(op, ()), op.shape.element_type, dim - size))
     return starts
 
 
@@ -1346,8 +1343,14 @@ def _held_c64(em: KernelEmitter, v: int):
 
 def _gather_component(em: KernelEmitter, indices, index, t: PrimitiveType, upper: int):
     """One index-vector component as an i64 clamped to [0, upper]."""
+    return _clamped_start(em, em.gen(indices, index), t, upper)
+
+
+def _clamped_start(em: KernelEmitter, v, t: PrimitiveType, upper: int):
+    """An index `v` of integer type `t` as an i64 clamped to [0, upper]: a u64 index past
+    INT64_MAX clamps to the top (corner fuzz seed 600530: u64 2**64 - 1 read as -1 took
+    the bottom), as XLA and the interpreter do."""
     b = em.b
-    v = em.gen(indices, index)
     if t.is_signed_integral:
         v = convert_value(em, v, t, P.S64) if t is not P.S64 else v
         return _clamp_index(em, v, 0, upper)

@@ -32,6 +32,7 @@ import numpy as np
 
 from xlapy.backends.interpreter.registry import EvalContext, evaluates
 from xlapy.backends.interpreter.rules.contraction import dilate_and_pad, window_output_size
+from xlapy.backends.interpreter.rules.elementwise import float_maximum, float_minimum
 from xlapy.errors import EvaluationError
 from xlapy.ir.attributes import Window
 from xlapy.ir.computation import HloComputation
@@ -64,6 +65,36 @@ def simple_reducer(comp: HloComputation) -> np.ufunc | None:
     if root.opcode in _LOGICAL:
         return _LOGICAL[root.opcode] if root.shape.element_type.is_pred else _BITWISE[root.opcode]
     return None
+
+
+def _is_real_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype.itemsize <= 2)  # bf16, f8
+
+
+def _pairwise(ufunc: np.ufunc, dtype: np.dtype):
+    """`ufunc` for two arrays, with XLA's max/min on floats (+0 above -0; np.maximum keeps
+    whichever zero comes second)."""
+    if _is_real_float(dtype) and ufunc is np.maximum:
+        return float_maximum
+    if _is_real_float(dtype) and ufunc is np.minimum:
+        return float_minimum
+    return ufunc
+
+
+def _zero_signs(ufunc: np.ufunc, x, dims, init, result):
+    """A max/min reduction's zeros with XLA's sign: +0 when a +0 takes part in a max, -0
+    when a -0 takes part in a min (corner fuzz seed 601727)."""
+    if ufunc not in (np.maximum, np.minimum) or not _is_real_float(x.dtype):
+        return result
+    zero = result == 0
+    if not np.any(zero):
+        return result
+    negative = ufunc is np.minimum
+    with_sign = (x == 0) & (np.signbit(x) == negative)
+    present = np.logical_or.reduce(with_sign, axis=dims) if dims else with_sign
+    present = present | ((init == 0) & (np.signbit(init) == negative))
+    signed = np.where(present == negative, -0.0, 0.0).astype(x.dtype)
+    return np.where(zero, signed, result).astype(x.dtype)
 
 
 def _is_elementwise(comp: HloComputation) -> bool:
@@ -146,7 +177,8 @@ def _reduce(instr, operands, ctx):
     if ufunc is not None:
         x, init = inputs[0], inits[0]
         partial = ufunc.reduce(x, axis=dims, dtype=x.dtype) if dims else x
-        return _pack([np.asarray(ufunc(init, partial), dtype=x.dtype)], instr)
+        result = np.asarray(ufunc(init, partial), dtype=x.dtype)
+        return _pack([_zero_signs(ufunc, x, dims, init, result)], instr)
 
     order = [*kept, *dims]
     k = math.prod(kept_shape)
@@ -206,11 +238,12 @@ def _reduce_window(instr, operands, ctx):
     if 0 in out_shape:
         return _pack(accs, instr)
     ufunc = simple_reducer(comp) if len(inputs) == 1 else None
+    pairwise = _pairwise(ufunc, accs[0].dtype) if ufunc is not None else None
     everywhere = bool(mask.all())
     for _, index in _offsets(window, out_shape):
         valid = mask[index]
         if ufunc is not None:
-            new = [np.asarray(ufunc(accs[0], padded[0][index]), accs[0].dtype)]
+            new = [np.asarray(pairwise(accs[0], padded[0][index]), accs[0].dtype)]
         else:
             new = call_elementwise(
                 ctx, comp, [*(a.ravel() for a in accs), *(p[index].ravel() for p in padded)]
