@@ -197,7 +197,7 @@ def bench_module(
 
             imports_ms = load_compiler_ms(backend)
             if imports_ms >= 1:
-                verbose(f"compiler modules imported first: {imports_ms:.0f} ms (once a process)")
+                verbose(f"compiler loaded first: {imports_ms:.0f} ms (once a process)")
             cpu = time.process_time()
             with compile_progress(verbose) as progress, recording() as phases:
                 cold_ms, _ = time_compile(backend, text, *counts)
