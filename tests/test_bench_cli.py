@@ -118,6 +118,32 @@ def test_phases_nest_and_count_on_their_own_thread():
     assert text.index("outer") > text.index("inner")  # most CPU first
 
 
+def test_garbage_collection_is_a_phase_of_its_own():
+    import gc
+
+    from xlapy.backends.cpu.jit.compile_timing import GARBAGE_COLLECTION, phase, recording
+
+    junk = []
+    for _ in range(200_000):  # cycles for the collection to walk
+        node: list = []
+        node.append(node)
+        junk.append(node)
+    with recording() as times, phase("compiling"):
+        gc.collect()
+    collection = times.phases["main", GARBAGE_COLLECTION]
+    assert collection.count >= 1 and collection.cpu > 0
+    assert times.phases["main", "compiling"].cpu < collection.cpu  # not counted twice
+    assert _collection_hook_count() == 0, "the recording leaves no gc callback behind"
+
+
+def _collection_hook_count() -> int:
+    import gc
+
+    from xlapy.backends.cpu.jit import compile_timing
+
+    return sum(1 for c in gc.callbacks if c is compile_timing._collection)
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [

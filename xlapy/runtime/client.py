@@ -35,7 +35,7 @@ from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
 from xlapy.runtime import checks, serialize
 from xlapy.runtime.buffer import Buffer, HostBufferSemantics, host_storage
-from xlapy.runtime.compiler import Compiler, check_options, check_program
+from xlapy.runtime.compiler import Compiler, check_options, check_program, phase
 from xlapy.runtime.device import Device, MemorySpace
 from xlapy.runtime.errors import RuntimeApiError, SerializationError
 from xlapy.runtime.executable import Executable, LoadedExecutable, fingerprint_of
@@ -267,20 +267,24 @@ class Client:
             keyed = _options_json(options)
             if importer is not None:
                 keyed += f" importer={importer.__module__}.{importer.__qualname__}"
-            image_key = self.backend.image_key(raw, keyed)
+            with phase("program image key"):
+                image_key = self.backend.image_key(raw, keyed)
             if image_key is not None:
                 found = self._compile_from_image(image_key, options)
                 if found is not None:
                     return found
-            if importer is not None and isinstance(raw, bytes):
-                module = importer(raw)
-            else:  # (imported here: a warm compile, from the image, never reads it)
-                from xlapy.stablehlo import load
+            with phase("parsing"):
+                if importer is not None and isinstance(raw, bytes):
+                    module = importer(raw)
+                else:  # (imported here: a warm compile, from the image, never reads it)
+                    from xlapy.stablehlo import load
 
-                module = load(program)
-            text = module.to_text()
+                    module = load(program)
+            with phase("printing the module"):
+                text = module.to_text()
         else:
-            text = program.to_text()
+            with phase("printing the module"):
+                text = program.to_text()
             # a module (the PJRT plugin's programs) compiles as its text would (it is
             # compiled from a parse of that text, below), so the text keys its image; with
             # options given (without, its own config gives them, not all of it printed)
@@ -311,7 +315,8 @@ class Client:
         if module is None:
             from xlapy.ir.parser import parse_module
 
-            module = parse_module(text)
+            with phase("parsing"):
+                module = parse_module(text)
         loaded = self.load(self.compiler.compile_canonical(module, options, text))
         with self._cache_lock:
             self._cache[key] = loaded

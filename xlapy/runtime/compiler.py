@@ -15,6 +15,9 @@ and root `sharding=` attributes say which piece of each global array a device ho
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 from xlapy.backends import BACKENDS, get_backend
 from xlapy.backends.base import Backend
 from xlapy.backends.custom_calls import CustomCallRegistry, check_custom_calls
@@ -29,6 +32,14 @@ from xlapy.runtime.options import CompileOptions
 
 # runtime platform -> the custom-call platform its targets are registered for
 CUSTOM_CALL_PLATFORMS = {"interpreter": "Host", "cpu": "Host"}
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[None]:
+    """The CPU compiler's `phase(name)` (xlapy.backends.cpu.jit.compile_timing: what `xlapy
+    bench -v` breaks a cold compile into) when that module is loaded, else nothing: only a
+    loaded module can be recording, and the runtime does not load the CPU backend for it."""
+    timing = sys.modules.get("xlapy.backends.cpu.jit.compile_timing")
+    return contextlib.nullcontext() if timing is None else timing.phase(name)
 
 
 def backend_for(platform: str) -> Backend:
@@ -120,10 +131,11 @@ class Compiler:
             return
         from xlapy.backends.cpu.jit import executable_cache
 
-        if executable_cache.verified_before(text):
-            return
-        verify(module)
-        executable_cache.mark_verified(text)
+        with phase("verification"):
+            if executable_cache.verified_before(text):
+                return
+            verify(module)
+            executable_cache.mark_verified(text)
 
     def load_text(self, hlo_text: str, options: CompileOptions) -> Executable:
         """An Executable from already-compiled HLO text (deserialization)."""

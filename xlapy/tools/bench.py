@@ -16,9 +16,10 @@ the thunks of loop bodies, branches and called computations included (per iterat
 `--trace FILE.json` writes those runs as a Chrome/Perfetto trace. `--verbose` echoes the
 cold compile's progress (once it runs past a second), its time per pass, and (CPU backend)
 where the cold compile went: thread CPU and wall time of each phase on the main thread
-(parsing, HLO passes, memory-plan choice, buffer assignment, lowering, LLVM IR emission,
-cache writes, the program image) and on the compile pool (LLVM's optimization and code
-generation), backends/cpu/jit/compile_timing.py.
+(parsing, printing, verification, HLO passes, memory-plan choice, buffer assignment,
+lowering, LLVM IR emission, cache writes, the program image, Python's garbage collection)
+and on the compile pool (LLVM's optimization and code generation),
+backends/cpu/jit/compile_timing.py.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def bench_module(
 
             imports_ms = load_compiler_ms(backend)
             if imports_ms >= 1:
-                verbose(f"compiler modules imported first: {imports_ms:.0f} ms (once a process)")
+                verbose(f"compiler loaded first: {imports_ms:.0f} ms (once a process)")
             cpu = time.process_time()
             with compile_progress(verbose) as progress, recording() as phases:
                 cold_ms, _ = time_compile(backend, text, *counts)

@@ -6,12 +6,16 @@
 # and wall time to one process-wide record. Phases nest: time inside a nested phase counts for
 # it alone, not for the phase around it, so the phases of one thread add up to the time that
 # thread spent in them. LLVM runs on the compile pool's threads, beside the main thread, so
-# its figures are per thread too: their sum can exceed the wall time of the compile. When no
-# recording is active, `phase` costs one global read.
+# its figures are per thread too: their sum can exceed the wall time of the compile. Python's
+# cyclic garbage collector counts as a phase of its own wherever a collection runs (the one
+# after the compile, when the compiler resumes the collector it paused, walks everything the
+# compile made: xlapy/gc_pause.py). When no recording is active, `phase` costs one global
+# read.
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -34,7 +38,8 @@ class CompileTimes:
     (side, phase): side "main" for the main thread, "pool" for any other thread."""
 
     phases: dict[tuple[str, str], PhaseTime] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """(Reentrant: a collection, and so its phase, can start inside `add`.)"""
 
     def add(self, name: str, cpu: float, wall: float, entered: bool) -> None:
         main = threading.current_thread() is threading.main_thread()
@@ -64,6 +69,7 @@ class CompileTimes:
 
 _current: CompileTimes | None = None
 _stacks = threading.local()
+GARBAGE_COLLECTION = "Python garbage collection"
 
 
 @contextlib.contextmanager
@@ -73,9 +79,11 @@ def recording() -> Iterator[CompileTimes]:
     if _current is not None:
         raise RuntimeError("a compile-time recording is already active")
     times = _current = CompileTimes()
+    gc.callbacks.append(_collection)
     try:
         yield times
     finally:
+        gc.callbacks.remove(_collection)
         _current = None
 
 
@@ -86,6 +94,14 @@ def phase(name: str) -> Iterator[None]:
     if times is None:
         yield
         return
+    _enter(times, name)
+    try:
+        yield
+    finally:
+        _leave(times)
+
+
+def _enter(times: CompileTimes, name: str) -> None:
     stack: list[list] = getattr(_stacks, "stack", None) or []
     _stacks.stack = stack
     now = (time.thread_time(), time.perf_counter())
@@ -93,11 +109,23 @@ def phase(name: str) -> Iterator[None]:
         outer = stack[-1]
         times.add(outer[0], now[0] - outer[1], now[1] - outer[2], False)
     stack.append([name, *now])
-    try:
-        yield
-    finally:
-        _, cpu0, wall0 = stack.pop()
-        end = (time.thread_time(), time.perf_counter())
-        times.add(name, end[0] - cpu0, end[1] - wall0, True)
-        if stack:
-            stack[-1][1:] = list(end)
+
+
+def _leave(times: CompileTimes) -> None:
+    stack = _stacks.stack
+    name, cpu0, wall0 = stack.pop()
+    end = (time.thread_time(), time.perf_counter())
+    times.add(name, end[0] - cpu0, end[1] - wall0, True)
+    if stack:
+        stack[-1][1:] = list(end)
+
+
+def _collection(event: str, info: dict) -> None:
+    """gc.callbacks entry: a collection is a phase of the thread that runs it."""
+    times = _current
+    if times is None:
+        return
+    if event == "start":
+        _enter(times, GARBAGE_COLLECTION)
+    elif getattr(_stacks, "stack", None) and _stacks.stack[-1][0] == GARBAGE_COLLECTION:
+        _leave(times)
