@@ -44,6 +44,7 @@ import numpy as np
 
 from xlapy.backends.cpu.runtime.loadable import loadable
 from xlapy.backends.cpu.runtime.pool import byte_seconds, split_over
+from xlapy.backends.interpreter.rules.elementwise import float_maximum, float_minimum
 from xlapy.backends.interpreter.rules.reduction import simple_reducer
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
@@ -212,6 +213,15 @@ def _identity(ufunc: np.ufunc, init: np.ndarray) -> bool:
     return bool(init == (info.max if big else info.min))
 
 
+def _signed_zeros_matter(ufunc: np.ufunc, x: np.ndarray) -> bool:
+    """Whether a max/min fold of `x` needs XLA's order of zeros (+0 above -0): np.maximum
+    and np.minimum return either zero of a tie, which only shows when a -0 takes part (rare:
+    then the fold takes the slower IEEE pairwise functions)."""
+    if ufunc not in (np.maximum, np.minimum) or x.dtype.kind != "f":
+        return False
+    return bool(np.any(np.signbit(x) & (x == 0)))
+
+
 def _fold(ufunc: np.ufunc, window, out_dims: tuple[int, ...], split: int | None):
     """`fold(x, init, out)`: every window offset folded into `out` in row-major order. The
     offsets' views take the split axis whole (its window is one element), so the same views
@@ -232,6 +242,12 @@ def _fold(ufunc: np.ufunc, window, out_dims: tuple[int, ...], split: int | None)
     ]
 
     def fold(x: np.ndarray, init, out: np.ndarray) -> None:
+        if _signed_zeros_matter(ufunc, x):
+            pairwise = float_maximum if ufunc is np.maximum else float_minimum
+            out[...] = init
+            for index in views:
+                out[...] = pairwise(out, x[index])
+            return
         rest = views
         if not _identity(ufunc, np.asarray(init)):
             out[...] = init
