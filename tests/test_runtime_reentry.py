@@ -345,3 +345,38 @@ def test_custom_call_wait_without_timeout_is_bounded_and_named(monkeypatch):
     assert kind == "error"
     assert "custom-call target 'reenter' waited 0.2 s" in str(value)
     client.close()
+
+
+def test_two_parts_of_one_collective_held_by_one_thread_are_refused():
+    # Device 0's custom call runs a program inline on device 1 (on the same thread), whose
+    # custom call runs a collective program over devices 0 and 1: both parts would have to
+    # run nested on this one thread, each waiting for the other.
+    client = Client("cpu", device_count=2)
+    d0, d1 = client.devices()
+    options = CompileOptions.make(num_partitions=2, backend_options={"collective_timeout": 60})
+    ar = client.compile(ALL_REDUCE, options)
+
+    def hop(ins, opaque):
+        buf = client.buffer_from_pyval(np.asarray(ins[0]), d1)
+        return on_d1.execute_portable([buf], d1)[0].to_numpy()
+
+    def both(ins, opaque):
+        args = [[client.buffer_from_pyval(np.asarray(ins[0]), d)] for d in (d0, d1)]
+        return ar.execute(args)[0][0].to_numpy()
+
+    client.register_custom_call("reenter", hop)
+    client.register_custom_call("both", both)
+    exe = client.compile(CALLBACK)
+    on_d1 = client.compile(CALLBACK.replace('"reenter"', '"both"'))
+    for signature in (exe.call_signature, on_d1.call_signature):
+        signature.cheap_streak = 1000  # taken for cheap: each run inline on the caller's thread
+    kind, value = bounded(
+        lambda: exe.execute([[client.buffer_from_pyval(rand(4), d0)]])[0][0].to_numpy()
+    )
+    assert kind == "error", value
+    assert "on devices 0, 1 from inside executions running on those devices" in str(value)
+    assert "wait for each other" in str(value)
+    x, y = rand(4), rand(4)  # both devices work afterwards
+    outs = ar.execute([[client.buffer_from_pyval(x, d0)], [client.buffer_from_pyval(y, d1)]])
+    np.testing.assert_allclose(outs[0][0].to_numpy(), x + y, rtol=1e-6)
+    client.close()
