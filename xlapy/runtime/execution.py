@@ -17,7 +17,9 @@ marks donated buffers, allocates the outputs, and starts the run on the device:
 Outputs are returned at once; the run fills them and completes their ready future, or
 fails it with an ExecutionError that is raised on first use. The run happens on the
 device's worker thread, or on the calling thread when the device is idle, every input is
-ready and the call runs on one device (inline execution, see xlapy.runtime.device).
+ready and the call runs on one device (inline execution, see xlapy.runtime.device), or
+nested, at once on the calling thread, when that thread is running the device's current
+run (a custom call or callback calling back into the runtime: `_nested_plan`).
 
 Dispatch cost: what can be known before a call (the parameters' leaves, which leaves are
 aliased, the output leaves and their sizes, where each aliased output's memory comes
