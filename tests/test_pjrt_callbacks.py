@@ -434,11 +434,7 @@ close(f(x), np.sin(np.asarray(x)))
 close(io_callback(lambda b: np.asarray(b) * 2, like, x, ordered=True), np.asarray(x) * 2)
 g = jax.jit(lambda a: jax.pure_callback(lambda b: np.asarray(b) + 1, like, a))
 nested = jax.jit(lambda a: jax.pure_callback(lambda b: g(b), like, a))
-try:
-    nested(x).block_until_ready()
-    raise SystemExit("a nested callback program on the busy device did not fail")
-except jax.errors.JaxRuntimeError as e:
-    assert "inside an execution running on that device" in str(e), e
+close(nested(x), np.asarray(x) + 1)  # runs nested on the busy device, as on XLA:CPU
 close(g(x), np.asarray(x) + 1)
 print("only xlapy ok")
 """

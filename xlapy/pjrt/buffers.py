@@ -394,7 +394,7 @@ def _buffer_to_host(args):
         args.event = PEvent.of(COMPLETED)
         return
     host = buffer.copy_to_host()
-    done = Future()
+    done = Future(host.producer)  # a wait from the producing device's own thread: re-entry
     order = _host_order if layout == ffi.NULL else None
     if order is None:
         # The layout struct only lives during this call: rearrange with what it says now.

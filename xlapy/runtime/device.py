@@ -29,12 +29,23 @@ one wake-up fewer, and no overlap lost (a run the worker started while the calle
 stays the worker's). Each queued run is claimed exactly once, under the device's lock: by
 the worker when it dequeues it, or by the caller taking it back (the worker then skips it).
 
-Re-entry: code that runs inside an execution (a custom call, a callback on a future the
-worker completes) runs on the thread that holds the device. If it starts an execution on
-that device, or waits for a result that device has yet to produce, the device can never get
-to it: it would wait for ever. `check_not_running_here` (called when an execution is
-planned, and by every wait on a future the device produces) raises RuntimeApiError instead,
-naming the device and what was asked of it.
+Nested runs (re-entry): code that runs inside an execution (a custom call, a host
+callback: `jax.pure_callback` whose function uses JAX) runs on the thread that holds the
+device: its worker, or the caller of an inline run. When that code starts an execution on
+the same device, queueing it would wait for ever (the device gets to it only after the
+execution that waits for it), so it runs nested instead, as XLA:CPU runs it: at once,
+synchronously, on that thread (`nested`), and its outputs are ready when `execute`
+returns. A nested run is an ordinary run with its own inputs, outputs and temp arenas
+(the backends take a fresh arena per run, so the same executable may be re-entered); it
+may not donate memory another run still reads (execution.commit refuses), nor take part
+in a collective with a device held by the same thread. Nesting is bounded
+(MAX_NESTED_DEPTH: runaway recursion through a callback gets a clear error). What cannot
+run nested still fails at once rather than hang: a wait, from the thread that holds the
+device, for a result the device has yet to produce (the running execution's own outputs,
+or a run queued behind it) raises RuntimeApiError (`check_not_running_here`), naming the
+device and what was asked of it. Another device is reached as usual: an idle one runs
+the work; one busy with a collective that waits for this device is bounded by the
+collective's timeout, which names the devices it waited for.
 """
 
 from __future__ import annotations
@@ -54,6 +65,10 @@ if TYPE_CHECKING:
     from xlapy.runtime.client import Client
 
 MEMORY_KINDS = ("device", "pinned_host")
+
+MAX_NESTED_DEPTH = 16
+"""How deep executions may nest on one device (a callback that runs a program whose callback
+runs a program...): past it, `check_can_start` raises (runaway recursion)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +290,7 @@ class Device:
         """Tasks handed to the worker that nobody has claimed yet, oldest first."""
         self._worker_running = False  # the worker runs a task it claimed
         self._closed = False  # its client was closed: nothing new starts
+        self._nested = 0  # nested runs in progress (only the thread holding the device counts)
         _LIVE_DEVICES.add(self)
 
     @property
@@ -388,24 +404,43 @@ class Device:
 
     def check_can_start(self, what: str) -> None:
         """RuntimeApiError when `what` (an execution) cannot start on this device: its
-        client is closed, or the calling thread runs the device's current task."""
+        client is closed, or it would nest deeper than MAX_NESTED_DEPTH."""
         if self._closed:
             raise RuntimeApiError(
                 f"{what} on device {self.id}: the client was closed (client.close()); "
                 "make a new Client"
             )
-        self.check_not_running_here(what)
+        if self._nested >= MAX_NESTED_DEPTH and self.runs_on_current_thread():
+            raise RuntimeApiError(
+                f"{what} on device {self.id}: executions nest {self._nested} deep on that "
+                f"device (a custom call or callback running a program whose custom call or "
+                f"callback runs another, ...), the most there may be is MAX_NESTED_DEPTH = "
+                f"{MAX_NESTED_DEPTH}; is the recursion through the callback meant to end?"
+            )
+
+    def nested(self, task: Callable[[], None]) -> None:
+        """Run `task` (an execution started by the thread that holds this device, from
+        inside the device's current task) at once on the calling thread (see the module
+        docstring); the caller has checked the depth (`check_can_start`)."""
+        self._nested += 1
+        try:
+            task()
+        finally:
+            self._nested -= 1
 
     def check_not_running_here(self, what: str) -> None:
         """RuntimeApiError when the calling thread runs this device's current task: `what`
-        (starting an execution on the device, waiting for a result it has yet to produce)
-        could then never happen (see the module docstring)."""
+        (waiting for a result the device has yet to produce: the running execution's own,
+        or one of a run queued behind it) could then never happen (see the module
+        docstring)."""
         if self.runs_on_current_thread():
             raise RuntimeApiError(
                 f"{what} on device {self.id} was asked for from inside an execution running "
-                f"on that device (a custom call or callback calling back into the runtime); "
-                f"the device cannot do it before that execution ends, so it would wait for "
-                f"ever. Do it after the execution, or on another device"
+                f"on that device (a custom call or callback calling back into the runtime), "
+                f"but that result comes from the running execution itself or from a run "
+                f"queued behind it: the device cannot produce it before the running execution "
+                f"ends, so it would wait for ever. Wait for it after the execution (executions "
+                f"started from inside it run nested and are ready at once)"
             )
 
     def _enqueue(self, task: Callable[[], None], completes: object | None = None) -> None:
@@ -448,6 +483,7 @@ class Device:
         self._backlog = []
         self._waiting = collections.deque()
         self._worker_running = False
+        self._nested = 0
 
     def stop(self) -> None:
         """Stop the worker thread once its queued work is done (Client.close)."""

@@ -17,7 +17,9 @@ marks donated buffers, allocates the outputs, and starts the run on the device:
 Outputs are returned at once; the run fills them and completes their ready future, or
 fails it with an ExecutionError that is raised on first use. The run happens on the
 device's worker thread, or on the calling thread when the device is idle, every input is
-ready and the call runs on one device (inline execution, see xlapy.runtime.device).
+ready and the call runs on one device (inline execution, see xlapy.runtime.device), or
+nested, at once on the calling thread, when that thread is running the device's current
+run (a custom call or callback calling back into the runtime: `_nested_plan`).
 
 Dispatch cost: what can be known before a call (the parameters' leaves, which leaves are
 aliased, the output leaves and their sizes, where each aliased output's memory comes
@@ -345,14 +347,20 @@ def commit(plans: Sequence[CallPlan], whole_execution: bool = False) -> list[lis
     try:
         for plan in plans:  # a buffer may have changed since planning (another thread)
             _recheck(plan)
+        nested = _nested_plan(plans)
+        held = None  # (device, task) of the nested run
         results = []
         tasks = []
         last = len(plans) - 1
         for i, plan in enumerate(plans):
             outputs, task, inputs_done = _commit_one(plan)
             results.append(outputs)
+            if plan is nested:
+                held = (plan.device, task)
+                continue
             inline_ok = (
-                inputs_done
+                nested is None  # the caller's thread runs the nested part of the collectives
+                and inputs_done
                 and i == last
                 and (plan.collectives is None or whole_execution)
                 and (_is_cheap(plan.signature) or _fixed_cheap(plan.program))
@@ -367,9 +375,46 @@ def commit(plans: Sequence[CallPlan], whole_execution: bool = False) -> list[lis
     finally:
         for lock in reversed(locks):
             lock.release()
-    if inline is not None:
+    if held is not None:
+        held[0].nested(held[1])
+    elif inline is not None:
         inline[0].run_inline(inline[1])
     return results
+
+
+def _nested_plan(plans: Sequence[CallPlan]) -> CallPlan | None:
+    """The plan whose device the calling thread holds (it is called from inside that
+    device's current run: a custom call or callback), which then runs nested on this
+    thread (see xlapy.runtime.device); None when there is none. Raises, before anything is
+    touched, what a nested run cannot do: run two devices' parts of one execution on one
+    thread (their collectives would wait for each other), or donate memory that another
+    run of the device (the one running, or one queued behind it) still reads."""
+    held = [plan for plan in plans if plan.device.runs_on_current_thread()]
+    if not held:
+        return None
+    plan = held[0]
+    if len(held) > 1:
+        ids = ", ".join(str(p.device.id) for p in held)
+        raise RuntimeApiError(
+            f"executing {plan.name} on devices {ids} from inside executions running on those "
+            "devices (custom calls or callbacks calling back into the runtime): their parts "
+            "would have to run nested on one thread, and their collectives would wait for "
+            "each other for ever"
+        )
+    signature = plan.signature
+    for leaf, buf in zip(signature.leaves, plan.buffers, strict=True):
+        if buf is None or leaf.param not in plan.donated:
+            continue
+        storage = buf.storage
+        if storage is not None and (storage.refs > 1 or storage.holds):
+            raise DonationError(
+                f"{_where(plan.name, leaf.param, leaf.index)}: {buf.name} cannot be donated "
+                f"to an execution nested in one running on device {plan.device.id} (started "
+                "from its custom call or callback): another run of the device (the running "
+                "one, or one queued behind it) or a host read still uses its memory; pass a "
+                "copy, or do not donate it"
+            )
+    return plan
 
 
 def run_inline(
