@@ -105,3 +105,38 @@ def test_a_copy_shares_the_computations_it_is_told_to_share():
     assert body is not module.get_computation("body") and entry is not module.entry
     loop = next(i for i in entry.instructions if i.opcode is Opcode.WHILE)
     assert loop.while_condition is cond and loop.while_body is body
+
+
+def test_release_frees_a_copy_without_the_collector_and_keeps_shared_computations():
+    import gc
+    import weakref
+
+    module = parse_module(WHILE)
+    shared = {c for c in module.computations if c.name in ("cond", "body")}
+    before = module.to_text()
+    trial = module.copy(share=shared)
+    entry = trial.entry_computation()
+    probe = weakref.ref(entry.instructions[0])
+    del entry
+    gc.disable()
+    try:
+        trial.release(keep=shared)
+        del trial
+        assert probe() is None  # freed by reference counting, no collection ran
+    finally:
+        gc.enable()
+    assert module.to_text() == before  # the shared computations are intact
+    assert all(c.parent is module for c in shared)
+
+
+def test_a_released_module_fails_loudly_when_used_again():
+    module = parse_module(WHILE)
+    instr = module.entry_computation().root
+    comp = module.entry_computation()
+    module.release()
+    with pytest.raises(AttributeError):
+        module.to_text()
+    with pytest.raises(AttributeError):
+        _ = comp.instructions
+    with pytest.raises(AttributeError):
+        _ = instr.operands

@@ -49,6 +49,15 @@ class HloComputation:
         elif self.instructions:
             self.root = self.instructions[-1]
 
+    def release(self) -> None:
+        """Take apart a computation its module drops (`HloModule.release`): its instructions'
+        use-lists, control edges and `parent`, and its own instruction list, root and parent
+        are removed; any later use raises AttributeError."""
+        for instr in self._list:  # (removed ones included)
+            del instr.operands, instr.users, instr.parent
+            del instr.control_predecessors, instr.control_successors
+        del self._list, self._removed, self.root, self.parent
+
     @property
     def instructions(self) -> list[HloInstruction]:
         """The instructions in text order. Removing one from the middle of a long list costs

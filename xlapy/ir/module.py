@@ -142,6 +142,19 @@ class HloModule:
         for comp in self.computations:
             yield from comp.instructions
 
+    def release(self, keep: Collection[HloComputation] = ()) -> None:
+        """Take apart a module its owner drops (a losing trial of the memory-plan choice):
+        the edges that make its computations and instructions one reference cycle (use-lists,
+        control edges, `parent` links, a computation's instruction list) are removed, so
+        reference counting frees it at once instead of the cyclic collector later. The
+        computations in `keep` (shared with another module, see `copy`) are left intact.
+        A released module, computation or instruction used again raises AttributeError."""
+        for comp in self.computations:
+            if comp in keep:
+                continue
+            comp.release()
+        del self.computations, self.entry
+
     def copy(self, share: Collection[HloComputation] = ()) -> HloModule:
         """An independent copy with the same names, order and attributes: what parsing
         `to_text()` gives, without printing and parsing. Computations, instructions, use-lists

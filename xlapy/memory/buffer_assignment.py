@@ -516,19 +516,37 @@ def _smallest_plan(module: HloModule, keep_trial: bool) -> tuple[str, BufferAssi
             try:
                 assignment = _assign(trial, None, None, best[0] if best is not None else None)
             except MemoryPlanningError:
+                _release(trial, module, embedded)
                 continue  # the module's own call reports it, if every order fails
             if assignment is None:
+                _release(trial, module, embedded)
                 continue  # more temp bytes than the best so far, whatever the packing
             score = (assignment.temp_bytes, assignment.peak_bytes, rank)
             if best is None or score < best:
+                if won is not None:
+                    _release(won.module, module, embedded)
                 best, chosen, won = score, name, assignment
+            else:
+                _release(trial, module, embedded)
+    if not keep_trial and won is not None:
+        _release(won.module, module, embedded)
     if keep_trial and won is not None:
         for comp in won.module.computations:
             comp.parent = won.module  # (the trials shared the embedded computations)
+        if won.module is not module:
+            module.release(keep=embedded)  # used up (the docstring), its twin won
         return chosen, won
     insertion.schedule_fn = _candidate_order(schedules, chosen)
     insertion.remove_copies(module, names)
     return chosen, None
+
+
+def _release(trial: HloModule, module: HloModule, shared: set[HloComputation]) -> None:
+    """A trial copy that lost the plan choice taken apart (`HloModule.release`), so reference
+    counting frees it, not the cyclic collector after the compile; its computations shared
+    with `module` stay intact, and `module` itself is never released."""
+    if trial is not module:
+        trial.release(keep=shared)
 
 
 def _candidate_order(schedules: dict[HloComputation, dict[str, ComputationSchedule]], name: str):

@@ -1027,7 +1027,7 @@ def _reduce(em: KernelEmitter, instr, index):
         d = order[level]
         with em.loop(_c64(0), _c64(src.dims[d]), f"r{d}") as i:
             src_index[d] = i
-            nest(level + 1, body)
+            nest(level + 1, body)  # noqa: F821 (deleted after use)
 
     if op is None:
 
@@ -1040,6 +1040,7 @@ def _reduce(em: KernelEmitter, instr, index):
                 general_step()
 
         nest(0, innermost)
+        del nest  # the recursive closure is a reference cycle through em (ir_release.py)
         loaded = [em.b.load(a) for a in accs]
         return tuple(loaded) if instr.shape.is_tuple else loaded[0]
 
@@ -1089,6 +1090,7 @@ def _reduce(em: KernelEmitter, instr, index):
         )
 
     nest(0, blocked)
+    del nest  # the recursive closure is a reference cycle through em (ir_release.py)
     value = em.b.load(accs[0])
     return em.round_to(value, t) if t.is_float else value
 
@@ -1318,9 +1320,10 @@ def emit_kept_minor_reduce(em: KernelEmitter, plan: LanePlan, out_ptrs, start, e
         with em.loop(lo, hi, f"k{kept[k]}") as i:
             out_index[k] = i
             src_index[kept[k]] = i
-            nest(level + 1)
+            nest(level + 1)  # noqa: F821 (deleted after use)
 
     nest(0)
+    del nest  # the recursive closure is a reference cycle through em (ir_release.py)
 
 
 # -- gather --------------------------------------------------------------------------------------

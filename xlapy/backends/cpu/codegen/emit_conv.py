@@ -58,6 +58,7 @@ from llvmlite import ir
 from xlapy.backends.cpu.codegen.common import F32, I1, I8, I32, I64, SYMBOL
 from xlapy.backends.cpu.codegen.emit_gemv import splat as splat_scalar
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
+from xlapy.backends.cpu.codegen.ir_release import released_text
 
 # The reduction over input features is unrolled by 2 (LLVM's own choice unrolls it fully up to
 # some 16 features), except over so few features that the whole loop is a handful of steps.
@@ -280,7 +281,7 @@ class _ConvEmitter(StandaloneKernelEmitter):
             else:
                 self._tile(n, i, j0, col0, edge, cv.tile, last)
         self.end_function(body)
-        return str(self.module)
+        return released_text(self.module)
 
     # -- staging the input of a tile that reads outside x (see the file comment) -----------
     def _stage(self, n, i, col0) -> None:

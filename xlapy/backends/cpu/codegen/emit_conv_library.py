@@ -58,6 +58,7 @@ from llvmlite import ir
 from xlapy.backends.cpu.codegen.common import F32, I1, I8, I32, I64, SYMBOL
 from xlapy.backends.cpu.codegen.emit_gemv import splat as splat_scalar
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
+from xlapy.backends.cpu.codegen.ir_release import released_text
 
 PARAMS = (
     "o0", "o1", "k0", "k1", "c", "s0", "s1", "d0", "d1", "features", "width",
@@ -225,7 +226,7 @@ class _Emitter(StandaloneKernelEmitter):
                     with large:
                         self._tile(n, i, j0, col0, "select")
         self.end_function(body)
-        return str(self.module)
+        return released_text(self.module)
 
     def _window_row(self, ka, row, col0, staged: bool, lane0, nv: int, accs) -> None:
         """Window row `ka` of a tile reading x (at element `row`) or the staged copy:

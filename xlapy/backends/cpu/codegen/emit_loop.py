@@ -52,6 +52,7 @@ from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import I1, I8, I32, I64
 from xlapy.backends.cpu.codegen.emitter import MXCSR_FLUSH
+from xlapy.backends.cpu.codegen.ir_release import released_text
 
 LOOP_SYMBOL = "xla_loop"
 
@@ -372,7 +373,7 @@ def emit_loop(plan: LoopPlan) -> str:
         b = emit_steps(b, plan.before)
         b.ret(ir.Constant(I32, 0))
         entry.branch(header)
-        return str(module)
+        return released_text(module)
     count = b.phi(I64, "iterations")
     count.add_incoming(ir.Constant(I64, 0), entry.block)
     b = emit_steps(b, plan.before)
@@ -398,4 +399,4 @@ def emit_loop(plan: LoopPlan) -> str:
     count.add_incoming(following, b.block)
     b.branch(header)
     entry.branch(header)
-    return str(module)
+    return released_text(module)

@@ -67,6 +67,7 @@ from xlapy.backends.cpu.codegen.common import F32, F64, I32, I64, SYMBOL, mem_ty
 from xlapy.backends.cpu.codegen.elemental import simple_reducer
 from xlapy.backends.cpu.codegen.emit_gemv import splat
 from xlapy.backends.cpu.codegen.emitter import StandaloneKernelEmitter
+from xlapy.backends.cpu.codegen.ir_release import released_text
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.opcodes import Opcode
 from xlapy.ir.shapes import merged_stride
@@ -533,7 +534,7 @@ class _ReduceEmitter(StandaloneKernelEmitter):
         else:
             self._rows(start, end)
         self.end_function(body)
-        return str(self.module)
+        return released_text(self.module)
 
     # -- blocked folding -------------------------------------------------------------------
     def _blocked(self, count, body, clear, flush) -> None:

@@ -26,6 +26,7 @@ import math
 from llvmlite import ir
 
 from xlapy.backends.cpu.codegen.common import I8, I32, I64, SYMBOL, KernelSpec
+from xlapy.backends.cpu.codegen.ir_release import released_text
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.shapes import Shape
 from xlapy.ir.types import PrimitiveType
@@ -131,7 +132,7 @@ class _RngEmitter:
         b.ret_void()
         return KernelSpec(
             SYMBOL,
-            str(self.module),
+            released_text(self.module),
             tuple(self.instr.shape.tuple_shapes),
             (self.instr.operands[0].shape,),
             self.extent,

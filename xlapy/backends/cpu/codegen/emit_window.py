@@ -51,6 +51,7 @@ from xlapy.backends.cpu.codegen.common import (
     reg_type,
 )
 from xlapy.backends.cpu.codegen.emitter import KernelEmitter, supported
+from xlapy.backends.cpu.codegen.ir_release import released_text
 from xlapy.ir.instruction import HloInstruction
 from xlapy.ir.shapes import Shape
 
@@ -159,9 +160,12 @@ class _WindowEmitter(KernelEmitter):
         self.end_function(body)
         outs = tuple(s for _, s in self.instr.shape.leaves())
         return KernelSpec(
-            self.name, str(self.module), outs, tuple(o.shape for o in self.instr.operands),
+            self.name,
+            released_text(self.module),
+            outs,
+            tuple(o.shape for o in self.instr.operands),
             self.rows,
-        )  # fmt: skip
+        )
 
     def _row(self, row) -> None:
         b = self.b

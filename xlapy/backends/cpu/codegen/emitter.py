@@ -96,6 +96,7 @@ from xlapy.backends.cpu.codegen.common import (
 )
 from xlapy.backends.cpu.codegen.complex import Complex, complex_reason
 from xlapy.backends.cpu.codegen.f8 import f8_to_f32, f32_to_f8
+from xlapy.backends.cpu.codegen.ir_release import released_text
 from xlapy.backends.cpu.codegen.math import MathEmitter
 from xlapy.errors import XlapyError
 from xlapy.ir.computation import HloComputation
@@ -459,7 +460,7 @@ class KernelEmitter:
                 return
             d = order[level]
             if concat is not None and d == concat.dimensions[0]:
-                self._concat_loops(concat, level, start, end, index, part, nest)
+                self._concat_loops(concat, level, start, end, index, part, nest)  # noqa: F821 (deleted after use)
                 return
             lo = start if level == 0 else ir.Constant(I64, 0)
             hi = end if level == 0 else ir.Constant(I64, shape0.dims[d])
@@ -468,7 +469,7 @@ class KernelEmitter:
             across = level < len(order) - 1 and shape0.dims[order[-1]] >= SLP_MINOR
             with self.loop(lo, hi, f"d{d}", unroll=unroll, vectorize=not across) as i:
                 index[d] = i
-                nest(level + 1)
+                nest(level + 1)  # noqa: F821 (deleted after use)
 
         def merged_loop():
             """The outer range over the first `merged` dims in layout order, each step's
@@ -481,7 +482,7 @@ class KernelEmitter:
                     index[order[level]] = self.b.urem(rest, size)
                     rest = self.b.udiv(rest, size)
                 index[order[0]] = rest
-                nest(merged)
+                nest(merged)  # noqa: F821 (deleted after use)
 
         reduces = elemental.kept_minor_reduces(self.out_leaves) if shape0.rank else None
         window = self._in_place_window() if shape0.rank else None
@@ -498,10 +499,11 @@ class KernelEmitter:
             self._store_window(window, order, out_ptrs[0], start, end)
         else:
             nest(0)
+        del nest  # the recursive closure is a reference cycle through self (ir_release.py)
         self.end_function(body)
         return KernelSpec(
             self.name,
-            str(self.module),
+            released_text(self.module),
             tuple(s for _, _, s in self.out_leaves),
             tuple(p.shape for p in self.params),
             self.outer_extent(),
@@ -695,9 +697,10 @@ class KernelEmitter:
             hi = end if level == 0 else ir.Constant(I64, update.shape.dims[d])
             with self.loop(lo, hi, f"w{d}") as i:
                 index[d] = i
-                nest(level + 1)
+                nest(level + 1)  # noqa: F821 (deleted after use)
 
         nest(0)
+        del nest  # the recursive closure is a reference cycle through self (ir_release.py)
 
     def loop_shape(self) -> Shape:
         """The shape the kernel's loop nest (and its [start, end) range) runs over."""
