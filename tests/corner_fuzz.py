@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+from program_fuzz import exact_difference
 
 NP = {
     "pred": np.dtype(np.bool_),
@@ -993,15 +994,8 @@ def same(got, want, rtol: float = 0.0) -> str | None:
     """None when `got` equals `want`: bit for bit for integers and pred, for floats equal
     values (NaN == NaN, a subnormal == a zero of either sign), within `rtol` if given."""
     got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"shape/dtype: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}"
-    if want.dtype.kind in "biu":
-        bad = np.flatnonzero(got != want)
-        if bad.size:
-            i = bad[0]
-            return (f"{bad.size}/{want.size} differ, first at {i}: got {got.reshape(-1)[i]!r}, "
-                    f"want {want.reshape(-1)[i]!r}")  # fmt: skip
-        return None
+    if got.shape != want.shape or got.dtype != want.dtype or want.dtype.kind in "biu":
+        return exact_difference(got, want)
     if want.dtype.kind == "c":
         parts = (np.real, np.imag)
         for part in parts:

@@ -2158,18 +2158,24 @@ def _leaves(value) -> list:
     return [value]
 
 
+def exact_difference(got: np.ndarray, want: np.ndarray) -> str | None:
+    """None when `got` has `want`'s shape, dtype and (compared exactly) values; else what
+    differs first. (Also the integer check of corner_fuzz.same.)"""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"shape/dtype: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}"
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        i = bad[0]
+        return (f"values: {bad.size}/{want.size} differ, first at {i}: "
+                f"got {got.reshape(-1)[i]!r}, want {want.reshape(-1)[i]!r}")  # fmt: skip
+    return None
+
+
 def compare_leaf(got, want: np.ndarray, ins: Instr) -> str | None:
     """None when `got` matches `want` within the bound the generator carried for `ins`."""
     got = np.asarray(got)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"shape/dtype: got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}"
-    if want.dtype.kind in "biu":
-        bad = np.flatnonzero(got != want)
-        if bad.size:
-            i = bad[0]
-            return (f"values: {bad.size}/{want.size} differ, first at {i}: "
-                    f"got {got.reshape(-1)[i]!r}, want {want.reshape(-1)[i]!r}")  # fmt: skip
-        return None
+    if got.shape != want.shape or got.dtype != want.dtype or want.dtype.kind in "biu":
+        return exact_difference(got, want)
     wide = np.complex128 if want.dtype.kind == "c" else np.float64
     a, e = got.astype(wide), want.astype(wide)
     nan_a, nan_e = np.isnan(a), np.isnan(e)
