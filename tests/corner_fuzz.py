@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-from program_fuzz import exact_difference
+from program_fuzz import NATIVE_OFF, exact_difference
 
 NP = {
     "pred": np.dtype(np.bool_),
@@ -1025,16 +1025,6 @@ def same(got, want, rtol: float = 0.0) -> str | None:
         return (f"{bad.size}/{want.size} differ, first at {i}: got {got.reshape(-1)[i]!r}, "
                 f"want {want.reshape(-1)[i]!r}")  # fmt: skip
     return None
-
-
-NATIVE_OFF = {
-    "native_loops": False,
-    "native_runs": False,
-    "direct_convolutions": False,
-    "native_gemv": False,
-    "native_small_gemm": False,
-    "thunk_concurrency": "off",
-}
 
 
 def _has_subnormals(args) -> bool:
