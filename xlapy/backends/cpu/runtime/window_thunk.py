@@ -213,12 +213,16 @@ def _identity(ufunc: np.ufunc, init: np.ndarray) -> bool:
     return bool(init == (info.max if big else info.min))
 
 
-def _signed_zeros_matter(ufunc: np.ufunc, x: np.ndarray) -> bool:
-    """Whether a max/min fold of `x` needs XLA's order of zeros (+0 above -0): np.maximum
-    and np.minimum return either zero of a tie, which only shows when a -0 takes part (rare:
-    then the fold takes the slower IEEE pairwise functions)."""
+def _signed_zeros_matter(ufunc: np.ufunc, x: np.ndarray, init) -> bool:
+    """Whether a max/min fold of `x` from `init` needs XLA's order of zeros (+0 above -0):
+    np.maximum and np.minimum return either zero of a tie, which only shows when a -0 takes
+    part, in the operand or as init (rare: then the fold takes the slower IEEE pairwise
+    functions)."""
     if ufunc not in (np.maximum, np.minimum) or x.dtype.kind != "f":
         return False
+    init = np.asarray(init)
+    if init == 0 and np.signbit(init):
+        return True
     return bool(np.any(np.signbit(x) & (x == 0)))
 
 
@@ -242,7 +246,7 @@ def _fold(ufunc: np.ufunc, window, out_dims: tuple[int, ...], split: int | None)
     ]
 
     def fold(x: np.ndarray, init, out: np.ndarray) -> None:
-        if _signed_zeros_matter(ufunc, x):
+        if _signed_zeros_matter(ufunc, x, init):
             pairwise = float_maximum if ufunc is np.maximum else float_minimum
             out[...] = init
             for index in views:
